@@ -1,0 +1,1 @@
+"""Sampling with log-probabilities: the DDIM step and the Stable Diffusion trajectory recorder."""
