@@ -1,0 +1,150 @@
+"""The DDIM step as a Gaussian policy: next latent, its log-probability, the step's mean and std.
+
+All step math runs in float32 whatever the model's dtype (ALGORITHMS.md, "Sampler step").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from diffusers import DDIMScheduler
+from diffusers.utils.torch_utils import randn_tensor
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+REDUCTIONS = ("mean", "sum")
+
+
+@dataclass
+class DDIMStepOutput:
+    prev_sample: torch.Tensor  # x_{n+1}, [N, C, H, W] (float32)
+    log_prob: torch.Tensor | None  # l_n, [N]; None when not requested
+    mean: torch.Tensor  # mu_n, [N, C, H, W]
+    std: torch.Tensor  # sigma_n, [N]
+
+
+def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Broadcast a [N] tensor against a [N, ...] tensor."""
+    return values.reshape(values.shape + (1,) * (like.ndim - values.ndim))
+
+
+def reduce_latent_dims(x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
+    """Reduce every dimension but the first (DDPO's convention is the mean)."""
+    dims = tuple(range(1, x.ndim))
+    if reduce == "mean":
+        return x.mean(dim=dims)
+    if reduce == "sum":
+        return x.sum(dim=dims)
+    raise ValueError(f"reduce={reduce!r} is not a log-prob reduction; use one of {REDUCTIONS}")
+
+
+def step_alphas(scheduler: DDIMScheduler, timestep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """alpha-bar at t and at the previous DDIM timestep t - num_train_timesteps // num_inference_steps."""
+    if scheduler.num_inference_steps is None:
+        raise ValueError("call scheduler.set_timesteps(num_steps) before taking DDIM steps")
+    timestep = timestep.long()
+    prev_timestep = timestep - scheduler.config.num_train_timesteps // scheduler.num_inference_steps
+    alphas_cumprod = scheduler.alphas_cumprod.to(timestep.device, torch.float32)
+    alpha_prod_t = alphas_cumprod[timestep]
+    final = torch.as_tensor(scheduler.final_alpha_cumprod, dtype=torch.float32, device=timestep.device)
+    alpha_prod_prev = torch.where(prev_timestep >= 0, alphas_cumprod[prev_timestep.clamp(min=0)], final)
+    return alpha_prod_t, alpha_prod_prev
+
+
+def step_std(scheduler: DDIMScheduler, timestep: torch.Tensor, eta: float) -> torch.Tensor:
+    """sigma_n = eta * sqrt((1 - ab_prev) / (1 - ab_t) * (1 - ab_t / ab_prev)), per row."""
+    alpha_prod_t, alpha_prod_prev = step_alphas(scheduler, timestep)
+    variance = (1 - alpha_prod_prev) / (1 - alpha_prod_t) * (1 - alpha_prod_t / alpha_prod_prev)
+    return eta * variance.clamp(min=0).sqrt()
+
+
+def check_trainable_schedule(scheduler: DDIMScheduler, num_steps: int, eta: float) -> None:
+    """Every step of the schedule must have sigma > 0, or its log-probability does not exist."""
+    if eta <= 0:
+        raise ValueError(f"sample.eta={eta}: the DDIM step needs eta > 0 to have a log-probability for training")
+    scheduler.set_timesteps(num_steps)
+    stds = step_std(scheduler, scheduler.timesteps, eta)
+    if not bool((stds > 0).all()):
+        bad = scheduler.timesteps[stds <= 0].tolist()
+        raise ValueError(
+            f"the DDIM step has sigma = 0 at timesteps {bad} (scheduler set_alpha_to_one="
+            f"{scheduler.config.set_alpha_to_one}); use set_alpha_to_one=False so every step has a log-probability"
+        )
+
+
+def predict_x0_eps(scheduler: DDIMScheduler, model_output, sample, alpha_prod_t) -> tuple[torch.Tensor, torch.Tensor]:
+    """Convert an epsilon / v / sample prediction to (x0_hat, eps_hat)."""
+    a = _per_row(alpha_prod_t, sample)
+    b = 1 - a
+    kind = scheduler.config.prediction_type
+    if kind == "epsilon":
+        eps = model_output
+        x0 = (sample - b.sqrt() * eps) / a.sqrt()
+    elif kind == "sample":
+        x0 = model_output
+        eps = (sample - a.sqrt() * x0) / b.sqrt()
+    elif kind == "v_prediction":
+        x0 = a.sqrt() * sample - b.sqrt() * model_output
+        eps = a.sqrt() * model_output + b.sqrt() * sample
+    else:
+        raise ValueError(f"prediction_type={kind!r} is not supported; use epsilon, v_prediction or sample")
+    if scheduler.config.thresholding:
+        x0 = scheduler._threshold_sample(x0)
+    elif scheduler.config.clip_sample:
+        r = scheduler.config.clip_sample_range
+        x0 = x0.clamp(-r, r)
+    return x0, eps
+
+
+def ddim_step_with_logprob(
+    scheduler: DDIMScheduler,
+    model_output: torch.Tensor,
+    timestep: torch.Tensor | int,
+    sample: torch.Tensor,
+    eta: float,
+    prev_sample: torch.Tensor | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
+    compute_log_prob: bool = True,
+    reduce: str = "mean",
+) -> DDIMStepOutput:
+    """One DDIM step x_n -> x_{n+1} as a Gaussian with its log-density.
+
+        sigma^2 = eta^2 (1 - ab_prev)/(1 - ab_t) (1 - ab_t/ab_prev)
+        mu      = sqrt(ab_prev) x0_hat + sqrt(1 - ab_prev - sigma^2) eps_hat
+        x_{n+1} = mu + sigma z              (z drawn like diffusers' DDIMScheduler.step)
+        l       = reduce( -(x_{n+1} - mu)^2 / (2 sigma^2) - log sigma - log sqrt(2 pi) )
+
+    ``timestep`` is one timestep for the whole batch or a [N] tensor (one per row), so flattened
+    (sample, step) pairs are evaluated in one call. With ``prev_sample`` given, no noise is drawn
+    and its log-probability is returned (the training-time recomputation).
+    """
+    sample = sample.float()
+    model_output = model_output.float()
+    n = sample.shape[0]
+    timestep = torch.as_tensor(timestep, device=sample.device)
+    if timestep.ndim == 0:
+        timestep = timestep.expand(n)
+    alpha_prod_t, alpha_prod_prev = step_alphas(scheduler, timestep)
+    x0, eps = predict_x0_eps(scheduler, model_output, sample, alpha_prod_t)
+    std = step_std(scheduler, timestep, eta)
+    std_b = _per_row(std, sample)
+    mean = _per_row(alpha_prod_prev, sample).sqrt() * x0 + (
+        1 - _per_row(alpha_prod_prev, sample) - std_b**2
+    ).clamp(min=0).sqrt() * eps
+
+    if prev_sample is None:
+        if eta > 0:
+            noise = randn_tensor(model_output.shape, generator=generator, device=model_output.device, dtype=model_output.dtype)
+            prev_sample = mean + std_b * noise
+        else:
+            prev_sample = mean
+    prev_sample = prev_sample.float()
+
+    log_prob = None
+    if compute_log_prob:
+        if eta <= 0:
+            raise ValueError(f"eta={eta}: a DDIM step with eta = 0 is deterministic and has no log-probability")
+        log_density = -((prev_sample.detach() - mean) ** 2) / (2 * std_b**2) - torch.log(std_b) - LOG_SQRT_2PI
+        log_prob = reduce_latent_dims(log_density, reduce)
+    return DDIMStepOutput(prev_sample=prev_sample, log_prob=log_prob, mean=mean, std=std)

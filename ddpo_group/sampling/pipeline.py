@@ -1,0 +1,154 @@
+"""Stable Diffusion trajectories with log-probabilities, and their recomputation for training.
+
+Sampling consumes the random generator exactly as ``StableDiffusionPipeline.__call__`` does
+(initial latents, then one noise draw per step), so with the same generator and eta both
+produce the same images.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from diffusers import DDIMScheduler, StableDiffusionPipeline
+from diffusers.utils.torch_utils import randn_tensor
+from tqdm.auto import tqdm
+
+from ddpo_group.sampling.ddim import ddim_step_with_logprob
+
+
+@dataclass
+class Trajectories:
+    images: torch.Tensor | None  # [B, 3, H, W] in [0, 1], float32
+    latents: torch.Tensor  # [B, T+1, C, h, w]: x_0 (noise) .. x_T (final latent)
+    log_probs: torch.Tensor  # [B, T]
+    timesteps: torch.Tensor  # [B, T]
+    values: torch.Tensor | None = None  # [B, T] from value_fn(x_n, t_n), when given
+
+
+def ensure_ddim(pipe: StableDiffusionPipeline) -> StableDiffusionPipeline:
+    """The log-prob sampler is DDIM's: swap any other scheduler for DDIM with the same config."""
+    if not isinstance(pipe.scheduler, DDIMScheduler):
+        pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
+    return pipe
+
+
+@torch.no_grad()
+def encode_prompts(pipe: StableDiffusionPipeline, prompts: list[str], device=None) -> torch.Tensor:
+    """Text embeddings [B, L, D] of the prompts (pad/truncate to the tokenizer's max length)."""
+    device = device or pipe.text_encoder.device
+    ids = pipe.tokenizer(
+        prompts, padding="max_length", truncation=True, max_length=pipe.tokenizer.model_max_length, return_tensors="pt"
+    ).input_ids.to(device)
+    return pipe.text_encoder(ids)[0]
+
+
+def guided_model_output(
+    unet,
+    latents: torch.Tensor,
+    timesteps: torch.Tensor,
+    prompt_embeds: torch.Tensor,
+    negative_prompt_embeds: torch.Tensor | None,
+    guidance_scale: float,
+) -> torch.Tensor:
+    """UNet output with classifier-free guidance done as one batched forward.
+
+        out = out_uncond + w * (out_cond - out_uncond)     (no guidance when w <= 1 or no negatives)
+
+    ``timesteps`` is a scalar or one per row, so flattened (sample, step) pairs share one call.
+    """
+    timesteps = torch.as_tensor(timesteps, device=latents.device)
+    if timesteps.ndim == 0:
+        timesteps = timesteps.expand(latents.shape[0])
+    if guidance_scale > 1.0 and negative_prompt_embeds is not None:
+        out = unet(
+            torch.cat([latents, latents]),
+            torch.cat([timesteps, timesteps]),
+            encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds]),
+            return_dict=False,
+        )[0]
+        uncond, cond = out.chunk(2)
+        return uncond + guidance_scale * (cond - uncond)
+    return unet(latents, timesteps, encoder_hidden_states=prompt_embeds, return_dict=False)[0]
+
+
+@torch.no_grad()
+def decode_latents(pipe: StableDiffusionPipeline, latents: torch.Tensor) -> torch.Tensor:
+    """Final latents to images [B, 3, H, W] in [0, 1] (the pipeline's own post-processing)."""
+    image = pipe.vae.decode(latents.to(pipe.vae.dtype) / pipe.vae.config.scaling_factor, return_dict=False)[0]
+    return pipe.image_processor.postprocess(image, output_type="pt", do_denormalize=[True] * image.shape[0]).float()
+
+
+@torch.no_grad()
+def sample_with_logprob(
+    pipe: StableDiffusionPipeline,
+    prompt_embeds: torch.Tensor,
+    negative_prompt_embeds: torch.Tensor | None,
+    num_inference_steps: int,
+    guidance_scale: float,
+    eta: float,
+    generator: torch.Generator | list[torch.Generator] | None = None,
+    unet=None,
+    value_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    decode: bool = True,
+    progress: bool = False,
+    compute_log_prob: bool = True,
+) -> Trajectories:
+    """Sample B images and record the trajectory: latents [B, T+1, ...], log_probs [B, T], timesteps [B, T].
+
+    ``unet`` overrides ``pipe.unet`` (e.g. the accelerate-wrapped policy); ``value_fn(x_n, t_n)``
+    records a critic value of every pre-step latent. ``eta = 0`` (greedy, e.g. ReMax's baseline)
+    needs ``compute_log_prob=False``.
+    """
+    unet = unet if unet is not None else pipe.unet
+    scheduler = pipe.scheduler
+    device = prompt_embeds.device
+    batch = prompt_embeds.shape[0]
+    scheduler.set_timesteps(num_inference_steps, device=device)
+    timesteps = scheduler.timesteps
+    shape = (batch, pipe.unet.config.in_channels, pipe.unet.config.sample_size, pipe.unet.config.sample_size)
+    latents = randn_tensor(shape, generator=generator, device=device, dtype=prompt_embeds.dtype)
+    latents = latents * scheduler.init_noise_sigma
+
+    all_latents, log_probs, values = [latents.float()], [], []
+    for t in tqdm(timesteps, desc="denoising", leave=False, disable=not progress):
+        if value_fn is not None:
+            values.append(value_fn(latents.float(), t.expand(batch)).float())
+        model_output = guided_model_output(unet, latents, t, prompt_embeds, negative_prompt_embeds, guidance_scale)
+        step = ddim_step_with_logprob(
+            scheduler, model_output, t, latents, eta, generator=generator, compute_log_prob=compute_log_prob
+        )
+        latents = step.prev_sample.to(prompt_embeds.dtype)
+        all_latents.append(step.prev_sample)
+        if compute_log_prob:
+            log_probs.append(step.log_prob)
+
+    images = decode_latents(pipe, latents) if decode else None
+    return Trajectories(
+        images=images,
+        latents=torch.stack(all_latents, dim=1),
+        log_probs=torch.stack(log_probs, dim=1) if compute_log_prob else torch.zeros(batch, len(timesteps), device=device),
+        timesteps=timesteps.to(device).unsqueeze(0).expand(batch, -1).clone(),
+        values=torch.stack(values, dim=1) if value_fn is not None else None,
+    )
+
+
+def step_log_prob(
+    unet,
+    scheduler: DDIMScheduler,
+    latents: torch.Tensor,
+    next_latents: torch.Tensor,
+    timesteps: torch.Tensor,
+    prompt_embeds: torch.Tensor,
+    negative_prompt_embeds: torch.Tensor | None,
+    guidance_scale: float,
+    eta: float,
+):
+    """Log-prob of recorded transitions x_n -> x_{n+1} under ``unet``, for N flattened (sample, step) pairs.
+
+    Inputs are [N, ...] with one timestep per row; one guided UNet forward covers all N pairs.
+    Returns the DDIMStepOutput (log_prob [N], mean, std) with gradients through the UNet.
+    """
+    model_output = guided_model_output(unet, latents, timesteps, prompt_embeds, negative_prompt_embeds, guidance_scale)
+    return ddim_step_with_logprob(scheduler, model_output, timesteps, latents, eta, prev_sample=next_latents)

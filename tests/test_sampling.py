@@ -1,0 +1,119 @@
+import pytest
+import torch
+
+from ddpo_group.sampling.ddim import check_trainable_schedule, ddim_step_with_logprob, step_std
+from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob, step_log_prob
+from tiny_pipeline import build_tiny_pipeline
+
+PROMPTS = ["a red circle on a blue background", "a green square", "x", "a yellow star on a black background"]
+
+
+def _sample(pipe, guidance_scale, eta=1.0, steps=5, seed=0):
+    embeds = encode_prompts(pipe, PROMPTS)
+    neg = encode_prompts(pipe, [""] * len(PROMPTS))
+    gen = torch.Generator().manual_seed(seed)
+    return embeds, neg, sample_with_logprob(pipe, embeds, neg, steps, guidance_scale, eta, generator=gen)
+
+
+@pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction", "sample"])
+def test_log_prob_is_gaussian_density_of_step(prediction_type):
+    pipe = build_tiny_pipeline(prediction_type=prediction_type)
+    scheduler = pipe.scheduler
+    scheduler.set_timesteps(10)
+    torch.manual_seed(1)
+    sample = torch.randn(3, 4, 8, 8)
+    model_output = torch.randn(3, 4, 8, 8)
+    t = scheduler.timesteps[4]
+    out = ddim_step_with_logprob(scheduler, model_output, t, sample, eta=0.7)
+    normal = torch.distributions.Normal(out.mean, out.std.view(-1, 1, 1, 1))
+    expected = normal.log_prob(out.prev_sample).mean(dim=(1, 2, 3))
+    torch.testing.assert_close(out.log_prob, expected, rtol=1e-5, atol=1e-5)
+    # sigma from the closed form in ALGORITHMS.md
+    ab = scheduler.alphas_cumprod
+    ab_t, ab_prev = ab[t], ab[t - 1000 // 10]
+    sigma = 0.7 * ((1 - ab_prev) / (1 - ab_t) * (1 - ab_t / ab_prev)).sqrt()
+    torch.testing.assert_close(out.std, sigma.expand(3).float())
+    # the sum reduction is the mean times the number of latent dims
+    summed = ddim_step_with_logprob(scheduler, model_output, t, sample, 0.7, prev_sample=out.prev_sample, reduce="sum")
+    torch.testing.assert_close(summed.log_prob, expected * 4 * 8 * 8, rtol=1e-5, atol=1e-3)
+
+
+def test_step_matches_diffusers_ddim_step():
+    pipe = build_tiny_pipeline()
+    scheduler = pipe.scheduler
+    scheduler.set_timesteps(8)
+    torch.manual_seed(2)
+    sample, model_output = torch.randn(2, 4, 8, 8), torch.randn(2, 4, 8, 8)
+    for t in scheduler.timesteps:
+        ours = ddim_step_with_logprob(scheduler, model_output, t, sample, 1.0, generator=torch.Generator().manual_seed(3))
+        ref = scheduler.step(model_output, t, sample, eta=1.0, generator=torch.Generator().manual_seed(3)).prev_sample
+        torch.testing.assert_close(ours.prev_sample, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_recorded_log_probs_have_gaussian_density_along_trajectory(tiny_pipe):
+    embeds, neg, traj = _sample(tiny_pipe, guidance_scale=4.0)
+    B, T = traj.log_probs.shape
+    assert traj.latents.shape == (B, T + 1, 4, 8, 8)
+    assert traj.timesteps.shape == (B, T) and traj.images.shape == (B, 3, 16, 16)
+    assert float(traj.images.min()) >= 0.0 and float(traj.images.max()) <= 1.0
+    # recompute each step's mean independently and check the density under torch's Normal
+    for n in range(T):
+        out = step_log_prob(
+            tiny_pipe.unet, tiny_pipe.scheduler, traj.latents[:, n], traj.latents[:, n + 1], traj.timesteps[:, n],
+            embeds, neg, 4.0, 1.0,
+        )
+        normal = torch.distributions.Normal(out.mean, out.std.view(-1, 1, 1, 1))
+        expected = normal.log_prob(traj.latents[:, n + 1]).mean(dim=(1, 2, 3))
+        torch.testing.assert_close(traj.log_probs[:, n], expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 5.0])
+def test_recomputed_log_probs_give_ratio_one_batched_over_pairs(tiny_pipe, guidance_scale):
+    embeds, neg, traj = _sample(tiny_pipe, guidance_scale)
+    B, T = traj.log_probs.shape
+    # flatten every (sample, step) pair into the batch dimension: one forward for all of them
+    idx_b = torch.arange(B).repeat_interleave(T)
+    idx_t = torch.arange(T).repeat(B)
+    with torch.no_grad():
+        out = step_log_prob(
+            tiny_pipe.unet, tiny_pipe.scheduler, traj.latents[idx_b, idx_t], traj.latents[idx_b, idx_t + 1],
+            traj.timesteps[idx_b, idx_t], embeds[idx_b], neg[idx_b], guidance_scale, 1.0,
+        )
+    ratio = torch.exp(out.log_prob.view(B, T) - traj.log_probs)
+    torch.testing.assert_close(ratio, torch.ones(B, T), rtol=0, atol=2e-4)
+
+
+@pytest.mark.parametrize("eta", [1.0, 0.5])
+def test_images_match_diffusers_pipeline(tiny_pipe, eta):
+    _, _, traj = _sample(tiny_pipe, guidance_scale=5.0, eta=eta, steps=6, seed=7)
+    ref = tiny_pipe(
+        PROMPTS, num_inference_steps=6, guidance_scale=5.0, eta=eta, generator=torch.Generator().manual_seed(7),
+        output_type="pt",
+    ).images
+    torch.testing.assert_close(traj.images, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_eta_zero_has_no_log_prob(tiny_pipe):
+    with pytest.raises(ValueError, match="eta"):
+        check_trainable_schedule(tiny_pipe.scheduler, 10, 0.0)
+    scheduler = tiny_pipe.scheduler
+    scheduler.set_timesteps(4)
+    with pytest.raises(ValueError, match="eta=0"):
+        ddim_step_with_logprob(scheduler, torch.zeros(1, 4, 8, 8), scheduler.timesteps[0], torch.zeros(1, 4, 8, 8), 0.0)
+    assert float(step_std(scheduler, scheduler.timesteps, 0.0).abs().max()) == 0.0
+    # greedy sampling (ReMax's baseline) works without log-probs and matches diffusers at eta = 0
+    embeds, neg = encode_prompts(tiny_pipe, PROMPTS), encode_prompts(tiny_pipe, [""] * len(PROMPTS))
+    gen = torch.Generator().manual_seed(3)
+    traj = sample_with_logprob(tiny_pipe, embeds, neg, 5, 5.0, 0.0, generator=gen, compute_log_prob=False)
+    ref = tiny_pipe(PROMPTS, num_inference_steps=5, guidance_scale=5.0, eta=0.0,
+                    generator=torch.Generator().manual_seed(3), output_type="pt").images
+    torch.testing.assert_close(traj.images, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_schedule_with_zero_final_sigma_is_rejected():
+    pipe = build_tiny_pipeline()
+    from diffusers import DDIMScheduler
+
+    scheduler = DDIMScheduler.from_config(pipe.scheduler.config, set_alpha_to_one=True)
+    with pytest.raises(ValueError, match="set_alpha_to_one"):
+        check_trainable_schedule(scheduler, 10, 1.0)
