@@ -1,1 +1,61 @@
-"""Reward functions."""
+"""Reward functions, looked up by name.
+
+Contract: a factory ``make(**kwargs)`` loads whatever it needs once and returns
+``fn(images, prompts, metadata) -> (rewards, info)``, where ``images`` is a float tensor
+[B, 3, H, W] in [0, 1], ``prompts`` a list of B strings, ``metadata`` a list of B dicts,
+``rewards`` B numbers and ``info`` a dict of extra per-sample values to log.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+RewardFn = Callable[[torch.Tensor, list, list], tuple]
+REWARD_FACTORIES: dict[str, Callable[..., RewardFn]] = {}
+
+
+def register_reward(name: str):
+    def decorator(factory):
+        if name in REWARD_FACTORIES:
+            raise ValueError(f"a reward function named {name!r} is already registered")
+        REWARD_FACTORIES[name] = factory
+        return factory
+
+    return decorator
+
+
+def make_reward_fn(name: str, **kwargs) -> RewardFn:
+    if name not in REWARD_FACTORIES:
+        raise ValueError(f"unknown reward_fn {name!r}; registered reward functions: {', '.join(sorted(REWARD_FACTORIES))}")
+    return REWARD_FACTORIES[name](**kwargs)
+
+
+def check_rewards(rewards, batch_size: int, name: str) -> torch.Tensor:
+    """The reward function's output as a float64 tensor [B]; a clear error for a wrong type, shape or value."""
+    if isinstance(rewards, (list, tuple)):
+        rewards = np.asarray(rewards)
+    if isinstance(rewards, np.ndarray):
+        if not np.issubdtype(rewards.dtype, np.number):
+            raise TypeError(f"reward function {name!r} returned an array of dtype {rewards.dtype}; expected numbers")
+        rewards = torch.from_numpy(rewards)
+    if not isinstance(rewards, torch.Tensor):
+        raise TypeError(
+            f"reward function {name!r} returned {type(rewards).__name__}; expected a tensor, array or list of {batch_size} numbers"
+        )
+    rewards = rewards.detach().to("cpu", torch.float64)
+    if rewards.ndim != 1 or rewards.shape[0] != batch_size:
+        raise ValueError(
+            f"reward function {name!r} returned shape {tuple(rewards.shape)} for {batch_size} images; expected ({batch_size},)"
+        )
+    bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(
+            f"reward function {name!r} returned non-finite rewards at indices {bad}: {rewards[bad].tolist()}"
+        )
+    return rewards
+
+
+from ddpo_group.rewards import builtin  # noqa: E402,F401  (registers the built-in rewards)

@@ -1,0 +1,86 @@
+"""Checkpoints through accelerate's save_state/load_state, written to a temporary directory then renamed.
+
+Layout: ``<run_dir>/checkpoints/checkpoint_<epoch:05d>/``; a directory is complete once it holds
+``COMPLETE`` (written last, before the rename), and only complete ones are resumed from or kept.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d+)$")
+COMPLETE_MARKER = "COMPLETE"
+
+
+class TrainingState:
+    """Epoch and optimizer-step counters, saved with every checkpoint."""
+
+    def __init__(self):
+        self.epoch = -1  # last finished epoch
+        self.global_step = 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "global_step": self.global_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        self.global_step = int(state["global_step"])
+
+
+def complete_checkpoints(checkpoint_root: str | os.PathLike) -> list[Path]:
+    """Complete checkpoint directories under ``checkpoint_root``, oldest first."""
+    root = Path(checkpoint_root)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = CHECKPOINT_PATTERN.match(path.name)
+        if match and (path / COMPLETE_MARKER).exists():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def resolve_resume_path(resume_from: str) -> Path:
+    """A checkpoint directory, or a run directory whose latest complete checkpoint is taken."""
+    path = Path(resume_from).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"resume_from={resume_from!r} does not exist")
+    if (path / COMPLETE_MARKER).exists():
+        return path
+    for root in (path / "checkpoints", path):
+        checkpoints = complete_checkpoints(root)
+        if checkpoints:
+            return checkpoints[-1]
+    raise FileNotFoundError(
+        f"resume_from={resume_from!r} is neither a complete checkpoint nor a run directory holding one "
+        f"(looked for checkpoints/checkpoint_<epoch>/{COMPLETE_MARKER})"
+    )
+
+
+def run_dir_of_checkpoint(checkpoint: Path) -> Path:
+    return checkpoint.parent.parent
+
+
+def save_checkpoint(accelerator, checkpoint_root: str | os.PathLike, epoch: int, keep: int) -> Path:
+    """Save the accelerate state for ``epoch`` atomically; keep the newest ``keep`` complete checkpoints."""
+    root = Path(checkpoint_root)
+    final = root / f"checkpoint_{epoch:05d}"
+    tmp = root / f".tmp_checkpoint_{epoch:05d}"
+    if accelerator.is_main_process:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / COMPLETE_MARKER).write_text(f"epoch {epoch}\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in complete_checkpoints(root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final

@@ -1,0 +1,63 @@
+"""The policy: load the pipeline, freeze what is not trained, add LoRA (peft) or train the full UNet."""
+
+from __future__ import annotations
+
+import torch
+from diffusers import StableDiffusionPipeline
+from peft import LoraConfig
+
+from ddpo_group.models import load_pipeline
+from ddpo_group.sampling.pipeline import ensure_ddim
+
+LORA_TARGET_MODULES = ["to_k", "to_q", "to_v", "to_out.0"]
+DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def build_policy(config, device) -> tuple[StableDiffusionPipeline, list[torch.nn.Parameter]]:
+    """Load the pipeline on ``device``; return it and the trainable parameters (LoRA or the whole UNet).
+
+    Frozen parts (VAE, text encoder, and the UNet's base weights under LoRA) are cast to the
+    mixed-precision dtype to save memory; trainable parameters stay float32 (as in ddpo-pytorch).
+    """
+    pipe = ensure_ddim(load_pipeline(config.pretrained.model, revision=config.pretrained.revision or None))
+    pipe.set_progress_bar_config(disable=True)
+    inference_dtype = DTYPES[config.mixed_precision]
+    pipe.vae.requires_grad_(False)
+    pipe.text_encoder.requires_grad_(False)
+    pipe.vae.to(device, dtype=inference_dtype)
+    pipe.text_encoder.to(device, dtype=inference_dtype)
+    unet = pipe.unet
+    if config.use_lora:
+        unet.requires_grad_(False)
+        unet.to(device, dtype=inference_dtype)
+        unet.add_adapter(
+            LoraConfig(
+                r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian",
+                target_modules=LORA_TARGET_MODULES,
+            )
+        )
+        for param in unet.parameters():
+            if param.requires_grad:
+                param.data = param.data.float()
+    else:
+        unet.requires_grad_(True)
+        unet.to(device, dtype=torch.float32)
+    trainable = [p for p in unet.parameters() if p.requires_grad]
+    if not trainable:
+        raise ValueError("the policy has no trainable parameters (check use_lora and the UNet's attention modules)")
+    return pipe, trainable
+
+
+def make_optimizer(config, params) -> torch.optim.Optimizer:
+    t = config.train
+    if t.use_8bit_adam:
+        try:
+            import bitsandbytes as bnb
+        except ImportError as error:
+            raise ImportError("train.use_8bit_adam=True needs bitsandbytes: pip install bitsandbytes") from error
+        optimizer_cls = bnb.optim.AdamW8bit
+    else:
+        optimizer_cls = torch.optim.AdamW
+    return optimizer_cls(
+        params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.adam_weight_decay, eps=t.adam_epsilon
+    )

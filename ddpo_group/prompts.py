@@ -1,0 +1,74 @@
+"""Prompt functions, looked up by name, and the sampler that draws an epoch's prompts.
+
+Contract (DDPO's): ``fn(rng=random.Random, **kwargs) -> (prompt, metadata)``, one prompt per call.
+"""
+
+from __future__ import annotations
+
+import random
+from importlib import resources
+from typing import Callable
+
+PROMPT_FNS: dict[str, Callable] = {}
+
+
+def register_prompt_fn(name: str):
+    def decorator(fn):
+        if name in PROMPT_FNS:
+            raise ValueError(f"a prompt function named {name!r} is already registered")
+        PROMPT_FNS[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_prompt_fn(name: str) -> Callable:
+    if name not in PROMPT_FNS:
+        raise ValueError(f"unknown prompt_fn {name!r}; registered prompt functions: {', '.join(sorted(PROMPT_FNS))}")
+    return PROMPT_FNS[name]
+
+
+def _asset_lines(filename: str) -> list[str]:
+    text = resources.files("ddpo_group").joinpath("assets", filename).read_text()
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+@register_prompt_fn("simple_animals")
+def simple_animals(rng: random.Random | None = None):
+    """One of DDPO's simple animal names, e.g. "cat"."""
+    return (rng or random).choice(_asset_lines("simple_animals.txt")), {}
+
+
+@register_prompt_fn("tiny_shapes")
+def tiny_shapes(rng: random.Random | None = None, held_out: bool = False):
+    """"a {color} {shape} on a {background} background" for the embedded model (held-out pairs on request)."""
+    from ddpo_group.shapes import tiny_shapes as draw
+
+    return draw(held_out=held_out, rng=rng)
+
+
+class PromptSampler:
+    """Draws prompts with its own random generator, so its position can be checkpointed."""
+
+    def __init__(self, name: str, kwargs: dict | None = None, seed: int = 0):
+        self.name = name
+        self.fn = get_prompt_fn(name)
+        self.kwargs = dict(kwargs or {})
+        self.rng = random.Random(seed)
+
+    def sample(self, n: int) -> tuple[list[str], list[dict]]:
+        pairs = [self.fn(rng=self.rng, **self.kwargs) for _ in range(n)]
+        if not pairs:
+            return [], []
+        prompts, metadata = zip(*pairs)
+        bad = [p for p in prompts if not isinstance(p, str) or not p]
+        if bad:
+            raise ValueError(f"prompt function {self.name!r} returned {bad[0]!r}; expected a non-empty string")
+        return list(prompts), list(metadata)
+
+    def state_dict(self) -> dict:
+        return {"rng_state": self.rng.getstate()}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng_state"]
+        self.rng.setstate((version, tuple(internal), gauss))

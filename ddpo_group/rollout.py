@@ -1,0 +1,80 @@
+"""The sampling phase of an epoch: prompts -> trajectories with log-probs -> rewards (in a thread pool).
+
+Rewards of one batch are computed in a worker thread while the next batch samples.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+
+import torch
+from tqdm.auto import tqdm
+
+from ddpo_group.prompts import PromptSampler
+from ddpo_group.rewards import check_rewards
+from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
+
+
+def collect_rollouts(
+    pipe,
+    sampler: PromptSampler,
+    reward_fn,
+    reward_name: str,
+    executor: Executor,
+    sample_config,
+    negative_prompt_embeds: torch.Tensor,
+    show_progress: bool = True,
+    desc: str = "sampling",
+) -> dict:
+    """Sample ``num_batches_per_epoch`` batches on this process and score them.
+
+    Returns the batch record: prompts, metadata, prompt_embeds [B, L, D], latents / next_latents
+    [B, T, C, h, w], log_probs [B, T], timesteps [B, T], rewards [B] (float64, checked), images
+    [B, 3, H, W] and reward_info.
+    """
+    batches, futures = [], []
+    for _ in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):
+        prompts, metadata = sampler.sample(sample_config.batch_size)
+        prompt_embeds = encode_prompts(pipe, prompts)
+        negative = negative_prompt_embeds.expand(len(prompts), -1, -1)
+        traj = sample_with_logprob(
+            pipe, prompt_embeds, negative, sample_config.num_steps, sample_config.guidance_scale, sample_config.eta
+        )
+        futures.append(executor.submit(reward_fn, traj.images, prompts, metadata))
+        batches.append(
+            {
+                "prompts": prompts,
+                "metadata": metadata,
+                "prompt_embeds": prompt_embeds,
+                "latents": traj.latents[:, :-1],
+                "next_latents": traj.latents[:, 1:],
+                "log_probs": traj.log_probs,
+                "timesteps": traj.timesteps,
+                "images": traj.images,
+            }
+        )
+
+    infos = []
+    for batch, future in zip(batches, futures):
+        try:
+            rewards, info = future.result()
+        except Exception as error:
+            raise RuntimeError(f"reward function {reward_name!r} raised {type(error).__name__}: {error}") from error
+        batch["rewards"] = check_rewards(rewards, len(batch["prompts"]), reward_name)
+        infos.append(info or {})
+
+    record = {}
+    for key in batches[0]:
+        values = [b[key] for b in batches]
+        record[key] = sum(values, []) if isinstance(values[0], list) else torch.cat(values)
+    record["reward_info"] = _merge_infos(infos)
+    return record
+
+
+def _merge_infos(infos: list[dict]) -> dict:
+    merged = {}
+    for key in infos[0]:
+        values = [info[key] for info in infos if key in info]
+        if all(isinstance(v, torch.Tensor) and v.ndim >= 1 for v in values):
+            merged[key] = torch.cat([v.detach().cpu() for v in values])
+    return merged

@@ -1,0 +1,63 @@
+"""Experiment tracking: wandb through accelerate (online, offline or disabled) and captioned image grids."""
+
+from __future__ import annotations
+
+import netrc
+import os
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+
+
+def wandb_api_key_available() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return False
+
+
+def resolve_wandb_mode(requested: str) -> tuple[str, str | None]:
+    """The mode to run wandb in, and a note when it differs from the requested one.
+
+    WANDB_MODE in the environment wins (wandb's own convention); "online" without an API key
+    falls back to "offline" so a run never stops at a login prompt.
+    """
+    env_mode = os.environ.get("WANDB_MODE")
+    if env_mode in ("online", "offline", "disabled"):
+        return env_mode, (f"wandb mode {env_mode!r} from WANDB_MODE" if env_mode != requested else None)
+    if requested == "online" and not wandb_api_key_available():
+        return "offline", "no wandb API key found: logging offline (sync later with `wandb sync`)"
+    return requested, None
+
+
+def image_grid(images: torch.Tensor, captions: list[str], columns: int = 8, scale: int = 2) -> Image.Image:
+    """Images [B, 3, H, W] in [0, 1] tiled in a grid with a caption under each."""
+    arrays = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    b, h, w = arrays.shape[:3]
+    tile_w, tile_h = max(w * scale, 96), h * scale
+    caption_h = 24
+    columns = min(columns, b)
+    rows = (b + columns - 1) // columns
+    grid = Image.new("RGB", (columns * tile_w, rows * (tile_h + caption_h)), "white")
+    draw = ImageDraw.Draw(grid)
+    for i, (array, caption) in enumerate(zip(arrays, captions)):
+        x, y = (i % columns) * tile_w, (i // columns) * (tile_h + caption_h)
+        tile = Image.fromarray(np.ascontiguousarray(array)).resize((w * scale, tile_h), Image.NEAREST)
+        grid.paste(tile, (x + (tile_w - w * scale) // 2, y))
+        for line_no, line in enumerate(_wrap(caption, tile_w // 6)[:2]):
+            draw.text((x + 2, y + tile_h + 1 + 11 * line_no), line, fill="black")
+    return grid
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    lines, line = [], ""
+    for word in text.split():
+        if line and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    return lines + ([line] if line else [])

@@ -1,0 +1,27 @@
+"""Fine-tune a diffusion model with RL.
+
+    accelerate launch scripts/train.py --config config/base.py:ddpo [--config.FIELD=VALUE ...]
+"""
+
+import os
+import sys
+
+from absl import app, logging
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a source checkout too
+
+from ddpo_group.trainer import Trainer  # noqa: E402
+
+_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config", "base.py") + ":ddpo"
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Training configuration (path:preset).")
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)  # accelerate's per-file INFO lines drown the epoch summaries
+    Trainer(_CONFIG.value).run()
+
+
+if __name__ == "__main__":
+    app.run(main)
