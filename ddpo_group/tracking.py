@@ -33,10 +33,11 @@ def resolve_wandb_mode(requested: str) -> tuple[str, str | None]:
     return requested, None
 
 
-def image_grid(images: torch.Tensor, captions: list[str], columns: int = 8, scale: int = 2) -> Image.Image:
-    """Images [B, 3, H, W] in [0, 1] tiled in a grid with a caption under each."""
+def image_grid(images: torch.Tensor, captions: list[str], columns: int = 8, min_tile: int = 96) -> Image.Image:
+    """Images [B, 3, H, W] in [0, 1] tiled in a grid (small images upscaled to ``min_tile`` px) with captions."""
     arrays = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
     b, h, w = arrays.shape[:3]
+    scale = max(1, min_tile // w)
     tile_w, tile_h = max(w * scale, 96), h * scale
     caption_h = 24
     columns = min(columns, b)

@@ -1,0 +1,83 @@
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from ddpo_group.prompts import PromptSampler, get_prompt_fn
+from ddpo_group.rewards import check_rewards, make_reward_fn
+from ddpo_group.tracking import image_grid, resolve_wandb_mode
+
+
+def test_jpeg_rewards_are_the_quality_95_file_size_in_kb():
+    torch.manual_seed(0)
+    images = torch.stack([torch.full((3, 32, 32), 0.5), torch.rand(3, 32, 32)])
+    rewards, info = make_reward_fn("jpeg_compressibility")(images, ["a", "b"], [{}, {}])
+    buffer = io.BytesIO()
+    array = (images[1] * 255).round().byte().permute(1, 2, 0).numpy()
+    Image.fromarray(array).save(buffer, format="JPEG", quality=95)
+    assert rewards[1].item() == pytest.approx(-buffer.tell() / 1000)
+    # a flat image compresses better than noise
+    assert rewards[0] > rewards[1]
+    incompressible, _ = make_reward_fn("jpeg_incompressibility")(images, ["a", "b"], [{}, {}])
+    torch.testing.assert_close(incompressible, -rewards)
+    torch.testing.assert_close(info["jpeg_kb"], -rewards)
+
+
+def test_unknown_reward_and_prompt_names_list_the_registered_ones():
+    with pytest.raises(ValueError, match=r"unknown reward_fn 'nope'; registered reward functions: .*jpeg_compressibility"):
+        make_reward_fn("nope")
+    with pytest.raises(ValueError, match=r"unknown prompt_fn 'nope'; registered prompt functions: .*simple_animals"):
+        get_prompt_fn("nope")
+
+
+@pytest.mark.parametrize(
+    "rewards, error, message",
+    [
+        (torch.tensor([1.0, float("nan"), 2.0, float("inf")]), ValueError, r"'r' returned non-finite rewards at indices \[1, 3\]"),
+        (torch.ones(3), ValueError, r"returned shape \(3,\) for 4 images; expected \(4,\)"),
+        (torch.ones(4, 1), ValueError, r"returned shape \(4, 1\)"),
+        ("high", TypeError, r"returned str"),
+        (np.array(["a"] * 4), TypeError, r"dtype <U1"),
+    ],
+)
+def test_bad_rewards_get_a_clear_error(rewards, error, message):
+    with pytest.raises(error, match=message):
+        check_rewards(rewards, 4, "r")
+
+
+def test_rewards_accepted_as_list_array_or_tensor():
+    for value in ([1, 2], np.array([1.0, 2.0]), torch.tensor([1.0, 2.0])):
+        out = check_rewards(value, 2, "r")
+        assert out.dtype == torch.float64 and out.tolist() == [1.0, 2.0]
+
+
+def test_prompt_sampler_is_reproducible_and_resumable():
+    a = PromptSampler("simple_animals", seed=3)
+    first = a.sample(5)
+    state = a.state_dict()
+    following = a.sample(5)
+    b = PromptSampler("simple_animals", seed=0)
+    b.load_state_dict(state)
+    assert b.sample(5) == following
+    assert PromptSampler("simple_animals", seed=3).sample(5) == first
+
+
+def test_wandb_mode_falls_back_to_offline_without_api_key(monkeypatch, tmp_path):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("NETRC", str(tmp_path / "missing"))
+    assert resolve_wandb_mode("online")[0] == "offline"
+    assert resolve_wandb_mode("disabled") == ("disabled", None)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert resolve_wandb_mode("online") == ("online", None)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert resolve_wandb_mode("online")[0] == "disabled"
+
+
+def test_image_grid_layout():
+    grid = image_grid(torch.rand(10, 3, 16, 16), [f"prompt {i} | 0.5" for i in range(10)], columns=4)
+    # 4 columns of 96 px tiles, 3 rows of (96 px image + 24 px caption)
+    assert grid.size == (4 * 96, 3 * (96 + 24))
