@@ -68,39 +68,49 @@ class PolicyUpdater:
         return out
 
     def _train_batch(self, batch: dict, rows: torch.Tensor, step_mask: torch.Tensor) -> dict:
+        with self.accelerator.accumulate(self.unet):
+            metrics = self.accumulate_gradients(batch, rows, step_mask)
+            if self.accelerator.sync_gradients:
+                metrics["grad_norm"] = float(self.accelerator.clip_grad_norm_(self.params, self.config.train.max_grad_norm))
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        return metrics
+
+    def accumulate_gradients(self, batch: dict, rows: torch.Tensor, step_mask: torch.Tensor) -> dict:
+        """Backpropagate the aggregated policy loss of one train batch, chunk by chunk of (sample, step) pairs.
+
+        loss = sum over masked pairs (i, n) of w_{i,n} * L_{i,n}, with w the aggregation weights of
+        ``algorithm.loss_agg_mode`` over the batch's step mask, so the chunks' gradients add up to
+        the gradient of the whole batch's loss.
+        """
         t = self.config.train
         weights = aggregation_weights(step_mask, self.config.algorithm.loss_agg_mode)
         pair_rows, pair_steps = step_mask.nonzero(as_tuple=True)
         chunks = torch.split(torch.arange(pair_rows.numel(), device=pair_rows.device), t.pairs_per_forward)
-        sums, info = defaultdict(float), {}
-        with self.accelerator.accumulate(self.unet):
-            for k, chunk in enumerate(chunks):
-                r, n = rows[pair_rows[chunk]], pair_steps[chunk]
-                # gradients are all-reduced once per train batch, on its last chunk
-                sync = nullcontext() if k == len(chunks) - 1 else self.accelerator.no_sync(self.unet)
-                with sync, self.accelerator.autocast():
-                    out = step_log_prob(
-                        self.unet, self.scheduler, batch["latents"][r, n], batch["next_latents"][r, n],
-                        batch["timesteps"][r, n], batch["prompt_embeds"][r],
-                        self.negative_prompt_embeds.expand(len(chunk), -1, -1), self.guidance_scale,
-                        self.config.sample.eta,
-                    )
-                    loss_mat, info = vanilla_loss_matrix(
-                        old_log_prob=batch["log_probs"][r, n].unsqueeze(1),
-                        log_prob=out.log_prob.unsqueeze(1),
-                        advantages=batch["advantages"][r, n].unsqueeze(1),
-                        step_mask=torch.ones_like(out.log_prob).unsqueeze(1),
-                        clip_low=t.clip_range,
-                        clip_high=t.clip_range,
-                    )
-                    loss = (weights[pair_rows[chunk], n] * loss_mat.squeeze(1)).sum()
-                    self.accelerator.backward(loss)
-                share = len(chunk) / pair_rows.numel()
-                sums["policy_loss"] += float(loss.detach())
-                for key, value in info.items():
-                    sums[key] += share * float(value)
-            if self.accelerator.sync_gradients:
-                sums["grad_norm"] = float(self.accelerator.clip_grad_norm_(self.params, t.max_grad_norm))
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        sums = defaultdict(float)
+        for k, chunk in enumerate(chunks):
+            r, n = rows[pair_rows[chunk]], pair_steps[chunk]
+            # gradients are all-reduced once per train batch, on its last chunk
+            sync = nullcontext() if k == len(chunks) - 1 else self.accelerator.no_sync(self.unet)
+            with sync, self.accelerator.autocast():
+                out = step_log_prob(
+                    self.unet, self.scheduler, batch["latents"][r, n], batch["next_latents"][r, n],
+                    batch["timesteps"][r, n], batch["prompt_embeds"][r],
+                    self.negative_prompt_embeds.expand(len(chunk), -1, -1), self.guidance_scale,
+                    self.config.sample.eta,
+                )
+                loss_mat, info = vanilla_loss_matrix(
+                    old_log_prob=batch["log_probs"][r, n].unsqueeze(1),
+                    log_prob=out.log_prob.unsqueeze(1),
+                    advantages=batch["advantages"][r, n].unsqueeze(1),
+                    step_mask=torch.ones_like(out.log_prob).unsqueeze(1),
+                    clip_low=t.clip_range,
+                    clip_high=t.clip_range,
+                )
+                loss = (weights[pair_rows[chunk], n] * loss_mat.squeeze(1)).sum()
+                self.accelerator.backward(loss)
+            share = len(chunk) / pair_rows.numel()
+            sums["policy_loss"] += float(loss.detach())
+            for key, value in info.items():
+                sums[key] += share * float(value)
         return dict(sums)
