@@ -134,11 +134,12 @@ class Trainer:
         timings = {}
         start = time.perf_counter()
         self.unet.eval()
-        batch = collect_rollouts(
-            self.pipe, self.prompt_sampler, self.reward_fn, self.config.reward_fn, self.executor, self.config.sample,
-            self.negative_prompt_embeds, show_progress=self.accelerator.is_local_main_process,
-            desc=f"epoch {epoch}: sampling",
-        )
+        with self.accelerator.autocast():  # the precision the training forward recomputes log-probs in
+            batch = collect_rollouts(
+                self.pipe, self.prompt_sampler, self.reward_fn, self.config.reward_fn, self.executor,
+                self.config.sample, self.negative_prompt_embeds, show_progress=self.accelerator.is_local_main_process,
+                desc=f"epoch {epoch}: sampling",
+            )
         timings["time/sampling"] = time.perf_counter() - start
 
         start = time.perf_counter()
