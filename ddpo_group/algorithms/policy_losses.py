@@ -117,8 +117,8 @@ def vanilla_loss_matrix(
     loss_mat, clipped, dual = _clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c)
     with torch.no_grad():
         metrics = {
-            "clipfrac": float(masked_mean(clipped.float(), step_mask)),
-            "clipfrac_lower": float(masked_mean(dual.float(), step_mask)),
+            "clipfrac": float(masked_mean(clipped.to(d.dtype), step_mask)),
+            "clipfrac_lower": float(masked_mean(dual.to(d.dtype), step_mask)),
             **_ratio_metrics(d, step_mask),
         }
     return loss_mat, metrics
@@ -167,8 +167,8 @@ def gspo_policy_loss(
         rows = step_mask.sum(dim=1) > 0
         s = torch.exp(seq_d[rows]) if rows.any() else torch.ones(1)
         metrics = {
-            "clipfrac": float(masked_mean(clipped.float(), step_mask)),
-            "clipfrac_lower": float(masked_mean(dual.float(), step_mask)),
+            "clipfrac": float(masked_mean(clipped.to(d.dtype), step_mask)),
+            "clipfrac_lower": float(masked_mean(dual.to(d.dtype), step_mask)),
             **_ratio_metrics(d, step_mask),
             "traj_ratio_mean": float(s.mean()),
             "traj_ratio_min": float(s.min()),
