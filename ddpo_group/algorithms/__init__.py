@@ -1,0 +1,64 @@
+"""Algorithm library: pure tensor functions (no model, no accelerate).
+
+Advantage estimators and policy losses are looked up by name::
+
+    from ddpo_group.algorithms import get_adv_estimator, get_policy_loss, AdvantageInputs
+    out = get_adv_estimator("grpo")(AdvantageInputs(rewards, step_mask, group_index), **params)
+    loss, metrics = get_policy_loss("vanilla")(old_lp, lp, out.advantages, step_mask,
+                                               "step-mean", clip_low=1e-4, clip_high=1e-4)
+"""
+
+from .registry import Registry
+from .aggregation import (
+    AGG_ALIASES,
+    AGG_MODES,
+    agg_loss,
+    aggregation_weights,
+    canonical_agg_mode,
+    compact_group_index,
+    group_stats,
+    group_sum,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+)
+from .kl import (
+    KL_KINDS,
+    AdaptiveKLController,
+    FixedKLController,
+    gaussian_kl,
+    get_kl_controller,
+    kl_penalty,
+)
+from .value_loss import clipped_value_loss, value_loss_matrix
+from .filters import zero_variance_group_filter
+from .group_ppo import (
+    GroupEndpoints,
+    GroupPPOResult,
+    GroupThresholdController,
+    critic_endpoint_mask_and_targets,
+    find_group_endpoints,
+    group_metrics,
+    group_ppo_advantages,
+    post_step_values,
+    segment_advantages,
+    td_deltas,
+)
+from .advantages import (
+    ADV_ESTIMATOR_REGISTRY,
+    CRITIC_ESTIMATORS,
+    GROUP_ESTIMATORS,
+    AdvantageInputs,
+    AdvantageOutput,
+    get_adv_estimator,
+    register_adv_est,
+    validate_group_size,
+)
+from .policy_losses import (
+    POLICY_LOSS_REGISTRY,
+    get_policy_loss,
+    register_policy_loss,
+    vanilla_loss_matrix,
+)
+
+__all__ = [name for name in dir() if not name.startswith("_")]

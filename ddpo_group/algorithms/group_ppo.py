@@ -1,0 +1,370 @@
+"""GROUP_PPO: dynamic grouping of denoising steps (GROUP_PPO.md), as pure tensor functions.
+
+Conventions (B samples, T steps, step n = 0 noisiest):
+
+* ``values`` [B, T] are PRE-step critic values, values[:, n] = V(x_n, t_n, c).
+* Post-step values u [B, T]: u[:, n] = values[:, n + 1] for n <= T-2, u[:, T-1] = R,
+  and u_{-1} = b_g (mean reward of the sample's prompt group).
+* TD deltas (gamma = 1): delta[:, n] = u_n - u_{n-1} (+ step_rewards[:, n], KL in reward).
+* Candidate group [a, n]: A_bar_i = sum_{m=a..n} delta_{i,m} (= u_n - u_{a-1} without step
+  rewards), r_grpo = sum_i W_i(a,n) A_bar_i^2, r_ppo = sum_i sum_m w_{i,m} delta_{i,m}^2 with
+  W_i(a, n) = sum_{m=a..n} w_{i,m}; rho = (r_grpo + eps) / (r_ppo + eps). With uniform
+  weights (the default) W = n - a + 1, exactly GROUP_PPO.md section 2.
+* Groups k = 0..K-1 (0-based here) cover (e_{k-1}, e_k], e_{-1} = -1, e_{K-1} = T-1.
+  Delta_k = sum of delta over group k, A_k = sum_{j>=k} lam^(j-k) Delta_j, broadcast to the
+  steps of group k; optionally divided by std_g(R) + eps (Bessel-corrected std, the same as
+  grpo, so that the one-group limit equals grpo exactly). Never mean-shifted or whitened.
+
+Step mask and grouping: the endpoints are computed over the FULL trajectory of T steps,
+independent of the step mask (the critic values exist for every step, and the mask drawn by
+timestep_fraction may change between inner epochs, so a step's advantage must not depend on
+which other steps happen to be trained). The mask only zeroes the advantages of untrained
+steps. ``find_group_endpoints(..., step_mask=m)`` optionally uses the mask as the per-step
+weights w of section 2 (only trained steps count in both variance sums); the estimator does
+that only with ``group_weight_by_mask=True``.
+
+Critic (section 5), in the PRE-step indexing of ``values`` so that the trainer treats it like
+gae (regress V(latents[:, n], timesteps[:, n]) on targets[:, n] under the mask): the critic
+state of endpoint e_k is the post-step latent x_{e_k + 1}, i.e. pre-step column e_k + 1.
+
+    endpoint_mask[:, n]  = 1  iff  n - 1 is an endpoint other than the last (n = e_k + 1, k < K-1)
+    critic_targets[:, n] = u_{n-1} + A^{(lam_c)}_{k+1}  at those n (without std scaling), else 0
+
+so every trajectory has K - 1 critic targets; lam_c = 1 gives critic_targets = R. The step-
+indexed endpoints themselves are returned as ``step_endpoints`` [B, T] bool.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+
+from .aggregation import compact_group_index, group_stats, group_sum
+
+
+# ------------------------------------------------------------------------------- building blocks
+def post_step_values(values: torch.Tensor, rewards: torch.Tensor) -> torch.Tensor:
+    """u [B, T]: u[:, n] = values[:, n+1] (n <= T-2), u[:, T-1] = rewards."""
+    if values.dim() != 2 or rewards.shape != values.shape[:1]:
+        raise ValueError(f"values must be [B, T] and rewards [B], got {tuple(values.shape)}, {tuple(rewards.shape)}")
+    return torch.cat([values[:, 1:], rewards[:, None].to(values.dtype)], dim=1)
+
+
+def td_deltas(u: torch.Tensor, start_value: torch.Tensor, step_rewards: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """delta[:, n] = u[:, n] - u[:, n-1] (+ step_rewards[:, n]) with u[:, -1] = start_value (b_g)."""
+    prev = torch.cat([start_value[:, None].to(u.dtype), u[:, :-1]], dim=1)
+    delta = u - prev
+    if step_rewards is not None:
+        delta = delta + step_rewards.to(u.dtype)
+    return delta
+
+
+@dataclass
+class GroupEndpoints:
+    """Result of find_group_endpoints (all per sample; samples of one prompt share them).
+
+    is_endpoint [B, T] bool: step n ends a group (the last step T-1 always does).
+    group_id [B, T] long: 0-based index k of the group containing step n.
+    num_groups [B] long: K.
+    rho_at_cut [C] float64: rho(a, n) of each variance cut (one entry per prompt group and cut;
+        forced cuts at group_max_size and the final endpoint are not included).
+    """
+
+    is_endpoint: torch.Tensor
+    group_id: torch.Tensor
+    num_groups: torch.Tensor
+    rho_at_cut: torch.Tensor
+
+
+def find_group_endpoints(
+    u: Optional[torch.Tensor],
+    delta: torch.Tensor,
+    tau: float,
+    group_max_size: int,
+    eps: float = 1e-6,
+    step_mask: Optional[torch.Tensor] = None,
+    group_index: Optional[torch.Tensor] = None,
+) -> GroupEndpoints:
+    """Algorithm 2 of GROUP_PPO.md, vectorised over prompt groups (a loop over T only).
+
+        a = 0
+        for n in 0..T-1:
+            if n > a and rho(a, n) > tau: close [a, n-1]; a = n     # variance cut
+            if n - a + 1 >= group_max_size or n == T-1: close [a, n]; a = n + 1
+
+    rho pools the samples of a prompt group (``group_index``; None = every row its own group).
+    A_bar is computed from cumulative sums of ``delta`` (identical to u_n - u_{a-1} when
+    delta = diff(u), and including the step rewards when KL is in the reward); ``u`` is only
+    checked for shape and may be None. ``step_mask`` given = per-step weights w (module
+    docstring); None = uniform weights. eps must be > 0 (then tau = 0 cuts at every step).
+    """
+    if delta.dim() != 2:
+        raise ValueError(f"delta must be [B, T], got shape {tuple(delta.shape)}")
+    if u is not None and u.shape != delta.shape:
+        raise ValueError(f"u {tuple(u.shape)} and delta {tuple(delta.shape)} differ")
+    if int(group_max_size) < 1:
+        raise ValueError(f"group_max_size must be >= 1, got {group_max_size}")
+    if not (tau >= 0):
+        raise ValueError(f"tau must be >= 0, got {tau}")
+    if not (eps > 0):
+        raise ValueError(f"eps must be > 0, got {eps}")
+    B, T = delta.shape
+    device = delta.device
+    d = delta.detach().double()
+    if group_index is None:
+        gi, P = torch.arange(B, device=device), B
+    else:
+        gi, P = compact_group_index(group_index.to(device))
+        if gi.shape[0] != B:
+            raise ValueError(f"group_index has {gi.shape[0]} entries for {B} samples")
+    w = torch.ones_like(d) if step_mask is None else (step_mask != 0).double()
+    csum = torch.cumsum(d, dim=1)
+    csum_ext = torch.cat([torch.zeros(B, 1, dtype=d.dtype, device=device), csum], dim=1)  # [:, a] = sum_{m<a}
+    rows = torch.arange(B, device=device)
+    a = torch.zeros(P, dtype=torch.long, device=device)
+    ppo = torch.zeros(B, dtype=d.dtype, device=device)   # sum_{m=a..n-1} w delta^2 per sample
+    wsum = torch.zeros(B, dtype=d.dtype, device=device)  # sum_{m=a..n-1} w per sample
+    is_end = torch.zeros(P, T, dtype=torch.bool, device=device)
+    rho_cut = torch.full((P, T), float("nan"), dtype=d.dtype, device=device)
+    max_size = int(group_max_size)
+    for n in range(T):
+        a_i = a[gi]
+        abar = csum[:, n] - csum_ext[rows, a_i]
+        wd2 = w[:, n] * d[:, n] ** 2
+        ppo_new = ppo + wd2
+        wsum_new = wsum + w[:, n]
+        r_grpo = group_sum(wsum_new * abar ** 2, gi, P)
+        r_ppo = group_sum(ppo_new, gi, P)
+        rho = (r_grpo + eps) / (r_ppo + eps)
+        cut = (a < n) & (rho > tau)
+        if n > 0:
+            is_end[:, n - 1] |= cut
+        rho_cut[:, n] = torch.where(cut, rho, rho_cut[:, n])
+        a = torch.where(cut, torch.full_like(a, n), a)
+        cut_i = cut[gi]
+        ppo_new = torch.where(cut_i, wd2, ppo_new)
+        wsum_new = torch.where(cut_i, w[:, n], wsum_new)
+        close = ((n - a + 1) >= max_size) | (n == T - 1)
+        is_end[:, n] |= close
+        a = torch.where(close, torch.full_like(a, n + 1), a)
+        close_i = close[gi]
+        ppo = torch.where(close_i, torch.zeros_like(ppo_new), ppo_new)
+        wsum = torch.where(close_i, torch.zeros_like(wsum_new), wsum_new)
+    is_endpoint = is_end[gi]
+    ends = is_endpoint.long()
+    group_id = torch.cumsum(ends, dim=1) - ends
+    rho_vals = rho_cut[~torch.isnan(rho_cut)]
+    return GroupEndpoints(is_endpoint, group_id, ends.sum(dim=1), rho_vals)
+
+
+def segment_advantages(delta: torch.Tensor, is_endpoint: torch.Tensor, lam: float) -> torch.Tensor:
+    """Per-step broadcast group advantages [B, T] (no scaling).
+
+    Delta_k = sum_{n in group k} delta_n,  A_k = sum_{j >= k} lam^(j-k) Delta_j,  adv[:, n] = A_{k(n)}.
+    """
+    if delta.shape != is_endpoint.shape:
+        raise ValueError("delta and is_endpoint must have the same shape")
+    if delta.shape[1] and not bool(is_endpoint[:, -1].all()):
+        raise ValueError("the last step (T-1) must be an endpoint of every trajectory")
+    B, T = delta.shape
+    ends = is_endpoint.long()
+    gid = torch.cumsum(ends, dim=1) - ends
+    seg = torch.zeros_like(delta).scatter_add_(1, gid, delta)  # [B, K <= T], zero beyond K
+    A = torch.zeros_like(seg)
+    run = torch.zeros(B, dtype=delta.dtype, device=delta.device)
+    for k in range(T - 1, -1, -1):
+        run = seg[:, k] + lam * run
+        A[:, k] = run
+    return A.gather(1, gid)
+
+
+def critic_endpoint_mask_and_targets(u: torch.Tensor, delta: torch.Tensor, is_endpoint: torch.Tensor, critic_lam: float):
+    """(endpoint_mask [B, T] float, critic_targets [B, T]) in PRE-step indexing (module docstring).
+
+    mask[:, n] = is_endpoint[:, n-1] for n >= 1 (the last endpoint T-1 has no column: its
+    value is the reward); targets[:, n] = u[:, n-1] + A^{(critic_lam)}[:, n] there, 0 elsewhere.
+    """
+    B, T = u.shape
+    adv_c = segment_advantages(delta, is_endpoint, critic_lam)
+    mask = torch.zeros(B, T, dtype=torch.bool, device=u.device)
+    mask[:, 1:] = is_endpoint[:, :-1]
+    u_prev = torch.cat([torch.zeros(B, 1, dtype=u.dtype, device=u.device), u[:, :-1]], dim=1)
+    targets = torch.where(mask, u_prev + adv_c, torch.zeros_like(u))
+    return mask.to(u.dtype), targets
+
+
+def group_metrics(
+    is_endpoint: torch.Tensor,
+    step_mask: Optional[torch.Tensor] = None,
+    tau: Optional[float] = None,
+    rho_at_cut: Optional[torch.Tensor] = None,
+) -> Dict[str, float]:
+    """group/* metrics (floats).
+
+    group/tau: the threshold used; group/num_endpoints: mean K per trajectory; group/mean_len:
+    mean length of a group (steps / groups over all trajectories); group/max_len;
+    group/compression_ratio: 1 - (groups holding at least one trained step) / (trained steps),
+    i.e. the share of trained steps that share their advantage with an earlier trained step of
+    their group (0 when every step is its own group, 1 - 1/T for one group and a full mask);
+    group/rho_at_cut: mean rho of the variance cuts (NaN when there was none);
+    group/num_variance_cuts: their number per prompt group-epoch total.
+    """
+    B, T = is_endpoint.shape
+    ends = is_endpoint.long()
+    K = ends.sum(dim=1).double()
+    gid = torch.cumsum(ends, dim=1) - ends
+    m = torch.ones(B, T, dtype=torch.bool, device=is_endpoint.device) if step_mask is None else (step_mask != 0)
+    trained_in_group = torch.zeros(B, T, dtype=torch.double, device=is_endpoint.device).scatter_add_(
+        1, gid, m.double())
+    groups_with_trained = (trained_in_group > 0).double().sum()
+    trained = m.double().sum()
+    lengths = torch.zeros(B, T, dtype=torch.double, device=is_endpoint.device).scatter_add_(
+        1, gid, torch.ones(B, T, dtype=torch.double, device=is_endpoint.device))
+    out = {
+        "group/num_endpoints": float(K.mean()) if B else 0.0,
+        "group/mean_len": float(B * T / K.sum()) if B and K.sum() > 0 else 0.0,
+        "group/max_len": float(lengths.max()) if B else 0.0,
+        "group/compression_ratio": float(1.0 - groups_with_trained / trained) if trained > 0 else 0.0,
+    }
+    if tau is not None:
+        out["group/tau"] = float(tau)
+    if rho_at_cut is not None:
+        out["group/rho_at_cut"] = float(rho_at_cut.double().mean()) if rho_at_cut.numel() else float("nan")
+        out["group/num_variance_cuts"] = float(rho_at_cut.numel())
+    return out
+
+
+# ------------------------------------------------------------------------------- full estimator
+@dataclass
+class GroupPPOResult:
+    advantages: torch.Tensor        # [B, T] broadcast group advantages (unmasked, unclipped, maybe std-scaled)
+    endpoint_mask: torch.Tensor     # [B, T] float, pre-step indexing (critic loss mask)
+    critic_targets: torch.Tensor    # [B, T], pre-step indexing, 0 outside endpoint_mask
+    step_endpoints: torch.Tensor    # [B, T] bool, step indexing (is step n an endpoint)
+    group_id: torch.Tensor          # [B, T] long
+    u: torch.Tensor                 # [B, T] post-step values
+    delta: torch.Tensor             # [B, T] TD deltas
+    metrics: Dict[str, float] = field(default_factory=dict)
+
+
+def group_ppo_advantages(
+    values: torch.Tensor,
+    rewards: torch.Tensor,
+    group_index: torch.Tensor,
+    tau: float = 1.0,
+    group_max_size: int = 16,
+    eps: float = 1e-6,
+    lam: float = 1.0,
+    norm_adv_by_std: bool = False,
+    step_mask: Optional[torch.Tensor] = None,
+    step_rewards: Optional[torch.Tensor] = None,
+    critic_lam: Optional[float] = None,
+    weight_by_mask: bool = False,
+) -> GroupPPOResult:
+    """GROUP_PPO advantages and critic targets from pre-step values [B, T] and rewards [B].
+
+    u from post_step_values, b_g = group mean of R, delta from td_deltas, endpoints from
+    find_group_endpoints (pooled per prompt group), A from segment_advantages(lam), divided by
+    std_g(R) + eps if norm_adv_by_std; critic mask/targets with critic_lam (default: lam),
+    never std-scaled. Computed in float64; returned in float64.
+    """
+    if values.dim() != 2:
+        raise ValueError(f"values must be [B, T], got {tuple(values.shape)}")
+    B, T = values.shape
+    R = rewards.detach().double().reshape(-1)
+    if R.shape[0] != B:
+        raise ValueError(f"rewards has {R.shape[0]} entries for {B} samples")
+    gi, P = compact_group_index(group_index.to(values.device))
+    count, mean, std, _, _ = group_stats(R, gi, P, unbiased=True)
+    b = mean[gi]
+    u = post_step_values(values.detach().double(), R)
+    sr = None if step_rewards is None else step_rewards.detach().double()
+    delta = td_deltas(u, b, sr)
+    ep = find_group_endpoints(u, delta, tau, group_max_size, eps,
+                              step_mask=step_mask if weight_by_mask else None, group_index=gi)
+    adv = segment_advantages(delta, ep.is_endpoint, lam)
+    if norm_adv_by_std:
+        adv = adv / (std[gi] + eps)[:, None]
+    c_lam = lam if critic_lam is None else critic_lam
+    mask, targets = critic_endpoint_mask_and_targets(u, delta, ep.is_endpoint, c_lam)
+    metrics = group_metrics(ep.is_endpoint, step_mask, tau, ep.rho_at_cut)
+    metrics["group/num_critic_targets"] = float(mask.sum(dim=1).mean()) if B else 0.0
+    return GroupPPOResult(adv, mask, targets, ep.is_endpoint, ep.group_id, u, delta, metrics)
+
+
+# ------------------------------------------------------------------------------- controller
+class GroupThresholdController:
+    """Adaptive threshold tau (GROUP_PPO.md section 6), runtime state for checkpoints.
+
+    After each epoch, on the critic's endpoint targets y and the values u_old the critic gave
+    them when the epoch was sampled:
+
+        EV   = 1 - Var(y - u_old) / Var(y)
+        s    = clip((EV* - EV) / EV*, -1, 1)                  (EV* = target_ev, must be > 0)
+        tau <- clip(tau * exp(lr * s), min_tau, max_tau)
+
+    Poor critic (EV < EV*) -> s > 0 -> tau grows -> fewer variance cuts -> longer groups (more
+    Monte-Carlo); good critic -> tau shrinks -> shorter groups (finer credit). With
+    adaptive=False tau is fixed (EV is still measured for logging). With fewer than 2 targets
+    or Var(y) ~ 0, EV is undefined: tau is left unchanged and last_ev is NaN.
+    """
+
+    def __init__(self, tau: float = 1.0, lr: float = 0.01, min_tau: float = 0.1, max_tau: float = 10.0,
+                 target_ev: float = 0.5, adaptive: bool = True):
+        if not (0 < min_tau <= max_tau):
+            raise ValueError(f"need 0 < min_tau <= max_tau, got {min_tau}, {max_tau}")
+        if not (target_ev > 0):
+            raise ValueError(f"target_ev (target_explained_variance) must be > 0, got {target_ev}")
+        if lr < 0:
+            raise ValueError(f"lr must be >= 0, got {lr}")
+        self.min_tau = float(min_tau)
+        self.max_tau = float(max_tau)
+        self.tau = float(np.clip(tau, self.min_tau, self.max_tau))
+        self.lr = float(lr)
+        self.target_ev = float(target_ev)
+        self.adaptive = bool(adaptive)
+        self.last_ev = float("nan")
+
+    @staticmethod
+    def explained_variance(targets, old_values, mask=None) -> float:
+        y = torch.as_tensor(targets).detach().double()
+        v = torch.as_tensor(old_values).detach().double()
+        if mask is not None:
+            sel = torch.as_tensor(mask) != 0
+            y, v = y[sel], v[sel]
+        y, v = y.reshape(-1), v.reshape(-1)
+        if y.numel() < 2:
+            return float("nan")
+        var_y = y.var(unbiased=False)
+        if var_y <= 1e-12:
+            return float("nan")
+        return float(1.0 - (y - v).var(unbiased=False) / var_y)
+
+    def update(self, targets, old_values, mask=None) -> float:
+        """Measure EV on (targets, old_values) (optionally under ``mask``) and adapt tau."""
+        ev = self.explained_variance(targets, old_values, mask)
+        self.last_ev = ev
+        if self.adaptive and math.isfinite(ev):
+            s = float(np.clip((self.target_ev - ev) / self.target_ev, -1.0, 1.0))
+            self.tau = float(np.clip(self.tau * math.exp(self.lr * s), self.min_tau, self.max_tau))
+        return self.tau
+
+    @property
+    def value(self) -> float:
+        return self.tau
+
+    def metrics(self) -> Dict[str, float]:
+        return {"group/tau": self.tau, "group/critic_ev": self.last_ev}
+
+    def state_dict(self) -> dict:
+        return {"tau": self.tau, "last_ev": self.last_ev, "lr": self.lr, "min_tau": self.min_tau,
+                "max_tau": self.max_tau, "target_ev": self.target_ev, "adaptive": self.adaptive}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore tau (and last_ev); the configured bounds/lr of ``self`` are kept."""
+        self.tau = float(np.clip(state["tau"], self.min_tau, self.max_tau))
+        self.last_ev = float(state.get("last_ev", float("nan")))

@@ -1,0 +1,227 @@
+"""Policy losses over [B, T] (sample, denoising step) log-prob matrices, registered by name.
+
+Every loss has the signature
+
+    fn(old_log_prob, log_prob, advantages, step_mask, loss_agg_mode, clip_low, clip_high,
+       clip_ratio_c=3.0, **_) -> (loss scalar, metrics dict of floats)
+
+and ignores unknown keyword arguments, so the trainer can pass one params dict. The log-ratio
+is d = l_new - l_old, clamped to [-20, 20] before exponentiation: r = exp(clamp(d)).
+
+Metrics (floats, over the masked steps): clipfrac (the clipped branch is active),
+clipfrac_lower (the dual clip is active), approx_kl = mean(d^2 / 2) (DDPO's estimate,
+>= 0), ppo_kl = mean(l_old - l_new) (verl's), ratio_mean / ratio_min / ratio_max.
+
+Note on chunking: "vanilla" is per step, so ``vanilla_loss_matrix`` on any chunk of
+(sample, step) pairs times ``aggregation_weights`` of the whole batch sums to the loss.
+"gspo" and "geo_mean" use a trajectory-level ratio: they need the new log-probs of all
+trained steps of a trajectory in the same call.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from .aggregation import agg_loss, masked_mean
+from .registry import Registry
+
+LOG_RATIO_CLAMP = 20.0
+
+POLICY_LOSS_REGISTRY = Registry("policy loss")
+
+
+def register_policy_loss(name: str):
+    """Decorator registering a policy loss under ``name`` (fails if the name is taken)."""
+    return POLICY_LOSS_REGISTRY.register(name)
+
+
+def get_policy_loss(name: str):
+    """The policy loss registered under ``name``; ValueError listing the registered ones."""
+    return POLICY_LOSS_REGISTRY.get(name)
+
+
+def _check(old_log_prob, log_prob, advantages, step_mask):
+    if not (old_log_prob.shape == log_prob.shape == advantages.shape == step_mask.shape):
+        raise ValueError(
+            "old_log_prob, log_prob, advantages and step_mask must have the same shape, got "
+            f"{tuple(old_log_prob.shape)}, {tuple(log_prob.shape)}, {tuple(advantages.shape)}, "
+            f"{tuple(step_mask.shape)}"
+        )
+    if log_prob.dim() != 2:
+        raise ValueError(f"expected [B, T] tensors, got shape {tuple(log_prob.shape)}")
+
+
+def _check_clip(clip_low, clip_high, clip_ratio_c):
+    if clip_low is None or clip_high is None:
+        raise ValueError("clip_low and clip_high are required")
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low/clip_high must be >= 0, got {clip_low}, {clip_high}")
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c (dual clip) must be > 1, got {clip_ratio_c}")
+
+
+def _ratio_metrics(d: torch.Tensor, mask: torch.Tensor) -> dict:
+    d = d.detach()
+    ratio = torch.exp(d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    sel = ratio[mask != 0]
+    return {
+        "approx_kl": float(masked_mean(0.5 * d.pow(2), mask)),
+        "ppo_kl": float(masked_mean(-d, mask)),
+        "ratio_mean": float(sel.mean()) if sel.numel() else 1.0,
+        "ratio_min": float(sel.min()) if sel.numel() else 1.0,
+        "ratio_max": float(sel.max()) if sel.numel() else 1.0,
+    }
+
+
+def _clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c):
+    """Per-entry max(-A r, -A clip(r, 1-cl, 1+ch)); for A < 0 then min(., -A c). Returns (loss, clipped, dual)."""
+    l1 = -advantages * ratio
+    l2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    clip_loss = torch.maximum(l1, l2)
+    clipped = l2 > l1
+    if clip_ratio_c is None:
+        return clip_loss, clipped, torch.zeros_like(clipped)
+    l3 = -advantages * clip_ratio_c
+    neg = advantages < 0
+    dual = neg & (clip_loss > l3)
+    loss = torch.where(neg, torch.minimum(clip_loss, l3), clip_loss)
+    return loss, clipped, dual
+
+
+def vanilla_loss_matrix(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    step_mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    clip_ratio_c: Optional[float] = 3.0,
+    **_,
+) -> Tuple[torch.Tensor, dict]:
+    """Unaggregated PPO-clip loss matrix [B, T] (asymmetric clip + dual clip) and its metrics.
+
+        r = exp(clamp(l_new - l_old, -20, 20))
+        L = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))
+        L = min(L, -A clip_ratio_c)            where A < 0 (dual clip; None disables)
+
+    Works on any matching shapes (e.g. a [N] chunk of flattened (sample, step) pairs); the
+    metrics are over entries where step_mask != 0.
+    """
+    if not (old_log_prob.shape == log_prob.shape == advantages.shape == step_mask.shape):
+        raise ValueError("old_log_prob, log_prob, advantages and step_mask must have the same shape")
+    _check_clip(clip_low, clip_high, clip_ratio_c)
+    d = log_prob - old_log_prob
+    ratio = torch.exp(d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    loss_mat, clipped, dual = _clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c)
+    with torch.no_grad():
+        metrics = {
+            "clipfrac": float(masked_mean(clipped.to(d.dtype), step_mask)),
+            "clipfrac_lower": float(masked_mean(dual.to(d.dtype), step_mask)),
+            **_ratio_metrics(d, step_mask),
+        }
+    return loss_mat, metrics
+
+
+@register_policy_loss("vanilla")
+def vanilla_policy_loss(
+    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str = "step-mean",
+    clip_low: float = None, clip_high: float = None, clip_ratio_c: Optional[float] = 3.0, **_,
+):
+    """PPO-clip with asymmetric clip range and dual clip, aggregated with ``loss_agg_mode``.
+
+    loss = agg( max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)), then for A < 0
+    min(., -A clip_ratio_c) ), r = exp(clamp(l_new - l_old, -20, 20)).
+    """
+    _check(old_log_prob, log_prob, advantages, step_mask)
+    loss_mat, metrics = vanilla_loss_matrix(
+        old_log_prob, log_prob, advantages, step_mask, clip_low, clip_high, clip_ratio_c
+    )
+    return agg_loss(loss_mat, step_mask, loss_agg_mode), metrics
+
+
+@register_policy_loss("gspo")
+def gspo_policy_loss(
+    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str = "traj-mean-step-mean",
+    clip_low: float = None, clip_high: float = None, clip_ratio_c: Optional[float] = 3.0, **_,
+):
+    """GSPO: a trajectory-level importance ratio applied per step, clipped like vanilla.
+
+        s_i     = exp(clamp(mean_{n: m=1}(l_new - l_old), -20, 20))          (geometric mean ratio)
+        r_{i,n} = sg[s_i] * exp(l_new_{i,n} - sg[l_new_{i,n}])              (value s_i, grad s_i * dl_n)
+        L       = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)), dual clip for A < 0
+        loss    = agg(L)    (the GSPO paper's choice is traj-mean-step-mean)
+
+    Use clip ranges for a trajectory-level ratio (GSPO uses much smaller ones than PPO).
+    """
+    _check(old_log_prob, log_prob, advantages, step_mask)
+    _check_clip(clip_low, clip_high, clip_ratio_c)
+    d = log_prob - old_log_prob
+    seq_d = masked_mean(d.detach(), step_mask, dim=1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_ratio = log_prob - log_prob.detach() + seq_d[:, None]
+    ratio = torch.exp(log_ratio)
+    loss_mat, clipped, dual = _clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c)
+    loss = agg_loss(loss_mat, step_mask, loss_agg_mode)
+    with torch.no_grad():
+        rows = step_mask.sum(dim=1) > 0
+        s = torch.exp(seq_d[rows]) if rows.any() else torch.ones(1)
+        metrics = {
+            "clipfrac": float(masked_mean(clipped.to(d.dtype), step_mask)),
+            "clipfrac_lower": float(masked_mean(dual.to(d.dtype), step_mask)),
+            **_ratio_metrics(d, step_mask),
+            "traj_ratio_mean": float(s.mean()),
+            "traj_ratio_min": float(s.min()),
+            "traj_ratio_max": float(s.max()),
+        }
+    return loss, metrics
+
+
+@register_policy_loss("geo_mean")
+def geo_mean_policy_loss(
+    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str = "traj-mean-step-mean",
+    clip_low: float = None, clip_high: float = None, clip_ratio_c: Optional[float] = 3.0, **_,
+):
+    """GMPO (geometric-mean policy optimisation): clip in log space by the sign of A.
+
+        d       = l_new - l_old
+        d_c     = clamp(d, -clip_low, clip_high)              (log-space bounds, verl convention)
+        d~      = sign(A) * min(sign(A) d, sign(A) d_c)       (per step: A > 0 caps d at clip_high,
+                                                               A < 0 floors it at -clip_low)
+        rho_i   = exp(clamp(mean_{n: m=1} d~, -20, 20))       (trajectory ratio)
+        A_i     = mean_{n: m=1} A                             (trajectory advantage)
+        loss    = mean over trajectories with a trained step of (-A_i rho_i)
+
+    The loss is trajectory-level: loss_agg_mode and clip_ratio_c are ignored (every mode
+    averages over trajectories). The clip bounds are in log space: for the small clip
+    ranges of diffusion (1e-4) they equal the ratio bounds of vanilla to first order.
+    """
+    _check(old_log_prob, log_prob, advantages, step_mask)
+    _check_clip(clip_low, clip_high, None)
+    m = (step_mask != 0).to(log_prob.dtype)
+    d = log_prob - old_log_prob
+    d_c = torch.clamp(d, -clip_low, clip_high)
+    sgn = torch.sign(advantages)
+    d_t = sgn * torch.minimum(sgn * d, sgn * d_c)
+    lengths = m.sum(dim=1)
+    rows = lengths > 0
+    traj_log_ratio = (d_t * m).sum(dim=1) / lengths.clamp(min=1.0)
+    traj_ratio = torch.exp(traj_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    traj_adv = (advantages * m).sum(dim=1) / lengths.clamp(min=1.0)
+    traj_loss = -traj_adv * traj_ratio
+    n_rows = rows.sum().clamp(min=1).to(traj_loss.dtype)
+    loss = (traj_loss * rows.to(traj_loss.dtype)).sum() / n_rows
+    with torch.no_grad():
+        clipped = (d_t != d)
+        s = traj_ratio[rows] if rows.any() else torch.ones(1)
+        metrics = {
+            "clipfrac": float(masked_mean((clipped & (d > 0)).float(), step_mask)
+                              + masked_mean((clipped & (d < 0)).float(), step_mask)),
+            "clipfrac_upper": float(masked_mean((clipped & (d > 0)).float(), step_mask)),
+            "clipfrac_lower": float(masked_mean((clipped & (d < 0)).float(), step_mask)),
+            **_ratio_metrics(d, step_mask),
+            "traj_ratio_mean": float(s.mean()),
+            "traj_ratio_min": float(s.min()),
+            "traj_ratio_max": float(s.max()),
+        }
+    return loss, metrics
