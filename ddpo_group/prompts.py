@@ -9,23 +9,14 @@ import random
 from importlib import resources
 from typing import Callable
 
-PROMPT_FNS: dict[str, Callable] = {}
+from ddpo_group.registry import Registry
 
-
-def register_prompt_fn(name: str):
-    def decorator(fn):
-        if name in PROMPT_FNS:
-            raise ValueError(f"a prompt function named {name!r} is already registered")
-        PROMPT_FNS[name] = fn
-        return fn
-
-    return decorator
+PROMPT_REGISTRY = Registry("prompt_fn")
+register_prompt_fn = PROMPT_REGISTRY.register
 
 
 def get_prompt_fn(name: str) -> Callable:
-    if name not in PROMPT_FNS:
-        raise ValueError(f"unknown prompt_fn {name!r}; registered prompt functions: {', '.join(sorted(PROMPT_FNS))}")
-    return PROMPT_FNS[name]
+    return PROMPT_REGISTRY.get(name)
 
 
 def _asset_lines(filename: str) -> list[str]:

@@ -82,13 +82,12 @@ class Trainer:
             config.prompt_fn, config.prompt_fn_kwargs.to_dict(), seed=config.seed + 7919 * self.accelerator.process_index
         )
         tracking = config.get("per_prompt_stat_tracking")
-        self.stat_tracker = (
-            PerPromptStatTracker(tracking.buffer_size, tracking.min_count, mode="buffer") if tracking else None
-        )
+        if tracking:
+            self.stat_tracker = PerPromptStatTracker(tracking.buffer_size, tracking.min_count, mode="buffer")
+        else:  # ddpo-pytorch's per_prompt_stat_tracking=None: whole-batch statistics, always
+            self.stat_tracker = PerPromptStatTracker(buffer_size=1, min_count=2**31, mode="buffer")
         self.state = TrainingState()
-        self.accelerator.register_for_checkpointing(self.prompt_sampler, self.state)
-        if self.stat_tracker is not None:
-            self.accelerator.register_for_checkpointing(self.stat_tracker)
+        self.accelerator.register_for_checkpointing(self.prompt_sampler, self.state, self.stat_tracker)
         self.updater = PolicyUpdater(
             config, self.accelerator, self.unet, self.pipe.scheduler, self.optimizer, params, self.negative_prompt_embeds
         )
@@ -188,11 +187,7 @@ class Trainer:
         local = len(batch["prompts"])
         rank = self.accelerator.process_index
         advantages = out.advantages[rank * local : (rank + 1) * local].float().to(self.accelerator.device)
-        metrics = {f"adv/{k}": float(v) for k, v in out.metrics.items()}
-        if self.stat_tracker is not None:
-            stats = self.stat_tracker.get_stats()
-            metrics.update({f"stat_tracker/{k}": float(v) for k, v in stats.items() if isinstance(v, (int, float))})
-        return advantages, metrics
+        return advantages, {k: float(v) for k, v in out.metrics.items()}
 
     def log(self, epoch: int, metrics: dict, batch: dict) -> None:
         if self.accelerator.is_main_process:

@@ -26,9 +26,9 @@ def test_jpeg_rewards_are_the_quality_95_file_size_in_kb():
 
 
 def test_unknown_reward_and_prompt_names_list_the_registered_ones():
-    with pytest.raises(ValueError, match=r"unknown reward_fn 'nope'; registered reward functions: .*jpeg_compressibility"):
+    with pytest.raises(ValueError, match=r"unknown reward_fn 'nope'; registered: .*jpeg_compressibility"):
         make_reward_fn("nope")
-    with pytest.raises(ValueError, match=r"unknown prompt_fn 'nope'; registered prompt functions: .*simple_animals"):
+    with pytest.raises(ValueError, match=r"unknown prompt_fn 'nope'; registered: .*simple_animals"):
         get_prompt_fn("nope")
 
 

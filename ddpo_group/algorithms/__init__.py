@@ -8,7 +8,7 @@ Advantage estimators and policy losses are looked up by name::
                                                "step-mean", clip_low=1e-4, clip_high=1e-4)
 """
 
-from .registry import Registry
+from ddpo_group.registry import Registry
 from .aggregation import (
     AGG_ALIASES,
     AGG_MODES,

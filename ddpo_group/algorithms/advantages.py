@@ -34,7 +34,7 @@ import torch
 from .aggregation import compact_group_index, group_stats, masked_stats, masked_whiten
 from .filters import zero_variance_group_filter
 from .group_ppo import group_ppo_advantages
-from .registry import Registry
+from ddpo_group.registry import Registry
 
 ADV_ESTIMATOR_REGISTRY = Registry("advantage estimator")
 

@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 import torch
 
 from .aggregation import agg_loss, masked_mean
-from .registry import Registry
+from ddpo_group.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
 

@@ -13,24 +13,16 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ddpo_group.registry import Registry
+
 RewardFn = Callable[[torch.Tensor, list, list], tuple]
-REWARD_FACTORIES: dict[str, Callable[..., RewardFn]] = {}
-
-
-def register_reward(name: str):
-    def decorator(factory):
-        if name in REWARD_FACTORIES:
-            raise ValueError(f"a reward function named {name!r} is already registered")
-        REWARD_FACTORIES[name] = factory
-        return factory
-
-    return decorator
+REWARD_REGISTRY = Registry("reward_fn")
+register_reward = REWARD_REGISTRY.register
 
 
 def make_reward_fn(name: str, **kwargs) -> RewardFn:
-    if name not in REWARD_FACTORIES:
-        raise ValueError(f"unknown reward_fn {name!r}; registered reward functions: {', '.join(sorted(REWARD_FACTORIES))}")
-    return REWARD_FACTORIES[name](**kwargs)
+    """Build the reward function registered as ``name`` (its factory loads any model once)."""
+    return REWARD_REGISTRY.get(name)(**kwargs)
 
 
 def check_rewards(rewards, batch_size: int, name: str) -> torch.Tensor:
