@@ -55,6 +55,7 @@ def base() -> ml_collections.ConfigDict:
     train.clip_range = 1e-4
     train.timestep_fraction = 1.0
     train.pairs_per_forward = 32  # (sample, step) pairs per training forward
+    train.group_size = 1  # samples per prompt per epoch (copies spread over processes and batches)
 
     # ---- algorithm ----
     config.algorithm = algorithm = ml_collections.ConfigDict()

@@ -63,6 +63,15 @@ def validate_config(config, num_processes: int = 1) -> None:
                 f"per epoch, {samples_per_process} / train.batch_size={t.batch_size} = {train_batches}"
             )
 
+    need(t.group_size >= 1, f"train.group_size={t.group_size} must be >= 1")
+    samples_per_epoch = samples_per_process * num_processes
+    if t.group_size >= 1 and samples_per_epoch % t.group_size != 0:
+        errors.append(
+            f"train.group_size={t.group_size} must divide the samples per epoch, num_processes * "
+            f"sample.batch_size * sample.num_batches_per_epoch = {num_processes} * {s.batch_size} * "
+            f"{s.num_batches_per_epoch} = {samples_per_epoch}"
+        )
+
     guided = s.guidance_scale > 1.0
     if bool(t.cfg) != guided:
         errors.append(

@@ -57,6 +57,19 @@ class PromptSampler:
             raise ValueError(f"prompt function {self.name!r} returned {bad[0]!r}; expected a non-empty string")
         return list(prompts), list(metadata)
 
+    def sample_epoch(self, num_groups: int, group_size: int) -> tuple[list[str], list[dict], list[int]]:
+        """``num_groups`` prompts, each repeated ``group_size`` times, shuffled together.
+
+        Returns (prompts, metadata, group_index) of length num_groups * group_size. Every process
+        holds an identically seeded sampler, draws the same list and takes its own slice, so the
+        copies of a prompt land on different processes and batches (Flow-GRPO's K-repeat sampler).
+        """
+        prompts, metadata = self.sample(num_groups)
+        order = list(range(num_groups * group_size))
+        self.rng.shuffle(order)
+        groups = [i // group_size for i in order]
+        return [prompts[g] for g in groups], [dict(metadata[g]) for g in groups], groups
+
     def state_dict(self) -> dict:
         return {"rng_state": self.rng.getstate()}
 

@@ -10,14 +10,14 @@ from concurrent.futures import Executor
 import torch
 from tqdm.auto import tqdm
 
-from ddpo_group.prompts import PromptSampler
 from ddpo_group.rewards import check_rewards
 from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
 
 
 def collect_rollouts(
     pipe,
-    sampler: PromptSampler,
+    prompts: list[str],
+    metadata: list[dict],
     reward_fn,
     reward_name: str,
     executor: Executor,
@@ -26,25 +26,26 @@ def collect_rollouts(
     show_progress: bool = True,
     desc: str = "sampling",
 ) -> dict:
-    """Sample ``num_batches_per_epoch`` batches on this process and score them.
+    """Sample this process's prompts in ``num_batches_per_epoch`` batches and score them.
 
     Returns the batch record: prompts, metadata, prompt_embeds [B, L, D], latents / next_latents
     [B, T, C, h, w], log_probs [B, T], timesteps [B, T], rewards [B] (float64, checked), images
     [B, 3, H, W] and reward_info.
     """
     batches, futures = [], []
-    for _ in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):
-        prompts, metadata = sampler.sample(sample_config.batch_size)
-        prompt_embeds = encode_prompts(pipe, prompts)
-        negative = negative_prompt_embeds.expand(len(prompts), -1, -1)
+    size = sample_config.batch_size
+    for i in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):
+        batch_prompts, batch_metadata = prompts[i * size : (i + 1) * size], metadata[i * size : (i + 1) * size]
+        prompt_embeds = encode_prompts(pipe, batch_prompts)
+        negative = negative_prompt_embeds.expand(len(batch_prompts), -1, -1)
         traj = sample_with_logprob(
             pipe, prompt_embeds, negative, sample_config.num_steps, sample_config.guidance_scale, sample_config.eta
         )
-        futures.append(executor.submit(reward_fn, traj.images, prompts, metadata))
+        futures.append(executor.submit(reward_fn, traj.images, batch_prompts, batch_metadata))
         batches.append(
             {
-                "prompts": prompts,
-                "metadata": metadata,
+                "prompts": batch_prompts,
+                "metadata": batch_metadata,
                 "prompt_embeds": prompt_embeds,
                 "latents": traj.latents[:, :-1],
                 "next_latents": traj.latents[:, 1:],

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import ProjectConfiguration, gather_object, set_seed
+from accelerate.utils import ProjectConfiguration, set_seed
 
 from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator
 from ddpo_group.checkpointing import (
@@ -36,12 +36,6 @@ from ddpo_group.stat_tracking import PerPromptStatTracker
 from ddpo_group.tracking import image_grid, resolve_wandb_mode
 
 logger = get_logger(__name__)
-
-
-def group_indices(prompts: list[str]) -> torch.Tensor:
-    """Prompt group id of each sample (same text -> same id), in order of first appearance."""
-    ids: dict[str, int] = {}
-    return torch.tensor([ids.setdefault(p, len(ids)) for p in prompts], dtype=torch.long)
 
 
 class Trainer:
@@ -78,9 +72,8 @@ class Trainer:
         self.negative_prompt_embeds = encode_prompts(self.pipe, [""])
 
         self.reward_fn = make_reward_fn(config.reward_fn, **config.reward_fn_kwargs.to_dict())
-        self.prompt_sampler = PromptSampler(
-            config.prompt_fn, config.prompt_fn_kwargs.to_dict(), seed=config.seed + 7919 * self.accelerator.process_index
-        )
+        # the same seed on every process: all draw the same epoch prompt list and take their slice
+        self.prompt_sampler = PromptSampler(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), seed=config.seed)
         tracking = config.get("per_prompt_stat_tracking")
         if tracking:
             self.stat_tracker = PerPromptStatTracker(tracking.buffer_size, tracking.min_count, mode="buffer")
@@ -133,17 +126,23 @@ class Trainer:
         timings = {}
         start = time.perf_counter()
         self.unet.eval()
+        local = self.config.sample.batch_size * self.config.sample.num_batches_per_epoch
+        group_size = self.config.train.group_size
+        prompts, metadata, groups = self.prompt_sampler.sample_epoch(
+            local * self.accelerator.num_processes // group_size, group_size
+        )
+        mine = slice(self.accelerator.process_index * local, (self.accelerator.process_index + 1) * local)
         with self.accelerator.autocast():  # the precision the training forward recomputes log-probs in
             batch = collect_rollouts(
-                self.pipe, self.prompt_sampler, self.reward_fn, self.config.reward_fn, self.executor,
+                self.pipe, prompts[mine], metadata[mine], self.reward_fn, self.config.reward_fn, self.executor,
                 self.config.sample, self.negative_prompt_embeds, show_progress=self.accelerator.is_local_main_process,
                 desc=f"epoch {epoch}: sampling",
             )
         timings["time/sampling"] = time.perf_counter() - start
 
         start = time.perf_counter()
-        global_rewards, global_prompts = self.gather_rewards(batch)
-        batch["advantages"], adv_metrics = self.compute_advantages(batch, global_rewards, global_prompts)
+        global_rewards = self.accelerator.gather(batch["rewards"].to(self.accelerator.device)).cpu()
+        batch["advantages"], adv_metrics = self.compute_advantages(batch, global_rewards, prompts, groups)
         timings["time/advantages"] = time.perf_counter() - start
 
         start = time.perf_counter()
@@ -166,19 +165,15 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------ pieces
-    def gather_rewards(self, batch: dict) -> tuple[torch.Tensor, list[str]]:
-        """Rewards and prompts of every process, in process order."""
-        rewards = self.accelerator.gather(batch["rewards"].to(self.accelerator.device)).cpu()
-        prompts = gather_object(batch["prompts"]) if self.accelerator.num_processes > 1 else batch["prompts"]
-        return rewards, prompts
-
-    def compute_advantages(self, batch: dict, rewards: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, dict]:
-        """Advantages [B_global, T] from the gathered rewards; returns this process's rows."""
+    def compute_advantages(
+        self, batch: dict, rewards: torch.Tensor, prompts: list[str], groups: list[int]
+    ) -> tuple[torch.Tensor, dict]:
+        """Advantages [B_global, T] from the rewards gathered in process order; returns this process's rows."""
         num_steps = batch["log_probs"].shape[1]
         inputs = AdvantageInputs(
             rewards=rewards.double(),
             step_mask=torch.ones(len(prompts), num_steps, dtype=torch.float64),
-            group_index=group_indices(prompts),
+            group_index=torch.tensor(groups, dtype=torch.long),
             prompts=prompts,
             stat_tracker=self.stat_tracker,
         )

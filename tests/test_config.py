@@ -36,6 +36,7 @@ def test_unknown_preset_lists_valid_ones():
         ({"mixed_precision": "fp8"}, r"mixed_precision='fp8' must be one of"),
         ({"wandb.mode": "maybe"}, r"wandb.mode='maybe'"),
         ({"train.clip_range": 0.0}, r"train.clip_range=0.0 must be > 0"),
+        ({"train.group_size": 5}, r"train.group_size=5 must divide the samples per epoch, .* = 32"),
     ],
 )
 def test_contradictions_fail_naming_the_fields(overrides, message):

@@ -81,3 +81,13 @@ def test_image_grid_layout():
     grid = image_grid(torch.rand(10, 3, 16, 16), [f"prompt {i} | 0.5" for i in range(10)], columns=4)
     # 4 columns of 96 px tiles, 3 rows of (96 px image + 24 px caption)
     assert grid.size == (4 * 96, 3 * (96 + 24))
+
+
+def test_epoch_prompts_are_groups_of_copies_identical_on_every_process():
+    a, b = PromptSampler("simple_animals", seed=5), PromptSampler("simple_animals", seed=5)
+    prompts, metadata, groups = a.sample_epoch(num_groups=4, group_size=3)
+    assert (prompts, groups) == b.sample_epoch(4, 3)[::2]
+    assert len(prompts) == len(metadata) == 12 and sorted(groups) == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    for g in range(4):
+        assert len({p for p, gi in zip(prompts, groups) if gi == g}) == 1
+    assert groups != sorted(groups)  # shuffled, so a group's copies spread over processes and batches

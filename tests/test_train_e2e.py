@@ -81,8 +81,8 @@ def test_one_epoch_changes_weights_and_resume_continues(tiny_model_dir, tmp_path
 
 @pytest.mark.slow
 def test_two_processes_gather_rewards(tiny_model_dir, tmp_path):
-    launch(tiny_args(tiny_model_dir, tmp_path, "ddp"), num_processes=2)
+    launch(tiny_args(tiny_model_dir, tmp_path, "ddp", **{"train.group_size": 4}), num_processes=2)
     (epoch0,) = read_metrics(tmp_path / "ddp")
-    # each process sampled 2 x 4 images; advantages were computed on all 16 rewards
+    # each process sampled 2 x 4 images of 4 prompts x 4 copies; advantages used all 16 rewards
     assert epoch0["reward_count"] == 16
     assert (tmp_path / "ddp" / "checkpoints" / "checkpoint_00000" / "COMPLETE").exists()
