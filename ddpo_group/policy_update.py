@@ -56,14 +56,18 @@ class PolicyUpdater:
             for start in range(0, num_samples, t.batch_size):
                 rows = perm[start : start + t.batch_size].to(batch["log_probs"].device)
                 metrics = self._train_batch(batch, rows, step_mask[rows])
+                grad_norm = metrics.pop("grad_norm", None)
+                if grad_norm is not None:  # only on optimizer steps
+                    sums["grad_norm"] += grad_norm
+                    optimizer_steps += 1
                 for key, value in metrics.items():
                     sums[key] += value
                 count += 1
-                optimizer_steps += int(self.accelerator.sync_gradients)
                 progress.update(1)
         progress.close()
         self.unet.eval()
-        out = {key: value / max(count, 1) for key, value in sums.items()}
+        out = {key: value / max(count, 1) for key, value in sums.items() if key != "grad_norm"}
+        out["grad_norm"] = sums["grad_norm"] / max(optimizer_steps, 1)
         out["optimizer_steps"] = optimizer_steps
         return out
 

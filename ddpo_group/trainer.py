@@ -152,6 +152,7 @@ class Trainer:
 
         metrics = {
             "epoch": epoch,
+            "global_step": self.state.global_step,
             "reward_mean": float(global_rewards.mean()),
             "reward_count": int(global_rewards.numel()),
             "reward_std": float(global_rewards.std(unbiased=False)),

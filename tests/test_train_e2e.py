@@ -48,13 +48,17 @@ def unet_weights(checkpoint):
 @pytest.mark.parametrize("use_lora", [True, False])
 def test_one_epoch_changes_weights_and_resume_continues(tiny_model_dir, tmp_path, use_lora):
     run = f"lora_{use_lora}"
-    log = launch(tiny_args(tiny_model_dir, tmp_path, run, use_lora=use_lora))
+    # LoRA: 2 train batches accumulated into 1 optimizer step; full: 2 optimizer steps
+    accumulation = 2 if use_lora else 1
+    log = launch(tiny_args(tiny_model_dir, tmp_path, run, use_lora=use_lora,
+                           **{"train.gradient_accumulation_steps": accumulation}))
     run_dir = tmp_path / run
     checkpoint = run_dir / "checkpoints" / "checkpoint_00000"
     assert (checkpoint / "COMPLETE").exists(), log
     assert (run_dir / "samples" / "epoch_00000.png").exists()
     (epoch0,) = read_metrics(run_dir)
     assert epoch0["epoch"] == 0 and epoch0["reward_count"] == 8 and epoch0["reward_mean"] < 0
+    assert epoch0["global_step"] == 2 // accumulation
 
     weights = unet_weights(checkpoint)
     base = load_file(str(next(Path(tiny_model_dir, "unet").glob("*.safetensors"))))
@@ -73,9 +77,10 @@ def test_one_epoch_changes_weights_and_resume_continues(tiny_model_dir, tmp_path
         assert len(changed) > len(base) // 2, f"only {len(changed)} of {len(base)} tensors changed"
 
     # resume from the run directory: starts at epoch 1, writes checkpoint 1
-    log = launch(tiny_args(tiny_model_dir, tmp_path, run, use_lora=use_lora, num_epochs=2, resume_from=str(run_dir)))
+    log = launch(tiny_args(tiny_model_dir, tmp_path, run, use_lora=use_lora, num_epochs=2, resume_from=str(run_dir),
+                           **{"train.gradient_accumulation_steps": accumulation}))
     assert "finished epoch 0" in log and "epoch 1:" in log and "epoch 0:" not in log, log
-    assert [m["epoch"] for m in read_metrics(run_dir)] == [0, 1]
+    assert [(m["epoch"], m["global_step"]) for m in read_metrics(run_dir)] == [(0, 2 // accumulation), (1, 4 // accumulation)]
     assert (run_dir / "checkpoints" / "checkpoint_00001" / "COMPLETE").exists()
 
 
