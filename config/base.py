@@ -6,6 +6,7 @@ Field names follow ddpo-pytorch where it has them.
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def base() -> ml_collections.ConfigDict:
@@ -56,17 +57,58 @@ def base() -> ml_collections.ConfigDict:
     train.timestep_fraction = 1.0
     train.pairs_per_forward = 32  # (sample, step) pairs per training forward
     train.group_size = 1  # samples per prompt per epoch (copies spread over processes and batches)
+    train.epsilon = config_dict.placeholder(float)  # PPO clip range; None: train.clip_range (ddpo-pytorch's name)
+    train.scale_rewards = True  # divide group-relative advantages by the group std (grpo, grpo_passk, group_ppo)
+    train.beta = 0.0  # KL coefficient: loss = policy loss + beta * agg(per-step KL to the reference)
+    train.use_reference_model = False  # LoRA: base model with adapters disabled; full fine-tuning: a frozen copy
+    train.reference_model_mixup_alpha = 1.0  # theta_ref <- alpha * theta_policy + (1 - alpha) * theta_ref
+    train.reference_update_freq = 0  # epochs between reference updates (0: never, the reference stays frozen)
 
     # ---- algorithm ----
     config.algorithm = algorithm = ml_collections.ConfigDict()
     algorithm.adv_estimator = "ddpo"
     algorithm.policy_loss = "vanilla"
     algorithm.loss_agg_mode = "step-mean"
+    algorithm.clip_ratio_c = 3.0  # dual clip for negative advantages (vanilla, gspo)
+    algorithm.kl_type = "gaussian"  # analytic KL of the two step Gaussians; or k1, abs, k2, k3 (log-prob estimators)
+    algorithm.kl_in_reward = False  # r_n -= beta * KL_n before the advantage (step-level estimators only)
+    algorithm.kl_controller = "fixed"  # "fixed" or "adaptive" (PPO's adaptive beta toward target_kl)
+    algorithm.target_kl = 0.01
+    algorithm.kl_horizon = 10000  # samples; adaptive beta *= 1 + clip(kl / target - 1, +-0.2) * n / horizon
+    algorithm.gamma = 1.0  # discount over denoising steps (gae, reinforce_plus_plus)
+    algorithm.gae_lambda = 0.95
+    algorithm.gae_whiten = True
+    algorithm.gae_start_value = "critic"  # "critic": V(x_0); "group_mean": the group's mean reward (GROUP_PPO's u_-1)
+    algorithm.global_std = False  # grpo: group mean, batch std
+    # DAPO's dynamic sampling: drop groups whose rewards are all equal, sample more until the batch is full
+    algorithm.filter_groups = False
+    algorithm.max_num_gen_batches = 4  # sampling rounds per epoch at most (the batch may stay short)
+
+    # ---- GROUP_PPO (GROUP_PPO.md) ----
+    config.group_params = group = ml_collections.ConfigDict()
+    group.group_variance_threshold = 1.0
+    group.group_max_size = 16
+    group.group_epsilon = 1e-6
+    group.adaptive_threshold = True
+    group.threshold_lr = 0.01
+    group.min_threshold = 0.1
+    group.max_threshold = 10.0
+    group.lam = 1.0
+    group.target_explained_variance = 0.5
+
+    # ---- critic V(latent, timestep, text) (ppo_gae, group_ppo) ----
+    config.critic = critic = ml_collections.ConfigDict()
+    critic.hidden_dim = 64
+    critic.learning_rate = 1e-3
+    critic.weight_decay = 0.0
+    critic.cliprange_value = 0.2  # clipped value loss range, in reward units (None: unclipped)
+    critic.num_updates = 1  # passes over the epoch's samples per epoch
+    critic.max_grad_norm = 1.0
 
     # ---- prompts and rewards ----
     config.prompt_fn = "tiny_shapes"
     config.prompt_fn_kwargs = ml_collections.ConfigDict()
-    config.reward_fn = "jpeg_compressibility"
+    config.reward_fn = "shapes_alignment"
     config.reward_fn_kwargs = ml_collections.ConfigDict()
 
     # ---- DDPO's per-prompt stat tracking (buffer mode) ----
@@ -90,7 +132,80 @@ def ddpo() -> ml_collections.ConfigDict:
     return config
 
 
-PRESETS = {"ddpo": ddpo}
+def grpo() -> ml_collections.ConfigDict:
+    """GRPO (Flow-GRPO): group-normalised advantages (R - mean_g) / std_g, KL to the frozen base model."""
+    config = base()
+    config.algorithm.adv_estimator = "grpo"
+    config.train.group_size = 8
+    config.train.beta = 0.004
+    config.train.use_reference_model = True
+    return config
+
+
+def dr_grpo() -> ml_collections.ConfigDict:
+    """Dr.GRPO: R - mean_g without the std division, sum over steps normalised by the constant T."""
+    config = base()
+    config.algorithm.adv_estimator = "dr_grpo"
+    config.algorithm.loss_agg_mode = "traj-mean-step-sum-norm"
+    config.train.group_size = 8
+    config.train.scale_rewards = False
+    return config
+
+
+def rloo() -> ml_collections.ConfigDict:
+    """RLOO: leave-one-out baseline G/(G-1) * (R - mean_g)."""
+    config = base()
+    config.algorithm.adv_estimator = "rloo"
+    config.train.group_size = 8
+    config.train.scale_rewards = False
+    return config
+
+
+def grpo_passk() -> ml_collections.ConfigDict:
+    """Pass@k GRPO: only the best sample of a group learns, with r_max - r_second / std_g."""
+    config = base()
+    config.algorithm.adv_estimator = "grpo_passk"
+    config.train.group_size = 8
+    return config
+
+
+def reinforce_pp() -> ml_collections.ConfigDict:
+    """REINFORCE++: per-step returns with the KL to the reference in the reward, whitened over the batch."""
+    config = base()
+    config.algorithm.adv_estimator = "reinforce_plus_plus"
+    config.algorithm.kl_in_reward = True
+    config.train.beta = 0.01
+    config.train.use_reference_model = True
+    return config
+
+
+def remax() -> ml_collections.ConfigDict:
+    """ReMax: R - R_greedy, the reward of a greedy (eta = 0) sample of the same prompt."""
+    config = base()
+    config.algorithm.adv_estimator = "remax"
+    return config
+
+
+def ppo_gae() -> ml_collections.ConfigDict:
+    """PPO with a critic and GAE(gamma, lambda) over the denoising steps, whitened; critic on every step."""
+    config = base()
+    config.algorithm.adv_estimator = "gae"
+    return config
+
+
+def group_ppo() -> ml_collections.ConfigDict:
+    """GROUP_PPO (GROUP_PPO.md): dynamic step groups per prompt group, critic at the endpoints, adaptive tau."""
+    config = base()
+    config.algorithm.adv_estimator = "group_ppo"
+    config.train.group_size = 8
+    config.train.scale_rewards = False  # GROUP_PPO.md: optional; the lam = 1 limit is R - u_start
+    return config
+
+
+PRESETS = {
+    "ddpo": ddpo, "grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "grpo_passk": grpo_passk,
+    "reinforce_pp": reinforce_pp, "remax": remax, "ppo_gae": ppo_gae, "group_ppo": group_ppo,
+}
 
 
 def get_config(name: str = "ddpo") -> ml_collections.ConfigDict:

@@ -7,6 +7,14 @@ WANDB_MODES = ("online", "offline", "disabled")
 LOG_PROB_REDUCTIONS = ("mean", "sum")
 
 
+STEP_LEVEL_ESTIMATORS = ("gae", "reinforce_plus_plus", "remax", "group_ppo")  # accept per-step rewards (KL in reward)
+STD_SCALED_ESTIMATORS = ("grpo", "grpo_passk", "group_ppo")  # where train.scale_rewards is a choice
+UNSCALED_ESTIMATORS = ("dr_grpo", "rloo")  # never divide by the group std
+KL_TYPES = ("gaussian", "k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+KL_CONTROLLERS = ("fixed", "adaptive")
+GAE_START_VALUES = ("critic", "group_mean")
+
+
 class ConfigError(ValueError):
     """A configuration that cannot run; the message names the fields and what is allowed."""
 
@@ -90,6 +98,97 @@ def validate_config(config, num_processes: int = 1) -> None:
         need(tracking.buffer_size >= 1, f"per_prompt_stat_tracking.buffer_size={tracking.buffer_size} must be >= 1")
         need(tracking.min_count >= 1, f"per_prompt_stat_tracking.min_count={tracking.min_count} must be >= 1")
     need(num_processes >= 1, f"num_processes={num_processes} must be >= 1")
+    errors.extend(algorithm_errors(config))
 
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def algorithm_errors(config) -> list[str]:
+    """Contradictions of the RL algorithm's fields (estimator, loss, KL, reference, GROUP_PPO, critic)."""
+    from ddpo_group.algorithms import (
+        ADV_ESTIMATOR_REGISTRY, GROUP_ESTIMATORS, POLICY_LOSS_REGISTRY, canonical_agg_mode,
+    )
+
+    errors = []
+
+    def need(condition: bool, message: str) -> None:
+        if not condition:
+            errors.append(message)
+
+    a, t = config.algorithm, config.train
+    estimator = a.adv_estimator
+    need(estimator in ADV_ESTIMATOR_REGISTRY,
+         f"algorithm.adv_estimator={estimator!r} is unknown; registered: {ADV_ESTIMATOR_REGISTRY.names()}")
+    need(a.policy_loss in POLICY_LOSS_REGISTRY,
+         f"algorithm.policy_loss={a.policy_loss!r} is unknown; registered: {POLICY_LOSS_REGISTRY.names()}")
+    try:
+        canonical_agg_mode(a.loss_agg_mode)
+    except ValueError as error:
+        errors.append(f"algorithm.loss_agg_mode: {error}")
+    if estimator in GROUP_ESTIMATORS and t.group_size < 2:
+        errors.append(
+            f"algorithm.adv_estimator={estimator!r} compares the samples of a prompt group and needs "
+            f"train.group_size >= 2 samples per prompt per epoch, got train.group_size={t.group_size}"
+        )
+    if estimator in UNSCALED_ESTIMATORS and t.scale_rewards:
+        errors.append(
+            f"train.scale_rewards=True contradicts algorithm.adv_estimator={estimator!r}, which never divides by "
+            f"the group std (set train.scale_rewards=False, or use grpo)"
+        )
+    epsilon = t.get("epsilon")
+    need(epsilon is None or epsilon > 0, f"train.epsilon={epsilon} (the clip range) must be > 0")
+    need(a.clip_ratio_c is None or a.clip_ratio_c > 1, f"algorithm.clip_ratio_c={a.clip_ratio_c} must be > 1 (or None)")
+
+    # ---- KL and reference ----
+    need(t.beta >= 0, f"train.beta={t.beta} must be >= 0")
+    need(a.kl_type in KL_TYPES, f"algorithm.kl_type={a.kl_type!r} must be one of {KL_TYPES}")
+    need(a.kl_controller in KL_CONTROLLERS, f"algorithm.kl_controller={a.kl_controller!r} must be one of {KL_CONTROLLERS}")
+    if a.kl_controller == "adaptive":
+        need(a.target_kl > 0, f"algorithm.target_kl={a.target_kl} must be > 0 with algorithm.kl_controller='adaptive'")
+        need(a.kl_horizon > 0, f"algorithm.kl_horizon={a.kl_horizon} must be > 0 with algorithm.kl_controller='adaptive'")
+        need(t.beta > 0, f"algorithm.kl_controller='adaptive' needs an initial train.beta > 0, got {t.beta}")
+    if t.beta > 0 or a.kl_controller == "adaptive":
+        need(t.use_reference_model,
+             f"train.beta={t.beta} asks for a KL term but train.use_reference_model=False: set "
+             "train.use_reference_model=True (or train.beta=0)")
+    if a.kl_in_reward:
+        need(estimator in STEP_LEVEL_ESTIMATORS,
+             f"algorithm.kl_in_reward=True needs a step-level estimator {STEP_LEVEL_ESTIMATORS}, got "
+             f"algorithm.adv_estimator={estimator!r} (use the KL loss, train.beta, instead)")
+        need(t.beta > 0, f"algorithm.kl_in_reward=True needs train.beta > 0, got {t.beta}")
+    alpha = t.reference_model_mixup_alpha
+    need(0 <= alpha <= 1, f"train.reference_model_mixup_alpha={alpha} must be in [0, 1]")
+    need(t.reference_update_freq >= 0, f"train.reference_update_freq={t.reference_update_freq} must be >= 0 (0: never)")
+    if t.reference_update_freq > 0:
+        need(t.use_reference_model,
+             f"train.reference_update_freq={t.reference_update_freq} updates a reference model, but "
+             "train.use_reference_model=False")
+
+    # ---- estimators' own parameters ----
+    need(0 < a.gamma <= 1, f"algorithm.gamma={a.gamma} must be in (0, 1]")
+    need(0 <= a.gae_lambda <= 1, f"algorithm.gae_lambda={a.gae_lambda} must be in [0, 1]")
+    need(a.gae_start_value in GAE_START_VALUES, f"algorithm.gae_start_value={a.gae_start_value!r} must be one of {GAE_START_VALUES}")
+    if a.filter_groups:
+        need(estimator in GROUP_ESTIMATORS,
+             f"algorithm.filter_groups=True drops prompt groups whose rewards are all equal and needs a group "
+             f"estimator {GROUP_ESTIMATORS}, got algorithm.adv_estimator={estimator!r}")
+        need(a.max_num_gen_batches >= 1, f"algorithm.max_num_gen_batches={a.max_num_gen_batches} must be >= 1")
+
+    g = config.group_params
+    need(g.group_max_size >= 1, f"group_params.group_max_size={g.group_max_size} must be >= 1")
+    need(g.group_epsilon > 0, f"group_params.group_epsilon={g.group_epsilon} must be > 0")
+    need(0 < g.min_threshold <= g.max_threshold,
+         f"need 0 < group_params.min_threshold <= group_params.max_threshold, got {g.min_threshold}, {g.max_threshold}")
+    need(g.group_variance_threshold >= 0, f"group_params.group_variance_threshold={g.group_variance_threshold} must be >= 0")
+    need(g.threshold_lr >= 0, f"group_params.threshold_lr={g.threshold_lr} must be >= 0")
+    need(0 <= g.lam <= 1, f"group_params.lam={g.lam} must be in [0, 1]")
+    need(g.target_explained_variance > 0,
+         f"group_params.target_explained_variance={g.target_explained_variance} must be > 0")
+
+    c = config.critic
+    need(c.learning_rate > 0, f"critic.learning_rate={c.learning_rate} must be > 0")
+    need(c.hidden_dim >= 1, f"critic.hidden_dim={c.hidden_dim} must be >= 1")
+    need(c.num_updates >= 1, f"critic.num_updates={c.num_updates} must be >= 1")
+    need(c.cliprange_value is None or c.cliprange_value > 0, f"critic.cliprange_value={c.cliprange_value} must be > 0 (or None)")
+    return errors

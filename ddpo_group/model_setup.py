@@ -13,6 +13,13 @@ LORA_TARGET_MODULES = ["to_k", "to_q", "to_v", "to_out.0"]
 DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def lora_config(config) -> LoraConfig:
+    """The policy's LoRA configuration (also used for the reference adapter)."""
+    return LoraConfig(
+        r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian", target_modules=LORA_TARGET_MODULES
+    )
+
+
 def build_policy(config, device) -> tuple[StableDiffusionPipeline, list[torch.nn.Parameter]]:
     """Load the pipeline on ``device``; return it and the trainable parameters (LoRA or the whole UNet).
 
@@ -30,12 +37,7 @@ def build_policy(config, device) -> tuple[StableDiffusionPipeline, list[torch.nn
     if config.use_lora:
         unet.requires_grad_(False)
         unet.to(device, dtype=inference_dtype)
-        unet.add_adapter(
-            LoraConfig(
-                r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian",
-                target_modules=LORA_TARGET_MODULES,
-            )
-        )
+        unet.add_adapter(lora_config(config))
         for param in unet.parameters():
             if param.requires_grad:
                 param.data = param.data.float()

@@ -15,8 +15,11 @@ from contextlib import nullcontext
 import torch
 from tqdm.auto import tqdm
 
-from ddpo_group.algorithms import aggregation_weights, vanilla_loss_matrix
+from ddpo_group.algorithms import aggregation_weights, get_policy_loss, vanilla_loss_matrix
+from ddpo_group.kl_term import reference_step, step_kl
 from ddpo_group.sampling.pipeline import step_log_prob
+
+STEP_DECOMPOSABLE_LOSSES = ("vanilla",)  # chunk-wise backward; the others gather the train batch's log-probs
 
 
 def random_step_mask(batch: int, num_steps: int, fraction: float, generator=None, device=None) -> torch.Tensor:
@@ -31,8 +34,13 @@ def random_step_mask(batch: int, num_steps: int, fraction: float, generator=None
 class PolicyUpdater:
     """Runs ``train.num_inner_epochs`` passes of clipped policy-gradient updates over an epoch's samples."""
 
-    def __init__(self, config, accelerator, unet, scheduler, optimizer, trainable_params, negative_prompt_embeds):
+    def __init__(self, config, accelerator, unet, scheduler, optimizer, trainable_params, negative_prompt_embeds,
+                 reference=None):
         self.config = config
+        self.reference = reference  # ReferenceModel or None (no KL term)
+        self.beta = float(config.train.beta)  # the trainer sets it every epoch (adaptive KL controller)
+        epsilon = config.train.get("epsilon")
+        self.clip_range = float(config.train.clip_range if epsilon is None else epsilon)
         self.accelerator = accelerator
         self.unet = unet
         self.scheduler = scheduler
@@ -81,40 +89,82 @@ class PolicyUpdater:
         return metrics
 
     def accumulate_gradients(self, batch: dict, rows: torch.Tensor, step_mask: torch.Tensor) -> dict:
-        """Backpropagate the aggregated policy loss of one train batch, chunk by chunk of (sample, step) pairs.
+        """Backpropagate one train batch's loss, chunk by chunk of (sample, step) pairs.
 
-        loss = sum over masked pairs (i, n) of w_{i,n} * L_{i,n}, with w the aggregation weights of
-        ``algorithm.loss_agg_mode`` over the batch's step mask, so the chunks' gradients add up to
-        the gradient of the whole batch's loss.
+            loss = policy_loss + beta * sum over masked pairs (i, n) of w_{i,n} * KL_{i,n}
+
+        with w the aggregation weights of ``algorithm.loss_agg_mode`` over the batch's step mask.
+        "vanilla" is per step: each chunk is backpropagated at once with its weights (the chunks'
+        gradients add up to the whole batch's; memory is one chunk's). "gspo" and "geo_mean" use a
+        trajectory-level ratio: the chunks' log-probs are gathered into the batch's [b, T] matrix
+        and the loss is backpropagated once (memory is the whole train batch's activations).
         """
-        t = self.config.train
-        weights = aggregation_weights(step_mask, self.config.algorithm.loss_agg_mode)
+        a = self.config.algorithm
+        weights = aggregation_weights(step_mask, a.loss_agg_mode)
         pair_rows, pair_steps = step_mask.nonzero(as_tuple=True)
-        chunks = torch.split(torch.arange(pair_rows.numel(), device=pair_rows.device), t.pairs_per_forward)
-        sums = defaultdict(float)
+        chunks = torch.split(torch.arange(pair_rows.numel(), device=pair_rows.device), self.config.train.pairs_per_forward)
+        per_step = a.policy_loss in STEP_DECOMPOSABLE_LOSSES
+        sums, log_probs, kls = defaultdict(float), [], []
         for k, chunk in enumerate(chunks):
             r, n = rows[pair_rows[chunk]], pair_steps[chunk]
-            # gradients are all-reduced once per train batch, on its last chunk
-            sync = nullcontext() if k == len(chunks) - 1 else self.accelerator.no_sync(self.unet)
+            # per-step losses: gradients are all-reduced once per train batch, on its last chunk
+            sync = nullcontext() if (k == len(chunks) - 1 or not per_step) else self.accelerator.no_sync(self.unet)
             with sync, self.accelerator.autocast():
-                out = step_log_prob(
-                    self.unet, self.scheduler, batch["latents"][r, n], batch["next_latents"][r, n],
-                    batch["timesteps"][r, n], batch["prompt_embeds"][r],
-                    self.negative_prompt_embeds.expand(len(chunk), -1, -1), self.guidance_scale,
-                    self.config.sample.eta,
-                )
+                args = (batch["latents"][r, n], batch["next_latents"][r, n], batch["timesteps"][r, n],
+                        batch["prompt_embeds"][r], self.negative_prompt_embeds.expand(len(chunk), -1, -1),
+                        self.guidance_scale, self.config.sample.eta)
+                out = step_log_prob(self.unet, self.scheduler, *args)
+                kl = None
+                if self.reference is not None:
+                    ref = reference_step(self.reference, self.accelerator.unwrap_model(self.unet), self.scheduler, *args)
+                    kl = step_kl(out, ref, a.kl_type, self.config.sample.log_prob_reduce)
+                w = weights[pair_rows[chunk], n]
+                if not per_step:
+                    log_probs.append(out.log_prob)
+                    kls.append(kl)
+                    continue
                 loss_mat, info = vanilla_loss_matrix(
-                    old_log_prob=batch["log_probs"][r, n].unsqueeze(1),
-                    log_prob=out.log_prob.unsqueeze(1),
-                    advantages=batch["advantages"][r, n].unsqueeze(1),
-                    step_mask=torch.ones_like(out.log_prob).unsqueeze(1),
-                    clip_low=t.clip_range,
-                    clip_high=t.clip_range,
+                    old_log_prob=batch["log_probs"][r, n], log_prob=out.log_prob, advantages=batch["advantages"][r, n],
+                    step_mask=torch.ones_like(out.log_prob), clip_low=self.clip_range, clip_high=self.clip_range,
+                    clip_ratio_c=a.clip_ratio_c,
                 )
-                loss = (weights[pair_rows[chunk], n] * loss_mat.squeeze(1)).sum()
+                policy_loss = (w * loss_mat).sum()
+                loss = policy_loss
+                if kl is not None:
+                    kl_loss = (w * kl).sum()
+                    loss = loss + self.beta * kl_loss
+                    sums["kl_loss"] += float(kl_loss.detach())
+                    sums["kl"] += float(kl.detach().sum()) / pair_rows.numel()
                 self.accelerator.backward(loss)
             share = len(chunk) / pair_rows.numel()
-            sums["policy_loss"] += float(loss.detach())
+            sums["policy_loss"] += float(policy_loss.detach())
             for key, value in info.items():
                 sums[key] += share * float(value)
+        if not per_step:
+            sums.update(self._trajectory_loss(batch, rows, step_mask, weights, pair_rows, pair_steps, log_probs, kls))
         return dict(sums)
+
+    def _trajectory_loss(self, batch, rows, step_mask, weights, pair_rows, pair_steps, log_probs, kls) -> dict:
+        """gspo / geo_mean: the registered loss on the gathered [b, T] log-prob matrix, one backward."""
+        a = self.config.algorithm
+        with self.accelerator.autocast():
+            flat = torch.cat(log_probs)
+            log_prob = torch.zeros(step_mask.shape, dtype=flat.dtype, device=flat.device).index_put(
+                (pair_rows, pair_steps), flat
+            )
+            old = batch["log_probs"][rows].to(flat.dtype)
+            log_prob = torch.where(step_mask != 0, log_prob, old)  # untrained steps: ratio 1, masked anyway
+            policy_loss, info = get_policy_loss(a.policy_loss)(
+                old, log_prob, batch["advantages"][rows], step_mask, a.loss_agg_mode,
+                clip_low=self.clip_range, clip_high=self.clip_range, clip_ratio_c=a.clip_ratio_c,
+            )
+            loss = policy_loss
+            metrics = {"policy_loss": float(policy_loss.detach()), **{k: float(v) for k, v in info.items()}}
+            if kls and kls[0] is not None:
+                kl = torch.cat(kls)
+                kl_loss = (weights[pair_rows, pair_steps] * kl).sum()
+                loss = loss + self.beta * kl_loss
+                metrics["kl_loss"] = float(kl_loss.detach())
+                metrics["kl"] = float(kl.detach().mean())
+            self.accelerator.backward(loss)
+        return metrics

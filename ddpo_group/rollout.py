@@ -25,12 +25,15 @@ def collect_rollouts(
     negative_prompt_embeds: torch.Tensor,
     show_progress: bool = True,
     desc: str = "sampling",
+    generators: list[torch.Generator] | None = None,
+    critic=None,
 ) -> dict:
     """Sample this process's prompts in ``num_batches_per_epoch`` batches and score them.
 
     Returns the batch record: prompts, metadata, prompt_embeds [B, L, D], latents / next_latents
     [B, T, C, h, w], log_probs [B, T], timesteps [B, T], rewards [B] (float64, checked), images
-    [B, 3, H, W] and reward_info.
+    [B, 3, H, W] and reward_info; values [B, T] (pre-step critic values) when ``critic`` is given.
+    ``generators`` (one per sample) make each sample's noise independent of the batch layout.
     """
     batches, futures = [], []
     size = sample_config.batch_size
@@ -39,7 +42,9 @@ def collect_rollouts(
         prompt_embeds = encode_prompts(pipe, batch_prompts)
         negative = negative_prompt_embeds.expand(len(batch_prompts), -1, -1)
         traj = sample_with_logprob(
-            pipe, prompt_embeds, negative, sample_config.num_steps, sample_config.guidance_scale, sample_config.eta
+            pipe, prompt_embeds, negative, sample_config.num_steps, sample_config.guidance_scale, sample_config.eta,
+            generator=generators[i * size : (i + 1) * size] if generators is not None else None,
+            value_fn=critic.value_fn(prompt_embeds) if critic is not None else None,
         )
         futures.append(executor.submit(reward_fn, traj.images, batch_prompts, batch_metadata))
         batches.append(
@@ -52,6 +57,7 @@ def collect_rollouts(
                 "log_probs": traj.log_probs,
                 "timesteps": traj.timesteps,
                 "images": traj.images,
+                **({"values": traj.values} if critic is not None else {}),
             }
         )
 
@@ -79,3 +85,36 @@ def _merge_infos(infos: list[dict]) -> dict:
         if all(isinstance(v, torch.Tensor) and v.ndim >= 1 for v in values):
             merged[key] = torch.cat([v.detach().cpu() for v in values])
     return merged
+
+
+@torch.no_grad()
+def greedy_rewards(pipe, prompts: list[str], metadata: list[dict], keys: list[int], reward_fn, reward_name: str,
+                   sample_config, negative_prompt_embeds: torch.Tensor, seed: int) -> torch.Tensor:
+    """ReMax's baseline: the reward [B] of one greedy (eta = 0) sample per distinct ``keys`` entry (prompt group).
+
+    The greedy sample of a group starts from noise seeded by (seed, key), so every process that
+    holds a copy of the group gets the same baseline.
+    """
+    first = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    order = list(first)
+    device = negative_prompt_embeds.device
+    rewards = {}
+    size = sample_config.batch_size
+    for start in range(0, len(order), size):
+        chunk = order[start : start + size]
+        batch_prompts = [prompts[first[k]] for k in chunk]
+        embeds = encode_prompts(pipe, batch_prompts)
+        generators = [torch.Generator(device=device).manual_seed(int(seed) * 1_000_003 + int(k)) for k in chunk]
+        traj = sample_with_logprob(
+            pipe, embeds, negative_prompt_embeds.expand(len(chunk), -1, -1), sample_config.num_steps,
+            sample_config.guidance_scale, eta=0.0, generator=generators, compute_log_prob=False,
+        )
+        try:
+            values, _ = reward_fn(traj.images, batch_prompts, [metadata[first[k]] for k in chunk])
+        except Exception as error:
+            raise RuntimeError(f"reward function {reward_name!r} raised {type(error).__name__}: {error}") from error
+        values = check_rewards(values, len(chunk), reward_name)
+        rewards.update(zip(chunk, values.tolist()))
+    return torch.tensor([rewards[k] for k in keys], dtype=torch.float64)

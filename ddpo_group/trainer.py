@@ -17,7 +17,8 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import ProjectConfiguration, set_seed
 
-from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator
+from ddpo_group.advantage_step import compute_advantages, critic_regression
+from ddpo_group.algorithms import CRITIC_ESTIMATORS, GroupThresholdController, get_kl_controller
 from ddpo_group.checkpointing import (
     TrainingState,
     resolve_resume_path,
@@ -25,11 +26,14 @@ from ddpo_group.checkpointing import (
     save_checkpoint,
 )
 from ddpo_group.config_validation import validate_config
-from ddpo_group.model_setup import build_policy, make_optimizer
+from ddpo_group.critic import Critic
+from ddpo_group.kl_term import rollout_kl
+from ddpo_group.model_setup import build_policy, lora_config, make_optimizer
 from ddpo_group.policy_update import PolicyUpdater
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.rewards import make_reward_fn
-from ddpo_group.rollout import collect_rollouts
+from ddpo_group.reference import ReferenceModel
+from ddpo_group.rollout import collect_rollouts, greedy_rewards
 from ddpo_group.sampling.ddim import check_trainable_schedule
 from ddpo_group.sampling.pipeline import encode_prompts
 from ddpo_group.stat_tracking import PerPromptStatTracker
@@ -67,6 +71,8 @@ class Trainer:
 
         self.pipe, params = build_policy(config, self.accelerator.device)
         check_trainable_schedule(self.pipe.scheduler, config.sample.num_steps, config.sample.eta)
+        # the reference adds its adapter (or copies the UNet) before accelerate wraps the UNet
+        self.reference = ReferenceModel.from_config(config, self.pipe.unet, lora_config(config) if config.use_lora else None)
         optimizer = make_optimizer(config, params)
         self.unet, self.optimizer = self.accelerator.prepare(self.pipe.unet, optimizer)
         self.negative_prompt_embeds = encode_prompts(self.pipe, [""])
@@ -81,8 +87,26 @@ class Trainer:
             self.stat_tracker = PerPromptStatTracker(buffer_size=1, min_count=2**31, mode="buffer")
         self.state = TrainingState()
         self.accelerator.register_for_checkpointing(self.prompt_sampler, self.state, self.stat_tracker)
+        a, g = config.algorithm, config.group_params
+        self.critic = None
+        if a.adv_estimator in CRITIC_ESTIMATORS:
+            self.critic = Critic(
+                config, self.accelerator, self.pipe.unet.config.in_channels, self.pipe.text_encoder.config.hidden_size
+            )
+        self.kl_controller = get_kl_controller(a.kl_controller, config.train.beta, a.target_kl, a.kl_horizon)
+        self.accelerator.register_for_checkpointing(self.kl_controller)
+        self.group_controller = None
+        if a.adv_estimator == "group_ppo":
+            self.group_controller = GroupThresholdController(
+                tau=g.group_variance_threshold, lr=g.threshold_lr, min_tau=g.min_threshold, max_tau=g.max_threshold,
+                target_ev=g.target_explained_variance, adaptive=g.adaptive_threshold,
+            )
+            self.accelerator.register_for_checkpointing(self.group_controller)
+        if self.reference is not None:
+            self.accelerator.register_for_checkpointing(self.reference)
         self.updater = PolicyUpdater(
-            config, self.accelerator, self.unet, self.pipe.scheduler, self.optimizer, params, self.negative_prompt_embeds
+            config, self.accelerator, self.unet, self.pipe.scheduler, self.optimizer, params, self.negative_prompt_embeds,
+            reference=self.reference,
         )
         self.executor = ThreadPoolExecutor(max_workers=2)
 
@@ -123,67 +147,116 @@ class Trainer:
         return metrics
 
     def run_epoch(self, epoch: int) -> dict:
+        config, accelerator = self.config, self.accelerator
         timings = {}
         start = time.perf_counter()
         self.unet.eval()
-        local = self.config.sample.batch_size * self.config.sample.num_batches_per_epoch
-        group_size = self.config.train.group_size
-        prompts, metadata, groups = self.prompt_sampler.sample_epoch(
-            local * self.accelerator.num_processes // group_size, group_size
-        )
-        mine = slice(self.accelerator.process_index * local, (self.accelerator.process_index + 1) * local)
-        with self.accelerator.autocast():  # the precision the training forward recomputes log-probs in
+        local = config.sample.batch_size * config.sample.num_batches_per_epoch
+        group_size = config.train.group_size
+        prompts, metadata, groups = self.prompt_sampler.sample_epoch(local * accelerator.num_processes // group_size, group_size)
+        mine = slice(accelerator.process_index * local, (accelerator.process_index + 1) * local)
+        with accelerator.autocast():  # the precision the training forward recomputes log-probs in
             batch = collect_rollouts(
-                self.pipe, prompts[mine], metadata[mine], self.reward_fn, self.config.reward_fn, self.executor,
-                self.config.sample, self.negative_prompt_embeds, show_progress=self.accelerator.is_local_main_process,
-                desc=f"epoch {epoch}: sampling",
+                self.pipe, prompts[mine], metadata[mine], self.reward_fn, config.reward_fn, self.executor,
+                config.sample, self.negative_prompt_embeds, show_progress=accelerator.is_local_main_process,
+                desc=f"epoch {epoch}: sampling", generators=self.sample_generators(epoch, mine), critic=self.critic,
             )
+            extra = self.baselines_and_step_rewards(epoch, batch, groups[mine])
         timings["time/sampling"] = time.perf_counter() - start
 
+        # ---- advantages on the gathered batch; each process keeps its own rows ----
         start = time.perf_counter()
-        global_rewards = self.accelerator.gather(batch["rewards"].to(self.accelerator.device)).cpu()
-        batch["advantages"], adv_metrics = self.compute_advantages(batch, global_rewards, prompts, groups)
+        gathered = {key: self.gather(value) for key, value in {"rewards": batch["rewards"], **extra}.items()}
+        tau = self.group_controller.tau if self.group_controller is not None else None
+        out = compute_advantages(
+            config, gathered["rewards"], torch.tensor(groups), prompts, batch["log_probs"].shape[1], self.stat_tracker,
+            values=gathered.get("values"), step_rewards=gathered.get("step_rewards"),
+            greedy_rewards=gathered.get("greedy_rewards"), tau=tau,
+        )
+        batch["advantages"] = self.local_rows(out.advantages)
+        adv_metrics = {k: float(v) for k, v in out.metrics.items()}
         timings["time/advantages"] = time.perf_counter() - start
 
+        # ---- policy (and critic) update ----
         start = time.perf_counter()
-        train_metrics = self.updater.train_epoch(batch, show_progress=self.accelerator.is_local_main_process)
-        timings["time/training"] = time.perf_counter() - start
+        self.updater.beta = self.kl_controller.value
+        train_metrics = self.updater.train_epoch(batch, show_progress=accelerator.is_local_main_process)
         self.state.global_step += train_metrics.pop("optimizer_steps")
+        critic_metrics = {}
+        if self.critic is not None:
+            targets, mask = critic_regression(config, out)
+            critic_metrics = self.critic.train_epoch(
+                batch, self.local_rows(targets), self.local_rows(mask), config.train.batch_size
+            )
+        timings["time/training"] = time.perf_counter() - start
 
+        # ---- controllers and reference, after the epoch ----
         metrics = {
             "epoch": epoch,
             "global_step": self.state.global_step,
-            "reward_mean": float(global_rewards.mean()),
-            "reward_count": int(global_rewards.numel()),
-            "reward_std": float(global_rewards.std(unbiased=False)),
+            "reward_mean": float(gathered["rewards"].mean()),
+            "reward_count": int(gathered["rewards"].numel()),
+            "reward_std": float(gathered["rewards"].std(unbiased=False)),
             **{f"train/{k}": v for k, v in train_metrics.items()},
             **adv_metrics,
+            **critic_metrics,
             **timings,
         }
+        if self.reference is not None:
+            metrics["train/beta"] = self.kl_controller.value
+            kl = self.gather(torch.tensor([train_metrics.get("kl", 0.0)])).mean()
+            metrics["ref/kl"] = float(kl)
+            self.kl_controller.update(float(kl), int(gathered["rewards"].numel()))
+            self.reference.maybe_update(accelerator.unwrap_model(self.unet), epoch)
+            metrics.update(self.reference.metrics(accelerator.unwrap_model(self.unet)))
+        if self.group_controller is not None:
+            targets, mask = critic_regression(config, out)
+            self.group_controller.update(targets, gathered["values"], mask)
+            metrics["group/critic_ev"] = self.group_controller.last_ev
+            metrics["group/next_tau"] = self.group_controller.tau
         for key, value in batch["reward_info"].items():
-            metrics[f"reward_info/{key}"] = float(self.accelerator.gather(value.to(self.accelerator.device)).float().mean())
+            metrics[f"reward_info/{key}"] = float(self.gather(value).float().mean())
         self.log(epoch, metrics, batch)
+        if self.group_controller is not None and epoch % 10 == 0:
+            self._print(group_summary(epoch, metrics))
         return metrics
 
     # ------------------------------------------------------------------ pieces
-    def compute_advantages(
-        self, batch: dict, rewards: torch.Tensor, prompts: list[str], groups: list[int]
-    ) -> tuple[torch.Tensor, dict]:
-        """Advantages [B_global, T] from the rewards gathered in process order; returns this process's rows."""
-        num_steps = batch["log_probs"].shape[1]
-        inputs = AdvantageInputs(
-            rewards=rewards.double(),
-            step_mask=torch.ones(len(prompts), num_steps, dtype=torch.float64),
-            group_index=torch.tensor(groups, dtype=torch.long),
-            prompts=prompts,
-            stat_tracker=self.stat_tracker,
-        )
-        estimator = get_adv_estimator(self.config.algorithm.adv_estimator)
-        out = estimator(inputs, adv_clip_max=self.config.train.adv_clip_max)
-        local = len(batch["prompts"])
+    def sample_generators(self, epoch: int, mine: slice) -> list[torch.Generator]:
+        """One generator per sample, seeded by (seed, epoch, global index): the same noise whatever the process count."""
+        device = self.accelerator.device
+        base = (self.config.seed * 1_000_003 + epoch) * 1_000_003
+        total = mine.stop - mine.start
+        return [torch.Generator(device=device).manual_seed((base + mine.start + i) % 2**63) for i in range(total)]
+
+    def baselines_and_step_rewards(self, epoch: int, batch: dict, groups: list[int]) -> dict:
+        """Per-sample extras the estimator needs: critic values, ReMax's greedy rewards, KL-in-reward step rewards."""
+        config, extra = self.config, {}
+        if self.critic is not None:
+            extra["values"] = batch["values"]
+        if config.algorithm.adv_estimator == "remax":
+            extra["greedy_rewards"] = greedy_rewards(
+                self.pipe, batch["prompts"], batch["metadata"], groups, self.reward_fn, config.reward_fn, config.sample,
+                self.negative_prompt_embeds, seed=config.seed * 1_000_003 + epoch,
+            )
+        if config.algorithm.kl_in_reward:
+            guidance = config.sample.guidance_scale if config.train.cfg else 1.0
+            kl = rollout_kl(
+                batch, self.pipe.unet, self.reference, self.pipe.scheduler, self.negative_prompt_embeds, guidance,
+                config.sample.eta, config.algorithm.kl_type, config.sample.log_prob_reduce, config.train.pairs_per_forward,
+            )
+            extra["step_rewards"] = -self.kl_controller.value * kl
+        return extra
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate a per-process tensor over processes, in process order, on the CPU."""
+        return self.accelerator.gather(tensor.contiguous().to(self.accelerator.device)).cpu()
+
+    def local_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This process's rows of a tensor over the gathered batch, on its device as float32."""
+        local = self.config.sample.batch_size * self.config.sample.num_batches_per_epoch
         rank = self.accelerator.process_index
-        advantages = out.advantages[rank * local : (rank + 1) * local].float().to(self.accelerator.device)
-        return advantages, {k: float(v) for k, v in out.metrics.items()}
+        return tensor[rank * local : (rank + 1) * local].float().to(self.accelerator.device)
 
     def log(self, epoch: int, metrics: dict, batch: dict) -> None:
         if self.accelerator.is_main_process:
@@ -213,3 +286,14 @@ class Trainer:
     def _print(self, message: str) -> None:
         if self.accelerator.is_main_process:
             print(f"[ddpo_group] {message}", flush=True)
+
+
+def group_summary(epoch: int, metrics: dict) -> str:
+    """A readable GROUP_PPO summary line (printed every 10 epochs)."""
+    get = lambda key: metrics.get(key, float("nan"))  # noqa: E731
+    return (
+        f"GROUP_PPO epoch {epoch}: {get('group/num_endpoints'):.1f} endpoints per trajectory "
+        f"(mean group length {get('group/mean_len'):.2f} steps), compression ratio {get('group/compression_ratio'):.2f}, "
+        f"tau {get('group/tau'):.3f} -> {get('group/next_tau'):.3f}, critic explained variance "
+        f"{get('group/critic_ev'):.3f}, value loss {get('critic/value_loss'):.4f}, reward {get('reward_mean'):.4f}"
+    )

@@ -1,0 +1,115 @@
+"""The critic V(x_n, t_n, c): a small value network with its own optimizer (ppo_gae, group_ppo).
+
+    h_x = pool(conv(conv(x)))                 latent features
+    h_t = MLP(sinusoidal(t))                  timestep features
+    h_c = Linear(mean over tokens of c)       text features
+    V   = MLP([h_x, h_t, h_c])                a scalar: the expected terminal reward
+
+Values are computed (no grad) for every pre-step latent while sampling, values[:, n] =
+V(x_n, t_n, c), the indexing of the advantage estimators. Training regresses V(latents[:, n],
+timesteps[:, n], c) on the estimator's targets with the clipped value loss
+
+    L = 0.5 * agg( max((v - y)^2, (clip(v, v_old +- c) - y)^2) )
+
+under the critic's mask: every step for gae, the endpoint mask for group_ppo.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ddpo_group.algorithms import clipped_value_loss
+
+
+def timestep_features(timesteps: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal features [N, 2 * (dim // 2)]: sin and cos of t * f_k, f_k from 1 down to 1/1000."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(1000.0) * torch.arange(half, device=timesteps.device, dtype=torch.float32) / max(half, 1))
+    angles = timesteps.float()[:, None] * freqs[None, :]
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+
+
+class ValueNetwork(nn.Module):
+    def __init__(self, latent_channels: int, text_dim: int, hidden_dim: int = 64):
+        super().__init__()
+        self.hidden_dim = hidden_dim
+        self.latent = nn.Sequential(
+            nn.Conv2d(latent_channels, hidden_dim, 3, padding=1), nn.SiLU(),
+            nn.Conv2d(hidden_dim, hidden_dim, 3, stride=2, padding=1), nn.SiLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        )
+        self.time = nn.Sequential(nn.Linear(2 * (hidden_dim // 2), hidden_dim), nn.SiLU())
+        self.text = nn.Linear(text_dim, hidden_dim)
+        self.head = nn.Sequential(nn.Linear(3 * hidden_dim, hidden_dim), nn.SiLU(), nn.Linear(hidden_dim, 1))
+
+    def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
+        """latents [N, C, h, w], timesteps [N], text_embeds [N, L, D] -> values [N] (float32)."""
+        h = torch.cat(
+            [
+                self.latent(latents.float()),
+                self.time(timestep_features(timesteps, self.hidden_dim)),
+                self.text(text_embeds.float().mean(dim=1)),
+            ],
+            dim=1,
+        )
+        return self.head(h).squeeze(1)
+
+
+class Critic:
+    """The value network (accelerate-prepared: gradients are averaged over processes) and its optimizer."""
+
+    def __init__(self, config, accelerator, latent_channels: int, text_dim: int):
+        c = config.critic
+        self.config = config
+        self.accelerator = accelerator
+        network = ValueNetwork(latent_channels, text_dim, c.hidden_dim).to(accelerator.device)
+        self.optimizer = torch.optim.AdamW(network.parameters(), lr=c.learning_rate, weight_decay=c.weight_decay)
+        self.network = accelerator.prepare(network)  # saved with the accelerate state; the optimizer is registered
+        accelerator.register_for_checkpointing(self.optimizer)
+
+    @property
+    def module(self) -> ValueNetwork:
+        return self.accelerator.unwrap_model(self.network)
+
+    @torch.no_grad()
+    def value_fn(self, text_embeds: torch.Tensor):
+        """value_fn(x_n, t_n) -> [B] for sample_with_logprob, for one batch's text embeddings."""
+        module = self.module
+        return lambda latents, timesteps: module(latents, timesteps, text_embeds)
+
+    def train_epoch(self, batch: dict, targets: torch.Tensor, mask: torch.Tensor, batch_size: int) -> dict:
+        """``critic.num_updates`` passes of clipped value regression over the local samples.
+
+        targets, mask [B, T] in pre-step indexing. Every process runs the same number of steps
+        (one per train batch of ``batch_size`` samples), whatever its number of masked pairs.
+        """
+        c = self.config.critic
+        num_samples, num_steps = mask.shape
+        sums, count = {}, 0
+        self.network.train()
+        for _ in range(c.num_updates):
+            perm = torch.randperm(num_samples)
+            for start in range(0, num_samples, batch_size):
+                rows = perm[start : start + batch_size].to(mask.device)
+                b = len(rows)
+                latents = batch["latents"][rows].flatten(0, 1)
+                timesteps = batch["timesteps"][rows].flatten(0, 1)
+                embeds = batch["prompt_embeds"][rows].repeat_interleave(num_steps, dim=0)
+                values = self.network(latents, timesteps, embeds).view(b, num_steps)
+                loss, info = clipped_value_loss(
+                    values, batch["values"][rows].float(), targets[rows].float(), mask[rows],
+                    c.cliprange_value, "step-mean",
+                )
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                info["critic/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.network.parameters(), c.max_grad_norm))
+                self.optimizer.step()
+                info["critic/value_loss"] = float(loss.detach())
+                for key, value in info.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                count += 1
+        self.network.eval()
+        return {key: value / max(count, 1) for key, value in sums.items()}

@@ -1,0 +1,159 @@
+"""The reference model of the KL term: frozen, or updated by mixup every few epochs (ALGORITHMS.md).
+
+Three forms, chosen from ``use_lora`` and ``train.reference_update_freq`` F:
+
+* ``base`` (LoRA, F = 0): the base UNet, i.e. the policy with its adapters disabled
+  (``unet.disable_adapters()`` / ``enable_adapters()``). No extra memory.
+* ``adapter`` (LoRA, F > 0): a second LoRA adapter named "reference" on the same UNet
+  (``unet.add_adapter(config, adapter_name="reference")``), initialised to the policy's adapter
+  and activated with ``unet.set_adapter`` for the reference forward. Its weights live in the
+  UNet's state dict, so they are checkpointed with the model.
+* ``copy`` (full fine-tuning): a frozen deep copy of the UNet (its weights are part of this
+  object's ``state_dict`` for checkpoints when it is updated).
+
+Update every F epochs (after epochs F-1, 2F-1, ...):
+
+    theta_ref <- alpha * theta_policy + (1 - alpha) * theta_ref        (alpha = 1: hard sync)
+
+``param_distance`` is the Frobenius distance between the policy's and the reference's effective
+UNet weights: sqrt(sum over LoRA layers ||s (B_p A_p - B_r A_r)||^2) for adapters (B_r A_r = 0
+for ``base``), sqrt(sum ||theta_p - theta_r||^2) for ``copy``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import contextmanager
+
+import torch
+
+POLICY_ADAPTER = "default"
+REFERENCE_ADAPTER = "reference"
+
+
+def _lora_layers(unet):
+    from peft.tuners.lora import LoraLayer
+
+    return [m for m in unet.modules() if isinstance(m, LoraLayer)]
+
+
+class ReferenceModel:
+    def __init__(self, unet, mode: str, alpha: float = 1.0, update_freq: int = 0, lora_config=None):
+        """``unet`` is the unwrapped policy UNet; build before ``accelerator.prepare``."""
+        if mode not in ("base", "adapter", "copy"):
+            raise ValueError(f"reference mode must be 'base', 'adapter' or 'copy', got {mode!r}")
+        self.mode = mode
+        self.alpha = float(alpha)
+        self.update_freq = int(update_freq)
+        self.last_update_epoch = -1
+        self.copy = None
+        if mode == "adapter":
+            if lora_config is None:
+                raise ValueError("the 'adapter' reference needs the policy's LoraConfig")
+            trainable = [p for p in unet.parameters() if p.requires_grad]
+            unet.add_adapter(copy.deepcopy(lora_config), adapter_name=REFERENCE_ADAPTER)  # activates it
+            unet.set_adapter(POLICY_ADAPTER)
+            for p in trainable:
+                p.requires_grad_(True)
+            for layer in _lora_layers(unet):
+                for name in ("lora_A", "lora_B"):
+                    ref = getattr(layer, name)[REFERENCE_ADAPTER]
+                    ref.to(dtype=getattr(layer, name)[POLICY_ADAPTER].weight.dtype)
+                    ref.requires_grad_(False)
+            self._mix(unet, 1.0)
+        elif mode == "copy":
+            self.copy = copy.deepcopy(unet).requires_grad_(False).eval()
+
+    @classmethod
+    def from_config(cls, config, unet, lora_config=None) -> "ReferenceModel | None":
+        t = config.train
+        if not t.use_reference_model:
+            return None
+        if config.use_lora:
+            mode = "adapter" if t.reference_update_freq > 0 else "base"
+        else:
+            mode = "copy"
+        return cls(unet, mode, t.reference_model_mixup_alpha, t.reference_update_freq, lora_config)
+
+    # ------------------------------------------------------------------ forward
+    @contextmanager
+    def applied(self, unet):
+        """Context yielding the module that computes the reference's output; ``unet`` is the unwrapped policy.
+
+        Use under ``torch.no_grad()``. peft's adapter switches toggle ``requires_grad``; leaving the
+        context restores the policy adapter as the active, trainable one.
+        """
+        if self.mode == "copy":
+            yield self.copy
+            return
+        trainable = [p for p in unet.parameters() if p.requires_grad]
+        try:
+            if self.mode == "base":
+                unet.disable_adapters()
+            else:
+                unet.set_adapter(REFERENCE_ADAPTER)
+            yield unet
+        finally:
+            if self.mode == "base":
+                unet.enable_adapters()
+            else:
+                unet.set_adapter(POLICY_ADAPTER)
+            for p in trainable:
+                p.requires_grad_(True)
+
+    # ------------------------------------------------------------------ updates
+    def due(self, epoch: int) -> bool:
+        return self.update_freq > 0 and (epoch + 1) % self.update_freq == 0
+
+    @torch.no_grad()
+    def maybe_update(self, unet, epoch: int) -> bool:
+        """Mix the policy into the reference after ``epoch`` when an update is due; True if it was."""
+        if not self.due(epoch):
+            return False
+        self._mix(unet, self.alpha)
+        self.last_update_epoch = epoch
+        return True
+
+    @torch.no_grad()
+    def _mix(self, unet, alpha: float) -> None:
+        if self.mode == "adapter":
+            for layer in _lora_layers(unet):
+                for name in ("lora_A", "lora_B"):
+                    adapters = getattr(layer, name)
+                    adapters[REFERENCE_ADAPTER].weight.lerp_(adapters[POLICY_ADAPTER].weight.to(adapters[REFERENCE_ADAPTER].weight.dtype), alpha)
+        elif self.mode == "copy":
+            for ref, pol in zip(self.copy.parameters(), unet.parameters()):
+                ref.lerp_(pol.detach().to(ref.dtype), alpha)
+
+    @torch.no_grad()
+    def param_distance(self, unet) -> float:
+        total = 0.0
+        if self.mode == "copy":
+            for ref, pol in zip(self.copy.parameters(), unet.parameters()):
+                total += float((pol.detach().double() - ref.double()).pow(2).sum())
+            return math.sqrt(total)
+        for layer in _lora_layers(unet):
+            scale = layer.scaling[POLICY_ADAPTER]
+            a, b = layer.lora_A[POLICY_ADAPTER].weight, layer.lora_B[POLICY_ADAPTER].weight
+            delta = scale * (b.double().flatten(1) @ a.double().flatten(1))
+            if self.mode == "adapter":
+                ra, rb = layer.lora_A[REFERENCE_ADAPTER].weight, layer.lora_B[REFERENCE_ADAPTER].weight
+                delta = delta - layer.scaling[REFERENCE_ADAPTER] * (rb.double().flatten(1) @ ra.double().flatten(1))
+            total += float(delta.pow(2).sum())
+        return math.sqrt(total)
+
+    def metrics(self, unet) -> dict:
+        return {"ref/last_update_epoch": float(self.last_update_epoch), "ref/param_distance": self.param_distance(unet)}
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        state = {"last_update_epoch": self.last_update_epoch}
+        if self.mode == "copy" and self.update_freq > 0:  # a frozen copy is rebuilt from the base weights
+            state["copy"] = self.copy.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.last_update_epoch = int(state["last_update_epoch"])
+        if "copy" in state and self.copy is not None:
+            self.copy.load_state_dict(state["copy"])
