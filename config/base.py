@@ -74,7 +74,7 @@ def base() -> ml_collections.ConfigDict:
     algorithm.kl_in_reward = False  # r_n -= beta * KL_n before the advantage (step-level estimators only)
     algorithm.kl_controller = "fixed"  # "fixed" or "adaptive" (PPO's adaptive beta toward target_kl)
     algorithm.target_kl = 0.01
-    algorithm.kl_horizon = 10000  # samples; adaptive beta *= 1 + clip(kl / target - 1, +-0.2) * n / horizon
+    algorithm.kl_horizon = 10000.0  # samples; adaptive beta *= 1 + clip(kl / target - 1, +-0.2) * n / horizon
     algorithm.gamma = 1.0  # discount over denoising steps (gae, reinforce_plus_plus)
     algorithm.gae_lambda = 0.95
     algorithm.gae_whiten = True

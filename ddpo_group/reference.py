@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from contextlib import contextmanager
 
 import torch
@@ -52,7 +53,9 @@ class ReferenceModel:
             if lora_config is None:
                 raise ValueError("the 'adapter' reference needs the policy's LoraConfig")
             trainable = [p for p in unet.parameters() if p.requires_grad]
-            unet.add_adapter(copy.deepcopy(lora_config), adapter_name=REFERENCE_ADAPTER)  # activates it
+            with warnings.catch_warnings():  # peft warns that a second adapter is added: that is the point
+                warnings.filterwarnings("ignore", message=".*multiple adapters.*")
+                unet.add_adapter(copy.deepcopy(lora_config), adapter_name=REFERENCE_ADAPTER)  # activates it
             unet.set_adapter(POLICY_ADAPTER)
             for p in trainable:
                 p.requires_grad_(True)

@@ -1,0 +1,26 @@
+"""Every preset runs one short epoch on the tiny random model and changes the trained weights."""
+
+import pytest
+import torch
+
+from config.base import PRESETS
+from trainer_helpers import tiny_trainer
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_preset_runs_one_epoch_and_changes_weights(preset, tiny_model_dir, tmp_path):
+    trainer = tiny_trainer(preset, tiny_model_dir, tmp_path, preset)
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    assert metrics["reward_count"] == 8 and metrics["global_step"] == 2
+    changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    assert changed > len(before) // 2, f"{preset}: only {changed} of {len(before)} trained tensors changed"
+    for key in ("adv/mean", "train/policy_loss", "train/grad_norm"):
+        assert torch.isfinite(torch.tensor(metrics[key])), (preset, key, metrics[key])
+    if trainer.critic is not None:
+        assert metrics["critic/value_loss"] > 0
+    if trainer.reference is not None:
+        assert metrics["ref/kl"] >= 0 and "ref/param_distance" in metrics
+    if preset == "group_ppo":
+        for key in ("group/tau", "group/compression_ratio", "group/num_endpoints", "group/critic_ev", "critic/clipfrac"):
+            assert key in metrics

@@ -1,0 +1,114 @@
+"""Reference model: frozen base (adapters disabled), mixup adapter, full copy; KL 0 at the start, > 0 after updates."""
+
+import pytest
+import torch
+
+from ddpo_group.model_setup import lora_config
+from ddpo_group.reference import POLICY_ADAPTER, REFERENCE_ADAPTER, ReferenceModel, _lora_layers
+from tiny_pipeline import build_tiny_pipeline
+from trainer_helpers import tiny_config, tiny_trainer
+
+
+def lora_unet(rank=4):
+    config = tiny_config("ddpo", "unused", "unused")
+    config.lora_rank = rank
+    unet = build_tiny_pipeline().unet
+    unet.requires_grad_(False)
+    unet.add_adapter(lora_config(config))
+    return unet, lora_config(config)
+
+
+def perturb(params, scale=0.1):
+    with torch.no_grad():
+        for p in params:
+            p.add_(scale * torch.randn_like(p))
+
+
+def unet_out(unet, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, c = torch.randn(2, 4, 8, 8, generator=g), torch.randn(2, 16, 32, generator=g)
+    with torch.no_grad():
+        return unet(x, torch.tensor([500, 100]), encoder_hidden_states=c).sample
+
+
+def adapter_weights(unet, name):
+    return [w for layer in _lora_layers(unet) for w in (layer.lora_A[name].weight, layer.lora_B[name].weight)]
+
+
+def test_frozen_lora_reference_equals_base_model_output():
+    torch.manual_seed(0)
+    base = build_tiny_pipeline().unet  # build_tiny_pipeline seeds itself: the same base weights as lora_unet's
+    unet, _ = lora_unet()
+    base_out = unet_out(base)
+    trainable = [p for p in unet.parameters() if p.requires_grad]
+    perturb(trainable)  # the policy moved away from the base model
+    assert not torch.allclose(unet_out(unet), base_out)
+    reference = ReferenceModel(unet, "base")
+    with reference.applied(unet) as ref_unet:
+        torch.testing.assert_close(unet_out(ref_unet), base_out, rtol=0, atol=0)
+    # leaving the context restores the policy: adapters on and trainable
+    assert all(p.requires_grad for p in trainable)
+    assert not torch.allclose(unet_out(unet), base_out)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_adapter_reference_mixup(alpha):
+    torch.manual_seed(0)
+    unet, lora = lora_unet()
+    trainable = [p for p in unet.parameters() if p.requires_grad]
+    reference = ReferenceModel(unet, "adapter", alpha=alpha, update_freq=1, lora_config=lora)
+    # created as a copy of the policy adapter, frozen; the policy adapter stays the active, trainable one
+    assert [p for p in unet.parameters() if p.requires_grad] == trainable
+    for ref, pol in zip(adapter_weights(unet, REFERENCE_ADAPTER), adapter_weights(unet, POLICY_ADAPTER)):
+        assert torch.equal(ref, pol) and not ref.requires_grad
+    perturb(trainable)
+    old_ref = [w.clone() for w in adapter_weights(unet, REFERENCE_ADAPTER)]
+    assert reference.maybe_update(unet, epoch=0) and reference.last_update_epoch == 0
+    for ref, pol, old in zip(adapter_weights(unet, REFERENCE_ADAPTER), adapter_weights(unet, POLICY_ADAPTER), old_ref):
+        torch.testing.assert_close(ref, alpha * pol + (1 - alpha) * old, rtol=0, atol=1e-7)
+    if alpha == 1.0:
+        assert reference.param_distance(unet) == 0.0
+        with reference.applied(unet) as ref_unet:
+            ref_out = unet_out(ref_unet)
+        torch.testing.assert_close(ref_out, unet_out(unet), rtol=0, atol=0)
+    else:
+        assert reference.param_distance(unet) > 0
+    assert [p for p in unet.parameters() if p.requires_grad] == trainable
+
+
+def test_update_frequency():
+    unet, lora = lora_unet()
+    reference = ReferenceModel(unet, "adapter", alpha=1.0, update_freq=3, lora_config=lora)
+    assert [e for e in range(9) if reference.due(e)] == [2, 5, 8]
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.5])
+def test_full_fine_tuning_copy_mixup(alpha):
+    torch.manual_seed(0)
+    unet = build_tiny_pipeline().unet
+    reference = ReferenceModel(unet, "copy", alpha=alpha, update_freq=1)
+    old = [p.detach().clone() for p in reference.copy.parameters()]
+    perturb(list(unet.parameters()), 0.01)
+    reference.maybe_update(unet, 0)
+    for ref, pol, o in zip(reference.copy.parameters(), unet.parameters(), old):
+        torch.testing.assert_close(ref, alpha * pol + (1 - alpha) * o, rtol=0, atol=1e-7)
+    assert not any(p.requires_grad for p in reference.copy.parameters())
+    state = reference.state_dict()
+    assert "copy" in state and state["last_update_epoch"] == 0
+
+
+def test_kl_is_zero_at_the_first_step_and_positive_after_updates(tiny_model_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "kl", **{"sample.num_batches_per_epoch": 1})
+    # one train batch = one optimizer step per call of train_epoch
+    config, accelerator = trainer.config, trainer.accelerator
+    prompts, metadata, groups = trainer.prompt_sampler.sample_epoch(1, 4)
+    from ddpo_group.rollout import collect_rollouts
+
+    batch = collect_rollouts(trainer.pipe, prompts, metadata, trainer.reward_fn, config.reward_fn, trainer.executor,
+                             config.sample, trainer.negative_prompt_embeds, show_progress=False)
+    batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand(4, 4).clone()
+    first = trainer.updater.train_epoch(batch, show_progress=False)
+    assert first["kl"] == 0.0 and first["kl_loss"] == 0.0
+    second = trainer.updater.train_epoch(batch, show_progress=False)
+    assert second["kl"] > 0 and second["kl_loss"] > 0
+    trainer.executor.shutdown()

@@ -1,0 +1,32 @@
+"""Build a Trainer in-process on the tiny random model with a tiny, fast configuration."""
+
+from __future__ import annotations
+
+from config.base import get_config
+from ddpo_group.trainer import Trainer
+
+TINY = {
+    "num_epochs": 1, "prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "sample.num_steps": 4,
+    "sample.batch_size": 4, "sample.num_batches_per_epoch": 2, "train.batch_size": 4, "train.pairs_per_forward": 6,
+    "train.learning_rate": 1e-2, "train.clip_range": 0.2, "per_prompt_stat_tracking.min_count": 2,
+    "save_freq": 0, "log_images_every": 0, "wandb.mode": "disabled",
+}
+
+
+def tiny_config(preset: str, model_dir: str, logdir, run_name: str = "run", **overrides):
+    config = get_config(preset)
+    values = {**TINY, "pretrained.model": model_dir, "logdir": str(logdir), "run_name": run_name}
+    if config.train.group_size > 1:
+        values["train.group_size"] = 4
+    values.update(overrides)
+    for key, value in values.items():
+        section, _, field = key.rpartition(".")
+        target = config
+        for part in section.split(".") if section else []:
+            target = target[part]
+        target[field] = value
+    return config
+
+
+def tiny_trainer(preset: str, model_dir: str, logdir, run_name: str = "run", **overrides) -> Trainer:
+    return Trainer(tiny_config(preset, model_dir, logdir, run_name, **overrides))
