@@ -148,3 +148,18 @@ def test_clipped_value_loss_hand():
     assert m["critic/clipfrac"] == 0.0
     loss, _ = clipped_value_loss(v, old, y, mask, 0.2, loss_agg_mode="traj-mean-step-sum")
     assert math.isclose(float(loss), 0.5 * (0.64 + 0.81), rel_tol=1e-12)
+
+
+def test_clipped_value_loss_masked_nan_has_no_gradient_and_empty_rows_count_nothing():
+    v = torch.tensor([[1.5, float("nan")], [float("nan"), float("nan")]], dtype=D, requires_grad=True)
+    old = torch.tensor([[1.0, float("nan")], [0.0, 0.0]], dtype=D)
+    y = torch.tensor([[2.0, float("nan")], [0.0, 0.0]], dtype=D)
+    mask = torch.tensor([[1, 0], [0, 0]], dtype=D)  # the second trajectory has no critic target
+    loss, m = clipped_value_loss(v, old, y, mask, cliprange_value=0.2)
+    loss.backward()
+    assert math.isclose(float(loss), 0.5 * 0.64, rel_tol=1e-12) and m["critic/value_loss"] == float(loss)
+    # d/dv of 0.5 (v_clip - y)^2 is 0 where the clip is active; every other entry is masked
+    assert torch.equal(v.grad, torch.zeros_like(v))
+    v2 = torch.tensor([[1.1, float("nan")], [float("nan"), 3.0]], dtype=D, requires_grad=True)
+    clipped_value_loss(v2, old, y, mask, cliprange_value=0.2)[0].backward()
+    assert torch.allclose(v2.grad, torch.tensor([[1.1 - 2.0, 0.0], [0.0, 0.0]], dtype=D))

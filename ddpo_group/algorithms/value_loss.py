@@ -34,11 +34,14 @@ def clipped_value_loss(
     cliprange_value: Optional[float],
     loss_agg_mode: str = "step-mean",
 ):
-    """Returns (loss, metrics) with metrics critic/clipfrac, critic/vpred_mean, critic/value_error.
+    """Returns (loss, metrics) with metrics critic/value_loss, critic/clipfrac, critic/vpred_mean,
+    critic/value_error.
 
     Shapes: any common shape (usually [B, T]); the aggregation modes need [B, T].
-    Entries where mask == 0 never contribute (even if NaN).
+    Entries where mask == 0 never contribute, to the loss or to its gradient, even if NaN.
     """
+    outside = mask == 0  # zero-filled first: a NaN times a zero weight would still reach the gradient
+    values, old_values, returns = (x.masked_fill(outside, 0.0) for x in (values, old_values, returns))
     mat, clipped = value_loss_matrix(values, old_values, returns, cliprange_value)
     if mat.dim() == 1:
         mat, clipped, m2 = mat[:, None], clipped[:, None], mask[:, None]
@@ -47,6 +50,7 @@ def clipped_value_loss(
     loss = agg_loss(mat, m2, loss_agg_mode)
     with torch.no_grad():
         metrics = {
+            "critic/value_loss": float(loss),
             "critic/clipfrac": float(masked_mean(clipped.float(), m2)),
             "critic/vpred_mean": float(masked_mean(values.detach().reshape(m2.shape), m2)),
             "critic/value_error": float(masked_mean(((values.detach() - returns) ** 2).reshape(m2.shape), m2)),
