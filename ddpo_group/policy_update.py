@@ -61,6 +61,8 @@ class PolicyUpdater:
         for _ in range(t.num_inner_epochs):
             perm = torch.randperm(num_samples)
             step_mask = random_step_mask(num_samples, num_steps, t.timestep_fraction, device=batch["log_probs"].device)
+            if "row_mask" in batch:  # dynamic sampling: padded rows take no part in the loss
+                step_mask = step_mask * batch["row_mask"][:, None]
             for start in range(0, num_samples, t.batch_size):
                 rows = perm[start : start + t.batch_size].to(batch["log_probs"].device)
                 metrics = self._train_batch(batch, rows, step_mask[rows])
@@ -102,6 +104,8 @@ class PolicyUpdater:
         a = self.config.algorithm
         weights = aggregation_weights(step_mask, a.loss_agg_mode)
         pair_rows, pair_steps = step_mask.nonzero(as_tuple=True)
+        if pair_rows.numel() == 0:  # every row padded: one zero-weight pair keeps the processes' backward calls in step
+            pair_rows = pair_steps = torch.zeros(1, dtype=torch.long, device=step_mask.device)
         chunks = torch.split(torch.arange(pair_rows.numel(), device=pair_rows.device), self.config.train.pairs_per_forward)
         per_step = a.policy_loss in STEP_DECOMPOSABLE_LOSSES
         sums, log_probs, kls = defaultdict(float), [], []
@@ -158,7 +162,7 @@ class PolicyUpdater:
                 old, log_prob, batch["advantages"][rows], step_mask, a.loss_agg_mode,
                 clip_low=self.clip_range, clip_high=self.clip_range, clip_ratio_c=a.clip_ratio_c,
             )
-            loss = policy_loss
+            loss = policy_loss + 0.0 * flat.sum()  # stays connected to the UNet even when every step is masked
             metrics = {"policy_loss": float(policy_loss.detach()), **{k: float(v) for k, v in info.items()}}
             if kls and kls[0] is not None:
                 kl = torch.cat(kls)

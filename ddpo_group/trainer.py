@@ -9,6 +9,7 @@ import datetime
 import json
 import os
 import time
+from types import SimpleNamespace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from ddpo_group.checkpointing import (
 )
 from ddpo_group.config_validation import validate_config
 from ddpo_group.critic import Critic
+from ddpo_group.dynamic_sampling import group_keep_mask, pool_rows
 from ddpo_group.kl_term import rollout_kl
 from ddpo_group.model_setup import build_policy, lora_config, make_optimizer
 from ddpo_group.policy_update import PolicyUpdater
@@ -148,34 +150,17 @@ class Trainer:
 
     def run_epoch(self, epoch: int) -> dict:
         config, accelerator = self.config, self.accelerator
-        timings = {}
         start = time.perf_counter()
         self.unet.eval()
-        local = config.sample.batch_size * config.sample.num_batches_per_epoch
-        group_size = config.train.group_size
-        prompts, metadata, groups = self.prompt_sampler.sample_epoch(local * accelerator.num_processes // group_size, group_size)
-        mine = slice(accelerator.process_index * local, (accelerator.process_index + 1) * local)
-        with accelerator.autocast():  # the precision the training forward recomputes log-probs in
-            batch = collect_rollouts(
-                self.pipe, prompts[mine], metadata[mine], self.reward_fn, config.reward_fn, self.executor,
-                config.sample, self.negative_prompt_embeds, show_progress=accelerator.is_local_main_process,
-                desc=f"epoch {epoch}: sampling", generators=self.sample_generators(epoch, mine), critic=self.critic,
-            )
-            extra = self.baselines_and_step_rewards(epoch, batch, groups[mine])
-        timings["time/sampling"] = time.perf_counter() - start
-
-        # ---- advantages on the gathered batch; each process keeps its own rows ----
-        start = time.perf_counter()
-        gathered = {key: self.gather(value) for key, value in {"rewards": batch["rewards"], **extra}.items()}
-        tau = self.group_controller.tau if self.group_controller is not None else None
-        out = compute_advantages(
-            config, gathered["rewards"], torch.tensor(groups), prompts, batch["log_probs"].shape[1], self.stat_tracker,
-            values=gathered.get("values"), step_rewards=gathered.get("step_rewards"),
-            greedy_rewards=gathered.get("greedy_rewards"), tau=tau,
-        )
-        batch["advantages"] = self.local_rows(out.advantages)
-        adv_metrics = {k: float(v) for k, v in out.metrics.items()}
-        timings["time/advantages"] = time.perf_counter() - start
+        rounds = [self.sample_round(epoch, 0)]
+        if config.algorithm.filter_groups:  # DAPO: more rounds until every process holds a full batch of kept groups
+            while len(rounds) < config.algorithm.max_num_gen_batches and self.short_of_kept_rows(rounds):
+                rounds.append(self.sample_round(epoch, len(rounds)))
+            batch = pool_rows([r.batch for r in rounds], [self.local_rows(r.keep).bool() for r in rounds], self.local)
+        else:
+            batch = rounds[0].batch
+        out, timings = rounds[0].out, {"time/sampling": time.perf_counter() - start}
+        rewards = torch.cat([r.gathered["rewards"] for r in rounds])
 
         # ---- policy (and critic) update ----
         start = time.perf_counter()
@@ -184,21 +169,19 @@ class Trainer:
         self.state.global_step += train_metrics.pop("optimizer_steps")
         critic_metrics = {}
         if self.critic is not None:
-            targets, mask = critic_regression(config, out)
-            critic_metrics = self.critic.train_epoch(
-                batch, self.local_rows(targets), self.local_rows(mask), config.train.batch_size
-            )
+            mask = batch["critic_mask"] * batch["row_mask"][:, None] if "row_mask" in batch else batch["critic_mask"]
+            critic_metrics = self.critic.train_epoch(batch, batch["critic_targets"], mask, config.train.batch_size)
         timings["time/training"] = time.perf_counter() - start
 
         # ---- controllers and reference, after the epoch ----
         metrics = {
             "epoch": epoch,
             "global_step": self.state.global_step,
-            "reward_mean": float(gathered["rewards"].mean()),
-            "reward_count": int(gathered["rewards"].numel()),
-            "reward_std": float(gathered["rewards"].std(unbiased=False)),
+            "reward_mean": float(rewards.mean()),
+            "reward_count": int(rewards.numel()),
+            "reward_std": float(rewards.std(unbiased=False)),
             **{f"train/{k}": v for k, v in train_metrics.items()},
-            **adv_metrics,
+            **{k: float(v) for k, v in out.metrics.items()},
             **critic_metrics,
             **timings,
         }
@@ -206,12 +189,20 @@ class Trainer:
             metrics["train/beta"] = self.kl_controller.value
             kl = self.gather(torch.tensor([train_metrics.get("kl", 0.0)])).mean()
             metrics["ref/kl"] = float(kl)
-            self.kl_controller.update(float(kl), int(gathered["rewards"].numel()))
+            self.kl_controller.update(float(kl), self.local * accelerator.num_processes)
             self.reference.maybe_update(accelerator.unwrap_model(self.unet), epoch)
             metrics.update(self.reference.metrics(accelerator.unwrap_model(self.unet)))
-        if self.group_controller is not None:
-            targets, mask = critic_regression(config, out)
-            self.group_controller.update(targets, gathered["values"], mask)
+        if config.algorithm.filter_groups:
+            groups = sum(r.num_groups for r in rounds)
+            metrics["filter/dropped_share"] = sum(r.dropped_share * r.num_groups for r in rounds) / groups
+            metrics["filter/rounds"] = len(rounds)
+            metrics["filter/batch_fill"] = float(self.gather(batch["row_mask"]).mean())
+        if self.group_controller is not None:  # EV over the kept endpoint targets of every round
+            pairs = [critic_regression(config, r.out) + (r.gathered["values"], r.keep) for r in rounds]
+            self.group_controller.update(
+                torch.cat([t[k] for t, _, _, k in pairs]), torch.cat([v[k] for _, _, v, k in pairs]),
+                torch.cat([m[k] for _, m, _, k in pairs]),
+            )
             metrics["group/critic_ev"] = self.group_controller.last_ev
             metrics["group/next_tau"] = self.group_controller.tau
         for key, value in batch["reward_info"].items():
@@ -222,10 +213,53 @@ class Trainer:
         return metrics
 
     # ------------------------------------------------------------------ pieces
-    def sample_generators(self, epoch: int, mine: slice) -> list[torch.Generator]:
-        """One generator per sample, seeded by (seed, epoch, global index): the same noise whatever the process count."""
+    def sample_round(self, epoch: int, round_index: int) -> SimpleNamespace:
+        """Sample one round of the epoch (P prompts x group_size copies over all processes), score it, gather
+        the rewards (and values, baselines, step rewards) and compute the advantages on the gathered round.
+
+        Returns batch (this process's rows, with advantages, critic_targets and critic_mask), out (the
+        estimator's output on the gathered round), gathered, keep [B_global] (groups with reward variance).
+        """
+        config, accelerator, local = self.config, self.accelerator, self.local
+        group_size = config.train.group_size
+        prompts, metadata, groups = self.prompt_sampler.sample_epoch(local * accelerator.num_processes // group_size, group_size)
+        mine = slice(accelerator.process_index * local, (accelerator.process_index + 1) * local)
+        with accelerator.autocast():  # the precision the training forward recomputes log-probs in
+            batch = collect_rollouts(
+                self.pipe, prompts[mine], metadata[mine], self.reward_fn, config.reward_fn, self.executor,
+                config.sample, self.negative_prompt_embeds, show_progress=accelerator.is_local_main_process,
+                desc=f"epoch {epoch}: sampling", generators=self.sample_generators(epoch, round_index, mine),
+                critic=self.critic,
+            )
+            extra = self.baselines_and_step_rewards(epoch, batch, groups[mine])
+        # ---- advantages on the gathered round; each process keeps its own rows ----
+        gathered = {key: self.gather(value) for key, value in {"rewards": batch["rewards"], **extra}.items()}
+        out = compute_advantages(
+            config, gathered["rewards"], torch.tensor(groups), prompts, batch["log_probs"].shape[1], self.stat_tracker,
+            values=gathered.get("values"), step_rewards=gathered.get("step_rewards"),
+            greedy_rewards=gathered.get("greedy_rewards"),
+            tau=self.group_controller.tau if self.group_controller is not None else None,
+        )
+        batch["advantages"] = self.local_rows(out.advantages)
+        if self.critic is not None:
+            targets, mask = critic_regression(config, out)
+            batch["critic_targets"], batch["critic_mask"] = self.local_rows(targets), self.local_rows(mask)
+        keep, dropped_share = group_keep_mask(gathered["rewards"], groups)
+        if not config.algorithm.filter_groups:
+            keep = torch.ones_like(keep)
+        return SimpleNamespace(batch=batch, out=out, gathered=gathered, keep=keep, dropped_share=dropped_share,
+                               num_groups=len(set(groups)))
+
+    def short_of_kept_rows(self, rounds: list) -> bool:
+        """True while some process holds fewer than a batch of rows from groups with reward variance."""
+        kept = sum(int(self.local_rows(r.keep).sum()) for r in rounds)
+        return bool(self.gather(torch.tensor([kept])).min() < self.local)
+
+    def sample_generators(self, epoch: int, round_index: int, mine: slice) -> list[torch.Generator]:
+        """One generator per sample, seeded by (seed, epoch, round, global index): the same noise whatever the
+        process count."""
         device = self.accelerator.device
-        base = (self.config.seed * 1_000_003 + epoch) * 1_000_003
+        base = ((self.config.seed * 1_000_003 + epoch) * 1_000_003 + round_index) * 1_000_003
         total = mine.stop - mine.start
         return [torch.Generator(device=device).manual_seed((base + mine.start + i) % 2**63) for i in range(total)]
 
@@ -252,11 +286,15 @@ class Trainer:
         """Concatenate a per-process tensor over processes, in process order, on the CPU."""
         return self.accelerator.gather(tensor.contiguous().to(self.accelerator.device)).cpu()
 
+    @property
+    def local(self) -> int:
+        """Samples per process per round."""
+        return self.config.sample.batch_size * self.config.sample.num_batches_per_epoch
+
     def local_rows(self, tensor: torch.Tensor) -> torch.Tensor:
         """This process's rows of a tensor over the gathered batch, on its device as float32."""
-        local = self.config.sample.batch_size * self.config.sample.num_batches_per_epoch
         rank = self.accelerator.process_index
-        return tensor[rank * local : (rank + 1) * local].float().to(self.accelerator.device)
+        return tensor[rank * self.local : (rank + 1) * self.local].float().to(self.accelerator.device)
 
     def log(self, epoch: int, metrics: dict, batch: dict) -> None:
         if self.accelerator.is_main_process:

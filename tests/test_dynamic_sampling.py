@@ -1,0 +1,42 @@
+"""DAPO's dynamic sampling: constant-reward groups are dropped, more rounds fill the batch, the share is logged."""
+
+import torch
+
+from ddpo_group.dynamic_sampling import group_keep_mask, pool_rows
+from ddpo_group.rewards import REWARD_REGISTRY, register_reward
+from trainer_helpers import tiny_trainer
+
+if "test_half_constant" not in REWARD_REGISTRY:
+
+    @register_reward("test_half_constant")
+    def half_constant():
+        """Prompts of even length score 0 whatever the image (their groups carry no signal); others the image mean."""
+
+        def fn(images, prompts, metadata):
+            signal = torch.tensor([len(p) % 2 for p in prompts], dtype=torch.float64)
+            return signal * images.double().mean(dim=(1, 2, 3)), {}
+
+        return fn
+
+
+def test_keep_mask_and_pooling():
+    keep, share = group_keep_mask(torch.tensor([1.0, 1.0, 0.0, 2.0, 3.0, 3.0]), [0, 0, 1, 1, 2, 2])
+    assert keep.tolist() == [False, False, True, True, False, False] and share == 2 / 3
+    first = {"x": torch.arange(4), "prompts": list("abcd"), "log_probs": torch.zeros(4, 2), "reward_info": {}}
+    second = {"x": torch.arange(4) + 10, "prompts": list("efgh"), "log_probs": torch.zeros(4, 2), "reward_info": {}}
+    keeps = [torch.tensor([False, True, False, False]), torch.tensor([True, False, True, False])]
+    pooled = pool_rows([first, second], keeps, 4)
+    assert pooled["x"].tolist() == [1, 10, 12, 0] and pooled["prompts"] == ["b", "e", "g", "a"]
+    assert pooled["row_mask"].tolist() == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_trainer_drops_constant_groups_and_samples_more(tiny_model_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "dapo", **{
+        "reward_fn": "test_half_constant", "algorithm.filter_groups": True, "algorithm.max_num_gen_batches": 4,
+        "train.group_size": 2})
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    assert 0 < metrics["filter/dropped_share"] < 1
+    assert metrics["filter/rounds"] >= 2 and metrics["reward_count"] == 8 * metrics["filter/rounds"]
+    assert metrics["filter/batch_fill"] == 1.0 or metrics["filter/rounds"] == 4
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
