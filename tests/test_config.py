@@ -72,3 +72,58 @@ def test_command_line_overrides_apply():
         cwd=ROOT, capture_output=True, text=True, check=True,
     )
     assert out.stdout.split() == ["0.0001", "7", "False", "/some/path"]
+
+
+def test_presets_keep_the_issue_names_and_defaults():
+    for name in PRESETS:
+        config = get_config(name)
+        for field in ("adv_estimator", "policy_loss", "loss_agg_mode"):
+            assert field in config.algorithm
+        for field in ("group_size", "beta", "epsilon", "scale_rewards", "use_reference_model",
+                      "reference_model_mixup_alpha", "reference_update_freq"):
+            assert field in config.train
+        assert config.pretrained.model == "tiny-shapes" and config.reward_fn == "shapes_alignment"
+        assert config.prompt_fn == "tiny_shapes"
+    g = get_config("group_ppo").group_params  # GROUP_PPO.md's defaults
+    assert (g.group_variance_threshold, g.group_max_size, g.group_epsilon, g.adaptive_threshold, g.threshold_lr,
+            g.min_threshold, g.max_threshold, g.lam, g.target_explained_variance) == (1.0, 16, 1e-6, True, 0.01, 0.1,
+                                                                                      10.0, 1.0, 0.5)
+    expected = {"ddpo": "ddpo", "grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "grpo_passk": "grpo_passk",
+                "reinforce_pp": "reinforce_plus_plus", "remax": "remax", "ppo_gae": "gae", "group_ppo": "group_ppo"}
+    assert {name: get_config(name).algorithm.adv_estimator for name in PRESETS} == expected
+
+
+@pytest.mark.parametrize(
+    "preset, overrides, message",
+    [
+        ("grpo", {"train.group_size": 1}, r"adv_estimator='grpo' compares the samples of a prompt group and needs "
+                                          r"train.group_size >= 2 .* got train.group_size=1"),
+        ("group_ppo", {"train.group_size": 1}, r"'group_ppo' .* train.group_size >= 2"),
+        ("ddpo", {"algorithm.adv_estimator": "nope"}, r"algorithm.adv_estimator='nope' is unknown; registered: .*grpo"),
+        ("ddpo", {"algorithm.policy_loss": "nope"}, r"algorithm.policy_loss='nope' is unknown; registered: .*gspo"),
+        ("ddpo", {"algorithm.loss_agg_mode": "nope"}, r"algorithm.loss_agg_mode: unknown loss_agg_mode 'nope'"),
+        ("ddpo", {"train.beta": 0.1}, r"train.beta=0.1 asks for a KL term but train.use_reference_model=False"),
+        ("grpo", {"algorithm.kl_in_reward": True}, r"kl_in_reward=True needs a step-level estimator .*adv_estimator='grpo'"),
+        ("ppo_gae", {"algorithm.kl_in_reward": True}, r"kl_in_reward=True needs train.beta > 0"),
+        ("grpo", {"train.reference_model_mixup_alpha": 1.5}, r"reference_model_mixup_alpha=1.5 must be in \[0, 1\]"),
+        ("ddpo", {"train.reference_update_freq": 2}, r"reference_update_freq=2 updates a reference model, but "
+                                                     r"train.use_reference_model=False"),
+        ("rloo", {"train.scale_rewards": True}, r"train.scale_rewards=True contradicts algorithm.adv_estimator='rloo'"),
+        ("grpo", {"algorithm.kl_type": "nope"}, r"algorithm.kl_type='nope' must be one of"),
+        ("grpo", {"algorithm.kl_controller": "adaptive", "train.beta": 0.0}, r"needs an initial train.beta > 0"),
+        ("ppo_gae", {"algorithm.filter_groups": True}, r"filter_groups=True .* needs a group estimator"),
+        ("group_ppo", {"group_params.min_threshold": 5.0, "group_params.max_threshold": 1.0},
+         r"min_threshold <= group_params.max_threshold"),
+        ("group_ppo", {"group_params.group_max_size": 0}, r"group_params.group_max_size=0 must be >= 1"),
+        ("group_ppo", {"group_params.target_explained_variance": 0.0}, r"target_explained_variance=0.0 must be > 0"),
+        ("ppo_gae", {"critic.learning_rate": 0.0}, r"critic.learning_rate=0.0 must be > 0"),
+        ("ddpo", {"train.epsilon": -0.1}, r"train.epsilon=-0.1 \(the clip range\) must be > 0"),
+    ],
+)
+def test_algorithm_contradictions_are_named(preset, overrides, message):
+    config = get_config(preset)
+    for key, value in overrides.items():
+        section, _, field = key.rpartition(".")
+        config[section][field] = value
+    with pytest.raises(ConfigError, match=message):
+        validate_config(config)

@@ -61,3 +61,66 @@ def test_chunked_gradient_equals_per_timestep_loop(pairs_per_forward, guidance):
     for got, want in zip(chunked, [p.grad for p in unet.parameters()]):
         torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-6)
     assert any(g.abs().sum() > 0 for g in chunked)
+
+
+@pytest.mark.parametrize("loss_name, kl_type", [("vanilla", "gaussian"), ("gspo", "gaussian"), ("geo_mean", "k3"),
+                                                ("vanilla", "k1")])
+def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type):
+    """policy loss + beta * agg(KL): chunk-wise backward (vanilla) or gathered log-probs (gspo, geo_mean) equal the
+    registered loss on the whole batch's [b, T] matrix, whatever pairs_per_forward."""
+    from ddpo_group.algorithms import agg_loss, get_policy_loss
+    from ddpo_group.kl_term import reference_step, step_kl
+    from ddpo_group.model_setup import lora_config
+    from ddpo_group.reference import ReferenceModel
+
+    torch.manual_seed(0)
+    pipe = build_tiny_pipeline()
+    config = get_config("grpo")
+    config.sample.num_steps, config.train.clip_range, config.train.beta = 4, 0.2, 0.5
+    config.algorithm.policy_loss, config.algorithm.kl_type = loss_name, kl_type
+    config.algorithm.loss_agg_mode = "traj-mean-step-mean"
+    unet = pipe.unet
+    unet.requires_grad_(False)
+    unet.add_adapter(lora_config(config))
+    params = [p for p in unet.parameters() if p.requires_grad]
+    prompts = ["a cat", "a dog", "a cow"]
+    embeds, neg = encode_prompts(pipe, prompts), encode_prompts(pipe, [""])
+    traj = sample_with_logprob(pipe, embeds, neg.expand(3, -1, -1), 4, 5.0, 1.0, generator=torch.Generator().manual_seed(1))
+    batch = {
+        "prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
+        "log_probs": traj.log_probs, "timesteps": traj.timesteps,
+        "advantages": torch.tensor([[1.0], [-0.5], [2.0]]).expand(3, 4).clone(),
+    }
+    with torch.no_grad():  # policy away from the sampling policy and from the reference (base)
+        for p in params:
+            p.add_(0.05 * torch.randn_like(p))
+    step_mask = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float32)
+    rows = torch.tensor([2, 0, 1])
+    reference = ReferenceModel(unet, "base")
+    grads = []
+    for pairs in (1, 64):
+        config.train.pairs_per_forward = pairs
+        updater = PolicyUpdater(config, Accelerator(cpu=True), unet, pipe.scheduler, None, params, neg, reference=reference)
+        unet.zero_grad()
+        metrics = updater.accumulate_gradients(batch, rows, step_mask)
+        assert metrics["kl"] != 0  # k1 may be negative on transitions sampled by another policy
+        grads.append([p.grad.clone() for p in params])
+
+    # direct: every trained pair in one forward, the registered loss on the [b, T] matrix
+    unet.zero_grad()
+    r, n = step_mask.nonzero(as_tuple=True)
+    args = (batch["latents"][rows[r], n], batch["next_latents"][rows[r], n], batch["timesteps"][rows[r], n],
+            embeds[rows[r]], neg.expand(len(r), -1, -1), 5.0, 1.0)
+    out = step_log_prob(unet, pipe.scheduler, *args)
+    kl = step_kl(out, reference_step(reference, unet, pipe.scheduler, *args), kl_type)
+    old = batch["log_probs"][rows]
+    lp = old.clone().index_put((r, n), out.log_prob)
+    kl_mat = torch.zeros(3, 4).index_put((r, n), kl)
+    loss, _ = get_policy_loss(loss_name)(old, lp, batch["advantages"][rows], step_mask, "traj-mean-step-mean",
+                                         clip_low=0.2, clip_high=0.2)
+    (loss + 0.5 * agg_loss(kl_mat, step_mask, "traj-mean-step-mean")).backward()
+    direct = [p.grad for p in params]
+    for chunked, whole, want in zip(grads[0], grads[1], direct):
+        torch.testing.assert_close(chunked, want, rtol=1e-3, atol=1e-7)
+        torch.testing.assert_close(whole, want, rtol=1e-3, atol=1e-7)
+    assert any(g.abs().sum() > 0 for g in direct)
