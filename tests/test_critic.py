@@ -1,0 +1,72 @@
+"""The critic: values for every step while sampling, clipped value regression under its own mask."""
+
+import torch
+from accelerate import Accelerator
+
+from ddpo_group.critic import Critic, ValueNetwork
+from ddpo_group.kl_term import rollout_kl
+from trainer_helpers import tiny_config, tiny_trainer
+
+
+def fake_batch(B=8, T=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "latents": torch.randn(B, T, 4, 8, 8, generator=g),
+        "timesteps": torch.linspace(900, 100, T).long().expand(B, T).clone(),
+        "prompt_embeds": torch.randn(B, 16, 32, generator=g),
+        "values": torch.zeros(B, T),
+    }
+
+
+def test_value_network_shapes():
+    net = ValueNetwork(4, 32, hidden_dim=16)
+    out = net(torch.randn(6, 4, 8, 8), torch.tensor([999, 500, 1, 0, 10, 20]), torch.randn(6, 16, 32))
+    assert out.shape == (6,) and out.dtype == torch.float32
+
+
+def test_critic_regresses_its_targets_under_its_mask():
+    torch.manual_seed(0)
+    config = tiny_config("ppo_gae", "unused", "unused", **{"critic.cliprange_value": None, "critic.learning_rate": 3e-3})
+    critic = Critic(config, Accelerator(cpu=True), 4, 32)
+    batch = fake_batch()
+    targets = batch["latents"].mean(dim=(2, 3, 4)) * 3 + 1.0  # a learnable function of the latent
+    mask = torch.zeros(8, 5)
+    mask[:, 2] = 1  # endpoints only: the other entries never enter the loss, even as NaN
+    targets = torch.where(mask > 0, targets, torch.full_like(targets, float("nan")))
+    first = critic.train_epoch(batch, targets, mask, batch_size=4)["critic/value_loss"]
+    for _ in range(150):
+        last = critic.train_epoch(batch, targets, mask, batch_size=4)["critic/value_loss"]
+    assert torch.isfinite(torch.tensor(last)) and last < 0.2 * first
+    # values while sampling: one per pre-step latent, from the same network
+    fn = critic.value_fn(batch["prompt_embeds"][:2])
+    values = fn(batch["latents"][:2, 2], batch["timesteps"][:2, 2])
+    with torch.no_grad():
+        want = critic.module(batch["latents"][:2, 2], batch["timesteps"][:2, 2], batch["prompt_embeds"][:2])
+    torch.testing.assert_close(values, want)
+
+
+def test_sampling_records_critic_values_for_every_step(tiny_model_dir, tmp_path):
+    trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "values")
+    round0 = trainer.sample_round(0, 0)
+    values = round0.batch["values"]
+    assert values.shape == (8, 4)
+    with torch.no_grad():
+        b = round0.batch
+        want = trainer.critic.module(b["latents"][:, 1], b["timesteps"][:, 1], b["prompt_embeds"])
+    torch.testing.assert_close(values[:, 1], want, rtol=1e-5, atol=1e-6)
+    # the critic mask of group_ppo is the estimator's endpoint mask (local rows)
+    torch.testing.assert_close(b["critic_mask"], round0.out.endpoint_mask.float())
+    trainer.executor.shutdown()
+
+
+def test_kl_in_reward_is_zero_for_the_initial_policy_and_positive_after_it_moves(tiny_model_dir, tmp_path):
+    trainer = tiny_trainer("reinforce_pp", tiny_model_dir, tmp_path, "klr")
+    round0 = trainer.sample_round(0, 0)
+    assert torch.equal(round0.gathered["step_rewards"], torch.zeros(8, 4))
+    with torch.no_grad():
+        for p in trainer.updater.params:
+            p.add_(0.05 * torch.randn_like(p))
+    kl = rollout_kl(round0.batch, trainer.pipe.unet, trainer.reference, trainer.pipe.scheduler,
+                    trainer.negative_prompt_embeds, 5.0, 1.0, "gaussian", "mean", 3)
+    assert kl.shape == (8, 4) and bool((kl > 0).all())
+    trainer.executor.shutdown()
