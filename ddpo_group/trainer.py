@@ -179,6 +179,7 @@ class Trainer:
             "global_step": self.state.global_step,
             "reward_mean": float(rewards.mean()),
             "reward_count": int(rewards.numel()),
+            "reward_queries": sum(r.reward_queries for r in rounds),  # every reward evaluation of the epoch
             "reward_std": float(rewards.std(unbiased=False)),
             **{f"train/{k}": v for k, v in train_metrics.items()},
             **{k: float(v) for k, v in out.metrics.items()},
@@ -247,8 +248,11 @@ class Trainer:
         keep, dropped_share = group_keep_mask(gathered["rewards"], groups)
         if not config.algorithm.filter_groups:
             keep = torch.ones_like(keep)
+        queries = len(groups)
+        if "greedy_rewards" in extra:  # ReMax's greedy samples are reward queries too
+            queries += int(self.gather(torch.tensor([len(set(groups[mine]))])).sum())
         return SimpleNamespace(batch=batch, out=out, gathered=gathered, keep=keep, dropped_share=dropped_share,
-                               num_groups=len(set(groups)))
+                               num_groups=len(set(groups)), reward_queries=queries)
 
     def short_of_kept_rows(self, rounds: list) -> bool:
         """True while some process holds fewer than a batch of rows from groups with reward variance."""

@@ -13,6 +13,7 @@ def test_preset_runs_one_epoch_and_changes_weights(preset, tiny_model_dir, tmp_p
     before = [p.detach().clone() for p in trainer.updater.params]
     metrics = trainer.run()
     assert metrics["reward_count"] == 8 and metrics["global_step"] == 2
+    assert metrics["reward_queries"] == (16 if preset == "remax" else 8)  # remax: + one greedy sample per group
     changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
     assert changed > len(before) // 2, f"{preset}: only {changed} of {len(before)} trained tensors changed"
     for key in ("adv/mean", "train/policy_loss", "train/grad_norm"):
