@@ -78,7 +78,12 @@ class Critic:
     def value_fn(self, text_embeds: torch.Tensor):
         """value_fn(x_n, t_n) -> [B] for sample_with_logprob, for one batch's text embeddings."""
         module = self.module
-        return lambda latents, timesteps: module(latents, timesteps, text_embeds)
+
+        def value_fn(latents, timesteps):
+            with torch.autocast(device_type=latents.device.type, enabled=False):  # float32, as in training
+                return module(latents, timesteps, text_embeds)
+
+        return value_fn
 
     def train_epoch(self, batch: dict, targets: torch.Tensor, mask: torch.Tensor, batch_size: int) -> dict:
         """``critic.num_updates`` passes of clipped value regression over the local samples.
