@@ -6,7 +6,6 @@ Field names follow ddpo-pytorch where it has them.
 """
 
 import ml_collections
-from ml_collections import config_dict
 
 
 def base() -> ml_collections.ConfigDict:
@@ -57,18 +56,37 @@ def base() -> ml_collections.ConfigDict:
     train.timestep_fraction = 1.0
     train.pairs_per_forward = 32  # (sample, step) pairs per training forward
     train.group_size = 1  # samples per prompt per epoch (copies spread over processes and batches)
-    train.epsilon = config_dict.placeholder(float)  # PPO clip range; None: train.clip_range (ddpo-pytorch's name)
-    train.scale_rewards = True  # divide group-relative advantages by the group std (grpo, grpo_passk, group_ppo)
-    train.beta = 0.0  # KL coefficient: loss = policy loss + beta * agg(per-step KL to the reference)
-    train.use_reference_model = False  # LoRA: base model with adapters disabled; full fine-tuning: a frozen copy
-    train.reference_model_mixup_alpha = 1.0  # theta_ref <- alpha * theta_policy + (1 - alpha) * theta_ref
-    train.reference_update_freq = 0  # epochs between reference updates (0: never, the reference stays frozen)
+    # KL to a reference model and GRPO-family options (fields only here; see ALGORITHMS.md)
+    train.beta = 0.0  # weight of the KL term to the reference model
+    train.epsilon = 1e-4  # clip range of the GRPO-family losses
+    train.scale_rewards = True  # divide group advantages by the group std
+    train.use_reference_model = False
+    train.reference_model_mixup_alpha = 1.0  # theta_ref <- alpha * theta + (1 - alpha) * theta_ref
+    train.reference_update_freq = 0  # epochs between reference updates (0: never)
+    # one clip range, two names: train.epsilon (GRPO family) is train.clip_range (ddpo-pytorch); setting either sets both
+    train.epsilon = train.get_ref("clip_range")
+    # LoRA: the reference is the base model with adapters disabled, or (reference_update_freq > 0) a second
+    # adapter mixed every F epochs; full fine-tuning: a frozen copy of the UNet (ALGORITHMS.md, ddpo_group/reference.py)
 
     # ---- algorithm ----
     config.algorithm = algorithm = ml_collections.ConfigDict()
     algorithm.adv_estimator = "ddpo"
     algorithm.policy_loss = "vanilla"
     algorithm.loss_agg_mode = "step-mean"
+
+    # ---- GROUP_PPO (GROUP_PPO.md) ----
+    config.group_params = group = ml_collections.ConfigDict()
+    group.group_variance_threshold = 1.0
+    group.group_max_size = 16
+    group.group_epsilon = 1e-6
+    group.adaptive_threshold = True
+    group.threshold_lr = 0.01
+    group.min_threshold = 0.1
+    group.max_threshold = 10.0
+    group.lam = 1.0  # lambda over segments (1: Monte-Carlo return with a critic baseline)
+    group.target_explained_variance = 0.5  # the critic quality the threshold controller aims for
+
+    # ---- algorithm: KL, estimators' parameters, dynamic sampling ----
     algorithm.clip_ratio_c = 3.0  # dual clip for negative advantages (vanilla, gspo)
     algorithm.kl_type = "gaussian"  # analytic KL of the two step Gaussians; or k1, abs, k2, k3 (log-prob estimators)
     algorithm.kl_in_reward = False  # r_n -= beta * KL_n before the advantage (step-level estimators only)
@@ -84,18 +102,6 @@ def base() -> ml_collections.ConfigDict:
     algorithm.filter_groups = False
     algorithm.max_num_gen_batches = 4  # sampling rounds per epoch at most (the batch may stay short)
 
-    # ---- GROUP_PPO (GROUP_PPO.md) ----
-    config.group_params = group = ml_collections.ConfigDict()
-    group.group_variance_threshold = 1.0
-    group.group_max_size = 16
-    group.group_epsilon = 1e-6
-    group.adaptive_threshold = True
-    group.threshold_lr = 0.01
-    group.min_threshold = 0.1
-    group.max_threshold = 10.0
-    group.lam = 1.0
-    group.target_explained_variance = 0.5
-
     # ---- critic V(latent, timestep, text) (ppo_gae, group_ppo) ----
     config.critic = critic = ml_collections.ConfigDict()
     critic.hidden_dim = 64
@@ -108,7 +114,7 @@ def base() -> ml_collections.ConfigDict:
     # ---- prompts and rewards ----
     config.prompt_fn = "tiny_shapes"
     config.prompt_fn_kwargs = ml_collections.ConfigDict()
-    config.reward_fn = "shapes_alignment"
+    config.reward_fn = "jpeg_compressibility"
     config.reward_fn_kwargs = ml_collections.ConfigDict()
 
     # ---- DDPO's per-prompt stat tracking (buffer mode) ----
@@ -125,16 +131,25 @@ def base() -> ml_collections.ConfigDict:
     return config
 
 
+def preset_base() -> ml_collections.ConfigDict:
+    """What every preset starts from: the base with the embedded model's alignment reward and prompts."""
+    config = base()
+    config.pretrained.model = "tiny-shapes"
+    config.reward_fn = "shapes_alignment"
+    config.prompt_fn = "tiny_shapes"
+    return config
+
+
 def ddpo() -> ml_collections.ConfigDict:
     """DDPO (Black et al.): per-prompt stat tracker advantages, clipped PPO loss on every step."""
-    config = base()
+    config = preset_base()
     config.algorithm.adv_estimator = "ddpo"
     return config
 
 
 def grpo() -> ml_collections.ConfigDict:
     """GRPO (Flow-GRPO): group-normalised advantages (R - mean_g) / std_g, KL to the frozen base model."""
-    config = base()
+    config = preset_base()
     config.algorithm.adv_estimator = "grpo"
     config.train.group_size = 8
     config.train.beta = 0.004
@@ -144,7 +159,7 @@ def grpo() -> ml_collections.ConfigDict:
 
 def dr_grpo() -> ml_collections.ConfigDict:
     """Dr.GRPO: R - mean_g without the std division, sum over steps normalised by the constant T."""
-    config = base()
+    config = preset_base()
     config.algorithm.adv_estimator = "dr_grpo"
     config.algorithm.loss_agg_mode = "traj-mean-step-sum-norm"
     config.train.group_size = 8
@@ -154,7 +169,7 @@ def dr_grpo() -> ml_collections.ConfigDict:
 
 def rloo() -> ml_collections.ConfigDict:
     """RLOO: leave-one-out baseline G/(G-1) * (R - mean_g)."""
-    config = base()
+    config = preset_base()
     config.algorithm.adv_estimator = "rloo"
     config.train.group_size = 8
     config.train.scale_rewards = False
@@ -163,7 +178,7 @@ def rloo() -> ml_collections.ConfigDict:
 
 def grpo_passk() -> ml_collections.ConfigDict:
     """Pass@k GRPO: only the best sample of a group learns, with r_max - r_second / std_g."""
-    config = base()
+    config = preset_base()
     config.algorithm.adv_estimator = "grpo_passk"
     config.train.group_size = 8
     return config
@@ -171,7 +186,7 @@ def grpo_passk() -> ml_collections.ConfigDict:
 
 def reinforce_pp() -> ml_collections.ConfigDict:
     """REINFORCE++: per-step returns with the KL to the reference in the reward, whitened over the batch."""
-    config = base()
+    config = preset_base()
     config.algorithm.adv_estimator = "reinforce_plus_plus"
     config.algorithm.kl_in_reward = True
     config.train.beta = 0.01
@@ -181,21 +196,21 @@ def reinforce_pp() -> ml_collections.ConfigDict:
 
 def remax() -> ml_collections.ConfigDict:
     """ReMax: R - R_greedy, the reward of a greedy (eta = 0) sample of the same prompt."""
-    config = base()
+    config = preset_base()
     config.algorithm.adv_estimator = "remax"
     return config
 
 
 def ppo_gae() -> ml_collections.ConfigDict:
     """PPO with a critic and GAE(gamma, lambda) over the denoising steps, whitened; critic on every step."""
-    config = base()
+    config = preset_base()
     config.algorithm.adv_estimator = "gae"
     return config
 
 
 def group_ppo() -> ml_collections.ConfigDict:
     """GROUP_PPO (GROUP_PPO.md): dynamic step groups per prompt group, critic at the endpoints, adaptive tau."""
-    config = base()
+    config = preset_base()
     config.algorithm.adv_estimator = "group_ppo"
     config.train.group_size = 8
     config.train.scale_rewards = False  # GROUP_PPO.md: optional; the lam = 1 limit is R - u_start

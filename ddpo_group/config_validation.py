@@ -136,8 +136,8 @@ def algorithm_errors(config) -> list[str]:
             f"train.scale_rewards=True contradicts algorithm.adv_estimator={estimator!r}, which never divides by "
             f"the group std (set train.scale_rewards=False, or use grpo)"
         )
-    epsilon = t.get("epsilon")
-    need(epsilon is None or epsilon > 0, f"train.epsilon={epsilon} (the clip range) must be > 0")
+    epsilon = t.get("epsilon", t.clip_range)
+    need(epsilon > 0, f"train.epsilon={epsilon} (the clip range) must be > 0")
     need(a.clip_ratio_c is None or a.clip_ratio_c > 1, f"algorithm.clip_ratio_c={a.clip_ratio_c} must be > 1 (or None)")
 
     # ---- KL and reference ----

@@ -39,8 +39,7 @@ class PolicyUpdater:
         self.config = config
         self.reference = reference  # ReferenceModel or None (no KL term)
         self.beta = float(config.train.beta)  # the trainer sets it every epoch (adaptive KL controller)
-        epsilon = config.train.get("epsilon")
-        self.clip_range = float(config.train.clip_range if epsilon is None else epsilon)
+        self.clip_range = float(config.train.get("epsilon", config.train.clip_range))  # the same field (config/base.py)
         self.accelerator = accelerator
         self.unet = unet
         self.scheduler = scheduler

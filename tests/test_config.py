@@ -127,3 +127,16 @@ def test_algorithm_contradictions_are_named(preset, overrides, message):
         config[section][field] = value
     with pytest.raises(ConfigError, match=message):
         validate_config(config)
+
+
+def test_epsilon_and_clip_range_are_one_field_on_the_command_line():
+    code = (
+        "import sys; from absl import flags; from ml_collections import config_flags;"
+        "c = config_flags.DEFINE_config_file('config');"
+        "flags.FLAGS(sys.argv);"
+        "print(c.value.train.epsilon, c.value.train.clip_range, c.value.reward_fn, c.value.preset)"
+    )
+    for flag in ("--config.train.clip_range=0.2", "--config.train.epsilon=0.2"):
+        out = subprocess.run([sys.executable, "-c", code, "--config=config/base.py:grpo", flag],
+                             cwd=ROOT, capture_output=True, text=True, check=True)
+        assert out.stdout.split() == ["0.2", "0.2", "shapes_alignment", "grpo"]
