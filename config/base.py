@@ -66,7 +66,7 @@ def base() -> ml_collections.ConfigDict:
     # ---- prompts and rewards ----
     config.prompt_fn = "tiny_shapes"
     config.prompt_fn_kwargs = ml_collections.ConfigDict()
-    config.reward_fn = "jpeg_compressibility"
+    config.reward_fn = "shapes_alignment"  # the embedded model's prompt alignment (classifier judge)
     config.reward_fn_kwargs = ml_collections.ConfigDict()
 
     # ---- DDPO's per-prompt stat tracking (buffer mode) ----
