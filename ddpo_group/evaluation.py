@@ -30,8 +30,14 @@ def find_run_config(path: str | Path, levels: int = 4) -> tuple[dict | None, Pat
     """The config.json of the run that ``path`` (run, checkpoint or LoRA directory) belongs to, and its run dir."""
     path = Path(path).resolve()
     for candidate in [path, *path.parents][: levels + 1]:
-        if (candidate / "config.json").is_file():
-            return json.loads((candidate / "config.json").read_text()), candidate
+        file = candidate / "config.json"
+        if file.is_file():
+            try:
+                config = json.loads(file.read_text())
+            except ValueError:
+                continue
+            if isinstance(config, dict) and {"pretrained", "sample", "reward_fn"} <= set(config):  # a run's, not a model's
+                return config, candidate
     return None, None
 
 

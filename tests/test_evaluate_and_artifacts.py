@@ -121,3 +121,44 @@ def test_short_run_artifacts_lora_export_and_evaluate(tiny_model_dir, tmp_path):
     grid = Image.open(tmp_path / "eval" / "grid.png")
     assert grid.size == (4 * 96, 3 * (96 + 24))  # 3 prompt rows x (2 base + 2 fine-tuned) columns
     assert "reward" in out.stdout and "difference" in out.stdout
+
+
+@pytest.mark.parametrize("use_lora", [False, True])
+def test_checkpoint_without_lora_export_loads_its_weights(tiny_model_dir, tmp_path, use_lora):
+    """Full fine-tuning checkpoints (and LoRA ones written without lora/) load from model.safetensors."""
+    from diffusers import StableDiffusionPipeline
+    from peft import LoraConfig
+    from safetensors.torch import save_file
+
+    from ddpo_group.evaluation import find_run_config
+    from ddpo_group.model_setup import LORA_TARGET_MODULES
+
+    load = lambda: StableDiffusionPipeline.from_pretrained(tiny_model_dir, safety_checker=None,  # noqa: E731
+                                                           requires_safety_checker=False)
+    tuned = load()
+    if use_lora:
+        tuned.unet.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=LORA_TARGET_MODULES))
+    with torch.no_grad():
+        for name, param in tuned.unet.named_parameters():
+            if not use_lora or "lora_" in name:
+                param.add_(torch.randn_like(param) * 0.05)
+    run = tmp_path / "run"
+    checkpoint = run / "checkpoints" / "checkpoint_00003"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "COMPLETE").write_text("epoch 3\n")
+    save_file({k: v.contiguous() for k, v in tuned.unet.state_dict().items()}, str(checkpoint / "model.safetensors"))
+    config = {"pretrained": {"model": tiny_model_dir}, "sample": {}, "reward_fn": "jpeg_compressibility", "lora_rank": 2}
+    (run / "config.json").write_text(json.dumps(config))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "not a run config"}))
+
+    assert find_run_config(checkpoint) == (config, run.resolve())
+    assert find_run_config(tmp_path) == (None, None)
+    assert resolve_finetuned(run) == ("weights", checkpoint)
+    loaded = load()
+    load_finetuned_weights(loaded, checkpoint, config)
+    x = torch.randn(1, 4, 8, 8)
+    text = torch.randn(1, 16, 32)
+    with torch.no_grad():
+        expected = tuned.unet(x, 10, encoder_hidden_states=text).sample
+        torch.testing.assert_close(loaded.unet(x, 10, encoder_hidden_states=text).sample, expected)
+        assert (load().unet(x, 10, encoder_hidden_states=text).sample - expected).abs().max() > 1e-4

@@ -42,11 +42,14 @@ def test_reward_plugin_loaded_by_module_path(plugin_module):
     fn = make_reward_fn("my_plugin_mod:make_mean_reward", scale=2.0)
     rewards, info = fn(images, ["ab", "abcd"], [{}, {}])
     assert rewards.tolist() == [0.5, 1.0]
+    # kwargs may also be nested under the reward's name, as for a combination
+    nested = make_reward_fn("my_plugin_mod:make_mean_reward", **{"my_plugin_mod:make_mean_reward": {"scale": 4.0}})
+    assert nested(images, ["ab", "abcd"], [{}, {}])[0].tolist() == [1.0, 2.0]
     assert info["length"].tolist() == [2.0, 4.0]
     import my_plugin_mod
 
     fn(images, ["a", "b"], [{}, {}])
-    assert my_plugin_mod.LOADS == [2.0]  # the factory ran once
+    assert my_plugin_mod.LOADS == [2.0, 4.0]  # each factory ran once
 
 
 def test_reward_plugin_loaded_by_file_path(plugin_module):

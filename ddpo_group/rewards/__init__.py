@@ -39,11 +39,12 @@ def make_reward_fn(spec, **kwargs) -> RewardFn:
     combination ``{"name": weight}`` (a mapping or its JSON/Python literal; ``kwargs`` are then
     given per component: ``{"name": {...}}``).
     """
-    from ddpo_group.rewards.combine import make_combined_reward, parse_reward_spec
+    from ddpo_group.rewards.combine import make_combined_reward, parse_reward_spec, split_kwargs
 
     components = parse_reward_spec(spec)
-    if isinstance(spec, str) and not spec.lstrip().startswith("{"):
-        return get_reward_factory(spec.strip())(**kwargs)
+    if isinstance(spec, str) and not spec.lstrip().startswith("{"):  # one factory: its info is logged as is
+        (name,) = components
+        return get_reward_factory(name)(**split_kwargs(components, kwargs)[name])
     return make_combined_reward(components, kwargs)
 
 
