@@ -187,3 +187,26 @@ def test_component_error_names_the_component(plugin_module, tmp_path):
     fn = make_reward_fn({"jpeg_compressibility": 1.0, "bad_reward_mod:make": 1.0})
     with pytest.raises(ValueError, match=r"reward function 'make' returned non-finite rewards"):
         fn(torch.zeros(2, 3, 4, 4), ["a", "b"], [{}, {}])
+
+
+def test_entry_point_of_an_installed_distribution(tmp_path, monkeypatch):
+    """A real (if minimal) installed distribution: a .dist-info with entry_points.txt on sys.path."""
+    (tmp_path / "tiny_reward_pkg.py").write_text(
+        "import torch\n"
+        "def make(offset=0.0):\n"
+        "    return lambda images, prompts, metadata: (torch.arange(len(prompts), dtype=torch.float64) + offset, {})\n"
+        "def prompt(rng=None):\n"
+        "    return 'from a package', {}\n"
+    )
+    info = tmp_path / "tiny_reward_pkg-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-reward-pkg\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[ddpo_group.rewards]\ntiny_index_reward = tiny_reward_pkg:make\n\n"
+        "[ddpo_group.prompts]\ntiny_pkg_prompt = tiny_reward_pkg:prompt\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "tiny_index_reward" in plugins.entry_point_names("ddpo_group.rewards")
+    rewards, _ = make_reward_fn("tiny_index_reward", offset=0.5)(torch.zeros(3, 3, 2, 2), ["a"] * 3, [{}] * 3)
+    assert rewards.tolist() == [0.5, 1.5, 2.5]
+    assert PromptSampler("tiny_pkg_prompt").sample(2)[0] == ["from a package"] * 2
