@@ -149,6 +149,21 @@ def test_wrong_answers_and_bad_settings(serve):
     fn = make_reward_fn("http", url=served.url, retries=0)
     with pytest.raises(RewardServerError, match=r"returned \(3,\) rewards for a batch of 2 images"):
         fn(torch.rand(2, 3, 4, 4), ["a", "b"], [{}, {}])
+
+    class Html(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"<html>proxy error</html>")
+
+        def log_message(self, *args):
+            pass
+
+    html = make_reward_fn("http", url=serve(Html).url, retries=0)
+    with pytest.raises(RewardServerError, match=r"not a JSON/msgpack object .*<html>proxy error"):
+        html(torch.rand(1, 3, 4, 4), ["a"], [{}])
     with pytest.raises(ValueError, match=r"url='' must be an http"):
         make_reward_fn("http")
     with pytest.raises(ValueError, match=r"format='xml' must be one of"):

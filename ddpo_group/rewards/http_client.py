@@ -137,7 +137,14 @@ class RewardClient:
             last = attempt == attempts - 1
             try:
                 with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    payload = decode(response.read(), format_of(response.headers.get("Content-Type")))
+                    body, content_type = response.read(), response.headers.get("Content-Type")
+                try:
+                    payload = decode(body, format_of(content_type))
+                except ValueError as error:  # includes JSON and msgpack decoding errors
+                    raise RewardServerError(
+                        f"reward server {self.url} answered a body that is not a JSON/msgpack object "
+                        f"(Content-Type {content_type!r}): {error}; first bytes: {body[:100]!r}"
+                    ) from None
                 return self._parse(payload, len(prompts))
             except urllib.error.HTTPError as error:
                 detail = error.read()[:500].decode("utf-8", "replace")
