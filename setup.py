@@ -23,5 +23,8 @@ setup(
         "absl-py",
         "matplotlib",
     ],
-    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+    extras_require={
+        "test": ["pytest>=7", "hypothesis>=6", "msgpack>=1.0"],
+        "msgpack": ["msgpack>=1.0"],  # format="msgpack" of the HTTP reward client
+    },
 )

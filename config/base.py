@@ -6,6 +6,7 @@ Field names follow ddpo-pytorch where it has them.
 """
 
 import ml_collections
+from ml_collections.config_dict import FieldReference
 
 
 def base() -> ml_collections.ConfigDict:
@@ -56,6 +57,13 @@ def base() -> ml_collections.ConfigDict:
     train.timestep_fraction = 1.0
     train.pairs_per_forward = 32  # (sample, step) pairs per training forward
     train.group_size = 1  # samples per prompt per epoch (copies spread over processes and batches)
+    # KL to a reference model and GRPO-family options (fields only here; see ALGORITHMS.md)
+    train.beta = 0.0  # weight of the KL term to the reference model
+    train.epsilon = 1e-4  # clip range of the GRPO-family losses
+    train.scale_rewards = True  # divide group advantages by the group std
+    train.use_reference_model = False
+    train.reference_model_mixup_alpha = 1.0  # theta_ref <- alpha * theta + (1 - alpha) * theta_ref
+    train.reference_update_freq = 0  # epochs between reference updates (0: never)
 
     # ---- algorithm ----
     config.algorithm = algorithm = ml_collections.ConfigDict()
@@ -63,10 +71,26 @@ def base() -> ml_collections.ConfigDict:
     algorithm.policy_loss = "vanilla"
     algorithm.loss_agg_mode = "step-mean"
 
+    # ---- GROUP_PPO (GROUP_PPO.md) ----
+    config.group_params = group = ml_collections.ConfigDict()
+    group.group_variance_threshold = 1.0
+    group.group_max_size = 16
+    group.group_epsilon = 1e-6
+    group.adaptive_threshold = True
+    group.threshold_lr = 0.01
+    group.min_threshold = 0.1
+    group.max_threshold = 10.0
+
     # ---- prompts and rewards ----
+    # prompt_fn / reward_fn: a registered name, "package.module:function", or an installed plugin's
+    # entry point (groups ddpo_group.prompts / ddpo_group.rewards). reward_fn may also be a weighted
+    # combination {"name": weight, ...}: on the command line
+    #   --config.reward_fn='{"jpeg_compressibility": 1.0, "shapes_alignment": 2.0}'
+    # with per-component factory arguments --config.reward_fn_kwargs='{"shapes_alignment": {...}}'.
     config.prompt_fn = "tiny_shapes"
     config.prompt_fn_kwargs = ml_collections.ConfigDict()
-    config.reward_fn = "shapes_alignment"  # the embedded model's prompt alignment (classifier judge)
+    # the embedded model's prompt alignment (classifier judge); a name or {name: weight}
+    config.reward_fn = FieldReference("shapes_alignment", field_type=object)
     config.reward_fn_kwargs = ml_collections.ConfigDict()
 
     # ---- DDPO's per-prompt stat tracking (buffer mode) ----
@@ -80,6 +104,7 @@ def base() -> ml_collections.ConfigDict:
     wandb.project = "ddpo-group"
     wandb.entity = ""
     config.log_images_every = 1  # epochs between image grids (0: never)
+    config.export_lora = True  # with use_lora: diffusers-format LoRA in <run>/lora and in every checkpoint
     return config
 
 
