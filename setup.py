@@ -6,7 +6,7 @@ setup(
     description="Reinforcement-learning fine-tuning of diffusion models: DDPO, the GRPO family, PPO/GAE and GROUP_PPO",
     packages=find_packages(include=["ddpo_group", "ddpo_group.*"]),
     include_package_data=True,
-    package_data={"ddpo_group": ["models/tiny_shapes/**/*", "models/tiny_shapes/*", "assets/*"]},
+    package_data={"ddpo_group": ["models/tiny_shapes/*", "models/tiny_shapes/*/*", "models/tiny_shapes_classifier/*", "assets/*"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.1,<3",
@@ -23,5 +23,8 @@ setup(
         "absl-py",
         "matplotlib",
     ],
-    extras_require={"test": ["pytest>=7", "hypothesis>=6"]},
+    extras_require={
+        "test": ["pytest>=7", "hypothesis>=6", "msgpack>=1.0"],
+        "msgpack": ["msgpack>=1.0"],  # format="msgpack" of the HTTP reward client
+    },
 )

@@ -6,6 +6,7 @@ Field names follow ddpo-pytorch where it has them.
 """
 
 import ml_collections
+from ml_collections.config_dict import FieldReference
 
 
 def base() -> ml_collections.ConfigDict:
@@ -112,9 +113,15 @@ def base() -> ml_collections.ConfigDict:
     critic.max_grad_norm = 1.0
 
     # ---- prompts and rewards ----
+    # prompt_fn / reward_fn: a registered name, "package.module:function", or an installed plugin's
+    # entry point (groups ddpo_group.prompts / ddpo_group.rewards). reward_fn may also be a weighted
+    # combination {"name": weight, ...}: on the command line
+    #   --config.reward_fn='{"jpeg_compressibility": 1.0, "shapes_alignment": 2.0}'
+    # with per-component factory arguments --config.reward_fn_kwargs='{"shapes_alignment": {...}}'.
     config.prompt_fn = "tiny_shapes"
     config.prompt_fn_kwargs = ml_collections.ConfigDict()
-    config.reward_fn = "jpeg_compressibility"
+    # the embedded model's prompt alignment (classifier judge); a name or {name: weight}
+    config.reward_fn = FieldReference("shapes_alignment", field_type=object)
     config.reward_fn_kwargs = ml_collections.ConfigDict()
 
     # ---- DDPO's per-prompt stat tracking (buffer mode) ----
@@ -128,28 +135,20 @@ def base() -> ml_collections.ConfigDict:
     wandb.project = "ddpo-group"
     wandb.entity = ""
     config.log_images_every = 1  # epochs between image grids (0: never)
-    return config
-
-
-def preset_base() -> ml_collections.ConfigDict:
-    """What every preset starts from: the base with the embedded model's alignment reward and prompts."""
-    config = base()
-    config.pretrained.model = "tiny-shapes"
-    config.reward_fn = "shapes_alignment"
-    config.prompt_fn = "tiny_shapes"
+    config.export_lora = True  # with use_lora: diffusers-format LoRA in <run>/lora and in every checkpoint
     return config
 
 
 def ddpo() -> ml_collections.ConfigDict:
     """DDPO (Black et al.): per-prompt stat tracker advantages, clipped PPO loss on every step."""
-    config = preset_base()
+    config = base()
     config.algorithm.adv_estimator = "ddpo"
     return config
 
 
 def grpo() -> ml_collections.ConfigDict:
     """GRPO (Flow-GRPO): group-normalised advantages (R - mean_g) / std_g, KL to the frozen base model."""
-    config = preset_base()
+    config = base()
     config.algorithm.adv_estimator = "grpo"
     config.train.group_size = 8
     config.train.beta = 0.004
@@ -159,7 +158,7 @@ def grpo() -> ml_collections.ConfigDict:
 
 def dr_grpo() -> ml_collections.ConfigDict:
     """Dr.GRPO: R - mean_g without the std division, sum over steps normalised by the constant T."""
-    config = preset_base()
+    config = base()
     config.algorithm.adv_estimator = "dr_grpo"
     config.algorithm.loss_agg_mode = "traj-mean-step-sum-norm"
     config.train.group_size = 8
@@ -169,7 +168,7 @@ def dr_grpo() -> ml_collections.ConfigDict:
 
 def rloo() -> ml_collections.ConfigDict:
     """RLOO: leave-one-out baseline G/(G-1) * (R - mean_g)."""
-    config = preset_base()
+    config = base()
     config.algorithm.adv_estimator = "rloo"
     config.train.group_size = 8
     config.train.scale_rewards = False
@@ -178,7 +177,7 @@ def rloo() -> ml_collections.ConfigDict:
 
 def grpo_passk() -> ml_collections.ConfigDict:
     """Pass@k GRPO: only the best sample of a group learns, with r_max - r_second / std_g."""
-    config = preset_base()
+    config = base()
     config.algorithm.adv_estimator = "grpo_passk"
     config.train.group_size = 8
     return config
@@ -186,7 +185,7 @@ def grpo_passk() -> ml_collections.ConfigDict:
 
 def reinforce_pp() -> ml_collections.ConfigDict:
     """REINFORCE++: per-step returns with the KL to the reference in the reward, whitened over the batch."""
-    config = preset_base()
+    config = base()
     config.algorithm.adv_estimator = "reinforce_plus_plus"
     config.algorithm.kl_in_reward = True
     config.train.beta = 0.01
@@ -196,21 +195,21 @@ def reinforce_pp() -> ml_collections.ConfigDict:
 
 def remax() -> ml_collections.ConfigDict:
     """ReMax: R - R_greedy, the reward of a greedy (eta = 0) sample of the same prompt."""
-    config = preset_base()
+    config = base()
     config.algorithm.adv_estimator = "remax"
     return config
 
 
 def ppo_gae() -> ml_collections.ConfigDict:
     """PPO with a critic and GAE(gamma, lambda) over the denoising steps, whitened; critic on every step."""
-    config = preset_base()
+    config = base()
     config.algorithm.adv_estimator = "gae"
     return config
 
 
 def group_ppo() -> ml_collections.ConfigDict:
     """GROUP_PPO (GROUP_PPO.md): dynamic step groups per prompt group, critic at the endpoints, adaptive tau."""
-    config = preset_base()
+    config = base()
     config.algorithm.adv_estimator = "group_ppo"
     config.train.group_size = 8
     config.train.scale_rewards = False  # GROUP_PPO.md: optional; the lam = 1 limit is R - u_start

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Callable
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d+)$")
 COMPLETE_MARKER = "COMPLETE"
@@ -64,8 +65,14 @@ def run_dir_of_checkpoint(checkpoint: Path) -> Path:
     return checkpoint.parent.parent
 
 
-def save_checkpoint(accelerator, checkpoint_root: str | os.PathLike, epoch: int, keep: int) -> Path:
-    """Save the accelerate state for ``epoch`` atomically; keep the newest ``keep`` complete checkpoints."""
+def save_checkpoint(
+    accelerator, checkpoint_root: str | os.PathLike, epoch: int, keep: int, extra: Callable[[Path], None] | None = None
+) -> Path:
+    """Save the accelerate state for ``epoch`` atomically; keep the newest ``keep`` complete checkpoints.
+
+    ``extra(directory)`` (main process) adds files to the checkpoint before it is marked complete
+    (e.g. the diffusers-format LoRA in ``lora/``).
+    """
     root = Path(checkpoint_root)
     final = root / f"checkpoint_{epoch:05d}"
     tmp = root / f".tmp_checkpoint_{epoch:05d}"
@@ -76,6 +83,8 @@ def save_checkpoint(accelerator, checkpoint_root: str | os.PathLike, epoch: int,
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        if extra is not None:
+            extra(tmp)
         (tmp / COMPLETE_MARKER).write_text(f"epoch {epoch}\n")
         if final.exists():
             shutil.rmtree(final)

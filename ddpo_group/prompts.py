@@ -1,22 +1,30 @@
-"""Prompt functions, looked up by name, and the sampler that draws an epoch's prompts.
+"""Prompt functions, looked up by name or plugin, and the sampler that draws an epoch's prompts.
 
 Contract (DDPO's): ``fn(rng=random.Random, **kwargs) -> (prompt, metadata)``, one prompt per call.
+``config.prompt_fn`` is a registered name, a ``"package.module:function"`` (or
+``"/path/file.py:function"``) path, or an entry point of group ``ddpo_group.prompts``
+(see :mod:`ddpo_group.plugins`); ``config.prompt_fn_kwargs`` are passed on every call.
 """
 
 from __future__ import annotations
 
 import random
+from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Callable
 
+from ddpo_group.plugins import resolve
 from ddpo_group.registry import Registry
 
 PROMPT_REGISTRY = Registry("prompt_fn")
+PROMPT_ENTRY_POINT_GROUP = "ddpo_group.prompts"
 register_prompt_fn = PROMPT_REGISTRY.register
 
 
 def get_prompt_fn(name: str) -> Callable:
-    return PROMPT_REGISTRY.get(name)
+    """The prompt function named by ``name``: registered name, "module:function" path or entry point."""
+    return resolve(name, PROMPT_REGISTRY, PROMPT_ENTRY_POINT_GROUP)
 
 
 def _asset_lines(filename: str) -> list[str]:
@@ -36,6 +44,25 @@ def tiny_shapes(rng: random.Random | None = None, held_out: bool = False):
     from ddpo_group.shapes import tiny_shapes as draw
 
     return draw(held_out=held_out, rng=rng)
+
+
+@lru_cache(maxsize=16)
+def _file_lines(path: str, mtime: float) -> tuple[str, ...]:
+    lines = tuple(line.strip() for line in Path(path).read_text().splitlines() if line.strip())
+    if not lines:
+        raise ValueError(f"prompt_fn from_file: {path!r} holds no prompt (one prompt per non-empty line)")
+    return lines
+
+
+@register_prompt_fn("from_file")
+def from_file(rng: random.Random | None = None, path: str = ""):
+    """A uniformly drawn line of the text file ``path`` (one prompt per line; blank lines skipped)."""
+    if not path:
+        raise ValueError("prompt_fn from_file needs prompt_fn_kwargs.path: a text file with one prompt per line")
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"prompt_fn from_file: path={path!r} does not exist")
+    return (rng or random).choice(_file_lines(str(file.resolve()), file.stat().st_mtime)), {}
 
 
 class PromptSampler:

@@ -30,7 +30,9 @@ from ddpo_group.config_validation import validate_config
 from ddpo_group.critic import Critic
 from ddpo_group.dynamic_sampling import group_keep_mask, pool_rows
 from ddpo_group.kl_term import rollout_kl
+from ddpo_group.lora_export import save_lora
 from ddpo_group.model_setup import build_policy, lora_config, make_optimizer
+from ddpo_group.plots import plot_reward_curve, read_metrics
 from ddpo_group.policy_update import PolicyUpdater
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.rewards import make_reward_fn
@@ -39,6 +41,7 @@ from ddpo_group.rollout import collect_rollouts, greedy_rewards
 from ddpo_group.sampling.ddim import check_trainable_schedule
 from ddpo_group.sampling.pipeline import encode_prompts
 from ddpo_group.stat_tracking import PerPromptStatTracker
+from ddpo_group.summary import format_summary
 from ddpo_group.tracking import image_grid, resolve_wandb_mode
 
 logger = get_logger(__name__)
@@ -141,12 +144,36 @@ class Trainer:
             last = epoch == config.num_epochs - 1
             if last or (config.save_freq > 0 and (epoch + 1) % config.save_freq == 0):
                 path = save_checkpoint(
-                    self.accelerator, self.run_dir / "checkpoints", epoch, config.num_checkpoint_limit
+                    self.accelerator, self.run_dir / "checkpoints", epoch, config.num_checkpoint_limit,
+                    extra=(lambda directory: save_lora(self.unet, directory / "lora")) if self.exports_lora else None,
                 )
                 self._print(f"saved {path}")
+        if self.exports_lora and self.accelerator.is_main_process:
+            self._print(f"LoRA (diffusers format) in {save_lora(self.unet, self.run_dir / 'lora')}")
+        self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         self.executor.shutdown()
+        if self.accelerator.is_main_process:
+            self.write_summary()
         return metrics
+
+    @property
+    def exports_lora(self) -> bool:
+        return bool(self.config.use_lora and self.config.get("export_lora", True))
+
+    def write_summary(self) -> str:
+        """Print the one-screen summary of the run and write it to summary.txt."""
+        run = self.run_dir
+        checkpoints = sorted((run / "checkpoints").glob("checkpoint_*"))
+        paths = {
+            "run directory": run, "config": run / "config.json", "metrics": run / "metrics.jsonl",
+            "reward curve": run / "reward_curve.png", "sample grids": run / "samples",
+            "last checkpoint": checkpoints[-1] if checkpoints else None, "LoRA (diffusers)": run / "lora",
+        }
+        text = format_summary(read_metrics(run / "metrics.jsonl"), paths)
+        (run / "summary.txt").write_text(text + "\n")
+        print(text, flush=True)
+        return text
 
     def run_epoch(self, epoch: int) -> dict:
         config, accelerator = self.config, self.accelerator
@@ -304,6 +331,11 @@ class Trainer:
         if self.accelerator.is_main_process:
             with open(self.run_dir / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(metrics) + "\n")
+            try:  # the reward curve so far, whatever the wandb mode
+                plot_reward_curve(read_metrics(self.run_dir / "metrics.jsonl"), self.run_dir / "reward_curve.png",
+                                  title=f"{self.run_dir.name}: reward per epoch")
+            except Exception as error:  # a plotting problem must not stop training
+                self._print(f"could not plot the reward curve: {type(error).__name__}: {error}")
         if self.wandb_mode != "disabled":
             self.accelerator.log(metrics, step=epoch)
         every = self.config.log_images_every

@@ -11,6 +11,7 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a source checkout too
 
+from ddpo_group.cli_args import config_flag_first  # noqa: E402
 from ddpo_group.trainer import Trainer  # noqa: E402
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config", "base.py") + ":ddpo"
@@ -24,4 +25,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    sys.argv[:] = config_flag_first(sys.argv)  # a sweep may put --config=... after its overrides
     app.run(main)

@@ -6,21 +6,7 @@ import torch
 from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
-
-def byte_level_vocab() -> dict[str, int]:
-    """CLIP-style byte-level vocabulary with no merges: any text tokenizes, one byte a token."""
-    symbols = [chr(c) for c in range(ord("!"), ord("~") + 1)]
-    symbols += [chr(c) for c in range(ord("¡"), ord("¬") + 1)] + [chr(c) for c in range(ord("®"), ord("ÿ") + 1)]
-    n = 0
-    for b in range(256):  # the remaining bytes map above 255, as in GPT-2's bytes_to_unicode
-        if not (ord("!") <= b <= ord("~") or ord("¡") <= b <= ord("¬") or ord("®") <= b <= ord("ÿ")):
-            symbols.append(chr(256 + n))
-            n += 1
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for s in symbols:
-        vocab.setdefault(s, len(vocab))
-        vocab.setdefault(s + "</w>", len(vocab))
-    return vocab
+from ddpo_group.models.tokenizer import byte_level_vocab
 
 
 def build_tiny_pipeline(seed: int = 0, prediction_type: str = "epsilon", max_length: int = 16) -> StableDiffusionPipeline:

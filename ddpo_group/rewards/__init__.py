@@ -1,9 +1,14 @@
-"""Reward functions, looked up by name.
+"""Reward functions: registry, plugin lookup and weighted combinations.
 
 Contract: a factory ``make(**kwargs)`` loads whatever it needs once and returns
 ``fn(images, prompts, metadata) -> (rewards, info)``, where ``images`` is a float tensor
 [B, 3, H, W] in [0, 1], ``prompts`` a list of B strings, ``metadata`` a list of B dicts,
 ``rewards`` B numbers and ``info`` a dict of extra per-sample values to log.
+
+A factory is found by registered name, by ``"package.module:factory"`` (or
+``"/path/file.py:factory"``), or as an entry point of group ``ddpo_group.rewards``
+(see :mod:`ddpo_group.plugins`). ``config.reward_fn`` is one such name, or a weighted
+combination ``{"name": weight, ...}`` (see :mod:`ddpo_group.rewards.combine`).
 """
 
 from __future__ import annotations
@@ -13,16 +18,34 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ddpo_group.plugins import resolve
 from ddpo_group.registry import Registry
 
 RewardFn = Callable[[torch.Tensor, list, list], tuple]
 REWARD_REGISTRY = Registry("reward_fn")
+REWARD_ENTRY_POINT_GROUP = "ddpo_group.rewards"
 register_reward = REWARD_REGISTRY.register
 
 
-def make_reward_fn(name: str, **kwargs) -> RewardFn:
-    """Build the reward function registered as ``name`` (its factory loads any model once)."""
-    return REWARD_REGISTRY.get(name)(**kwargs)
+def get_reward_factory(name: str) -> Callable[..., RewardFn]:
+    """The factory named by ``name``: registered name, "module:factory" path or ``ddpo_group.rewards`` entry point."""
+    return resolve(name, REWARD_REGISTRY, REWARD_ENTRY_POINT_GROUP)
+
+
+def make_reward_fn(spec, **kwargs) -> RewardFn:
+    """Build the reward function of ``spec`` (its factories load any model once).
+
+    ``spec`` is a name / path / entry point (``kwargs`` go to its factory), or a weighted
+    combination ``{"name": weight}`` (a mapping or its JSON/Python literal; ``kwargs`` are then
+    given per component: ``{"name": {...}}``).
+    """
+    from ddpo_group.rewards.combine import make_combined_reward, parse_reward_spec, split_kwargs
+
+    components = parse_reward_spec(spec)
+    if isinstance(spec, str) and not spec.lstrip().startswith("{"):  # one factory: its info is logged as is
+        (name,) = components
+        return get_reward_factory(name)(**split_kwargs(components, kwargs)[name])
+    return make_combined_reward(components, kwargs)
 
 
 def check_rewards(rewards, batch_size: int, name: str) -> torch.Tensor:
@@ -51,3 +74,4 @@ def check_rewards(rewards, batch_size: int, name: str) -> torch.Tensor:
 
 
 from ddpo_group.rewards import builtin  # noqa: E402,F401  (registers the built-in rewards)
+from ddpo_group.rewards import aesthetic, http_client  # noqa: E402,F401  (models load only when built)

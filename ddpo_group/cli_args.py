@@ -1,0 +1,24 @@
+"""Command-line helpers for scripts/train.py.
+
+ml_collections' config flag requires ``--config=FILE:PRESET`` before any ``--config.field=value``
+override. A wandb sweep that chooses the preset as a parameter (``config``) emits its arguments
+in no guaranteed order, so the preset argument is moved to the front first.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+def config_flag_first(argv: list[str], name: str = "config") -> list[str]:
+    """``argv`` with the ``--NAME=VALUE`` / ``--NAME VALUE`` argument moved right after the program name.
+
+    Overrides (``--NAME.field=value``) keep their relative order; argv without the flag is returned unchanged.
+    """
+    pattern = re.compile(rf"^--?{re.escape(name)}(=|$)")
+    for i, arg in enumerate(argv[1:], start=1):
+        if pattern.match(arg):
+            take = 1 if "=" in arg or i + 1 >= len(argv) else 2
+            flag = argv[i : i + take]
+            return argv[:1] + flag + argv[1:i] + argv[i + take :]
+    return list(argv)

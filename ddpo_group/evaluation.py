@@ -1,0 +1,238 @@
+"""Base vs fine-tuned evaluation: the same prompts and seeds through both models, every configured reward.
+
+Used by ``scripts/evaluate.py``. Image (prompt i, seed s) of either model starts from the noise
+of ``torch.Generator().manual_seed(s)`` and uses the same DDIM eta noise, so the two images of
+a pair differ only by the model. Statistics over the n = N prompts x M seeds images:
+
+    mean, std (ddof = 1), ci95 = mean -+ 1.96 * std / sqrt(n)     (normal approximation)
+
+and the same for the paired difference fine-tuned - base.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ddpo_group.checkpointing import resolve_resume_path
+from ddpo_group.lora_export import is_lora_dir
+from ddpo_group.prompts import PromptSampler
+from ddpo_group.rewards import check_rewards
+from ddpo_group.rewards.combine import make_reward_components
+from ddpo_group.sampling.pipeline import ensure_ddim
+
+
+def find_run_config(path: str | Path, levels: int = 4) -> tuple[dict | None, Path | None]:
+    """The config.json of the run that ``path`` (run, checkpoint or LoRA directory) belongs to, and its run dir."""
+    path = Path(path).resolve()
+    for candidate in [path, *path.parents][: levels + 1]:
+        file = candidate / "config.json"
+        if file.is_file():
+            try:
+                config = json.loads(file.read_text())
+            except ValueError:
+                continue
+            if isinstance(config, dict) and {"pretrained", "sample", "reward_fn"} <= set(config):  # a run's, not a model's
+                return config, candidate
+    return None, None
+
+
+def resolve_finetuned(path: str | Path) -> tuple[str, Path]:
+    """("lora", dir) for a diffusers LoRA directory (or a checkpoint / run holding one), else ("weights", checkpoint)."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"fine-tuned model {str(path)!r} does not exist")
+    if is_lora_dir(path):
+        return "lora", path
+    if is_lora_dir(path / "lora") and not (path / "checkpoints").is_dir():
+        return "lora", path / "lora"
+    checkpoint = resolve_resume_path(str(path))
+    if is_lora_dir(checkpoint / "lora"):
+        return "lora", checkpoint / "lora"
+    return "weights", checkpoint
+
+
+def load_finetuned_weights(pipe, checkpoint: Path, run_config: dict | None) -> None:
+    """Load an accelerate checkpoint's UNet weights (full, or LoRA without an export) into ``pipe.unet``."""
+    from peft import LoraConfig
+    from safetensors.torch import load_file
+
+    from ddpo_group.model_setup import LORA_TARGET_MODULES
+
+    files = sorted(checkpoint.glob("model*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{str(checkpoint)!r} holds neither lora/ nor model.safetensors")
+    state = load_file(str(files[0]))
+    if any("lora_" in key for key in state):
+        rank = int((run_config or {}).get("lora_rank", 4))
+        pipe.unet.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=LORA_TARGET_MODULES))
+    pipe.unet.load_state_dict(state)
+
+
+def draw_prompts(prompt_fn: str, kwargs: dict, n: int, seed: int) -> tuple[list[str], list[dict]]:
+    """``n`` prompts, distinct where the prompt function allows (at most 50 n draws)."""
+    sampler = PromptSampler(prompt_fn, kwargs, seed=seed)
+    prompts, metadata = [], []
+    for _ in range(50 * n):
+        (prompt,), (meta,) = sampler.sample(1)
+        if prompt not in prompts:
+            prompts.append(prompt)
+            metadata.append(meta)
+        if len(prompts) == n:
+            break
+    distinct = len(prompts)
+    for k in range(n - distinct):  # fewer distinct prompts than asked: cycle through them
+        prompts.append(prompts[k % distinct])
+        metadata.append(metadata[k % distinct])
+    return prompts, metadata
+
+
+@torch.no_grad()
+def sample_images(pipe, prompts: list[str], seeds: list[int], num_steps: int, guidance_scale: float, eta: float,
+                  batch_size: int, progress: tqdm | None = None) -> torch.Tensor:
+    """Images [N * M, 3, H, W] in [0, 1], prompt-major: index i * M + j is prompt i with seed j."""
+    pairs = [(p, s) for p in prompts for s in seeds]
+    out = []
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        generators = [torch.Generator(device="cpu").manual_seed(s) for _, s in chunk]
+        images = pipe(
+            [p for p, _ in chunk], num_inference_steps=num_steps, guidance_scale=guidance_scale, eta=eta,
+            generator=generators, output_type="pt",
+        ).images
+        out.append(images.float().cpu())
+        if progress is not None:
+            progress.update(1)
+    return torch.cat(out)
+
+
+def score(components, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> dict[str, torch.Tensor]:
+    """{"reward": sum_k w_k r_k} plus each component's reward when there are several."""
+    total = torch.zeros(len(prompts), dtype=torch.float64)
+    out = {}
+    for label, weight, fn in components:
+        rewards, _ = fn(images, prompts, metadata)
+        rewards = check_rewards(rewards, len(prompts), label)
+        total += weight * rewards
+        out[label] = rewards
+    return {"reward": total, **(out if len(components) > 1 else {})}
+
+
+def stats(values: torch.Tensor) -> dict:
+    """mean, std (ddof 1), n and the normal-approximation 95% interval of the mean."""
+    values = values.double()
+    n = values.numel()
+    mean = float(values.mean())
+    std = float(values.std(unbiased=True)) if n > 1 else 0.0
+    half = 1.96 * std / math.sqrt(n) if n > 0 else float("nan")
+    return {"mean": mean, "std": std, "n": n, "ci95": [mean - half, mean + half]}
+
+
+def build_report(prompts: list[str], seeds: list[int], base: dict[str, torch.Tensor],
+                 tuned: dict[str, torch.Tensor], info: dict) -> dict:
+    """The JSON report: per reward, overall statistics of base, fine-tuned and their paired difference, and per prompt."""
+    m = len(seeds)
+    report = {**info, "prompts": prompts, "seeds": seeds, "rewards": {}}
+    for name in base:
+        b, t = base[name], tuned[name]
+        per_prompt = {}
+        for i, prompt in enumerate(prompts):
+            rows = slice(i * m, (i + 1) * m)
+            entry = per_prompt.setdefault(prompt, {"base": [], "finetuned": []})
+            entry["base"] += b[rows].tolist()
+            entry["finetuned"] += t[rows].tolist()
+        report["rewards"][name] = {
+            "base": stats(b), "finetuned": stats(t), "difference": stats(t - b),
+            "per_prompt": {
+                p: {"base_mean": sum(v["base"]) / len(v["base"]), "finetuned_mean": sum(v["finetuned"]) / len(v["finetuned"]),
+                    "base": v["base"], "finetuned": v["finetuned"]}
+                for p, v in per_prompt.items()
+            },
+        }
+    return report
+
+
+def comparison_grid(base_images, tuned_images, prompts, seeds, base_rewards, tuned_rewards):
+    """One row per prompt: its M base images, then its M fine-tuned images, captioned with model, seed, reward, prompt."""
+    from ddpo_group.tracking import image_grid
+
+    m = len(seeds)
+    images, captions = [], []
+    for i, prompt in enumerate(prompts):
+        for label, imgs, rewards in (("base", base_images, base_rewards), ("tuned", tuned_images, tuned_rewards)):
+            for j, seed in enumerate(seeds):
+                images.append(imgs[i * m + j])
+                captions.append(f"{label} s{seed} {float(rewards[i * m + j]):.3f} | {prompt}")
+    return image_grid(torch.stack(images), captions, columns=2 * m)
+
+
+def evaluate(finetuned: str, base_model: str | None = None, num_prompts: int = 8, num_seeds: int = 2, seed: int = 0,
+             prompt_fn: str | None = None, prompt_fn_kwargs: dict | None = None, reward_fn=None,
+             reward_fn_kwargs: dict | None = None, num_steps: int | None = None, guidance_scale: float | None = None,
+             eta: float | None = None, batch_size: int = 8, out_dir: str | None = None, device: str | None = None,
+             show_progress: bool = True) -> dict:
+    """Sample both models on the same prompts x seeds, score them, write report.json and grid.png; return the report.
+
+    Unset arguments come from the fine-tuned run's config.json (found above ``finetuned``).
+    """
+    from ddpo_group.models import load_pipeline
+
+    run_config, run_dir = find_run_config(finetuned)
+    cfg = run_config or {}
+    sample_cfg = cfg.get("sample", {})
+    base_model = base_model or cfg.get("pretrained", {}).get("model") or "tiny-shapes"
+    prompt_fn = prompt_fn or cfg.get("prompt_fn") or "tiny_shapes"
+    prompt_fn_kwargs = prompt_fn_kwargs if prompt_fn_kwargs is not None else cfg.get("prompt_fn_kwargs", {})
+    reward_fn = reward_fn or cfg.get("reward_fn") or "jpeg_compressibility"
+    reward_fn_kwargs = reward_fn_kwargs if reward_fn_kwargs is not None else cfg.get("reward_fn_kwargs", {})
+    num_steps = num_steps or sample_cfg.get("num_steps", 20)
+    guidance_scale = guidance_scale if guidance_scale is not None else sample_cfg.get("guidance_scale", 5.0)
+    eta = eta if eta is not None else sample_cfg.get("eta", 1.0)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    kind, source = resolve_finetuned(finetuned)
+    out_dir = Path(out_dir) if out_dir else (run_dir or Path.cwd()) / "evaluation"
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    prompts, metadata = draw_prompts(prompt_fn, dict(prompt_fn_kwargs), num_prompts, seed)
+    seeds = [seed + j for j in range(num_seeds)]
+    components = make_reward_components(reward_fn, reward_fn_kwargs)
+    pipe = ensure_ddim(load_pipeline(base_model)).to(device)
+    pipe.set_progress_bar_config(disable=True)
+    batches = math.ceil(len(prompts) * len(seeds) / batch_size)
+    settings = dict(num_steps=num_steps, guidance_scale=guidance_scale, eta=eta, batch_size=batch_size)
+    with tqdm(total=2 * batches, desc="evaluate (base, then fine-tuned)", disable=not show_progress) as progress:
+        base_images = sample_images(pipe, prompts, seeds, progress=progress, **settings)
+        if kind == "lora":
+            pipe.load_lora_weights(str(source))
+        else:
+            load_finetuned_weights(pipe, source, run_config)
+        tuned_images = sample_images(pipe, prompts, seeds, progress=progress, **settings)
+    metadata_all = [metadata[i] for i in range(len(prompts)) for _ in seeds]
+    prompts_all = [p for p in prompts for _ in seeds]
+    base_rewards = score(components, base_images, prompts_all, metadata_all)
+    tuned_rewards = score(components, tuned_images, prompts_all, metadata_all)
+
+    info = {"base_model": str(base_model), "finetuned": str(finetuned), "loaded": f"{kind}:{source}",
+            "reward_fn": reward_fn, "prompt_fn": prompt_fn, **settings,
+            "interval": "normal approximation: mean -+ 1.96 std / sqrt(n)"}
+    report = build_report(prompts, seeds, base_rewards, tuned_rewards, info)
+    report["report_path"] = str(out_dir / "report.json")
+    report["grid_path"] = str(out_dir / "grid.png")
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2))
+    comparison_grid(base_images, tuned_images, prompts, seeds, base_rewards["reward"], tuned_rewards["reward"]).save(
+        out_dir / "grid.png"
+    )
+    return report
+
+
+def format_report(report: dict) -> str:
+    lines = [f"{'reward':<24}{'base':>22}{'fine-tuned':>22}{'difference':>22}"]
+    for name, entry in report["rewards"].items():
+        cells = [f"{entry[k]['mean']:.4f} ± {entry[k]['std']:.4f}" for k in ("base", "finetuned", "difference")]
+        lines.append(f"{name:<24}" + "".join(f"{c:>22}" for c in cells))
+    lines.append(f"report: {report['report_path']}\ngrid:   {report['grid_path']}")
+    return "\n".join(lines)

@@ -1,0 +1,288 @@
+"""Rebuild the embedded "tiny-shapes" model and its alignment classifier from scratch.
+
+    python scripts/pretrain_tiny.py                 # writes ddpo_group/models/tiny_shapes{,_classifier}/
+    python scripts/pretrain_tiny.py --out /tmp/m --quick   # a fast smoke run (poor quality)
+
+Phases (each seeded; with the default single thread a rebuild gives the same weights):
+  1. the shapes classifier (color, shape, background heads) on freshly rendered images;
+  2. the VAE (AutoencoderKL, 32x32 images -> 4x8x8 latents): L1 + MSE reconstruction + a small KL;
+  3. the text encoder (CLIP) and UNet (cross-attention) together with the epsilon diffusion loss,
+     10% caption dropout (so classifier-free guidance works), EMA weights;
+  4. measurement: classifier accuracy on fresh images; DDIM 20 steps, eta 1, guidance 5 samples of
+     the saved pipeline (loaded back with StableDiffusionPipeline.from_pretrained) scored by the
+     classifier on train and held-out combinations; a sample grid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from diffusers import AutoencoderKL, DDIMScheduler, DDPMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+from tqdm.auto import tqdm
+from transformers import CLIPTextConfig, CLIPTextModel
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ddpo_group import shapes  # noqa: E402
+from ddpo_group.models import CLASSIFIER_DIR, TINY_SHAPES_DIR  # noqa: E402
+from ddpo_group.models.shapes_classifier import ShapesClassifier  # noqa: E402
+from ddpo_group.models.tokenizer import build_tokenizer, save_classic_files  # noqa: E402
+from ddpo_group.tracking import image_grid  # noqa: E402
+
+MAX_LENGTH = 20
+SCHEDULER_CONFIG = dict(
+    num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+    clip_sample=False, set_alpha_to_one=False, steps_offset=1, prediction_type="epsilon",
+)
+FULL = dict(classifier_steps=800, vae_steps=800, vae_images=20000, unet_steps=3000, eval_images=256, batch=64)
+QUICK = dict(classifier_steps=20, vae_steps=20, vae_images=256, unet_steps=20, eval_images=16, batch=16)
+
+
+def vocabulary() -> list[str]:
+    return ["a", "an", "on", "background", *shapes.COLOR_NAMES, *shapes.SHAPE_NAMES]
+
+
+def build_vae() -> AutoencoderKL:
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3, block_out_channels=(32, 64, 64), layers_per_block=1,
+        latent_channels=4, norm_num_groups=16, sample_size=shapes.RESOLUTION,
+    )
+
+
+def build_text_encoder(vocab_size: int) -> CLIPTextModel:
+    return CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=MAX_LENGTH, bos_token_id=0, eos_token_id=1, pad_token_id=1, projection_dim=64,
+        )
+    )
+
+
+def build_unet() -> UNet2DConditionModel:
+    return UNet2DConditionModel(
+        sample_size=shapes.RESOLUTION // 4, in_channels=4, out_channels=4, layers_per_block=1,
+        block_out_channels=(48, 96), down_block_types=("CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=64, attention_head_dim=8,
+        norm_num_groups=16,
+    )
+
+
+def cosine_lr(step: int, total: int, warmup: int = 100) -> float:
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
+def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Blur half the batch and add noise, so the classifier also judges imperfect generated images."""
+    blurred = F.avg_pool2d(F.pad(images, (1, 1, 1, 1), mode="replicate"), 3, stride=1)
+    pick = (torch.rand(images.shape[0], 1, 1, 1, generator=generator) < 0.5).float()
+    images = pick * blurred + (1 - pick) * images
+    return (images + 0.04 * torch.randn(images.shape, generator=generator)).clamp(0, 1)
+
+
+def train_classifier(steps: int, batch: int, seed: int) -> ShapesClassifier:
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    model = ShapesClassifier()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=1e-4)
+    model.train()
+    for step in tqdm(range(steps), desc="classifier"):
+        for group in optimizer.param_groups:
+            group["lr"] = 2e-3 * cosine_lr(step, steps)
+        # both splits: the judge must know every combination, the held-out ones included
+        data = shapes.make_batch(batch, seed=seed * 1_000_003 + step, held_out=step % 5 == 4)
+        logits = model(augment(data.images, generator))
+        loss = sum(F.cross_entropy(lg, data.labels[:, k]) for k, lg in enumerate(logits))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+@torch.no_grad()
+def head_accuracy(classifier: ShapesClassifier, images: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    logits = classifier(images)
+    correct = torch.stack([lg.argmax(1) == labels[:, k] for k, lg in enumerate(logits)], dim=1)
+    return {
+        "color": correct[:, 0].float().mean().item(),
+        "shape": correct[:, 1].float().mean().item(),
+        "background": correct[:, 2].float().mean().item(),
+        "joint": correct.all(1).float().mean().item(),
+    }
+
+
+def train_vae(steps: int, batch: int, seed: int) -> AutoencoderKL:
+    torch.manual_seed(seed)
+    vae = build_vae()
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=1e-3, weight_decay=0.0)
+    vae.train()
+    for step in tqdm(range(steps), desc="vae"):
+        for group in optimizer.param_groups:
+            group["lr"] = 1e-3 * cosine_lr(step, steps)
+        x = shapes.make_batch(batch, seed=seed * 1_000_003 + step).images * 2 - 1
+        posterior = vae.encode(x).latent_dist
+        recon = vae.decode(posterior.sample()).sample
+        loss = F.l1_loss(recon, x) + F.mse_loss(recon, x) + 1e-6 * posterior.kl().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    return vae.eval()
+
+
+@torch.no_grad()
+def encode_dataset(vae: AutoencoderKL, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    data = shapes.make_batch(n, seed=seed)
+    means, stds = [], []
+    for chunk in torch.split(data.images * 2 - 1, 256):
+        dist = vae.encode(chunk).latent_dist
+        means.append(dist.mean)
+        stds.append(dist.std)
+    return torch.cat(means), torch.cat(stds), data.captions
+
+
+def train_diffusion(vae, tokenizer, n_images: int, steps: int, batch: int, seed: int):
+    torch.manual_seed(seed)
+    means, stds, captions = encode_dataset(vae, n_images, seed)
+    scaling_factor = float(1.0 / means.std())
+    vae.register_to_config(scaling_factor=scaling_factor)
+    ids = tokenizer(captions, padding="max_length", max_length=MAX_LENGTH, truncation=True, return_tensors="pt").input_ids
+    empty = tokenizer([""], padding="max_length", max_length=MAX_LENGTH, return_tensors="pt").input_ids
+
+    text_encoder, unet = build_text_encoder(len(tokenizer)), build_unet()
+    params = list(text_encoder.parameters()) + list(unet.parameters())
+    ema = [p.detach().clone() for p in params]
+    optimizer = torch.optim.AdamW(params, lr=5e-4, weight_decay=1e-4)
+    noise_scheduler = DDPMScheduler(**{k: v for k, v in SCHEDULER_CONFIG.items() if k != "set_alpha_to_one"})
+    generator = torch.Generator().manual_seed(seed)
+    text_encoder.train()
+    unet.train()
+    progress = tqdm(range(steps), desc="unet + text encoder")
+    for step in progress:
+        for group in optimizer.param_groups:
+            group["lr"] = 5e-4 * cosine_lr(step, steps)
+        rows = torch.randint(0, n_images, (batch,), generator=generator)
+        latents = (means[rows] + stds[rows] * torch.randn(means[rows].shape, generator=generator)) * scaling_factor
+        tokens = ids[rows].clone()
+        dropped = torch.rand(batch, generator=generator) < 0.1
+        tokens[dropped] = empty
+        noise = torch.randn(latents.shape, generator=generator)
+        timesteps = torch.randint(0, noise_scheduler.config.num_train_timesteps, (batch,), generator=generator)
+        noisy = noise_scheduler.add_noise(latents, noise, timesteps)
+        prediction = unet(noisy, timesteps, encoder_hidden_states=text_encoder(tokens)[0]).sample
+        loss = F.mse_loss(prediction, noise)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        decay = min(0.999, (1 + step) / (10 + step))
+        with torch.no_grad():
+            for e, p in zip(ema, params):
+                e.lerp_(p.detach(), 1 - decay)
+        if step % 50 == 0:
+            progress.set_postfix(loss=f"{loss.item():.4f}")
+    with torch.no_grad():
+        for e, p in zip(ema, params):
+            p.copy_(e)
+    return text_encoder.eval(), unet.eval()
+
+
+@torch.no_grad()
+def sample_accuracy(pipe, classifier, n: int, held_out: bool, seed: int) -> tuple[dict, torch.Tensor, list[str]]:
+    """Classifier accuracy of the pipeline's samples (DDIM 20 steps, eta 1, guidance 5) on a split's prompts."""
+    combos = shapes.combinations(held_out)
+    picks = [combos[i % len(combos)] for i in range(n)]
+    prompts = [shapes.caption(*c) for c in picks]
+    labels = torch.tensor([shapes.attribute_labels(*c) for c in picks])
+    images = []
+    for start in range(0, n, 64):
+        generator = torch.Generator().manual_seed(seed + start)
+        out = pipe(
+            prompts[start : start + 64], num_inference_steps=20, eta=1.0, guidance_scale=5.0,
+            generator=generator, output_type="pt",
+        ).images
+        images.append(out.float())
+    images = torch.cat(images)
+    return head_accuracy(classifier, images, labels), images, prompts
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(TINY_SHAPES_DIR.parent), help="directory receiving tiny_shapes/ and tiny_shapes_classifier/")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="a few steps of each phase (smoke test, poor quality)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default); the weights depend on it")
+    parser.add_argument("--grid", default="docs/tiny_shapes_samples.png", help="where to save a sample grid ('' for none)")
+    for key, value in FULL.items():
+        parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"default {value}")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sizes = dict(QUICK if args.quick else FULL)
+    sizes.update({k: getattr(args, k) for k in FULL if getattr(args, k) is not None})
+    out = Path(args.out)
+    model_dir, classifier_dir = out / TINY_SHAPES_DIR.name, out / CLASSIFIER_DIR.name
+    timings, report = {}, {"sizes": sizes, "seed": args.seed, "threads": torch.get_num_threads()}
+
+    start = time.perf_counter()
+    classifier = train_classifier(sizes["classifier_steps"], 128 if not args.quick else 16, args.seed)
+    classifier.save_pretrained(classifier_dir)
+    timings["classifier"] = time.perf_counter() - start
+    fresh = shapes.make_batch(2048 if not args.quick else 64, seed=10_000 + args.seed)
+    report["classifier_accuracy_fresh"] = head_accuracy(classifier, fresh.images, fresh.labels)
+    held = shapes.make_batch(1024 if not args.quick else 64, seed=20_000 + args.seed, held_out=True)
+    report["classifier_accuracy_fresh_held_out"] = head_accuracy(classifier, held.images, held.labels)
+    print("classifier accuracy on fresh images:", json.dumps(report["classifier_accuracy_fresh"]))
+
+    start = time.perf_counter()
+    vae = train_vae(sizes["vae_steps"], sizes["batch"], args.seed + 1)
+    timings["vae"] = time.perf_counter() - start
+    with torch.no_grad():
+        recon = vae.decode(vae.encode(fresh.images * 2 - 1).latent_dist.mean).sample
+    recon = ((recon + 1) / 2).clamp(0, 1)
+    report["vae_mse"] = F.mse_loss(recon, fresh.images).item()
+    report["classifier_accuracy_vae_reconstructions"] = head_accuracy(classifier, recon, fresh.labels)
+    print("vae reconstruction mse:", report["vae_mse"])
+
+    start = time.perf_counter()
+    tokenizer = build_tokenizer(vocabulary(), MAX_LENGTH)
+    text_encoder, unet = train_diffusion(vae, tokenizer, sizes["vae_images"], sizes["unet_steps"], sizes["batch"] * 2, args.seed + 2)
+    timings["unet_text_encoder"] = time.perf_counter() - start
+
+    pipe = StableDiffusionPipeline(
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
+        scheduler=DDIMScheduler(**SCHEDULER_CONFIG), safety_checker=None, feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.save_pretrained(str(model_dir))
+    save_classic_files(tokenizer, model_dir / "tokenizer")
+
+    start = time.perf_counter()
+    loaded = StableDiffusionPipeline.from_pretrained(str(model_dir), local_files_only=True)
+    loaded.set_progress_bar_config(disable=True)
+    for split, held_out in (("train", False), ("held_out", True)):
+        accuracy, images, prompts = sample_accuracy(loaded, classifier, sizes["eval_images"], held_out, seed=1234)
+        report[f"base_model_sample_accuracy_{split}"] = accuracy
+        print(f"base model samples ({split} combinations):", json.dumps(accuracy))
+        if split == "train" and args.grid:
+            Path(args.grid).parent.mkdir(parents=True, exist_ok=True)
+            image_grid(images[:32], prompts[:32]).save(args.grid)
+    timings["evaluation"] = time.perf_counter() - start
+    report["seconds"] = timings
+    report["size_mb"] = sum(f.stat().st_size for d in (model_dir, classifier_dir) for f in d.rglob("*") if f.is_file()) / 1e6
+    (model_dir / "pretrain_report.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
