@@ -5,6 +5,11 @@ them through the UNet ``train.pairs_per_forward`` at a time (one guided forward 
 instead of one timestep of the whole batch at a time. For a step-decomposable loss (vanilla PPO),
 each chunk is backpropagated at once with its aggregation weights, so memory is one chunk's
 activations while the gradient equals that of the whole train batch's aggregated loss.
+
+The policy loss is looked up by name (``algorithm.policy_loss``). The trajectory-level losses
+(gspo, geo_mean) gather the chunks' log-probs into the train batch's [b, T] matrix and
+backpropagate once. With a reference model, every chunk also runs the reference (no grad) and
+adds ``beta * sum_{i,n} w_{i,n} KL_{i,n}`` (kl_term.py) with the same aggregation weights.
 """
 
 from __future__ import annotations
