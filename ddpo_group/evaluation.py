@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import torch
@@ -67,6 +68,8 @@ def load_finetuned_weights(pipe, checkpoint: Path, run_config: dict | None) -> N
     if not files:
         raise FileNotFoundError(f"{str(checkpoint)!r} holds neither lora/ nor model.safetensors")
     state = load_file(str(files[0]))
+    # a reference adapter (train.reference_update_freq > 0) lives in the same UNet: it is not the policy
+    state = {k: v for k, v in state.items() if not re.search(r"\.lora_[AB]\.reference\.", k)}
     if any("lora_" in key for key in state):
         rank = int((run_config or {}).get("lora_rank", 4))
         pipe.unet.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=LORA_TARGET_MODULES))
