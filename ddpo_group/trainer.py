@@ -111,7 +111,8 @@ class Trainer:
             self.accelerator.register_for_checkpointing(self.reference)
         self.updater = PolicyUpdater(
             config, self.accelerator, self.unet, self.pipe.scheduler, self.optimizer, params, self.negative_prompt_embeds,
-            reference=self.reference,
+            # KL in the loss, or (kl_in_reward) in the reward: never both
+            reference=None if a.kl_in_reward else self.reference,
         )
         self.executor = ThreadPoolExecutor(max_workers=2)
 
@@ -215,7 +216,10 @@ class Trainer:
         }
         if self.reference is not None:
             metrics["train/beta"] = self.kl_controller.value
-            kl = self.gather(torch.tensor([train_metrics.get("kl", 0.0)])).mean()
+            if config.algorithm.kl_in_reward:  # the KL of the sampled steps, measured for the reward
+                kl = torch.cat([r.gathered["step_kl"] for r in rounds]).mean()
+            else:  # the KL of the trained steps, measured in the loss
+                kl = self.gather(torch.tensor([train_metrics.get("kl", 0.0)])).mean()
             metrics["ref/kl"] = float(kl)
             self.kl_controller.update(float(kl), self.local * accelerator.num_processes)
             self.reference.maybe_update(accelerator.unwrap_model(self.unet), epoch)
@@ -310,6 +314,7 @@ class Trainer:
                 batch, self.pipe.unet, self.reference, self.pipe.scheduler, self.negative_prompt_embeds, guidance,
                 config.sample.eta, config.algorithm.kl_type, config.sample.log_prob_reduce, config.train.pairs_per_forward,
             )
+            extra["step_kl"] = kl
             extra["step_rewards"] = -self.kl_controller.value * kl
         return extra
 

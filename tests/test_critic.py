@@ -61,6 +61,7 @@ def test_sampling_records_critic_values_for_every_step(tiny_model_dir, tmp_path)
 
 def test_kl_in_reward_is_zero_for_the_initial_policy_and_positive_after_it_moves(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("reinforce_pp", tiny_model_dir, tmp_path, "klr")
+    assert trainer.updater.reference is None  # KL in the reward, not also in the loss
     round0 = trainer.sample_round(0, 0)
     assert torch.equal(round0.gathered["step_rewards"], torch.zeros(8, 4))
     with torch.no_grad():
