@@ -43,7 +43,7 @@ SCHEDULER_CONFIG = dict(
     num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
     clip_sample=False, set_alpha_to_one=False, steps_offset=1, prediction_type="epsilon",
 )
-FULL = dict(classifier_steps=800, vae_steps=800, vae_images=20000, unet_steps=3000, eval_images=256, batch=64)
+FULL = dict(classifier_steps=800, vae_steps=800, vae_images=20000, unet_steps=1400, eval_images=256, batch=64)
 QUICK = dict(classifier_steps=20, vae_steps=20, vae_images=256, unet_steps=20, eval_images=16, batch=16)
 
 
@@ -75,6 +75,10 @@ def build_unet() -> UNet2DConditionModel:
         up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=64, attention_head_dim=8,
         norm_num_groups=16,
     )
+
+
+def warmup_lr(step: int, warmup: int = 100) -> float:
+    return min(1.0, (step + 1) / warmup)
 
 
 def cosine_lr(step: int, total: int, warmup: int = 100) -> float:
@@ -151,7 +155,13 @@ def encode_dataset(vae: AutoencoderKL, n: int, seed: int) -> tuple[torch.Tensor,
     return torch.cat(means), torch.cat(stds), data.captions
 
 
-def train_diffusion(vae, tokenizer, n_images: int, steps: int, batch: int, seed: int):
+def train_diffusion(vae, tokenizer, n_images: int, steps: int, batch: int, seed: int, probe=None, probe_every: int = 0):
+    """Text encoder + UNet with the epsilon loss; EMA weights returned.
+
+    The learning rate is constant after warm-up, so a run of N steps equals the first N steps of a
+    longer run: ``probe(step, text_encoder, unet)`` (every ``probe_every`` steps, on EMA weights)
+    shows how sample quality grows with N, which is how the default N was chosen.
+    """
     torch.manual_seed(seed)
     means, stds, captions = encode_dataset(vae, n_images, seed)
     scaling_factor = float(1.0 / means.std())
@@ -170,7 +180,7 @@ def train_diffusion(vae, tokenizer, n_images: int, steps: int, batch: int, seed:
     progress = tqdm(range(steps), desc="unet + text encoder")
     for step in progress:
         for group in optimizer.param_groups:
-            group["lr"] = 5e-4 * cosine_lr(step, steps)
+            group["lr"] = 5e-4 * warmup_lr(step)
         rows = torch.randint(0, n_images, (batch,), generator=generator)
         latents = (means[rows] + stds[rows] * torch.randn(means[rows].shape, generator=generator)) * scaling_factor
         tokens = ids[rows].clone()
@@ -191,10 +201,21 @@ def train_diffusion(vae, tokenizer, n_images: int, steps: int, batch: int, seed:
                 e.lerp_(p.detach(), 1 - decay)
         if step % 50 == 0:
             progress.set_postfix(loss=f"{loss.item():.4f}")
-    with torch.no_grad():
-        for e, p in zip(ema, params):
-            p.copy_(e)
+        if probe is not None and probe_every and (step + 1) % probe_every == 0 and step + 1 < steps:
+            probe(step + 1, *with_weights(text_encoder, unet, params, ema))
+    text_encoder, unet = with_weights(text_encoder, unet, params, ema)
     return text_encoder.eval(), unet.eval()
+
+
+def with_weights(text_encoder, unet, params, values):
+    """Copies of the two models holding ``values`` (the EMA weights) in place of ``params``."""
+    index = {id(p): k for k, p in enumerate(params)}
+    copies = copy.deepcopy(text_encoder), copy.deepcopy(unet)
+    originals = list(text_encoder.parameters()) + list(unet.parameters())
+    with torch.no_grad():
+        for original, clone in zip(originals, list(copies[0].parameters()) + list(copies[1].parameters())):
+            clone.copy_(values[index[id(original)]])
+    return copies[0].eval(), copies[1].eval()
 
 
 @torch.no_grad()
@@ -216,12 +237,51 @@ def sample_accuracy(pipe, classifier, n: int, held_out: bool, seed: int) -> tupl
     return head_accuracy(classifier, images, labels), images, prompts
 
 
+def make_pipeline(vae, text_encoder, tokenizer, unet) -> StableDiffusionPipeline:
+    return StableDiffusionPipeline(
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
+        scheduler=DDIMScheduler(**SCHEDULER_CONFIG), safety_checker=None, feature_extractor=None,
+        requires_safety_checker=False,
+    )
+
+
+def measure(model_dir: Path, classifier: ShapesClassifier, eval_images: int, n_fresh: int, grid: str, seed: int) -> dict:
+    """The quality numbers of a saved model: judge accuracy, VAE reconstructions, base-model samples."""
+    report = {}
+    fresh = shapes.make_batch(n_fresh, seed=10_000 + seed)
+    held = shapes.make_batch(n_fresh // 2, seed=20_000 + seed, held_out=True)
+    report["classifier_accuracy_fresh"] = head_accuracy(classifier, fresh.images, fresh.labels)
+    report["classifier_accuracy_fresh_held_out"] = head_accuracy(classifier, held.images, held.labels)
+    print("classifier accuracy on fresh images:", json.dumps(report["classifier_accuracy_fresh"]))
+
+    pipe = StableDiffusionPipeline.from_pretrained(str(model_dir), local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    with torch.no_grad():
+        recon = pipe.vae.decode(pipe.vae.encode(fresh.images * 2 - 1).latent_dist.mean).sample
+    recon = ((recon + 1) / 2).clamp(0, 1)
+    report["vae_mse"] = F.mse_loss(recon, fresh.images).item()
+    report["classifier_accuracy_vae_reconstructions"] = head_accuracy(classifier, recon, fresh.labels)
+    for split, held_out in (("train", False), ("held_out", True)):
+        accuracy, images, prompts = sample_accuracy(pipe, classifier, eval_images, held_out, seed=1234)
+        report[f"base_model_sample_accuracy_{split}"] = accuracy
+        print(f"base model samples ({split} combinations):", json.dumps(accuracy))
+        if split == "train" and grid:
+            Path(grid).parent.mkdir(parents=True, exist_ok=True)
+            image_grid(images[:32], prompts[:32]).save(grid)
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=str(TINY_SHAPES_DIR.parent), help="directory receiving tiny_shapes/ and tiny_shapes_classifier/")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="a few steps of each phase (smoke test, poor quality)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default); the weights depend on it")
+    parser.add_argument("--evaluate-only", action="store_true", help="only measure the model already in --out")
+    parser.add_argument("--reuse", default="", help="development: load the classifier and VAE from an earlier --out "
+                        "instead of training them (a full rebuild trains them identically: each phase has its own seed)")
+    parser.add_argument("--probe-every", type=int, default=0, help="development: sample accuracy every N diffusion steps")
+    parser.add_argument("--probe-save", action="store_true", help="development: save the pipeline at every probe")
     parser.add_argument("--grid", default="docs/tiny_shapes_samples.png", help="where to save a sample grid ('' for none)")
     for key, value in FULL.items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"default {value}")
@@ -232,55 +292,55 @@ def main() -> None:
     sizes.update({k: getattr(args, k) for k in FULL if getattr(args, k) is not None})
     out = Path(args.out)
     model_dir, classifier_dir = out / TINY_SHAPES_DIR.name, out / CLASSIFIER_DIR.name
-    timings, report = {}, {"sizes": sizes, "seed": args.seed, "threads": torch.get_num_threads()}
+    report_path = model_dir / "pretrain_report.json"
+
+    if args.evaluate_only:
+        report = json.loads(report_path.read_text()) if report_path.is_file() else {}
+        classifier = ShapesClassifier.from_pretrained(classifier_dir)
+    else:
+        report, timings = {"sizes": sizes, "seed": args.seed, "threads": torch.get_num_threads()}, {}
+        start = time.perf_counter()
+        if args.reuse:
+            classifier = ShapesClassifier.from_pretrained(Path(args.reuse) / CLASSIFIER_DIR.name)
+        else:
+            classifier = train_classifier(sizes["classifier_steps"], 128 if not args.quick else 16, args.seed)
+        classifier.save_pretrained(classifier_dir)
+        timings["classifier"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        if args.reuse:
+            vae = AutoencoderKL.from_pretrained(str(Path(args.reuse) / TINY_SHAPES_DIR.name / "vae")).eval()
+        else:
+            vae = train_vae(sizes["vae_steps"], sizes["batch"], args.seed + 1)
+        timings["vae"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        tokenizer = build_tokenizer(vocabulary(), MAX_LENGTH)
+
+        def probe(step, text_encoder, unet):
+            pipe = make_pipeline(vae, text_encoder, tokenizer, unet)
+            pipe.set_progress_bar_config(disable=True)
+            accuracy = sample_accuracy(pipe, classifier, 128, held_out=False, seed=99)[0]
+            if args.probe_save:
+                pipe.save_pretrained(str(out / f"probe_{step:05d}"))
+                save_classic_files(tokenizer, out / f"probe_{step:05d}" / "tokenizer")
+            report.setdefault("probes", {})[step] = accuracy
+            tqdm.write(f"probe at step {step}: {json.dumps(accuracy)}")
+
+        text_encoder, unet = train_diffusion(
+            vae, tokenizer, sizes["vae_images"], sizes["unet_steps"], sizes["batch"] * 2, args.seed + 2,
+            probe=probe, probe_every=args.probe_every,
+        )
+        timings["unet_text_encoder"] = time.perf_counter() - start
+        make_pipeline(vae, text_encoder, tokenizer, unet).save_pretrained(str(model_dir))
+        save_classic_files(tokenizer, model_dir / "tokenizer")
+        report["seconds"] = timings
 
     start = time.perf_counter()
-    classifier = train_classifier(sizes["classifier_steps"], 128 if not args.quick else 16, args.seed)
-    classifier.save_pretrained(classifier_dir)
-    timings["classifier"] = time.perf_counter() - start
-    fresh = shapes.make_batch(2048 if not args.quick else 64, seed=10_000 + args.seed)
-    report["classifier_accuracy_fresh"] = head_accuracy(classifier, fresh.images, fresh.labels)
-    held = shapes.make_batch(1024 if not args.quick else 64, seed=20_000 + args.seed, held_out=True)
-    report["classifier_accuracy_fresh_held_out"] = head_accuracy(classifier, held.images, held.labels)
-    print("classifier accuracy on fresh images:", json.dumps(report["classifier_accuracy_fresh"]))
-
-    start = time.perf_counter()
-    vae = train_vae(sizes["vae_steps"], sizes["batch"], args.seed + 1)
-    timings["vae"] = time.perf_counter() - start
-    with torch.no_grad():
-        recon = vae.decode(vae.encode(fresh.images * 2 - 1).latent_dist.mean).sample
-    recon = ((recon + 1) / 2).clamp(0, 1)
-    report["vae_mse"] = F.mse_loss(recon, fresh.images).item()
-    report["classifier_accuracy_vae_reconstructions"] = head_accuracy(classifier, recon, fresh.labels)
-    print("vae reconstruction mse:", report["vae_mse"])
-
-    start = time.perf_counter()
-    tokenizer = build_tokenizer(vocabulary(), MAX_LENGTH)
-    text_encoder, unet = train_diffusion(vae, tokenizer, sizes["vae_images"], sizes["unet_steps"], sizes["batch"] * 2, args.seed + 2)
-    timings["unet_text_encoder"] = time.perf_counter() - start
-
-    pipe = StableDiffusionPipeline(
-        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
-        scheduler=DDIMScheduler(**SCHEDULER_CONFIG), safety_checker=None, feature_extractor=None,
-        requires_safety_checker=False,
-    )
-    pipe.save_pretrained(str(model_dir))
-    save_classic_files(tokenizer, model_dir / "tokenizer")
-
-    start = time.perf_counter()
-    loaded = StableDiffusionPipeline.from_pretrained(str(model_dir), local_files_only=True)
-    loaded.set_progress_bar_config(disable=True)
-    for split, held_out in (("train", False), ("held_out", True)):
-        accuracy, images, prompts = sample_accuracy(loaded, classifier, sizes["eval_images"], held_out, seed=1234)
-        report[f"base_model_sample_accuracy_{split}"] = accuracy
-        print(f"base model samples ({split} combinations):", json.dumps(accuracy))
-        if split == "train" and args.grid:
-            Path(args.grid).parent.mkdir(parents=True, exist_ok=True)
-            image_grid(images[:32], prompts[:32]).save(args.grid)
-    timings["evaluation"] = time.perf_counter() - start
-    report["seconds"] = timings
+    report.update(measure(model_dir, classifier, sizes["eval_images"], 64 if args.quick else 2048, args.grid, args.seed))
+    report.setdefault("seconds", {})["evaluation"] = time.perf_counter() - start
     report["size_mb"] = sum(f.stat().st_size for d in (model_dir, classifier_dir) for f in d.rglob("*") if f.is_file()) / 1e6
-    (model_dir / "pretrain_report.json").write_text(json.dumps(report, indent=2))
+    report_path.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
 
 
