@@ -57,9 +57,8 @@ def base() -> ml_collections.ConfigDict:
     train.timestep_fraction = 1.0
     train.pairs_per_forward = 32  # (sample, step) pairs per training forward
     train.group_size = 1  # samples per prompt per epoch (copies spread over processes and batches)
-    # KL to a reference model and GRPO-family options (fields only here; see ALGORITHMS.md)
+    # KL to a reference model and GRPO-family options (ALGORITHMS.md)
     train.beta = 0.0  # weight of the KL term to the reference model
-    train.epsilon = 1e-4  # clip range of the GRPO-family losses
     train.scale_rewards = True  # divide group advantages by the group std
     train.use_reference_model = False
     train.reference_model_mixup_alpha = 1.0  # theta_ref <- alpha * theta + (1 - alpha) * theta_ref

@@ -22,8 +22,7 @@ from tqdm.auto import tqdm
 from ddpo_group.checkpointing import resolve_resume_path
 from ddpo_group.lora_export import is_lora_dir
 from ddpo_group.prompts import PromptSampler
-from ddpo_group.rewards import check_rewards
-from ddpo_group.rewards.combine import make_reward_components
+from ddpo_group.rewards.combine import make_combined_reward
 from ddpo_group.sampling.pipeline import ensure_ddim
 
 
@@ -113,16 +112,11 @@ def sample_images(pipe, prompts: list[str], seeds: list[int], num_steps: int, gu
     return torch.cat(out)
 
 
-def score(components, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> dict[str, torch.Tensor]:
-    """{"reward": sum_k w_k r_k} plus each component's reward when there are several."""
-    total = torch.zeros(len(prompts), dtype=torch.float64)
-    out = {}
-    for label, weight, fn in components:
-        rewards, _ = fn(images, prompts, metadata)
-        rewards = check_rewards(rewards, len(prompts), label)
-        total += weight * rewards
-        out[label] = rewards
-    return {"reward": total, **(out if len(components) > 1 else {})}
+def score(reward_fn, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> dict[str, torch.Tensor]:
+    """{"reward": sum_k w_k r_k} (a combined reward function) plus each component's reward when there are several."""
+    total, info = reward_fn(images, prompts, metadata)
+    labels = [label for label, _ in reward_fn.components]
+    return {"reward": total, **({label: info[label] for label in labels} if len(labels) > 1 else {})}
 
 
 def stats(values: torch.Tensor) -> dict:
@@ -202,7 +196,7 @@ def evaluate(finetuned: str, base_model: str | None = None, num_prompts: int = 8
 
     prompts, metadata = draw_prompts(prompt_fn, dict(prompt_fn_kwargs), num_prompts, seed)
     seeds = [seed + j for j in range(num_seeds)]
-    components = make_reward_components(reward_fn, reward_fn_kwargs)
+    combined = make_combined_reward(reward_fn, reward_fn_kwargs)
     pipe = ensure_ddim(load_pipeline(base_model)).to(device)
     pipe.set_progress_bar_config(disable=True)
     batches = math.ceil(len(prompts) * len(seeds) / batch_size)
@@ -216,8 +210,8 @@ def evaluate(finetuned: str, base_model: str | None = None, num_prompts: int = 8
         tuned_images = sample_images(pipe, prompts, seeds, progress=progress, **settings)
     metadata_all = [metadata[i] for i in range(len(prompts)) for _ in seeds]
     prompts_all = [p for p in prompts for _ in seeds]
-    base_rewards = score(components, base_images, prompts_all, metadata_all)
-    tuned_rewards = score(components, tuned_images, prompts_all, metadata_all)
+    base_rewards = score(combined, base_images, prompts_all, metadata_all)
+    tuned_rewards = score(combined, tuned_images, prompts_all, metadata_all)
 
     info = {"base_model": str(base_model), "finetuned": str(finetuned), "loaded": f"{kind}:{source}",
             "reward_fn": reward_fn, "prompt_fn": prompt_fn, **settings,
