@@ -20,6 +20,13 @@ def lora_config(config) -> LoraConfig:
     )
 
 
+def place(module: torch.nn.Module, device, dtype: torch.dtype) -> None:
+    """Move to ``device``; cast only when the dtype differs (diffusers warns on every dtype cast)."""
+    module.to(device)
+    if module.dtype != dtype:
+        module.to(dtype=dtype)
+
+
 def build_policy(config, device) -> tuple[StableDiffusionPipeline, list[torch.nn.Parameter]]:
     """Load the pipeline on ``device``; return it and the trainable parameters (LoRA or the whole UNet).
 
@@ -31,19 +38,19 @@ def build_policy(config, device) -> tuple[StableDiffusionPipeline, list[torch.nn
     inference_dtype = DTYPES[config.mixed_precision]
     pipe.vae.requires_grad_(False)
     pipe.text_encoder.requires_grad_(False)
-    pipe.vae.to(device, dtype=inference_dtype)
-    pipe.text_encoder.to(device, dtype=inference_dtype)
+    place(pipe.vae, device, inference_dtype)
+    place(pipe.text_encoder, device, inference_dtype)
     unet = pipe.unet
     if config.use_lora:
         unet.requires_grad_(False)
-        unet.to(device, dtype=inference_dtype)
+        place(unet, device, inference_dtype)
         unet.add_adapter(lora_config(config))
         for param in unet.parameters():
             if param.requires_grad:
                 param.data = param.data.float()
     else:
         unet.requires_grad_(True)
-        unet.to(device, dtype=torch.float32)
+        place(unet, device, torch.float32)
     trainable = [p for p in unet.parameters() if p.requires_grad]
     if not trainable:
         raise ValueError("the policy has no trainable parameters (check use_lora and the UNet's attention modules)")
