@@ -14,6 +14,15 @@ from ddpo_group.rewards import check_rewards
 from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
 
 
+def score_images(reward_fn, reward_name: str, images, prompts: list[str], metadata: list[dict]) -> tuple[torch.Tensor, dict]:
+    """(rewards [B] float64, checked; info) of one batch; any error names the reward function."""
+    try:
+        rewards, info = reward_fn(images, prompts, metadata)
+    except Exception as error:
+        raise RuntimeError(f"reward function {reward_name!r} raised {type(error).__name__}: {error}") from error
+    return check_rewards(rewards, len(prompts), reward_name), info or {}
+
+
 def collect_rollouts(
     pipe,
     prompts: list[str],
@@ -46,7 +55,7 @@ def collect_rollouts(
             generator=generators[i * size : (i + 1) * size] if generators is not None else None,
             value_fn=critic.value_fn(prompt_embeds) if critic is not None else None,
         )
-        futures.append(executor.submit(reward_fn, traj.images, batch_prompts, batch_metadata))
+        futures.append(executor.submit(score_images, reward_fn, reward_name, traj.images, batch_prompts, batch_metadata))
         batches.append(
             {
                 "prompts": batch_prompts,
@@ -63,12 +72,8 @@ def collect_rollouts(
 
     infos = []
     for batch, future in zip(batches, futures):
-        try:
-            rewards, info = future.result()
-        except Exception as error:
-            raise RuntimeError(f"reward function {reward_name!r} raised {type(error).__name__}: {error}") from error
-        batch["rewards"] = check_rewards(rewards, len(batch["prompts"]), reward_name)
-        infos.append(info or {})
+        batch["rewards"], info = future.result()
+        infos.append(info)
 
     record = {}
     for key in batches[0]:
@@ -111,10 +116,6 @@ def greedy_rewards(pipe, prompts: list[str], metadata: list[dict], keys: list[in
             pipe, embeds, negative_prompt_embeds.expand(len(chunk), -1, -1), sample_config.num_steps,
             sample_config.guidance_scale, eta=0.0, generator=generators, compute_log_prob=False,
         )
-        try:
-            values, _ = reward_fn(traj.images, batch_prompts, [metadata[first[k]] for k in chunk])
-        except Exception as error:
-            raise RuntimeError(f"reward function {reward_name!r} raised {type(error).__name__}: {error}") from error
-        values = check_rewards(values, len(chunk), reward_name)
+        values, _ = score_images(reward_fn, reward_name, traj.images, batch_prompts, [metadata[first[k]] for k in chunk])
         rewards.update(zip(chunk, values.tolist()))
     return torch.tensor([rewards[k] for k in keys], dtype=torch.float64)

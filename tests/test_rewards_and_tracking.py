@@ -91,3 +91,22 @@ def test_epoch_prompts_are_groups_of_copies_identical_on_every_process():
     for g in range(4):
         assert len({p for p, gi in zip(prompts, groups) if gi == g}) == 1
     assert groups != sorted(groups)  # shuffled, so a group's copies spread over processes and batches
+
+
+def test_score_images_names_the_reward_on_errors_and_checks_the_output():
+    import pytest
+    import torch
+
+    from ddpo_group.rollout import score_images
+
+    images = torch.zeros(2, 3, 4, 4)
+
+    def broken(images, prompts, metadata):
+        raise KeyError("missing attribute")
+
+    with pytest.raises(RuntimeError, match="reward function 'broken' raised KeyError"):
+        score_images(broken, "broken", images, ["a", "b"], [{}, {}])
+    with pytest.raises(ValueError, match=r"'short' returned shape \(1,\) for 2 images"):
+        score_images(lambda *_: ([1.0], {}), "short", images, ["a", "b"], [{}, {}])
+    rewards, info = score_images(lambda *_: ([1, 2], None), "ok", images, ["a", "b"], [{}, {}])
+    assert rewards.dtype == torch.float64 and rewards.tolist() == [1.0, 2.0] and info == {}
