@@ -1,0 +1,90 @@
+"""Shared helpers of the benchmarks: threads, the machine line, side-by-side (interleaved) timing, memory."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def add_common_args(parser) -> None:
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (default 1: on a shared CPU, ratios are steadier; 0 = torch's default)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def setup_threads(threads: int) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def machine(device: str = "cpu") -> str:
+    line = (f"{platform.machine()} {os.cpu_count()} CPUs, Python {platform.python_version()}, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} torch thread(s)")
+    try:
+        import diffusers
+
+        line += f", diffusers {diffusers.__version__}"
+    except ImportError:  # pragma: no cover
+        pass
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        line += f", GPU {torch.cuda.get_device_name()}"
+    return line
+
+
+def sync(device) -> None:
+    """Wait for queued GPU work (timing boundaries only; a no-op on the CPU)."""
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn, device="cpu") -> float:
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def side_by_side(contenders: dict, repeats: int, device="cpu", warmup: bool = True) -> dict[str, list[float]]:
+    """Run every contender ``repeats`` times, interleaved, rotating the order each round so that machine
+    contention hits all of them alike. Returns {name: [seconds per round]}."""
+    names = list(contenders)
+    if warmup:
+        for name in names:
+            contenders[name]()
+    times = {name: [] for name in names}
+    for r in range(repeats):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            times[name].append(timed(contenders[name], device))
+    return times
+
+
+def median_ratio(num: list[float], den: list[float]) -> float:
+    """Median over rounds of the per-round ratio num / den (each round measured side by side)."""
+    return statistics.median(a / b for a, b in zip(num, den))
+
+
+def peak_rss_mib() -> float:
+    """Peak resident set size of this process so far (MiB)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024 if sys.platform != "darwin" else peak / 2**20
+
+
+def current_rss_mib() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:  # pragma: no cover
+        return float("nan")
