@@ -85,6 +85,15 @@ class Critic:
 
         return value_fn
 
+    @torch.no_grad()
+    def values(self, latents: torch.Tensor, timesteps: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
+        """V(x_n, t_n, c) [B, T] of every step of B trajectories (latents [B, T, C, h, w], timesteps [B, T],
+        text_embeds [B, L, D]) in one forward over the B * T pairs; float32, as in training."""
+        b, t = timesteps.shape
+        with torch.autocast(device_type=latents.device.type, enabled=False):
+            values = self.module(latents.flatten(0, 1), timesteps.flatten(0, 1), text_embeds.repeat_interleave(t, dim=0))
+        return values.view(b, t)
+
     def train_epoch(self, batch: dict, targets: torch.Tensor, mask: torch.Tensor, batch_size: int) -> dict:
         """``critic.num_updates`` passes of clipped value regression over the local samples.
 

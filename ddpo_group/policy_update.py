@@ -8,8 +8,13 @@ activations while the gradient equals that of the whole train batch's aggregated
 
 The policy loss is looked up by name (``algorithm.policy_loss``). The trajectory-level losses
 (gspo, geo_mean) gather the chunks' log-probs into the train batch's [b, T] matrix and
-backpropagate once. With a reference model, every chunk also runs the reference (no grad) and
-adds ``beta * sum_{i,n} w_{i,n} KL_{i,n}`` (kl_term.py) with the same aggregation weights.
+backpropagate once. With a reference model and beta > 0, every chunk also runs the reference (no
+grad) and adds ``beta * sum_{i,n} w_{i,n} KL_{i,n}`` (kl_term.py) with the same aggregation weights;
+with beta = 0 the reference forward is skipped (the KL would only be a metric).
+
+Hot loop: no host-device synchronisation. The step mask and the (sample, step) pair indices are
+built on the CPU and moved once per train batch; metrics are accumulated as device tensors and
+read once at the end of the epoch.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from tqdm.auto import tqdm
 from ddpo_group.algorithms import aggregation_weights, get_policy_loss, vanilla_loss_matrix
 from ddpo_group.kl_term import reference_step, step_kl
 from ddpo_group.sampling.pipeline import step_log_prob
+from ddpo_group.timing import NULL_TIMER
 
 STEP_DECOMPOSABLE_LOSSES = ("vanilla",)  # chunk-wise backward; the others gather the train batch's log-probs
 
@@ -52,6 +58,12 @@ class PolicyUpdater:
         self.params = trainable_params
         self.negative_prompt_embeds = negative_prompt_embeds
         self.guidance_scale = config.sample.guidance_scale if config.train.cfg else 1.0
+        self.timer = NULL_TIMER  # the trainer's PhaseTimer: reference forwards count as "reference"
+
+    @property
+    def uses_reference(self) -> bool:
+        """The reference forward runs only when the KL term has weight (beta > 0)."""
+        return self.reference is not None and self.beta > 0
 
     def train_epoch(self, batch: dict, show_progress: bool = True) -> dict:
         """Update the policy on ``batch`` (the local rows); return averaged metrics."""
@@ -62,14 +74,16 @@ class PolicyUpdater:
         sums, count, optimizer_steps = defaultdict(float), 0, 0
         total = t.num_inner_epochs * (num_samples // t.batch_size)
         progress = tqdm(total=total, desc="training", disable=not show_progress, leave=False)
+        device = batch["log_probs"].device
+        row_mask = batch["row_mask"].cpu() if "row_mask" in batch else None  # one transfer per epoch
         for _ in range(t.num_inner_epochs):
             perm = torch.randperm(num_samples)
-            step_mask = random_step_mask(num_samples, num_steps, t.timestep_fraction, device=batch["log_probs"].device)
-            if "row_mask" in batch:  # dynamic sampling: padded rows take no part in the loss
-                step_mask = step_mask * batch["row_mask"][:, None]
+            step_mask = random_step_mask(num_samples, num_steps, t.timestep_fraction)  # on the CPU: indices without syncs
+            if row_mask is not None:  # dynamic sampling: padded rows take no part in the loss
+                step_mask = step_mask * row_mask[:, None]
             for start in range(0, num_samples, t.batch_size):
-                rows = perm[start : start + t.batch_size].to(batch["log_probs"].device)
-                metrics = self._train_batch(batch, rows, step_mask[rows])
+                rows = perm[start : start + t.batch_size]
+                metrics = self._train_batch(batch, rows.to(device, non_blocking=True), step_mask[rows])
                 grad_norm = metrics.pop("grad_norm", None)
                 if grad_norm is not None:  # only on optimizer steps
                     sums["grad_norm"] += grad_norm
@@ -80,8 +94,8 @@ class PolicyUpdater:
                 progress.update(1)
         progress.close()
         self.unet.eval()
-        out = {key: value / max(count, 1) for key, value in sums.items() if key != "grad_norm"}
-        out["grad_norm"] = sums["grad_norm"] / max(optimizer_steps, 1)
+        out = {key: float(value) / max(count, 1) for key, value in sums.items() if key != "grad_norm"}  # the one sync
+        out["grad_norm"] = float(sums["grad_norm"]) / max(optimizer_steps, 1)
         out["optimizer_steps"] = optimizer_steps
         return out
 
@@ -89,7 +103,7 @@ class PolicyUpdater:
         with self.accelerator.accumulate(self.unet):
             metrics = self.accumulate_gradients(batch, rows, step_mask)
             if self.accelerator.sync_gradients:
-                metrics["grad_norm"] = float(self.accelerator.clip_grad_norm_(self.params, self.config.train.max_grad_norm))
+                metrics["grad_norm"] = self.accelerator.clip_grad_norm_(self.params, self.config.train.max_grad_norm).detach()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return metrics
@@ -104,14 +118,23 @@ class PolicyUpdater:
         gradients add up to the whole batch's; memory is one chunk's). "gspo" and "geo_mean" use a
         trajectory-level ratio: the chunks' log-probs are gathered into the batch's [b, T] matrix
         and the loss is backpropagated once (memory is the whole train batch's activations).
+
+        ``step_mask`` may live on the CPU (the trainer's case: the pair indices are then found without a
+        device sync); the returned metrics are detached tensors (or floats).
         """
         a = self.config.algorithm
+        device = rows.device
         weights = aggregation_weights(step_mask, a.loss_agg_mode)
         pair_rows, pair_steps = step_mask.nonzero(as_tuple=True)
-        if pair_rows.numel() == 0:  # every row padded: one zero-weight pair keeps the processes' backward calls in step
+        num_pairs = pair_rows.numel()
+        if num_pairs == 0:  # every row padded: one zero-weight pair keeps the processes' backward calls in step
             pair_rows = pair_steps = torch.zeros(1, dtype=torch.long, device=step_mask.device)
-        chunks = torch.split(torch.arange(pair_rows.numel(), device=pair_rows.device), self.config.train.pairs_per_forward)
+            num_pairs = 1
+        pair_weights = weights[pair_rows, pair_steps].to(device, non_blocking=True)
+        pair_rows, pair_steps = pair_rows.to(device, non_blocking=True), pair_steps.to(device, non_blocking=True)
+        chunks = torch.split(torch.arange(num_pairs, device=device), self.config.train.pairs_per_forward)
         per_step = a.policy_loss in STEP_DECOMPOSABLE_LOSSES
+        use_reference = self.uses_reference
         sums, log_probs, kls = defaultdict(float), [], []
         for k, chunk in enumerate(chunks):
             r, n = rows[pair_rows[chunk]], pair_steps[chunk]
@@ -123,10 +146,11 @@ class PolicyUpdater:
                         self.guidance_scale, self.config.sample.eta)
                 out = step_log_prob(self.unet, self.scheduler, *args)
                 kl = None
-                if self.reference is not None:
-                    ref = reference_step(self.reference, self.accelerator.unwrap_model(self.unet), self.scheduler, *args)
+                if use_reference:
+                    with self.timer.phase("reference"):
+                        ref = reference_step(self.reference, self.accelerator.unwrap_model(self.unet), self.scheduler, *args)
                     kl = step_kl(out, ref, a.kl_type, self.config.sample.log_prob_reduce)
-                w = weights[pair_rows[chunk], n]
+                w = pair_weights[chunk]
                 if not per_step:
                     log_probs.append(out.log_prob)
                     kls.append(kl)
@@ -141,18 +165,19 @@ class PolicyUpdater:
                 if kl is not None:
                     kl_loss = (w * kl).sum()
                     loss = loss + self.beta * kl_loss
-                    sums["kl_loss"] += float(kl_loss.detach())
-                    sums["kl"] += float(kl.detach().sum()) / pair_rows.numel()
+                    sums["kl_loss"] += kl_loss.detach()
+                    sums["kl"] += kl.detach().sum() / num_pairs
                 self.accelerator.backward(loss)
-            share = len(chunk) / pair_rows.numel()
-            sums["policy_loss"] += float(policy_loss.detach())
+            share = len(chunk) / num_pairs
+            sums["policy_loss"] += policy_loss.detach()
             for key, value in info.items():
-                sums[key] += share * float(value)
+                sums[key] += share * (value.detach() if isinstance(value, torch.Tensor) else value)
         if not per_step:
-            sums.update(self._trajectory_loss(batch, rows, step_mask, weights, pair_rows, pair_steps, log_probs, kls))
+            sums.update(self._trajectory_loss(batch, rows, step_mask.to(device), pair_weights, pair_rows, pair_steps,
+                                              log_probs, kls))
         return dict(sums)
 
-    def _trajectory_loss(self, batch, rows, step_mask, weights, pair_rows, pair_steps, log_probs, kls) -> dict:
+    def _trajectory_loss(self, batch, rows, step_mask, pair_weights, pair_rows, pair_steps, log_probs, kls) -> dict:
         """gspo / geo_mean: the registered loss on the gathered [b, T] log-prob matrix, one backward."""
         a = self.config.algorithm
         with self.accelerator.autocast():
@@ -167,12 +192,13 @@ class PolicyUpdater:
                 clip_low=self.clip_range, clip_high=self.clip_range, clip_ratio_c=a.clip_ratio_c,
             )
             loss = policy_loss + 0.0 * flat.sum()  # stays connected to the UNet even when every step is masked
-            metrics = {"policy_loss": float(policy_loss.detach()), **{k: float(v) for k, v in info.items()}}
+            metrics = {"policy_loss": policy_loss.detach(),
+                       **{k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in info.items()}}
             if kls and kls[0] is not None:
                 kl = torch.cat(kls)
-                kl_loss = (weights[pair_rows, pair_steps] * kl).sum()
+                kl_loss = (pair_weights * kl).sum()
                 loss = loss + self.beta * kl_loss
-                metrics["kl_loss"] = float(kl_loss.detach())
-                metrics["kl"] = float(kl.detach().mean())
+                metrics["kl_loss"] = kl_loss.detach()
+                metrics["kl"] = kl.detach().mean()
             self.accelerator.backward(loss)
         return metrics

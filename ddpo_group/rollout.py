@@ -1,6 +1,8 @@
 """The sampling phase of an epoch: prompts -> trajectories with log-probs -> rewards (in a thread pool).
 
-Rewards of one batch are computed in a worker thread while the next batch samples.
+Rewards of one batch are computed in a worker thread while the next batch samples. Each distinct
+prompt is encoded once per call (a prompt's group_size copies share their text embedding), and the
+critic's values of all steps are one batched forward after each trajectory batch.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from tqdm.auto import tqdm
 
 from ddpo_group.rewards import check_rewards
 from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
+from ddpo_group.timing import NULL_TIMER
 
 
 def score_images(reward_fn, reward_name: str, images, prompts: list[str], metadata: list[dict]) -> tuple[torch.Tensor, dict]:
@@ -21,6 +24,16 @@ def score_images(reward_fn, reward_name: str, images, prompts: list[str], metada
     except Exception as error:
         raise RuntimeError(f"reward function {reward_name!r} raised {type(error).__name__}: {error}") from error
     return check_rewards(rewards, len(prompts), reward_name), info or {}
+
+
+def encode_unique(pipe, prompts: list[str]) -> torch.Tensor:
+    """Text embeddings [B, L, D] of ``prompts``, running the text encoder once per distinct prompt."""
+    unique = list(dict.fromkeys(prompts))
+    embeds = encode_prompts(pipe, unique)
+    if len(unique) == len(prompts):
+        return embeds
+    position = {prompt: i for i, prompt in enumerate(unique)}
+    return embeds[torch.tensor([position[p] for p in prompts], device=embeds.device)]
 
 
 def collect_rollouts(
@@ -36,6 +49,7 @@ def collect_rollouts(
     desc: str = "sampling",
     generators: list[torch.Generator] | None = None,
     critic=None,
+    timer=NULL_TIMER,
 ) -> dict:
     """Sample this process's prompts in ``num_batches_per_epoch`` batches and score them.
 
@@ -43,18 +57,25 @@ def collect_rollouts(
     [B, T, C, h, w], log_probs [B, T], timesteps [B, T], rewards [B] (float64, checked), images
     [B, 3, H, W] and reward_info; values [B, T] (pre-step critic values) when ``critic`` is given.
     ``generators`` (one per sample) make each sample's noise independent of the batch layout.
+    ``timer`` (a PhaseTimer) charges the time to "sampling", "critic" and "reward" (waiting for the
+    reward workers once sampling is done).
     """
     batches, futures = [], []
     size = sample_config.batch_size
+    with timer.phase("sampling"):
+        all_embeds = encode_unique(pipe, prompts)
     for i in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):
         batch_prompts, batch_metadata = prompts[i * size : (i + 1) * size], metadata[i * size : (i + 1) * size]
-        prompt_embeds = encode_prompts(pipe, batch_prompts)
-        negative = negative_prompt_embeds.expand(len(batch_prompts), -1, -1)
-        traj = sample_with_logprob(
-            pipe, prompt_embeds, negative, sample_config.num_steps, sample_config.guidance_scale, sample_config.eta,
-            generator=generators[i * size : (i + 1) * size] if generators is not None else None,
-            value_fn=critic.value_fn(prompt_embeds) if critic is not None else None,
-        )
+        prompt_embeds = all_embeds[i * size : (i + 1) * size]
+        with timer.phase("sampling"):
+            negative = negative_prompt_embeds.expand(len(batch_prompts), -1, -1)
+            traj = sample_with_logprob(
+                pipe, prompt_embeds, negative, sample_config.num_steps, sample_config.guidance_scale, sample_config.eta,
+                generator=generators[i * size : (i + 1) * size] if generators is not None else None,
+            )
+        if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
+            with timer.phase("critic"):
+                traj.values = critic.values(traj.latents[:, :-1], traj.timesteps, prompt_embeds)
         futures.append(executor.submit(score_images, reward_fn, reward_name, traj.images, batch_prompts, batch_metadata))
         batches.append(
             {
@@ -71,9 +92,10 @@ def collect_rollouts(
         )
 
     infos = []
-    for batch, future in zip(batches, futures):
-        batch["rewards"], info = future.result()
-        infos.append(info)
+    with timer.phase("reward"):
+        for batch, future in zip(batches, futures):
+            batch["rewards"], info = future.result()
+            infos.append(info)
 
     record = {}
     for key in batches[0]:

@@ -42,6 +42,7 @@ from ddpo_group.sampling.ddim import check_trainable_schedule
 from ddpo_group.sampling.pipeline import encode_prompts
 from ddpo_group.stat_tracking import PerPromptStatTracker
 from ddpo_group.summary import format_summary
+from ddpo_group.timing import PHASES, PhaseTimer
 from ddpo_group.tracking import image_grid, resolve_wandb_mode
 
 logger = get_logger(__name__)
@@ -115,6 +116,10 @@ class Trainer:
             reference=None if a.kl_in_reward else self.reference,
         )
         self.executor = ThreadPoolExecutor(max_workers=2)
+        # wall time per phase (time/<phase> in the metrics; bench/epoch.py reads it with sync on)
+        self.timer = PhaseTimer()
+        self.updater.timer = self.timer
+        self._timer_mark = self.timer.snapshot()
 
         if resume_path is not None:
             self.accelerator.load_state(str(resume_path))
@@ -144,18 +149,21 @@ class Trainer:
             self.state.epoch = epoch
             last = epoch == config.num_epochs - 1
             if last or (config.save_freq > 0 and (epoch + 1) % config.save_freq == 0):
-                path = save_checkpoint(
-                    self.accelerator, self.run_dir / "checkpoints", epoch, config.num_checkpoint_limit,
-                    extra=(lambda directory: save_lora(self.unet, directory / "lora")) if self.exports_lora else None,
-                )
+                with self.timer.phase("checkpoint"):
+                    path = save_checkpoint(
+                        self.accelerator, self.run_dir / "checkpoints", epoch, config.num_checkpoint_limit,
+                        extra=(lambda directory: save_lora(self.unet, directory / "lora")) if self.exports_lora else None,
+                    )
                 self._print(f"saved {path}")
-        if self.exports_lora and self.accelerator.is_main_process:
-            self._print(f"LoRA (diffusers format) in {save_lora(self.unet, self.run_dir / 'lora')}")
-        self.accelerator.wait_for_everyone()
+        with self.timer.phase("checkpoint"):
+            if self.exports_lora and self.accelerator.is_main_process:
+                self._print(f"LoRA (diffusers format) in {save_lora(self.unet, self.run_dir / 'lora')}")
+            self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         self.executor.shutdown()
         if self.accelerator.is_main_process:
-            self.write_summary()
+            with self.timer.phase("logging"):
+                self.write_summary()
         return metrics
 
     @property
@@ -187,19 +195,19 @@ class Trainer:
             batch = pool_rows([r.batch for r in rounds], [self.local_rows(r.keep).bool() for r in rounds], self.local)
         else:
             batch = rounds[0].batch
-        out, timings = rounds[0].out, {"time/sampling": time.perf_counter() - start}
+        out = rounds[0].out
         rewards = torch.cat([r.gathered["rewards"] for r in rounds])
 
         # ---- policy (and critic) update ----
-        start = time.perf_counter()
         self.updater.beta = self.kl_controller.value
-        train_metrics = self.updater.train_epoch(batch, show_progress=accelerator.is_local_main_process)
+        with self.timer.phase("training"):
+            train_metrics = self.updater.train_epoch(batch, show_progress=accelerator.is_local_main_process)
         self.state.global_step += train_metrics.pop("optimizer_steps")
         critic_metrics = {}
         if self.critic is not None:
-            mask = batch["critic_mask"] * batch["row_mask"][:, None] if "row_mask" in batch else batch["critic_mask"]
-            critic_metrics = self.critic.train_epoch(batch, batch["critic_targets"], mask, config.train.batch_size)
-        timings["time/training"] = time.perf_counter() - start
+            with self.timer.phase("critic"):
+                mask = batch["critic_mask"] * batch["row_mask"][:, None] if "row_mask" in batch else batch["critic_mask"]
+                critic_metrics = self.critic.train_epoch(batch, batch["critic_targets"], mask, config.train.batch_size)
 
         # ---- controllers and reference, after the epoch ----
         metrics = {
@@ -212,34 +220,43 @@ class Trainer:
             **{f"train/{k}": v for k, v in train_metrics.items()},
             **{k: float(v) for k, v in out.metrics.items()},
             **critic_metrics,
-            **timings,
         }
         if self.reference is not None:
             metrics["train/beta"] = self.kl_controller.value
             if config.algorithm.kl_in_reward:  # the KL of the sampled steps, measured for the reward
                 kl = torch.cat([r.gathered["step_kl"] for r in rounds]).mean()
-            else:  # the KL of the trained steps, measured in the loss
+            else:  # the KL of the trained steps, measured in the loss (not measured when beta = 0: 0)
                 kl = self.gather(torch.tensor([train_metrics.get("kl", 0.0)])).mean()
             metrics["ref/kl"] = float(kl)
             self.kl_controller.update(float(kl), self.local * accelerator.num_processes)
-            self.reference.maybe_update(accelerator.unwrap_model(self.unet), epoch)
-            metrics.update(self.reference.metrics(accelerator.unwrap_model(self.unet)))
+            with self.timer.phase("reference"):
+                self.reference.maybe_update(accelerator.unwrap_model(self.unet), epoch)
+                metrics.update(self.reference.metrics(accelerator.unwrap_model(self.unet)))
         if config.algorithm.filter_groups:
             groups = sum(r.num_groups for r in rounds)
             metrics["filter/dropped_share"] = sum(r.dropped_share * r.num_groups for r in rounds) / groups
             metrics["filter/rounds"] = len(rounds)
             metrics["filter/batch_fill"] = float(self.gather(batch["row_mask"]).mean())
         if self.group_controller is not None:  # EV over the kept endpoint targets of every round
-            pairs = [critic_regression(config, r.out) + (r.gathered["values"], r.keep) for r in rounds]
-            self.group_controller.update(
-                torch.cat([t[k] for t, _, _, k in pairs]), torch.cat([v[k] for _, _, v, k in pairs]),
-                torch.cat([m[k] for _, m, _, k in pairs]),
-            )
+            with self.timer.phase("advantage"):
+                pairs = [critic_regression(config, r.out) + (r.gathered["values"], r.keep) for r in rounds]
+                self.group_controller.update(
+                    torch.cat([t[k] for t, _, _, k in pairs]), torch.cat([v[k] for _, _, v, k in pairs]),
+                    torch.cat([m[k] for _, m, _, k in pairs]),
+                )
             metrics["group/critic_ev"] = self.group_controller.last_ev
             metrics["group/next_tau"] = self.group_controller.tau
         for key, value in batch["reward_info"].items():
             metrics[f"reward_info/{key}"] = float(self.gather(value).float().mean())
-        self.log(epoch, metrics, batch)
+        # wall time per phase since the previous epoch's metrics (so time/logging and time/checkpoint are the
+        # previous epoch's: they run after its metrics are written)
+        now = self.timer.snapshot()
+        spent = PhaseTimer.since(self._timer_mark, now)
+        self._timer_mark = now
+        metrics.update({f"time/{phase}": spent.get(phase, 0.0) for phase in PHASES})
+        metrics["time/epoch"] = time.perf_counter() - start
+        with self.timer.phase("logging"):
+            self.log(epoch, metrics, batch)
         if self.group_controller is not None and epoch % 10 == 0:
             self._print(group_summary(epoch, metrics))
         return metrics
@@ -261,10 +278,15 @@ class Trainer:
                 self.pipe, prompts[mine], metadata[mine], self.reward_fn, config.reward_fn, self.executor,
                 config.sample, self.negative_prompt_embeds, show_progress=accelerator.is_local_main_process,
                 desc=f"epoch {epoch}: sampling", generators=self.sample_generators(epoch, round_index, mine),
-                critic=self.critic,
+                critic=self.critic, timer=self.timer,
             )
             extra = self.baselines_and_step_rewards(epoch, batch, groups[mine])
-        # ---- advantages on the gathered round; each process keeps its own rows ----
+        with self.timer.phase("advantage"):
+            return self._advantages(batch, extra, prompts, groups, mine)
+
+    def _advantages(self, batch, extra, prompts, groups, mine) -> SimpleNamespace:
+        """Gather the round, compute the advantages on it; each process keeps its own rows."""
+        config = self.config
         gathered = {key: self.gather(value) for key, value in {"rewards": batch["rewards"], **extra}.items()}
         out = compute_advantages(
             config, gathered["rewards"], torch.tensor(groups), prompts, batch["log_probs"].shape[1], self.stat_tracker,
@@ -304,16 +326,19 @@ class Trainer:
         if self.critic is not None:
             extra["values"] = batch["values"]
         if config.algorithm.adv_estimator == "remax":
-            extra["greedy_rewards"] = greedy_rewards(
-                self.pipe, batch["prompts"], batch["metadata"], groups, self.reward_fn, config.reward_fn, config.sample,
-                self.negative_prompt_embeds, seed=config.seed * 1_000_003 + epoch,
-            )
+            with self.timer.phase("sampling"):  # greedy samples and their rewards
+                extra["greedy_rewards"] = greedy_rewards(
+                    self.pipe, batch["prompts"], batch["metadata"], groups, self.reward_fn, config.reward_fn, config.sample,
+                    self.negative_prompt_embeds, seed=config.seed * 1_000_003 + epoch,
+                )
         if config.algorithm.kl_in_reward:
             guidance = config.sample.guidance_scale if config.train.cfg else 1.0
-            kl = rollout_kl(
-                batch, self.pipe.unet, self.reference, self.pipe.scheduler, self.negative_prompt_embeds, guidance,
-                config.sample.eta, config.algorithm.kl_type, config.sample.log_prob_reduce, config.train.pairs_per_forward,
-            )
+            with self.timer.phase("reference"):
+                kl = rollout_kl(
+                    batch, self.pipe.unet, self.reference, self.pipe.scheduler, self.negative_prompt_embeds, guidance,
+                    config.sample.eta, config.algorithm.kl_type, config.sample.log_prob_reduce,
+                    config.train.pairs_per_forward,
+                )
             extra["step_kl"] = kl
             extra["step_rewards"] = -self.kl_controller.value * kl
         return extra

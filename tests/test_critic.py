@@ -45,6 +45,18 @@ def test_critic_regresses_its_targets_under_its_mask():
     torch.testing.assert_close(values, want)
 
 
+def test_batched_values_equal_the_per_step_values():
+    """Critic.values (one forward over all B * T pairs, used while sampling) equals value_fn step by step."""
+    torch.manual_seed(0)
+    critic = Critic(tiny_config("ppo_gae", "unused", "unused"), Accelerator(cpu=True), 4, 32)
+    batch = fake_batch(B=3, T=4)
+    fn = critic.value_fn(batch["prompt_embeds"])
+    per_step = torch.stack([fn(batch["latents"][:, n], batch["timesteps"][:, n]) for n in range(4)], dim=1)
+    batched = critic.values(batch["latents"], batch["timesteps"], batch["prompt_embeds"])
+    assert batched.shape == (3, 4)
+    torch.testing.assert_close(batched, per_step, rtol=1e-5, atol=1e-6)
+
+
 def test_sampling_records_critic_values_for_every_step(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "values")
     round0 = trainer.sample_round(0, 0)
