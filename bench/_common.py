@@ -88,3 +88,52 @@ def current_rss_mib() -> float:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except OSError:  # pragma: no cover
         return float("nan")
+
+
+class UNetTimer:
+    """Wall time inside a UNet's forward and backward (for the share of the training phase).
+
+    Forward: forward pre/post hooks. Backward: from the moment the gradient reaches the UNet's output
+    (a tensor hook) to the end of the enclosing backward call (``wrap_backward``); the UNet's inputs need
+    no gradient, so the rest of that backward is the UNet's. On CUDA every boundary synchronizes (this
+    instrumented run is separate from the timed comparison).
+    """
+
+    def __init__(self, unet, device):
+        self.device = device
+        self.forward_s = self.backward_s = 0.0
+        self.forwards = 0
+        self._grad_reached = None
+        self._handles = [unet.register_forward_pre_hook(self._pre), unet.register_forward_hook(self._post)]
+
+    def _now(self) -> float:
+        sync(self.device)
+        return time.perf_counter()
+
+    def _pre(self, module, args):
+        self._start = self._now()
+
+    def _post(self, module, args, output):
+        self.forward_s += self._now() - self._start
+        self.forwards += 1
+        out = output[0] if isinstance(output, tuple) else output.sample
+        if out.requires_grad:
+            out.register_hook(self._on_grad)
+
+    def _on_grad(self, grad):
+        if self._grad_reached is None:
+            self._grad_reached = self._now()
+
+    def wrap_backward(self, backward):
+        def timed_backward(loss, **kwargs):
+            self._grad_reached = None
+            result = backward(loss, **kwargs)
+            if self._grad_reached is not None:
+                self.backward_s += self._now() - self._grad_reached
+            return result
+
+        return timed_backward
+
+    def remove(self):
+        for handle in self._handles:
+            handle.remove()

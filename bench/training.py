@@ -28,7 +28,7 @@ import time
 import torch
 from accelerate import Accelerator
 
-from _common import add_common_args, machine, median_ratio, setup_threads, side_by_side, sync
+from _common import UNetTimer, add_common_args, machine, median_ratio, setup_threads, side_by_side, sync
 
 from config.base import get_config
 from ddpo_group.model_setup import build_policy, make_optimizer
@@ -52,55 +52,6 @@ def parse_args(argv=None):
     parser.add_argument("--no-reference-loop", action="store_true", help="only ours (for the scaling tables)")
     add_common_args(parser)
     return parser.parse_args(argv)
-
-
-class UNetTimer:
-    """Wall time inside a UNet's forward and backward (for the share of the training phase).
-
-    Forward: forward pre/post hooks. Backward: from the moment the gradient reaches the UNet's output
-    (a tensor hook) to the end of the enclosing backward call (``wrap_backward``); the UNet's inputs need
-    no gradient, so the rest of that backward is the UNet's. On CUDA every boundary synchronizes (this
-    instrumented run is separate from the timed comparison).
-    """
-
-    def __init__(self, unet, device):
-        self.device = device
-        self.forward_s = self.backward_s = 0.0
-        self.forwards = 0
-        self._grad_reached = None
-        self._handles = [unet.register_forward_pre_hook(self._pre), unet.register_forward_hook(self._post)]
-
-    def _now(self) -> float:
-        sync(self.device)
-        return time.perf_counter()
-
-    def _pre(self, module, args):
-        self._start = self._now()
-
-    def _post(self, module, args, output):
-        self.forward_s += self._now() - self._start
-        self.forwards += 1
-        out = output[0] if isinstance(output, tuple) else output.sample
-        if out.requires_grad:
-            out.register_hook(self._on_grad)
-
-    def _on_grad(self, grad):
-        if self._grad_reached is None:
-            self._grad_reached = self._now()
-
-    def wrap_backward(self, backward):
-        def timed_backward(loss, **kwargs):
-            self._grad_reached = None
-            result = backward(loss, **kwargs)
-            if self._grad_reached is not None:
-                self.backward_s += self._now() - self._grad_reached
-            return result
-
-        return timed_backward
-
-    def remove(self):
-        for handle in self._handles:
-            handle.remove()
 
 
 def ddpo_pytorch_epoch(batch, unet, scheduler, optimizer, params, accelerator, negative, config, timer=None):

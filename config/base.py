@@ -24,6 +24,9 @@ def base() -> ml_collections.ConfigDict:
     config.resume_from = ""  # a checkpoint directory or a run directory (its latest checkpoint)
     config.use_lora = True
     config.lora_rank = 4
+    # performance options (docs/performance.md): none helps the embedded model on a CPU, so all are off
+    config.unet_channels_last = False  # channels-last memory format for the UNet (convolutions on GPUs)
+    config.compile_unet = False  # torch.compile the UNet's forward (minutes of compilation; pays off on long GPU runs)
 
     # ---- model: "tiny-shapes" is the embedded model; anything else is a hub id or a local path ----
     config.pretrained = pretrained = ml_collections.ConfigDict()
@@ -56,6 +59,7 @@ def base() -> ml_collections.ConfigDict:
     train.clip_range = 1e-4
     train.timestep_fraction = 1.0
     train.pairs_per_forward = 32  # (sample, step) pairs per training forward
+    train.gradient_checkpointing = False  # recompute UNet activations in the backward: less memory, ~1/3 more compute
     train.group_size = 1  # samples per prompt per epoch (copies spread over processes and batches)
     # KL to a reference model and GRPO-family options (ALGORITHMS.md)
     train.beta = 0.0  # weight of the KL term to the reference model

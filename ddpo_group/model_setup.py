@@ -21,21 +21,31 @@ def lora_config(config) -> LoraConfig:
 
 
 def place(module: torch.nn.Module, device, dtype: torch.dtype) -> None:
-    """Move to ``device``; cast only when the dtype differs (diffusers warns on every dtype cast)."""
+    """Move to ``device`` and to ``dtype`` when it differs.
+
+    The cast goes through ``torch.nn.Module.to``: diffusers' ``ModelMixin.to`` warns on every dtype cast
+    (it would have us load with ``torch_dtype``, which build_policy does; this cast is only for the
+    float32 UNet of full fine-tuning under mixed precision).
+    """
     module.to(device)
     if module.dtype != dtype:
-        module.to(dtype=dtype)
+        torch.nn.Module.to(module, dtype=dtype)
 
 
 def build_policy(config, device) -> tuple[StableDiffusionPipeline, list[torch.nn.Parameter]]:
     """Load the pipeline on ``device``; return it and the trainable parameters (LoRA or the whole UNet).
 
-    Frozen parts (VAE, text encoder, and the UNet's base weights under LoRA) are cast to the
-    mixed-precision dtype to save memory; trainable parameters stay float32 (as in ddpo-pytorch).
+    The pipeline is loaded in the mixed-precision dtype (``torch_dtype``): frozen parts (VAE, text
+    encoder, and the UNet's base weights under LoRA) stay in it to save memory; trainable parameters
+    are float32 (as in ddpo-pytorch). Performance options (config/base.py): ``train.gradient_checkpointing``
+    (recompute the UNet's activations in the backward: less memory, about a third more compute) and
+    ``unet_channels_last`` (memory format); ``compile_unet`` is applied by the trainer, once the reference
+    model (which may copy the UNet or add an adapter to it) is built.
     """
-    pipe = ensure_ddim(load_pipeline(config.pretrained.model, revision=config.pretrained.revision or None))
-    pipe.set_progress_bar_config(disable=True)
     inference_dtype = DTYPES[config.mixed_precision]
+    pipe = ensure_ddim(load_pipeline(config.pretrained.model, revision=config.pretrained.revision or None,
+                                     torch_dtype=inference_dtype))
+    pipe.set_progress_bar_config(disable=True)
     pipe.vae.requires_grad_(False)
     pipe.text_encoder.requires_grad_(False)
     place(pipe.vae, device, inference_dtype)
@@ -51,6 +61,10 @@ def build_policy(config, device) -> tuple[StableDiffusionPipeline, list[torch.nn
     else:
         unet.requires_grad_(True)
         place(unet, device, torch.float32)
+    if config.train.get("gradient_checkpointing", False):
+        unet.enable_gradient_checkpointing()
+    if config.get("unet_channels_last", False):
+        unet.to(memory_format=torch.channels_last)
     trainable = [p for p in unet.parameters() if p.requires_grad]
     if not trainable:
         raise ValueError("the policy has no trainable parameters (check use_lora and the UNet's attention modules)")

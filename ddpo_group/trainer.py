@@ -80,6 +80,8 @@ class Trainer:
         # the reference adds its adapter (or copies the UNet) before accelerate wraps the UNet
         self.reference = ReferenceModel.from_config(config, self.pipe.unet, lora_config(config) if config.use_lora else None)
         optimizer = make_optimizer(config, params)
+        if config.get("compile_unet", False):  # in place (Module.compile): names, hooks and state dict unchanged
+            self.pipe.unet.compile()
         self.unet, self.optimizer = self.accelerator.prepare(self.pipe.unet, optimizer)
         self.negative_prompt_embeds = encode_prompts(self.pipe, [""])
 

@@ -1,0 +1,122 @@
+"""Wall time and peak memory of one full epoch of the default group_ppo run, phase by phase.
+
+    python bench/epoch.py [--preset group_ppo] [--epochs 2] [--threads 1] [--set FIELD=VALUE ...]
+
+Runs the trainer (scripts/train.py's code path, wandb off, a temporary log directory) for ``--epochs``
+epochs and reports the last one (the first pays one-off warm-up costs), which ends the run and so also
+saves a checkpoint (the default run saves one every ``save_freq`` = 20 epochs; the table says so).
+Phases (exclusive, from the trainer's PhaseTimer with GPU syncs at phase boundaries): sampling (text
+encoding, denoising with log-probs, VAE decode), reward (waiting for the reward workers after sampling;
+their compute runs in threads while sampling goes on and is shown apart), advantage (gather, estimator,
+GROUP_PPO controller), training (policy update), reference/KL, critic (values while sampling and its
+update), logging (metrics, reward curve, image grid, summary), checkpoint. Also the share of the epoch
+inside the UNet's forward and backward, and peak memory: the process's peak RSS, and on CUDA the
+maximum allocated during the epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import tempfile
+import time
+
+import torch
+
+from _common import UNetTimer, add_common_args, current_rss_mib, machine, peak_rss_mib, setup_threads
+
+from config.base import get_config
+from ddpo_group.timing import PHASES
+from ddpo_group.trainer import Trainer
+
+LABELS = {"reference": "reference/KL"}
+
+
+def set_field(config, key: str, raw: str) -> None:
+    from compare_algorithms import set_field as parse_set
+
+    parse_set(config, key, raw)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="group_ppo")
+    parser.add_argument("--epochs", type=int, default=2, help="epochs run; the last is reported")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field")
+    add_common_args(parser)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars in the report
+    args = parse_args(argv)
+    setup_threads(args.threads)
+    config = get_config(args.preset)
+    config.wandb.mode = "disabled"
+    config.num_epochs = args.epochs
+    for item in args.set:
+        key, _, value = item.partition("=")
+        set_field(config, key, value)
+    with tempfile.TemporaryDirectory() as logdir:
+        config.logdir, config.run_name = logdir, "bench_epoch"
+        trainer = Trainer(config)
+        trainer.timer.sync = True
+        rss_setup = current_rss_mib()
+
+        reward_compute = [0.0]
+        reward_fn = trainer.reward_fn
+
+        def timed_reward(*a, **k):
+            start = time.perf_counter()
+            try:
+                return reward_fn(*a, **k)
+            finally:
+                reward_compute[0] += time.perf_counter() - start
+
+        trainer.reward_fn = timed_reward
+        unet_timer = UNetTimer(trainer.pipe.unet, trainer.accelerator.device)
+        trainer.accelerator.backward = unet_timer.wrap_backward(trainer.accelerator.backward)
+        marks = []
+        run_epoch = trainer.run_epoch
+
+        def marked_run_epoch(epoch):
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
+            marks.append((trainer.timer.snapshot(), time.perf_counter(), unet_timer.forward_s + unet_timer.backward_s,
+                          reward_compute[0]))
+            return run_epoch(epoch)
+
+        trainer.run_epoch = marked_run_epoch
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # the trainer's prints stay quiet
+            trainer.run()
+        end = time.perf_counter()
+        phases = trainer.timer.since(marks[-1][0], trainer.timer.snapshot())
+        wall = end - marks[-1][1]
+        unet_s = unet_timer.forward_s + unet_timer.backward_s - marks[-1][2]
+        cuda_peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
+
+    out = {"wall_s": wall, "phases": {p: phases.get(p, 0.0) for p in PHASES}, "unet_share": unet_s / wall,
+           "peak_rss_mib": peak_rss_mib(), "rss_after_setup_mib": rss_setup, "cuda_max_allocated_mib": cuda_peak,
+           "reward_compute_s": reward_compute[0] - marks[-1][3]}
+    other = wall - sum(out["phases"].values())
+    s, t = config.sample, config.train
+    print(f"machine: {machine(args.device)}; device {trainer.accelerator.device}, mixed precision {config.mixed_precision}")
+    print(f"{args.preset} on {config.pretrained.model}: {s.batch_size * s.num_batches_per_epoch} samples x {s.num_steps} steps, "
+          f"CFG {s.guidance_scale}, train.batch_size {t.batch_size}, timestep_fraction {t.timestep_fraction}, "
+          f"beta {t.beta}; epoch {args.epochs - 1} of {args.epochs} (the last: with a checkpoint)")
+    print("| phase | seconds | share |")
+    print("|---|---:|---:|")
+    for phase in PHASES:
+        print(f"| {LABELS.get(phase, phase)} | {out['phases'][phase]:.3f} | {100 * out['phases'][phase] / wall:.1f}% |")
+    print(f"| other (between phases) | {other:.3f} | {100 * other / wall:.1f}% |")
+    print(f"| **epoch** | **{wall:.3f}** | 100% |")
+    print(f"reward compute in worker threads (overlapped with sampling): {out['reward_compute_s']:.3f} s")
+    print(f"UNet forward+backward share of the epoch: {100 * out['unet_share']:.1f}%")
+    print(f"memory: peak RSS {out['peak_rss_mib']:.0f} MiB (process), RSS after setup {rss_setup:.0f} MiB"
+          + (f", CUDA max allocated in the epoch {cuda_peak:.0f} MiB" if cuda_peak is not None else ", CUDA: not used"))
+    return out
+
+
+if __name__ == "__main__":
+    main()
