@@ -45,11 +45,24 @@ def step_alphas(scheduler: DDIMScheduler, timestep: torch.Tensor) -> tuple[torch
         raise ValueError("call scheduler.set_timesteps(num_steps) before taking DDIM steps")
     timestep = timestep.long()
     prev_timestep = timestep - scheduler.config.num_train_timesteps // scheduler.num_inference_steps
-    alphas_cumprod = scheduler.alphas_cumprod.to(timestep.device, torch.float32)
+    alphas_cumprod, final = _schedule_on(scheduler, timestep.device)
     alpha_prod_t = alphas_cumprod[timestep]
-    final = torch.as_tensor(scheduler.final_alpha_cumprod, dtype=torch.float32, device=timestep.device)
     alpha_prod_prev = torch.where(prev_timestep >= 0, alphas_cumprod[prev_timestep.clamp(min=0)], final)
     return alpha_prod_t, alpha_prod_prev
+
+
+def _schedule_on(scheduler: DDIMScheduler, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(alphas_cumprod, final_alpha_cumprod) as float32 on ``device``, copied there once per scheduler and device
+    (not at every step: on a GPU each copy is a host-to-device transfer in the sampling and training loops)."""
+    cache = scheduler.__dict__.setdefault("_ddpo_schedule_cache", {})
+    key = (str(device), id(scheduler.alphas_cumprod), id(scheduler.final_alpha_cumprod))
+    if key not in cache:
+        cache.clear()
+        cache[key] = (
+            scheduler.alphas_cumprod.to(device, torch.float32),
+            torch.as_tensor(scheduler.final_alpha_cumprod, dtype=torch.float32).to(device),
+        )
+    return cache[key]
 
 
 def step_std(scheduler: DDIMScheduler, timestep: torch.Tensor, eta: float) -> torch.Tensor:
