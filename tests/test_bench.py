@@ -18,3 +18,37 @@ def test_compare_algorithms_runs(tiny_model_dir, tmp_path):
     assert len(rows) == 4 and all(r["queries_to_threshold"] is not None for r in rows)
     assert [r["queries"] for r in rows] == [8, 8, 6, 6]  # remax: 4 samples + 2 greedy per epoch, 1 epoch
     assert (tmp_path / "reward_vs_queries.png").exists() and "| grpo |" in (tmp_path / "results.md").read_text()
+
+
+def test_sampling_bench_runs_and_prints_the_ratio(tiny_model_dir, capsys):
+    import sampling
+
+    out = sampling.main(["--model", tiny_model_dir, "--prompt-fn", "simple_animals", "--images", "2", "--steps", "2",
+                         "--repeats", "1", "--device", "cpu", "--threads", "0"])
+    printed = capsys.readouterr().out
+    assert out["ratio"] > 0 and out["max_image_diff"] < 1e-4  # the same images as diffusers' pipeline
+    assert "ratio ours / diffusers" in printed and "machine:" in printed
+
+
+def test_training_bench_runs_and_prints_speedup_and_unet_share(tiny_model_dir, capsys):
+    import training
+
+    out = training.main(["--model", tiny_model_dir, "--prompt-fn", "simple_animals", "--samples", "4", "--steps", "2",
+                         "--batch-size", "2", "--pairs-per-forward", "4", "--repeats", "1", "--device", "cpu", "--threads", "0"])
+    printed = capsys.readouterr().out
+    assert out["pairs"] == 8 and out["speedup"] > 0 and 0 < out["unet_share"] <= 1
+    assert "pairs/s" in printed and "speed-up ours / ddpo-pytorch" in printed and "UNet share" in printed
+
+
+def test_epoch_bench_runs_and_prints_every_phase(tiny_model_dir, capsys):
+    import epoch
+
+    sets = ["pretrained.model=" + tiny_model_dir, "prompt_fn=simple_animals", "reward_fn=jpeg_compressibility",
+            "sample.num_steps=2", "sample.batch_size=4", "sample.num_batches_per_epoch=1", "train.batch_size=4",
+            "train.group_size=2", "log_images_every=1"]
+    out = epoch.main(["--epochs", "1", "--device", "cpu", "--threads", "0"] + [x for s in sets for x in ("--set", s)])
+    printed = capsys.readouterr().out
+    for label in ("sampling", "reward", "advantage", "training", "reference/KL", "critic", "logging", "checkpoint"):
+        assert f"| {label} |" in printed
+    assert out["wall_s"] > 0 and out["phases"]["sampling"] > 0 and out["phases"]["checkpoint"] > 0
+    assert out["peak_rss_mib"] > 0 and "peak RSS" in printed
