@@ -29,6 +29,18 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+def _dtype_kwargs(dtype) -> dict:
+    """The load dtype under the keyword this diffusers takes: ``dtype`` (newer; ``torch_dtype`` is deprecated) or
+    ``torch_dtype``."""
+    if dtype is None:
+        return {}
+    try:
+        from diffusers.utils.deprecation_utils import _resolve_dtype  # noqa: F401  (only in diffusers with ``dtype``)
+    except ImportError:
+        return {"torch_dtype": dtype}
+    return {"dtype": dtype}
+
+
 def load_pipeline(name_or_path: str, revision: str | None = None, torch_dtype=None) -> StableDiffusionPipeline:
     """A StableDiffusionPipeline from "tiny-shapes", a local diffusers directory or a hub id (clear error if none)."""
     path = resolve_model_path(name_or_path)
@@ -40,8 +52,8 @@ def load_pipeline(name_or_path: str, revision: str | None = None, torch_dtype=No
         )
     try:
         return StableDiffusionPipeline.from_pretrained(
-            path, revision=revision or None, torch_dtype=torch_dtype, safety_checker=None,
-            requires_safety_checker=False, local_files_only=local,
+            path, revision=revision or None, safety_checker=None, requires_safety_checker=False,
+            local_files_only=local, **_dtype_kwargs(torch_dtype),
         )
     except (OSError, ValueError) as error:
         raise FileNotFoundError(
