@@ -103,7 +103,8 @@ class PolicyUpdater:
         with self.accelerator.accumulate(self.unet):
             metrics = self.accumulate_gradients(batch, rows, step_mask)
             if self.accelerator.sync_gradients:
-                metrics["grad_norm"] = self.accelerator.clip_grad_norm_(self.params, self.config.train.max_grad_norm).detach()
+                norm = self.accelerator.clip_grad_norm_(self.params, self.config.train.max_grad_norm)
+                metrics["grad_norm"] = norm.detach() if isinstance(norm, torch.Tensor) else norm  # read at epoch end
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return metrics
