@@ -49,7 +49,6 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> dict:
-    os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars in the report
     args = parse_args(argv)
     setup_threads(args.threads)
     config = get_config(args.preset)
@@ -88,8 +87,8 @@ def main(argv=None) -> dict:
             return run_epoch(epoch)
 
         trainer.run_epoch = marked_run_epoch
-        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # the trainer's prints stay quiet
-            trainer.run()
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+            trainer.run()  # its prints and progress bars stay quiet (an exception still propagates)
         end = time.perf_counter()
         phases = trainer.timer.since(marks[-1][0], trainer.timer.snapshot())
         wall = end - marks[-1][1]

@@ -5,7 +5,10 @@
 Same model, prompts, number of DDIM steps, batch, CFG (5) and eta (1), output decoded to images in
 both. The two contenders run interleaved (the order alternates every round) so that contention on a
 shared machine hits both alike; prints the median over rounds of the per-round wall-time ratio
-ours / diffusers (target: at most 1.05) and checks that both produce the same images.
+ours / diffusers (target: at most 1.05) and checks that both produce the same images. A last,
+instrumented call of each splits its time into the models (text encoder, UNet, VAE decoder, from
+forward hooks) and the rest (the sampler's own work), which is what the two implementations differ
+in and is far less sensitive to contention than the total.
 On a GPU, ``--dtype fp16|bf16`` loads the model in that dtype for both.
 """
 
@@ -13,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import time
 
 import torch
 
-from _common import add_common_args, machine, median_ratio, setup_threads, side_by_side
+from _common import add_common_args, machine, median_ratio, setup_threads, side_by_side, sync, timed
 
 from ddpo_group.models import TINY_SHAPES, load_pipeline
 from ddpo_group.prompts import PromptSampler
@@ -33,7 +37,7 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--guidance", type=float, default=5.0)
     parser.add_argument("--eta", type=float, default=1.0)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     add_common_args(parser)
     return parser.parse_args(argv)
@@ -63,6 +67,7 @@ def main(argv=None) -> dict:
                                               generator=generator).images
 
     times = side_by_side({"diffusers": diffusers_call, "ours": ours}, args.repeats, args.device)
+    outside = {name: outside_models(pipe, fn, args.device) for name, fn in (("diffusers", diffusers_call), ("ours", ours))}
     ratio = median_ratio(times["ours"], times["diffusers"])
     max_diff = float((results["ours"].float() - results["diffusers"].float()).abs().max())
     t_diff, t_ours = statistics.median(times["diffusers"]), statistics.median(times["ours"])
@@ -75,7 +80,31 @@ def main(argv=None) -> dict:
           f"(target <= 1.05: {'met' if ratio <= 1.05 else 'NOT met'}); per-round "
           + ", ".join(f"{a / b:.3f}" for a, b in zip(times['ours'], times['diffusers'])))
     print(f"  same images: max |ours - diffusers| = {max_diff:.2e}")
-    return {"ratio": ratio, "diffusers_s": t_diff, "ours_s": t_ours, "max_image_diff": max_diff, "times": times}
+    print("  time outside the models (text encoder, UNet, VAE decoder), one instrumented call each: "
+          + ", ".join(f"{name} {total - models:.3f} s of {total:.3f} s" for name, (total, models) in outside.items()))
+    return {"ratio": ratio, "diffusers_s": t_diff, "ours_s": t_ours, "max_image_diff": max_diff, "times": times,
+            "outside_models_s": {name: total - models for name, (total, models) in outside.items()}}
+
+
+def outside_models(pipe, fn, device) -> tuple[float, float]:
+    """(total seconds, seconds inside the text encoder, UNet and VAE decoder) of one call of ``fn``."""
+    inside, starts, handles = [0.0], {}, []
+    for module in (pipe.text_encoder, pipe.unet, pipe.vae.decoder):
+        def pre(m, args, key=id(module)):
+            sync(device)
+            starts[key] = time.perf_counter()
+
+        def post(m, args, output, key=id(module)):
+            sync(device)
+            inside[0] += time.perf_counter() - starts[key]
+
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    try:
+        total = timed(fn, device)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return total, inside[0]
 
 
 if __name__ == "__main__":
