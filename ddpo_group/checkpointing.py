@@ -17,18 +17,20 @@ COMPLETE_MARKER = "COMPLETE"
 
 
 class TrainingState:
-    """Epoch and optimizer-step counters, saved with every checkpoint."""
+    """Epoch and optimizer-step counters and the wandb run id, saved with every checkpoint."""
 
     def __init__(self):
         self.epoch = -1  # last finished epoch
         self.global_step = 0
+        self.wandb_run_id = ""  # set at the first start; a resumed run logs to the same wandb run
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "global_step": self.global_step}
+        return {"epoch": self.epoch, "global_step": self.global_step, "wandb_run_id": self.wandb_run_id}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch = int(state["epoch"])
         self.global_step = int(state["global_step"])
+        self.wandb_run_id = str(state.get("wandb_run_id", ""))  # older checkpoints have none
 
 
 def complete_checkpoints(checkpoint_root: str | os.PathLike) -> list[Path]:
@@ -65,6 +67,13 @@ def run_dir_of_checkpoint(checkpoint: Path) -> Path:
     return checkpoint.parent.parent
 
 
+def later_checkpoints(checkpoint: Path) -> list[Path]:
+    """Complete checkpoints beside ``checkpoint`` of later epochs (a resume from an older one abandons them)."""
+    siblings = complete_checkpoints(checkpoint.parent)
+    names = [p.name for p in siblings]
+    return siblings[names.index(checkpoint.name) + 1 :] if checkpoint.name in names else []
+
+
 def save_checkpoint(
     accelerator, checkpoint_root: str | os.PathLike, epoch: int, keep: int, extra: Callable[[Path], None] | None = None
 ) -> Path:
@@ -86,10 +95,17 @@ def save_checkpoint(
         if extra is not None:
             extra(tmp)
         (tmp / COMPLETE_MARKER).write_text(f"epoch {epoch}\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        if final.exists():  # the same epoch saved again: move the old one aside, never leave neither
+            stale = root / f".old_checkpoint_{epoch:05d}"
+            shutil.rmtree(stale, ignore_errors=True)
+            os.replace(final, stale)
+            os.replace(tmp, final)
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+        # rotation: the newest ``keep`` by epoch, and never the checkpoint just written
         for old in complete_checkpoints(root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final

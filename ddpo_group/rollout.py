@@ -14,13 +14,45 @@ from ddpo_group.rewards import check_rewards
 from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
 
 
+MAX_ISOLATION_CALLS = 16  # single-image reward calls made to find the images a raising reward fails on
+
+
 def score_images(reward_fn, reward_name: str, images, prompts: list[str], metadata: list[dict]) -> tuple[torch.Tensor, dict]:
-    """(rewards [B] float64, checked; info) of one batch; any error names the reward function."""
+    """(rewards [B] float64, checked; info) of one batch; any error names the reward function.
+
+    When the reward function raises, it is called again on each image alone (at most
+    MAX_ISOLATION_CALLS of them) and the message lists the indices and prompts it fails on.
+    """
     try:
-        rewards, info = reward_fn(images, prompts, metadata)
+        out = reward_fn(images, prompts, metadata)
     except Exception as error:
-        raise RuntimeError(f"reward function {reward_name!r} raised {type(error).__name__}: {error}") from error
+        raise RuntimeError(
+            f"reward function {reward_name!r} raised {type(error).__name__}: {error} "
+            f"({failing_images(reward_fn, images, prompts, metadata)})"
+        ) from error
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise TypeError(
+            f"reward function {reward_name!r} returned {type(out).__name__}; expected a (rewards, info) pair "
+            f"with {len(prompts)} rewards"
+        )
+    rewards, info = out
     return check_rewards(rewards, len(prompts), reward_name), info or {}
+
+
+def failing_images(reward_fn, images, prompts: list[str], metadata: list[dict]) -> str:
+    """Which images of the batch the reward function raises on when called on one image at a time."""
+    n = len(prompts)
+    checked = min(n, MAX_ISOLATION_CALLS)
+    bad = []
+    for i in range(checked):
+        try:
+            reward_fn(images[i : i + 1], prompts[i : i + 1], metadata[i : i + 1])
+        except Exception:
+            bad.append(i)
+    scope = f"of the first {checked} of {n} images" if checked < n else f"of the batch of {n} images"
+    if not bad:
+        return f"it raised on the whole batch {scope} but on no single image"
+    return f"it raised on batch indices {bad} {scope}, prompts {[prompts[i] for i in bad]}"
 
 
 def collect_rollouts(

@@ -1,0 +1,33 @@
+"""The ways a run stops on purpose, each with a message that says what happened and what to do next."""
+
+from __future__ import annotations
+
+import signal
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss (policy, KL or critic) became NaN or infinite; raised before the optimizer step it would feed.
+
+    ``optimizer_steps`` counts the policy optimizer steps already taken in the epoch, so the trainer
+    can name the global step that failed (None: the critic's update, after the epoch's policy steps).
+    """
+
+    def __init__(self, message: str, optimizer_steps: int | None = 0):
+        super().__init__(message)
+        self.optimizer_steps = optimizer_steps
+
+
+class TrainingInterrupted(Exception):
+    """Ctrl-C (SIGINT) or SIGTERM stopped the run; ``exit_code`` is the shell convention 128 + signal number."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + int(signum)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
