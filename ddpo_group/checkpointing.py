@@ -2,6 +2,8 @@
 
 Layout: ``<run_dir>/checkpoints/checkpoint_<epoch:05d>/``; a directory is complete once it holds
 ``COMPLETE`` (written last, before the rename), and only complete ones are resumed from or kept.
+A crash at any point of a save leaves every complete checkpoint written before it, and at worst
+a hidden ``.tmp_*`` / ``.replaced_*`` / ``.deleting_*`` directory that the next save clears up.
 """
 
 from __future__ import annotations
@@ -74,6 +76,19 @@ def later_checkpoints(checkpoint: Path) -> list[Path]:
     return siblings[names.index(checkpoint.name) + 1 :] if checkpoint.name in names else []
 
 
+def clear_leftovers(root: Path) -> None:
+    """Remove what an interrupted save left in ``root``; a complete checkpoint moved aside to be replaced by a
+    new save of its epoch goes back into place if that save never finished."""
+    for replaced in root.glob(".replaced_checkpoint_*"):
+        original = root / replaced.name[len(".replaced_"):]
+        if (replaced / COMPLETE_MARKER).exists() and not (original / COMPLETE_MARKER).exists():
+            shutil.rmtree(original, ignore_errors=True)
+            os.replace(replaced, original)
+    for pattern in (".tmp_checkpoint_*", ".replaced_checkpoint_*", ".deleting_checkpoint_*"):
+        for leftover in root.glob(pattern):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
 def save_checkpoint(
     accelerator, checkpoint_root: str | os.PathLike, epoch: int, keep: int, extra: Callable[[Path], None] | None = None
 ) -> Path:
@@ -87,7 +102,7 @@ def save_checkpoint(
     tmp = root / f".tmp_checkpoint_{epoch:05d}"
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
+        clear_leftovers(root)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
@@ -96,16 +111,20 @@ def save_checkpoint(
             extra(tmp)
         (tmp / COMPLETE_MARKER).write_text(f"epoch {epoch}\n")
         if final.exists():  # the same epoch saved again: move the old one aside, never leave neither
-            stale = root / f".old_checkpoint_{epoch:05d}"
+            stale = root / f".replaced_{final.name}"
             shutil.rmtree(stale, ignore_errors=True)
             os.replace(final, stale)
             os.replace(tmp, final)
             shutil.rmtree(stale, ignore_errors=True)
         else:
             os.replace(tmp, final)
-        # rotation: the newest ``keep`` by epoch, and never the checkpoint just written
+        # rotation: the newest ``keep`` by epoch, and never the checkpoint just written; each is renamed out of
+        # the checkpoint pattern first, so a crash while deleting never leaves a half-deleted "complete" one
         for old in complete_checkpoints(root)[:-keep]:
             if old != final:
-                shutil.rmtree(old, ignore_errors=True)
+                doomed = root / f".deleting_{old.name}"
+                shutil.rmtree(doomed, ignore_errors=True)
+                os.replace(old, doomed)
+                shutil.rmtree(doomed, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
