@@ -31,3 +31,7 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+class EpochAbandoned(Exception):
+    """A stop signal arrived while the epoch was still sampling: the epoch is dropped before any update."""

@@ -1,9 +1,11 @@
 """Ctrl-C (SIGINT) and SIGTERM during training.
 
-The first signal only sets a flag: the trainer finishes the epoch it is in, writes a checkpoint
-and stops with :class:`~ddpo_group.errors.TrainingInterrupted` (exit code 128 + signal). A second
-signal stops at once, without a checkpoint for the unfinished epoch (the last complete checkpoint
-is untouched: checkpoints are written atomically).
+The first signal only sets a flag, which the trainer reads at clean points: an epoch still
+sampling is dropped before the next sampling batch (sampling_snapshot.py undoes what it changed),
+an epoch already updating the policy is finished; then the trainer writes a checkpoint of the last
+finished epoch and stops with :class:`~ddpo_group.errors.TrainingInterrupted` (exit code 128 +
+signal). A second signal stops at once, without a checkpoint of the unfinished epoch (the last
+complete checkpoint is untouched: checkpoints are written atomically).
 """
 
 from __future__ import annotations
@@ -51,8 +53,8 @@ class StopRequest:
         if self.signum is None:
             self.signum = signum
             print(
-                f"[ddpo_group] received {name}: finishing the current epoch, then writing a checkpoint and stopping "
-                f"(send {name} again to stop at once, without a checkpoint of this epoch)",
+                f"[ddpo_group] received {name}: stopping cleanly (an epoch still sampling is dropped, an epoch already "
+                f"updating is finished), then writing a checkpoint (send {name} again to stop at once, without one)",
                 flush=True,
             )
             return

@@ -6,10 +6,12 @@ Rewards of one batch are computed in a worker thread while the next batch sample
 from __future__ import annotations
 
 from concurrent.futures import Executor
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
 
+from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards import check_rewards
 from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
 
@@ -68,6 +70,7 @@ def collect_rollouts(
     desc: str = "sampling",
     generators: list[torch.Generator] | None = None,
     critic=None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Sample this process's prompts in ``num_batches_per_epoch`` batches and score them.
 
@@ -75,10 +78,15 @@ def collect_rollouts(
     [B, T, C, h, w], log_probs [B, T], timesteps [B, T], rewards [B] (float64, checked), images
     [B, 3, H, W] and reward_info; values [B, T] (pre-step critic values) when ``critic`` is given.
     ``generators`` (one per sample) make each sample's noise independent of the batch layout.
+    ``should_stop()``, asked before each batch, abandons the sampling (EpochAbandoned) when true.
     """
     batches, futures = [], []
     size = sample_config.batch_size
     for i in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):
+        if should_stop is not None and should_stop():
+            for future in futures:
+                future.cancel()
+            raise EpochAbandoned(f"sampling stopped before batch {i} of {sample_config.num_batches_per_epoch}")
         batch_prompts, batch_metadata = prompts[i * size : (i + 1) * size], metadata[i * size : (i + 1) * size]
         prompt_embeds = encode_prompts(pipe, batch_prompts)
         negative = negative_prompt_embeds.expand(len(batch_prompts), -1, -1)

@@ -33,7 +33,7 @@ from ddpo_group.checkpointing import (
 from ddpo_group.config_validation import validate_config
 from ddpo_group.critic import Critic
 from ddpo_group.dynamic_sampling import group_keep_mask, pool_rows
-from ddpo_group.errors import NonFiniteLossError, TrainingInterrupted, signal_name
+from ddpo_group.errors import EpochAbandoned, NonFiniteLossError, TrainingInterrupted, signal_name
 from ddpo_group.interrupts import StopRequest
 from ddpo_group.kl_term import rollout_kl
 from ddpo_group.lora_export import save_lora
@@ -47,6 +47,7 @@ from ddpo_group.reference import ReferenceModel
 from ddpo_group.rollout import collect_rollouts, greedy_rewards
 from ddpo_group.sampling.ddim import check_trainable_schedule
 from ddpo_group.sampling.pipeline import encode_prompts
+from ddpo_group.sampling_snapshot import SamplingSnapshot
 from ddpo_group.stat_tracking import PerPromptStatTracker
 from ddpo_group.summary import format_summary
 from ddpo_group.tracking import image_grid, resolve_wandb_mode
@@ -124,10 +125,13 @@ class Trainer:
             reference=None if a.kl_in_reward else self.reference,
         )
         self.executor = ThreadPoolExecutor(max_workers=2)
+        self.stop = StopRequest()  # installed by run(): Ctrl-C / SIGTERM
+        self.saved_epoch = None  # the epoch of the checkpoint last written or resumed from
 
         if resume_path is not None:
             self.accelerator.load_state(str(resume_path))
             self._print(f"resumed from {resume_path} (finished epoch {self.state.epoch})")
+            self.saved_epoch = self.state.epoch
             self._forget_later_epochs(resume_path)
         if not self.state.wandb_run_id:
             self.state.wandb_run_id = uuid.uuid4().hex[:12]  # saved with every checkpoint
@@ -168,11 +172,15 @@ class Trainer:
             f"run dir {self.run_dir}"
         )
         metrics = {}
-        stop = StopRequest(self.resume_hint())
+        stop = self.stop = StopRequest(self.resume_hint())
         try:
-            with stop.installed():  # Ctrl-C / SIGTERM: finish this epoch, checkpoint, stop (interrupts.py)
+            # Ctrl-C / SIGTERM while sampling: drop the epoch; while training: finish it; then checkpoint and stop
+            with stop.installed():
                 for epoch in range(self.state.epoch + 1, config.num_epochs):
-                    metrics = self.run_epoch(epoch)
+                    try:
+                        metrics = self.run_epoch(epoch)
+                    except EpochAbandoned:
+                        raise self.stopped_in_sampling(epoch) from None
                     self.state.epoch = epoch
                     stopping = self.stop_agreed(stop)
                     last = epoch == config.num_epochs - 1
@@ -206,11 +214,28 @@ class Trainer:
             self.accelerator, self.run_dir / "checkpoints", epoch, self.config.num_checkpoint_limit,
             extra=(lambda directory: save_lora(self.unet, directory / "lora")) if self.exports_lora else None,
         )
+        self.saved_epoch = epoch
         self._print(f"saved {path}")
         return path
 
+    def stopped_in_sampling(self, epoch: int) -> TrainingInterrupted:
+        """The stop after abandoning ``epoch`` in its sampling phase (state already restored to the previous
+        epoch's end): checkpoint the last finished epoch unless that checkpoint exists."""
+        signum = self.stop.signum or signal.SIGTERM
+        what = f"training stopped by {signal_name(signum)} while sampling epoch {epoch}; the epoch was dropped " \
+               "before any update"
+        if self.state.epoch < 0:
+            return TrainingInterrupted(signum, f"{what}. No epoch had finished, so there is nothing to checkpoint: "
+                                               "start the run again (without resume_from).")
+        what += " and runs again on resume"
+        if self.saved_epoch == self.state.epoch:
+            path = self.run_dir / "checkpoints" / f"checkpoint_{self.state.epoch:05d}"
+        else:
+            path = self.save(self.state.epoch)
+        return TrainingInterrupted(signum, f"{what}; checkpoint {path} (epoch {self.state.epoch}). {self.resume_hint()}")
+
     def stop_agreed(self, stop: StopRequest) -> bool:
-        """True when any process got a stop signal (all processes must stop after the same epoch)."""
+        """True when any process got a stop signal (all processes must stop at the same point)."""
         if self.accelerator.num_processes == 1:
             return stop.requested
         return bool(self.gather(torch.tensor([1.0 if stop.requested else 0.0])).max() > 0)
@@ -247,10 +272,19 @@ class Trainer:
         config, accelerator = self.config, self.accelerator
         start = time.perf_counter()
         self.unet.eval()
-        rounds = [self.sample_round(epoch, 0)]
-        if config.algorithm.filter_groups:  # DAPO: more rounds until every process holds a full batch of kept groups
-            while len(rounds) < config.algorithm.max_num_gen_batches and self.short_of_kept_rows(rounds):
-                rounds.append(self.sample_round(epoch, len(rounds)))
+        # a stop signal while sampling drops the epoch: the snapshot undoes what sampling changed
+        snapshot = SamplingSnapshot(self.prompt_sampler, self.stat_tracker)
+        try:
+            rounds = [self.sample_round(epoch, 0)]
+            if config.algorithm.filter_groups:  # DAPO: more rounds until every process holds a full batch of kept groups
+                while len(rounds) < config.algorithm.max_num_gen_batches and self.short_of_kept_rows(rounds):
+                    rounds.append(self.sample_round(epoch, len(rounds)))
+            if self.stop_agreed(self.stop):
+                raise EpochAbandoned(f"epoch {epoch} sampled; stopped before its update")
+        except EpochAbandoned:
+            snapshot.restore()
+            raise
+        if config.algorithm.filter_groups:
             batch = pool_rows([r.batch for r in rounds], [self.local_rows(r.keep).bool() for r in rounds], self.local)
         else:
             batch = rounds[0].batch
@@ -339,7 +373,7 @@ class Trainer:
                 self.pipe, prompts[mine], metadata[mine], self.reward_fn, config.reward_fn, self.executor,
                 config.sample, self.negative_prompt_embeds, show_progress=accelerator.is_local_main_process,
                 desc=f"epoch {epoch}: sampling", generators=self.sample_generators(epoch, round_index, mine),
-                critic=self.critic,
+                critic=self.critic, should_stop=lambda: self.stop_agreed(self.stop),
             )
             extra = self.baselines_and_step_rewards(epoch, batch, groups[mine])
         # ---- advantages on the gathered round; each process keeps its own rows ----

@@ -2,10 +2,10 @@
 
 Every run trains 4 epochs and checkpoints every 2 (epochs 1 and 3). The interrupted run's reward
 (tests/plugins/hang_reward.py) hangs on a chosen call after writing a marker: the test waits for
-the marker and signals the process, which is then in the middle of an epoch. SIGKILL lands in
-epoch 3, with epoch 2 trained and logged but not checkpointed; SIGTERM lands in epoch 2, which the
-run finishes and checkpoints before it stops. The resumed run must end with the same bytes (and
-the same logged metrics) as a run that was never interrupted.
+the marker and signals the process, which is then sampling epoch 3, with epoch 2 trained and
+logged but not checkpointed. After SIGKILL the resume starts from epoch 1 and runs epoch 2 again;
+SIGTERM drops epoch 3, checkpoints epoch 2 and exits 143. Either way the resumed run must end with
+the same bytes (and the same logged metrics) as a run that was never interrupted.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 HANG_REWARD = f"{ROOT / 'tests' / 'plugins' / 'hang_reward.py'}:make"
 EPOCHS, SAVE_FREQ = 4, 2
-FIRST_REWARD_CALL = {2: 4, 3: 6}  # 2 reward batches an epoch: the first reward call of epochs 2 and 3
+HANG_AT = 6  # 2 reward calls an epoch: call 6 is the first of epoch 3
 
 
 def train_command(preset: str, model_dir: str, logdir: Path, run: str, **extra) -> list[str]:
@@ -125,9 +125,8 @@ def wandb_run_id(checkpoint: Path) -> str:
 _REFERENCE_RUNS: dict[str, Path] = {}
 
 
-def interrupted_and_reference(preset: str, model_dir: str, tmp: Path, sig: int,
-                              epoch: int) -> tuple[Path, Path, subprocess.Popen, Path]:
-    """Start the never-interrupted run (once per preset, alongside) and the run signalled in the middle of ``epoch``.
+def interrupted_and_reference(preset: str, model_dir: str, tmp: Path, sig: int) -> tuple[Path, Path, subprocess.Popen, Path]:
+    """Start the never-interrupted run (once per preset, alongside) and the run signalled while sampling epoch 3.
 
     Returns (reference run dir, interrupted run dir, the signalled process, its log).
     """
@@ -138,7 +137,7 @@ def interrupted_and_reference(preset: str, model_dir: str, tmp: Path, sig: int,
     marker = tmp / f"{preset}_{sig}.marker"
     run = f"{preset}_signal{sig}"
     log = tmp / f"{run}.log"
-    hang = environment(HANG_REWARD_AT=str(FIRST_REWARD_CALL[epoch]), HANG_REWARD_MARKER=str(marker),
+    hang = environment(HANG_REWARD_AT=str(HANG_AT), HANG_REWARD_MARKER=str(marker),
                        HANG_REWARD_SECONDS="600" if sig == signal.SIGKILL else "2")
     process = start(train_command(preset, model_dir, tmp, run), hang, log)
     wait_for(marker, process, log)
@@ -158,7 +157,7 @@ def runs_dir(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo"])
 def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(preset, tiny_model_dir, runs_dir):
-    reference, killed, process, log = interrupted_and_reference(preset, tiny_model_dir, runs_dir, signal.SIGKILL, epoch=3)
+    reference, killed, process, log = interrupted_and_reference(preset, tiny_model_dir, runs_dir, signal.SIGKILL)
     assert process.wait(timeout=60) == -signal.SIGKILL
     # killed in epoch 3: epoch 2 was logged but only epoch 1 is checkpointed
     assert [m["epoch"] for m in read_metrics(killed)] == [0, 1, 2]
@@ -183,19 +182,18 @@ def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(preset, tiny_model_d
 
 
 @pytest.mark.slow
-def test_sigterm_mid_epoch_finishes_it_checkpoints_stops_and_resumes_exactly(tiny_model_dir, runs_dir):
-    reference, stopped, process, log = interrupted_and_reference("ddpo", tiny_model_dir, runs_dir, signal.SIGTERM,
-                                                                 epoch=2)
+def test_sigterm_while_sampling_drops_the_epoch_checkpoints_the_last_one_and_resumes_exactly(tiny_model_dir, runs_dir):
+    reference, stopped, process, log = interrupted_and_reference("ddpo", tiny_model_dir, runs_dir, signal.SIGTERM)
     assert process.wait(timeout=120) == 128 + signal.SIGTERM
     text = log.read_text()
-    assert "received SIGTERM: finishing the current epoch, then writing a checkpoint" in text, text[-3000:]
-    assert f"training stopped by SIGTERM after epoch 2" in text
+    assert "received SIGTERM: stopping cleanly" in text, text[-3000:]
+    assert "training stopped by SIGTERM while sampling epoch 3; the epoch was dropped before any update" in text
     assert f"--config.resume_from={stopped}" in text
-    # epoch 2 finished and checkpointed although save_freq=2 would not have saved it; epoch 3 never started
+    # epoch 2 (trained, not yet checkpointed with save_freq=2) is checkpointed now; epoch 3 left no trace
     assert [m["epoch"] for m in read_metrics(stopped)] == [0, 1, 2]
     checkpoints = sorted((stopped / "checkpoints").glob("checkpoint_*"))
     assert [p.name for p in checkpoints] == ["checkpoint_00001", "checkpoint_00002"]
-    assert (checkpoints[-1] / "COMPLETE").exists()
+    assert (checkpoints[-1] / "COMPLETE").exists() and not list((stopped / "checkpoints").glob(".*"))
 
     resumed_log = log.with_suffix(".resume.log")
     text = finish(start(train_command("ddpo", tiny_model_dir, runs_dir, stopped.name, resume_from=stopped),
