@@ -44,6 +44,7 @@ from ddpo_group.policy_update import PolicyUpdater
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.rewards import make_reward_fn
 from ddpo_group.reference import ReferenceModel
+from ddpo_group.resume_check import check_resume, write_state_fields
 from ddpo_group.rollout import collect_rollouts, greedy_rewards
 from ddpo_group.sampling.ddim import check_trainable_schedule
 from ddpo_group.sampling.pipeline import encode_prompts
@@ -83,6 +84,9 @@ class Trainer:
         validate_config(config, num_processes=self.accelerator.num_processes)
         if wandb_note:
             self._print(wandb_note)
+        if resume_path is not None:  # a checkpoint this config cannot load fails here, before the model loads
+            for warning in check_resume(resume_path, config, self.accelerator.num_processes):
+                self._print(f"warning: {warning}")
         if config.allow_tf32 and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = True
         set_seed(config.seed, device_specific=True)
@@ -210,9 +214,13 @@ class Trainer:
 
     def save(self, epoch: int) -> Path:
         """Write the checkpoint of finished epoch ``epoch`` (atomic; rotation keeps num_checkpoint_limit)."""
+        def extra(directory: Path) -> None:  # main process, before the checkpoint is marked complete
+            write_state_fields(directory, self.config, self.accelerator.num_processes)
+            if self.exports_lora:
+                save_lora(self.unet, directory / "lora")
+
         path = save_checkpoint(
-            self.accelerator, self.run_dir / "checkpoints", epoch, self.config.num_checkpoint_limit,
-            extra=(lambda directory: save_lora(self.unet, directory / "lora")) if self.exports_lora else None,
+            self.accelerator, self.run_dir / "checkpoints", epoch, self.config.num_checkpoint_limit, extra=extra
         )
         self.saved_epoch = epoch
         self._print(f"saved {path}")

@@ -7,6 +7,7 @@ config contradictions (test_config.py), reward outputs of the wrong type / shape
 
 from __future__ import annotations
 
+import json
 import math
 import textwrap
 import warnings
@@ -16,6 +17,7 @@ import torch
 
 import ddpo_group.trainer as trainer_module
 from ddpo_group.checkpointing import complete_checkpoints
+from ddpo_group.config_validation import ConfigError
 from ddpo_group.errors import NonFiniteLossError
 from ddpo_group.models import load_pipeline
 from ddpo_group.sampling import pipeline as pipeline_module
@@ -234,3 +236,33 @@ def test_a_non_finite_loss_stops_naming_epoch_and_step_and_keeps_the_last_checkp
 def test_config_with_unknown_preset_lists_the_presets():
     with pytest.raises(ValueError, match=r"unknown preset 'nope'; valid presets: .*group_ppo"):
         tiny_config("nope", "unused", "unused")
+
+
+def test_resuming_with_a_config_whose_state_differs_names_the_fields_before_the_model_loads(tiny_model_dir, tmp_path,
+                                                                                              monkeypatch, capsys):
+    tiny_trainer("ddpo", tiny_model_dir, tmp_path, save_freq=1).run()
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "checkpoint_00000" / "state_fields.json").read_text())
+    assert saved["use_lora"] is True and saved["algorithm.adv_estimator"] == "ddpo" and saved["num_processes"] == 1
+
+    real_build_policy = trainer_module.build_policy
+    no_model_load(monkeypatch)
+    with pytest.raises(ConfigError) as caught:
+        tiny_trainer("ddpo", tiny_model_dir, tmp_path, num_epochs=2, resume_from=str(tmp_path / "run"),
+                     use_lora=False, lora_rank=8, **{"algorithm.kl_controller": "adaptive", "train.beta": 0.1,
+                                                     "train.use_reference_model": True})
+    message = str(caught.value)
+    assert "cannot be resumed with this config; these fields differ" in message
+    for line in ["use_lora: checkpoint True, config False", "lora_rank: checkpoint 4, config 8",
+                 "algorithm.kl_controller: checkpoint 'fixed', config 'adaptive'",
+                 "train.use_reference_model: checkpoint False, config True"]:
+        assert f"  - {line}\n" in message
+    assert "start a new run" in message
+
+    # another path to the same model only warns
+    monkeypatch.setattr(trainer_module, "build_policy", real_build_policy)
+    moved = tmp_path / "moved_model"
+    moved.symlink_to(tiny_model_dir)
+    resumed = tiny_trainer("ddpo", str(moved), tmp_path, num_epochs=2, resume_from=str(tmp_path / "run"))
+    assert resumed.state.epoch == 0
+    assert f"warning: pretrained.model is {str(moved)!r}; the checkpoint was trained from" in capsys.readouterr().out
+    resumed.executor.shutdown()
