@@ -18,12 +18,17 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class TrainingInterrupted(Exception):
-    """Ctrl-C (SIGINT) or SIGTERM stopped the run; ``exit_code`` is the shell convention 128 + signal number."""
+    """Ctrl-C (SIGINT) or SIGTERM stopped the run; ``exit_code`` is the shell convention 128 + signal number.
 
-    def __init__(self, signum: int, message: str):
+    ``immediate``: a second signal asked to stop at once (the command line exits without waiting for
+    worker threads such as a hung reward call).
+    """
+
+    def __init__(self, signum: int, message: str, immediate: bool = False):
         super().__init__(message)
         self.signum = signum
         self.exit_code = 128 + int(signum)
+        self.immediate = immediate
 
 
 def signal_name(signum: int) -> str:

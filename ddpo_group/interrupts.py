@@ -10,7 +10,9 @@ complete checkpoint is untouched: checkpoints are written atomically).
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -52,14 +54,21 @@ class StopRequest:
         name = signal_name(signum)
         if self.signum is None:
             self.signum = signum
-            print(
+            _say(
                 f"[ddpo_group] received {name}: stopping cleanly (an epoch still sampling is dropped, an epoch already "
-                f"updating is finished), then writing a checkpoint (send {name} again to stop at once, without one)",
-                flush=True,
+                f"updating is finished), then writing a checkpoint (send {name} again to stop at once, without one)"
             )
             return
         self._restore()
         raise TrainingInterrupted(
             signum, f"training stopped at once by a second {name}; no checkpoint of the unfinished epoch was written. "
-            f"{self.resume_hint}",
+            f"{self.resume_hint}", immediate=True,
         )
+
+
+def _say(message: str) -> None:
+    """Write to stderr from a signal handler: os.write, as print() may be in the middle of a write (reentrant)."""
+    try:
+        os.write(sys.stderr.fileno(), (message + "\n").encode())
+    except (OSError, ValueError, AttributeError):  # no usable stderr descriptor: stay silent rather than fail
+        pass

@@ -26,6 +26,9 @@ def main(argv):
         Trainer(_CONFIG.value).run()
     except TrainingInterrupted as stopped:  # Ctrl-C / SIGTERM: a checkpoint was written (or not: the message says)
         print(f"[ddpo_group] {stopped}", file=sys.stderr, flush=True)
+        if stopped.immediate:  # a second signal: do not wait for worker threads (a reward call may hang)
+            sys.stdout.flush()
+            os._exit(stopped.exit_code)
         sys.exit(stopped.exit_code)
     except NonFiniteLossError as error:  # the last complete checkpoint is kept
         print(f"[ddpo_group] {error}", file=sys.stderr, flush=True)

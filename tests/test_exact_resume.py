@@ -27,7 +27,9 @@ from safetensors.torch import load_file
 ROOT = Path(__file__).resolve().parents[1]
 HANG_REWARD = f"{ROOT / 'tests' / 'plugins' / 'hang_reward.py'}:make"
 EPOCHS, SAVE_FREQ = 4, 2
-HANG_AT = 6  # 2 reward calls an epoch: call 6 is the first of epoch 3
+# 2 reward calls an epoch: call 7 is the last of epoch 3's sampling; when it hangs, the trainer has sampled
+# every batch of epoch 3 and waits for that reward (no further stop check before it returns)
+HANG_AT = 7
 
 
 def train_command(preset: str, model_dir: str, logdir: Path, run: str, **extra) -> list[str]:
@@ -202,3 +204,22 @@ def test_sigterm_while_sampling_drops_the_epoch_checkpoints_the_last_one_and_res
     final = "checkpoints/checkpoint_00003"
     assert_identical(load_everything(reference / final), load_everything(stopped / final), "sigterm")
     assert comparable(read_metrics(reference)[3]) == comparable(read_metrics(stopped)[3])
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_stops_at_once_even_with_a_hung_reward(tiny_model_dir, runs_dir):
+    run, marker = "ddpo_twice", runs_dir / "twice.marker"
+    log = runs_dir / f"{run}.log"
+    env = environment(HANG_REWARD_AT=str(HANG_AT), HANG_REWARD_MARKER=str(marker), HANG_REWARD_SECONDS="600")
+    process = start(train_command("ddpo", tiny_model_dir, runs_dir, run), env, log)
+    wait_for(marker, process, log)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert process.poll() is None  # the first signal waits for a clean point (the reward still hangs)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 128 + signal.SIGTERM  # not the 600 s of the hung reward call
+    text = log.read_text()
+    assert "training stopped at once by a second SIGTERM; no checkpoint of the unfinished epoch was written" in text
+    assert f"--config.resume_from={runs_dir / run}" in text
+    assert [p.name for p in sorted((runs_dir / run / "checkpoints").glob("checkpoint_*"))] == ["checkpoint_00001"]
+    assert (runs_dir / run / "checkpoints" / "checkpoint_00001" / "COMPLETE").exists()
