@@ -175,6 +175,9 @@ class Trainer:
             f"{self.state.epoch + 1}..{config.num_epochs - 1} on {self.accelerator.num_processes} process(es); "
             f"run dir {self.run_dir}"
         )
+        if self.state.epoch >= config.num_epochs - 1:
+            self._print(f"nothing to train: the checkpoint finished epoch {self.state.epoch} and num_epochs="
+                        f"{config.num_epochs}; raise num_epochs to train further")
         metrics = {}
         stop = self.stop = StopRequest(self.resume_hint())
         try:

@@ -84,6 +84,12 @@ def no_model_load(monkeypatch):
     [
         ({"reward_fn": "nope"}, ValueError, r"unknown reward_fn 'nope'; registered: \[.*'jpeg_compressibility'"),
         ({"prompt_fn": "nope"}, ValueError, r"unknown prompt_fn 'nope'; registered: \[.*'simple_animals'"),
+        ({"prompt_fn": ""}, ValueError, r"prompt_fn must be a non-empty string, got ''"),
+        ({"prompt_fn": "from_file"}, ValueError, r"prompt_fn from_file needs prompt_fn_kwargs.path"),
+        ({"prompt_fn": "simple_animals", "prompt_fn_kwargs": {"colour": "red"}}, TypeError,
+         r"prompt function 'simple_animals' raised TypeError: .*unexpected keyword argument 'colour'"),
+        ({"reward_fn": "jpeg_compressibility", "reward_fn_kwargs": {"colour": 5}}, TypeError,
+         r"reward_fn 'jpeg_compressibility' does not accept reward_fn_kwargs \{'colour': 5\}"),
         ({"prompt_fn": "PLUGINS:empty_prompt"}, ValueError, r"prompt function '.*empty_prompt' returned '   '; expected a non-empty string"),
         ({"prompt_fn": "PLUGINS:bare_string_prompt"}, TypeError, r"prompt function '.*bare_string_prompt' returned 'a cat'; expected a \(prompt, metadata\) pair"),
         ({"prompt_fn": "PLUGINS:raising_prompt"}, KeyError, r"prompt function '.*raising_prompt' raised KeyError: 'no prompts today'"),
@@ -99,6 +105,15 @@ def test_bad_names_and_prompt_functions_fail_before_the_model_loads(
     overrides = {k: v.replace("PLUGINS:", plugins) if isinstance(v, str) else v for k, v in overrides.items()}
     with pytest.raises(error, match=message):
         tiny_trainer("ddpo", str(tmp_path / "never_loaded"), tmp_path, **overrides)
+
+
+def test_an_empty_prompt_file_fails_before_the_model_loads(tmp_path, monkeypatch):
+    no_model_load(monkeypatch)
+    empty = tmp_path / "prompts.txt"
+    empty.write_text("\n  \n")
+    with pytest.raises(ValueError, match=rf"prompt function 'from_file' raised ValueError: prompt_fn from_file: "
+                                         rf"'{empty}' holds no prompt"):
+        tiny_trainer("ddpo", "unused", tmp_path, prompt_fn="from_file", prompt_fn_kwargs={"path": str(empty)})
 
 
 def test_missing_model_path_is_named(tmp_path):
