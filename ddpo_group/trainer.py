@@ -67,11 +67,12 @@ class Trainer:
             name = config.run_name or f"{config.get('preset', 'run')}_{datetime.datetime.now():%Y%m%d_%H%M%S}"
             self.run_dir = Path(config.logdir) / name
         self.wandb_mode, wandb_note = resolve_wandb_mode(config.wandb.mode)
-        # reward and prompt functions before the model loads: a bad name or prompt function fails in seconds
-        self.reward_fn = make_reward_fn(config.reward_fn, **config.reward_fn_kwargs.to_dict())
+        # everything that can be checked without a model, before any loads: a bad input fails in seconds
+        resume_warnings = check_resume(resume_path, config, int(os.environ.get("WORLD_SIZE", "1"))) if resume_path else []
         # the same seed on every process: all draw the same epoch prompt list and take their slice
         self.prompt_sampler = PromptSampler(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), seed=config.seed)
         self.prompt_sampler.probe()
+        self.reward_fn = make_reward_fn(config.reward_fn, **config.reward_fn_kwargs.to_dict())
 
         self.accelerator = Accelerator(
             # several processes without CUDA: accelerate uses gloo only when asked for the CPU
@@ -84,9 +85,8 @@ class Trainer:
         validate_config(config, num_processes=self.accelerator.num_processes)
         if wandb_note:
             self._print(wandb_note)
-        if resume_path is not None:  # a checkpoint this config cannot load fails here, before the model loads
-            for warning in check_resume(resume_path, config, self.accelerator.num_processes):
-                self._print(f"warning: {warning}")
+        for warning in resume_warnings:
+            self._print(f"warning: {warning}")
         if config.allow_tf32 and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = True
         set_seed(config.seed, device_specific=True)
