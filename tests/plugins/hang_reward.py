@@ -11,8 +11,6 @@ import threading
 import time
 from pathlib import Path
 
-import torch
-
 
 def make():
     calls = {"n": 0}
