@@ -5,7 +5,9 @@ Every run trains 4 epochs and checkpoints every 2 (epochs 1 and 3). The interrup
 the marker and signals the process, which is then sampling epoch 3, with epoch 2 trained and
 logged but not checkpointed. After SIGKILL the resume starts from epoch 1 and runs epoch 2 again;
 SIGTERM drops epoch 3, checkpoints epoch 2 and exits 143. Either way the resumed run must end with
-the same bytes (and the same logged metrics) as a run that was never interrupted.
+the same bytes (and the same logged metrics) as a run that was never interrupted. ddpo and
+group_ppo (critic, group-threshold controller) train LoRA; grpo trains the full UNet with a KL term
+to a frozen reference copy.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def train_command(preset: str, model_dir: str, logdir: Path, run: str, **extra) 
     }
     if preset != "ddpo":
         values["train.group_size"] = 4
+    if preset == "grpo":  # full fine-tuning: the reference is a frozen UNet copy, saved with the checkpoint
+        values.update({"use_lora": False, "train.learning_rate": 1e-4})
     values.update(extra)
     return [sys.executable, "scripts/train.py", "--config", f"config/base.py:{preset}"] + [
         f"--config.{key}={value}" for key, value in values.items()
