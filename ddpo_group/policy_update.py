@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ddpo_group.algorithms import aggregation_weights, get_policy_loss, vanilla_loss_matrix
+from ddpo_group.errors import NonFiniteLossError
 from ddpo_group.kl_term import reference_step, step_kl
 from ddpo_group.sampling.pipeline import step_log_prob
 
@@ -62,13 +63,14 @@ class PolicyUpdater:
         sums, count, optimizer_steps = defaultdict(float), 0, 0
         total = t.num_inner_epochs * (num_samples // t.batch_size)
         progress = tqdm(total=total, desc="training", disable=not show_progress, leave=False)
-        for _ in range(t.num_inner_epochs):
+        for inner in range(t.num_inner_epochs):
             perm = torch.randperm(num_samples)
             step_mask = random_step_mask(num_samples, num_steps, t.timestep_fraction, device=batch["log_probs"].device)
             if "row_mask" in batch:  # dynamic sampling: padded rows take no part in the loss
                 step_mask = step_mask * batch["row_mask"][:, None]
             for start in range(0, num_samples, t.batch_size):
                 rows = perm[start : start + t.batch_size].to(batch["log_probs"].device)
+                self._position = (inner, start // t.batch_size, optimizer_steps)  # named by a non-finite loss error
                 metrics = self._train_batch(batch, rows, step_mask[rows])
                 grad_norm = metrics.pop("grad_norm", None)
                 if grad_norm is not None:  # only on optimizer steps
@@ -90,6 +92,7 @@ class PolicyUpdater:
             metrics = self.accumulate_gradients(batch, rows, step_mask)
             if self.accelerator.sync_gradients:
                 metrics["grad_norm"] = float(self.accelerator.clip_grad_norm_(self.params, self.config.train.max_grad_norm))
+                self.check_finite(grad_norm=torch.tensor(metrics["grad_norm"]))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return metrics
@@ -138,11 +141,13 @@ class PolicyUpdater:
                 )
                 policy_loss = (w * loss_mat).sum()
                 loss = policy_loss
+                kl_loss = None
                 if kl is not None:
                     kl_loss = (w * kl).sum()
                     loss = loss + self.beta * kl_loss
                     sums["kl_loss"] += float(kl_loss.detach())
                     sums["kl"] += float(kl.detach().sum()) / pair_rows.numel()
+                self.check_finite(policy_loss=policy_loss, kl_loss=kl_loss)
                 self.accelerator.backward(loss)
             share = len(chunk) / pair_rows.numel()
             sums["policy_loss"] += float(policy_loss.detach())
@@ -151,6 +156,15 @@ class PolicyUpdater:
         if not per_step:
             sums.update(self._trajectory_loss(batch, rows, step_mask, weights, pair_rows, pair_steps, log_probs, kls))
         return dict(sums)
+
+    def check_finite(self, **values) -> None:
+        """Raise NonFiniteLossError naming the non-finite values and the train batch (before backward / step)."""
+        bad = {name: float(v.detach().float().sum()) for name, v in values.items()
+               if v is not None and not bool(torch.isfinite(v.detach()).all())}
+        if bad:
+            inner, index, steps = getattr(self, "_position", (0, 0, 0))
+            listed = ", ".join(f"{name}={value}" for name, value in bad.items())
+            raise NonFiniteLossError(f"non-finite {listed} in train batch {index} of inner epoch {inner}", steps)
 
     def _trajectory_loss(self, batch, rows, step_mask, weights, pair_rows, pair_steps, log_probs, kls) -> dict:
         """gspo / geo_mean: the registered loss on the gathered [b, T] log-prob matrix, one backward."""
@@ -174,5 +188,6 @@ class PolicyUpdater:
                 loss = loss + self.beta * kl_loss
                 metrics["kl_loss"] = float(kl_loss.detach())
                 metrics["kl"] = float(kl.detach().mean())
+            self.check_finite(policy_loss=policy_loss, kl_loss=kl_loss if kls and kls[0] is not None else None)
             self.accelerator.backward(loss)
         return metrics
