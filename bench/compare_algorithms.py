@@ -5,9 +5,11 @@
 For each (preset, seed): the mean reward of the model on a fixed evaluation set (same prompts and
 noise for every run) before and after training, the reward queries spent (ReMax's greedy samples
 included), the queries needed until an epoch's mean reward reached ``--threshold``, and the wall
-time. Prints a markdown table (mean +- std over seeds), writes it with the raw rows to
+time; with the shapes_alignment reward also the joint accuracy (every attribute right) before and
+after. Prints a markdown table (mean +- std over seeds), writes it with the raw rows to
 ``--out``/results.{md,json} and saves the reward-vs-queries curves to ``--out``/reward_vs_queries.png.
-Runs in one process (no accelerate launch needed). ``--set FIELD=VALUE`` overrides any config field.
+No accelerate launch needed: runs in this process, or ``--jobs N`` at once in worker processes
+(each with cpu_count // N threads). ``--set FIELD=VALUE`` overrides any config field.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import math
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -50,8 +53,12 @@ def set_field(config, key: str, raw: str) -> None:
 
 
 @torch.no_grad()
-def evaluate(trainer: Trainer, num_samples: int, seed: int = 1234) -> float:
-    """Mean reward of the current policy on a fixed evaluation set (fixed prompts and noise)."""
+def evaluate(trainer: Trainer, num_samples: int, seed: int = 1234) -> tuple[float, float | None]:
+    """(mean reward, joint accuracy or None) of the current policy on a fixed evaluation set (fixed prompts and noise).
+
+    The joint accuracy is the share of images whose every attribute the judge reads as asked
+    (shapes_alignment's ``all_correct``); None for rewards that do not report it.
+    """
     config = trainer.config
     sampler = PromptSampler(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), seed=seed)
     prompts, metadata = sampler.sample(num_samples)
@@ -64,7 +71,8 @@ def evaluate(trainer: Trainer, num_samples: int, seed: int = 1234) -> float:
         batch = collect_rollouts(trainer.pipe, prompts, metadata, trainer.reward_fn, config.reward_fn, executor,
                                  sample_config, trainer.negative_prompt_embeds, show_progress=False,
                                  generators=generators)
-    return float(batch["rewards"].mean())
+    accuracy = batch["reward_info"].get("all_correct")
+    return float(batch["rewards"].mean()), None if accuracy is None else float(accuracy.float().mean())
 
 
 def run_one(preset: str, seed: int, args) -> dict:
@@ -84,9 +92,9 @@ def run_one(preset: str, seed: int, args) -> dict:
     config.num_epochs = max(1, args.queries // per_epoch)
     start = time.perf_counter()
     trainer = Trainer(config)
-    before = evaluate(trainer, args.eval_samples)
+    before, accuracy_before = evaluate(trainer, args.eval_samples)
     trainer.run()
-    after = evaluate(trainer, args.eval_samples)
+    after, accuracy_after = evaluate(trainer, args.eval_samples)
     wall = time.perf_counter() - start
     lines = [json.loads(x) for x in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     queries, curve, reached = 0, [], None
@@ -95,8 +103,24 @@ def run_one(preset: str, seed: int, args) -> dict:
         curve.append((queries, m["reward_mean"]))
         if reached is None and args.threshold is not None and m["reward_mean"] >= args.threshold:
             reached = queries
-    return {"preset": preset, "seed": seed, "before": before, "after": after, "queries": queries,
+    return {"preset": preset, "seed": seed, "before": before, "after": after, "accuracy_before": accuracy_before,
+            "accuracy_after": accuracy_after, "queries": queries,
             "queries_to_threshold": reached, "wall_s": wall, "curve": curve}
+
+
+def run_pool(jobs: int):
+    """A pool of ``jobs`` worker processes (spawned: no torch state shared), or a null context for jobs = 1."""
+    if jobs <= 1:
+        return nullcontext(None)
+    import multiprocessing
+
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=torch.set_num_threads, initargs=(max(1, (os.cpu_count() or 1) // jobs),))
+
+
+def run_in_worker(preset: str, seed: int, args) -> dict:
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    return run_one(preset, seed, args)
 
 
 def mean_std(values):
@@ -109,16 +133,20 @@ def mean_std(values):
 
 
 def table(rows: list[dict], presets: list[str], threshold) -> str:
-    head = (f"| preset | reward before | reward after | gain | reward queries | queries to reach {threshold} | "
-            "wall time (s) |\n|---|---|---|---|---|---|---|")
+    with_accuracy = any(r.get("accuracy_before") is not None for r in rows)
+    accuracy_head = " joint accuracy before | joint accuracy after |" if with_accuracy else ""
+    head = (f"| preset | reward before | reward after | gain |{accuracy_head} reward queries | "
+            f"queries to reach {threshold} | wall time (s) |\n|---|---|---|---|{'---|---|' if with_accuracy else ''}---|---|---|")
     out = [head]
     for preset in presets:
         rs = [r for r in rows if r["preset"] == preset]
         reached = [r["queries_to_threshold"] for r in rs]
         reach = mean_std(reached) + (f" ({sum(x is not None for x in reached)}/{len(rs)} seeds)" if rs else "")
+        accuracy = (f" {mean_std([r.get('accuracy_before') for r in rs])} | {mean_std([r.get('accuracy_after') for r in rs])} |"
+                    if with_accuracy else "")
         out.append(
             f"| {preset} | {mean_std([r['before'] for r in rs])} | {mean_std([r['after'] for r in rs])} | "
-            f"{mean_std([r['after'] - r['before'] for r in rs])} | {mean_std([r['queries'] for r in rs])} | "
+            f"{mean_std([r['after'] - r['before'] for r in rs])} |{accuracy} {mean_std([r['queries'] for r in rs])} | "
             f"{reach} | {mean_std([r['wall_s'] for r in rs])} |"
         )
     return "\n".join(out)
@@ -158,16 +186,21 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--eval-samples", type=int, default=64)
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at once, each in its own process with cpu_count // jobs threads (1: in this process)")
     args = parser.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
     presets = [p for p in args.presets.split(",") if p]
     seeds = [int(s) for s in args.seeds.split(",") if s]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    runs = [(preset, seed) for preset in presets for seed in seeds]
     rows = []
-    for preset in presets:
-        for seed in seeds:
-            row = run_one(preset, seed, args)
+    with run_pool(args.jobs) as pool:
+        pending = [(preset, seed, pool.submit(run_in_worker, preset, seed, args) if pool else None)
+                   for preset, seed in runs]
+        for preset, seed, future in pending:
+            row = future.result() if future else run_one(preset, seed, args)
             rows.append(row)
             print(f"{preset} seed {seed}: {row['before']:.4f} -> {row['after']:.4f} in {row['queries']} queries, "
                   f"{row['wall_s']:.0f}s", flush=True)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ddpo_group.algorithms import clipped_value_loss
+from ddpo_group.errors import NonFiniteLossError
 
 
 def timestep_features(timesteps: torch.Tensor, dim: int) -> torch.Tensor:
@@ -117,6 +118,10 @@ class Critic:
                     values, batch["values"][rows].float(), targets[rows].float(), mask[rows],
                     c.cliprange_value, "step-mean",
                 )
+                if not bool(torch.isfinite(loss.detach())):
+                    raise NonFiniteLossError(
+                        f"non-finite critic value loss={float(loss.detach())} in critic batch {start // batch_size}", None
+                    )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 info["critic/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.network.parameters(), c.max_grad_norm))

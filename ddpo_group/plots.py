@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+
+from ddpo_group.metrics_log import read_metric_lines
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     """The epochs of a metrics.jsonl (one JSON object a line); a later line for an epoch replaces an earlier one."""
-    path = Path(path)
-    if not path.exists():
-        return []
     by_epoch = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            record = json.loads(line)
-            by_epoch[record.get("epoch", len(by_epoch))] = record
+    for record in read_metric_lines(path):  # a line cut by a kill is skipped
+        by_epoch[record.get("epoch", len(by_epoch))] = record
     return [by_epoch[k] for k in sorted(by_epoch)]
 
 

@@ -26,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ddpo_group.algorithms import aggregation_weights, get_policy_loss, vanilla_loss_matrix
+from ddpo_group.errors import NonFiniteLossError
 from ddpo_group.kl_term import reference_step, step_kl
 from ddpo_group.sampling.pipeline import step_log_prob
 from ddpo_group.timing import NULL_TIMER
@@ -76,13 +77,14 @@ class PolicyUpdater:
         progress = tqdm(total=total, desc="training", disable=not show_progress, leave=False)
         device = batch["log_probs"].device
         row_mask = batch["row_mask"].cpu() if "row_mask" in batch else None  # one transfer per epoch
-        for _ in range(t.num_inner_epochs):
+        for inner in range(t.num_inner_epochs):
             perm = torch.randperm(num_samples)
             step_mask = random_step_mask(num_samples, num_steps, t.timestep_fraction)  # on the CPU: indices without syncs
             if row_mask is not None:  # dynamic sampling: padded rows take no part in the loss
                 step_mask = step_mask * row_mask[:, None]
             for start in range(0, num_samples, t.batch_size):
                 rows = perm[start : start + t.batch_size]
+                self._position = (inner, start // t.batch_size, optimizer_steps)  # named by a non-finite loss error
                 metrics = self._train_batch(batch, rows.to(device, non_blocking=True), step_mask[rows])
                 grad_norm = metrics.pop("grad_norm", None)
                 if grad_norm is not None:  # only on optimizer steps
@@ -105,6 +107,9 @@ class PolicyUpdater:
             if self.accelerator.sync_gradients:
                 norm = self.accelerator.clip_grad_norm_(self.params, self.config.train.max_grad_norm)
                 metrics["grad_norm"] = norm.detach() if isinstance(norm, torch.Tensor) else norm  # read at epoch end
+            # one host-device sync per train batch, before the optimizer step the losses would feed
+            self.check_finite(policy_loss=metrics.get("policy_loss"), kl_loss=metrics.get("kl_loss"),
+                              grad_norm=metrics.get("grad_norm"))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         return metrics
@@ -163,6 +168,7 @@ class PolicyUpdater:
                 )
                 policy_loss = (w * loss_mat).sum()
                 loss = policy_loss
+                kl_loss = None
                 if kl is not None:
                     kl_loss = (w * kl).sum()
                     loss = loss + self.beta * kl_loss
@@ -177,6 +183,23 @@ class PolicyUpdater:
             sums.update(self._trajectory_loss(batch, rows, step_mask.to(device), pair_weights, pair_rows, pair_steps,
                                               log_probs, kls))
         return dict(sums)
+
+    def check_finite(self, **values) -> None:
+        """Raise NonFiniteLossError naming the non-finite values and the train batch (before the optimizer step).
+
+        Called once per train batch on its summed losses (and the grad norm): a NaN or inf in any chunk
+        makes the sum non-finite, and no weight has changed yet.
+        """
+        values = {name: torch.as_tensor(v).detach() for name, v in values.items() if v is not None}
+        finite = {name: torch.isfinite(v.float()).all() for name, v in values.items()}
+        if not values or bool(torch.stack(list(finite.values())).all()):  # the one sync when all is well
+            return
+        bad = {name: float(v.float().sum()) for name, v in values.items() if not bool(finite[name])}
+        if len(bad) > 1:  # a non-finite loss makes the grad norm non-finite too: name the cause
+            bad.pop("grad_norm", None)
+        inner, index, steps = getattr(self, "_position", (0, 0, 0))
+        listed = ", ".join(f"{name}={value}" for name, value in bad.items())
+        raise NonFiniteLossError(f"non-finite {listed} in train batch {index} of inner epoch {inner}", steps)
 
     def _trajectory_loss(self, batch, rows, step_mask, pair_weights, pair_rows, pair_steps, log_probs, kls) -> dict:
         """gspo / geo_mean: the registered loss on the gathered [b, T] log-prob matrix, one backward."""

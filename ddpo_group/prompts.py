@@ -75,14 +75,39 @@ class PromptSampler:
         self.rng = random.Random(seed)
 
     def sample(self, n: int) -> tuple[list[str], list[dict]]:
-        pairs = [self.fn(rng=self.rng, **self.kwargs) for _ in range(n)]
+        pairs = [self._call(self.rng) for _ in range(n)]
         if not pairs:
             return [], []
         prompts, metadata = zip(*pairs)
-        bad = [p for p in prompts if not isinstance(p, str) or not p]
-        if bad:
-            raise ValueError(f"prompt function {self.name!r} returned {bad[0]!r}; expected a non-empty string")
         return list(prompts), list(metadata)
+
+    def probe(self) -> None:
+        """Call the prompt function once with a throwaway generator (the sampler's position is unchanged): a
+        broken or empty prompt function fails at start, before any model loads."""
+        self._call(random.Random(0))
+
+    def _call(self, rng: random.Random) -> tuple[str, dict]:
+        """One (prompt, metadata) pair from the prompt function, checked; errors name the function."""
+        try:
+            pair = self.fn(rng=rng, **self.kwargs)
+        except Exception as error:  # the same exception type, its message prefixed with the function's name
+            message = f"prompt function {self.name!r} raised {type(error).__name__}: {error}"
+            try:
+                renamed = type(error)(message)
+            except Exception:
+                renamed = RuntimeError(message)
+            raise renamed from error
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(
+                f"prompt function {self.name!r} returned {pair!r}; expected a (prompt, metadata) pair such as "
+                "('a cat', {})"
+            )
+        prompt, metadata = pair
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"prompt function {self.name!r} returned {prompt!r}; expected a non-empty string")
+        if not isinstance(metadata, dict):
+            raise TypeError(f"prompt function {self.name!r} returned metadata {metadata!r}; expected a dict")
+        return prompt, metadata
 
     def sample_epoch(self, num_groups: int, group_size: int) -> tuple[list[str], list[dict], list[int]]:
         """``num_groups`` prompts, each repeated ``group_size`` times, shuffled together.

@@ -8,21 +8,39 @@ critic's values of all steps are one batched forward after each trajectory batch
 from __future__ import annotations
 
 from concurrent.futures import Executor
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
 
+from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards import check_rewards
 from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
 from ddpo_group.timing import NULL_TIMER
 
 
+MAX_ISOLATION_CALLS = 16  # single-image reward calls made to find the images a raising reward fails on
+
+
 def score_images(reward_fn, reward_name: str, images, prompts: list[str], metadata: list[dict]) -> tuple[torch.Tensor, dict]:
-    """(rewards [B] float64, checked; info) of one batch; any error names the reward function."""
+    """(rewards [B] float64, checked; info) of one batch; any error names the reward function.
+
+    When the reward function raises, it is called again on each image alone (at most
+    MAX_ISOLATION_CALLS of them) and the message lists the indices and prompts it fails on.
+    """
     try:
-        rewards, info = reward_fn(images, prompts, metadata)
+        out = reward_fn(images, prompts, metadata)
     except Exception as error:
-        raise RuntimeError(f"reward function {reward_name!r} raised {type(error).__name__}: {error}") from error
+        raise RuntimeError(
+            f"reward function {reward_name!r} raised {type(error).__name__}: {error} "
+            f"({failing_images(reward_fn, images, prompts, metadata)})"
+        ) from error
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise TypeError(
+            f"reward function {reward_name!r} returned {type(out).__name__}; expected a (rewards, info) pair "
+            f"with {len(prompts)} rewards"
+        )
+    rewards, info = out
     return check_rewards(rewards, len(prompts), reward_name), info or {}
 
 
@@ -34,6 +52,22 @@ def encode_unique(pipe, prompts: list[str]) -> torch.Tensor:
         return embeds
     position = {prompt: i for i, prompt in enumerate(unique)}
     return embeds[torch.tensor([position[p] for p in prompts], device=embeds.device)]
+
+
+def failing_images(reward_fn, images, prompts: list[str], metadata: list[dict]) -> str:
+    """Which images of the batch the reward function raises on when called on one image at a time."""
+    n = len(prompts)
+    checked = min(n, MAX_ISOLATION_CALLS)
+    bad = []
+    for i in range(checked):
+        try:
+            reward_fn(images[i : i + 1], prompts[i : i + 1], metadata[i : i + 1])
+        except Exception:
+            bad.append(i)
+    scope = f"of the first {checked} of {n} images" if checked < n else f"of the batch of {n} images"
+    if not bad:
+        return f"it raised on the whole batch {scope} but on no single image"
+    return f"it raised on batch indices {bad} {scope}, prompts {[prompts[i] for i in bad]}"
 
 
 def collect_rollouts(
@@ -49,6 +83,7 @@ def collect_rollouts(
     desc: str = "sampling",
     generators: list[torch.Generator] | None = None,
     critic=None,
+    should_stop: Callable[[], bool] | None = None,
     timer=NULL_TIMER,
 ) -> dict:
     """Sample this process's prompts in ``num_batches_per_epoch`` batches and score them.
@@ -59,12 +94,17 @@ def collect_rollouts(
     ``generators`` (one per sample) make each sample's noise independent of the batch layout.
     ``timer`` (a PhaseTimer) charges the time to "sampling", "critic" and "reward" (waiting for the
     reward workers once sampling is done).
+    ``should_stop()``, asked before each batch, abandons the sampling (EpochAbandoned) when true.
     """
     batches, futures = [], []
     size = sample_config.batch_size
     with timer.phase("sampling"):
         all_embeds = encode_unique(pipe, prompts)
     for i in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):
+        if should_stop is not None and should_stop():
+            for future in futures:
+                future.cancel()
+            raise EpochAbandoned(f"sampling stopped before batch {i} of {sample_config.num_batches_per_epoch}")
         batch_prompts, batch_metadata = prompts[i * size : (i + 1) * size], metadata[i * size : (i + 1) * size]
         prompt_embeds = all_embeds[i * size : (i + 1) * size]
         with timer.phase("sampling"):

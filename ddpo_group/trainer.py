@@ -8,7 +8,9 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import time
+import uuid
 from types import SimpleNamespace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +24,8 @@ from ddpo_group.advantage_step import compute_advantages, critic_regression
 from ddpo_group.algorithms import CRITIC_ESTIMATORS, GroupThresholdController, get_kl_controller
 from ddpo_group.checkpointing import (
     TrainingState,
+    complete_checkpoints,
+    later_checkpoints,
     resolve_resume_path,
     run_dir_of_checkpoint,
     save_checkpoint,
@@ -29,17 +33,22 @@ from ddpo_group.checkpointing import (
 from ddpo_group.config_validation import validate_config
 from ddpo_group.critic import Critic
 from ddpo_group.dynamic_sampling import group_keep_mask, pool_rows
+from ddpo_group.errors import EpochAbandoned, NonFiniteLossError, TrainingInterrupted, signal_name
+from ddpo_group.interrupts import StopRequest
 from ddpo_group.kl_term import rollout_kl
 from ddpo_group.lora_export import save_lora
+from ddpo_group.metrics_log import append_metrics, rewind_metrics
 from ddpo_group.model_setup import build_policy, lora_config, make_optimizer
 from ddpo_group.plots import plot_reward_curve, read_metrics
 from ddpo_group.policy_update import PolicyUpdater
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.rewards import make_reward_fn
 from ddpo_group.reference import ReferenceModel
+from ddpo_group.resume_check import check_resume, write_state_fields
 from ddpo_group.rollout import collect_rollouts, greedy_rewards
 from ddpo_group.sampling.ddim import check_trainable_schedule
 from ddpo_group.sampling.pipeline import encode_prompts
+from ddpo_group.sampling_snapshot import SamplingSnapshot
 from ddpo_group.stat_tracking import PerPromptStatTracker
 from ddpo_group.summary import format_summary
 from ddpo_group.timing import PHASES, PhaseTimer
@@ -59,6 +68,12 @@ class Trainer:
             name = config.run_name or f"{config.get('preset', 'run')}_{datetime.datetime.now():%Y%m%d_%H%M%S}"
             self.run_dir = Path(config.logdir) / name
         self.wandb_mode, wandb_note = resolve_wandb_mode(config.wandb.mode)
+        # everything that can be checked without a model, before any loads: a bad input fails in seconds
+        resume_warnings = check_resume(resume_path, config, int(os.environ.get("WORLD_SIZE", "1"))) if resume_path else []
+        # the same seed on every process: all draw the same epoch prompt list and take their slice
+        self.prompt_sampler = PromptSampler(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), seed=config.seed)
+        self.prompt_sampler.probe()
+        self.reward_fn = make_reward_fn(config.reward_fn, **config.reward_fn_kwargs.to_dict())
 
         self.accelerator = Accelerator(
             # several processes without CUDA: accelerate uses gloo only when asked for the CPU
@@ -71,6 +86,8 @@ class Trainer:
         validate_config(config, num_processes=self.accelerator.num_processes)
         if wandb_note:
             self._print(wandb_note)
+        for warning in resume_warnings:
+            self._print(f"warning: {warning}")
         if config.allow_tf32 and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = True
         set_seed(config.seed, device_specific=True)
@@ -85,9 +102,6 @@ class Trainer:
         self.unet, self.optimizer = self.accelerator.prepare(self.pipe.unet, optimizer)
         self.negative_prompt_embeds = encode_prompts(self.pipe, [""])
 
-        self.reward_fn = make_reward_fn(config.reward_fn, **config.reward_fn_kwargs.to_dict())
-        # the same seed on every process: all draw the same epoch prompt list and take their slice
-        self.prompt_sampler = PromptSampler(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), seed=config.seed)
         tracking = config.get("per_prompt_stat_tracking")
         if tracking:
             self.stat_tracker = PerPromptStatTracker(tracking.buffer_size, tracking.min_count, mode="buffer")
@@ -122,10 +136,16 @@ class Trainer:
         self.timer = PhaseTimer()
         self.updater.timer = self.timer
         self._timer_mark = self.timer.snapshot()
+        self.stop = StopRequest()  # installed by run(): Ctrl-C / SIGTERM
+        self.saved_epoch = None  # the epoch of the checkpoint last written or resumed from
 
         if resume_path is not None:
             self.accelerator.load_state(str(resume_path))
             self._print(f"resumed from {resume_path} (finished epoch {self.state.epoch})")
+            self.saved_epoch = self.state.epoch
+            self._forget_later_epochs(resume_path)
+        if not self.state.wandb_run_id:
+            self.state.wandb_run_id = uuid.uuid4().hex[:12]  # saved with every checkpoint
         if self.accelerator.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str))
@@ -134,7 +154,24 @@ class Trainer:
                 config.wandb.project,
                 config=config.to_dict(),
                 init_kwargs={"wandb": {"name": self.run_dir.name, "dir": str(self.run_dir), "mode": self.wandb_mode,
-                                       "entity": config.wandb.entity or None}},
+                                       "entity": config.wandb.entity or None,
+                                       # a resumed run continues the same wandb run
+                                       "id": self.state.wandb_run_id, "resume": "allow"}},
+            )
+
+    def _forget_later_epochs(self, resume_path: Path) -> None:
+        """After a resume, the run continues from ``resume_path``'s epoch: drop the metrics logged after it
+        (they are logged again) and warn about checkpoints of later epochs (a run directory resumes from the latest)."""
+        if not self.accelerator.is_main_process:
+            return
+        dropped = rewind_metrics(self.run_dir / "metrics.jsonl", self.state.epoch)
+        if dropped:
+            self._print(f"dropped {dropped} metrics line(s) logged after epoch {self.state.epoch} (they are run again)")
+        later = later_checkpoints(resume_path)
+        if later:
+            self._print(
+                f"warning: {', '.join(p.name for p in later)} (later epochs of an earlier attempt) stay in "
+                f"{resume_path.parent} until overwritten; resuming from the run directory would pick them"
             )
 
     # ------------------------------------------------------------------ loop
@@ -145,18 +182,37 @@ class Trainer:
             f"{self.state.epoch + 1}..{config.num_epochs - 1} on {self.accelerator.num_processes} process(es); "
             f"run dir {self.run_dir}"
         )
+        if self.state.epoch >= config.num_epochs - 1:
+            self._print(f"nothing to train: the checkpoint finished epoch {self.state.epoch} and num_epochs="
+                        f"{config.num_epochs}; raise num_epochs to train further")
         metrics = {}
-        for epoch in range(self.state.epoch + 1, config.num_epochs):
-            metrics = self.run_epoch(epoch)
-            self.state.epoch = epoch
-            last = epoch == config.num_epochs - 1
-            if last or (config.save_freq > 0 and (epoch + 1) % config.save_freq == 0):
-                with self.timer.phase("checkpoint"):
-                    path = save_checkpoint(
-                        self.accelerator, self.run_dir / "checkpoints", epoch, config.num_checkpoint_limit,
-                        extra=(lambda directory: save_lora(self.unet, directory / "lora")) if self.exports_lora else None,
-                    )
-                self._print(f"saved {path}")
+        stop = self.stop = StopRequest(self.resume_hint())
+        try:
+            # Ctrl-C / SIGTERM while sampling: drop the epoch; while training: finish it; then checkpoint and stop
+            with stop.installed():
+                for epoch in range(self.state.epoch + 1, config.num_epochs):
+                    try:
+                        metrics = self.run_epoch(epoch)
+                    except EpochAbandoned:
+                        raise self.stopped_in_sampling(epoch) from None
+                    self.state.epoch = epoch
+                    stopping = self.stop_agreed(stop)
+                    last = epoch == config.num_epochs - 1
+                    if last or stopping or (config.save_freq > 0 and (epoch + 1) % config.save_freq == 0):
+                        path = self.save(epoch)
+                    if stopping and not last:
+                        if self.accelerator.is_main_process:
+                            self.write_summary()
+                        signum = stop.signum or signal.SIGTERM
+                        raise TrainingInterrupted(
+                            signum, f"training stopped by {signal_name(signum)} after epoch {epoch}; "
+                            f"checkpoint {path}. {self.resume_hint()}",
+                        )
+        except BaseException:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            for tracker in self.accelerator.trackers:  # flush what was logged (wandb: the same run id resumes)
+                tracker.finish()
+            raise
         with self.timer.phase("checkpoint"):
             if self.exports_lora and self.accelerator.is_main_process:
                 self._print(f"LoRA (diffusers format) in {save_lora(self.unet, self.run_dir / 'lora')}")
@@ -167,6 +223,53 @@ class Trainer:
             with self.timer.phase("logging"):
                 self.write_summary()
         return metrics
+
+    def save(self, epoch: int) -> Path:
+        """Write the checkpoint of finished epoch ``epoch`` (atomic; rotation keeps num_checkpoint_limit)."""
+        def extra(directory: Path) -> None:  # main process, before the checkpoint is marked complete
+            write_state_fields(directory, self.config, self.accelerator.num_processes)
+            if self.exports_lora:
+                save_lora(self.unet, directory / "lora")
+
+        with self.timer.phase("checkpoint"):
+            path = save_checkpoint(
+                self.accelerator, self.run_dir / "checkpoints", epoch, self.config.num_checkpoint_limit, extra=extra
+            )
+        self.saved_epoch = epoch
+        self._print(f"saved {path}")
+        return path
+
+    def stopped_in_sampling(self, epoch: int) -> TrainingInterrupted:
+        """The stop after abandoning ``epoch`` in its sampling phase (state already restored to the previous
+        epoch's end): checkpoint the last finished epoch unless that checkpoint exists."""
+        signum = self.stop.signum or signal.SIGTERM
+        what = f"training stopped by {signal_name(signum)} while sampling epoch {epoch}; the epoch was dropped " \
+               "before any update"
+        if self.state.epoch < 0:
+            return TrainingInterrupted(signum, f"{what}. No epoch had finished, so there is nothing to checkpoint: "
+                                               "start the run again (without resume_from).")
+        what += " and runs again on resume"
+        if self.saved_epoch == self.state.epoch:
+            path = self.run_dir / "checkpoints" / f"checkpoint_{self.state.epoch:05d}"
+        else:
+            path = self.save(self.state.epoch)
+        return TrainingInterrupted(signum, f"{what}; checkpoint {path} (epoch {self.state.epoch}). {self.resume_hint()}")
+
+    def stop_agreed(self, stop: StopRequest) -> bool:
+        """True when any process got a stop signal (all processes must stop at the same point)."""
+        if self.accelerator.num_processes == 1:
+            return stop.requested
+        return bool(self.gather(torch.tensor([1.0 if stop.requested else 0.0])).max() > 0)
+
+    def resume_hint(self) -> str:
+        return (f"Resume with the same command plus --config.resume_from={self.run_dir} "
+                "(it continues from the latest complete checkpoint).")
+
+    def last_checkpoint_note(self) -> str:
+        checkpoints = complete_checkpoints(self.run_dir / "checkpoints")
+        if not checkpoints:
+            return "No checkpoint was written yet."
+        return f"The last complete checkpoint, {checkpoints[-1]}, is kept. {self.resume_hint()}"
 
     @property
     def exports_lora(self) -> bool:
@@ -190,10 +293,19 @@ class Trainer:
         config, accelerator = self.config, self.accelerator
         start = time.perf_counter()
         self.unet.eval()
-        rounds = [self.sample_round(epoch, 0)]
-        if config.algorithm.filter_groups:  # DAPO: more rounds until every process holds a full batch of kept groups
-            while len(rounds) < config.algorithm.max_num_gen_batches and self.short_of_kept_rows(rounds):
-                rounds.append(self.sample_round(epoch, len(rounds)))
+        # a stop signal while sampling drops the epoch: the snapshot undoes what sampling changed
+        snapshot = SamplingSnapshot(self.prompt_sampler, self.stat_tracker)
+        try:
+            rounds = [self.sample_round(epoch, 0)]
+            if config.algorithm.filter_groups:  # DAPO: more rounds until every process holds a full batch of kept groups
+                while len(rounds) < config.algorithm.max_num_gen_batches and self.short_of_kept_rows(rounds):
+                    rounds.append(self.sample_round(epoch, len(rounds)))
+            if self.stop_agreed(self.stop):
+                raise EpochAbandoned(f"epoch {epoch} sampled; stopped before its update")
+        except EpochAbandoned:
+            snapshot.restore()
+            raise
+        if config.algorithm.filter_groups:
             batch = pool_rows([r.batch for r in rounds], [self.local_rows(r.keep).bool() for r in rounds], self.local)
         else:
             batch = rounds[0].batch
@@ -202,14 +314,25 @@ class Trainer:
 
         # ---- policy (and critic) update ----
         self.updater.beta = self.kl_controller.value
-        with self.timer.phase("training"):
-            train_metrics = self.updater.train_epoch(batch, show_progress=accelerator.is_local_main_process)
-        self.state.global_step += train_metrics.pop("optimizer_steps")
-        critic_metrics = {}
-        if self.critic is not None:
-            with self.timer.phase("critic"):
-                mask = batch["critic_mask"] * batch["row_mask"][:, None] if "row_mask" in batch else batch["critic_mask"]
-                critic_metrics = self.critic.train_epoch(batch, batch["critic_targets"], mask, config.train.batch_size)
+        try:
+            with self.timer.phase("training"):
+                train_metrics = self.updater.train_epoch(batch, show_progress=accelerator.is_local_main_process)
+            self.state.global_step += train_metrics.pop("optimizer_steps")
+            critic_metrics = {}
+            if self.critic is not None:
+                with self.timer.phase("critic"):
+                    mask = batch["critic_mask"] * batch["row_mask"][:, None] if "row_mask" in batch else batch["critic_mask"]
+                    critic_metrics = self.critic.train_epoch(batch, batch["critic_targets"], mask, config.train.batch_size)
+        except NonFiniteLossError as error:
+            if error.optimizer_steps is None:  # the critic's update, after the policy steps of the epoch
+                where = f"after global step {self.state.global_step}"
+            else:
+                where = f"global step {self.state.global_step + error.optimizer_steps + 1}"
+            raise NonFiniteLossError(
+                f"{error} at epoch {epoch} ({where}); training stopped before that optimizer step and "
+                f"nothing of epoch {epoch} was saved. {self.last_checkpoint_note()} Lower train.learning_rate or "
+                "check the reward scale before resuming.", error.optimizer_steps,
+            ) from error
 
         # ---- controllers and reference, after the epoch ----
         metrics = {
@@ -280,7 +403,7 @@ class Trainer:
                 self.pipe, prompts[mine], metadata[mine], self.reward_fn, config.reward_fn, self.executor,
                 config.sample, self.negative_prompt_embeds, show_progress=accelerator.is_local_main_process,
                 desc=f"epoch {epoch}: sampling", generators=self.sample_generators(epoch, round_index, mine),
-                critic=self.critic, timer=self.timer,
+                critic=self.critic, should_stop=lambda: self.stop_agreed(self.stop), timer=self.timer,
             )
             extra = self.baselines_and_step_rewards(epoch, batch, groups[mine])
         with self.timer.phase("advantage"):
@@ -361,8 +484,7 @@ class Trainer:
 
     def log(self, epoch: int, metrics: dict, batch: dict) -> None:
         if self.accelerator.is_main_process:
-            with open(self.run_dir / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(metrics) + "\n")
+            append_metrics(self.run_dir / "metrics.jsonl", metrics)
             try:  # the reward curve so far, whatever the wandb mode
                 plot_reward_curve(read_metrics(self.run_dir / "metrics.jsonl"), self.run_dir / "reward_curve.png",
                                   title=f"{self.run_dir.name}: reward per epoch")

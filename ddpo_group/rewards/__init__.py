@@ -13,6 +13,7 @@ combination ``{"name": weight, ...}`` (see :mod:`ddpo_group.rewards.combine`).
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import numpy as np
@@ -28,8 +29,22 @@ register_reward = REWARD_REGISTRY.register
 
 
 def get_reward_factory(name: str) -> Callable[..., RewardFn]:
-    """The factory named by ``name``: registered name, "module:factory" path or ``ddpo_group.rewards`` entry point."""
-    return resolve(name, REWARD_REGISTRY, REWARD_ENTRY_POINT_GROUP)
+    """The factory named by ``name``: registered name, "module:factory" path or ``ddpo_group.rewards`` entry point.
+
+    The factory is wrapped so that wrong arguments (``reward_fn_kwargs``) give a TypeError naming the reward.
+    """
+    factory = resolve(name, REWARD_REGISTRY, REWARD_ENTRY_POINT_GROUP)
+
+    def build(**kwargs) -> RewardFn:
+        try:
+            inspect.signature(factory).bind(**kwargs)
+        except TypeError as error:
+            raise TypeError(f"reward_fn {name!r} does not accept reward_fn_kwargs {kwargs}: {error}") from None
+        except ValueError:  # no introspectable signature: let the call decide
+            pass
+        return factory(**kwargs)
+
+    return build
 
 
 def make_reward_fn(spec, **kwargs) -> RewardFn:

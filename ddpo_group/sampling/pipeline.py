@@ -7,6 +7,7 @@ produce the same images.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -34,10 +35,30 @@ def ensure_ddim(pipe: StableDiffusionPipeline) -> StableDiffusionPipeline:
     return pipe
 
 
+_TRUNCATION_WARNED: set[int] = set()  # ids of the tokenizers that already warned
+
+
+def warn_long_prompts(tokenizer, prompts: list[str]) -> list[int]:
+    """Indices of the prompts longer than the tokenizer's limit; the first time a tokenizer meets any, a warning
+    names the limit and an example (they are truncated, as the text encoder cannot read more)."""
+    limit = tokenizer.model_max_length
+    lengths = [len(ids) for ids in tokenizer(prompts, padding=False, truncation=True, max_length=limit + 1).input_ids]
+    long = [i for i, n in enumerate(lengths) if n > limit]
+    if long and id(tokenizer) not in _TRUNCATION_WARNED:
+        _TRUNCATION_WARNED.add(id(tokenizer))
+        warnings.warn(
+            f"prompt {prompts[long[0]]!r} (and any other prompt over the limit) is longer than the tokenizer limit of "
+            f"{limit} tokens and is truncated to its first {limit} tokens; this warning is shown once",
+            UserWarning, stacklevel=3,
+        )
+    return long
+
+
 @torch.no_grad()
 def encode_prompts(pipe: StableDiffusionPipeline, prompts: list[str], device=None) -> torch.Tensor:
-    """Text embeddings [B, L, D] of the prompts (pad/truncate to the tokenizer's max length)."""
+    """Text embeddings [B, L, D] of the prompts (pad/truncate to the tokenizer's max length; warn once if truncated)."""
     device = device or pipe.text_encoder.device
+    warn_long_prompts(pipe.tokenizer, prompts)
     ids = pipe.tokenizer(
         prompts, padding="max_length", truncation=True, max_length=pipe.tokenizer.model_max_length, return_tensors="pt"
     ).input_ids.to(device)

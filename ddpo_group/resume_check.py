@@ -1,0 +1,70 @@
+"""Whether a checkpoint can be resumed by this config, checked before any model loads.
+
+Every checkpoint records the fields that decide what its state holds (``state_fields.json``):
+the trainable parameters (LoRA or full, rank), which optional pieces exist (critic, reference,
+group-threshold controller, the KL controller's kind, the fp16 scaler, the 8-bit optimizer) and
+how many processes wrote it. Resuming with other values would load state into the wrong objects,
+or fail deep inside accelerate; here it is a ConfigError naming each field, before heavy work.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ddpo_group.config_validation import ConfigError
+
+STATE_FIELDS_FILE = "state_fields.json"
+# fields that change which objects a checkpoint holds, or their shapes
+STATE_FIELDS = (
+    "use_lora", "lora_rank", "algorithm.adv_estimator", "algorithm.kl_controller", "train.use_reference_model",
+    "train.use_8bit_adam", "mixed_precision", "critic.hidden_dim",
+)
+
+
+def _get(config, dotted: str):
+    value = config
+    for part in dotted.split("."):
+        value = value[part]
+    return value
+
+
+def state_fields(config, num_processes: int) -> dict:
+    """The values a resume must match (plus the model and process count, which only warn)."""
+    fields = {name: _get(config, name) for name in STATE_FIELDS}
+    fields["train.reference_update_freq > 0"] = _get(config, "train.reference_update_freq") > 0  # a second LoRA adapter
+    fields["pretrained.model"] = config.pretrained.model
+    fields["num_processes"] = num_processes
+    return fields
+
+
+def write_state_fields(directory: Path, config, num_processes: int) -> None:
+    (Path(directory) / STATE_FIELDS_FILE).write_text(json.dumps(state_fields(config, num_processes), indent=2) + "\n")
+
+
+def check_resume(checkpoint: Path, config, num_processes: int) -> list[str]:
+    """Raise ConfigError if ``checkpoint`` holds state this config cannot load; return warnings (model path or
+    process count changed: loadable, but not an exact continuation). Checkpoints without the file pass."""
+    path = Path(checkpoint) / STATE_FIELDS_FILE
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text())
+    now = state_fields(config, num_processes)
+    soft = ("pretrained.model", "num_processes")
+    wrong = [f"{name}: checkpoint {saved[name]!r}, config {now[name]!r}"
+             for name in now if name in saved and name not in soft and saved[name] != now[name]]
+    if wrong:
+        raise ConfigError(
+            f"resume_from={str(checkpoint)!r} cannot be resumed with this config; these fields differ:\n  - "
+            + "\n  - ".join(wrong)
+            + "\nset them as in the checkpoint (its run's config.json), or start a new run (another run_name, no resume_from)"
+        )
+    warnings = []
+    if saved.get("pretrained.model", now["pretrained.model"]) != now["pretrained.model"]:
+        warnings.append(f"pretrained.model is {now['pretrained.model']!r}; the checkpoint was trained from "
+                        f"{saved['pretrained.model']!r} (fine if it is the same model at another path)")
+    if saved.get("num_processes", num_processes) != num_processes:
+        warnings.append(f"the checkpoint was written by {saved['num_processes']} process(es), this run has "
+                        f"{num_processes}: training continues, but not as an exact continuation (random states and "
+                        "per-process batches differ)")
+    return warnings

@@ -1,0 +1,229 @@
+"""Exact resume after a real SIGKILL, and a resumable checkpoint after SIGTERM (real training subprocesses).
+
+Every run trains 4 epochs and checkpoints every 2 (epochs 1 and 3). The interrupted run's reward
+(tests/plugins/hang_reward.py) hangs on a chosen call after writing a marker: the test waits for
+the marker and signals the process, which is then sampling epoch 3, with epoch 2 trained and
+logged but not checkpointed. After SIGKILL the resume starts from epoch 1 and runs epoch 2 again;
+SIGTERM drops epoch 3, checkpoints epoch 2 and exits 143. Either way the resumed run must end with
+the same bytes (and the same logged metrics) as a run that was never interrupted. ddpo and
+group_ppo (critic, group-threshold controller) train LoRA; grpo trains the full UNet with a KL term
+to a frozen reference copy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+HANG_REWARD = f"{ROOT / 'tests' / 'plugins' / 'hang_reward.py'}:make"
+EPOCHS, SAVE_FREQ = 4, 2
+# 2 reward calls an epoch: call 7 is the last of epoch 3's sampling; when it hangs, the trainer has sampled
+# every batch of epoch 3 and waits for that reward (no further stop check before it returns)
+HANG_AT = 7
+
+
+def train_command(preset: str, model_dir: str, logdir: Path, run: str, **extra) -> list[str]:
+    values = {
+        "pretrained.model": model_dir, "logdir": str(logdir), "run_name": run, "num_epochs": EPOCHS,
+        "save_freq": SAVE_FREQ, "prompt_fn": "simple_animals", "reward_fn": HANG_REWARD, "sample.num_steps": 4,
+        "sample.batch_size": 4, "sample.num_batches_per_epoch": 2, "train.batch_size": 4,
+        "train.pairs_per_forward": 8, "train.learning_rate": 1e-2, "train.clip_range": 0.2,
+        "per_prompt_stat_tracking.min_count": 2, "log_images_every": 0, "wandb.mode": "disabled",
+    }
+    if preset != "ddpo":
+        values["train.group_size"] = 4
+    if preset == "grpo":  # full fine-tuning: the reference is a frozen UNet copy, saved with the checkpoint
+        values.update({"use_lora": False, "train.learning_rate": 1e-4})
+    values.update(extra)
+    return [sys.executable, "scripts/train.py", "--config", f"config/base.py:{preset}"] + [
+        f"--config.{key}={value}" for key, value in values.items()
+    ]
+
+
+def environment(**extra) -> dict:
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env.pop("HANG_REWARD_AT", None)
+    env.update(extra)
+    return env
+
+
+def start(command: list[str], env: dict, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
+
+
+def finish(process: subprocess.Popen, log: Path, timeout: float = 300) -> str:
+    process.wait(timeout=timeout)
+    text = log.read_text()
+    assert process.returncode == 0, f"training failed ({process.returncode}):\n{text[-5000:]}"
+    return text
+
+
+def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, f"training ended before {path.name}:\n{log.read_text()[-5000:]}"
+        assert time.monotonic() < deadline, f"no {path} after {timeout}s"
+        time.sleep(0.05)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def load_everything(checkpoint: Path) -> dict:
+    """Every file of a checkpoint, loaded: safetensors as tensors, accelerate's .bin/.pkl through torch.load."""
+    out = {}
+    for path in sorted(checkpoint.rglob("*")):
+        name = str(path.relative_to(checkpoint))
+        if path.suffix == ".safetensors":
+            out[name] = load_file(str(path))
+        elif path.suffix in (".bin", ".pkl"):
+            out[name] = torch.load(path, weights_only=False)
+    return out
+
+
+def assert_identical(a, b, where: str = "") -> None:
+    """Bitwise equality of nested checkpoint contents (tensors, arrays, containers, numbers; NaN equals NaN)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a, key=str) == sorted(b, key=str), where
+        for key in a:
+            if key != "wandb_run_id":  # a fresh id per run, by design; compared separately
+                assert_identical(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_identical(x, y, f"{where}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))), where
+    elif isinstance(a, np.ndarray):
+        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), where
+    elif isinstance(a, float) and math.isnan(a):
+        assert isinstance(b, float) and math.isnan(b), where
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def comparable(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.startswith("time/")}  # wall-clock timings differ
+
+
+def wandb_run_id(checkpoint: Path) -> str:
+    for path in checkpoint.glob("custom_checkpoint_*.pkl"):
+        state = torch.load(path, weights_only=False)
+        if isinstance(state, dict) and "wandb_run_id" in state:
+            return state["wandb_run_id"]
+    raise AssertionError(f"no wandb_run_id in {checkpoint}")
+
+
+_REFERENCE_RUNS: dict[str, Path] = {}
+
+
+def interrupted_and_reference(preset: str, model_dir: str, tmp: Path, sig: int) -> tuple[Path, Path, subprocess.Popen, Path]:
+    """Start the never-interrupted run (once per preset, alongside) and the run signalled while sampling epoch 3.
+
+    Returns (reference run dir, interrupted run dir, the signalled process, its log).
+    """
+    reference = None
+    if preset not in _REFERENCE_RUNS:
+        ref_log = tmp / f"{preset}_reference.log"
+        reference = (start(train_command(preset, model_dir, tmp, f"{preset}_reference"), environment(), ref_log), ref_log)
+    marker = tmp / f"{preset}_{sig}.marker"
+    run = f"{preset}_signal{sig}"
+    log = tmp / f"{run}.log"
+    hang = environment(HANG_REWARD_AT=str(HANG_AT), HANG_REWARD_MARKER=str(marker),
+                       HANG_REWARD_SECONDS="600" if sig == signal.SIGKILL else "2")
+    process = start(train_command(preset, model_dir, tmp, run), hang, log)
+    wait_for(marker, process, log)
+    process.send_signal(sig)
+    if reference is not None:
+        finish(*reference)
+        _REFERENCE_RUNS[preset] = tmp / f"{preset}_reference"
+    return _REFERENCE_RUNS[preset], tmp / run, process, log
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory):
+    _REFERENCE_RUNS.clear()
+    return tmp_path_factory.mktemp("exact_resume")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo"])
+def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(preset, tiny_model_dir, runs_dir):
+    reference, killed, process, log = interrupted_and_reference(preset, tiny_model_dir, runs_dir, signal.SIGKILL)
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    # killed in epoch 3: epoch 2 was logged but only epoch 1 is checkpointed
+    assert [m["epoch"] for m in read_metrics(killed)] == [0, 1, 2]
+    assert [p.name for p in sorted((killed / "checkpoints").glob("checkpoint_*"))] == ["checkpoint_00001"]
+    first_id = wandb_run_id(killed / "checkpoints" / "checkpoint_00001")
+
+    text = finish(start(train_command(preset, tiny_model_dir, runs_dir, killed.name, resume_from=killed),
+                        environment(), log.with_suffix(".resume.log")), log.with_suffix(".resume.log"))
+    assert "finished epoch 1" in text and "dropped 1 metrics line(s)" in text, text[-3000:]
+
+    final = "checkpoints/checkpoint_00003"
+    expected, got = load_everything(reference / final), load_everything(killed / final)
+    assert sorted(expected) == sorted(got) and any(name.endswith(".safetensors") for name in got)
+    assert_identical(expected, got, preset)
+    assert wandb_run_id(killed / final) == first_id  # the resumed run logs to the same wandb run
+
+    ref_metrics, resumed_metrics = read_metrics(reference), read_metrics(killed)
+    assert [m["epoch"] for m in resumed_metrics] == [0, 1, 2, 3]  # each epoch once
+    for a, b in zip(ref_metrics[2:], resumed_metrics[2:]):  # the epochs run after the resume
+        assert json.dumps(comparable(a), sort_keys=True) == json.dumps(comparable(b), sort_keys=True)
+    assert ref_metrics[3]["global_step"] == resumed_metrics[3]["global_step"] > ref_metrics[1]["global_step"]
+
+
+@pytest.mark.slow
+def test_sigterm_while_sampling_drops_the_epoch_checkpoints_the_last_one_and_resumes_exactly(tiny_model_dir, runs_dir):
+    reference, stopped, process, log = interrupted_and_reference("ddpo", tiny_model_dir, runs_dir, signal.SIGTERM)
+    assert process.wait(timeout=120) == 128 + signal.SIGTERM
+    text = log.read_text()
+    assert "received SIGTERM: stopping cleanly" in text, text[-3000:]
+    assert "training stopped by SIGTERM while sampling epoch 3; the epoch was dropped before any update" in text
+    assert f"--config.resume_from={stopped}" in text
+    # epoch 2 (trained, not yet checkpointed with save_freq=2) is checkpointed now; epoch 3 left no trace
+    assert [m["epoch"] for m in read_metrics(stopped)] == [0, 1, 2]
+    checkpoints = sorted((stopped / "checkpoints").glob("checkpoint_*"))
+    assert [p.name for p in checkpoints] == ["checkpoint_00001", "checkpoint_00002"]
+    assert (checkpoints[-1] / "COMPLETE").exists() and not list((stopped / "checkpoints").glob(".*"))
+
+    resumed_log = log.with_suffix(".resume.log")
+    text = finish(start(train_command("ddpo", tiny_model_dir, runs_dir, stopped.name, resume_from=stopped),
+                        environment(), resumed_log), resumed_log)
+    assert "finished epoch 2" in text and "dropped" not in text
+    final = "checkpoints/checkpoint_00003"
+    assert_identical(load_everything(reference / final), load_everything(stopped / final), "sigterm")
+    assert comparable(read_metrics(reference)[3]) == comparable(read_metrics(stopped)[3])
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_stops_at_once_even_with_a_hung_reward(tiny_model_dir, runs_dir):
+    run, marker = "ddpo_twice", runs_dir / "twice.marker"
+    log = runs_dir / f"{run}.log"
+    env = environment(HANG_REWARD_AT=str(HANG_AT), HANG_REWARD_MARKER=str(marker), HANG_REWARD_SECONDS="600")
+    process = start(train_command("ddpo", tiny_model_dir, runs_dir, run), env, log)
+    wait_for(marker, process, log)
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert process.poll() is None  # the first signal waits for a clean point (the reward still hangs)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 128 + signal.SIGTERM  # not the 600 s of the hung reward call
+    text = log.read_text()
+    assert "training stopped at once by a second SIGTERM; no checkpoint of the unfinished epoch was written" in text
+    assert f"--config.resume_from={runs_dir / run}" in text
+    assert [p.name for p in sorted((runs_dir / run / "checkpoints").glob("checkpoint_*"))] == ["checkpoint_00001"]
+    assert (runs_dir / run / "checkpoints" / "checkpoint_00001" / "COMPLETE").exists()
