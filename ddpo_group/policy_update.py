@@ -12,9 +12,10 @@ backpropagate once. With a reference model and beta > 0, every chunk also runs t
 grad) and adds ``beta * sum_{i,n} w_{i,n} KL_{i,n}`` (kl_term.py) with the same aggregation weights;
 with beta = 0 the reference forward is skipped (the KL would only be a metric).
 
-Hot loop: no host-device synchronisation. The step mask and the (sample, step) pair indices are
-built on the CPU and moved once per train batch; metrics are accumulated as device tensors and
-read once at the end of the epoch.
+Hot loop: no host-device synchronisation inside a train batch. The step mask and the (sample,
+step) pair indices are built on the CPU and moved once per train batch; metrics are accumulated as
+device tensors and read once at the end of the epoch; the non-finite check (losses and grad norm)
+is one sync per train batch, before its optimizer step.
 """
 
 from __future__ import annotations
