@@ -133,3 +133,16 @@ def test_phase_timer_is_exclusive():
     with timer.phase("logging"):
         pass
     assert set(PhaseTimer.since(before, timer.snapshot())) >= {"logging", "training"}
+
+
+def test_every_epoch_logs_its_phase_times(tiny_model_dir, tmp_path):
+    from ddpo_group.timing import PHASES
+    from trainer_helpers import tiny_trainer
+
+    trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "phases")
+    metrics = trainer.run()
+    assert all(metrics[f"time/{phase}"] >= 0 for phase in PHASES)
+    assert metrics["time/sampling"] > 0 and metrics["time/training"] > 0 and metrics["time/critic"] > 0
+    assert metrics["time/epoch"] >= sum(metrics[f"time/{p}"] for p in ("sampling", "training", "critic"))
+    # the run's checkpoint and summary come after the last epoch's metrics: they are on the timer
+    assert trainer.timer.snapshot()["checkpoint"] > 0
