@@ -41,6 +41,7 @@ def base() -> ml_collections.ConfigDict:
     sample.batch_size = 16  # per process
     sample.num_batches_per_epoch = 2
     sample.log_prob_reduce = "mean"  # over latent dims; "sum" needs a much smaller clip range
+    sample.same_initial_noise = False  # the copies of a prompt share x_T and differ by their step noise only
 
     # ---- training ----
     config.train = train = ml_collections.ConfigDict()

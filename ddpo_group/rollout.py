@@ -85,6 +85,7 @@ def collect_rollouts(
     critic=None,
     should_stop: Callable[[], bool] | None = None,
     timer=NULL_TIMER,
+    initial_noise: torch.Tensor | None = None,
 ) -> dict:
     """Sample this process's prompts in ``num_batches_per_epoch`` batches and score them.
 
@@ -112,6 +113,7 @@ def collect_rollouts(
             traj = sample_with_logprob(
                 pipe, prompt_embeds, negative, sample_config.num_steps, sample_config.guidance_scale, sample_config.eta,
                 generator=generators[i * size : (i + 1) * size] if generators is not None else None,
+                initial_noise=initial_noise[i * size : (i + 1) * size] if initial_noise is not None else None,
             )
         if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
             with timer.phase("critic"):

@@ -404,6 +404,8 @@ class Trainer:
                 config.sample, self.negative_prompt_embeds, show_progress=accelerator.is_local_main_process,
                 desc=f"epoch {epoch}: sampling", generators=self.sample_generators(epoch, round_index, mine),
                 critic=self.critic, should_stop=lambda: self.stop_agreed(self.stop), timer=self.timer,
+                initial_noise=self.group_initial_noise(epoch, round_index, groups[mine]) if config.sample.same_initial_noise
+                else None,
             )
             extra = self.baselines_and_step_rewards(epoch, batch, groups[mine])
         with self.timer.phase("advantage"):
@@ -444,6 +446,18 @@ class Trainer:
         base = ((self.config.seed * 1_000_003 + epoch) * 1_000_003 + round_index) * 1_000_003
         total = mine.stop - mine.start
         return [torch.Generator(device=device).manual_seed((base + mine.start + i) % 2**63) for i in range(total)]
+
+    def group_initial_noise(self, epoch: int, round_index: int, groups: list[int]) -> torch.Tensor:
+        """x_T [B, C, h, w] drawn once per prompt group (seeded by seed, epoch, round, group) and shared by its copies.
+
+        The copies then differ only by their step noise, so the group baseline also removes the reward
+        variance due to x_T, which no action can be credited with (DanceGRPO's shared initial noise).
+        """
+        unet_config = self.pipe.unet.config
+        shape = (unet_config.in_channels, unet_config.sample_size, unet_config.sample_size)
+        base = ((self.config.seed * 1_000_003 + epoch) * 1_000_003 + round_index) * 1_000_003 + 2**40
+        noise = {g: torch.randn(shape, generator=torch.Generator().manual_seed((base + g) % 2**63)) for g in set(groups)}
+        return torch.stack([noise[g] for g in groups]).to(self.accelerator.device)
 
     def baselines_and_step_rewards(self, epoch: int, batch: dict, groups: list[int]) -> dict:
         """Per-sample extras the estimator needs: critic values, ReMax's greedy rewards, KL-in-reward step rewards."""

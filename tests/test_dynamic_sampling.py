@@ -40,3 +40,25 @@ def test_trainer_drops_constant_groups_and_samples_more(tiny_model_dir, tmp_path
     assert metrics["filter/rounds"] >= 2 and metrics["reward_count"] == 8 * metrics["filter/rounds"]
     assert metrics["filter/batch_fill"] == 1.0 or metrics["filter/rounds"] == 4
     assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+
+
+def test_same_initial_noise_shares_x_T_within_each_group_only(tiny_model_dir, tmp_path):
+    def initial_latents(same: bool):
+        trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, f"noise_{same}", **{"sample.same_initial_noise": same})
+        batch = trainer.sample_round(0, 0).batch
+        trainer.executor.shutdown()
+        return batch
+
+    shared, independent = initial_latents(True), initial_latents(False)
+    x_T = shared["latents"][:, 0].flatten(1)
+    same = torch.cdist(x_T, x_T) == 0  # [8, 8]: rows with the same x_T
+    # 8 samples = 2 groups of 4: each row shares x_T with exactly its 3 copies, which have its prompt
+    assert same.sum(1).tolist() == [4] * 8
+    prompts = shared["prompts"]
+    assert all(prompts[i] == prompts[j] for i in range(8) for j in range(8) if same[i, j])
+    # the step noise still differs: the copies' next latents are not equal
+    first_step = shared["next_latents"][:, 0].flatten(1)
+    assert (torch.cdist(first_step, first_step) > 0).sum() == 8 * 7
+    # without the option every sample has its own x_T
+    x_T = independent["latents"][:, 0].flatten(1)
+    assert ((torch.cdist(x_T, x_T) == 0).sum(1) == 1).all()

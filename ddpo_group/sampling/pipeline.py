@@ -115,12 +115,14 @@ def sample_with_logprob(
     decode: bool = True,
     progress: bool = False,
     compute_log_prob: bool = True,
+    initial_noise: torch.Tensor | None = None,
 ) -> Trajectories:
     """Sample B images and record the trajectory: latents [B, T+1, ...], log_probs [B, T], timesteps [B, T].
 
     ``unet`` overrides ``pipe.unet`` (e.g. the accelerate-wrapped policy); ``value_fn(x_n, t_n)``
     records a critic value of every pre-step latent. ``eta = 0`` (greedy, e.g. ReMax's baseline)
-    needs ``compute_log_prob=False``.
+    needs ``compute_log_prob=False``. ``initial_noise`` [B, C, h, w] (standard normal) replaces the
+    x_T drawn from ``generator``, which then draws the step noise only.
     """
     unet = unet if unet is not None else pipe.unet
     scheduler = pipe.scheduler
@@ -129,7 +131,12 @@ def sample_with_logprob(
     scheduler.set_timesteps(num_inference_steps, device=device)
     timesteps = scheduler.timesteps
     shape = (batch, pipe.unet.config.in_channels, pipe.unet.config.sample_size, pipe.unet.config.sample_size)
-    latents = randn_tensor(shape, generator=generator, device=device, dtype=prompt_embeds.dtype)
+    if initial_noise is None:
+        latents = randn_tensor(shape, generator=generator, device=device, dtype=prompt_embeds.dtype)
+    elif tuple(initial_noise.shape) != shape:
+        raise ValueError(f"initial_noise has shape {tuple(initial_noise.shape)}; the sampler needs {shape}")
+    else:
+        latents = initial_noise.to(device, prompt_embeds.dtype)
     latents = latents * scheduler.init_noise_sigma
 
     all_latents, log_probs, values = [latents.float()], [], []
