@@ -9,7 +9,8 @@ time; with the shapes_alignment reward also the joint accuracy (every attribute 
 after. Prints a markdown table (mean +- std over seeds), writes it with the raw rows to
 ``--out``/results.{md,json} and saves the reward-vs-queries curves to ``--out``/reward_vs_queries.png.
 No accelerate launch needed: runs in this process, or ``--jobs N`` at once in worker processes
-(each with cpu_count // N threads). ``--set FIELD=VALUE`` overrides any config field.
+(each with cpu_count // N threads). Every finished run is saved at once; running the same command
+again (or with more presets or seeds) skips the runs already in ``--out``/results.json. ``--set FIELD=VALUE`` overrides any config field.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import math
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -106,6 +107,23 @@ def run_one(preset: str, seed: int, args) -> dict:
     return {"preset": preset, "seed": seed, "before": before, "after": after, "accuracy_before": accuracy_before,
             "accuracy_after": accuracy_after, "queries": queries,
             "queries_to_threshold": reached, "wall_s": wall, "curve": curve}
+
+
+def load_rows(path: Path, settings: dict) -> list[dict]:
+    """The runs already in ``path`` (a study interrupted or run in parts); they must share ``settings``."""
+    if not path.exists():
+        return []
+    saved = json.loads(path.read_text())
+    if saved.get("settings") != settings:
+        raise SystemExit(f"{path} holds runs with settings {saved.get('settings')}, not {settings}: "
+                         "use another --out (or delete it) for a new study")
+    return saved["rows"]
+
+
+def save_rows(path: Path, settings: dict, rows: list[dict]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
+    os.replace(tmp, path)
 
 
 def run_pool(jobs: int):
@@ -194,20 +212,26 @@ def main(argv=None) -> list[dict]:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    runs = [(preset, seed) for preset in presets for seed in seeds]
-    rows = []
+    settings = {"queries": args.queries, "eval_samples": args.eval_samples, "set": sorted(args.set)}
+    rows = load_rows(out / "results.json", settings)
+    done = {(r["preset"], r["seed"]) for r in rows}
+    runs = [(preset, seed) for preset in presets for seed in seeds if (preset, seed) not in done]
+    if done:
+        print(f"{len(done)} runs already in {out / 'results.json'}; {len(runs)} to go", flush=True)
     with run_pool(args.jobs) as pool:
-        pending = [(preset, seed, pool.submit(run_in_worker, preset, seed, args) if pool else None)
-                   for preset, seed in runs]
-        for preset, seed, future in pending:
-            row = future.result() if future else run_one(preset, seed, args)
+        finished = (as_completed([pool.submit(run_in_worker, preset, seed, args) for preset, seed in runs]) if pool
+                    else (run_one(preset, seed, args) for preset, seed in runs))
+        for item in finished:
+            row = item.result() if pool else item
             rows.append(row)
-            print(f"{preset} seed {seed}: {row['before']:.4f} -> {row['after']:.4f} in {row['queries']} queries, "
-                  f"{row['wall_s']:.0f}s", flush=True)
+            save_rows(out / "results.json", settings, rows)  # after every run: an interrupted study loses nothing
+            print(f"{row['preset']} seed {row['seed']}: {row['before']:.4f} -> {row['after']:.4f} in {row['queries']} "
+                  f"queries, {row['wall_s']:.0f}s", flush=True)
+    rows = [r for r in rows if r["preset"] in presets and r["seed"] in seeds]
+    rows.sort(key=lambda r: (presets.index(r["preset"]), r["seed"]))
     text = table(rows, presets, args.threshold)
     print(text)
     (out / "results.md").write_text(text + "\n")
-    (out / "results.json").write_text(json.dumps(rows, indent=1))
     plot(rows, presets, out / "reward_vs_queries.png")
     return rows
 

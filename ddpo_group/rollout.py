@@ -92,7 +92,8 @@ def collect_rollouts(
     Returns the batch record: prompts, metadata, prompt_embeds [B, L, D], latents / next_latents
     [B, T, C, h, w], log_probs [B, T], timesteps [B, T], rewards [B] (float64, checked), images
     [B, 3, H, W] and reward_info; values [B, T] (pre-step critic values) when ``critic`` is given.
-    ``generators`` (one per sample) make each sample's noise independent of the batch layout.
+    ``generators`` (one per sample) make each sample's noise independent of the batch layout;
+    ``initial_noise`` [B, C, h, w] gives each sample's x_T (e.g. shared by the copies of a prompt).
     ``timer`` (a PhaseTimer) charges the time to "sampling", "critic" and "reward" (waiting for the
     reward workers once sampling is done).
     ``should_stop()``, asked before each batch, abandons the sampling (EpochAbandoned) when true.

@@ -1,6 +1,9 @@
 """The learning-proof script runs end to end (mechanics only, on the tiny random model)."""
 
+import json
 import sys
+
+import pytest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -18,6 +21,16 @@ def test_compare_algorithms_runs(tiny_model_dir, tmp_path):
     assert len(rows) == 4 and all(r["queries_to_threshold"] is not None for r in rows)
     assert [r["queries"] for r in rows] == [8, 8, 6, 6]  # remax: 4 samples + 2 greedy per epoch, 1 epoch
     assert (tmp_path / "reward_vs_queries.png").exists() and "| grpo |" in (tmp_path / "results.md").read_text()
+
+    # run again with one more seed: the saved runs are kept as they are, only the new seed trains
+    again = compare_algorithms.main([x if x != "0,1" else "0,1,2" for x in args])
+    assert [(r["preset"], r["seed"]) for r in again] == [("grpo", 0), ("grpo", 1), ("grpo", 2), ("remax", 0),
+                                                         ("remax", 1), ("remax", 2)]
+    kept = {(r["preset"], r["seed"]): r for r in again}
+    assert all(kept[(r["preset"], r["seed"])] == json.loads(json.dumps(r)) for r in rows)  # as saved
+    # another study (other settings) in the same directory is refused, not mixed in
+    with pytest.raises(SystemExit, match="use another --out"):
+        compare_algorithms.main([x if x != "8" else "16" for x in args])
 
 
 def test_sampling_bench_runs_and_prints_the_ratio(tiny_model_dir, capsys):
