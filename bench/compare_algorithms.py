@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from config.base import PRESETS, get_config  # noqa: E402
+from ddpo_group.plots import read_metrics  # noqa: E402
 from ddpo_group.prompts import PromptSampler  # noqa: E402
 from ddpo_group.rollout import collect_rollouts  # noqa: E402
 from ddpo_group.trainer import Trainer  # noqa: E402
@@ -91,22 +93,27 @@ def run_one(preset: str, seed: int, args) -> dict:
     if config.algorithm.adv_estimator == "remax":  # one greedy query per prompt group
         per_epoch += per_epoch // config.train.group_size
     config.num_epochs = max(1, args.queries // per_epoch)
+    # a run cut short in an earlier attempt is not resumed: start it afresh (its metrics would add up)
+    shutil.rmtree(Path(config.logdir) / config.run_name, ignore_errors=True)
     start = time.perf_counter()
     trainer = Trainer(config)
     before, accuracy_before = evaluate(trainer, args.eval_samples)
     trainer.run()
     after, accuracy_after = evaluate(trainer, args.eval_samples)
     wall = time.perf_counter() - start
-    lines = [json.loads(x) for x in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
-    queries, curve, reached = 0, [], None
-    for m in lines:
+    queries, curve = 0, []
+    for m in read_metrics(trainer.run_dir / "metrics.jsonl"):
         queries += m["reward_queries"]
         curve.append((queries, m["reward_mean"]))
-        if reached is None and args.threshold is not None and m["reward_mean"] >= args.threshold:
-            reached = queries
     return {"preset": preset, "seed": seed, "before": before, "after": after, "accuracy_before": accuracy_before,
-            "accuracy_after": accuracy_after, "queries": queries,
-            "queries_to_threshold": reached, "wall_s": wall, "curve": curve}
+            "accuracy_after": accuracy_after, "queries": queries, "wall_s": wall, "curve": curve}
+
+
+def queries_to_reach(curve, threshold) -> int | None:
+    """Reward queries spent until an epoch's mean reward first reached ``threshold`` (None: never, or no threshold)."""
+    if threshold is None:
+        return None
+    return next((queries for queries, reward in curve if reward >= threshold), None)
 
 
 def load_rows(path: Path, settings: dict) -> list[dict]:
@@ -158,7 +165,7 @@ def table(rows: list[dict], presets: list[str], threshold) -> str:
     out = [head]
     for preset in presets:
         rs = [r for r in rows if r["preset"] == preset]
-        reached = [r["queries_to_threshold"] for r in rs]
+        reached = [queries_to_reach(r["curve"], threshold) for r in rs]
         reach = mean_std(reached) + (f" ({sum(x is not None for x in reached)}/{len(rs)} seeds)" if rs else "")
         accuracy = (f" {mean_std([r.get('accuracy_before') for r in rs])} | {mean_std([r.get('accuracy_after') for r in rs])} |"
                     if with_accuracy else "")

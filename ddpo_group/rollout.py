@@ -7,7 +7,7 @@ critic's values of all steps are one batched forward after each trajectory batch
 
 from __future__ import annotations
 
-from concurrent.futures import Executor
+from concurrent.futures import Executor, wait
 from typing import Callable
 
 import torch
@@ -106,6 +106,7 @@ def collect_rollouts(
         if should_stop is not None and should_stop():
             for future in futures:
                 future.cancel()
+            wait(futures)  # a reward call already running finishes before the caller restores and checkpoints
             raise EpochAbandoned(f"sampling stopped before batch {i} of {sample_config.num_batches_per_epoch}")
         batch_prompts, batch_metadata = prompts[i * size : (i + 1) * size], metadata[i * size : (i + 1) * size]
         prompt_embeds = all_embeds[i * size : (i + 1) * size]
@@ -159,11 +160,13 @@ def _merge_infos(infos: list[dict]) -> dict:
 
 @torch.no_grad()
 def greedy_rewards(pipe, prompts: list[str], metadata: list[dict], keys: list[int], reward_fn, reward_name: str,
-                   sample_config, negative_prompt_embeds: torch.Tensor, seed: int) -> torch.Tensor:
+                   sample_config, negative_prompt_embeds: torch.Tensor, seed: int,
+                   initial_noise: torch.Tensor | None = None) -> torch.Tensor:
     """ReMax's baseline: the reward [B] of one greedy (eta = 0) sample per distinct ``keys`` entry (prompt group).
 
     The greedy sample of a group starts from noise seeded by (seed, key), so every process that
-    holds a copy of the group gets the same baseline.
+    holds a copy of the group gets the same baseline; or, given ``initial_noise`` [B, C, h, w] (rows
+    aligned with ``keys``, equal within a group), from its group's x_T.
     """
     first = {}
     for i, key in enumerate(keys):
@@ -180,6 +183,7 @@ def greedy_rewards(pipe, prompts: list[str], metadata: list[dict], keys: list[in
         traj = sample_with_logprob(
             pipe, embeds, negative_prompt_embeds.expand(len(chunk), -1, -1), sample_config.num_steps,
             sample_config.guidance_scale, eta=0.0, generator=generators, compute_log_prob=False,
+            initial_noise=torch.stack([initial_noise[first[k]] for k in chunk]) if initial_noise is not None else None,
         )
         values, _ = score_images(reward_fn, reward_name, traj.images, batch_prompts, [metadata[first[k]] for k in chunk])
         rewards.update(zip(chunk, values.tolist()))

@@ -398,16 +398,16 @@ class Trainer:
         group_size = config.train.group_size
         prompts, metadata, groups = self.prompt_sampler.sample_epoch(local * accelerator.num_processes // group_size, group_size)
         mine = slice(accelerator.process_index * local, (accelerator.process_index + 1) * local)
+        initial_noise = self.group_initial_noise(epoch, round_index, groups[mine]) if config.sample.same_initial_noise else None
         with accelerator.autocast():  # the precision the training forward recomputes log-probs in
             batch = collect_rollouts(
                 self.pipe, prompts[mine], metadata[mine], self.reward_fn, config.reward_fn, self.executor,
                 config.sample, self.negative_prompt_embeds, show_progress=accelerator.is_local_main_process,
                 desc=f"epoch {epoch}: sampling", generators=self.sample_generators(epoch, round_index, mine),
                 critic=self.critic, should_stop=lambda: self.stop_agreed(self.stop), timer=self.timer,
-                initial_noise=self.group_initial_noise(epoch, round_index, groups[mine]) if config.sample.same_initial_noise
-                else None,
+                initial_noise=initial_noise,
             )
-            extra = self.baselines_and_step_rewards(epoch, batch, groups[mine])
+            extra = self.baselines_and_step_rewards(epoch, batch, groups[mine], initial_noise)
         with self.timer.phase("advantage"):
             return self._advantages(batch, extra, prompts, groups, mine)
 
@@ -459,8 +459,12 @@ class Trainer:
         noise = {g: torch.randn(shape, generator=torch.Generator().manual_seed((base + g) % 2**63)) for g in set(groups)}
         return torch.stack([noise[g] for g in groups]).to(self.accelerator.device)
 
-    def baselines_and_step_rewards(self, epoch: int, batch: dict, groups: list[int]) -> dict:
-        """Per-sample extras the estimator needs: critic values, ReMax's greedy rewards, KL-in-reward step rewards."""
+    def baselines_and_step_rewards(self, epoch: int, batch: dict, groups: list[int],
+                                   initial_noise: torch.Tensor | None = None) -> dict:
+        """Per-sample extras the estimator needs: critic values, ReMax's greedy rewards, KL-in-reward step rewards.
+
+        With shared initial noise, ReMax's greedy sample of a group starts from the group's x_T too.
+        """
         config, extra = self.config, {}
         if self.critic is not None:
             extra["values"] = batch["values"]
@@ -468,7 +472,7 @@ class Trainer:
             with self.timer.phase("sampling"):  # greedy samples and their rewards
                 extra["greedy_rewards"] = greedy_rewards(
                     self.pipe, batch["prompts"], batch["metadata"], groups, self.reward_fn, config.reward_fn, config.sample,
-                    self.negative_prompt_embeds, seed=config.seed * 1_000_003 + epoch,
+                    self.negative_prompt_embeds, seed=config.seed * 1_000_003 + epoch, initial_noise=initial_noise,
                 )
         if config.algorithm.kl_in_reward:
             guidance = config.sample.guidance_scale if config.train.cfg else 1.0

@@ -18,15 +18,23 @@ def test_compare_algorithms_runs(tiny_model_dir, tmp_path):
     args = ["--presets", "grpo,remax", "--seeds", "0,1", "--queries", "8", "--eval-samples", "4", "--threshold", "-100",
             "--out", str(tmp_path)] + [x for s in sets for x in ("--set", s)]
     rows = compare_algorithms.main(args)
-    assert len(rows) == 4 and all(r["queries_to_threshold"] is not None for r in rows)
+    assert len(rows) == 4 and all(compare_algorithms.queries_to_reach(r["curve"], -100) == r["curve"][0][0] for r in rows)
+    assert compare_algorithms.queries_to_reach([(4, 0.5), (8, 0.7)], 0.6) == 8
+    assert compare_algorithms.queries_to_reach([(4, 0.5)], 0.6) is None
     assert [r["queries"] for r in rows] == [8, 8, 6, 6]  # remax: 4 samples + 2 greedy per epoch, 1 epoch
     assert (tmp_path / "reward_vs_queries.png").exists() and "| grpo |" in (tmp_path / "results.md").read_text()
+    assert "(2/2 seeds)" in (tmp_path / "results.md").read_text()  # both seeds reached the threshold
 
-    # run again with one more seed: the saved runs are kept as they are, only the new seed trains
+    # run again with one more seed: the saved runs are kept as they are, only the new seed trains; a run
+    # directory left by an attempt that was cut short (not in results.json) is started afresh, not appended to
+    stale = tmp_path / "runs" / "grpo_seed2"
+    stale.mkdir(parents=True)
+    (stale / "metrics.jsonl").write_text('{"epoch": 0, "reward_queries": 1000, "reward_mean": 0.0}\n')
     again = compare_algorithms.main([x if x != "0,1" else "0,1,2" for x in args])
     assert [(r["preset"], r["seed"]) for r in again] == [("grpo", 0), ("grpo", 1), ("grpo", 2), ("remax", 0),
                                                          ("remax", 1), ("remax", 2)]
     kept = {(r["preset"], r["seed"]): r for r in again}
+    assert kept[("grpo", 2)]["queries"] == 8
     assert all(kept[(r["preset"], r["seed"])] == json.loads(json.dumps(r)) for r in rows)  # as saved
     # another study (other settings) in the same directory is refused, not mixed in
     with pytest.raises(SystemExit, match="use another --out"):

@@ -62,3 +62,21 @@ def test_same_initial_noise_shares_x_T_within_each_group_only(tiny_model_dir, tm
     # without the option every sample has its own x_T
     x_T = independent["latents"][:, 0].flatten(1)
     assert ((torch.cdist(x_T, x_T) == 0).sum(1) == 1).all()
+
+
+def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir, tmp_path):
+    from ddpo_group.rollout import score_images
+    from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
+
+    trainer = tiny_trainer("remax", tiny_model_dir, tmp_path, "remax_noise", **{"sample.same_initial_noise": True})
+    round0 = trainer.sample_round(0, 0)
+    batch, config = round0.batch, trainer.config
+    x_T = batch["latents"][:, 0]  # the DDIM scheduler's init_noise_sigma is 1
+    with torch.no_grad():
+        greedy = sample_with_logprob(
+            trainer.pipe, encode_prompts(trainer.pipe, batch["prompts"]), trainer.negative_prompt_embeds.expand(8, -1, -1),
+            config.sample.num_steps, config.sample.guidance_scale, eta=0.0, compute_log_prob=False, initial_noise=x_T,
+        )
+    want, _ = score_images(trainer.reward_fn, config.reward_fn, greedy.images, batch["prompts"], batch["metadata"])
+    torch.testing.assert_close(round0.gathered["greedy_rewards"], want)
+    trainer.executor.shutdown()
