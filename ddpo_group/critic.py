@@ -76,17 +76,6 @@ class Critic:
         return self.accelerator.unwrap_model(self.network)
 
     @torch.no_grad()
-    def value_fn(self, text_embeds: torch.Tensor):
-        """value_fn(x_n, t_n) -> [B] for sample_with_logprob, for one batch's text embeddings."""
-        module = self.module
-
-        def value_fn(latents, timesteps):
-            with torch.autocast(device_type=latents.device.type, enabled=False):  # float32, as in training
-                return module(latents, timesteps, text_embeds)
-
-        return value_fn
-
-    @torch.no_grad()
     def values(self, latents: torch.Tensor, timesteps: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
         """V(x_n, t_n, c) [B, T] of every step of B trajectories (latents [B, T, C, h, w], timesteps [B, T],
         text_embeds [B, L, D]) in one forward over the B * T pairs; float32, as in training."""

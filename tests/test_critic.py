@@ -38,20 +38,20 @@ def test_critic_regresses_its_targets_under_its_mask():
         last = critic.train_epoch(batch, targets, mask, batch_size=4)["critic/value_loss"]
     assert torch.isfinite(torch.tensor(last)) and last < 0.2 * first
     # values while sampling: one per pre-step latent, from the same network
-    fn = critic.value_fn(batch["prompt_embeds"][:2])
-    values = fn(batch["latents"][:2, 2], batch["timesteps"][:2, 2])
+    values = critic.values(batch["latents"][:2, 2:3], batch["timesteps"][:2, 2:3], batch["prompt_embeds"][:2])
     with torch.no_grad():
         want = critic.module(batch["latents"][:2, 2], batch["timesteps"][:2, 2], batch["prompt_embeds"][:2])
-    torch.testing.assert_close(values, want)
+    torch.testing.assert_close(values[:, 0], want)
 
 
 def test_batched_values_equal_the_per_step_values():
-    """Critic.values (one forward over all B * T pairs, used while sampling) equals value_fn step by step."""
+    """Critic.values (one forward over all B * T pairs, used while sampling) equals the network step by step."""
     torch.manual_seed(0)
     critic = Critic(tiny_config("ppo_gae", "unused", "unused"), Accelerator(cpu=True), 4, 32)
     batch = fake_batch(B=3, T=4)
-    fn = critic.value_fn(batch["prompt_embeds"])
-    per_step = torch.stack([fn(batch["latents"][:, n], batch["timesteps"][:, n]) for n in range(4)], dim=1)
+    with torch.no_grad():
+        per_step = torch.stack([critic.module(batch["latents"][:, n], batch["timesteps"][:, n], batch["prompt_embeds"])
+                                for n in range(4)], dim=1)
     batched = critic.values(batch["latents"], batch["timesteps"], batch["prompt_embeds"])
     assert batched.shape == (3, 4)
     torch.testing.assert_close(batched, per_step, rtol=1e-5, atol=1e-6)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from diffusers import DDIMScheduler, StableDiffusionPipeline
@@ -25,7 +24,7 @@ class Trajectories:
     latents: torch.Tensor  # [B, T+1, C, h, w]: x_0 (noise) .. x_T (final latent)
     log_probs: torch.Tensor  # [B, T]
     timesteps: torch.Tensor  # [B, T]
-    values: torch.Tensor | None = None  # [B, T] from value_fn(x_n, t_n), when given
+    values: torch.Tensor | None = None  # [B, T] critic values of the pre-step latents, set by the caller
 
 
 def ensure_ddim(pipe: StableDiffusionPipeline) -> StableDiffusionPipeline:
@@ -111,7 +110,6 @@ def sample_with_logprob(
     eta: float,
     generator: torch.Generator | list[torch.Generator] | None = None,
     unet=None,
-    value_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     decode: bool = True,
     progress: bool = False,
     compute_log_prob: bool = True,
@@ -119,8 +117,7 @@ def sample_with_logprob(
 ) -> Trajectories:
     """Sample B images and record the trajectory: latents [B, T+1, ...], log_probs [B, T], timesteps [B, T].
 
-    ``unet`` overrides ``pipe.unet`` (e.g. the accelerate-wrapped policy); ``value_fn(x_n, t_n)``
-    records a critic value of every pre-step latent. ``eta = 0`` (greedy, e.g. ReMax's baseline)
+    ``unet`` overrides ``pipe.unet`` (e.g. the accelerate-wrapped policy). ``eta = 0`` (greedy, e.g. ReMax's baseline)
     needs ``compute_log_prob=False``. ``initial_noise`` [B, C, h, w] (standard normal) replaces the
     x_T drawn from ``generator``, which then draws the step noise only.
     """
@@ -139,10 +136,8 @@ def sample_with_logprob(
         latents = initial_noise.to(device, prompt_embeds.dtype)
     latents = latents * scheduler.init_noise_sigma
 
-    all_latents, log_probs, values = [latents.float()], [], []
+    all_latents, log_probs = [latents.float()], []
     for t in tqdm(timesteps, desc="denoising", leave=False, disable=not progress):
-        if value_fn is not None:
-            values.append(value_fn(latents.float(), t.expand(batch)).float())
         model_output = guided_model_output(unet, latents, t, prompt_embeds, negative_prompt_embeds, guidance_scale)
         step = ddim_step_with_logprob(
             scheduler, model_output, t, latents, eta, generator=generator, compute_log_prob=compute_log_prob
@@ -158,7 +153,6 @@ def sample_with_logprob(
         latents=torch.stack(all_latents, dim=1),
         log_probs=torch.stack(log_probs, dim=1) if compute_log_prob else torch.zeros(batch, len(timesteps), device=device),
         timesteps=timesteps.to(device).unsqueeze(0).expand(batch, -1).clone(),
-        values=torch.stack(values, dim=1) if value_fn is not None else None,
     )
 
 
