@@ -143,11 +143,6 @@ def run_pool(jobs: int):
                                initializer=torch.set_num_threads, initargs=(max(1, (os.cpu_count() or 1) // jobs),))
 
 
-def run_in_worker(preset: str, seed: int, args) -> dict:
-    os.environ.setdefault("WANDB_MODE", "disabled")
-    return run_one(preset, seed, args)
-
-
 def mean_std(values):
     values = [v for v in values if v is not None]
     if not values:
@@ -226,7 +221,7 @@ def main(argv=None) -> list[dict]:
     if done:
         print(f"{len(done)} runs already in {out / 'results.json'}; {len(runs)} to go", flush=True)
     with run_pool(args.jobs) as pool:
-        finished = (as_completed([pool.submit(run_in_worker, preset, seed, args) for preset, seed in runs]) if pool
+        finished = (as_completed([pool.submit(run_one, preset, seed, args) for preset, seed in runs]) if pool
                     else (run_one(preset, seed, args) for preset, seed in runs))
         for item in finished:
             row = item.result() if pool else item

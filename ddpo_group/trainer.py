@@ -439,11 +439,15 @@ class Trainer:
         kept = sum(int(self.local_rows(r.keep).sum()) for r in rounds)
         return bool(self.gather(torch.tensor([kept])).min() < self.local)
 
+    def round_seed(self, epoch: int, round_index: int) -> int:
+        """The base seed of one sampling round, from (seed, epoch, round); the same on every process."""
+        return ((self.config.seed * 1_000_003 + epoch) * 1_000_003 + round_index) * 1_000_003
+
     def sample_generators(self, epoch: int, round_index: int, mine: slice) -> list[torch.Generator]:
         """One generator per sample, seeded by (seed, epoch, round, global index): the same noise whatever the
         process count."""
         device = self.accelerator.device
-        base = ((self.config.seed * 1_000_003 + epoch) * 1_000_003 + round_index) * 1_000_003
+        base = self.round_seed(epoch, round_index)
         total = mine.stop - mine.start
         return [torch.Generator(device=device).manual_seed((base + mine.start + i) % 2**63) for i in range(total)]
 
@@ -455,7 +459,7 @@ class Trainer:
         """
         unet_config = self.pipe.unet.config
         shape = (unet_config.in_channels, unet_config.sample_size, unet_config.sample_size)
-        base = ((self.config.seed * 1_000_003 + epoch) * 1_000_003 + round_index) * 1_000_003 + 2**40
+        base = self.round_seed(epoch, round_index) + 2**40  # apart from the per-sample generators' seeds
         noise = {g: torch.randn(shape, generator=torch.Generator().manual_seed((base + g) % 2**63)) for g in set(groups)}
         return torch.stack([noise[g] for g in groups]).to(self.accelerator.device)
 
