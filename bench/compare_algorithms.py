@@ -43,7 +43,7 @@ def set_field(config, key: str, raw: str) -> None:
     target = config
     for part in section.split(".") if section else []:
         target = target[part]
-    current = target[field]
+    current = target[field] if field in target else ""  # a new key (e.g. a prompt_fn_kwargs entry): a string
     if isinstance(current, bool):
         value = raw.lower() in ("1", "true", "yes")
     elif isinstance(current, int):

@@ -42,6 +42,11 @@ def base() -> ml_collections.ConfigDict:
     sample.num_batches_per_epoch = 2
     sample.log_prob_reduce = "mean"  # over latent dims; "sum" needs a much smaller clip range
     sample.same_initial_noise = False  # the copies of a prompt share x_T and differ by their step noise only
+    # SDE window (Flow-GRPO-Fast): only steps [start, start + size) are stochastic (eta) and trained; the others are
+    # deterministic DDIM steps. Size 0: every step. Early steps decide the composition, so a small early window
+    # concentrates the credit of the reward on few steps (and trains size / num_steps of the pairs).
+    sample.sde_window_start = 0
+    sample.sde_window_size = 0
 
     # ---- training ----
     config.train = train = ml_collections.ConfigDict()

@@ -33,6 +33,12 @@ def validate_config(config, num_processes: int = 1) -> None:
         s.eta > 0,
         f"sample.eta={s.eta} must be > 0: with eta = 0 the DDIM step is deterministic and has no log-probability",
     )
+    start, size = s.get("sde_window_start", 0), s.get("sde_window_size", 0)
+    need(
+        size >= 0 and start >= 0 and (size == 0 or start + size <= s.num_steps),
+        f"sample.sde_window_start={start}, sample.sde_window_size={size}: the window [start, start + size) must lie "
+        f"in the {s.num_steps} sampling steps (size 0: every step stochastic)",
+    )
     need(s.guidance_scale >= 0, f"sample.guidance_scale={s.guidance_scale} must be >= 0")
     need(s.batch_size >= 1, f"sample.batch_size={s.batch_size} must be >= 1")
     need(s.num_batches_per_epoch >= 1, f"sample.num_batches_per_epoch={s.num_batches_per_epoch} must be >= 1")

@@ -29,16 +29,22 @@ from tqdm.auto import tqdm
 from ddpo_group.algorithms import aggregation_weights, get_policy_loss, vanilla_loss_matrix
 from ddpo_group.errors import NonFiniteLossError
 from ddpo_group.kl_term import reference_step, step_kl
+from ddpo_group.sampling.ddim import sde_window, sde_window_mask
 from ddpo_group.sampling.pipeline import step_log_prob
 from ddpo_group.timing import NULL_TIMER
 
 STEP_DECOMPOSABLE_LOSSES = ("vanilla",)  # chunk-wise backward; the others gather the train batch's log-probs
 
 
-def random_step_mask(batch: int, num_steps: int, fraction: float, generator=None, device=None) -> torch.Tensor:
-    """[B, T] 0/1 mask choosing int(T * fraction) random steps of each trajectory (DDPO's timestep subsampling)."""
-    k = max(1, int(num_steps * fraction))
-    order = torch.rand(batch, num_steps, generator=generator).argsort(dim=1)[:, :k]
+def random_step_mask(batch: int, num_steps: int, fraction: float, generator=None, device=None,
+                     trainable: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T] 0/1 mask choosing int(W * fraction) random steps of each trajectory (DDPO's timestep subsampling)
+    among its W trainable steps (``trainable`` [T] bool, default all: the SDE window's steps otherwise)."""
+    trainable = torch.ones(num_steps, dtype=torch.bool) if trainable is None else trainable.cpu().bool()
+    k = max(1, int(int(trainable.sum()) * fraction))
+    scores = torch.rand(batch, num_steps, generator=generator)
+    scores[:, ~trainable] = 2.0  # after every trainable step (scores of those are < 1)
+    order = scores.argsort(dim=1)[:, :k]
     mask = torch.zeros(batch, num_steps)
     mask.scatter_(1, order, 1.0)
     return mask.to(device)
@@ -80,7 +86,8 @@ class PolicyUpdater:
         row_mask = batch["row_mask"].cpu() if "row_mask" in batch else None  # one transfer per epoch
         for inner in range(t.num_inner_epochs):
             perm = torch.randperm(num_samples)
-            step_mask = random_step_mask(num_samples, num_steps, t.timestep_fraction)  # on the CPU: indices without syncs
+            step_mask = random_step_mask(num_samples, num_steps, t.timestep_fraction,  # on the CPU: no syncs
+                                         trainable=sde_window_mask(num_steps, *sde_window(self.config.sample)))
             if row_mask is not None:  # dynamic sampling: padded rows take no part in the loss
                 step_mask = step_mask * row_mask[:, None]
             for start in range(0, num_samples, t.batch_size):

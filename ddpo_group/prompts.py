@@ -39,11 +39,12 @@ def simple_animals(rng: random.Random | None = None):
 
 
 @register_prompt_fn("tiny_shapes")
-def tiny_shapes(rng: random.Random | None = None, held_out: bool = False):
-    """"a {color} {shape} on a {background} background" for the embedded model (held-out pairs on request)."""
+def tiny_shapes(rng: random.Random | None = None, held_out: bool = False, shapes=None):
+    """"a {color} {shape} on a {background} background" for the embedded model (held-out pairs on request;
+    ``shapes``, e.g. "circle,square", keeps those shapes only)."""
     from ddpo_group.shapes import tiny_shapes as draw
 
-    return draw(held_out=held_out, rng=rng)
+    return draw(held_out=held_out, rng=rng, shapes=shapes)
 
 
 @lru_cache(maxsize=16)

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 
 from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards import check_rewards
+from ddpo_group.sampling.ddim import sde_window, step_etas
 from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
 from ddpo_group.timing import NULL_TIMER
 
@@ -100,6 +101,7 @@ def collect_rollouts(
     """
     batches, futures = [], []
     size = sample_config.batch_size
+    etas = step_etas(sample_config.num_steps, sample_config.eta, *sde_window(sample_config))
     with timer.phase("sampling"):
         all_embeds = encode_unique(pipe, prompts)
     for i in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):
@@ -113,7 +115,7 @@ def collect_rollouts(
         with timer.phase("sampling"):
             negative = negative_prompt_embeds.expand(len(batch_prompts), -1, -1)
             traj = sample_with_logprob(
-                pipe, prompt_embeds, negative, sample_config.num_steps, sample_config.guidance_scale, sample_config.eta,
+                pipe, prompt_embeds, negative, sample_config.num_steps, sample_config.guidance_scale, etas,
                 generator=generators[i * size : (i + 1) * size] if generators is not None else None,
                 initial_noise=initial_noise[i * size : (i + 1) * size] if initial_noise is not None else None,
             )

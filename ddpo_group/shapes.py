@@ -125,9 +125,19 @@ def attribute_labels(color: str, shape: str, background: str) -> tuple[int, int,
     return COLOR_NAMES.index(color), SHAPE_NAMES.index(shape), COLOR_NAMES.index(background)
 
 
-def tiny_shapes(held_out: bool = False, rng: random.Random | None = None) -> tuple[str, dict]:
-    """A random caption of the split and its metadata {color, shape, background, held_out}."""
-    color, shape, background = (rng or random).choice(combinations(held_out))
+def tiny_shapes(held_out: bool = False, rng: random.Random | None = None, shapes=None) -> tuple[str, dict]:
+    """A random caption of the split and its metadata {color, shape, background, held_out}.
+
+    ``shapes`` (names, or one comma-separated string) keeps only captions of those shapes.
+    """
+    pool = combinations(held_out)
+    if shapes is not None:
+        wanted = [name.strip() for name in shapes.split(",")] if isinstance(shapes, str) else list(shapes)
+        unknown = [name for name in wanted if name not in SHAPE_NAMES]
+        if unknown or not wanted:
+            raise ValueError(f"tiny_shapes: shapes={shapes!r} names {unknown or 'no shape'}; allowed: {list(SHAPE_NAMES)}")
+        pool = [triple for triple in pool if triple[1] in wanted]
+    color, shape, background = (rng or random).choice(pool)
     return caption(color, shape, background), {
         "color": color, "shape": shape, "background": background, "held_out": held_out,
     }

@@ -80,3 +80,25 @@ def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir,
     want, _ = score_images(trainer.reward_fn, config.reward_fn, greedy.images, batch["prompts"], batch["metadata"])
     torch.testing.assert_close(round0.gathered["greedy_rewards"], want)
     trainer.executor.shutdown()
+
+
+def test_sde_window_samples_and_trains_only_its_steps(tiny_model_dir, tmp_path, monkeypatch):
+    import ddpo_group.policy_update as policy_update
+
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "window", **{
+        "sample.sde_window_start": 1, "sample.sde_window_size": 2})
+    batch = trainer.sample_round(0, 0).batch
+    assert (batch["log_probs"][:, [0, 3]] == 0).all() and (batch["log_probs"][:, 1:3] != 0).all()
+    trained_steps = []
+    original = policy_update.PolicyUpdater.accumulate_gradients
+
+    def spy(self, batch, rows, step_mask):
+        trained_steps.append(step_mask.sum(0))
+        return original(self, batch, rows, step_mask)
+
+    monkeypatch.setattr(policy_update.PolicyUpdater, "accumulate_gradients", spy)
+    before = [p.detach().clone() for p in trainer.updater.params]
+    trainer.run()
+    per_step = torch.stack(trained_steps).sum(0)
+    assert per_step[[0, 3]].sum() == 0 and per_step[1:3].sum() == 2 * 8  # both window steps of the 8 samples
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))

@@ -124,3 +124,17 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
         torch.testing.assert_close(chunked, want, rtol=1e-3, atol=1e-7)
         torch.testing.assert_close(whole, want, rtol=1e-3, atol=1e-7)
     assert any(g.abs().sum() > 0 for g in direct)
+
+
+def test_random_step_mask_chooses_only_the_sde_windows_steps():
+    from ddpo_group.policy_update import random_step_mask
+    from ddpo_group.sampling.ddim import sde_window_mask
+
+    window = sde_window_mask(10, 2, 4)  # steps 2..5
+    gen = torch.Generator().manual_seed(0)
+    mask = random_step_mask(200, 10, 0.5, generator=gen, trainable=window)
+    assert (mask.sum(1) == 2).all()  # int(4 * 0.5) steps of each trajectory
+    assert mask[:, ~window].sum() == 0 and (mask[:, window].sum(0) > 0).all()  # every window step gets chosen
+    full = random_step_mask(50, 10, 1.0, generator=gen, trainable=window)
+    assert torch.equal(full, window.float().expand(50, -1))
+    assert random_step_mask(3, 10, 0.01, generator=gen, trainable=window).sum(1).tolist() == [1.0] * 3

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from ddpo_group.sampling.ddim import check_trainable_schedule, ddim_step_with_logprob, step_std
-from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob, step_log_prob
+from ddpo_group.sampling.pipeline import encode_prompts, guided_model_output, sample_with_logprob, step_log_prob
 from tiny_pipeline import build_tiny_pipeline
 
 PROMPTS = ["a red circle on a blue background", "a green square", "x", "a yellow star on a black background"]
@@ -117,3 +117,38 @@ def test_schedule_with_zero_final_sigma_is_rejected():
     scheduler = DDIMScheduler.from_config(pipe.scheduler.config, set_alpha_to_one=True)
     with pytest.raises(ValueError, match="set_alpha_to_one"):
         check_trainable_schedule(scheduler, 10, 1.0)
+
+
+def test_sde_window_steps_outside_are_deterministic_ddim_without_log_prob(tiny_pipe):
+    from ddpo_group.sampling.ddim import sde_window_mask, step_etas
+
+    assert sde_window_mask(5, 0, 0).tolist() == [True] * 5
+    assert step_etas(5, 0.7, 1, 2) == [0.0, 0.7, 0.7, 0.0, 0.0]
+    embeds, neg = encode_prompts(tiny_pipe, PROMPTS), encode_prompts(tiny_pipe, [""] * len(PROMPTS))
+    x_T = torch.randn(len(PROMPTS), 4, 8, 8, generator=torch.Generator().manual_seed(0))
+
+    def sample(eta, seed):
+        return sample_with_logprob(tiny_pipe, embeds, neg, 5, 5.0, eta, generator=torch.Generator().manual_seed(seed),
+                                   initial_noise=x_T)
+
+    windowed, other_noise = sample(step_etas(5, 1.0, 1, 2), 0), sample(step_etas(5, 1.0, 1, 2), 1)
+    # log-probs only inside the window; there they are the Gaussian step densities (ratio one on recomputation)
+    assert (windowed.log_probs[:, [0, 3, 4]] == 0).all() and (windowed.log_probs[:, 1:3] != 0).all()
+    for n in (1, 2):
+        out = step_log_prob(tiny_pipe.unet, tiny_pipe.scheduler, windowed.latents[:, n], windowed.latents[:, n + 1],
+                            windowed.timesteps[:, n], embeds, neg, 5.0, 1.0)
+        torch.testing.assert_close(out.log_prob, windowed.log_probs[:, n], rtol=0, atol=2e-4)
+    # step 0 is the deterministic DDIM step whatever the noise; the window's noise makes the samples differ after it
+    torch.testing.assert_close(windowed.latents[:, 1], other_noise.latents[:, 1], rtol=0, atol=0)
+    assert (windowed.latents[:, 2] - other_noise.latents[:, 2]).abs().max() > 1e-2
+    with torch.no_grad():  # a step outside the window is DDIM's eta = 0 step
+        output = guided_model_output(tiny_pipe.unet, windowed.latents[:, 3], windowed.timesteps[:, 3], embeds, neg, 5.0)
+    greedy = ddim_step_with_logprob(tiny_pipe.scheduler, output, windowed.timesteps[:, 3], windowed.latents[:, 3], 0.0,
+                                    compute_log_prob=False)
+    torch.testing.assert_close(greedy.prev_sample, windowed.latents[:, 4], rtol=1e-5, atol=1e-5)
+    # a window of every step is the plain sampler, bit for bit
+    torch.testing.assert_close(sample(step_etas(5, 1.0, 0, 5), 3).latents, sample(1.0, 3).latents, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="deterministic"):
+        sample_with_logprob(tiny_pipe, embeds, neg, 5, 5.0, [0.0] * 5)
+    # the trainable-schedule check asks sigma > 0 of the window's steps only
+    check_trainable_schedule(tiny_pipe.scheduler, 5, 1.0, sde_window_mask(5, 1, 2))

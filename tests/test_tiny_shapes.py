@@ -181,3 +181,13 @@ def test_pretrain_script_rebuilds_a_loadable_model(tmp_path):
 
     report = json.loads((tmp_path / "tiny_shapes" / "pretrain_report.json").read_text())
     assert set(report["base_model_sample_accuracy_train"]) == {"color", "shape", "background", "joint"}
+
+
+def test_prompt_filter_keeps_only_the_asked_shapes():
+    prompts, metadata = PromptSampler("tiny_shapes", {"shapes": "circle, square"}, seed=0).sample(200)
+    assert {m["shape"] for m in metadata} == {"circle", "square"}
+    assert all(f"{m['color']} {m['shape']}" in p for p, m in zip(prompts, metadata))
+    _, held = PromptSampler("tiny_shapes", {"shapes": ["triangle"], "held_out": True}, seed=0).sample(20)
+    assert {(m["color"], m["shape"]) for m in held} == {("red", "triangle")}  # the one held-out triangle pair
+    with pytest.raises(ValueError, match="'hexagon'.*allowed"):
+        shapes.tiny_shapes(rng=random.Random(0), shapes="circle,hexagon")

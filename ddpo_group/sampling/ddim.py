@@ -72,12 +72,36 @@ def step_std(scheduler: DDIMScheduler, timestep: torch.Tensor, eta: float) -> to
     return eta * variance.clamp(min=0).sqrt()
 
 
-def check_trainable_schedule(scheduler: DDIMScheduler, num_steps: int, eta: float) -> None:
-    """Every step of the schedule must have sigma > 0, or its log-probability does not exist."""
+def sde_window_mask(num_steps: int, window_start: int = 0, window_size: int = 0) -> torch.Tensor:
+    """[T] bool: the stochastic (and trainable) steps. Size 0: every step; otherwise the steps
+    [start, start + size), the others being deterministic DDIM steps (eta = 0), as in Flow-GRPO-Fast."""
+    mask = torch.zeros(num_steps, dtype=torch.bool)
+    if window_size <= 0:
+        mask[:] = True
+    else:
+        mask[window_start : window_start + window_size] = True
+    return mask
+
+
+def sde_window(sample_config) -> tuple[int, int]:
+    """(start, size) of ``sample.sde_window_start`` / ``sample.sde_window_size`` (size 0: no window)."""
+    return int(sample_config.get("sde_window_start", 0)), int(sample_config.get("sde_window_size", 0))
+
+
+def step_etas(num_steps: int, eta: float, window_start: int = 0, window_size: int = 0) -> list[float]:
+    """eta_n of each step: ``eta`` inside the SDE window (``sde_window_mask``), 0 outside it."""
+    return [eta if inside else 0.0 for inside in sde_window_mask(num_steps, window_start, window_size).tolist()]
+
+
+def check_trainable_schedule(scheduler: DDIMScheduler, num_steps: int, eta: float, trainable: torch.Tensor | None = None
+                             ) -> None:
+    """Every trainable step (default: all) must have sigma > 0, or its log-probability does not exist."""
     if eta <= 0:
         raise ValueError(f"sample.eta={eta}: the DDIM step needs eta > 0 to have a log-probability for training")
     scheduler.set_timesteps(num_steps)
     stds = step_std(scheduler, scheduler.timesteps, eta)
+    if trainable is not None:
+        stds = torch.where(trainable.to(stds.device), stds, torch.ones_like(stds))
     if not bool((stds > 0).all()):
         bad = scheduler.timesteps[stds <= 0].tolist()
         raise ValueError(

@@ -8,6 +8,7 @@ produce the same images.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -107,7 +108,7 @@ def sample_with_logprob(
     negative_prompt_embeds: torch.Tensor | None,
     num_inference_steps: int,
     guidance_scale: float,
-    eta: float,
+    eta: float | Sequence[float],
     generator: torch.Generator | list[torch.Generator] | None = None,
     unet=None,
     decode: bool = True,
@@ -117,8 +118,9 @@ def sample_with_logprob(
 ) -> Trajectories:
     """Sample B images and record the trajectory: latents [B, T+1, ...], log_probs [B, T], timesteps [B, T].
 
-    ``unet`` overrides ``pipe.unet`` (e.g. the accelerate-wrapped policy). ``eta = 0`` (greedy, e.g. ReMax's baseline)
-    needs ``compute_log_prob=False``. ``initial_noise`` [B, C, h, w] (standard normal) replaces the
+    ``unet`` overrides ``pipe.unet`` (e.g. the accelerate-wrapped policy). ``eta`` is one value or one per step
+    (``step_etas``: an SDE window); a step with eta = 0 is deterministic and records log-prob 0 (it has none and
+    is never trained). All-zero eta (greedy, e.g. ReMax's baseline) needs ``compute_log_prob=False``. ``initial_noise`` [B, C, h, w] (standard normal) replaces the
     x_T drawn from ``generator``, which then draws the step noise only.
     """
     unet = unet if unet is not None else pipe.unet
@@ -136,16 +138,23 @@ def sample_with_logprob(
         latents = initial_noise.to(device, prompt_embeds.dtype)
     latents = latents * scheduler.init_noise_sigma
 
+    etas = [float(eta)] * len(timesteps) if isinstance(eta, (int, float)) else [float(e) for e in eta]
+    if len(etas) != len(timesteps):
+        raise ValueError(f"eta has {len(etas)} values for {len(timesteps)} steps")
+    if compute_log_prob and not any(e > 0 for e in etas):
+        raise ValueError(f"eta={eta}: every step is deterministic, so no step has a log-probability")
     all_latents, log_probs = [latents.float()], []
-    for t in tqdm(timesteps, desc="denoising", leave=False, disable=not progress):
+    for t, step_eta in tqdm(zip(timesteps, etas), total=len(etas), desc="denoising", leave=False, disable=not progress):
         model_output = guided_model_output(unet, latents, t, prompt_embeds, negative_prompt_embeds, guidance_scale)
+        stochastic = step_eta > 0
         step = ddim_step_with_logprob(
-            scheduler, model_output, t, latents, eta, generator=generator, compute_log_prob=compute_log_prob
+            scheduler, model_output, t, latents, step_eta, generator=generator,
+            compute_log_prob=compute_log_prob and stochastic,
         )
         latents = step.prev_sample.to(prompt_embeds.dtype)
         all_latents.append(step.prev_sample)
         if compute_log_prob:
-            log_probs.append(step.log_prob)
+            log_probs.append(step.log_prob if stochastic else torch.zeros(batch, device=device))
 
     images = decode_latents(pipe, latents) if decode else None
     return Trajectories(
