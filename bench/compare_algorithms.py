@@ -172,26 +172,39 @@ def table(rows: list[dict], presets: list[str], threshold) -> str:
     return "\n".join(out)
 
 
-def plot(rows: list[dict], presets: list[str], path: Path) -> None:
+def moving_average(values: torch.Tensor, window: int) -> torch.Tensor:
+    """Mean of the last ``window`` values at each position (fewer at the start), along the last dimension."""
+    cumsum = torch.nn.functional.pad(values.cumsum(-1), (1, 0))
+    ends = torch.arange(1, values.shape[-1] + 1)
+    starts = (ends - window).clamp(min=0)
+    return (cumsum[..., ends] - cumsum[..., starts]) / (ends - starts)
+
+
+def plot(rows: list[dict], presets: list[str], path: Path, smooth: int = 5) -> None:
+    """Epoch-mean reward against queries, mean over seeds (moving average over ``smooth`` epochs) with the
+    seeds' spread shaded; the dashed line is the base model's evaluation reward."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5))
     for preset in presets:
         curves = [r["curve"] for r in rows if r["preset"] == preset]
         if not curves:
             continue
         n = min(len(c) for c in curves)
         xs = [curves[0][i][0] for i in range(n)]
-        ys = torch.tensor([[c[i][1] for i in range(n)] for c in curves], dtype=torch.float64)
+        ys = moving_average(torch.tensor([[c[i][1] for i in range(n)] for c in curves], dtype=torch.float64), smooth)
         mean, std = ys.mean(0), ys.std(0, unbiased=False)
-        ax.plot(xs, mean.tolist(), label=preset)
-        ax.fill_between(xs, (mean - std).tolist(), (mean + std).tolist(), alpha=0.2)
+        ax.plot(xs, mean.tolist(), label=preset, linewidth=2 if preset in ("ddpo", "grpo", "group_ppo") else 1)
+        ax.fill_between(xs, (mean - std).tolist(), (mean + std).tolist(), alpha=0.12)
+    befores = [r["before"] for r in rows]
+    if befores:
+        ax.axhline(sum(befores) / len(befores), color="gray", linestyle="--", label="base model (evaluation)")
     ax.set_xlabel("reward queries")
-    ax.set_ylabel("mean reward of the epoch's samples")
-    ax.legend()
+    ax.set_ylabel(f"epoch-mean reward (moving average over {smooth} epochs)")
+    ax.legend(ncol=2, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -73,3 +73,22 @@ def test_epoch_bench_runs_and_prints_every_phase(tiny_model_dir, capsys):
         assert f"| {label} |" in printed
     assert out["wall_s"] > 0 and out["phases"]["sampling"] > 0 and out["phases"]["checkpoint"] > 0
     assert out["peak_rss_mib"] > 0 and "peak RSS" in printed
+
+
+def test_unet_rows_bench_prints_per_row_cost_and_ratio(capsys):
+    import unet_rows
+
+    per_row = unet_rows.main(["--rows", "1,4", "--repeats", "1", "--device", "cpu", "--threads", "0"])
+    printed = capsys.readouterr().out
+    assert set(per_row) == {1, 4} and all(v > 0 for v in per_row.values())
+    assert "| 4 |" in printed and f"{per_row[1] / per_row[4]:.2f}x" in printed
+
+
+def test_moving_average_of_the_plotted_curves():
+    import torch
+    from compare_algorithms import moving_average
+
+    values = torch.tensor([[1.0, 3.0, 5.0, 7.0], [0.0, 0.0, 4.0, 4.0]], dtype=torch.float64)
+    want = torch.tensor([[1.0, 2.0, 3.0, 5.0], [0.0, 0.0, 4 / 3, 8 / 3]], dtype=torch.float64)
+    torch.testing.assert_close(moving_average(values, 3), want)
+    torch.testing.assert_close(moving_average(values, 1), values)

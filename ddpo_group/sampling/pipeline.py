@@ -120,8 +120,9 @@ def sample_with_logprob(
 
     ``unet`` overrides ``pipe.unet`` (e.g. the accelerate-wrapped policy). ``eta`` is one value or one per step
     (``step_etas``: an SDE window); a step with eta = 0 is deterministic and records log-prob 0 (it has none and
-    is never trained). All-zero eta (greedy, e.g. ReMax's baseline) needs ``compute_log_prob=False``. ``initial_noise`` [B, C, h, w] (standard normal) replaces the
-    x_T drawn from ``generator``, which then draws the step noise only.
+    is never trained). All-zero eta (greedy, e.g. ReMax's baseline) needs ``compute_log_prob=False``.
+    ``initial_noise`` [B, C, h, w] (standard normal) replaces the x_T drawn from ``generator``, which then
+    draws the step noise only.
     """
     unet = unet if unet is not None else pipe.unet
     scheduler = pipe.scheduler
