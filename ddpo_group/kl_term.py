@@ -31,17 +31,23 @@ def reference_step(reference, unet, scheduler, latents, next_latents, timesteps,
 
 @torch.no_grad()
 def rollout_kl(batch: dict, policy_unet, reference, scheduler, negative_prompt_embeds, guidance_scale: float, eta: float,
-               kind: str, reduce: str, pairs_per_forward: int) -> torch.Tensor:
-    """KL_n [B, T] of every step of the sampled trajectories (KL in reward), chunked over (sample, step) pairs."""
+               kind: str, reduce: str, pairs_per_forward: int, steps: torch.Tensor | None = None) -> torch.Tensor:
+    """KL_n [B, T] of the sampled trajectories (KL in reward), chunked over (sample, step) pairs.
+
+    ``steps`` [T] bool (default all) are the stochastic steps; a deterministic step (outside an SDE
+    window) is no action of the policy and gets KL 0 without a forward.
+    """
     num_samples, num_steps = batch["log_probs"].shape
-    rows = torch.arange(num_samples, device=batch["log_probs"].device).repeat_interleave(num_steps)
-    steps = torch.arange(num_steps, device=rows.device).repeat(num_samples)
-    out = torch.zeros(num_samples * num_steps, device=rows.device)
-    for chunk in torch.split(torch.arange(rows.numel(), device=rows.device), pairs_per_forward):
-        r, n = rows[chunk], steps[chunk]
+    device = batch["log_probs"].device
+    chosen = torch.arange(num_steps) if steps is None else torch.nonzero(steps.cpu()).flatten()
+    pair_rows = torch.arange(num_samples, device=device).repeat_interleave(len(chosen))
+    pair_steps = chosen.to(device).repeat(num_samples)
+    out = torch.zeros(num_samples, num_steps, device=device)
+    for chunk in torch.split(torch.arange(pair_rows.numel(), device=device), pairs_per_forward):
+        r, n = pair_rows[chunk], pair_steps[chunk]
         args = (batch["latents"][r, n], batch["next_latents"][r, n], batch["timesteps"][r, n], batch["prompt_embeds"][r],
                 negative_prompt_embeds.expand(len(chunk), -1, -1), guidance_scale, eta)
         policy = step_log_prob(policy_unet, scheduler, *args)
         ref = reference_step(reference, policy_unet, scheduler, *args)
-        out[chunk] = step_kl(policy, ref, kind, reduce).float()
-    return out.view(num_samples, num_steps)
+        out[r, n] = step_kl(policy, ref, kind, reduce).float()
+    return out

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from ddpo_group.algorithms import aggregation_weights, get_policy_loss, vanilla_loss_matrix
 from ddpo_group.errors import NonFiniteLossError
 from ddpo_group.kl_term import reference_step, step_kl
-from ddpo_group.sampling.ddim import sde_window, sde_window_mask
+from ddpo_group.sampling.ddim import stochastic_steps
 from ddpo_group.sampling.pipeline import step_log_prob
 from ddpo_group.timing import NULL_TIMER
 
@@ -87,7 +87,7 @@ class PolicyUpdater:
         for inner in range(t.num_inner_epochs):
             perm = torch.randperm(num_samples)
             step_mask = random_step_mask(num_samples, num_steps, t.timestep_fraction,  # on the CPU: no syncs
-                                         trainable=sde_window_mask(num_steps, *sde_window(self.config.sample)))
+                                         trainable=stochastic_steps(self.config.sample))
             if row_mask is not None:  # dynamic sampling: padded rows take no part in the loss
                 step_mask = step_mask * row_mask[:, None]
             for start in range(0, num_samples, t.batch_size):

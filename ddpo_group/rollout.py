@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards import check_rewards
-from ddpo_group.sampling.ddim import sde_window, step_etas
+from ddpo_group.sampling.ddim import step_etas, stochastic_steps
 from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
 from ddpo_group.timing import NULL_TIMER
 
@@ -101,7 +101,7 @@ def collect_rollouts(
     """
     batches, futures = [], []
     size = sample_config.batch_size
-    etas = step_etas(sample_config.num_steps, sample_config.eta, *sde_window(sample_config))
+    etas = step_etas(sample_config.eta, stochastic_steps(sample_config))
     with timer.phase("sampling"):
         all_embeds = encode_unique(pipe, prompts)
     for i in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):

@@ -46,7 +46,7 @@ from ddpo_group.rewards import make_reward_fn
 from ddpo_group.reference import ReferenceModel
 from ddpo_group.resume_check import check_resume, write_state_fields
 from ddpo_group.rollout import collect_rollouts, greedy_rewards
-from ddpo_group.sampling.ddim import check_trainable_schedule, sde_window, sde_window_mask
+from ddpo_group.sampling.ddim import check_trainable_schedule, stochastic_steps
 from ddpo_group.sampling.pipeline import encode_prompts
 from ddpo_group.sampling_snapshot import SamplingSnapshot
 from ddpo_group.stat_tracking import PerPromptStatTracker
@@ -94,7 +94,7 @@ class Trainer:
 
         self.pipe, params = build_policy(config, self.accelerator.device)
         check_trainable_schedule(self.pipe.scheduler, config.sample.num_steps, config.sample.eta,
-                                 sde_window_mask(config.sample.num_steps, *sde_window(config.sample)))
+                                 stochastic_steps(config.sample))
         # the reference adds its adapter (or copies the UNet) before accelerate wraps the UNet
         self.reference = ReferenceModel.from_config(config, self.pipe.unet, lora_config(config) if config.use_lora else None)
         optimizer = make_optimizer(config, params)
@@ -485,9 +485,8 @@ class Trainer:
                 kl = rollout_kl(
                     batch, self.pipe.unet, self.reference, self.pipe.scheduler, self.negative_prompt_embeds, guidance,
                     config.sample.eta, config.algorithm.kl_type, config.sample.log_prob_reduce,
-                    config.train.pairs_per_forward,
+                    config.train.pairs_per_forward, steps=stochastic_steps(config.sample),
                 )
-            kl = kl * sde_window_mask(kl.shape[1], *sde_window(config.sample)).to(kl)  # deterministic steps: KL 0
             extra["step_kl"] = kl
             extra["step_rewards"] = -self.kl_controller.value * kl
         return extra

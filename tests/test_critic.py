@@ -82,4 +82,10 @@ def test_kl_in_reward_is_zero_for_the_initial_policy_and_positive_after_it_moves
     kl = rollout_kl(round0.batch, trainer.pipe.unet, trainer.reference, trainer.pipe.scheduler,
                     trainer.negative_prompt_embeds, 5.0, 1.0, "gaussian", "mean", 3)
     assert kl.shape == (8, 4) and bool((kl > 0).all())
+    # with an SDE window only its steps are policy actions: their KL as before, 0 (and no forward) elsewhere
+    window = torch.tensor([False, True, True, False])
+    windowed = rollout_kl(round0.batch, trainer.pipe.unet, trainer.reference, trainer.pipe.scheduler,
+                          trainer.negative_prompt_embeds, 5.0, 1.0, "gaussian", "mean", 3, steps=window)
+    torch.testing.assert_close(windowed[:, window], kl[:, window], rtol=1e-5, atol=1e-7)
+    assert bool((windowed[:, ~window] == 0).all())
     trainer.executor.shutdown()

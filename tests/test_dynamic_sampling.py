@@ -1,5 +1,6 @@
 """DAPO's dynamic sampling: constant-reward groups are dropped, more rounds fill the batch, the share is logged."""
 
+import pytest
 import torch
 
 from ddpo_group.dynamic_sampling import group_keep_mask, pool_rows
@@ -82,13 +83,17 @@ def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir,
     trainer.executor.shutdown()
 
 
-def test_sde_window_samples_and_trains_only_its_steps(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("preset", ["grpo", "reinforce_pp"])
+def test_sde_window_samples_and_trains_only_its_steps(preset, tiny_model_dir, tmp_path, monkeypatch):
     import ddpo_group.policy_update as policy_update
 
-    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "window", **{
+    trainer = tiny_trainer(preset, tiny_model_dir, tmp_path, "window", **{
         "sample.sde_window_start": 1, "sample.sde_window_size": 2})
-    batch = trainer.sample_round(0, 0).batch
+    round0 = trainer.sample_round(0, 0)
+    batch = round0.batch
     assert (batch["log_probs"][:, [0, 3]] == 0).all() and (batch["log_probs"][:, 1:3] != 0).all()
+    if preset == "reinforce_pp":  # KL in the reward: deterministic steps are no action, so no KL
+        assert (round0.gathered["step_kl"][:, [0, 3]] == 0).all()
     trained_steps = []
     original = policy_update.PolicyUpdater.accumulate_gradients
 

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from ml_collections import ConfigDict
 
 from ddpo_group.sampling.ddim import check_trainable_schedule, ddim_step_with_logprob, step_std
 from ddpo_group.sampling.pipeline import encode_prompts, guided_model_output, sample_with_logprob, step_log_prob
@@ -120,10 +121,12 @@ def test_schedule_with_zero_final_sigma_is_rejected():
 
 
 def test_sde_window_steps_outside_are_deterministic_ddim_without_log_prob(tiny_pipe):
-    from ddpo_group.sampling.ddim import sde_window_mask, step_etas
+    from ddpo_group.sampling.ddim import sde_window_mask, step_etas, stochastic_steps
 
     assert sde_window_mask(5, 0, 0).tolist() == [True] * 5
-    assert step_etas(5, 0.7, 1, 2) == [0.0, 0.7, 0.7, 0.0, 0.0]
+    assert step_etas(0.7, sde_window_mask(5, 1, 2)) == [0.0, 0.7, 0.7, 0.0, 0.0]
+    assert stochastic_steps(ConfigDict({"num_steps": 4, "sde_window_start": 2, "sde_window_size": 1})).tolist() == [
+        False, False, True, False]
     embeds, neg = encode_prompts(tiny_pipe, PROMPTS), encode_prompts(tiny_pipe, [""] * len(PROMPTS))
     x_T = torch.randn(len(PROMPTS), 4, 8, 8, generator=torch.Generator().manual_seed(0))
 
@@ -131,7 +134,8 @@ def test_sde_window_steps_outside_are_deterministic_ddim_without_log_prob(tiny_p
         return sample_with_logprob(tiny_pipe, embeds, neg, 5, 5.0, eta, generator=torch.Generator().manual_seed(seed),
                                    initial_noise=x_T)
 
-    windowed, other_noise = sample(step_etas(5, 1.0, 1, 2), 0), sample(step_etas(5, 1.0, 1, 2), 1)
+    window_etas = step_etas(1.0, sde_window_mask(5, 1, 2))
+    windowed, other_noise = sample(window_etas, 0), sample(window_etas, 1)
     # log-probs only inside the window; there they are the Gaussian step densities (ratio one on recomputation)
     assert (windowed.log_probs[:, [0, 3, 4]] == 0).all() and (windowed.log_probs[:, 1:3] != 0).all()
     for n in (1, 2):
@@ -147,7 +151,8 @@ def test_sde_window_steps_outside_are_deterministic_ddim_without_log_prob(tiny_p
                                     compute_log_prob=False)
     torch.testing.assert_close(greedy.prev_sample, windowed.latents[:, 4], rtol=1e-5, atol=1e-5)
     # a window of every step is the plain sampler, bit for bit
-    torch.testing.assert_close(sample(step_etas(5, 1.0, 0, 5), 3).latents, sample(1.0, 3).latents, rtol=0, atol=0)
+    every_step = step_etas(1.0, sde_window_mask(5, 0, 5))
+    torch.testing.assert_close(sample(every_step, 3).latents, sample(1.0, 3).latents, rtol=0, atol=0)
     with pytest.raises(ValueError, match="deterministic"):
         sample_with_logprob(tiny_pipe, embeds, neg, 5, 5.0, [0.0] * 5)
     # the trainable-schedule check asks sigma > 0 of the window's steps only

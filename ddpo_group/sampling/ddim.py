@@ -83,14 +83,15 @@ def sde_window_mask(num_steps: int, window_start: int = 0, window_size: int = 0)
     return mask
 
 
-def sde_window(sample_config) -> tuple[int, int]:
-    """(start, size) of ``sample.sde_window_start`` / ``sample.sde_window_size`` (size 0: no window)."""
-    return int(sample_config.get("sde_window_start", 0)), int(sample_config.get("sde_window_size", 0))
+def stochastic_steps(sample_config) -> torch.Tensor:
+    """[T] bool of the sampling config: its SDE window (``sample.sde_window_start``/``_size``) or every step."""
+    return sde_window_mask(sample_config.num_steps, int(sample_config.get("sde_window_start", 0)),
+                           int(sample_config.get("sde_window_size", 0)))
 
 
-def step_etas(num_steps: int, eta: float, window_start: int = 0, window_size: int = 0) -> list[float]:
-    """eta_n of each step: ``eta`` inside the SDE window (``sde_window_mask``), 0 outside it."""
-    return [eta if inside else 0.0 for inside in sde_window_mask(num_steps, window_start, window_size).tolist()]
+def step_etas(eta: float, stochastic: torch.Tensor) -> list[float]:
+    """eta_n of each step: ``eta`` where ``stochastic`` [T] is true, 0 (a deterministic DDIM step) elsewhere."""
+    return [eta if inside else 0.0 for inside in stochastic.tolist()]
 
 
 def check_trainable_schedule(scheduler: DDIMScheduler, num_steps: int, eta: float, trainable: torch.Tensor | None = None
