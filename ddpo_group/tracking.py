@@ -9,6 +9,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from ddpo_group.metrics_log import append_metrics
+from ddpo_group.plots import plot_reward_curve, read_metrics
+
 
 def wandb_api_key_available() -> bool:
     if os.environ.get("WANDB_API_KEY"):
@@ -62,3 +65,45 @@ def _wrap(text: str, width: int) -> list[str]:
         else:
             line = f"{line} {word}".strip()
     return lines + ([line] if line else [])
+
+
+class EpochLogger:
+    """What every epoch leaves behind: a metrics.jsonl line (and wandb's), the reward curve so far, a grid of
+    the epoch's samples every ``log_images_every`` epochs (0: never), and one console line."""
+
+    def __init__(self, accelerator, run_dir, wandb_mode: str, log_images_every: int, print_fn):
+        self.accelerator = accelerator
+        self.run_dir = run_dir
+        self.wandb_mode = wandb_mode
+        self.log_images_every = log_images_every
+        self.print = print_fn
+
+    def log(self, epoch: int, metrics: dict, batch: dict) -> None:
+        main = self.accelerator.is_main_process
+        if main:
+            append_metrics(self.run_dir / "metrics.jsonl", metrics)
+            try:  # the reward curve so far, whatever the wandb mode
+                plot_reward_curve(read_metrics(self.run_dir / "metrics.jsonl"), self.run_dir / "reward_curve.png",
+                                  title=f"{self.run_dir.name}: reward per epoch")
+            except Exception as error:  # a plotting problem must not stop training
+                self.print(f"could not plot the reward curve: {type(error).__name__}: {error}")
+        if self.wandb_mode != "disabled":
+            self.accelerator.log(metrics, step=epoch)
+        every = self.log_images_every
+        if main and every and epoch % every == 0:
+            n = min(16, len(batch["prompts"]))
+            captions = [f"{p} | {r:.3f}" for p, r in zip(batch["prompts"][:n], batch["rewards"][:n].tolist())]
+            grid = image_grid(batch["images"][:n], captions)
+            samples_dir = self.run_dir / "samples"
+            samples_dir.mkdir(parents=True, exist_ok=True)
+            grid.save(samples_dir / f"epoch_{epoch:05d}.png")
+            if self.wandb_mode != "disabled":
+                import wandb
+
+                self.accelerator.get_tracker("wandb").log({"images": wandb.Image(grid)}, step=epoch)
+        self.print(
+            f"epoch {epoch}: reward {metrics['reward_mean']:.4f} ± {metrics['reward_std']:.4f} | "
+            f"loss {metrics.get('train/policy_loss', float('nan')):.3g} | "
+            f"clipfrac {metrics.get('train/clipfrac', float('nan')):.3f} | "
+            f"sampling {metrics['time/sampling']:.1f}s, training {metrics['time/training']:.1f}s"
+        )

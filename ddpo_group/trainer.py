@@ -37,22 +37,23 @@ from ddpo_group.errors import EpochAbandoned, NonFiniteLossError, TrainingInterr
 from ddpo_group.interrupts import StopRequest
 from ddpo_group.kl_term import rollout_kl
 from ddpo_group.lora_export import save_lora
-from ddpo_group.metrics_log import append_metrics, rewind_metrics
+from ddpo_group.metrics_log import rewind_metrics
 from ddpo_group.model_setup import build_policy, lora_config, make_optimizer
-from ddpo_group.plots import plot_reward_curve, read_metrics
+from ddpo_group.plots import read_metrics
 from ddpo_group.policy_update import PolicyUpdater
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.rewards import make_reward_fn
 from ddpo_group.reference import ReferenceModel
 from ddpo_group.resume_check import check_resume, write_state_fields
 from ddpo_group.rollout import collect_rollouts, greedy_rewards
+from ddpo_group.round_noise import group_initial_noise, round_seed, sample_generators
 from ddpo_group.sampling.ddim import check_trainable_schedule, stochastic_steps
 from ddpo_group.sampling.pipeline import encode_prompts
 from ddpo_group.sampling_snapshot import SamplingSnapshot
 from ddpo_group.stat_tracking import PerPromptStatTracker
-from ddpo_group.summary import format_summary
+from ddpo_group.summary import format_summary, group_summary
 from ddpo_group.timing import PHASES, PhaseTimer
-from ddpo_group.tracking import image_grid, resolve_wandb_mode
+from ddpo_group.tracking import EpochLogger, resolve_wandb_mode
 
 logger = get_logger(__name__)
 
@@ -159,6 +160,8 @@ class Trainer:
                                        # a resumed run continues the same wandb run
                                        "id": self.state.wandb_run_id, "resume": "allow"}},
             )
+        self.epoch_logger = EpochLogger(self.accelerator, self.run_dir, self.wandb_mode, config.log_images_every,
+                                        self._print)
 
     def _forget_later_epochs(self, resume_path: Path) -> None:
         """After a resume, the run continues from ``resume_path``'s epoch: drop the metrics logged after it
@@ -382,7 +385,7 @@ class Trainer:
         metrics.update({f"time/{phase}": spent.get(phase, 0.0) for phase in PHASES})
         metrics["time/epoch"] = time.perf_counter() - start
         with self.timer.phase("logging"):
-            self.log(epoch, metrics, batch)
+            self.epoch_logger.log(epoch, metrics, batch)
         if self.group_controller is not None and epoch % 10 == 0:
             self._print(group_summary(epoch, metrics))
         return metrics
@@ -399,12 +402,17 @@ class Trainer:
         group_size = config.train.group_size
         prompts, metadata, groups = self.prompt_sampler.sample_epoch(local * accelerator.num_processes // group_size, group_size)
         mine = slice(accelerator.process_index * local, (accelerator.process_index + 1) * local)
-        initial_noise = self.group_initial_noise(epoch, round_index, groups[mine]) if config.sample.same_initial_noise else None
+        seed = round_seed(config.seed, epoch, round_index)
+        initial_noise = None
+        if config.sample.same_initial_noise:
+            unet_config = self.pipe.unet.config
+            shape = (unet_config.in_channels, unet_config.sample_size, unet_config.sample_size)
+            initial_noise = group_initial_noise(seed, groups[mine], shape, accelerator.device)
         with accelerator.autocast():  # the precision the training forward recomputes log-probs in
             batch = collect_rollouts(
                 self.pipe, prompts[mine], metadata[mine], self.reward_fn, config.reward_fn, self.executor,
                 config.sample, self.negative_prompt_embeds, show_progress=accelerator.is_local_main_process,
-                desc=f"epoch {epoch}: sampling", generators=self.sample_generators(epoch, round_index, mine),
+                desc=f"epoch {epoch}: sampling", generators=sample_generators(seed, mine, accelerator.device),
                 critic=self.critic, should_stop=lambda: self.stop_agreed(self.stop), timer=self.timer,
                 initial_noise=initial_noise,
             )
@@ -439,30 +447,6 @@ class Trainer:
         """True while some process holds fewer than a batch of rows from groups with reward variance."""
         kept = sum(int(self.local_rows(r.keep).sum()) for r in rounds)
         return bool(self.gather(torch.tensor([kept])).min() < self.local)
-
-    def round_seed(self, epoch: int, round_index: int) -> int:
-        """The base seed of one sampling round, from (seed, epoch, round); the same on every process."""
-        return ((self.config.seed * 1_000_003 + epoch) * 1_000_003 + round_index) * 1_000_003
-
-    def sample_generators(self, epoch: int, round_index: int, mine: slice) -> list[torch.Generator]:
-        """One generator per sample, seeded by (seed, epoch, round, global index): the same noise whatever the
-        process count."""
-        device = self.accelerator.device
-        base = self.round_seed(epoch, round_index)
-        total = mine.stop - mine.start
-        return [torch.Generator(device=device).manual_seed((base + mine.start + i) % 2**63) for i in range(total)]
-
-    def group_initial_noise(self, epoch: int, round_index: int, groups: list[int]) -> torch.Tensor:
-        """x_T [B, C, h, w] drawn once per prompt group (seeded by seed, epoch, round, group) and shared by its copies.
-
-        The copies then differ only by their step noise, so the group baseline also removes the reward
-        variance due to x_T, which no action can be credited with (DanceGRPO's shared initial noise).
-        """
-        unet_config = self.pipe.unet.config
-        shape = (unet_config.in_channels, unet_config.sample_size, unet_config.sample_size)
-        base = self.round_seed(epoch, round_index) + 2**40  # apart from the per-sample generators' seeds
-        noise = {g: torch.randn(shape, generator=torch.Generator().manual_seed((base + g) % 2**63)) for g in set(groups)}
-        return torch.stack([noise[g] for g in groups]).to(self.accelerator.device)
 
     def baselines_and_step_rewards(self, epoch: int, batch: dict, groups: list[int],
                                    initial_noise: torch.Tensor | None = None) -> dict:
@@ -505,46 +489,7 @@ class Trainer:
         rank = self.accelerator.process_index
         return tensor[rank * self.local : (rank + 1) * self.local].float().to(self.accelerator.device)
 
-    def log(self, epoch: int, metrics: dict, batch: dict) -> None:
-        if self.accelerator.is_main_process:
-            append_metrics(self.run_dir / "metrics.jsonl", metrics)
-            try:  # the reward curve so far, whatever the wandb mode
-                plot_reward_curve(read_metrics(self.run_dir / "metrics.jsonl"), self.run_dir / "reward_curve.png",
-                                  title=f"{self.run_dir.name}: reward per epoch")
-            except Exception as error:  # a plotting problem must not stop training
-                self._print(f"could not plot the reward curve: {type(error).__name__}: {error}")
-        if self.wandb_mode != "disabled":
-            self.accelerator.log(metrics, step=epoch)
-        every = self.config.log_images_every
-        if self.accelerator.is_main_process and every and epoch % every == 0:
-            n = min(16, len(batch["prompts"]))
-            captions = [f"{p} | {r:.3f}" for p, r in zip(batch["prompts"][:n], batch["rewards"][:n].tolist())]
-            grid = image_grid(batch["images"][:n], captions)
-            samples_dir = self.run_dir / "samples"
-            samples_dir.mkdir(parents=True, exist_ok=True)
-            grid.save(samples_dir / f"epoch_{epoch:05d}.png")
-            if self.wandb_mode != "disabled":
-                import wandb
-
-                self.accelerator.get_tracker("wandb").log({"images": wandb.Image(grid)}, step=epoch)
-        self._print(
-            f"epoch {epoch}: reward {metrics['reward_mean']:.4f} ± {metrics['reward_std']:.4f} | "
-            f"loss {metrics.get('train/policy_loss', float('nan')):.3g} | "
-            f"clipfrac {metrics.get('train/clipfrac', float('nan')):.3f} | "
-            f"sampling {metrics['time/sampling']:.1f}s, training {metrics['time/training']:.1f}s"
-        )
-
     def _print(self, message: str) -> None:
         if self.accelerator.is_main_process:
             print(f"[ddpo_group] {message}", flush=True)
 
-
-def group_summary(epoch: int, metrics: dict) -> str:
-    """A readable GROUP_PPO summary line (printed every 10 epochs)."""
-    get = lambda key: metrics.get(key, float("nan"))  # noqa: E731
-    return (
-        f"GROUP_PPO epoch {epoch}: {get('group/num_endpoints'):.1f} endpoints per trajectory "
-        f"(mean group length {get('group/mean_len'):.2f} steps), compression ratio {get('group/compression_ratio'):.2f}, "
-        f"tau {get('group/tau'):.3f} -> {get('group/next_tau'):.3f}, critic explained variance "
-        f"{get('group/critic_ev'):.3f}, value loss {get('critic/value_loss'):.4f}, reward {get('reward_mean'):.4f}"
-    )
