@@ -22,6 +22,7 @@ from _common import add_common_args, machine, setup_threads, side_by_side
 
 from config.base import get_config
 from ddpo_group.model_setup import build_policy
+from ddpo_group.sampling.pipeline import latent_shape
 
 
 def parse_args(argv=None):
@@ -42,7 +43,7 @@ def main(argv=None) -> dict[int, float]:
     sizes = [int(r) for r in args.rows.split(",")]
     generator = torch.Generator().manual_seed(0)
     inputs = {
-        rows: (torch.randn(rows, 4, 8, 8, generator=generator).to(args.device),
+        rows: (torch.randn(rows, *latent_shape(unet), generator=generator).to(args.device),
                torch.randint(0, 1000, (rows,), generator=generator).to(args.device),
                torch.randn(rows, 8, unet.config.cross_attention_dim, generator=generator).to(args.device))
         for rows in sizes

@@ -89,6 +89,11 @@ def clear_leftovers(root: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
+def checkpoint_dir(checkpoint_root: str | os.PathLike, epoch: int) -> Path:
+    """Where the checkpoint of finished epoch ``epoch`` lives (complete once it holds COMPLETE)."""
+    return Path(checkpoint_root) / f"checkpoint_{epoch:05d}"
+
+
 def save_checkpoint(
     accelerator, checkpoint_root: str | os.PathLike, epoch: int, keep: int, extra: Callable[[Path], None] | None = None
 ) -> Path:
@@ -98,8 +103,8 @@ def save_checkpoint(
     (e.g. the diffusers-format LoRA in ``lora/``).
     """
     root = Path(checkpoint_root)
-    final = root / f"checkpoint_{epoch:05d}"
-    tmp = root / f".tmp_checkpoint_{epoch:05d}"
+    final = checkpoint_dir(root, epoch)
+    tmp = root / f".tmp_{final.name}"
     if accelerator.is_main_process:
         root.mkdir(parents=True, exist_ok=True)
         clear_leftovers(root)

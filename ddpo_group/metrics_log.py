@@ -22,10 +22,12 @@ def append_metrics(path: str | os.PathLike, record: dict) -> None:
 def read_metric_lines(path: str | os.PathLike) -> list[dict]:
     """Every complete record of the log in file order; a line that is not valid JSON (cut by a kill) is skipped."""
     path = Path(path)
-    if not path.exists():
-        return []
+    return _records(path.read_text().splitlines()) if path.exists() else []
+
+
+def _records(lines: list[str]) -> list[dict]:
     records = []
-    for line in path.read_text().splitlines():
+    for line in lines:
         if not line.strip():
             continue
         try:
@@ -43,7 +45,7 @@ def rewind_metrics(path: str | os.PathLike, last_epoch: int) -> int:
     if not path.exists():
         return 0
     lines = path.read_text().splitlines()
-    kept = [r for r in read_metric_lines(path) if int(r.get("epoch", -1)) <= last_epoch]
+    kept = [r for r in _records(lines) if int(r.get("epoch", -1)) <= last_epoch]
     dropped = sum(1 for line in lines if line.strip()) - len(kept)
     if dropped:
         tmp = path.with_name(f".{path.name}.tmp")

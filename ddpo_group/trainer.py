@@ -24,6 +24,7 @@ from ddpo_group.advantage_step import compute_advantages, critic_regression
 from ddpo_group.algorithms import CRITIC_ESTIMATORS, GroupThresholdController, get_kl_controller
 from ddpo_group.checkpointing import (
     TrainingState,
+    checkpoint_dir,
     complete_checkpoints,
     later_checkpoints,
     resolve_resume_path,
@@ -48,7 +49,7 @@ from ddpo_group.resume_check import check_resume, write_state_fields
 from ddpo_group.rollout import collect_rollouts, greedy_rewards
 from ddpo_group.round_noise import group_initial_noise, round_seed, sample_generators
 from ddpo_group.sampling.ddim import check_trainable_schedule, stochastic_steps
-from ddpo_group.sampling.pipeline import encode_prompts
+from ddpo_group.sampling.pipeline import encode_prompts, latent_shape
 from ddpo_group.sampling_snapshot import SamplingSnapshot
 from ddpo_group.stat_tracking import PerPromptStatTracker
 from ddpo_group.summary import format_summary, group_summary
@@ -254,7 +255,7 @@ class Trainer:
                                                "start the run again (without resume_from).")
         what += " and runs again on resume"
         if self.saved_epoch == self.state.epoch:
-            path = self.run_dir / "checkpoints" / f"checkpoint_{self.state.epoch:05d}"
+            path = checkpoint_dir(self.run_dir / "checkpoints", self.state.epoch)
         else:
             path = self.save(self.state.epoch)
         return TrainingInterrupted(signum, f"{what}; checkpoint {path} (epoch {self.state.epoch}). {self.resume_hint()}")
@@ -405,9 +406,7 @@ class Trainer:
         seed = round_seed(config.seed, epoch, round_index)
         initial_noise = None
         if config.sample.same_initial_noise:
-            unet_config = self.pipe.unet.config
-            shape = (unet_config.in_channels, unet_config.sample_size, unet_config.sample_size)
-            initial_noise = group_initial_noise(seed, groups[mine], shape, accelerator.device)
+            initial_noise = group_initial_noise(seed, groups[mine], latent_shape(self.pipe.unet), accelerator.device)
         with accelerator.autocast():  # the precision the training forward recomputes log-probs in
             batch = collect_rollouts(
                 self.pipe, prompts[mine], metadata[mine], self.reward_fn, config.reward_fn, self.executor,
@@ -492,4 +491,3 @@ class Trainer:
     def _print(self, message: str) -> None:
         if self.accelerator.is_main_process:
             print(f"[ddpo_group] {message}", flush=True)
-

@@ -5,7 +5,6 @@ import torch
 from accelerate import Accelerator
 
 from config.base import get_config
-from ddpo_group.algorithms import vanilla_loss_matrix
 from ddpo_group.policy_update import PolicyUpdater, random_step_mask
 from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob, step_log_prob
 from tiny_pipeline import build_tiny_pipeline

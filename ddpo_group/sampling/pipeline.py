@@ -35,6 +35,11 @@ def ensure_ddim(pipe: StableDiffusionPipeline) -> StableDiffusionPipeline:
     return pipe
 
 
+def latent_shape(unet) -> tuple[int, int, int]:
+    """(C, h, w) of one latent of ``unet`` (the shape of its initial noise x_T)."""
+    return unet.config.in_channels, unet.config.sample_size, unet.config.sample_size
+
+
 _TRUNCATION_WARNED: set[int] = set()  # ids of the tokenizers that already warned
 
 
@@ -130,7 +135,7 @@ def sample_with_logprob(
     batch = prompt_embeds.shape[0]
     scheduler.set_timesteps(num_inference_steps, device=device)
     timesteps = scheduler.timesteps
-    shape = (batch, pipe.unet.config.in_channels, pipe.unet.config.sample_size, pipe.unet.config.sample_size)
+    shape = (batch, *latent_shape(pipe.unet))
     if initial_noise is None:
         latents = randn_tensor(shape, generator=generator, device=device, dtype=prompt_embeds.dtype)
     elif tuple(initial_noise.shape) != shape:
