@@ -32,10 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from config.base import PRESETS, get_config  # noqa: E402
-from ddpo_group.plots import read_metrics  # noqa: E402
+from ddpo_group.run.plots import read_metrics  # noqa: E402
 from ddpo_group.prompts import PromptSampler  # noqa: E402
-from ddpo_group.rollout import collect_rollouts  # noqa: E402
-from ddpo_group.trainer import Trainer  # noqa: E402
+from ddpo_group.rollout.collect import collect_rollouts  # noqa: E402
+from ddpo_group.run.trainer import Trainer  # noqa: E402
 
 
 def set_field(config, key: str, raw: str) -> None:

@@ -28,7 +28,7 @@ from _common import UNetTimer, add_common_args, current_rss_mib, machine, peak_r
 
 from config.base import get_config
 from ddpo_group.timing import PHASES
-from ddpo_group.trainer import Trainer
+from ddpo_group.run.trainer import Trainer
 
 LABELS = {"reference": "reference/KL"}
 

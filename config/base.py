@@ -76,7 +76,7 @@ def base() -> ml_collections.ConfigDict:
     # one clip range, two names: train.epsilon (GRPO family) is train.clip_range (ddpo-pytorch); setting either sets both
     train.epsilon = train.get_ref("clip_range")
     # LoRA: the reference is the base model with adapters disabled, or (reference_update_freq > 0) a second
-    # adapter mixed every F epochs; full fine-tuning: a frozen copy of the UNet (ALGORITHMS.md, ddpo_group/reference.py)
+    # adapter mixed every F epochs; full fine-tuning: a frozen copy of the UNet (ALGORITHMS.md, ddpo_group/reference/model.py)
 
     # ---- algorithm ----
     config.algorithm = algorithm = ml_collections.ConfigDict()

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ddpo_group.checkpointing import resolve_resume_path
-from ddpo_group.lora_export import is_lora_dir
+from ddpo_group.run.checkpointing import resolve_resume_path
+from ddpo_group.models.lora_export import is_lora_dir
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.rewards.combine import make_combined_reward
 from ddpo_group.sampling.pipeline import ensure_ddim
@@ -61,7 +61,7 @@ def load_finetuned_weights(pipe, checkpoint: Path, run_config: dict | None) -> N
     from peft import LoraConfig
     from safetensors.torch import load_file
 
-    from ddpo_group.model_setup import LORA_TARGET_MODULES
+    from ddpo_group.models.policy import LORA_TARGET_MODULES
 
     files = sorted(checkpoint.glob("model*.safetensors"))
     if not files:
@@ -155,7 +155,7 @@ def build_report(prompts: list[str], seeds: list[int], base: dict[str, torch.Ten
 
 def comparison_grid(base_images, tuned_images, prompts, seeds, base_rewards, tuned_rewards):
     """One row per prompt: its M base images, then its M fine-tuned images, captioned with model, seed, reward, prompt."""
-    from ddpo_group.tracking import image_grid
+    from ddpo_group.run.epoch_logger import image_grid
 
     m = len(seeds)
     images, captions = [], []

@@ -42,7 +42,7 @@ def simple_animals(rng: random.Random | None = None):
 def tiny_shapes(rng: random.Random | None = None, held_out: bool = False, shapes=None):
     """"a {color} {shape} on a {background} background" for the embedded model (held-out pairs on request;
     ``shapes``, e.g. "circle,square", keeps those shapes only)."""
-    from ddpo_group.shapes import tiny_shapes as draw
+    from ddpo_group.models.shapes_data import tiny_shapes as draw
 
     return draw(held_out=held_out, rng=rng, shapes=shapes)
 

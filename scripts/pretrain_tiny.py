@@ -32,11 +32,11 @@ from transformers import CLIPTextConfig, CLIPTextModel
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ddpo_group import shapes  # noqa: E402
+from ddpo_group.models import shapes_data as shapes  # noqa: E402
 from ddpo_group.models import CLASSIFIER_DIR, TINY_SHAPES_DIR  # noqa: E402
 from ddpo_group.models.shapes_classifier import ShapesClassifier  # noqa: E402
 from ddpo_group.models.tokenizer import build_tokenizer, save_classic_files  # noqa: E402
-from ddpo_group.tracking import image_grid  # noqa: E402
+from ddpo_group.run.epoch_logger import image_grid  # noqa: E402
 
 MAX_LENGTH = 20
 SCHEDULER_CONFIG = dict(

@@ -11,9 +11,9 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a source checkout too
 
-from ddpo_group.cli_args import config_flag_first  # noqa: E402
+from ddpo_group.run.cli import config_flag_first  # noqa: E402
 from ddpo_group.errors import NonFiniteLossError, TrainingInterrupted  # noqa: E402
-from ddpo_group.trainer import Trainer  # noqa: E402
+from ddpo_group.run.trainer import Trainer  # noqa: E402
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config", "base.py") + ":ddpo"
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Training configuration (path:preset).")

@@ -15,7 +15,7 @@ from ddpo_group.algorithms import (
     register_adv_est,
     validate_group_size,
 )
-from ddpo_group.stat_tracking import PerPromptStatTracker
+from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 
 D = torch.float64
 EPS = 1e-6

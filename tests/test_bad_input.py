@@ -15,9 +15,9 @@ import warnings
 import pytest
 import torch
 
-import ddpo_group.trainer as trainer_module
-from ddpo_group.checkpointing import complete_checkpoints
-from ddpo_group.config_validation import ConfigError
+import ddpo_group.run.trainer as trainer_module
+from ddpo_group.run.checkpointing import complete_checkpoints
+from ddpo_group.run.config_checks import ConfigError
 from ddpo_group.errors import NonFiniteLossError
 from ddpo_group.models import load_pipeline
 from ddpo_group.sampling import pipeline as pipeline_module
@@ -150,7 +150,7 @@ def test_bad_reward_outputs_stop_the_first_epoch_with_the_reward_named(reward, e
 
 
 def test_failing_images_are_the_ones_the_reward_raises_on():
-    from ddpo_group.rollout import score_images
+    from ddpo_group.rollout.collect import score_images
 
     def picky(images, prompts, metadata):
         if any(p.startswith("bad") for p in prompts):
@@ -201,7 +201,7 @@ def test_a_non_finite_loss_stops_naming_epoch_and_step_and_keeps_the_last_checkp
     trainer = tiny_trainer(preset, tiny_model_dir, tmp_path, num_epochs=3, save_freq=1)
     poisoned = {"on": False}
     if where == "policy":
-        import ddpo_group.policy_update as module
+        import ddpo_group.update.policy as module
 
         real = module.vanilla_loss_matrix
 
@@ -211,7 +211,7 @@ def test_a_non_finite_loss_stops_naming_epoch_and_step_and_keeps_the_last_checkp
 
         monkeypatch.setattr(module, "vanilla_loss_matrix", loss_matrix)
     else:
-        import ddpo_group.critic as module
+        import ddpo_group.update.critic as module
 
         real = module.clipped_value_loss
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from ddpo_group.checkpointing import (
+from ddpo_group.run.checkpointing import (
     TrainingState,
     clear_leftovers,
     complete_checkpoints,

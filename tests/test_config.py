@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpo_group.config_validation import ConfigError, validate_config
+from ddpo_group.run.config_checks import ConfigError, validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -3,8 +3,8 @@
 import torch
 from accelerate import Accelerator
 
-from ddpo_group.critic import Critic, ValueNetwork
-from ddpo_group.kl_term import rollout_kl
+from ddpo_group.update.critic import Critic, ValueNetwork
+from ddpo_group.reference.kl_term import rollout_kl
 from trainer_helpers import tiny_config, tiny_trainer
 
 

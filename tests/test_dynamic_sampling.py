@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ddpo_group.dynamic_sampling import group_keep_mask, pool_rows
+from ddpo_group.rollout.dynamic_sampling import group_keep_mask, pool_rows
 from ddpo_group.rewards import REWARD_REGISTRY, register_reward
 from trainer_helpers import tiny_trainer
 
@@ -66,7 +66,7 @@ def test_same_initial_noise_shares_x_T_within_each_group_only(tiny_model_dir, tm
 
 
 def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir, tmp_path):
-    from ddpo_group.rollout import score_images
+    from ddpo_group.rollout.collect import score_images
     from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
 
     trainer = tiny_trainer("remax", tiny_model_dir, tmp_path, "remax_noise", **{"sample.same_initial_noise": True})
@@ -85,7 +85,7 @@ def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir,
 
 @pytest.mark.parametrize("preset", ["grpo", "reinforce_pp"])
 def test_sde_window_samples_and_trains_only_its_steps(preset, tiny_model_dir, tmp_path, monkeypatch):
-    import ddpo_group.policy_update as policy_update
+    import ddpo_group.update.policy as policy_update
 
     trainer = tiny_trainer(preset, tiny_model_dir, tmp_path, "window", **{
         "sample.sde_window_start": 1, "sample.sde_window_size": 2})

@@ -10,8 +10,8 @@ import torch
 from PIL import Image
 
 from ddpo_group.evaluation import build_report, draw_prompts, load_finetuned_weights, resolve_finetuned, stats
-from ddpo_group.plots import plot_reward_curve, read_metrics
-from ddpo_group.summary import format_summary
+from ddpo_group.run.plots import plot_reward_curve, read_metrics
+from ddpo_group.run.summary import format_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,7 +131,7 @@ def test_checkpoint_without_lora_export_loads_its_weights(tiny_model_dir, tmp_pa
     from safetensors.torch import save_file
 
     from ddpo_group.evaluation import find_run_config
-    from ddpo_group.model_setup import LORA_TARGET_MODULES
+    from ddpo_group.models.policy import LORA_TARGET_MODULES
 
     load = lambda: StableDiffusionPipeline.from_pretrained(tiny_model_dir, safety_checker=None,  # noqa: E731
                                                            requires_safety_checker=False)

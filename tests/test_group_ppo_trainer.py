@@ -2,7 +2,7 @@
 
 import torch
 
-from ddpo_group.advantage_step import compute_advantages, critic_regression
+from ddpo_group.rollout.estimate import compute_advantages, critic_regression
 from trainer_helpers import tiny_config, tiny_trainer
 
 

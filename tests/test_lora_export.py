@@ -5,8 +5,8 @@ import torch
 from diffusers import StableDiffusionPipeline
 from peft import LoraConfig
 
-from ddpo_group.lora_export import LORA_WEIGHT_NAME, has_lora, is_lora_dir, save_lora
-from ddpo_group.model_setup import LORA_TARGET_MODULES
+from ddpo_group.models.lora_export import LORA_WEIGHT_NAME, has_lora, is_lora_dir, save_lora
+from ddpo_group.models.policy import LORA_TARGET_MODULES
 
 
 def sample(pipe, seed=0):

@@ -9,9 +9,9 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from ddpo_group.model_setup import build_policy
-from ddpo_group.policy_update import PolicyUpdater
-from ddpo_group.rollout import encode_unique
+from ddpo_group.models.policy import build_policy
+from ddpo_group.update.policy import PolicyUpdater
+from ddpo_group.rollout.collect import encode_unique
 from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
 from ddpo_group.timing import PhaseTimer
 from tiny_pipeline import build_tiny_pipeline

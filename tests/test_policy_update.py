@@ -5,7 +5,7 @@ import torch
 from accelerate import Accelerator
 
 from config.base import get_config
-from ddpo_group.policy_update import PolicyUpdater, random_step_mask
+from ddpo_group.update.policy import PolicyUpdater, random_step_mask
 from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob, step_log_prob
 from tiny_pipeline import build_tiny_pipeline
 
@@ -68,9 +68,9 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     """policy loss + beta * agg(KL): chunk-wise backward (vanilla) or gathered log-probs (gspo, geo_mean) equal the
     registered loss on the whole batch's [b, T] matrix, whatever pairs_per_forward."""
     from ddpo_group.algorithms import agg_loss, get_policy_loss
-    from ddpo_group.kl_term import reference_step, step_kl
-    from ddpo_group.model_setup import lora_config
-    from ddpo_group.reference import ReferenceModel
+    from ddpo_group.reference.kl_term import reference_step, step_kl
+    from ddpo_group.models.policy import lora_config
+    from ddpo_group.reference.model import ReferenceModel
 
     torch.manual_seed(0)
     pipe = build_tiny_pipeline()
@@ -126,7 +126,7 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
 
 
 def test_random_step_mask_chooses_only_the_sde_windows_steps():
-    from ddpo_group.policy_update import random_step_mask
+    from ddpo_group.update.policy import random_step_mask
     from ddpo_group.sampling.ddim import sde_window_mask
 
     window = sde_window_mask(10, 2, 4)  # steps 2..5

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ddpo_group.model_setup import lora_config
-from ddpo_group.reference import POLICY_ADAPTER, REFERENCE_ADAPTER, ReferenceModel, _lora_layers
+from ddpo_group.models.policy import lora_config
+from ddpo_group.reference.model import POLICY_ADAPTER, REFERENCE_ADAPTER, ReferenceModel, _lora_layers
 from tiny_pipeline import build_tiny_pipeline
 from trainer_helpers import tiny_config, tiny_trainer
 
@@ -102,7 +102,7 @@ def test_kl_is_zero_at_the_first_step_and_positive_after_updates(tiny_model_dir,
     # one train batch = one optimizer step per call of train_epoch
     config, accelerator = trainer.config, trainer.accelerator
     prompts, metadata, groups = trainer.prompt_sampler.sample_epoch(1, 4)
-    from ddpo_group.rollout import collect_rollouts
+    from ddpo_group.rollout.collect import collect_rollouts
 
     batch = collect_rollouts(trainer.pipe, prompts, metadata, trainer.reward_fn, config.reward_fn, trainer.executor,
                              config.sample, trainer.negative_prompt_embeds, show_progress=False)

@@ -7,7 +7,7 @@ from PIL import Image
 
 from ddpo_group.prompts import PromptSampler, get_prompt_fn
 from ddpo_group.rewards import check_rewards, make_reward_fn
-from ddpo_group.tracking import image_grid, resolve_wandb_mode
+from ddpo_group.run.epoch_logger import image_grid, resolve_wandb_mode
 
 
 def test_jpeg_rewards_are_the_quality_95_file_size_in_kb():
@@ -97,7 +97,7 @@ def test_score_images_names_the_reward_on_errors_and_checks_the_output():
     import pytest
     import torch
 
-    from ddpo_group.rollout import score_images
+    from ddpo_group.rollout.collect import score_images
 
     images = torch.zeros(2, 3, 4, 4)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddpo_group.algorithms import zero_variance_group_filter
-from ddpo_group.stat_tracking import PerPromptStatTracker
+from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 
 EPS = 1e-6
 

@@ -13,8 +13,8 @@ from absl import flags
 from ml_collections import config_flags
 
 from ddpo_group.algorithms import ADV_ESTIMATOR_REGISTRY, AGG_ALIASES, AGG_MODES, POLICY_LOSS_REGISTRY, validate_group_size
-from ddpo_group.cli_args import config_flag_first
-from ddpo_group.config_validation import validate_config
+from ddpo_group.run.cli import config_flag_first
+from ddpo_group.run.config_checks import validate_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpo_group import shapes
+from ddpo_group.models import shapes_data as shapes
 from ddpo_group.models import CLASSIFIER_DIR, TINY_SHAPES, TINY_SHAPES_DIR, load_pipeline, resolve_model_path
 from ddpo_group.models.shapes_classifier import ShapesClassifier
 from ddpo_group.prompts import PromptSampler

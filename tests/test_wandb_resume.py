@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import accelerate
 
-import ddpo_group.trainer as trainer_module
+import ddpo_group.run.trainer as trainer_module
 from trainer_helpers import tiny_trainer
 
 

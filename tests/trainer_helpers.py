@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from config.base import get_config
-from ddpo_group.trainer import Trainer
+from ddpo_group.run.trainer import Trainer
 
 TINY = {
     "num_epochs": 1, "prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "sample.num_steps": 4,

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from ddpo_group.shapes import COLOR_NAMES, SHAPE_NAMES
+from ddpo_group.models.shapes_data import COLOR_NAMES, SHAPE_NAMES
 
 WEIGHTS_NAME = "classifier.safetensors"
 CONFIG_NAME = "config.json"

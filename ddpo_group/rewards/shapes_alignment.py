@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ddpo_group.models import CLASSIFIER_DIR
 from ddpo_group.models.shapes_classifier import ShapesClassifier
-from ddpo_group.shapes import RESOLUTION, attribute_labels, parse_caption
+from ddpo_group.models.shapes_data import RESOLUTION, attribute_labels, parse_caption
 
 HEADS = ("color", "shape", "background")
 

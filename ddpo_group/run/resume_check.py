@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddpo_group.config_validation import ConfigError
+from ddpo_group.run.config_checks import ConfigError
 
 STATE_FIELDS_FILE = "state_fields.json"
 # fields that change which objects a checkpoint holds, or their shapes

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from ddpo_group.algorithms import aggregation_weights, get_policy_loss, vanilla_loss_matrix
 from ddpo_group.errors import NonFiniteLossError
-from ddpo_group.kl_term import reference_step, step_kl
+from ddpo_group.reference.kl_term import reference_step, step_kl
 from ddpo_group.sampling.ddim import stochastic_steps
 from ddpo_group.sampling.pipeline import step_log_prob
 from ddpo_group.timing import NULL_TIMER

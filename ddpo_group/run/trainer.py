@@ -20,9 +20,9 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import ProjectConfiguration, set_seed
 
-from ddpo_group.advantage_step import compute_advantages, critic_regression
+from ddpo_group.rollout.estimate import compute_advantages, critic_regression
 from ddpo_group.algorithms import CRITIC_ESTIMATORS, GroupThresholdController, get_kl_controller
-from ddpo_group.checkpointing import (
+from ddpo_group.run.checkpointing import (
     TrainingState,
     checkpoint_dir,
     complete_checkpoints,
@@ -31,30 +31,30 @@ from ddpo_group.checkpointing import (
     run_dir_of_checkpoint,
     save_checkpoint,
 )
-from ddpo_group.config_validation import validate_config
-from ddpo_group.critic import Critic
-from ddpo_group.dynamic_sampling import group_keep_mask, pool_rows
+from ddpo_group.run.config_checks import validate_config
+from ddpo_group.update.critic import Critic
+from ddpo_group.rollout.dynamic_sampling import group_keep_mask, pool_rows
 from ddpo_group.errors import EpochAbandoned, NonFiniteLossError, TrainingInterrupted, signal_name
-from ddpo_group.interrupts import StopRequest
-from ddpo_group.kl_term import rollout_kl
-from ddpo_group.lora_export import save_lora
-from ddpo_group.metrics_log import rewind_metrics
-from ddpo_group.model_setup import build_policy, lora_config, make_optimizer
-from ddpo_group.plots import read_metrics
-from ddpo_group.policy_update import PolicyUpdater
+from ddpo_group.run.interrupts import StopRequest
+from ddpo_group.reference.kl_term import rollout_kl
+from ddpo_group.models.lora_export import save_lora
+from ddpo_group.run.metrics_log import rewind_metrics
+from ddpo_group.models.policy import build_policy, lora_config, make_optimizer
+from ddpo_group.run.plots import read_metrics
+from ddpo_group.update.policy import PolicyUpdater
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.rewards import make_reward_fn
-from ddpo_group.reference import ReferenceModel
-from ddpo_group.resume_check import check_resume, write_state_fields
-from ddpo_group.rollout import collect_rollouts, greedy_rewards
-from ddpo_group.round_noise import group_initial_noise, round_seed, sample_generators
+from ddpo_group.reference.model import ReferenceModel
+from ddpo_group.run.resume_check import check_resume, write_state_fields
+from ddpo_group.rollout.collect import collect_rollouts, greedy_rewards
+from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
 from ddpo_group.sampling.ddim import check_trainable_schedule, stochastic_steps
 from ddpo_group.sampling.pipeline import encode_prompts, latent_shape
-from ddpo_group.sampling_snapshot import SamplingSnapshot
-from ddpo_group.stat_tracking import PerPromptStatTracker
-from ddpo_group.summary import format_summary, group_summary
+from ddpo_group.rollout.snapshot import SamplingSnapshot
+from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
+from ddpo_group.run.summary import format_summary, group_summary
 from ddpo_group.timing import PHASES, PhaseTimer
-from ddpo_group.tracking import EpochLogger, resolve_wandb_mode
+from ddpo_group.run.epoch_logger import EpochLogger, resolve_wandb_mode
 
 logger = get_logger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ddpo_group.metrics_log import read_metric_lines
+from ddpo_group.run.metrics_log import read_metric_lines
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:

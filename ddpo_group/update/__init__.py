@@ -1,0 +1,2 @@
+"""The update phase of an epoch: clipped policy-gradient steps over recorded (sample, step) pairs (policy.py)
+and the critic's value regression (critic.py)."""
