@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from config.base import PRESETS, get_config  # noqa: E402
-from ddpo_group.run.plots import read_metrics  # noqa: E402
+from ddpo_group.algorithms import get_adv_estimator  # noqa: E402
+from ddpo_group.run.metrics_log import read_metrics  # noqa: E402
 from ddpo_group.prompts import PromptSampler  # noqa: E402
 from ddpo_group.rollout.collect import collect_rollouts  # noqa: E402
 from ddpo_group.run.trainer import Trainer  # noqa: E402
@@ -90,7 +91,7 @@ def run_one(preset: str, seed: int, args) -> dict:
     config.logdir = str(Path(args.out) / "runs")
     config.run_name = f"{preset}_seed{seed}"
     per_epoch = config.sample.batch_size * config.sample.num_batches_per_epoch
-    if config.algorithm.adv_estimator == "remax":  # one greedy query per prompt group
+    if get_adv_estimator(config.algorithm.adv_estimator).needs_greedy_rewards:  # ReMax: one greedy query per group
         per_epoch += per_epoch // config.train.group_size
     config.num_epochs = max(1, args.queries // per_epoch)
     # a run cut short in an earlier attempt is not resumed: start it afresh (its metrics would add up)

@@ -64,7 +64,7 @@ def main(argv=None) -> dict:
         rss_setup = current_rss_mib()
 
         reward_compute = [0.0]
-        reward_fn = trainer.reward_fn
+        reward_fn = trainer.rollouts.reward_fn
 
         def timed_reward(*a, **k):
             start = time.perf_counter()
@@ -73,20 +73,20 @@ def main(argv=None) -> dict:
             finally:
                 reward_compute[0] += time.perf_counter() - start
 
-        trainer.reward_fn = timed_reward
+        trainer.rollouts.reward_fn = timed_reward
         unet_timer = UNetTimer(trainer.pipe.unet, trainer.accelerator.device)
         trainer.accelerator.backward = unet_timer.wrap_backward(trainer.accelerator.backward)
         marks = []
-        run_epoch = trainer.run_epoch
+        train_epoch = trainer.train_epoch
 
-        def marked_run_epoch(epoch):
+        def marked_train_epoch(epoch):
             if torch.cuda.is_available():
                 torch.cuda.reset_peak_memory_stats()
             marks.append((trainer.timer.snapshot(), time.perf_counter(), unet_timer.forward_s + unet_timer.backward_s,
                           reward_compute[0]))
-            return run_epoch(epoch)
+            return train_epoch(epoch)
 
-        trainer.run_epoch = marked_run_epoch
+        trainer.train_epoch = marked_train_epoch
         with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
             trainer.run()  # its prints and progress bars stay quiet (an exception still propagates)
         end = time.perf_counter()

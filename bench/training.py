@@ -37,7 +37,7 @@ from ddpo_group.models.policy import build_policy, make_optimizer
 from ddpo_group.update.policy import PolicyUpdater
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.sampling.ddim import ddim_step_with_logprob
-from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
+from ddpo_group.sampling.pipeline import TransitionScorer, encode_prompts, sample_with_logprob
 
 
 def parse_args(argv=None):
@@ -125,7 +125,8 @@ def build(args):
         "advantages": torch.randn(args.samples, 1, generator=torch.Generator().manual_seed(0))
         .expand(-1, args.steps).contiguous().to(accelerator.device),
     }
-    updater = PolicyUpdater(config, accelerator, unet, pipe.scheduler, optimizer, params, negative)
+    updater = PolicyUpdater(config, accelerator, unet, optimizer, params,
+                            TransitionScorer.from_config(config, pipe.scheduler, negative))
     return config, accelerator, pipe, unet, optimizer, params, negative, batch, updater
 
 

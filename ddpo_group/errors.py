@@ -5,6 +5,10 @@ from __future__ import annotations
 import signal
 
 
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the fields and what is allowed."""
+
+
 class NonFiniteLossError(FloatingPointError):
     """A loss (policy, KL or critic) became NaN or infinite; raised before the optimizer step it would feed.
 

@@ -3,7 +3,7 @@
 Contract (DDPO's): ``fn(rng=random.Random, **kwargs) -> (prompt, metadata)``, one prompt per call.
 ``config.prompt_fn`` is a registered name, a ``"package.module:function"`` (or
 ``"/path/file.py:function"``) path, or an entry point of group ``ddpo_group.prompts``
-(see :mod:`ddpo_group.plugins`); ``config.prompt_fn_kwargs`` are passed on every call.
+(see :mod:`ddpo_group.registry`); ``config.prompt_fn_kwargs`` are passed on every call.
 """
 
 from __future__ import annotations
@@ -14,17 +14,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from ddpo_group.plugins import resolve
 from ddpo_group.registry import Registry
 
-PROMPT_REGISTRY = Registry("prompt_fn")
 PROMPT_ENTRY_POINT_GROUP = "ddpo_group.prompts"
+PROMPT_REGISTRY = Registry("prompt_fn", entry_point_group=PROMPT_ENTRY_POINT_GROUP)
 register_prompt_fn = PROMPT_REGISTRY.register
 
 
 def get_prompt_fn(name: str) -> Callable:
     """The prompt function named by ``name``: registered name, "module:function" path or entry point."""
-    return resolve(name, PROMPT_REGISTRY, PROMPT_ENTRY_POINT_GROUP)
+    return PROMPT_REGISTRY.resolve(name)
 
 
 def _asset_lines(filename: str) -> list[str]:

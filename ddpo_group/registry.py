@@ -1,19 +1,35 @@
-"""A small generic name -> object registry.
+"""Names to objects, and the plugins that extend them: one resolver for rewards, prompts, estimators and losses.
 
-Used for advantage estimators and policy losses (and usable for anything else the trainer
-wants to look up by a config string)::
+A registry maps names to objects; ``resolve(spec)`` finds what a config string names, tried in this order:
 
-    ADV = Registry("advantage estimator")
+1. a name in the registry (``"jpeg_compressibility"``, ``"grpo"``);
+2. an import path ``"package.module:attribute"`` (the module must be importable, e.g. on ``PYTHONPATH``)
+   or a file path ``"/path/to/file.py:attribute"``;
+3. the name of an entry point of an installed package in the registry's entry point group, e.g. in the
+   plugin package's pyproject.toml::
+
+       [project.entry-points."ddpo_group.rewards"]
+       my_reward = "my_package.rewards:make_my_reward"
+
+::
+
+    ADV = Registry("advantage estimator", entry_point_group="ddpo_group.adv_estimators")
 
     @ADV.register("grpo")
     def grpo(inputs, **params): ...
 
-    ADV.get("grpo")      # -> the function
-    ADV.get("nope")      # ValueError: unknown advantage estimator 'nope'; registered: [...]
+    ADV.get("grpo")                  # -> the function
+    ADV.resolve("/tmp/my.py:mine")   # -> the attribute ``mine`` of that file
+    ADV.get("nope")                  # ValueError: unknown advantage estimator 'nope'; registered: [...]
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
+from importlib import metadata
+from pathlib import Path
 from typing import Callable, Dict, Iterator, List, TypeVar
 
 T = TypeVar("T")
@@ -22,8 +38,9 @@ T = TypeVar("T")
 class Registry:
     """Maps names to objects. Registering a taken name and looking up an unknown name fail."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, entry_point_group: str | None = None):
         self.kind = kind
+        self.entry_point_group = entry_point_group
         self._items: Dict[str, object] = {}
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -51,6 +68,24 @@ class Registry:
                 f"unknown {self.kind} {name!r}; registered: {self.names()}"
             ) from None
 
+    def resolve(self, spec: str):
+        """The object ``spec`` names: registry name, import/file path, or entry point (in that order)."""
+        if not isinstance(spec, str) or not spec:
+            raise ValueError(f"{self.kind} must be a non-empty string, got {spec!r}")
+        if spec in self:
+            return self.get(spec)
+        if ":" in spec:
+            return load_from_path(spec)
+        group = self.entry_point_group
+        found = load_entry_point(group, spec) if group else None
+        if found is not None:
+            return found
+        installed = f"; installed plugins (entry point group {group!r}): {entry_point_names(group)}" if group else ""
+        raise ValueError(
+            f"unknown {self.kind} {spec!r}; registered: {self.names()}{installed}; or give 'package.module:function' "
+            "or '/path/file.py:function'"
+        )
+
     def names(self) -> List[str]:
         return sorted(self._items)
 
@@ -65,3 +100,56 @@ class Registry:
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {self.names()})"
+
+
+def entry_point_names(group: str) -> list[str]:
+    """Names of the installed entry points in ``group``."""
+    return sorted(ep.name for ep in metadata.entry_points(group=group))
+
+
+def load_entry_point(group: str, name: str):
+    """The object of entry point ``name`` in ``group``, or None when no installed package provides it."""
+    for ep in metadata.entry_points(group=group):
+        if ep.name == name:
+            return ep.load()
+    return None
+
+
+def load_from_path(spec: str):
+    """The attribute named by ``"package.module:attribute"`` or ``"/path/file.py:attribute"``."""
+    module_name, _, attribute = spec.rpartition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"{spec!r} is not of the form 'package.module:attribute' or '/path/file.py:attribute'")
+    if module_name.endswith(".py"):
+        path = Path(module_name).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"{spec!r}: file {str(path)!r} does not exist")
+        unique = f"ddpo_group_plugin_{abs(hash(str(path.resolve())))}"
+        module = sys.modules.get(unique)
+        if module is None:  # loaded once per process: every resolve of the file returns the same objects
+            module_spec = importlib.util.spec_from_file_location(unique, path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[unique] = module
+            module_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            raise ModuleNotFoundError(
+                f"{spec!r}: cannot import module {module_name!r} ({error}); is it installed or on PYTHONPATH?"
+            ) from error
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise AttributeError(f"{spec!r}: module {module_name!r} has no attribute {attribute!r}") from None
+
+
+def read_field(config, dotted: str):
+    """The value of a dotted config field, ``read_field(config, "train.scale_rewards")``; KeyError naming it."""
+    value = config
+    for part in dotted.split("."):
+        try:
+            value = value[part]
+        except (KeyError, TypeError, AttributeError):
+            raise KeyError(f"the config has no field {dotted!r}") from None
+    return value

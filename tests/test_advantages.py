@@ -13,7 +13,6 @@ from ddpo_group.algorithms import (
     Registry,
     get_adv_estimator,
     register_adv_est,
-    validate_group_size,
 )
 from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 
@@ -168,10 +167,12 @@ def test_group_estimators_reject_singleton_groups_and_step_rewards():
             get_adv_estimator(name)(AdvantageInputs(R, MASK, gi))
         with pytest.raises(ValueError, match="step_rewards"):
             get_adv_estimator(name)(AdvantageInputs(R, MASK, GI, step_rewards=torch.zeros(6, T, dtype=D)))
-    with pytest.raises(ValueError, match="num_images_per_prompt"):
-        validate_group_size("grpo", 1)
-    validate_group_size("ddpo", 1)
-    validate_group_size("group_ppo", 2)
+    # what each estimator declares: the start-of-run checks and the trainer read these, never the name
+    assert [n for n in ADV_ESTIMATOR_REGISTRY if get_adv_estimator(n).needs_groups] == [
+        "dr_grpo", "group_ppo", "grpo", "grpo_passk", "rloo"]
+    assert [n for n in ADV_ESTIMATOR_REGISTRY if get_adv_estimator(n).needs_critic] == ["gae", "group_ppo"]
+    assert [n for n in ADV_ESTIMATOR_REGISTRY if get_adv_estimator(n).accepts_step_rewards] == [
+        "gae", "group_ppo", "reinforce_plus_plus", "remax"]
 
 
 def test_registry_errors():

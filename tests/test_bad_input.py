@@ -201,15 +201,15 @@ def test_a_non_finite_loss_stops_naming_epoch_and_step_and_keeps_the_last_checkp
     trainer = tiny_trainer(preset, tiny_model_dir, tmp_path, num_epochs=3, save_freq=1)
     poisoned = {"on": False}
     if where == "policy":
-        import ddpo_group.update.policy as module
+        import dataclasses
 
-        real = module.vanilla_loss_matrix
+        real = trainer.updater.loss.loss_matrix
 
         def loss_matrix(**kwargs):
             loss, info = real(**kwargs)
             return (loss * float("nan") if poisoned["on"] else loss), info
 
-        monkeypatch.setattr(module, "vanilla_loss_matrix", loss_matrix)
+        monkeypatch.setattr(trainer.updater, "loss", dataclasses.replace(trainer.updater.loss, loss_matrix=loss_matrix))
     else:
         import ddpo_group.update.critic as module
 
@@ -220,13 +220,13 @@ def test_a_non_finite_loss_stops_naming_epoch_and_step_and_keeps_the_last_checkp
             return (loss + float("inf") if poisoned["on"] else loss), info
 
         monkeypatch.setattr(module, "clipped_value_loss", value_loss)
-    real_epoch = trainer.run_epoch
+    real_epoch = trainer.train_epoch
 
-    def run_epoch(epoch):
+    def train_epoch(epoch):
         poisoned["on"] = epoch == 1
         return real_epoch(epoch)
 
-    monkeypatch.setattr(trainer, "run_epoch", run_epoch)
+    monkeypatch.setattr(trainer, "train_epoch", train_epoch)
     with pytest.raises(NonFiniteLossError) as caught:
         trainer.run()
     message = str(caught.value)
@@ -245,7 +245,7 @@ def test_a_non_finite_loss_stops_naming_epoch_and_step_and_keeps_the_last_checkp
     resumed = tiny_trainer(preset, tiny_model_dir, tmp_path, num_epochs=3, save_freq=1,
                            resume_from=str(tmp_path / "run"))
     assert resumed.state.epoch == 0 and resumed.state.global_step == 2
-    resumed.executor.shutdown()
+    resumed.rollouts.close()
 
 
 def test_config_with_unknown_preset_lists_the_presets():
@@ -280,4 +280,4 @@ def test_resuming_with_a_config_whose_state_differs_names_the_fields_before_the_
     resumed = tiny_trainer("ddpo", str(moved), tmp_path, num_epochs=2, resume_from=str(tmp_path / "run"))
     assert resumed.state.epoch == 0
     assert f"warning: pretrained.model is {str(moved)!r}; the checkpoint was trained from" in capsys.readouterr().out
-    resumed.executor.shutdown()
+    resumed.rollouts.close()

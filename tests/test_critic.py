@@ -4,7 +4,6 @@ import torch
 from accelerate import Accelerator
 
 from ddpo_group.update.critic import Critic, ValueNetwork
-from ddpo_group.reference.kl_term import rollout_kl
 from trainer_helpers import tiny_config, tiny_trainer
 
 
@@ -59,7 +58,7 @@ def test_batched_values_equal_the_per_step_values():
 
 def test_sampling_records_critic_values_for_every_step(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "values")
-    round0 = trainer.sample_round(0, 0)
+    round0 = trainer.rollouts.sample_round(0, 0)
     values = round0.batch["values"]
     assert values.shape == (8, 4)
     with torch.no_grad():
@@ -68,24 +67,22 @@ def test_sampling_records_critic_values_for_every_step(tiny_model_dir, tmp_path)
     torch.testing.assert_close(values[:, 1], want, rtol=1e-5, atol=1e-6)
     # the critic mask of group_ppo is the estimator's endpoint mask (local rows)
     torch.testing.assert_close(b["critic_mask"], round0.out.endpoint_mask.float())
-    trainer.executor.shutdown()
+    trainer.rollouts.close()
 
 
 def test_kl_in_reward_is_zero_for_the_initial_policy_and_positive_after_it_moves(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("reinforce_pp", tiny_model_dir, tmp_path, "klr")
-    assert trainer.updater.reference is None  # KL in the reward, not also in the loss
-    round0 = trainer.sample_round(0, 0)
+    assert trainer.kl.in_reward and not trainer.updater.uses_reference  # KL in the reward, not also in the loss
+    round0 = trainer.rollouts.sample_round(0, 0)
     assert torch.equal(round0.gathered["step_rewards"], torch.zeros(8, 4))
     with torch.no_grad():
         for p in trainer.updater.params:
             p.add_(0.05 * torch.randn_like(p))
-    kl = rollout_kl(round0.batch, trainer.pipe.unet, trainer.reference, trainer.pipe.scheduler,
-                    trainer.negative_prompt_embeds, 5.0, 1.0, "gaussian", "mean", 3)
+    kl = trainer.kl.rollout_kl(round0.batch, trainer.scorer, trainer.pipe.unet, 3, torch.ones(4, dtype=torch.bool))
     assert kl.shape == (8, 4) and bool((kl > 0).all())
     # with an SDE window only its steps are policy actions: their KL as before, 0 (and no forward) elsewhere
     window = torch.tensor([False, True, True, False])
-    windowed = rollout_kl(round0.batch, trainer.pipe.unet, trainer.reference, trainer.pipe.scheduler,
-                          trainer.negative_prompt_embeds, 5.0, 1.0, "gaussian", "mean", 3, steps=window)
+    windowed = trainer.kl.rollout_kl(round0.batch, trainer.scorer, trainer.pipe.unet, 3, window)
     torch.testing.assert_close(windowed[:, window], kl[:, window], rtol=1e-5, atol=1e-7)
     assert bool((windowed[:, ~window] == 0).all())
-    trainer.executor.shutdown()
+    trainer.rollouts.close()

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from ddpo_group.rollout.dynamic_sampling import group_keep_mask, pool_rows
+from ddpo_group.algorithms import zero_variance_group_filter
+from ddpo_group.rollout.rounds import pool_rows
 from ddpo_group.rewards import REWARD_REGISTRY, register_reward
 from trainer_helpers import tiny_trainer
 
@@ -21,7 +22,7 @@ if "test_half_constant" not in REWARD_REGISTRY:
 
 
 def test_keep_mask_and_pooling():
-    keep, share = group_keep_mask(torch.tensor([1.0, 1.0, 0.0, 2.0, 3.0, 3.0]), [0, 0, 1, 1, 2, 2])
+    keep, share = zero_variance_group_filter(torch.tensor([1.0, 1.0, 0.0, 2.0, 3.0, 3.0]), torch.tensor([0, 0, 1, 1, 2, 2]))
     assert keep.tolist() == [False, False, True, True, False, False] and share == 2 / 3
     first = {"x": torch.arange(4), "prompts": list("abcd"), "log_probs": torch.zeros(4, 2), "reward_info": {}}
     second = {"x": torch.arange(4) + 10, "prompts": list("efgh"), "log_probs": torch.zeros(4, 2), "reward_info": {}}
@@ -46,8 +47,8 @@ def test_trainer_drops_constant_groups_and_samples_more(tiny_model_dir, tmp_path
 def test_same_initial_noise_shares_x_T_within_each_group_only(tiny_model_dir, tmp_path):
     def initial_latents(same: bool):
         trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, f"noise_{same}", **{"sample.same_initial_noise": same})
-        batch = trainer.sample_round(0, 0).batch
-        trainer.executor.shutdown()
+        batch = trainer.rollouts.sample_round(0, 0).batch
+        trainer.rollouts.close()
         return batch
 
     shared, independent = initial_latents(True), initial_latents(False)
@@ -70,7 +71,7 @@ def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir,
     from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
 
     trainer = tiny_trainer("remax", tiny_model_dir, tmp_path, "remax_noise", **{"sample.same_initial_noise": True})
-    round0 = trainer.sample_round(0, 0)
+    round0 = trainer.rollouts.sample_round(0, 0)
     batch, config = round0.batch, trainer.config
     x_T = batch["latents"][:, 0]  # the DDIM scheduler's init_noise_sigma is 1
     with torch.no_grad():
@@ -80,7 +81,7 @@ def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir,
         )
     want, _ = score_images(trainer.reward_fn, config.reward_fn, greedy.images, batch["prompts"], batch["metadata"])
     torch.testing.assert_close(round0.gathered["greedy_rewards"], want)
-    trainer.executor.shutdown()
+    trainer.rollouts.close()
 
 
 @pytest.mark.parametrize("preset", ["grpo", "reinforce_pp"])
@@ -89,7 +90,7 @@ def test_sde_window_samples_and_trains_only_its_steps(preset, tiny_model_dir, tm
 
     trainer = tiny_trainer(preset, tiny_model_dir, tmp_path, "window", **{
         "sample.sde_window_start": 1, "sample.sde_window_size": 2})
-    round0 = trainer.sample_round(0, 0)
+    round0 = trainer.rollouts.sample_round(0, 0)
     batch = round0.batch
     assert (batch["log_probs"][:, [0, 3]] == 0).all() and (batch["log_probs"][:, 1:3] != 0).all()
     if preset == "reinforce_pp":  # KL in the reward: deterministic steps are no action, so no KL

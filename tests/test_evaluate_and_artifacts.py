@@ -10,7 +10,8 @@ import torch
 from PIL import Image
 
 from ddpo_group.evaluation import build_report, draw_prompts, load_finetuned_weights, resolve_finetuned, stats
-from ddpo_group.run.plots import plot_reward_curve, read_metrics
+from ddpo_group.run.metrics_log import read_metrics
+from ddpo_group.run.plots import plot_reward_curve
 from ddpo_group.run.summary import format_summary
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -306,7 +306,11 @@ def test_controller_fixed_and_state():
     b = GroupThresholdController(tau=7.0, lr=0.05)
     b.load_state_dict(a.state_dict())
     assert b.tau == a.tau and b.last_ev == a.last_ev
-    assert b.metrics()["group/tau"] == a.tau
+    assert b.metrics()["group/next_tau"] == a.tau
     with pytest.raises(ValueError, match="target_ev"):
         GroupThresholdController(target_ev=0.0)
-    assert GroupThresholdController(tau=100.0, max_tau=10.0).tau == 10.0
+    # tau outside [min, max] is an error with adaptation on (no silent clamp), any tau >= 0 with it off
+    with pytest.raises(ValueError, match="outside"):
+        GroupThresholdController(tau=100.0, max_tau=10.0)
+    assert GroupThresholdController(tau=100.0, max_tau=10.0, adaptive=False).tau == 100.0
+    assert GroupThresholdController(tau=0.0, adaptive=False).tau == 0.0

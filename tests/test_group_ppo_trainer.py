@@ -2,7 +2,8 @@
 
 import torch
 
-from ddpo_group.rollout.estimate import compute_advantages, critic_regression
+from ddpo_group.algorithms import get_adv_estimator
+from ddpo_group.rollout.rounds import estimate_advantages
 from trainer_helpers import tiny_config, tiny_trainer
 
 
@@ -18,8 +19,9 @@ def rollout(B=16, T=6, G=4, seed=0):
 def test_critic_mask_is_the_endpoint_mask():
     rewards, values, groups, prompts = rollout()
     config = tiny_config("group_ppo", "unused", "unused", **{"group_params.group_max_size": 3})
-    out = compute_advantages(config, rewards, groups, prompts, 6, values=values)
-    targets, mask = critic_regression(config, out)
+    estimator = get_adv_estimator("group_ppo")
+    out = estimate_advantages(estimator, config, rewards, groups, prompts, 6, values=values)
+    targets, mask = estimator.critic_regression(out)
     assert torch.equal(mask, out.endpoint_mask) and torch.equal(targets, out.critic_targets)
     # K - 1 targets per trajectory, at the column after each endpoint but the last (pre-step indexing)
     ends = out.extras["step_endpoints"]
@@ -27,7 +29,9 @@ def test_critic_mask_is_the_endpoint_mask():
     assert torch.equal(mask[:, 1:].bool(), ends[:, :-1])
     # gae trains the critic on every step
     gae = tiny_config("ppo_gae", "unused", "unused")
-    _, gae_mask = critic_regression(gae, compute_advantages(gae, rewards, groups, prompts, 6, values=values))
+    gae_estimator = get_adv_estimator("gae")
+    _, gae_mask = gae_estimator.critic_regression(
+        estimate_advantages(gae_estimator, gae, rewards, groups, prompts, 6, values=values))
     assert bool((gae_mask == 1).all())
 
 
@@ -39,8 +43,8 @@ def test_group_max_size_one_equals_ppo_gae_on_the_same_rollout():
         gae = tiny_config("ppo_gae", "unused", "unused", **{
             "algorithm.gae_lambda": lam, "algorithm.gae_whiten": False, "algorithm.gae_start_value": "group_mean",
             "train.adv_clip_max": 1e9})
-        a = compute_advantages(group, rewards, groups, prompts, 6, values=values)
-        b = compute_advantages(gae, rewards, groups, prompts, 6, values=values)
+        a = estimate_advantages(get_adv_estimator("group_ppo"), group, rewards, groups, prompts, 6, values=values)
+        b = estimate_advantages(get_adv_estimator("gae"), gae, rewards, groups, prompts, 6, values=values)
         assert a.metrics["group/mean_len"] == 1.0
         torch.testing.assert_close(a.advantages, b.advantages, rtol=0, atol=1e-12)
 
@@ -49,7 +53,7 @@ def test_controller_and_critic_state_survive_a_checkpoint_round_trip(tiny_model_
     overrides = {"group_params.threshold_lr": 0.5, "save_freq": 1}
     trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "resume", **overrides)
     trainer.run()
-    tau, ev = trainer.group_controller.tau, trainer.group_controller.last_ev
+    tau, ev = trainer.estimator_controller.tau, trainer.estimator_controller.last_ev
     assert tau != trainer.config.group_params.group_variance_threshold  # the controller moved
     critic = [p.detach().clone() for p in trainer.critic.module.parameters()]
     critic_opt = trainer.critic.optimizer.state_dict()["state"]
@@ -57,12 +61,12 @@ def test_controller_and_critic_state_survive_a_checkpoint_round_trip(tiny_model_
     resumed = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "resume", resume_from=str(tmp_path / "resume"),
                            **overrides)
     assert resumed.state.epoch == 0
-    assert resumed.group_controller.tau == tau
-    assert resumed.group_controller.last_ev == ev or (ev != ev and resumed.group_controller.last_ev != resumed.group_controller.last_ev)
+    assert resumed.estimator_controller.tau == tau
+    assert resumed.estimator_controller.last_ev == ev or (ev != ev and resumed.estimator_controller.last_ev != resumed.estimator_controller.last_ev)
     for a, b in zip(critic, resumed.critic.module.parameters()):
         assert torch.equal(a, b)
     assert torch.equal(resumed.critic.optimizer.state_dict()["state"][0]["exp_avg"], critic_opt[0]["exp_avg"])
-    resumed.executor.shutdown()
+    resumed.rollouts.close()
 
 
 def test_reference_and_kl_controller_survive_a_checkpoint_round_trip(tiny_model_dir, tmp_path):
@@ -70,11 +74,11 @@ def test_reference_and_kl_controller_survive_a_checkpoint_round_trip(tiny_model_
                  "algorithm.kl_controller": "adaptive", "algorithm.kl_horizon": 10.0}
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "ref", **overrides)
     metrics = trainer.run()
-    beta = trainer.kl_controller.value
+    beta = trainer.kl.beta
     assert beta != trainer.config.train.beta and metrics["ref/last_update_epoch"] == 0
     unet = trainer.accelerator.unwrap_model(trainer.unet)
-    distance = trainer.reference.param_distance(unet)
+    distance = trainer.kl.reference.param_distance(unet)
     resumed = tiny_trainer("grpo", tiny_model_dir, tmp_path, "ref", resume_from=str(tmp_path / "ref"), **overrides)
-    assert resumed.kl_controller.value == beta and resumed.reference.last_update_epoch == 0
-    assert resumed.reference.param_distance(resumed.accelerator.unwrap_model(resumed.unet)) == distance
-    resumed.executor.shutdown()
+    assert resumed.kl.beta == beta and resumed.kl.reference.last_update_epoch == 0
+    assert resumed.kl.reference.param_distance(resumed.accelerator.unwrap_model(resumed.unet)) == distance
+    resumed.rollouts.close()

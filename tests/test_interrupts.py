@@ -51,7 +51,7 @@ def test_a_signal_while_updating_finishes_the_epoch_checkpoints_and_exits_nonzer
 
     resumed = tiny_trainer("ddpo", tiny_model_dir, tmp_path, num_epochs=4, save_freq=3, resume_from=str(tmp_path / "run"))
     assert resumed.state.epoch == 1 and resumed.state.global_step == 4
-    resumed.executor.shutdown()
+    resumed.rollouts.close()
 
 
 def test_a_second_signal_stops_at_once_and_keeps_the_last_checkpoint(tiny_model_dir, tmp_path, monkeypatch):

@@ -9,10 +9,12 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+from ddpo_group.algorithms import FixedKLController
 from ddpo_group.models.policy import build_policy
-from ddpo_group.update.policy import PolicyUpdater
+from ddpo_group.reference.regularizer import KLRegularizer
 from ddpo_group.rollout.collect import encode_unique
-from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
+from ddpo_group.sampling.pipeline import TransitionScorer, encode_prompts, sample_with_logprob
+from ddpo_group.update.policy import PolicyUpdater
 from ddpo_group.timing import PhaseTimer
 from tiny_pipeline import build_tiny_pipeline
 from trainer_helpers import tiny_config
@@ -46,7 +48,8 @@ def test_policy_loads_in_the_mixed_precision_dtype_without_cast_warning(tiny_mod
 
 
 def _lora_grads(config, batch, neg, pipe, params):
-    updater = PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, pipe.scheduler, None, params, neg)
+    updater = PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, params,
+                            TransitionScorer.from_config(config, pipe.scheduler, neg))
     pipe.unet.train()
     pipe.unet.zero_grad()
     updater.accumulate_gradients(batch, torch.arange(3), torch.ones(3, 3))
@@ -90,12 +93,13 @@ def test_reference_forward_only_when_beta_positive():
     batch = {"prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
              "log_probs": traj.log_probs, "timesteps": traj.timesteps, "advantages": torch.ones(2, 2)}
     params = list(pipe.unet.parameters())
-    updater = PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, pipe.scheduler, None, params, neg,
-                            reference=_ForbiddenReference())
+    kl = KLRegularizer(_ForbiddenReference(), "gaussian", FixedKLController(0.0), in_reward=False)
+    updater = PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, params,
+                            TransitionScorer.from_config(config, pipe.scheduler, neg), kl)
     assert not updater.uses_reference
     metrics = updater.accumulate_gradients(batch, torch.arange(2), torch.ones(2, 2))
     assert "kl" not in metrics and "policy_loss" in metrics
-    updater.beta = 0.1
+    kl.controller.value = 0.1
     assert updater.uses_reference
     with pytest.raises(AssertionError, match="beta = 0"):
         updater.accumulate_gradients(batch, torch.arange(2), torch.ones(2, 2))

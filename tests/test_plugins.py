@@ -7,7 +7,7 @@ from importlib import metadata
 import pytest
 import torch
 
-from ddpo_group import plugins
+from ddpo_group import registry
 from ddpo_group.prompts import PromptSampler, get_prompt_fn
 from ddpo_group.rewards import make_reward_fn
 from ddpo_group.rewards.combine import make_reward_components, parse_reward_spec, split_kwargs
@@ -92,7 +92,7 @@ def fake_entry_points(monkeypatch, points):
             return [p for p in points if p.group == group]
         return real(**params)
 
-    monkeypatch.setattr(plugins.metadata, "entry_points", entry_points)
+    monkeypatch.setattr(registry.metadata, "entry_points", entry_points)
 
 
 def test_entry_point_plugins_for_rewards_and_prompts(monkeypatch):
@@ -206,7 +206,7 @@ def test_entry_point_of_an_installed_distribution(tmp_path, monkeypatch):
         "[ddpo_group.prompts]\ntiny_pkg_prompt = tiny_reward_pkg:prompt\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert "tiny_index_reward" in plugins.entry_point_names("ddpo_group.rewards")
+    assert "tiny_index_reward" in registry.entry_point_names("ddpo_group.rewards")
     rewards, _ = make_reward_fn("tiny_index_reward", offset=0.5)(torch.zeros(3, 3, 2, 2), ["a"] * 3, [{}] * 3)
     assert rewards.tolist() == [0.5, 1.5, 2.5]
     assert PromptSampler("tiny_pkg_prompt").sample(2)[0] == ["from a package"] * 2

@@ -6,7 +6,7 @@ from accelerate import Accelerator
 
 from config.base import get_config
 from ddpo_group.update.policy import PolicyUpdater, random_step_mask
-from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob, step_log_prob
+from ddpo_group.sampling.pipeline import TransitionScorer, encode_prompts, sample_with_logprob, step_log_prob
 from tiny_pipeline import build_tiny_pipeline
 
 
@@ -38,7 +38,8 @@ def test_chunked_gradient_equals_per_timestep_loop(pairs_per_forward, guidance):
             p.add_(0.01 * torch.randn_like(p))
     step_mask = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float32)
     rows = torch.tensor([2, 0, 1])  # a shuffled train batch
-    updater = PolicyUpdater(config, Accelerator(cpu=True), unet, pipe.scheduler, None, list(unet.parameters()), neg)
+    updater = PolicyUpdater(config, Accelerator(cpu=True), unet, None, list(unet.parameters()),
+                            TransitionScorer.from_config(config, pipe.scheduler, neg))
     unet.zero_grad()
     updater.accumulate_gradients(batch, rows, step_mask)
     chunked = [p.grad.clone() for p in unet.parameters()]
@@ -67,10 +68,10 @@ def test_chunked_gradient_equals_per_timestep_loop(pairs_per_forward, guidance):
 def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type):
     """policy loss + beta * agg(KL): chunk-wise backward (vanilla) or gathered log-probs (gspo, geo_mean) equal the
     registered loss on the whole batch's [b, T] matrix, whatever pairs_per_forward."""
-    from ddpo_group.algorithms import agg_loss, get_policy_loss
-    from ddpo_group.reference.kl_term import reference_step, step_kl
+    from ddpo_group.algorithms import FixedKLController, agg_loss, get_kl_kind, get_policy_loss
     from ddpo_group.models.policy import lora_config
     from ddpo_group.reference.model import ReferenceModel
+    from ddpo_group.reference.regularizer import KLRegularizer
 
     torch.manual_seed(0)
     pipe = build_tiny_pipeline()
@@ -99,7 +100,9 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     grads = []
     for pairs in (1, 64):
         config.train.pairs_per_forward = pairs
-        updater = PolicyUpdater(config, Accelerator(cpu=True), unet, pipe.scheduler, None, params, neg, reference=reference)
+        kl = KLRegularizer(reference, kl_type, FixedKLController(0.5), in_reward=False)
+        updater = PolicyUpdater(config, Accelerator(cpu=True), unet, None, params,
+                                TransitionScorer.from_config(config, pipe.scheduler, neg), kl)
         unet.zero_grad()
         metrics = updater.accumulate_gradients(batch, rows, step_mask)
         assert metrics["kl"] != 0  # k1 may be negative on transitions sampled by another policy
@@ -111,7 +114,9 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     args = (batch["latents"][rows[r], n], batch["next_latents"][rows[r], n], batch["timesteps"][rows[r], n],
             embeds[rows[r]], neg.expand(len(r), -1, -1), 5.0, 1.0)
     out = step_log_prob(unet, pipe.scheduler, *args)
-    kl = step_kl(out, reference_step(reference, unet, pipe.scheduler, *args), kl_type)
+    with torch.no_grad(), reference.applied(unet) as reference_unet:
+        reference_out = step_log_prob(reference_unet, pipe.scheduler, *args)
+    kl = get_kl_kind(kl_type)(out, reference_out)
     old = batch["log_probs"][rows]
     lp = old.clone().index_put((r, n), out.log_prob)
     kl_mat = torch.zeros(3, 4).index_put((r, n), kl)

@@ -20,7 +20,7 @@ def test_preset_runs_one_epoch_and_changes_weights(preset, tiny_model_dir, tmp_p
         assert torch.isfinite(torch.tensor(metrics[key])), (preset, key, metrics[key])
     if trainer.critic is not None:
         assert metrics["critic/value_loss"] > 0
-    if trainer.reference is not None:
+    if trainer.kl is not None:
         assert metrics["ref/kl"] >= 0 and "ref/param_distance" in metrics
     if preset == "group_ppo":
         for key in ("group/tau", "group/compression_ratio", "group/num_endpoints", "group/critic_ev", "critic/clipfrac"):

@@ -104,14 +104,14 @@ def test_kl_is_zero_at_the_first_step_and_positive_after_updates(tiny_model_dir,
     prompts, metadata, groups = trainer.prompt_sampler.sample_epoch(1, 4)
     from ddpo_group.rollout.collect import collect_rollouts
 
-    batch = collect_rollouts(trainer.pipe, prompts, metadata, trainer.reward_fn, config.reward_fn, trainer.executor,
+    batch = collect_rollouts(trainer.pipe, prompts, metadata, trainer.reward_fn, config.reward_fn, trainer.rollouts.executor,
                              config.sample, trainer.negative_prompt_embeds, show_progress=False)
     batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand(4, 4).clone()
     first = trainer.updater.train_epoch(batch, show_progress=False)
     assert first["kl"] == 0.0 and first["kl_loss"] == 0.0
     second = trainer.updater.train_epoch(batch, show_progress=False)
     assert second["kl"] > 0 and second["kl_loss"] > 0
-    trainer.executor.shutdown()
+    trainer.rollouts.close()
 
 
 def test_checkpoint_with_a_reference_adapter_loads_as_the_policy_for_evaluation(tiny_model_dir, tmp_path):

@@ -12,7 +12,7 @@ import yaml
 from absl import flags
 from ml_collections import config_flags
 
-from ddpo_group.algorithms import ADV_ESTIMATOR_REGISTRY, AGG_ALIASES, AGG_MODES, POLICY_LOSS_REGISTRY, validate_group_size
+from ddpo_group.algorithms import ADV_ESTIMATOR_REGISTRY, AGG_ALIASES, AGG_MODES, POLICY_LOSS_REGISTRY
 from ddpo_group.run.cli import config_flag_first
 from ddpo_group.run.config_checks import validate_config
 
@@ -75,7 +75,7 @@ def check_algorithm_names(config):
     assert a.adv_estimator in ADV_ESTIMATOR_REGISTRY, a.adv_estimator
     assert a.policy_loss in POLICY_LOSS_REGISTRY, a.policy_loss
     assert a.loss_agg_mode in AGG_MODES or a.loss_agg_mode in AGG_ALIASES, a.loss_agg_mode
-    validate_group_size(a.adv_estimator, config.train.group_size)
+    validate_config(config)
 
 
 def test_there_are_sweeps():

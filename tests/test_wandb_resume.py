@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import accelerate
 
-import ddpo_group.run.trainer as trainer_module
+import ddpo_group.run.session as session_module
 from trainer_helpers import tiny_trainer
 
 
 def test_resume_passes_the_saved_wandb_run_id(tiny_model_dir, tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(trainer_module, "resolve_wandb_mode", lambda mode: ("offline", None))
+    monkeypatch.setattr(session_module, "resolve_wandb_mode", lambda mode: ("offline", None))
     monkeypatch.setattr(accelerate.Accelerator, "init_trackers",
                         lambda self, project, config=None, init_kwargs=None: calls.append(init_kwargs["wandb"]))
 
@@ -19,7 +19,7 @@ def test_resume_passes_the_saved_wandb_run_id(tiny_model_dir, tmp_path, monkeypa
     resumed = tiny_trainer("ddpo", tiny_model_dir, tmp_path, "a", num_epochs=2, resume_from=str(tmp_path / "a"))
     resumed.run()
     other = tiny_trainer("ddpo", tiny_model_dir, tmp_path, "b")
-    other.executor.shutdown()
+    other.rollouts.close()
 
     (a, a_again, b) = calls
     assert a["resume"] == a_again["resume"] == "allow"

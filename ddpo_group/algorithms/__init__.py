@@ -1,6 +1,6 @@
-"""Algorithm library: pure tensor functions (no model, no accelerate).
+"""Algorithm library: pure tensor functions (no model, no accelerate), each family in a registry.
 
-Advantage estimators and policy losses are looked up by name::
+Advantage estimators, policy losses, KL kinds and KL controllers are looked up by name (or plugin path)::
 
     from ddpo_group.algorithms import get_adv_estimator, get_policy_loss, AdvantageInputs
     out = get_adv_estimator("grpo")(AdvantageInputs(rewards, step_mask, group_index), **params)
@@ -23,12 +23,17 @@ from .aggregation import (
     masked_whiten,
 )
 from .kl import (
-    KL_KINDS,
+    KL_CONTROLLER_REGISTRY,
+    KL_KIND_REGISTRY,
     AdaptiveKLController,
     FixedKLController,
+    KLKind,
     gaussian_kl,
     get_kl_controller,
+    get_kl_kind,
     kl_penalty,
+    register_kl_kind,
+    register_log_ratio_kl,
 )
 from .value_loss import clipped_value_loss, value_loss_matrix
 from .filters import zero_variance_group_filter
@@ -46,17 +51,21 @@ from .group_ppo import (
 )
 from .advantages import (
     ADV_ESTIMATOR_REGISTRY,
-    CRITIC_ESTIMATORS,
-    GROUP_ESTIMATORS,
     AdvantageInputs,
     AdvantageOutput,
+    EstimatorSpec,
+    adv_estimator,
+    endpoint_targets,
+    every_step_returns,
     get_adv_estimator,
     register_adv_est,
-    validate_group_size,
+    step_reward_estimators,
 )
 from .policy_losses import (
     POLICY_LOSS_REGISTRY,
+    PolicyLossSpec,
     get_policy_loss,
+    policy_loss,
     register_policy_loss,
     vanilla_loss_matrix,
 )

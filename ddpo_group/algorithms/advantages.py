@@ -1,65 +1,51 @@
-"""Advantage estimators on the denoising-step axis, registered by name.
+"""Advantage estimators on the denoising-step axis, one decorated function each.
 
-Every estimator has ONE signature so the trainer can call any by name with one params dict:
+Every estimator has ONE signature and declares what it needs and gives in its registration::
 
-    fn(inputs: AdvantageInputs, **params) -> AdvantageOutput
+    @register_adv_est("grpo", needs_groups=True,
+                      params={"norm_adv_by_std": "train.scale_rewards", "global_std": "algorithm.global_std"})
+    def grpo_advantage(inputs: AdvantageInputs, norm_adv_by_std=True, global_std=False, **_) -> AdvantageOutput:
 
-Unknown keyword params are ignored. All math is done in float64 and vectorised over groups
-(torch index_add / scatter_reduce; loops only over the T steps). Output tensors have the
-rewards' floating dtype (float32 for integer rewards) and device.
+* ``needs_groups``: compares the G samples of a prompt group (``inputs.group_index``, at least 2 per group;
+  the run checks ``train.group_size >= 2`` at start and DAPO's dynamic sampling is allowed);
+* ``needs_critic``: reads ``inputs.values`` [B, T] (pre-step critic values): the trainer builds and trains a
+  critic on ``critic_targets(out) -> (targets, mask)`` [B, T] (default: ``returns`` on every step);
+* ``accepts_step_rewards``: takes per-step rewards (``algorithm.kl_in_reward``); the others reject them;
+* ``needs_greedy_rewards``: reads ``inputs.greedy_rewards`` [B] (ReMax's greedy baseline, sampled by the trainer);
+* ``params``: keyword -> the config field it is read from; ``algorithm.adv_estimator_kwargs`` adds or
+  overrides keywords;
+* ``check(config) -> [messages]``: contradictions of its own fields, reported at start;
+* ``controller(config)``: adaptive state whose ``params()`` override keywords each epoch, updated after the
+  epoch from the critic's targets (GROUP_PPO's threshold tau).
 
-Common post-processing: advantages are multiplied by the step mask, then clipped to
-[-adv_clip_max, adv_clip_max] when adv_clip_max is given. ``returns`` are the critic
-regression targets where the estimator defines them (gae, group_ppo, reinforce_plus_plus,
-remax: the un-whitened returns), else equal to the advantages.
+The estimator returns raw advantages [B, T] (float64 is fine); the registration's wrapper multiplies them by
+the step mask, clips them to [-adv_clip_max, adv_clip_max] (``train.adv_clip_max``), casts them to the
+rewards' floating dtype (float32 for integer rewards) and adds the ``adv/*`` metrics. ``returns`` are the
+critic regression targets where the estimator defines them, else the final advantages. Unknown keyword
+params are ignored by the built-ins. All math is float64 and vectorised over groups (index_add /
+scatter_reduce; loops only over the T steps).
 
-Group estimators (grpo, dr_grpo, rloo, grpo_passk, group_ppo) need at least 2 samples per
-prompt group: they raise otherwise (``validate_group_size`` is the start-of-run check).
-Estimators that reason on the terminal reward only (ddpo, grpo, dr_grpo, rloo, grpo_passk)
-reject ``step_rewards`` (KL in reward is for gae, reinforce_plus_plus, remax, group_ppo).
+A plugin (``algorithm.adv_estimator=/path/file.py:my_estimator`` or ``package.module:my_estimator``) is
+a function of the same signature; it declares its needs with ``@adv_estimator(needs_groups=True, ...)``
+(the same keywords, no name; an undecorated function needs nothing) and gets
+``algorithm.adv_estimator_kwargs`` as keywords.
 
-On the step mask: for the step-level estimators (gae, reinforce_plus_plus, remax, group_ppo)
-recursions over steps run over all T steps (every step of a diffusion trajectory exists; the
-mask only selects trained steps), and the mask enters only the whitening statistics and the
-final multiplication.
+On the step mask: for the step-level estimators (gae, reinforce_plus_plus, remax, group_ppo) recursions
+over steps run over all T steps (every step of a diffusion trajectory exists; the mask only selects
+trained steps), and the mask enters only the whitening statistics and the final multiplication.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Mapping, Optional
 
 import torch
 
 from .aggregation import compact_group_index, group_stats, masked_stats, masked_whiten
 from .filters import zero_variance_group_filter
-from .group_ppo import group_ppo_advantages
-from ddpo_group.registry import Registry
-
-ADV_ESTIMATOR_REGISTRY = Registry("advantage estimator")
-
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "grpo_passk", "group_ppo")
-CRITIC_ESTIMATORS = ("gae", "group_ppo")
-
-
-def register_adv_est(name: str):
-    """Decorator registering an advantage estimator under ``name`` (fails if taken)."""
-    return ADV_ESTIMATOR_REGISTRY.register(name)
-
-
-def get_adv_estimator(name: str):
-    """The estimator registered under ``name``; ValueError listing the registered names."""
-    return ADV_ESTIMATOR_REGISTRY.get(name)
-
-
-def validate_group_size(estimator: str, num_images_per_prompt: int) -> None:
-    """Start-of-run check: group estimators need G >= 2 samples per prompt."""
-    get_adv_estimator(estimator)
-    if estimator in GROUP_ESTIMATORS and int(num_images_per_prompt) < 2:
-        raise ValueError(
-            f"advantage estimator {estimator!r} compares the samples of a prompt group and needs "
-            f"sample.num_images_per_prompt >= 2, got {num_images_per_prompt}"
-        )
+from .group_ppo import GroupThresholdController, group_ppo_advantages
+from ddpo_group.registry import Registry, read_field
 
 
 @dataclass
@@ -86,26 +72,142 @@ class AdvantageInputs:
 
 @dataclass
 class AdvantageOutput:
-    """advantages [B, T] (masked, clipped); returns [B, T]; metrics (floats).
+    """advantages [B, T]; returns [B, T] (None: the advantages); metrics (floats).
 
-    group_ppo also fills endpoint_mask [B, T] (critic loss mask) and critic_targets [B, T], both
-    in the pre-step indexing of ``values`` (see group_ppo.py), and extras["step_endpoints"].
+    group_ppo also fills endpoint_mask [B, T] (critic loss mask) and critic_targets [B, T], both in the
+    pre-step indexing of ``values`` (see group_ppo.py), and extras["step_endpoints"].
     """
 
     advantages: torch.Tensor
-    returns: torch.Tensor
+    returns: Optional[torch.Tensor] = None
     metrics: Dict[str, float] = field(default_factory=dict)
     endpoint_mask: Optional[torch.Tensor] = None
     critic_targets: Optional[torch.Tensor] = None
     extras: Dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+def every_step_returns(out: AdvantageOutput) -> tuple[torch.Tensor, torch.Tensor]:
+    """The critic regresses ``returns`` at every step (gae)."""
+    return out.returns, torch.ones_like(out.returns)
+
+
+def endpoint_targets(out: AdvantageOutput) -> tuple[torch.Tensor, torch.Tensor]:
+    """The critic regresses ``critic_targets`` at the group endpoints only (group_ppo)."""
+    return out.critic_targets, out.endpoint_mask
+
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """An advantage estimator with what it declares (module docstring); calling it runs and finalizes it."""
+
+    fn: Callable[..., AdvantageOutput]
+    name: str
+    needs_groups: bool = False
+    needs_critic: bool = False
+    accepts_step_rewards: bool = False
+    needs_greedy_rewards: bool = False
+    critic_targets: Optional[Callable[[AdvantageOutput], tuple]] = None
+    params: Mapping[str, str] = field(default_factory=dict)
+    check: Optional[Callable[[object], List[str]]] = None
+    controller: Optional[Callable[[object], object]] = None
+
+    def __call__(self, inputs: AdvantageInputs, adv_clip_max: Optional[float] = None, **params) -> AdvantageOutput:
+        self.check_inputs(inputs)
+        out = self.fn(inputs, **params)
+        return _finalize(out, inputs, adv_clip_max)
+
+    def params_from(self, config, controller=None) -> dict:
+        """Keywords for one call: the declared config fields, ``algorithm.adv_estimator_kwargs``, the controller's."""
+        params = {keyword: read_field(config, dotted) for keyword, dotted in self.params.items()}
+        kwargs = config.algorithm.get("adv_estimator_kwargs", None)
+        params.update(kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {}))
+        if controller is not None:
+            params.update(controller.params())
+        return params
+
+    def critic_regression(self, out: AdvantageOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """(targets, mask) [B, T] of the critic, pre-step indexing."""
+        return (self.critic_targets or every_step_returns)(out)
+
+    def config_errors(self, config) -> List[str]:
+        return list(self.check(config)) if self.check is not None else []
+
+    def check_inputs(self, inputs: AdvantageInputs) -> None:
+        """The declared needs, with an error naming what is missing."""
+        name, B = self.name, torch.as_tensor(inputs.rewards).reshape(-1).shape[0]
+        if self.needs_groups:
+            if inputs.group_index is None:
+                raise ValueError(f"{name} needs group_index (the prompt group of each sample)")
+            gi, P = compact_group_index(torch.as_tensor(inputs.group_index))
+            if gi.shape[0] != B:
+                raise ValueError(f"{name}: group_index has {gi.shape[0]} entries for {B} samples")
+            count = torch.bincount(gi, minlength=P)
+            if count.numel() and int(count.min()) < 2:
+                raise ValueError(f"{name} needs at least 2 samples per prompt group (train.group_size >= 2); "
+                                 f"found a group with {int(count.min())} sample")
+        if self.needs_critic and inputs.values is None:
+            raise ValueError(f"{name} needs inputs.values [B, T] (pre-step critic values)")
+        if self.needs_greedy_rewards and inputs.greedy_rewards is None:
+            raise ValueError(f"{name} needs inputs.greedy_rewards [B] (reward of the greedy eta=0 sample per prompt)")
+        if not self.accepts_step_rewards and inputs.step_rewards is not None:
+            raise ValueError(f"{name} uses the terminal reward only and cannot take step_rewards (KL in reward): use "
+                             f"one of {step_reward_estimators()} or the KL loss")
+
+
+ADV_ESTIMATOR_REGISTRY = Registry("advantage estimator", entry_point_group="ddpo_group.adv_estimators")
+
+
+def adv_estimator(**needs) -> Callable[[Callable], EstimatorSpec]:
+    """Decorator declaring an estimator's needs (module docstring) without registering a name (plugins)."""
+    def decorator(fn: Callable) -> EstimatorSpec:
+        return EstimatorSpec(fn=fn, name=needs.pop("name", fn.__name__), **needs)
+    return decorator
+
+
+def register_adv_est(name: str, **needs) -> Callable[[Callable], EstimatorSpec]:
+    """Decorator registering an estimator under ``name`` with its needs (fails if the name is taken)."""
+    def decorator(fn: Callable) -> EstimatorSpec:
+        return ADV_ESTIMATOR_REGISTRY.register(name)(EstimatorSpec(fn=fn, name=name, **needs))
+    return decorator
+
+
+def step_reward_estimators() -> List[str]:
+    """The registered estimators that accept per-step rewards (KL in the reward)."""
+    return [name for name in ADV_ESTIMATOR_REGISTRY if ADV_ESTIMATOR_REGISTRY.get(name).accepts_step_rewards]
+
+
+def get_adv_estimator(spec: str) -> EstimatorSpec:
+    """The estimator a config names: registered name, ``module:function``, ``/path/file.py:function`` or entry
+    point. A plugin function that was not declared with ``@adv_estimator`` needs nothing."""
+    found = ADV_ESTIMATOR_REGISTRY.resolve(spec)
+    if isinstance(found, EstimatorSpec):
+        return found
+    if not callable(found):
+        raise TypeError(f"advantage estimator {spec!r} is a {type(found).__name__}, not a function")
+    return EstimatorSpec(fn=found, name=spec)
+
+
 # ----------------------------------------------------------------------------------- helpers
-def _out_dtype(rewards: torch.Tensor) -> torch.dtype:
-    return rewards.dtype if rewards.is_floating_point() else torch.float32
+def _finalize(out: AdvantageOutput, inputs: AdvantageInputs, adv_clip_max: Optional[float]) -> AdvantageOutput:
+    """Mask, clip, cast; add adv/* metrics (the same for every estimator, plugins included)."""
+    rewards = torch.as_tensor(inputs.rewards)
+    dtype = rewards.dtype if rewards.is_floating_point() else torch.float32
+    m = (torch.as_tensor(inputs.step_mask, device=out.advantages.device) != 0).double()
+    adv = out.advantages.double() * m
+    if adv_clip_max is not None:
+        adv = adv.clamp(-float(adv_clip_max), float(adv_clip_max))
+    metrics = dict(out.metrics)
+    metrics.update(masked_stats(adv, m, "adv/"))
+    if adv_clip_max is not None:
+        clipped = ((adv.abs() >= float(adv_clip_max)) & (m > 0)).double().sum()
+        metrics["adv/clipfrac"] = float(clipped / m.sum().clamp(min=1))
+    returns = adv if out.returns is None else out.returns
+    out.advantages, out.returns, out.metrics = adv.to(dtype), returns.to(dtype), metrics
+    return out
 
 
-def _prepare(inputs: AdvantageInputs, name: str, need_groups: bool = False, allow_step_rewards: bool = True):
+def _prepare(inputs: AdvantageInputs, name: str):
+    """(R [B] float64, m [B, T] float64, group index [B] or None, P) with shape checks."""
     rewards = torch.as_tensor(inputs.rewards)
     if rewards.dim() != 1:
         raise ValueError(f"{name}: rewards must be [B], got shape {tuple(rewards.shape)}")
@@ -115,28 +217,19 @@ def _prepare(inputs: AdvantageInputs, name: str, need_groups: bool = False, allo
     R = rewards.detach().double()
     if not bool(torch.isfinite(R).all()):
         raise ValueError(f"{name}: rewards contain non-finite values")
-    m = (mask != 0).double()
-    if not allow_step_rewards and inputs.step_rewards is not None:
-        raise ValueError(
-            f"{name} uses the terminal reward only and cannot take step_rewards (KL in reward): "
-            f"use a step-level estimator (gae, reinforce_plus_plus, remax, group_ppo) or the KL loss"
-        )
     gi = P = None
-    if need_groups:
-        if inputs.group_index is None:
-            raise ValueError(f"{name} needs group_index (the prompt group of each sample)")
+    if inputs.group_index is not None:
         gi, P = compact_group_index(torch.as_tensor(inputs.group_index, device=rewards.device))
         if gi.shape[0] != R.shape[0]:
             raise ValueError(f"{name}: group_index has {gi.shape[0]} entries for {R.shape[0]} samples")
-    return rewards, R, m, gi, P
+    return R, (mask != 0).double(), gi, P
 
 
-def _require_pairs(name: str, count: torch.Tensor) -> None:
-    if count.numel() and float(count.min()) < 2:
-        raise ValueError(
-            f"{name} needs at least 2 samples per prompt group (sample.num_images_per_prompt >= 2); "
-            f"found a group with {int(count.min())} sample"
-        )
+def _values(inputs: AdvantageInputs, m: torch.Tensor, name: str) -> torch.Tensor:
+    V = torch.as_tensor(inputs.values, device=m.device).detach().double()
+    if V.shape != m.shape:
+        raise ValueError(f"{name}: values must be [B, T] = {tuple(m.shape)}, got {tuple(V.shape)}")
+    return V
 
 
 def _step_rewards(inputs: AdvantageInputs, R: torch.Tensor, T: int) -> torch.Tensor:
@@ -161,23 +254,6 @@ def _discounted_returns(r: torch.Tensor, gamma: float) -> torch.Tensor:
     return G
 
 
-def _finalize(adv, returns, m, rewards, adv_clip_max, metrics, **extra) -> AdvantageOutput:
-    """Mask, clip, cast; add adv/* metrics."""
-    dtype = _out_dtype(rewards)
-    adv = adv * m
-    if adv_clip_max is not None:
-        adv = adv.clamp(-float(adv_clip_max), float(adv_clip_max))
-    returns = adv if returns is None else returns
-    metrics = dict(metrics)
-    metrics.update(masked_stats(adv, m, "adv/"))
-    if adv_clip_max is not None:
-        metrics["adv/clipfrac"] = float(((adv.abs() >= float(adv_clip_max)) & (m > 0)).double().sum() / m.sum().clamp(min=1))
-    out = AdvantageOutput(advantages=adv.to(dtype), returns=returns.to(dtype), metrics=metrics)
-    for k, v in extra.items():
-        setattr(out, k, v)
-    return out
-
-
 def _group_metrics(R, gi, P, std, eps=1e-6) -> Dict[str, float]:
     _, zero_ratio = zero_variance_group_filter(R, gi, eps=eps)
     return {
@@ -187,75 +263,110 @@ def _group_metrics(R, gi, P, std, eps=1e-6) -> Dict[str, float]:
     }
 
 
+def _broadcast(A: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return A[:, None].expand_as(m)
+
+
+# --------------------------------------------------------------------------- their own config checks
+def _gamma_in_range(config) -> List[str]:
+    gamma = config.algorithm.gamma
+    return [] if 0 < gamma <= 1 else [f"algorithm.gamma={gamma} must be in (0, 1]"]
+
+
+def _never_std_scaled(config) -> List[str]:
+    if not config.train.scale_rewards:
+        return []
+    name = config.algorithm.adv_estimator
+    return [f"train.scale_rewards=True contradicts algorithm.adv_estimator={name!r}, which never divides by the "
+            "group std (set train.scale_rewards=False, or use grpo)"]
+
+
+def _gae_checks(config) -> List[str]:
+    a, errors = config.algorithm, _gamma_in_range(config)
+    if not 0 <= a.gae_lambda <= 1:
+        errors.append(f"algorithm.gae_lambda={a.gae_lambda} must be in [0, 1]")
+    if a.gae_start_value not in GAE_START_VALUES:
+        errors.append(f"algorithm.gae_start_value={a.gae_start_value!r} must be one of {GAE_START_VALUES}")
+    return errors
+
+
+def _group_ppo_checks(config) -> List[str]:
+    g, errors = config.group_params, []
+    if g.group_max_size < 1:
+        errors.append(f"group_params.group_max_size={g.group_max_size} must be >= 1")
+    if not g.group_epsilon > 0:
+        errors.append(f"group_params.group_epsilon={g.group_epsilon} must be > 0")
+    if not 0 <= g.lam <= 1:
+        errors.append(f"group_params.lam={g.lam} must be in [0, 1]")
+    return errors + GroupThresholdController.config_errors(config)
+
+
+GAE_START_VALUES = ("critic", "group_mean")
+
+
 # ---------------------------------------------------------------------------------- estimators
 @register_adv_est("ddpo")
-def ddpo_advantage(inputs: AdvantageInputs, adv_clip_max: Optional[float] = None, **_) -> AdvantageOutput:
+def ddpo_advantage(inputs: AdvantageInputs, **_) -> AdvantageOutput:
     """DDPO: per-prompt stat tracker (buffer mode), broadcast over steps.
 
     A_i = (R_i - mu_p) / (sd_p + eps) with mu_p, sd_p of the prompt's FIFO buffer once it holds
-    >= min_count rewards, of the whole batch before (stat_tracking.py). Needs
+    >= min_count rewards, of the whole batch before (stat_tracker.py). Needs
     inputs.stat_tracker and inputs.prompts.
     """
-    rewards, R, m, _, _ = _prepare(inputs, "ddpo", allow_step_rewards=False)
+    R, m, _, _ = _prepare(inputs, "ddpo")
     if inputs.stat_tracker is None or inputs.prompts is None:
         raise ValueError("ddpo needs inputs.stat_tracker (PerPromptStatTracker) and inputs.prompts")
     a = inputs.stat_tracker.update(list(inputs.prompts), R.cpu().numpy())
     A = torch.as_tensor(a, dtype=torch.float64, device=R.device)
     metrics = inputs.stat_tracker.get_metrics("stat_tracker/") if hasattr(inputs.stat_tracker, "get_metrics") else {}
-    return _finalize(A[:, None].expand_as(m), None, m, rewards, adv_clip_max, metrics)
+    return AdvantageOutput(_broadcast(A, m), metrics=metrics)
 
 
-@register_adv_est("grpo")
+@register_adv_est("grpo", needs_groups=True,
+                  params={"norm_adv_by_std": "train.scale_rewards", "global_std": "algorithm.global_std"})
 def grpo_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by_std: bool = True,
-                   global_std: bool = False, adv_clip_max: Optional[float] = None, **_) -> AdvantageOutput:
+                   global_std: bool = False, **_) -> AdvantageOutput:
     """GRPO: A_i = (R_i - mean_g) / (std_g + eps), broadcast over steps.
 
     std_g is the Bessel-corrected std of the G rewards of the group (torch.std, as verl);
     global_std=True uses the Bessel-corrected std of all B rewards instead (group mean, batch
     std); norm_adv_by_std=False gives Dr.GRPO (R_i - mean_g).
     """
-    rewards, R, m, gi, P = _prepare(inputs, "grpo", need_groups=True, allow_step_rewards=False)
-    count, mean, std, _, _ = group_stats(R, gi, P, unbiased=True)
-    _require_pairs("grpo", count)
+    R, m, gi, P = _prepare(inputs, "grpo")
+    _, mean, std, _, _ = group_stats(R, gi, P, unbiased=True)
     A = R - mean[gi]
     if norm_adv_by_std:
-        scale = (R.std(unbiased=True) if global_std else std[gi]) + eps
-        A = A / scale
-    metrics = _group_metrics(R, gi, P, std)
-    return _finalize(A[:, None].expand_as(m), None, m, rewards, adv_clip_max, metrics)
+        A = A / ((R.std(unbiased=True) if global_std else std[gi]) + eps)
+    return AdvantageOutput(_broadcast(A, m), metrics=_group_metrics(R, gi, P, std))
 
 
-@register_adv_est("dr_grpo")
-def dr_grpo_advantage(inputs: AdvantageInputs, adv_clip_max: Optional[float] = None, **_) -> AdvantageOutput:
+@register_adv_est("dr_grpo", needs_groups=True, check=_never_std_scaled)
+def dr_grpo_advantage(inputs: AdvantageInputs, **_) -> AdvantageOutput:
     """Dr.GRPO: A_i = R_i - mean_g (no std division), broadcast over steps."""
-    rewards, R, m, gi, P = _prepare(inputs, "dr_grpo", need_groups=True, allow_step_rewards=False)
-    count, mean, std, _, _ = group_stats(R, gi, P, unbiased=True)
-    _require_pairs("dr_grpo", count)
-    A = R - mean[gi]
-    return _finalize(A[:, None].expand_as(m), None, m, rewards, adv_clip_max, _group_metrics(R, gi, P, std))
+    R, m, gi, P = _prepare(inputs, "dr_grpo")
+    _, mean, std, _, _ = group_stats(R, gi, P, unbiased=True)
+    return AdvantageOutput(_broadcast(R - mean[gi], m), metrics=_group_metrics(R, gi, P, std))
 
 
-@register_adv_est("rloo")
-def rloo_advantage(inputs: AdvantageInputs, adv_clip_max: Optional[float] = None, **_) -> AdvantageOutput:
+@register_adv_est("rloo", needs_groups=True, check=_never_std_scaled)
+def rloo_advantage(inputs: AdvantageInputs, **_) -> AdvantageOutput:
     """RLOO: A_i = R_i - mean_{j != i in g} R_j = G/(G-1) * (R_i - mean_g), broadcast over steps."""
-    rewards, R, m, gi, P = _prepare(inputs, "rloo", need_groups=True, allow_step_rewards=False)
+    R, m, gi, P = _prepare(inputs, "rloo")
     count, mean, std, _, _ = group_stats(R, gi, P, unbiased=True)
-    _require_pairs("rloo", count)
     G = count[gi]
     A = G / (G - 1) * (R - mean[gi])
-    return _finalize(A[:, None].expand_as(m), None, m, rewards, adv_clip_max, _group_metrics(R, gi, P, std))
+    return AdvantageOutput(_broadcast(A, m), metrics=_group_metrics(R, gi, P, std))
 
 
-@register_adv_est("grpo_passk")
+@register_adv_est("grpo_passk", needs_groups=True, params={"norm_adv_by_std": "train.scale_rewards"})
 def grpo_passk_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by_std: bool = True,
-                         adv_clip_max: Optional[float] = None, **_) -> AdvantageOutput:
+                         **_) -> AdvantageOutput:
     """Pass@k GRPO: only the group's best sample gets A = r_max - r_second_max (divided by
     std_g + eps, Bessel-corrected, if norm_adv_by_std); every other sample gets 0. With ties at
     the top the difference is 0. Broadcast over steps.
     """
-    rewards, R, m, gi, P = _prepare(inputs, "grpo_passk", need_groups=True, allow_step_rewards=False)
-    count, mean, std, _, gmax = group_stats(R, gi, P, unbiased=True)
-    _require_pairs("grpo_passk", count)
+    R, m, gi, P = _prepare(inputs, "grpo_passk")
+    _, _, std, _, gmax = group_stats(R, gi, P, unbiased=True)
     B = R.shape[0]
     idx = torch.arange(B, device=R.device)
     cand = torch.where(R == gmax[gi], idx, torch.full_like(idx, B))
@@ -269,43 +380,41 @@ def grpo_passk_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by
         gap = gap / (std + eps)
     A = torch.zeros_like(R)
     A[best] = gap
-    return _finalize(A[:, None].expand_as(m), None, m, rewards, adv_clip_max, _group_metrics(R, gi, P, std))
+    return AdvantageOutput(_broadcast(A, m), metrics=_group_metrics(R, gi, P, std))
 
 
-@register_adv_est("reinforce_plus_plus")
-def reinforce_plus_plus_advantage(inputs: AdvantageInputs, gamma: float = 1.0, adv_clip_max: Optional[float] = None,
-                                  **_) -> AdvantageOutput:
+@register_adv_est("reinforce_plus_plus", accepts_step_rewards=True, params={"gamma": "algorithm.gamma"},
+                  check=_gamma_in_range)
+def reinforce_plus_plus_advantage(inputs: AdvantageInputs, gamma: float = 1.0, **_) -> AdvantageOutput:
     """REINFORCE++: G_n = sum_{m >= n} gamma^(m-n) r_m with r = step_rewards + R at the last
     step; A = masked_whiten(G) over the batch's trained steps (mean 0, unbiased var 1);
     returns = G.
     """
-    rewards, R, m, _, _ = _prepare(inputs, "reinforce_plus_plus")
-    r = _step_rewards(inputs, R, m.shape[1])
-    G = _discounted_returns(r, gamma)
-    A = masked_whiten(G, m)
-    return _finalize(A, G, m, rewards, adv_clip_max, {"returns/mean": float(G.mean())})
+    R, m, _, _ = _prepare(inputs, "reinforce_plus_plus")
+    G = _discounted_returns(_step_rewards(inputs, R, m.shape[1]), gamma)
+    return AdvantageOutput(masked_whiten(G, m), G, metrics={"returns/mean": float(G.mean())})
 
 
-@register_adv_est("remax")
-def remax_advantage(inputs: AdvantageInputs, adv_clip_max: Optional[float] = None, **_) -> AdvantageOutput:
+@register_adv_est("remax", accepts_step_rewards=True, needs_greedy_rewards=True)
+def remax_advantage(inputs: AdvantageInputs, **_) -> AdvantageOutput:
     """ReMax: A_{i,n} = (R_i + sum_{m >= n} step_rewards_{i,m}) - R_greedy_i, where R_greedy_i is
     the reward of the eta = 0 (greedy) sample of the sample's prompt (inputs.greedy_rewards [B]).
     returns = the reward-to-go.
     """
-    rewards, R, m, _, _ = _prepare(inputs, "remax")
-    if inputs.greedy_rewards is None:
-        raise ValueError("remax needs inputs.greedy_rewards [B] (reward of the greedy eta=0 sample per prompt)")
+    R, m, _, _ = _prepare(inputs, "remax")
     g = torch.as_tensor(inputs.greedy_rewards, device=R.device).detach().double().reshape(-1)
     if g.shape != R.shape:
         raise ValueError(f"remax: greedy_rewards must be [B] = [{R.shape[0]}], got {tuple(g.shape)}")
     G = _discounted_returns(_step_rewards(inputs, R, m.shape[1]), 1.0)
-    A = G - g[:, None]
-    return _finalize(A, G, m, rewards, adv_clip_max, {"reward/greedy_mean": float(g.mean())})
+    return AdvantageOutput(G - g[:, None], G, metrics={"reward/greedy_mean": float(g.mean())})
 
 
-@register_adv_est("gae")
+@register_adv_est("gae", needs_critic=True, accepts_step_rewards=True, critic_targets=every_step_returns,
+                  params={"gamma": "algorithm.gamma", "lam": "algorithm.gae_lambda", "whiten": "algorithm.gae_whiten",
+                          "gae_start_value": "algorithm.gae_start_value"},
+                  check=_gae_checks)
 def gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True,
-                  gae_start_value: str = "critic", adv_clip_max: Optional[float] = None, **_) -> AdvantageOutput:
+                  gae_start_value: str = "critic", **_) -> AdvantageOutput:
     """GAE(gamma, lambda) over the T steps with the critic's pre-step values V_n = values[:, n]:
 
         r_n     = step_rewards_n + [n = T-1] R,     V_T = 0
@@ -318,18 +427,16 @@ def gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0,
     the GROUP_PPO convention u_{-1} = b_g (then GROUP_PPO with tau = 0 equals this estimator
     with gamma = 1 and whiten=False exactly); the default "critic" uses V(x_0).
     """
-    rewards, R, m, gi, P = _prepare(inputs, "gae", need_groups=(gae_start_value == "group_mean"))
-    if inputs.values is None:
-        raise ValueError("gae needs inputs.values [B, T] (pre-step critic values)")
-    V = torch.as_tensor(inputs.values, device=R.device).detach().double()
-    if V.shape != m.shape:
-        raise ValueError(f"gae: values must be [B, T] = {tuple(m.shape)}, got {tuple(V.shape)}")
+    R, m, gi, P = _prepare(inputs, "gae")
+    V = _values(inputs, m, "gae")
     if gae_start_value == "group_mean":
+        if gi is None:
+            raise ValueError("gae with gae_start_value='group_mean' needs group_index (the prompt group of each sample)")
         _, mean, _, _, _ = group_stats(R, gi, P)
         V = V.clone()
         V[:, 0] = mean[gi]
     elif gae_start_value != "critic":
-        raise ValueError(f"gae_start_value must be 'critic' or 'group_mean', got {gae_start_value!r}")
+        raise ValueError(f"gae_start_value must be one of {GAE_START_VALUES}, got {gae_start_value!r}")
     r = _step_rewards(inputs, R, m.shape[1])
     B, T = m.shape
     A = torch.zeros_like(V)
@@ -343,44 +450,37 @@ def gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0,
     returns = A + V
     if whiten:
         A = masked_whiten(A, m)
-    metrics = {"critic/values_mean": float(V.mean()), "returns/mean": float(returns.mean())}
-    return _finalize(A, returns, m, rewards, adv_clip_max, metrics)
+    return AdvantageOutput(A, returns, metrics={"critic/values_mean": float(V.mean()), "returns/mean": float(returns.mean())})
 
 
-@register_adv_est("group_ppo")
-def group_ppo_advantage(inputs: AdvantageInputs, tau: Optional[float] = None, group_max_size: int = 16,
+@register_adv_est("group_ppo", needs_groups=True, needs_critic=True, accepts_step_rewards=True,
+                  critic_targets=endpoint_targets, controller=GroupThresholdController.from_config,
+                  params={"tau": "group_params.group_variance_threshold", "group_max_size": "group_params.group_max_size",
+                          "group_epsilon": "group_params.group_epsilon", "lam": "group_params.lam",
+                          "norm_adv_by_std": "train.scale_rewards"},
+                  check=_group_ppo_checks)
+def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, group_max_size: int = 16,
                         group_epsilon: float = 1e-6, lam: float = 1.0, norm_adv_by_std: bool = False,
                         critic_lam: Optional[float] = None, group_weight_by_mask: bool = False,
-                        adv_clip_max: Optional[float] = None, group_variance_threshold: float = 1.0,
                         **_) -> AdvantageOutput:
     """GROUP_PPO (GROUP_PPO.md; formulas in group_ppo.py): dynamic step groups, the group
     advantage A_k = sum_{j >= k} lam^(j-k) Delta_j broadcast to its steps (optionally / (std_g(R)
-    + group_epsilon)), never whitened. tau defaults to group_variance_threshold (pass the
-    GroupThresholdController's tau). Fills endpoint_mask / critic_targets (pre-step indexing,
+    + group_epsilon), 0 for a group whose rewards are all equal), never whitened. tau comes from the
+    GroupThresholdController each epoch. Fills endpoint_mask / critic_targets (pre-step indexing,
     K-1 per trajectory), returns = critic_targets, extras step_endpoints / group_id.
     Endpoints do not depend on the step mask unless group_weight_by_mask=True.
     """
-    rewards, R, m, gi, P = _prepare(inputs, "group_ppo", need_groups=True)
-    if inputs.values is None:
-        raise ValueError("group_ppo needs inputs.values [B, T] (pre-step critic values)")
-    V = torch.as_tensor(inputs.values, device=R.device).detach().double()
-    if V.shape != m.shape:
-        raise ValueError(f"group_ppo: values must be [B, T] = {tuple(m.shape)}, got {tuple(V.shape)}")
-    count, _, std, _, _ = group_stats(R, gi, P, unbiased=True)
-    _require_pairs("group_ppo", count)
-    sr = None
-    if inputs.step_rewards is not None:
-        sr = torch.as_tensor(inputs.step_rewards, device=R.device).detach().double()
+    R, m, gi, P = _prepare(inputs, "group_ppo")
+    V = _values(inputs, m, "group_ppo")
+    _, _, std, _, _ = group_stats(R, gi, P, unbiased=True)
+    sr = None if inputs.step_rewards is None else torch.as_tensor(inputs.step_rewards, device=R.device).detach().double()
     res = group_ppo_advantages(
-        V, R, gi, tau=group_variance_threshold if tau is None else tau, group_max_size=group_max_size,
-        eps=group_epsilon, lam=lam, norm_adv_by_std=norm_adv_by_std, step_mask=m, step_rewards=sr,
-        critic_lam=critic_lam, weight_by_mask=group_weight_by_mask,
+        V, R, gi, tau=tau, group_max_size=group_max_size, eps=group_epsilon, lam=lam, norm_adv_by_std=norm_adv_by_std,
+        step_mask=m, step_rewards=sr, critic_lam=critic_lam, weight_by_mask=group_weight_by_mask,
     )
-    metrics = dict(res.metrics)
-    metrics.update(_group_metrics(R, gi, P, std))
-    dtype = _out_dtype(rewards)
-    return _finalize(
-        res.advantages, res.critic_targets, m, rewards, adv_clip_max, metrics,
-        endpoint_mask=res.endpoint_mask.to(dtype), critic_targets=res.critic_targets.to(dtype),
-        extras={"step_endpoints": res.step_endpoints, "group_id": res.group_id},
+    metrics = {**res.metrics, **_group_metrics(R, gi, P, std)}
+    dtype = inputs.rewards.dtype if torch.as_tensor(inputs.rewards).is_floating_point() else torch.float32
+    return AdvantageOutput(
+        res.advantages, res.critic_targets, metrics, endpoint_mask=res.endpoint_mask.to(dtype),
+        critic_targets=res.critic_targets.to(dtype), extras={"step_endpoints": res.step_endpoints, "group_id": res.group_id},
     )

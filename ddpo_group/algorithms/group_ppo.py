@@ -13,7 +13,8 @@ Conventions (B samples, T steps, step n = 0 noisiest):
 * Groups k = 0..K-1 (0-based here) cover (e_{k-1}, e_k], e_{-1} = -1, e_{K-1} = T-1.
   Delta_k = sum of delta over group k, A_k = sum_{j>=k} lam^(j-k) Delta_j, broadcast to the
   steps of group k; optionally divided by std_g(R) + eps (Bessel-corrected std, the same as
-  grpo, so that the one-group limit equals grpo exactly). Never mean-shifted or whitened.
+  grpo, so that the one-group limit equals grpo exactly; a group with std_g <= eps, whose rewards are
+  all equal, gets 0 as in grpo). Never mean-shifted or whitened.
 
 Step mask and grouping: the endpoints are computed over the FULL trajectory of T steps,
 independent of the step mask (the critic values exist for every step, and the mask drawn by
@@ -287,8 +288,9 @@ def group_ppo_advantages(
     ep = find_group_endpoints(u, delta, tau, group_max_size, eps,
                               step_mask=step_mask if weight_by_mask else None, group_index=gi)
     adv = segment_advantages(delta, ep.is_endpoint, lam)
-    if norm_adv_by_std:
-        adv = adv / (std[gi] + eps)[:, None]
+    if norm_adv_by_std:  # a group whose rewards are all equal gets 0, as grpo's (R - mean_g) does, not x / eps
+        scale = std[gi][:, None]
+        adv = torch.where(scale > eps, adv / (scale + eps), torch.zeros_like(adv))
     c_lam = lam if critic_lam is None else critic_lam
     mask, targets = critic_endpoint_mask_and_targets(u, delta, ep.is_endpoint, c_lam)
     metrics = group_metrics(ep.is_endpoint, step_mask, tau, ep.rho_at_cut)
@@ -308,26 +310,65 @@ class GroupThresholdController:
         tau <- clip(tau * exp(lr * s), min_tau, max_tau)
 
     Poor critic (EV < EV*) -> s > 0 -> tau grows -> fewer variance cuts -> longer groups (more
-    Monte-Carlo); good critic -> tau shrinks -> shorter groups (finer credit). With
-    adaptive=False tau is fixed (EV is still measured for logging). With fewer than 2 targets
-    or Var(y) ~ 0, EV is undefined: tau is left unchanged and last_ev is NaN.
+    Monte-Carlo); good critic -> tau shrinks -> shorter groups (finer credit). With fewer than 2
+    targets or Var(y) ~ 0, EV is undefined: tau is left unchanged and last_ev is NaN.
+
+    The initial tau: with adaptation on it must lie in [min_tau, max_tau] (ValueError otherwise,
+    never a silent clamp). With adaptive=False tau is fixed at any value >= 0 and the range is not
+    used: tau = 0 makes every step its own group (GAE with lambda = lam on group-mean-based
+    deltas), tau = inf one group per trajectory (grpo / Dr.GRPO); EV is still measured for logging.
     """
 
     def __init__(self, tau: float = 1.0, lr: float = 0.01, min_tau: float = 0.1, max_tau: float = 10.0,
                  target_ev: float = 0.5, adaptive: bool = True):
-        if not (0 < min_tau <= max_tau):
-            raise ValueError(f"need 0 < min_tau <= max_tau, got {min_tau}, {max_tau}")
-        if not (target_ev > 0):
-            raise ValueError(f"target_ev (target_explained_variance) must be > 0, got {target_ev}")
-        if lr < 0:
-            raise ValueError(f"lr must be >= 0, got {lr}")
+        for message in self.errors(tau, lr, min_tau, max_tau, target_ev, adaptive):
+            raise ValueError(message)
         self.min_tau = float(min_tau)
         self.max_tau = float(max_tau)
-        self.tau = float(np.clip(tau, self.min_tau, self.max_tau))
+        self.tau = float(tau)
         self.lr = float(lr)
         self.target_ev = float(target_ev)
         self.adaptive = bool(adaptive)
         self.last_ev = float("nan")
+
+    @staticmethod
+    def errors(tau, lr, min_tau, max_tau, target_ev, adaptive, names=None) -> list:
+        """What is wrong with these settings (``names`` maps each argument to its config field for messages)."""
+        n = names or {k: k for k in ("tau", "lr", "min_tau", "max_tau", "target_ev", "adaptive")}
+        errors = []
+        if not tau >= 0:
+            errors.append(f"{n['tau']}={tau} must be >= 0")
+        if lr < 0:
+            errors.append(f"{n['lr']}={lr} must be >= 0")
+        if not target_ev > 0:
+            errors.append(f"{n['target_ev']}={target_ev} must be > 0")
+        if adaptive:
+            if not 0 < min_tau <= max_tau:
+                errors.append(f"need 0 < {n['min_tau']} <= {n['max_tau']}, got {min_tau}, {max_tau}")
+            elif not min_tau <= tau <= max_tau:
+                errors.append(f"{n['tau']}={tau} lies outside [{n['min_tau']}, {n['max_tau']}] = [{min_tau}, "
+                              f"{max_tau}], the range the adaptive threshold moves in: set it inside, or set "
+                              f"{n['adaptive']}=False to keep tau fixed at any value >= 0 (0: every step its own group)")
+        return errors
+
+    @classmethod
+    def from_config(cls, config) -> "GroupThresholdController":
+        g = config.group_params
+        return cls(tau=g.group_variance_threshold, lr=g.threshold_lr, min_tau=g.min_threshold, max_tau=g.max_threshold,
+                   target_ev=g.target_explained_variance, adaptive=g.adaptive_threshold)
+
+    @classmethod
+    def config_errors(cls, config) -> list:
+        g = config.group_params
+        names = {"tau": "group_params.group_variance_threshold", "lr": "group_params.threshold_lr",
+                 "min_tau": "group_params.min_threshold", "max_tau": "group_params.max_threshold",
+                 "target_ev": "group_params.target_explained_variance", "adaptive": "group_params.adaptive_threshold"}
+        return cls.errors(g.group_variance_threshold, g.threshold_lr, g.min_threshold, g.max_threshold,
+                          g.target_explained_variance, g.adaptive_threshold, names)
+
+    def params(self) -> Dict[str, float]:
+        """The estimator's keywords this epoch."""
+        return {"tau": self.tau}
 
     @staticmethod
     def explained_variance(targets, old_values, mask=None) -> float:
@@ -358,7 +399,21 @@ class GroupThresholdController:
         return self.tau
 
     def metrics(self) -> Dict[str, float]:
-        return {"group/tau": self.tau, "group/critic_ev": self.last_ev}
+        """After ``update``: the explained variance it measured and the tau of the next epoch."""
+        return {"group/critic_ev": self.last_ev, "group/next_tau": self.tau}
+
+    def summary(self, epoch: int, metrics: dict, every: int = 10) -> Optional[str]:
+        """A readable GROUP_PPO line every ``every`` epochs (None otherwise)."""
+        if epoch % every:
+            return None
+        get = lambda key: metrics.get(key, float("nan"))  # noqa: E731
+        return (
+            f"GROUP_PPO epoch {epoch}: {get('group/num_endpoints'):.1f} endpoints per trajectory "
+            f"(mean group length {get('group/mean_len'):.2f} steps), compression ratio "
+            f"{get('group/compression_ratio'):.2f}, tau {get('group/tau'):.3f} -> {get('group/next_tau'):.3f}, critic "
+            f"explained variance {get('group/critic_ev'):.3f}, value loss {get('critic/value_loss'):.4f}, reward "
+            f"{get('reward_mean'):.4f}"
+        )
 
     def state_dict(self) -> dict:
         return {"tau": self.tau, "last_ev": self.last_ev, "lr": self.lr, "min_tau": self.min_tau,
@@ -366,5 +421,5 @@ class GroupThresholdController:
 
     def load_state_dict(self, state: dict) -> None:
         """Restore tau (and last_ev); the configured bounds/lr of ``self`` are kept."""
-        self.tau = float(np.clip(state["tau"], self.min_tau, self.max_tau))
+        self.tau = float(state["tau"])
         self.last_ev = float(state.get("last_ev", float("nan")))

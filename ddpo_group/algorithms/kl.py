@@ -1,6 +1,12 @@
-"""Per-step KL to the reference model, and KL coefficient controllers.
+"""Per-step KL to the reference model (a registry of KL kinds), and KL coefficient controllers.
 
-Analytic Gaussian KL (kl_type "gaussian"). Policy and reference sampler steps are
+A KL kind maps the policy's and the reference's step outputs on the same transitions (objects with
+``log_prob`` [N], ``mean`` [N, ...] and ``std`` [N], e.g. DDIMStepOutput) to KL_n [N]::
+
+    @register_kl_kind("gaussian")
+    def gaussian_step_kl(policy, reference, reduce="mean") -> torch.Tensor
+
+Analytic Gaussian KL ("gaussian", the default). Policy and reference sampler steps are
 Gaussians with the same std sigma_n, so per latent dimension
 KL(N(mu_theta, s^2) || N(mu_ref, s^2)) = (mu_theta - mu_ref)^2 / (2 s^2), and
 
@@ -10,7 +16,7 @@ reduce_dims is the mean over latent dimensions by default (the same reduction as
 ALGORITHMS.md), or the sum.
 
 Log-prob estimators on d = l_theta(x_{n+1}) - l_ref(x_{n+1}) (x_{n+1} sampled from the
-policy), as in LLM RL libraries:
+policy), as in LLM RL libraries (``register_log_ratio_kl`` registers one from its function of d):
 
     k1 ("kl")            d
     abs                  |d|
@@ -21,10 +27,47 @@ policy), as in LLM RL libraries:
 from __future__ import annotations
 
 import math
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import numpy as np
 import torch
+
+from ddpo_group.registry import Registry
+
+
+@dataclass(frozen=True)
+class KLKind:
+    """A KL estimate of two step outputs; ``of_log_ratio`` is its function of d = l_theta - l_ref (None: needs the
+    step means)."""
+
+    name: str
+    fn: Callable
+    of_log_ratio: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+
+    def __call__(self, policy, reference, reduce: str = "mean") -> torch.Tensor:
+        return self.fn(policy, reference, reduce)
+
+
+KL_KIND_REGISTRY = Registry("KL kind (algorithm.kl_type)")
+
+
+def register_kl_kind(*names: str, of_log_ratio=None):
+    """Decorator registering ``fn(policy_step, reference_step, reduce) -> KL [N]`` under each of ``names``."""
+    def decorator(fn: Callable) -> KLKind:
+        kind = KLKind(names[0], fn, of_log_ratio)
+        for name in names:
+            KL_KIND_REGISTRY.register(name)(kind)
+        return kind
+    return decorator
+
+
+def register_log_ratio_kl(*names: str):
+    """Decorator registering a log-prob estimator ``fn(d) -> [N]`` (d = l_theta - l_ref) under each of ``names``."""
+    def decorator(fn: Callable) -> KLKind:
+        return register_kl_kind(*names, of_log_ratio=fn)(
+            lambda policy, reference, reduce="mean": fn(policy.log_prob - reference.log_prob))
+    return decorator
 
 
 def gaussian_kl(mean_policy: torch.Tensor, mean_ref: torch.Tensor, std, reduce: str = "mean") -> torch.Tensor:
@@ -57,32 +100,60 @@ def gaussian_kl(mean_policy: torch.Tensor, mean_ref: torch.Tensor, std, reduce: 
     return per_dim.mean(dim=dims) if reduce == "mean" else per_dim.sum(dim=dims)
 
 
-KL_KINDS = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
+@register_kl_kind("gaussian")
+def gaussian_step_kl(policy, reference, reduce: str = "mean") -> torch.Tensor:
+    """The analytic KL of the two step Gaussians (shared sigma_n), from their means; gradient through the policy's."""
+    return gaussian_kl(policy.mean, reference.mean, policy.std, reduce=reduce)
+
+
+@register_log_ratio_kl("k1", "kl")
+def k1(d: torch.Tensor) -> torch.Tensor:
+    return d
+
+
+@register_log_ratio_kl("abs")
+def abs_kl(d: torch.Tensor) -> torch.Tensor:
+    return d.abs()
+
+
+@register_log_ratio_kl("k2", "mse")
+def k2(d: torch.Tensor) -> torch.Tensor:
+    return 0.5 * d.pow(2)
+
+
+@register_log_ratio_kl("k3", "low_var_kl")
+def k3(d: torch.Tensor) -> torch.Tensor:
+    neg = torch.clamp(-d, min=-20.0, max=20.0)
+    return torch.clamp(torch.exp(neg) - neg - 1.0, min=-10.0, max=10.0)
+
+
+def get_kl_kind(name: str) -> KLKind:
+    """The KL kind registered under ``name``; ValueError listing the registered ones."""
+    return KL_KIND_REGISTRY.get(name)
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "k1") -> torch.Tensor:
-    """Elementwise KL estimate from log-probs, d = log_prob - ref_log_prob (module docstring).
-
-    kind: "k1"/"kl", "abs", "k2"/"mse", "k3"/"low_var_kl". ("gaussian" needs the step means
-    and is computed by ``gaussian_kl``.)
-    """
-    d = log_prob - ref_log_prob
-    if kind in ("k1", "kl"):
-        return d
-    if kind == "abs":
-        return d.abs()
-    if kind in ("k2", "mse"):
-        return 0.5 * d.pow(2)
-    if kind in ("k3", "low_var_kl"):
-        neg = torch.clamp(-d, min=-20.0, max=20.0)
-        return torch.clamp(torch.exp(neg) - neg - 1.0, min=-10.0, max=10.0)
-    if kind == "gaussian":
-        raise ValueError("kind 'gaussian' needs the step means: use gaussian_kl(mean_policy, mean_ref, std)")
-    raise ValueError(f"unknown KL kind {kind!r}; valid: {list(KL_KINDS)} (and 'gaussian' via gaussian_kl)")
+    """Elementwise KL estimate of a log-prob kind from log-probs, d = log_prob - ref_log_prob (module docstring)."""
+    spec = get_kl_kind(kind)
+    if spec.of_log_ratio is None:
+        raise ValueError(f"KL kind {kind!r} needs the step means: call it on the two step outputs")
+    return spec.of_log_ratio(log_prob - ref_log_prob)
 
 
+KL_CONTROLLER_REGISTRY = Registry("KL controller (algorithm.kl_controller)")
+
+
+@KL_CONTROLLER_REGISTRY.register("fixed")
 class FixedKLController:
     """beta stays at ``value``; ``update`` is a no-op."""
+
+    @classmethod
+    def build(cls, value: float, target_kl: Optional[float] = None, horizon: Optional[float] = None):
+        return cls(value)
+
+    @staticmethod
+    def config_errors(config) -> list:
+        return []
 
     def __init__(self, value: float):
         self.value = float(value)
@@ -97,6 +168,7 @@ class FixedKLController:
         self.value = float(state["value"])
 
 
+@KL_CONTROLLER_REGISTRY.register("adaptive")
 class AdaptiveKLController:
     """PPO's adaptive KL coefficient (Ziegler et al. 2019), as in verl / trl.
 
@@ -105,6 +177,23 @@ class AdaptiveKLController:
 
     beta grows when the measured KL is above the target and shrinks when below.
     """
+
+    @staticmethod
+    def config_errors(config) -> list:
+        a, beta, errors = config.algorithm, config.train.beta, []
+        if not a.target_kl > 0:
+            errors.append(f"algorithm.target_kl={a.target_kl} must be > 0 with algorithm.kl_controller='adaptive'")
+        if not a.kl_horizon > 0:
+            errors.append(f"algorithm.kl_horizon={a.kl_horizon} must be > 0 with algorithm.kl_controller='adaptive'")
+        if not beta > 0:
+            errors.append(f"algorithm.kl_controller='adaptive' needs an initial train.beta > 0, got {beta}")
+        return errors
+
+    @classmethod
+    def build(cls, value: float, target_kl: Optional[float] = None, horizon: Optional[float] = None):
+        if target_kl is None or horizon is None:
+            raise ValueError("the adaptive KL controller needs target_kl and horizon")
+        return cls(value, target_kl, horizon)
 
     def __init__(self, init_value: float, target_kl: float, horizon: float):
         if target_kl <= 0:
@@ -133,11 +222,5 @@ class AdaptiveKLController:
 
 
 def get_kl_controller(kind: str, value: float, target_kl: Optional[float] = None, horizon: Optional[float] = None):
-    """Factory: kind "fixed" or "adaptive" (which needs target_kl and horizon)."""
-    if kind == "fixed":
-        return FixedKLController(value)
-    if kind == "adaptive":
-        if target_kl is None or horizon is None:
-            raise ValueError("adaptive KL controller needs target_kl and horizon")
-        return AdaptiveKLController(value, target_kl, horizon)
-    raise ValueError(f"unknown KL controller {kind!r}; valid: ['fixed', 'adaptive']")
+    """The KL coefficient controller registered as ``kind`` ("fixed", "adaptive"), starting at ``value``."""
+    return KL_CONTROLLER_REGISTRY.get(kind).build(value, target_kl, horizon)

@@ -1,4 +1,4 @@
-"""Policy losses over [B, T] (sample, denoising step) log-prob matrices, registered by name.
+"""Policy losses over [B, T] (sample, denoising step) log-prob matrices, one decorated function each.
 
 Every loss has the signature
 
@@ -8,19 +8,28 @@ Every loss has the signature
 and ignores unknown keyword arguments, so the trainer can pass one params dict. The log-ratio
 is d = l_new - l_old, clamped to [-20, 20] before exponentiation: r = exp(clamp(d)).
 
+A loss that is a weighted sum of per-(sample, step) terms registers its unaggregated matrix too::
+
+    @register_policy_loss("vanilla", loss_matrix=vanilla_loss_matrix)
+
+    loss_matrix(old_log_prob, log_prob, advantages, step_mask, clip_low, clip_high, clip_ratio_c, **_)
+        -> (L of the inputs' shape, metrics)    with  loss = sum(aggregation_weights(mask, mode) * L)
+
+and the policy update then backpropagates chunk by chunk of (sample, step) pairs (memory: one chunk's
+activations) whatever the loss is. A loss without a matrix (gspo, geo_mean: a trajectory-level ratio)
+gets the new log-probs of all trained steps of the train batch at once. A plugin
+(``algorithm.policy_loss=/path/file.py:my_loss`` or ``package.module:my_loss``) declares its matrix with
+``@policy_loss(loss_matrix=...)`` and receives ``algorithm.policy_loss_kwargs`` as keywords.
+
 Metrics (floats, over the masked steps): clipfrac (the clipped branch is active),
 clipfrac_lower (the dual clip is active), approx_kl = mean(d^2 / 2) (DDPO's estimate,
 >= 0), ppo_kl = mean(l_old - l_new) (verl's), ratio_mean / ratio_min / ratio_max.
-
-Note on chunking: "vanilla" is per step, so ``vanilla_loss_matrix`` on any chunk of
-(sample, step) pairs times ``aggregation_weights`` of the whole batch sums to the loss.
-"gspo" and "geo_mean" use a trajectory-level ratio: they need the new log-probs of all
-trained steps of a trajectory in the same call.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
 
 import torch
 
@@ -29,17 +38,44 @@ from ddpo_group.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
 
-POLICY_LOSS_REGISTRY = Registry("policy loss")
+
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    """A policy loss and, when it is step-decomposable, its per-(sample, step) loss matrix; calling it runs it."""
+
+    fn: Callable
+    name: str
+    loss_matrix: Optional[Callable] = None
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
 
 
-def register_policy_loss(name: str):
+POLICY_LOSS_REGISTRY = Registry("policy loss", entry_point_group="ddpo_group.policy_losses")
+
+
+def policy_loss(loss_matrix: Optional[Callable] = None) -> Callable[[Callable], PolicyLossSpec]:
+    """Decorator declaring a loss's per-step matrix without registering a name (plugins)."""
+    def decorator(fn: Callable) -> PolicyLossSpec:
+        return PolicyLossSpec(fn=fn, name=fn.__name__, loss_matrix=loss_matrix)
+    return decorator
+
+
+def register_policy_loss(name: str, loss_matrix: Optional[Callable] = None) -> Callable[[Callable], PolicyLossSpec]:
     """Decorator registering a policy loss under ``name`` (fails if the name is taken)."""
-    return POLICY_LOSS_REGISTRY.register(name)
+    def decorator(fn: Callable) -> PolicyLossSpec:
+        return POLICY_LOSS_REGISTRY.register(name)(PolicyLossSpec(fn=fn, name=name, loss_matrix=loss_matrix))
+    return decorator
 
 
-def get_policy_loss(name: str):
-    """The policy loss registered under ``name``; ValueError listing the registered ones."""
-    return POLICY_LOSS_REGISTRY.get(name)
+def get_policy_loss(spec: str) -> PolicyLossSpec:
+    """The loss a config names: registered name, ``module:function``, ``/path/file.py:function`` or entry point."""
+    found = POLICY_LOSS_REGISTRY.resolve(spec)
+    if isinstance(found, PolicyLossSpec):
+        return found
+    if not callable(found):
+        raise TypeError(f"policy loss {spec!r} is a {type(found).__name__}, not a function")
+    return PolicyLossSpec(fn=found, name=spec)
 
 
 def _check(old_log_prob, log_prob, advantages, step_mask):
@@ -124,7 +160,7 @@ def vanilla_loss_matrix(
     return loss_mat, metrics
 
 
-@register_policy_loss("vanilla")
+@register_policy_loss("vanilla", loss_matrix=vanilla_loss_matrix)
 def vanilla_policy_loss(
     old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str = "step-mean",
     clip_low: float = None, clip_high: float = None, clip_ratio_c: Optional[float] = 3.0, **_,

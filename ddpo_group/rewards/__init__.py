@@ -7,7 +7,7 @@ Contract: a factory ``make(**kwargs)`` loads whatever it needs once and returns
 
 A factory is found by registered name, by ``"package.module:factory"`` (or
 ``"/path/file.py:factory"``), or as an entry point of group ``ddpo_group.rewards``
-(see :mod:`ddpo_group.plugins`). ``config.reward_fn`` is one such name, or a weighted
+(see :mod:`ddpo_group.registry`). ``config.reward_fn`` is one such name, or a weighted
 combination ``{"name": weight, ...}`` (see :mod:`ddpo_group.rewards.combine`).
 """
 
@@ -19,12 +19,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ddpo_group.plugins import resolve
 from ddpo_group.registry import Registry
 
 RewardFn = Callable[[torch.Tensor, list, list], tuple]
-REWARD_REGISTRY = Registry("reward_fn")
 REWARD_ENTRY_POINT_GROUP = "ddpo_group.rewards"
+REWARD_REGISTRY = Registry("reward_fn", entry_point_group=REWARD_ENTRY_POINT_GROUP)
 register_reward = REWARD_REGISTRY.register
 
 
@@ -33,7 +32,7 @@ def get_reward_factory(name: str) -> Callable[..., RewardFn]:
 
     The factory is wrapped so that wrong arguments (``reward_fn_kwargs``) give a TypeError naming the reward.
     """
-    factory = resolve(name, REWARD_REGISTRY, REWARD_ENTRY_POINT_GROUP)
+    factory = REWARD_REGISTRY.resolve(name)
 
     def build(**kwargs) -> RewardFn:
         try:

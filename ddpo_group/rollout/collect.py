@@ -118,6 +118,7 @@ def collect_rollouts(
                 pipe, prompt_embeds, negative, sample_config.num_steps, sample_config.guidance_scale, etas,
                 generator=generators[i * size : (i + 1) * size] if generators is not None else None,
                 initial_noise=initial_noise[i * size : (i + 1) * size] if initial_noise is not None else None,
+                log_prob_reduce=sample_config.log_prob_reduce,
             )
         if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
             with timer.phase("critic"):

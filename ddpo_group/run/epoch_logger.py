@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
-from ddpo_group.run.metrics_log import append_metrics
-from ddpo_group.run.plots import plot_reward_curve, read_metrics
+from ddpo_group.run.metrics_log import append_metrics, read_metrics
+from ddpo_group.run.plots import plot_reward_curve
 
 
 def wandb_api_key_available() -> bool:

@@ -52,3 +52,11 @@ def rewind_metrics(path: str | os.PathLike, last_epoch: int) -> int:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
         os.replace(tmp, path)
     return dropped
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """The epochs of a metrics.jsonl (one JSON object a line); a later line for an epoch replaces an earlier one."""
+    by_epoch = {}
+    for record in read_metric_lines(path):  # a line cut by a kill is skipped
+        by_epoch[record.get("epoch", len(by_epoch))] = record
+    return [by_epoch[k] for k in sorted(by_epoch)]

@@ -5,16 +5,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ddpo_group.run.metrics_log import read_metric_lines
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """The epochs of a metrics.jsonl (one JSON object a line); a later line for an epoch replaces an earlier one."""
-    by_epoch = {}
-    for record in read_metric_lines(path):  # a line cut by a kill is skipped
-        by_epoch[record.get("epoch", len(by_epoch))] = record
-    return [by_epoch[k] for k in sorted(by_epoch)]
-
 
 def plot_reward_curve(metrics: list[dict], out_path: str | os.PathLike, title: str = "") -> Path:
     """Mean reward per epoch with a +-1 std band, and each ``reward_info/*`` component's mean; saved to ``out_path``."""

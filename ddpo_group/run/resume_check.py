@@ -5,6 +5,10 @@ the trainable parameters (LoRA or full, rank), which optional pieces exist (crit
 group-threshold controller, the KL controller's kind, the fp16 scaler, the 8-bit optimizer) and
 how many processes wrote it. Resuming with other values would load state into the wrong objects,
 or fail deep inside accelerate; here it is a ConfigError naming each field, before heavy work.
+
+``checkpoint_format`` numbers the order in which the training state's pieces are stored: 1 before
+the package layout of run/session.py (checkpoints without the field), 2 since (the KL term's controller
+and reference are one piece, registered only with a reference model). Another format cannot be resumed.
 """
 
 from __future__ import annotations
@@ -12,9 +16,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ddpo_group.registry import read_field
 from ddpo_group.run.config_checks import ConfigError
 
 STATE_FIELDS_FILE = "state_fields.json"
+CHECKPOINT_FORMAT = 2
 # fields that change which objects a checkpoint holds, or their shapes
 STATE_FIELDS = (
     "use_lora", "lora_rank", "algorithm.adv_estimator", "algorithm.kl_controller", "train.use_reference_model",
@@ -22,18 +28,12 @@ STATE_FIELDS = (
 )
 
 
-def _get(config, dotted: str):
-    value = config
-    for part in dotted.split("."):
-        value = value[part]
-    return value
-
-
 def state_fields(config, num_processes: int) -> dict:
     """The values a resume must match (plus the model and process count, which only warn)."""
-    fields = {name: _get(config, name) for name in STATE_FIELDS}
-    fields["train.reference_update_freq > 0"] = _get(config, "train.reference_update_freq") > 0  # a second LoRA adapter
+    fields = {name: read_field(config, name) for name in STATE_FIELDS}
+    fields["train.reference_update_freq > 0"] = read_field(config, "train.reference_update_freq") > 0  # a second LoRA adapter
     fields["pretrained.model"] = config.pretrained.model
+    fields["checkpoint_format"] = CHECKPOINT_FORMAT
     fields["num_processes"] = num_processes
     return fields
 
@@ -49,6 +49,14 @@ def check_resume(checkpoint: Path, config, num_processes: int) -> list[str]:
     if not path.exists():
         return []
     saved = json.loads(path.read_text())
+    written = saved.get("checkpoint_format", 1)
+    if written != CHECKPOINT_FORMAT:
+        raise ConfigError(
+            f"resume_from={str(checkpoint)!r} has checkpoint format {written}, written by another ddpo_group version "
+            f"(this one reads format {CHECKPOINT_FORMAT}: the training state's pieces are stored in another order); "
+            "finish that run with the version that wrote it, or start a new run. Its weights stay usable: its lora/ "
+            "directory loads in diffusers and scripts/evaluate.py --finetuned reads the checkpoint"
+        )
     now = state_fields(config, num_processes)
     soft = ("pretrained.model", "num_processes")
     wrong = [f"{name}: checkpoint {saved[name]!r}, config {now[name]!r}"

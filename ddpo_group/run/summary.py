@@ -36,14 +36,3 @@ def format_summary(metrics: list[dict], paths: dict[str, str | os.PathLike]) -> 
             lines.append(f"{label:<17}{path}")
     lines.append("=" * 72)
     return "\n".join(lines)
-
-
-def group_summary(epoch: int, metrics: dict) -> str:
-    """A readable GROUP_PPO summary line (printed every 10 epochs)."""
-    get = lambda key: metrics.get(key, float("nan"))  # noqa: E731
-    return (
-        f"GROUP_PPO epoch {epoch}: {get('group/num_endpoints'):.1f} endpoints per trajectory "
-        f"(mean group length {get('group/mean_len'):.2f} steps), compression ratio {get('group/compression_ratio'):.2f}, "
-        f"tau {get('group/tau'):.3f} -> {get('group/next_tau'):.3f}, critic explained variance "
-        f"{get('group/critic_ev'):.3f}, value loss {get('critic/value_loss'):.4f}, reward {get('reward_mean'):.4f}"
-    )

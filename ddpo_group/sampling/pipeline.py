@@ -120,6 +120,7 @@ def sample_with_logprob(
     progress: bool = False,
     compute_log_prob: bool = True,
     initial_noise: torch.Tensor | None = None,
+    log_prob_reduce: str = "mean",
 ) -> Trajectories:
     """Sample B images and record the trajectory: latents [B, T+1, ...], log_probs [B, T], timesteps [B, T].
 
@@ -127,7 +128,8 @@ def sample_with_logprob(
     (``step_etas``: an SDE window); a step with eta = 0 is deterministic and records log-prob 0 (it has none and
     is never trained). All-zero eta (greedy, e.g. ReMax's baseline) needs ``compute_log_prob=False``.
     ``initial_noise`` [B, C, h, w] (standard normal) replaces the x_T drawn from ``generator``, which then
-    draws the step noise only.
+    draws the step noise only. ``log_prob_reduce`` ("mean" or "sum", ``sample.log_prob_reduce``) reduces each
+    step's log-density over the latent dimensions.
     """
     unet = unet if unet is not None else pipe.unet
     scheduler = pipe.scheduler
@@ -155,7 +157,7 @@ def sample_with_logprob(
         stochastic = step_eta > 0
         step = ddim_step_with_logprob(
             scheduler, model_output, t, latents, step_eta, generator=generator,
-            compute_log_prob=compute_log_prob and stochastic,
+            compute_log_prob=compute_log_prob and stochastic, reduce=log_prob_reduce,
         )
         latents = step.prev_sample.to(prompt_embeds.dtype)
         all_latents.append(step.prev_sample)
@@ -181,11 +183,43 @@ def step_log_prob(
     negative_prompt_embeds: torch.Tensor | None,
     guidance_scale: float,
     eta: float,
+    reduce: str = "mean",
 ):
     """Log-prob of recorded transitions x_n -> x_{n+1} under ``unet``, for N flattened (sample, step) pairs.
 
     Inputs are [N, ...] with one timestep per row; one guided UNet forward covers all N pairs.
-    Returns the DDIMStepOutput (log_prob [N], mean, std) with gradients through the UNet.
+    Returns the DDIMStepOutput (log_prob [N], reduced over latent dims by ``reduce``, mean, std) with
+    gradients through the UNet.
     """
     model_output = guided_model_output(unet, latents, timesteps, prompt_embeds, negative_prompt_embeds, guidance_scale)
-    return ddim_step_with_logprob(scheduler, model_output, timesteps, latents, eta, prev_sample=next_latents)
+    return ddim_step_with_logprob(scheduler, model_output, timesteps, latents, eta, prev_sample=next_latents,
+                                  reduce=reduce)
+
+
+@dataclass
+class TransitionScorer:
+    """The step output (log-prob, mean, std) of a batch record's recorded transitions under a model, for
+    flattened (sample, step) pairs: the guidance, eta and log-prob reduction the samples were drawn with.
+
+        scorer(model, batch, rows, steps) = step_log_prob(model, ..., batch["latents"][rows, steps], ...)
+
+    The policy update, the KL to the reference and the KL in the reward all score transitions through it.
+    """
+
+    scheduler: DDIMScheduler
+    negative_prompt_embeds: torch.Tensor  # [1, L, D]: the unconditional text embedding
+    guidance_scale: float  # 1: no guidance in the forward
+    eta: float
+    reduce: str = "mean"
+
+    @classmethod
+    def from_config(cls, config, scheduler: DDIMScheduler, negative_prompt_embeds: torch.Tensor) -> "TransitionScorer":
+        guidance = config.sample.guidance_scale if config.train.cfg else 1.0
+        return cls(scheduler, negative_prompt_embeds, guidance, config.sample.eta, config.sample.log_prob_reduce)
+
+    def __call__(self, model, batch: dict, rows: torch.Tensor, steps: torch.Tensor):
+        return step_log_prob(
+            model, self.scheduler, batch["latents"][rows, steps], batch["next_latents"][rows, steps],
+            batch["timesteps"][rows, steps], batch["prompt_embeds"][rows],
+            self.negative_prompt_embeds.expand(len(rows), -1, -1), self.guidance_scale, self.eta, self.reduce,
+        )

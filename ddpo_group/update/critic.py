@@ -68,8 +68,7 @@ class Critic:
         self.accelerator = accelerator
         network = ValueNetwork(latent_channels, text_dim, c.hidden_dim).to(accelerator.device)
         self.optimizer = torch.optim.AdamW(network.parameters(), lr=c.learning_rate, weight_decay=c.weight_decay)
-        self.network = accelerator.prepare(network)  # saved with the accelerate state; the optimizer is registered
-        accelerator.register_for_checkpointing(self.optimizer)
+        self.network = accelerator.prepare(network)  # saved with the accelerate state (the trainer registers the optimizer)
 
     @property
     def module(self) -> ValueNetwork:
@@ -121,3 +120,17 @@ class Critic:
                 count += 1
         self.network.eval()
         return {key: value / max(count, 1) for key, value in sums.items()}
+
+
+def critic_config_errors(config) -> list[str]:
+    """Contradictions of the critic.* fields."""
+    c, errors = config.critic, []
+    if not c.learning_rate > 0:
+        errors.append(f"critic.learning_rate={c.learning_rate} must be > 0")
+    if c.hidden_dim < 1:
+        errors.append(f"critic.hidden_dim={c.hidden_dim} must be >= 1")
+    if c.num_updates < 1:
+        errors.append(f"critic.num_updates={c.num_updates} must be >= 1")
+    if not (c.cliprange_value is None or c.cliprange_value > 0):
+        errors.append(f"critic.cliprange_value={c.cliprange_value} must be > 0 (or None)")
+    return errors

@@ -2,15 +2,17 @@
 
 Every train batch flattens its trained (sample, step) pairs into the batch dimension and runs
 them through the UNet ``train.pairs_per_forward`` at a time (one guided forward per chunk),
-instead of one timestep of the whole batch at a time. For a step-decomposable loss (vanilla PPO),
-each chunk is backpropagated at once with its aggregation weights, so memory is one chunk's
-activations while the gradient equals that of the whole train batch's aggregated loss.
+instead of one timestep of the whole batch at a time. For a loss registered with a per-step loss
+matrix (vanilla PPO, or any plugin that declares one), each chunk is backpropagated at once with its
+aggregation weights, so memory is one chunk's activations while the gradient equals that of the
+whole train batch's aggregated loss.
 
-The policy loss is looked up by name (``algorithm.policy_loss``). The trajectory-level losses
-(gspo, geo_mean) gather the chunks' log-probs into the train batch's [b, T] matrix and
-backpropagate once. With a reference model and beta > 0, every chunk also runs the reference (no
-grad) and adds ``beta * sum_{i,n} w_{i,n} KL_{i,n}`` (kl_term.py) with the same aggregation weights;
-with beta = 0 the reference forward is skipped (the KL would only be a metric).
+The policy loss is looked up by name or plugin path (``algorithm.policy_loss``, with
+``algorithm.policy_loss_kwargs``). A loss without a matrix (gspo, geo_mean: a trajectory-level
+ratio) gathers the chunks' log-probs into the train batch's [b, T] matrix and backpropagates once.
+With the KL in the loss (reference/regularizer.py), every chunk also runs the reference (no grad) and
+adds ``beta * sum_{i,n} w_{i,n} KL_{i,n}`` with the same aggregation weights; with beta = 0 the
+reference forward is skipped (the KL would only be a metric).
 
 Hot loop: no host-device synchronisation inside a train batch. The step mask and the (sample,
 step) pair indices are built on the CPU and moved once per train batch; metrics are accumulated as
@@ -26,14 +28,9 @@ from contextlib import nullcontext
 import torch
 from tqdm.auto import tqdm
 
-from ddpo_group.algorithms import aggregation_weights, get_policy_loss, vanilla_loss_matrix
+from ddpo_group.algorithms import aggregation_weights, get_policy_loss
 from ddpo_group.errors import NonFiniteLossError
-from ddpo_group.reference.kl_term import reference_step, step_kl
 from ddpo_group.sampling.ddim import stochastic_steps
-from ddpo_group.sampling.pipeline import step_log_prob
-from ddpo_group.timing import NULL_TIMER
-
-STEP_DECOMPOSABLE_LOSSES = ("vanilla",)  # chunk-wise backward; the others gather the train batch's log-probs
 
 
 def random_step_mask(batch: int, num_steps: int, fraction: float, generator=None, device=None,
@@ -51,33 +48,35 @@ def random_step_mask(batch: int, num_steps: int, fraction: float, generator=None
 
 
 class PolicyUpdater:
-    """Runs ``train.num_inner_epochs`` passes of clipped policy-gradient updates over an epoch's samples."""
+    """Runs ``train.num_inner_epochs`` passes of clipped policy-gradient updates over an epoch's samples.
 
-    def __init__(self, config, accelerator, unet, scheduler, optimizer, trainable_params, negative_prompt_embeds,
-                 reference=None):
+    ``scorer`` (sampling.pipeline.TransitionScorer) gives the step output of recorded transitions under a model;
+    ``kl`` (reference.regularizer.KLRegularizer or None) adds the KL term when it is in the loss.
+    """
+
+    def __init__(self, config, accelerator, unet, optimizer, trainable_params, scorer, kl=None):
         self.config = config
-        self.reference = reference  # ReferenceModel or None (no KL term)
-        self.beta = float(config.train.beta)  # the trainer sets it every epoch (adaptive KL controller)
+        self.loss = get_policy_loss(config.algorithm.policy_loss)
+        kwargs = config.algorithm.get("policy_loss_kwargs", None)
+        self.loss_kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
+        self.kl = kl
         self.clip_range = float(config.train.get("epsilon", config.train.clip_range))  # the same field (config/base.py)
         self.accelerator = accelerator
         self.unet = unet
-        self.scheduler = scheduler
         self.optimizer = optimizer
         self.params = trainable_params
-        self.negative_prompt_embeds = negative_prompt_embeds
-        self.guidance_scale = config.sample.guidance_scale if config.train.cfg else 1.0
-        self.timer = NULL_TIMER  # the trainer's PhaseTimer: reference forwards count as "reference"
+        self.scorer = scorer
 
     @property
     def uses_reference(self) -> bool:
-        """The reference forward runs only when the KL term has weight (beta > 0)."""
-        return self.reference is not None and self.beta > 0
+        """The reference forward runs only when the KL term is in the loss with weight (beta > 0)."""
+        return self.kl is not None and self.kl.in_loss
 
     def train_epoch(self, batch: dict, show_progress: bool = True) -> dict:
         """Update the policy on ``batch`` (the local rows); return averaged metrics."""
         t = self.config.train
         num_samples, num_steps = batch["log_probs"].shape
-        self.scheduler.set_timesteps(self.config.sample.num_steps, device=self.accelerator.device)
+        self.scorer.scheduler.set_timesteps(self.config.sample.num_steps, device=self.accelerator.device)
         self.unet.train()
         sums, count, optimizer_steps = defaultdict(float), 0, 0
         total = t.num_inner_epochs * (num_samples // t.batch_size)
@@ -127,70 +126,63 @@ class PolicyUpdater:
 
             loss = policy_loss + beta * sum over masked pairs (i, n) of w_{i,n} * KL_{i,n}
 
-        with w the aggregation weights of ``algorithm.loss_agg_mode`` over the batch's step mask.
-        "vanilla" is per step: each chunk is backpropagated at once with its weights (the chunks'
-        gradients add up to the whole batch's; memory is one chunk's). "gspo" and "geo_mean" use a
-        trajectory-level ratio: the chunks' log-probs are gathered into the batch's [b, T] matrix
-        and the loss is backpropagated once (memory is the whole train batch's activations).
+        with w the aggregation weights of ``algorithm.loss_agg_mode`` over the batch's step mask. A loss
+        with a per-step matrix is backpropagated chunk by chunk with its weights (the chunks' gradients add
+        up to the whole batch's; memory is one chunk's). Any other loss gets the chunks' log-probs gathered
+        into the batch's [b, T] matrix and is backpropagated once (memory: the train batch's activations).
 
         ``step_mask`` may live on the CPU (the trainer's case: the pair indices are then found without a
         device sync); the returned metrics are detached tensors (or floats).
         """
-        a = self.config.algorithm
         device = rows.device
-        weights = aggregation_weights(step_mask, a.loss_agg_mode)
+        weights = aggregation_weights(step_mask, self.config.algorithm.loss_agg_mode)
         pair_rows, pair_steps = step_mask.nonzero(as_tuple=True)
-        num_pairs = pair_rows.numel()
-        if num_pairs == 0:  # every row padded: one zero-weight pair keeps the processes' backward calls in step
+        if pair_rows.numel() == 0:  # every row padded: one zero-weight pair keeps the processes' backward calls in step
             pair_rows = pair_steps = torch.zeros(1, dtype=torch.long, device=step_mask.device)
-            num_pairs = 1
         pair_weights = weights[pair_rows, pair_steps].to(device, non_blocking=True)
         pair_rows, pair_steps = pair_rows.to(device, non_blocking=True), pair_steps.to(device, non_blocking=True)
-        chunks = torch.split(torch.arange(num_pairs, device=device), self.config.train.pairs_per_forward)
-        per_step = a.policy_loss in STEP_DECOMPOSABLE_LOSSES
-        use_reference = self.uses_reference
+        chunks = torch.split(torch.arange(pair_rows.numel(), device=device), self.config.train.pairs_per_forward)
+        per_step = self.loss.loss_matrix is not None
         sums, log_probs, kls = defaultdict(float), [], []
         for k, chunk in enumerate(chunks):
             r, n = rows[pair_rows[chunk]], pair_steps[chunk]
             # per-step losses: gradients are all-reduced once per train batch, on its last chunk
             sync = nullcontext() if (k == len(chunks) - 1 or not per_step) else self.accelerator.no_sync(self.unet)
             with sync, self.accelerator.autocast():
-                args = (batch["latents"][r, n], batch["next_latents"][r, n], batch["timesteps"][r, n],
-                        batch["prompt_embeds"][r], self.negative_prompt_embeds.expand(len(chunk), -1, -1),
-                        self.guidance_scale, self.config.sample.eta)
-                out = step_log_prob(self.unet, self.scheduler, *args)
+                out = self.scorer(self.unet, batch, r, n)
                 kl = None
-                if use_reference:
-                    with self.timer.phase("reference"):
-                        ref = reference_step(self.reference, self.accelerator.unwrap_model(self.unet), self.scheduler, *args)
-                    kl = step_kl(out, ref, a.kl_type, self.config.sample.log_prob_reduce)
-                w = pair_weights[chunk]
-                if not per_step:
+                if self.uses_reference:
+                    kl = self.kl.step_kl(out, lambda model: self.scorer(model, batch, r, n),
+                                         self.accelerator.unwrap_model(self.unet))
+                if per_step:
+                    self._backward_chunk(batch, r, n, out, kl, pair_weights[chunk], len(pair_rows), sums)
+                else:
                     log_probs.append(out.log_prob)
                     kls.append(kl)
-                    continue
-                loss_mat, info = vanilla_loss_matrix(
-                    old_log_prob=batch["log_probs"][r, n], log_prob=out.log_prob, advantages=batch["advantages"][r, n],
-                    step_mask=torch.ones_like(out.log_prob), clip_low=self.clip_range, clip_high=self.clip_range,
-                    clip_ratio_c=a.clip_ratio_c,
-                )
-                policy_loss = (w * loss_mat).sum()
-                loss = policy_loss
-                kl_loss = None
-                if kl is not None:
-                    kl_loss = (w * kl).sum()
-                    loss = loss + self.beta * kl_loss
-                    sums["kl_loss"] += kl_loss.detach()
-                    sums["kl"] += kl.detach().sum() / num_pairs
-                self.accelerator.backward(loss)
-            share = len(chunk) / num_pairs
-            sums["policy_loss"] += policy_loss.detach()
-            for key, value in info.items():
-                sums[key] += share * (value.detach() if isinstance(value, torch.Tensor) else value)
         if not per_step:
             sums.update(self._trajectory_loss(batch, rows, step_mask.to(device), pair_weights, pair_rows, pair_steps,
                                               log_probs, kls))
         return dict(sums)
+
+    def _backward_chunk(self, batch, r, n, out, kl, w, num_pairs: int, sums) -> None:
+        """A step-decomposable loss: this chunk's weighted loss matrix (plus its KL term), backpropagated now."""
+        loss_mat, info = self.loss.loss_matrix(
+            old_log_prob=batch["log_probs"][r, n], log_prob=out.log_prob, advantages=batch["advantages"][r, n],
+            step_mask=torch.ones_like(out.log_prob), clip_low=self.clip_range, clip_high=self.clip_range,
+            clip_ratio_c=self.config.algorithm.clip_ratio_c, **self.loss_kwargs,
+        )
+        policy_loss = (w * loss_mat).sum()
+        loss = policy_loss
+        if kl is not None:
+            kl_loss = (w * kl).sum()
+            loss = loss + self.kl.beta * kl_loss
+            sums["kl_loss"] += kl_loss.detach()
+            sums["kl"] += kl.detach().sum() / num_pairs
+        self.accelerator.backward(loss)
+        share = len(r) / num_pairs
+        sums["policy_loss"] += policy_loss.detach()
+        for key, value in info.items():
+            sums[key] += share * (value.detach() if isinstance(value, torch.Tensor) else value)
 
     def check_finite(self, **values) -> None:
         """Raise NonFiniteLossError naming the non-finite values and the train batch (before the optimizer step).
@@ -210,7 +202,8 @@ class PolicyUpdater:
         raise NonFiniteLossError(f"non-finite {listed} in train batch {index} of inner epoch {inner}", steps)
 
     def _trajectory_loss(self, batch, rows, step_mask, pair_weights, pair_rows, pair_steps, log_probs, kls) -> dict:
-        """gspo / geo_mean: the registered loss on the gathered [b, T] log-prob matrix, one backward."""
+        """A loss without a per-step matrix (gspo, geo_mean): the loss on the gathered [b, T] log-prob matrix, one
+        backward."""
         a = self.config.algorithm
         with self.accelerator.autocast():
             flat = torch.cat(log_probs)
@@ -219,9 +212,9 @@ class PolicyUpdater:
             )
             old = batch["log_probs"][rows].to(flat.dtype)
             log_prob = torch.where(step_mask != 0, log_prob, old)  # untrained steps: ratio 1, masked anyway
-            policy_loss, info = get_policy_loss(a.policy_loss)(
+            policy_loss, info = self.loss(
                 old, log_prob, batch["advantages"][rows], step_mask, a.loss_agg_mode,
-                clip_low=self.clip_range, clip_high=self.clip_range, clip_ratio_c=a.clip_ratio_c,
+                clip_low=self.clip_range, clip_high=self.clip_range, clip_ratio_c=a.clip_ratio_c, **self.loss_kwargs,
             )
             loss = policy_loss + 0.0 * flat.sum()  # stays connected to the UNet even when every step is masked
             metrics = {"policy_loss": policy_loss.detach(),
@@ -229,7 +222,7 @@ class PolicyUpdater:
             if kls and kls[0] is not None:
                 kl = torch.cat(kls)
                 kl_loss = (pair_weights * kl).sum()
-                loss = loss + self.beta * kl_loss
+                loss = loss + self.kl.beta * kl_loss
                 metrics["kl_loss"] = kl_loss.detach()
                 metrics["kl"] = kl.detach().mean()
             self.accelerator.backward(loss)

@@ -1,0 +1,147 @@
+"""The KL term to a reference model, in one object: the reference forward, the KL kind, beta's controller, and
+whether the KL goes into the loss or into the reward.
+
+    in the loss (default):   loss = policy loss + beta * sum_{i,n} w_{i,n} KL_{i,n}    (w: the aggregation weights)
+    in the reward:           r_n  = -beta * KL_n of every sampled step, before the advantages (kl_in_reward)
+
+KL_n compares the policy's and the reference's sampler steps on the same recorded transition (one extra
+no-grad forward of the reference); the kind (``algorithm.kl_type``, algorithms/kl.py) is the analytic
+Gaussian KL of the two step means or a log-prob estimator (k1, abs, k2, k3). beta follows
+``algorithm.kl_controller`` (fixed, or PPO's adaptive controller toward ``algorithm.target_kl``). The
+reference's weights (model.py) are the base model, a LoRA adapter mixed into the policy every
+``train.reference_update_freq`` epochs, or a frozen copy.
+
+Settings (the user's vocabulary of DDPO / Flow-GRPO / verl): ``train.use_reference_model``, ``train.beta``,
+``train.reference_model_mixup_alpha``, ``train.reference_update_freq``, ``algorithm.kl_type``,
+``algorithm.kl_in_reward``, ``algorithm.kl_controller``, ``algorithm.target_kl``, ``algorithm.kl_horizon``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ddpo_group.algorithms import KL_CONTROLLER_REGISTRY, KL_KIND_REGISTRY, get_kl_controller, get_kl_kind
+from ddpo_group.reference.model import ReferenceModel
+from ddpo_group.timing import NULL_TIMER
+
+
+class KLRegularizer:
+    """beta * KL(policy || reference) per sampled step, in the loss or in the reward (module docstring)."""
+
+    def __init__(self, reference: ReferenceModel, kind: str, controller, in_reward: bool, reduce: str = "mean"):
+        self.reference = reference
+        self.kind = get_kl_kind(kind)
+        self.controller = controller
+        self.in_reward = bool(in_reward)
+        self.reduce = reduce
+        self.timer = NULL_TIMER  # the trainer's PhaseTimer: reference forwards count as "reference"
+
+    @classmethod
+    def from_config(cls, config, unet, lora_config=None) -> "KLRegularizer | None":
+        """None without a reference model (train.use_reference_model=False). Build before accelerate wraps ``unet``
+        (a LoRA reference adds its adapter to it, full fine-tuning copies it)."""
+        reference = ReferenceModel.from_config(config, unet, lora_config)
+        if reference is None:
+            return None
+        a = config.algorithm
+        controller = get_kl_controller(a.kl_controller, config.train.beta, a.target_kl, a.kl_horizon)
+        return cls(reference, a.kl_type, controller, a.kl_in_reward, config.sample.log_prob_reduce)
+
+    @property
+    def beta(self) -> float:
+        return self.controller.value
+
+    @property
+    def in_loss(self) -> bool:
+        """The loss carries the term; its reference forward runs only when it has weight (beta > 0)."""
+        return not self.in_reward and self.beta > 0
+
+    def step_kl(self, policy_step, score: Callable, policy_model) -> torch.Tensor:
+        """KL_n [N] of N (sample, step) pairs, gradient through ``policy_step``; ``score(model)`` gives the pairs' step
+        output under a model (``policy_model``: the unwrapped policy, which the reference may share weights with)."""
+        with self.timer.phase("reference"), torch.no_grad(), self.reference.applied(policy_model) as reference_model:
+            reference_step = score(reference_model)
+        return self.kind(policy_step, reference_step, self.reduce)
+
+    @torch.no_grad()
+    def rollout_kl(self, batch: dict, scorer, policy_model, pairs_per_forward: int, steps: torch.Tensor) -> torch.Tensor:
+        """KL_n [B, T] of the sampled trajectories (for the reward), chunked over (sample, step) pairs.
+
+        ``steps`` [T] bool are the stochastic steps; a deterministic step (outside an SDE window) is no action of
+        the policy and gets KL 0 without a forward.
+        """
+        num_samples, num_steps = batch["log_probs"].shape
+        device = batch["log_probs"].device
+        chosen = torch.nonzero(steps.cpu()).flatten()
+        pair_rows = torch.arange(num_samples, device=device).repeat_interleave(len(chosen))
+        pair_steps = chosen.to(device).repeat(num_samples)
+        out = torch.zeros(num_samples, num_steps, device=device)
+        for chunk in torch.split(torch.arange(pair_rows.numel(), device=device), pairs_per_forward):
+            r, n = pair_rows[chunk], pair_steps[chunk]
+            policy_step = scorer(policy_model, batch, r, n)
+            out[r, n] = self.step_kl(policy_step, lambda model: scorer(model, batch, r, n), policy_model).float()
+        return out
+
+    def step_rewards(self, kl: torch.Tensor) -> torch.Tensor:
+        """r_n = -beta * KL_n (in the reward)."""
+        return -self.beta * kl
+
+    def after_epoch(self, policy_model, epoch: int, rollout_kl: torch.Tensor | None, loss_kl: torch.Tensor,
+                    num_samples: int) -> dict:
+        """Measure the epoch's KL, adapt beta, update the reference when due; return the ref/* and train/beta metrics.
+
+        The measured KL is the mean over the sampled steps of ``rollout_kl`` (in the reward) or the trained steps'
+        ``loss_kl`` (in the loss; 0 when beta = 0, since the term then runs no reference forward).
+        """
+        kl = rollout_kl.mean() if self.in_reward else loss_kl.mean()
+        metrics = {"train/beta": self.beta, "ref/kl": float(kl)}
+        self.controller.update(float(kl), num_samples)
+        with self.timer.phase("reference"):
+            self.reference.maybe_update(policy_model, epoch)
+            metrics.update(self.reference.metrics(policy_model))
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {"controller": self.controller.state_dict(), "reference": self.reference.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.controller.load_state_dict(state["controller"])
+        self.reference.load_state_dict(state["reference"])
+
+
+def kl_config_errors(config, estimator) -> list[str]:
+    """Contradictions of the KL and reference fields (``estimator``: the EstimatorSpec, for kl_in_reward)."""
+    from ddpo_group.algorithms import step_reward_estimators
+
+    a, t, errors = config.algorithm, config.train, []
+
+    def need(condition: bool, message: str) -> None:
+        if not condition:
+            errors.append(message)
+
+    need(t.beta >= 0, f"train.beta={t.beta} must be >= 0")
+    need(a.kl_type in KL_KIND_REGISTRY, f"algorithm.kl_type={a.kl_type!r} must be one of {KL_KIND_REGISTRY.names()}")
+    if a.kl_controller in KL_CONTROLLER_REGISTRY:
+        errors.extend(KL_CONTROLLER_REGISTRY.get(a.kl_controller).config_errors(config))
+    else:
+        errors.append(f"algorithm.kl_controller={a.kl_controller!r} must be one of {KL_CONTROLLER_REGISTRY.names()}")
+    if t.beta > 0:
+        need(t.use_reference_model,
+             f"train.beta={t.beta} asks for a KL term but train.use_reference_model=False: set "
+             "train.use_reference_model=True (or train.beta=0)")
+    if a.kl_in_reward:
+        need(estimator is None or estimator.accepts_step_rewards,
+             f"algorithm.kl_in_reward=True needs a step-level estimator (one that accepts per-step rewards: "
+             f"{step_reward_estimators()}), got algorithm.adv_estimator={a.adv_estimator!r} (use the KL loss, "
+             "train.beta, instead)")
+        need(t.beta > 0, f"algorithm.kl_in_reward=True needs train.beta > 0, got {t.beta}")
+    alpha = t.reference_model_mixup_alpha
+    need(0 <= alpha <= 1, f"train.reference_model_mixup_alpha={alpha} must be in [0, 1]")
+    need(t.reference_update_freq >= 0, f"train.reference_update_freq={t.reference_update_freq} must be >= 0 (0: never)")
+    if t.reference_update_freq > 0:
+        need(t.use_reference_model,
+             f"train.reference_update_freq={t.reference_update_freq} updates a reference model, but "
+             "train.use_reference_model=False")
+    return errors

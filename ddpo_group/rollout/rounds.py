@@ -1,0 +1,245 @@
+"""An epoch's rollouts: sampling rounds over all processes, the estimator's inputs, advantages, DAPO's dynamic
+sampling.
+
+A round is P prompts x group_size copies spread over the processes. Each process samples and scores its
+slice (collect.py), the rewards (and critic values, greedy baselines, KL step rewards) are gathered, the
+estimator computes the advantages on the whole round (so every prompt group is complete), and each process
+keeps its own rows. With ``algorithm.filter_groups`` (DAPO), groups whose rewards are all equal are dropped
+and further rounds are sampled until every process holds a full batch of kept rows, or
+``algorithm.max_num_gen_batches`` rounds were sampled; a process still short pads with dropped rows whose
+``row_mask`` is 0 (they take no part in the loss), so every process runs the same number of steps.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from ddpo_group.algorithms import AdvantageInputs, AdvantageOutput, zero_variance_group_filter
+from ddpo_group.errors import EpochAbandoned
+from ddpo_group.rollout.collect import collect_rollouts, greedy_rewards
+from ddpo_group.rollout.snapshot import SamplingSnapshot
+from ddpo_group.sampling.ddim import stochastic_steps
+from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
+from ddpo_group.sampling.pipeline import latent_shape
+from ddpo_group.timing import NULL_TIMER
+
+
+class ProcessShards:
+    """The global round of samples and each process's slice of it."""
+
+    def __init__(self, accelerator, local: int):
+        self.accelerator = accelerator
+        self.local = local  # samples per process per round
+
+    @property
+    def mine(self) -> slice:
+        rank = self.accelerator.process_index
+        return slice(rank * self.local, (rank + 1) * self.local)
+
+    @property
+    def total(self) -> int:
+        return self.local * self.accelerator.num_processes
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate a per-process tensor over processes, in process order, on the CPU."""
+        return self.accelerator.gather(tensor.contiguous().to(self.accelerator.device)).cpu()
+
+    def local_rows(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This process's rows of a tensor over the gathered round, on its device as float32."""
+        return tensor[self.mine].float().to(self.accelerator.device)
+
+    def any(self, flag: bool) -> bool:
+        """True when ``flag`` is true on any process (every process must take the same branch)."""
+        if self.accelerator.num_processes == 1:
+            return bool(flag)
+        return bool(self.gather(torch.tensor([1.0 if flag else 0.0])).max() > 0)
+
+
+@dataclass
+class Round:
+    """One sampling round: this process's batch record (with advantages), the estimator's output on the gathered
+    round, the gathered per-sample tensors, and which groups have reward variance."""
+
+    batch: dict
+    out: AdvantageOutput
+    gathered: dict
+    keep: torch.Tensor  # [B_global] bool; all True without filter_groups
+    dropped_share: float
+    num_groups: int
+    reward_queries: int  # reward evaluations of the round (ReMax's greedy samples included)
+
+
+@dataclass
+class EpochRollouts:
+    rounds: list
+    batch: dict  # the rows this process trains on (pooled from the rounds under dynamic sampling)
+
+    @property
+    def rewards(self) -> torch.Tensor:
+        """Every process's rewards of every round."""
+        return torch.cat([r.gathered["rewards"] for r in self.rounds])
+
+    @property
+    def reward_queries(self) -> int:
+        return sum(r.reward_queries for r in self.rounds)
+
+    def gathered(self, key: str) -> torch.Tensor | None:
+        if key not in self.rounds[0].gathered:
+            return None
+        return torch.cat([r.gathered[key] for r in self.rounds])
+
+
+def estimate_advantages(estimator, config, rewards, groups, prompts, num_steps: int, stat_tracker=None, values=None,
+                        step_rewards=None, greedy_rewards=None, controller=None) -> AdvantageOutput:
+    """The estimator's output on the whole (gathered) round: advantages [B, T], returns, masks, metrics.
+
+    Its keywords are its declared config fields, ``algorithm.adv_estimator_kwargs`` and its controller's. Every
+    step is in the estimator's step mask (the policy update chooses its trained steps itself; the advantages of
+    untrained steps are simply not used).
+    """
+    inputs = AdvantageInputs(
+        rewards=rewards.double(), step_mask=torch.ones(len(prompts), num_steps, dtype=torch.float64),
+        group_index=torch.as_tensor(groups, dtype=torch.long), prompts=list(prompts), stat_tracker=stat_tracker,
+        values=None if values is None else values.double(),
+        step_rewards=None if step_rewards is None else step_rewards.double(),
+        greedy_rewards=None if greedy_rewards is None else greedy_rewards.double(),
+    )
+    return estimator(inputs, adv_clip_max=config.train.adv_clip_max, **estimator.params_from(config, controller))
+
+
+def pool_rows(batches: list[dict], keeps: list[torch.Tensor], size: int) -> dict:
+    """The first ``size`` kept rows of this process's rounds, padded with dropped rows; adds ``row_mask`` [size].
+
+    ``batches`` are the rounds' local batch records, ``keeps`` their local keep masks [local] bool.
+    Tensor and list entries are gathered row by row; ``reward_info`` is the first round's.
+    """
+    kept = [(r, i) for r, keep in enumerate(keeps) for i in range(len(keep)) if keep[i]]
+    dropped = [(r, i) for r, keep in enumerate(keeps) for i in range(len(keep)) if not keep[i]]
+    picks = (kept + dropped)[:size]
+    pooled = {}
+    for key, first in batches[0].items():
+        if key == "reward_info":
+            pooled[key] = first
+        elif isinstance(first, list):
+            pooled[key] = [batches[r][key][i] for r, i in picks]
+        elif isinstance(first, torch.Tensor):
+            pooled[key] = torch.stack([batches[r][key][i] for r, i in picks])
+    device = batches[0]["log_probs"].device
+    pooled["row_mask"] = torch.tensor([1.0 if keeps[r][i] else 0.0 for r, i in picks], device=device)
+    return pooled
+
+
+class RolloutCollector:
+    """Samples, scores and estimates an epoch (module docstring). ``should_stop()`` is asked before each sampling
+    batch and after the last round: when true, the epoch is abandoned (EpochAbandoned) and what sampling changed
+    (prompt sampler, stat tracker, random generators) is restored."""
+
+    def __init__(self, config, accelerator, pipe, reward_fn, prompt_sampler, stat_tracker, estimator, controller=None,
+                 critic=None, kl=None, scorer=None, policy=None, should_stop=lambda: False, timer=NULL_TIMER):
+        self.config, self.accelerator, self.pipe, self.reward_fn = config, accelerator, pipe, reward_fn
+        self.prompt_sampler, self.stat_tracker = prompt_sampler, stat_tracker
+        self.estimator, self.controller, self.critic = estimator, controller, critic
+        self.kl, self.scorer, self.policy = kl, scorer, policy  # policy: the accelerate-wrapped model (KL in reward)
+        self.should_stop, self.timer = should_stop, timer
+        self.shards = ProcessShards(accelerator, config.sample.batch_size * config.sample.num_batches_per_epoch)
+        self.executor = ThreadPoolExecutor(max_workers=2)  # reward calls run while the next batch samples
+
+    def collect(self, epoch: int) -> EpochRollouts:
+        """The epoch's rounds (one, or more under dynamic sampling) and the batch this process trains on."""
+        snapshot = SamplingSnapshot(self.prompt_sampler, self.stat_tracker)
+        try:
+            rounds = [self.sample_round(epoch, 0)]
+            if self.config.algorithm.filter_groups:  # DAPO: more rounds until every process holds a full batch
+                while len(rounds) < self.config.algorithm.max_num_gen_batches and self.short_of_kept_rows(rounds):
+                    rounds.append(self.sample_round(epoch, len(rounds)))
+            if self.should_stop():
+                raise EpochAbandoned(f"epoch {epoch} sampled; stopped before its update")
+        except EpochAbandoned:
+            snapshot.restore()
+            raise
+        if not self.config.algorithm.filter_groups:
+            return EpochRollouts(rounds, rounds[0].batch)
+        keeps = [self.shards.local_rows(r.keep).bool() for r in rounds]
+        return EpochRollouts(rounds, pool_rows([r.batch for r in rounds], keeps, self.shards.local))
+
+    def sample_round(self, epoch: int, round_index: int) -> Round:
+        """Sample one round, score it, gather it and compute its advantages (module docstring)."""
+        config, shards, accelerator = self.config, self.shards, self.accelerator
+        group_size = config.train.group_size
+        prompts, metadata, groups = self.prompt_sampler.sample_epoch(shards.total // group_size, group_size)
+        mine = shards.mine
+        seed = round_seed(config.seed, epoch, round_index)
+        initial_noise = None
+        if config.sample.same_initial_noise:
+            initial_noise = group_initial_noise(seed, groups[mine], latent_shape(self.pipe.unet), accelerator.device)
+        with accelerator.autocast():  # the precision the training forward recomputes log-probs in
+            batch = collect_rollouts(
+                self.pipe, prompts[mine], metadata[mine], self.reward_fn, config.reward_fn, self.executor,
+                config.sample, self.scorer.negative_prompt_embeds, show_progress=accelerator.is_local_main_process,
+                desc=f"epoch {epoch}: sampling", generators=sample_generators(seed, mine, accelerator.device),
+                critic=self.critic, should_stop=self.should_stop, timer=self.timer, initial_noise=initial_noise,
+            )
+            extra = self.estimator_extras(epoch, batch, groups[mine], initial_noise)
+        with self.timer.phase("advantage"):
+            return self.advantages(batch, extra, prompts, groups)
+
+    def estimator_extras(self, epoch: int, batch: dict, groups: list[int], initial_noise=None) -> dict:
+        """Per-sample inputs the estimator declares it needs: critic values, ReMax's greedy rewards, KL step rewards.
+
+        With shared initial noise, ReMax's greedy sample of a group starts from the group's x_T too.
+        """
+        config, extra = self.config, {}
+        if self.estimator.needs_critic:
+            extra["values"] = batch["values"]
+        if self.estimator.needs_greedy_rewards:
+            with self.timer.phase("sampling"):  # greedy samples and their rewards
+                extra["greedy_rewards"] = greedy_rewards(
+                    self.pipe, batch["prompts"], batch["metadata"], groups, self.reward_fn, config.reward_fn,
+                    config.sample, self.scorer.negative_prompt_embeds, seed=config.seed * 1_000_003 + epoch,
+                    initial_noise=initial_noise,
+                )
+        if self.kl is not None and self.kl.in_reward:
+            with self.timer.phase("reference"):
+                kl = self.kl.rollout_kl(batch, self.scorer, self.pipe.unet, config.train.pairs_per_forward,
+                                        stochastic_steps(config.sample))
+            extra["step_kl"], extra["step_rewards"] = kl, self.kl.step_rewards(kl)
+        return extra
+
+    def advantages(self, batch: dict, extra: dict, prompts: list[str], groups: list[int]) -> Round:
+        """Gather the round, compute the advantages on it; each process keeps its own rows."""
+        config, shards = self.config, self.shards
+        gathered = {key: shards.gather(value) for key, value in {"rewards": batch["rewards"], **extra}.items()}
+        out = estimate_advantages(
+            self.estimator, config, gathered["rewards"], torch.tensor(groups), prompts, batch["log_probs"].shape[1],
+            self.stat_tracker, values=gathered.get("values"), step_rewards=gathered.get("step_rewards"),
+            greedy_rewards=gathered.get("greedy_rewards"), controller=self.controller,
+        )
+        batch["advantages"] = shards.local_rows(out.advantages)
+        if self.critic is not None:
+            targets, mask = self.estimator.critic_regression(out)
+            batch["critic_targets"], batch["critic_mask"] = shards.local_rows(targets), shards.local_rows(mask)
+        keep, dropped_share = zero_variance_group_filter(gathered["rewards"].double(), torch.as_tensor(groups))
+        if not config.algorithm.filter_groups:
+            keep = torch.ones_like(keep)
+        queries = len(groups)
+        if "greedy_rewards" in extra:  # ReMax's greedy samples are reward queries too
+            queries += int(shards.gather(torch.tensor([len(set(groups[shards.mine]))])).sum())
+        return Round(batch=batch, out=out, gathered=gathered, keep=keep, dropped_share=dropped_share,
+                     num_groups=len(set(groups)), reward_queries=queries)
+
+    def short_of_kept_rows(self, rounds: list[Round]) -> bool:
+        """True while some process holds fewer than a batch of rows from groups with reward variance."""
+        kept = sum(int(self.shards.local_rows(r.keep).sum()) for r in rounds)
+        return bool(self.shards.gather(torch.tensor([kept])).min() < self.shards.local)
+
+    def critic_fit(self, rounds: list[Round]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(targets, old values, mask) of the critic over the kept rows of every round (the controller's input)."""
+        pairs = [self.estimator.critic_regression(r.out) + (r.gathered["values"], r.keep) for r in rounds]
+        return (torch.cat([t[k] for t, _, _, k in pairs]), torch.cat([v[k] for _, _, v, k in pairs]),
+                torch.cat([m[k] for _, m, _, k in pairs]))
+
+    def close(self, wait: bool = True) -> None:
+        self.executor.shutdown(wait=wait, cancel_futures=not wait)

@@ -1,0 +1,248 @@
+"""The lifecycle of a run around its epochs: run directory, resume, stop signals, checkpoints, summary.
+
+The trainer owns the algorithm; the session owns everything that makes a run survivable:
+
+* start: the run directory, the wandb mode, a resume checked against the checkpoint's state fields before any
+  model loads; once the pieces exist, their registration for checkpoints, the resume itself (state loaded,
+  metrics.jsonl rewound to the checkpoint's epoch) and the trackers;
+* the epoch loop: Ctrl-C / SIGTERM while sampling drops the epoch, while updating finishes it; every process
+  agrees on a stop; a checkpoint every ``save_freq`` epochs, at the last epoch and at a stop (atomic, rotated,
+  never the one just written);
+* the messages: what stopped the run, which checkpoint is kept, the exact resume command;
+* the end: the LoRA export, the trackers closed, the one-screen summary.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import torch
+
+from ddpo_group.errors import EpochAbandoned, NonFiniteLossError, TrainingInterrupted, signal_name
+from ddpo_group.models.lora_export import save_lora
+from ddpo_group.run.checkpointing import (
+    TrainingState,
+    checkpoint_dir,
+    complete_checkpoints,
+    later_checkpoints,
+    resolve_resume_path,
+    run_dir_of_checkpoint,
+    save_checkpoint,
+)
+from ddpo_group.run.epoch_logger import resolve_wandb_mode
+from ddpo_group.run.interrupts import StopRequest
+from ddpo_group.run.metrics_log import read_metrics, rewind_metrics
+from ddpo_group.run.resume_check import check_resume, write_state_fields
+from ddpo_group.run.summary import format_summary
+from ddpo_group.timing import NULL_TIMER
+
+
+class RunSession:
+    """Start (``__init__``, then ``attach``), the epoch loop (``run_epochs``) and the end (``finish``) of a run."""
+
+    def __init__(self, config):
+        """Everything that can be checked without a model, before any loads: a bad resume fails in seconds."""
+        self.config = config
+        self.resume_path = resolve_resume_path(config.resume_from) if config.resume_from else None
+        if self.resume_path is not None:
+            self.run_dir = run_dir_of_checkpoint(self.resume_path)
+        else:
+            name = config.run_name or f"{config.get('preset', 'run')}_{datetime.datetime.now():%Y%m%d_%H%M%S}"
+            self.run_dir = Path(config.logdir) / name
+        self.wandb_mode, self.wandb_note = resolve_wandb_mode(config.wandb.mode)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.resume_warnings = check_resume(self.resume_path, config, world) if self.resume_path else []
+        self.state = TrainingState()
+        self.stop = StopRequest()  # installed by run_epochs: Ctrl-C / SIGTERM
+        self.saved_epoch = None  # the epoch of the checkpoint last written or resumed from
+        self.accelerator = None
+        self.model = None  # the policy model (accelerate-wrapped), for the LoRA export
+        self.timer = NULL_TIMER
+
+    def attach(self, accelerator, model, stateful: list, timer=NULL_TIMER) -> None:
+        """Register the run's state for checkpoints, resume it, write config.json and start the trackers."""
+        self.accelerator, self.model, self.timer = accelerator, model, timer
+        if self.wandb_note:
+            self.print(self.wandb_note)
+        for warning in self.resume_warnings:
+            self.print(f"warning: {warning}")
+        accelerator.register_for_checkpointing(*stateful)
+        if self.resume_path is not None:
+            accelerator.load_state(str(self.resume_path))
+            self.print(f"resumed from {self.resume_path} (finished epoch {self.state.epoch})")
+            self.saved_epoch = self.state.epoch
+            self._forget_later_epochs()
+        if not self.state.wandb_run_id:
+            self.state.wandb_run_id = uuid.uuid4().hex[:12]  # saved with every checkpoint
+        config = self.config
+        if accelerator.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str))
+        if self.wandb_mode != "disabled":
+            accelerator.init_trackers(
+                config.wandb.project, config=config.to_dict(),
+                init_kwargs={"wandb": {"name": self.run_dir.name, "dir": str(self.run_dir), "mode": self.wandb_mode,
+                                       "entity": config.wandb.entity or None,
+                                       # a resumed run continues the same wandb run
+                                       "id": self.state.wandb_run_id, "resume": "allow"}},
+            )
+
+    def _forget_later_epochs(self) -> None:
+        """After a resume, the run continues from the checkpoint's epoch: drop the metrics logged after it (they are
+        logged again) and warn about checkpoints of later epochs (a run directory resumes from the latest)."""
+        if not self.accelerator.is_main_process:
+            return
+        dropped = rewind_metrics(self.run_dir / "metrics.jsonl", self.state.epoch)
+        if dropped:
+            self.print(f"dropped {dropped} metrics line(s) logged after epoch {self.state.epoch} (they are run again)")
+        later = later_checkpoints(self.resume_path)
+        if later:
+            self.print(
+                f"warning: {', '.join(p.name for p in later)} (later epochs of an earlier attempt) stay in "
+                f"{self.resume_path.parent} until overwritten; resuming from the run directory would pick them"
+            )
+
+    # ------------------------------------------------------------------ the loop
+    def run_epochs(self, train_epoch, close) -> dict:
+        """Call ``train_epoch(epoch)`` for the remaining epochs under the stop signals, checkpointing when due.
+
+        ``close()`` is called on any way out but the normal end (it cancels the reward workers)."""
+        config, metrics = self.config, {}
+        self.print(
+            f"training {config.pretrained.model} with {config.algorithm.adv_estimator} for epochs "
+            f"{self.state.epoch + 1}..{config.num_epochs - 1} on {self.accelerator.num_processes} process(es); "
+            f"run dir {self.run_dir}"
+        )
+        if self.state.epoch >= config.num_epochs - 1:
+            self.print(f"nothing to train: the checkpoint finished epoch {self.state.epoch} and num_epochs="
+                       f"{config.num_epochs}; raise num_epochs to train further")
+        stop = self.stop = StopRequest(self.resume_hint())
+        try:
+            # Ctrl-C / SIGTERM while sampling: drop the epoch; while training: finish it; then checkpoint and stop
+            with stop.installed():
+                for epoch in range(self.state.epoch + 1, config.num_epochs):
+                    try:
+                        metrics = train_epoch(epoch)
+                    except EpochAbandoned:
+                        raise self.stopped_in_sampling(epoch) from None
+                    self.state.epoch = epoch
+                    self.end_of_epoch(epoch)
+        except BaseException:
+            close()
+            for tracker in self.accelerator.trackers:  # flush what was logged (wandb: the same run id resumes)
+                tracker.finish()
+            raise
+        return metrics
+
+    def end_of_epoch(self, epoch: int) -> None:
+        """Checkpoint when due; after a stop signal, checkpoint and raise TrainingInterrupted."""
+        config = self.config
+        stopping = self.stop_agreed()
+        last = epoch == config.num_epochs - 1
+        if last or stopping or (config.save_freq > 0 and (epoch + 1) % config.save_freq == 0):
+            path = self.save(epoch)
+        if stopping and not last:
+            if self.accelerator.is_main_process:
+                self.write_summary()
+            signum = self.stop.signum or signal.SIGTERM
+            raise TrainingInterrupted(signum, f"training stopped by {signal_name(signum)} after epoch {epoch}; "
+                                              f"checkpoint {path}. {self.resume_hint()}")
+
+    def stop_agreed(self) -> bool:
+        """True when any process got a stop signal (all processes must stop at the same point)."""
+        if self.accelerator.num_processes == 1:
+            return self.stop.requested
+        flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.accelerator.device)
+        return bool(self.accelerator.gather(flag).max() > 0)
+
+    def save(self, epoch: int) -> Path:
+        """Write the checkpoint of finished epoch ``epoch`` (atomic; rotation keeps num_checkpoint_limit)."""
+        def extra(directory: Path) -> None:  # main process, before the checkpoint is marked complete
+            write_state_fields(directory, self.config, self.accelerator.num_processes)
+            if self.exports_lora:
+                save_lora(self.model, directory / "lora")
+
+        with self.timer.phase("checkpoint"):
+            path = save_checkpoint(self.accelerator, self.run_dir / "checkpoints", epoch,
+                                   self.config.num_checkpoint_limit, extra=extra)
+        self.saved_epoch = epoch
+        self.print(f"saved {path}")
+        return path
+
+    def finish(self, close) -> None:
+        """After the last epoch: the LoRA export, the trackers closed, ``close()`` (the reward workers), the summary."""
+        with self.timer.phase("checkpoint"):
+            if self.exports_lora and self.accelerator.is_main_process:
+                self.print(f"LoRA (diffusers format) in {save_lora(self.model, self.run_dir / 'lora')}")
+            self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
+        close()
+        if self.accelerator.is_main_process:
+            with self.timer.phase("logging"):
+                self.write_summary()
+
+    # ------------------------------------------------------------------ messages
+    def stopped_in_sampling(self, epoch: int) -> TrainingInterrupted:
+        """The stop after abandoning ``epoch`` in its sampling phase (state already restored to the previous
+        epoch's end): checkpoint the last finished epoch unless that checkpoint exists."""
+        signum = self.stop.signum or signal.SIGTERM
+        what = f"training stopped by {signal_name(signum)} while sampling epoch {epoch}; the epoch was dropped " \
+               "before any update"
+        if self.state.epoch < 0:
+            return TrainingInterrupted(signum, f"{what}. No epoch had finished, so there is nothing to checkpoint: "
+                                               "start the run again (without resume_from).")
+        what += " and runs again on resume"
+        if self.saved_epoch == self.state.epoch:
+            path = checkpoint_dir(self.run_dir / "checkpoints", self.state.epoch)
+        else:
+            path = self.save(self.state.epoch)
+        return TrainingInterrupted(signum, f"{what}; checkpoint {path} (epoch {self.state.epoch}). {self.resume_hint()}")
+
+    def non_finite_loss(self, error: NonFiniteLossError, epoch: int) -> NonFiniteLossError:
+        """The error of a NaN / inf loss, naming the epoch, the global step and the checkpoint that is kept."""
+        if error.optimizer_steps is None:  # the critic's update, after the policy steps of the epoch
+            where = f"after global step {self.state.global_step}"
+        else:
+            where = f"global step {self.state.global_step + error.optimizer_steps + 1}"
+        return NonFiniteLossError(
+            f"{error} at epoch {epoch} ({where}); training stopped before that optimizer step and nothing of epoch "
+            f"{epoch} was saved. {self.last_checkpoint_note()} Lower train.learning_rate or check the reward scale "
+            "before resuming.", error.optimizer_steps,
+        )
+
+    def resume_hint(self) -> str:
+        return (f"Resume with the same command plus --config.resume_from={self.run_dir} "
+                "(it continues from the latest complete checkpoint).")
+
+    def last_checkpoint_note(self) -> str:
+        checkpoints = complete_checkpoints(self.run_dir / "checkpoints")
+        if not checkpoints:
+            return "No checkpoint was written yet."
+        return f"The last complete checkpoint, {checkpoints[-1]}, is kept. {self.resume_hint()}"
+
+    @property
+    def exports_lora(self) -> bool:
+        return bool(self.config.use_lora and self.config.get("export_lora", True))
+
+    def write_summary(self) -> str:
+        """Print the one-screen summary of the run and write it to summary.txt."""
+        run = self.run_dir
+        checkpoints = sorted((run / "checkpoints").glob("checkpoint_*"))
+        paths = {
+            "run directory": run, "config": run / "config.json", "metrics": run / "metrics.jsonl",
+            "reward curve": run / "reward_curve.png", "sample grids": run / "samples",
+            "last checkpoint": checkpoints[-1] if checkpoints else None, "LoRA (diffusers)": run / "lora",
+        }
+        text = format_summary(read_metrics(run / "metrics.jsonl"), paths)
+        (run / "summary.txt").write_text(text + "\n")
+        print(text, flush=True)
+        return text
+
+    def print(self, message: str) -> None:
+        if self.accelerator is None or self.accelerator.is_main_process:
+            print(f"[ddpo_group] {message}", flush=True)
