@@ -80,16 +80,19 @@ def base() -> ml_collections.ConfigDict:
 
     # ---- algorithm ----
     config.algorithm = algorithm = ml_collections.ConfigDict()
+    # a registered name, or a plugin "package.module:function" / "/path/file.py:function" (README, Algorithm plugins)
     algorithm.adv_estimator = "ddpo"
-    algorithm.policy_loss = "vanilla"
+    algorithm.adv_estimator_kwargs = ml_collections.ConfigDict()  # keywords of the estimator (add to / override its own)
+    algorithm.policy_loss = "vanilla"  # a registered name or a plugin path, as adv_estimator
+    algorithm.policy_loss_kwargs = ml_collections.ConfigDict()  # keywords of the policy loss
     algorithm.loss_agg_mode = "step-mean"
 
     # ---- GROUP_PPO (GROUP_PPO.md) ----
     config.group_params = group = ml_collections.ConfigDict()
-    group.group_variance_threshold = 1.0
+    group.group_variance_threshold = 1.0  # initial tau; in [min_threshold, max_threshold] unless adaptive_threshold=False
     group.group_max_size = 16
     group.group_epsilon = 1e-6
-    group.adaptive_threshold = True
+    group.adaptive_threshold = True  # False: tau stays fixed, any value >= 0 (0: every step its own group)
     group.threshold_lr = 0.01
     group.min_threshold = 0.1
     group.max_threshold = 10.0

@@ -115,6 +115,10 @@ def test_presets_keep_the_issue_names_and_defaults():
         ("group_ppo", {"group_params.min_threshold": 5.0, "group_params.max_threshold": 1.0},
          r"min_threshold <= group_params.max_threshold"),
         ("group_ppo", {"group_params.group_max_size": 0}, r"group_params.group_max_size=0 must be >= 1"),
+        ("group_ppo", {"group_params.group_variance_threshold": 20.0},
+         r"group_variance_threshold=20.0 lies outside \[group_params.min_threshold, group_params.max_threshold\] = "
+         r"\[0.1, 10.0\].*adaptive_threshold=False"),
+        ("group_ppo", {"group_params.group_variance_threshold": 0.0}, r"group_variance_threshold=0.0 lies outside"),
         ("group_ppo", {"group_params.target_explained_variance": 0.0}, r"target_explained_variance=0.0 must be > 0"),
         ("ppo_gae", {"critic.learning_rate": 0.0}, r"critic.learning_rate=0.0 must be > 0"),
         ("ddpo", {"train.epsilon": -0.1}, r"train.epsilon=-0.1 \(the clip range\) must be > 0"),

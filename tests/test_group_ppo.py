@@ -239,6 +239,18 @@ def test_constant_rewards_and_constant_values_are_finite():
         assert torch.isfinite(out.advantages).all() and out.advantages.abs().max() == 0
 
 
+def test_std_scaling_gives_a_zero_variance_group_zero_advantage():
+    """With norm_adv_by_std a group whose rewards are all equal gets 0, as in grpo, not its critic deltas / eps."""
+    R = torch.tensor([0.5, 0.5, 0.5, 0.0, 1.0, 2.0], dtype=D)
+    V = torch.rand(6, 4, dtype=D, generator=torch.Generator().manual_seed(0))
+    gi = torch.tensor([0, 0, 0, 1, 1, 1])
+    plain = est(R, V, gi, tau=0.0)  # every step its own group: A_n = R - u_{n-1} (lam = 1)
+    scaled = est(R, V, gi, tau=0.0, norm_adv_by_std=True)
+    assert plain.advantages[:3].abs().max() > 0.01  # the critic's values give the constant group nonzero deltas
+    assert scaled.advantages[:3].abs().max() == 0
+    torch.testing.assert_close(scaled.advantages[3:], plain.advantages[3:] / (1.0 + EPS))  # std_g of [0, 1, 2] is 1
+
+
 def test_find_group_endpoints_api_and_errors():
     R = R1
     u = post_step_values(V1, R)

@@ -3,7 +3,9 @@ import torch
 from ml_collections import ConfigDict
 
 from ddpo_group.sampling.ddim import check_trainable_schedule, ddim_step_with_logprob, step_std
-from ddpo_group.sampling.pipeline import encode_prompts, guided_model_output, sample_with_logprob, step_log_prob
+from ddpo_group.sampling.pipeline import (
+    TransitionScorer, encode_prompts, guided_model_output, sample_with_logprob, step_log_prob,
+)
 from tiny_pipeline import build_tiny_pipeline
 
 PROMPTS = ["a red circle on a blue background", "a green square", "x", "a yellow star on a black background"]
@@ -157,3 +159,28 @@ def test_sde_window_steps_outside_are_deterministic_ddim_without_log_prob(tiny_p
         sample_with_logprob(tiny_pipe, embeds, neg, 5, 5.0, [0.0] * 5)
     # the trainable-schedule check asks sigma > 0 of the window's steps only
     check_trainable_schedule(tiny_pipe.scheduler, 5, 1.0, sde_window_mask(5, 1, 2))
+
+
+def test_log_prob_reduce_sum_scales_the_recorded_log_probs_and_the_ratio_exponent_by_the_dimension_count(tiny_pipe):
+    """sample.log_prob_reduce reaches the step log-prob while sampling and when transitions are scored for training:
+    with "sum" every log-prob, and so every log-ratio l_new - l_old, is D = C * h * w times the "mean" one."""
+    embeds, neg = encode_prompts(tiny_pipe, PROMPTS[:2]), encode_prompts(tiny_pipe, [""])
+    traj = {reduce: sample_with_logprob(tiny_pipe, embeds, neg.expand(2, -1, -1), 4, 5.0, 1.0, decode=False,
+                                        generator=torch.Generator().manual_seed(3), log_prob_reduce=reduce)
+            for reduce in ("mean", "sum")}
+    dims = 4 * 8 * 8
+    assert torch.equal(traj["mean"].latents, traj["sum"].latents)
+    torch.testing.assert_close(traj["sum"].log_probs, dims * traj["mean"].log_probs, rtol=1e-5, atol=1e-3)
+    with torch.no_grad():  # another policy, so that the ratios differ from 1
+        for p in tiny_pipe.unet.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    rows, steps = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 2, 1, 3])
+    log_ratio = {}
+    for reduce, t in traj.items():
+        batch = {"latents": t.latents[:, :-1], "next_latents": t.latents[:, 1:], "timesteps": t.timesteps,
+                 "prompt_embeds": embeds}
+        with torch.no_grad():
+            out = TransitionScorer(tiny_pipe.scheduler, neg, 5.0, 1.0, reduce)(tiny_pipe.unet, batch, rows, steps)
+        log_ratio[reduce] = out.log_prob - t.log_probs[rows, steps]
+    assert log_ratio["mean"].abs().min() > 0
+    torch.testing.assert_close(log_ratio["sum"], dims * log_ratio["mean"], rtol=1e-3, atol=1e-4)

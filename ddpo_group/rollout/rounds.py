@@ -66,6 +66,7 @@ class Round:
     batch: dict
     out: AdvantageOutput
     gathered: dict
+    groups: list  # [B_global] the prompt group of each sample
     keep: torch.Tensor  # [B_global] bool; all True without filter_groups
     dropped_share: float
     num_groups: int
@@ -227,7 +228,7 @@ class RolloutCollector:
         queries = len(groups)
         if "greedy_rewards" in extra:  # ReMax's greedy samples are reward queries too
             queries += int(shards.gather(torch.tensor([len(set(groups[shards.mine]))])).sum())
-        return Round(batch=batch, out=out, gathered=gathered, keep=keep, dropped_share=dropped_share,
+        return Round(batch=batch, out=out, gathered=gathered, groups=list(groups), keep=keep, dropped_share=dropped_share,
                      num_groups=len(set(groups)), reward_queries=queries)
 
     def short_of_kept_rows(self, rounds: list[Round]) -> bool:
