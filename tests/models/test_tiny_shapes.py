@@ -15,7 +15,7 @@ from ddpo_group.models.shapes_classifier import ShapesClassifier
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.rewards import make_reward_fn
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from ddpo_group.run.metrics_log import read_metrics
 from ddpo_group.run.plots import plot_reward_curve
 from ddpo_group.run.summary import format_summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_stats_and_report_numbers():

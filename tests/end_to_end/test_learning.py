@@ -8,7 +8,7 @@ import pytest
 
 from test_presets_embedded import embedded_model_available
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 HARD_PROMPT = "a white circle on a yellow background"  # base model: the right shape about a quarter of the time
 

@@ -2,7 +2,7 @@
 
 Covered elsewhere and counted with these: unknown preset, estimator and loss (test_config.py),
 config contradictions (test_config.py), reward outputs of the wrong type / shape / value
-(test_rewards_and_tracking.py::test_bad_rewards_get_a_clear_error), bad plugin paths (test_plugins.py).
+(rewards/test_rewards_and_tracking.py::test_bad_rewards_get_a_clear_error), bad plugin paths (rewards/test_plugins.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HANG_REWARD = f"{ROOT / 'tests' / 'plugins' / 'hang_reward.py'}:make"
 EPOCHS, SAVE_FREQ = 4, 2
 # 2 reward calls an epoch: call 7 is the last of epoch 3's sampling; when it hangs, the trainer has sampled

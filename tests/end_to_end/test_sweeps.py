@@ -16,7 +16,7 @@ from ddpo_group.algorithms import ADV_ESTIMATOR_REGISTRY, AGG_ALIASES, AGG_MODES
 from ddpo_group.run.cli import config_flag_first
 from ddpo_group.run.config_checks import validate_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
 DISTRIBUTIONS = {"uniform", "log_uniform_values", "int_uniform", "q_uniform", "q_log_uniform_values", "normal"}
 

@@ -6,7 +6,7 @@ import pytest
 
 from ddpo_group.run.config_checks import ConfigError, validate_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from config.base import PRESETS, get_config  # noqa: E402
 
