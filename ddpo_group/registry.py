@@ -86,6 +86,16 @@ class Registry:
             "or '/path/file.py:function'"
         )
 
+    def resolve_spec(self, spec: str, spec_type: type, wrap: Callable):
+        """``resolve(spec)`` as a ``spec_type``: a registered or decorated one as it is, a plain function through
+        ``wrap(function, spec)`` (a plugin that declared nothing)."""
+        found = self.resolve(spec)
+        if isinstance(found, spec_type):
+            return found
+        if not callable(found):
+            raise TypeError(f"{self.kind} {spec!r} is a {type(found).__name__}, not a function")
+        return wrap(found, spec)
+
     def names(self) -> List[str]:
         return sorted(self._items)
 

@@ -179,12 +179,7 @@ def step_reward_estimators() -> List[str]:
 def get_adv_estimator(spec: str) -> EstimatorSpec:
     """The estimator a config names: registered name, ``module:function``, ``/path/file.py:function`` or entry
     point. A plugin function that was not declared with ``@adv_estimator`` needs nothing."""
-    found = ADV_ESTIMATOR_REGISTRY.resolve(spec)
-    if isinstance(found, EstimatorSpec):
-        return found
-    if not callable(found):
-        raise TypeError(f"advantage estimator {spec!r} is a {type(found).__name__}, not a function")
-    return EstimatorSpec(fn=found, name=spec)
+    return ADV_ESTIMATOR_REGISTRY.resolve_spec(spec, EstimatorSpec, lambda fn, name: EstimatorSpec(fn=fn, name=name))
 
 
 # ----------------------------------------------------------------------------------- helpers

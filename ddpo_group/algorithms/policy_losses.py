@@ -70,12 +70,7 @@ def register_policy_loss(name: str, loss_matrix: Optional[Callable] = None) -> C
 
 def get_policy_loss(spec: str) -> PolicyLossSpec:
     """The loss a config names: registered name, ``module:function``, ``/path/file.py:function`` or entry point."""
-    found = POLICY_LOSS_REGISTRY.resolve(spec)
-    if isinstance(found, PolicyLossSpec):
-        return found
-    if not callable(found):
-        raise TypeError(f"policy loss {spec!r} is a {type(found).__name__}, not a function")
-    return PolicyLossSpec(fn=found, name=spec)
+    return POLICY_LOSS_REGISTRY.resolve_spec(spec, PolicyLossSpec, lambda fn, name: PolicyLossSpec(fn=fn, name=name))
 
 
 def _check(old_log_prob, log_prob, advantages, step_mask):

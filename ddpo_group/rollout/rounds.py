@@ -139,11 +139,11 @@ class RolloutCollector:
     (prompt sampler, stat tracker, random generators) is restored."""
 
     def __init__(self, config, accelerator, pipe, reward_fn, prompt_sampler, stat_tracker, estimator, controller=None,
-                 critic=None, kl=None, scorer=None, policy=None, should_stop=lambda: False, timer=NULL_TIMER):
+                 critic=None, kl=None, scorer=None, should_stop=lambda: False, timer=NULL_TIMER):
         self.config, self.accelerator, self.pipe, self.reward_fn = config, accelerator, pipe, reward_fn
         self.prompt_sampler, self.stat_tracker = prompt_sampler, stat_tracker
         self.estimator, self.controller, self.critic = estimator, controller, critic
-        self.kl, self.scorer, self.policy = kl, scorer, policy  # policy: the accelerate-wrapped model (KL in reward)
+        self.kl, self.scorer = kl, scorer  # scorer: the guidance, eta and negative prompt the samples are drawn with
         self.should_stop, self.timer = should_stop, timer
         self.shards = ProcessShards(accelerator, config.sample.batch_size * config.sample.num_batches_per_epoch)
         self.executor = ThreadPoolExecutor(max_workers=2)  # reward calls run while the next batch samples

@@ -83,6 +83,8 @@ def test_kl_in_reward_is_zero_for_the_initial_policy_and_positive_after_it_moves
     # with an SDE window only its steps are policy actions: their KL as before, 0 (and no forward) elsewhere
     window = torch.tensor([False, True, True, False])
     windowed = trainer.kl.rollout_kl(round0.batch, trainer.scorer, trainer.pipe.unet, 3, window)
-    torch.testing.assert_close(windowed[:, window], kl[:, window], rtol=1e-5, atol=1e-7)
+    # the two calls put a pair in chunks of other sizes, so the UNet's float32 reductions run in another order
+    # (and with the thread count); measured up to 1.4e-5 relative with 2 threads
+    torch.testing.assert_close(windowed[:, window], kl[:, window], rtol=1e-4, atol=1e-6)
     assert bool((windowed[:, ~window] == 0).all())
     trainer.rollouts.close()
