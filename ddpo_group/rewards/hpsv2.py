@@ -5,10 +5,10 @@
 i.e. the cosine, with no temperature: the diagonal of ``image_features @ text_features.T`` as the
 hpsv2 package scores it. HPSv2.1 scores of generated images lie roughly in 0.2-0.3.
 
-The architecture is open_clip's ``model_name`` config (``ViT-H-14``) built without pretrained
-weights, then the HPS checkpoint (``{"state_dict": ...}`` or a bare state dict, e.g.
-``HPS_v2.1_compressed.pt`` of the hub repository xswu/HPSv2) is loaded into it strictly from the
-local file ``checkpoint_path``: nothing downloads. Text goes through open_clip's tokenizer of that
+The architecture is open_clip's ``model_name`` config (``ViT-H-14``), and its weights are the HPS
+checkpoint (``{"state_dict": ...}`` or a bare state dict, e.g. ``HPS_v2.1_compressed.pt`` of the
+hub repository xswu/HPSv2) loaded strictly by open_clip from the local file ``checkpoint_path``:
+nothing downloads (HPSv2's own code first downloads the LAION weights that this replaces). Text goes through open_clip's tokenizer of that
 model (its BPE vocabulary ships in the open_clip package). Images follow HPSv2's validation
 transform, done on the images' device: bicubic resize of the long side to the model's image size,
 centered black padding to a square, normalisation with the model's mean/std
@@ -52,15 +52,11 @@ class HPSv2Scorer:
             raise ValueError(f"hpsv2 reward: model_name={model_name!r} is not an open_clip model config "
                              f"(HPSv2 uses 'ViT-H-14'; see open_clip.list_models())")
         self.dtype = resolve_dtype(dtype, "hpsv2")
-        model = open_clip.create_model(model_name, pretrained=None, device="cpu", output_dict=True)
-        state = torch.load(str(file), map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and "state_dict" in state:  # HPS checkpoints wrap the weights
-            state = state["state_dict"]
-        try:
-            model.load_state_dict(state)  # strict: a checkpoint of another architecture fails here
-        except RuntimeError as error:
+        try:  # open_clip's own checkpoint loading: unwraps {"state_dict": ...}, strict, weights only
+            model = open_clip.create_model(model_name, pretrained=str(file), device="cpu", output_dict=True)
+        except (RuntimeError, KeyError, ValueError) as error:  # a checkpoint of another architecture fails here
             raise ValueError(f"hpsv2 reward: checkpoint_path={str(checkpoint_path)!r} does not fit open_clip's "
-                             f"{model_name!r}: {str(error).splitlines()[0]} ...") from error
+                             f"{model_name!r}: {str(error).strip().splitlines()[0]} ...") from error
         self.model = model.eval().requires_grad_(False).to(self.dtype)
         self.tokenizer = open_clip.get_tokenizer(model_name)
         size = model.visual.image_size
