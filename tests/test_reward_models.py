@@ -122,9 +122,9 @@ def test_bfloat16_runs_in_bfloat16_and_stays_close(clip_dirs):
     assert {p.dtype for p in half.model.parameters()} == {torch.bfloat16}
     images = images_32()
     full, _ = build("pickscore", **kwargs)(images, PROMPTS, [{}] * 6)
-    low, info = build("pickscore", dtype="bf16", **kwargs)(images, PROMPTS, [{}] * 6)
+    low, _ = build("pickscore", dtype="bf16", **kwargs)(images, PROMPTS, [{}] * 6)
     assert not torch.equal(low, full)  # it did run in lower precision
-    torch.testing.assert_close(low, full, atol=0.05 * LOGIT_SCALE, rtol=0)  # bf16: ~3 significant digits per op
+    torch.testing.assert_close(low, full, atol=0.02 * LOGIT_SCALE, rtol=0)  # cosines within 0.02 (0.007 seen)
     with pytest.raises(ValueError, match=r"dtype='float8' must be one of"):
         build("pickscore", dtype="float8", **kwargs)
 

@@ -103,7 +103,7 @@ def test_hpsv2_bfloat16(tiny_hps):
     low = scorer.scores(batch, PROMPTS).double()
     full, _ = make_reward_fn("hpsv2", checkpoint_path=str(root / "hps_tiny.pt"), model_name=name)(batch, PROMPTS, [{}] * 4)
     assert not torch.equal(low, full)
-    torch.testing.assert_close(low, full, atol=0.05, rtol=0)
+    torch.testing.assert_close(low, full, atol=0.02, rtol=0)  # cosines within 0.02 (0.002 seen)
 
 
 def test_wrong_checkpoint_and_model_name(tiny_hps):

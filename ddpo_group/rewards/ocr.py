@@ -74,8 +74,8 @@ def target_of(prompt: str, metadata: dict | None) -> str:
 def make_engine():
     """RapidOCR with its bundled models; an ImportError that says how to install it."""
     try:
-        from rapidocr_onnxruntime import RapidOCR
         import rapidfuzz  # noqa: F401  (checked here, not at the first reward call)
+        from rapidocr_onnxruntime import RapidOCR
     except ImportError as error:
         raise ImportError(f"the ocr reward needs rapidocr-onnxruntime and rapidfuzz: pip install 'ddpo_group[ocr]' "
                           f"({error})") from error
