@@ -32,7 +32,8 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 def processor():
     tokenizer = CLIPTokenizer(vocab=byte_level_vocab(), merges=[], model_max_length=16)
-    image_processor = ImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    image_processor = ImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                                     image_mean=[0.5, 0.4, 0.3], image_std=[0.2, 0.25, 0.3])  # not CLIP's: read, not assumed
     return CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer)
 
 
