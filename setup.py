@@ -1,5 +1,8 @@
 from setuptools import find_packages, setup
 
+OCR = ['rapidocr-onnxruntime>=1.4.4,<1.5; python_version < "3.13"', "rapidfuzz>=3"]
+HPS = ["open_clip_torch>=2.24"]
+
 setup(
     name="ddpo_group",
     version="0.1.0",
@@ -24,7 +27,11 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "test": ["pytest>=7", "hypothesis>=6", "msgpack>=1.0"],
+        # the OCR reward's engine is small and CPU-only: its tests run with the others (its wheel stops at 3.12)
+        "test": ["pytest>=7", "hypothesis>=6", "msgpack>=1.0", *OCR],
         "msgpack": ["msgpack>=1.0"],  # format="msgpack" of the HTTP reward client
+        "ocr": OCR,  # reward_fn=ocr: RapidOCR with its ONNX models inside the wheel, Levenshtein distance
+        "hps": HPS,  # reward_fn=hpsv2: open_clip (needs a torchvision built for the installed torch)
+        "rewards": OCR + HPS,  # every optional reward; pickscore, clipscore and aesthetic need only transformers
     },
 )

@@ -128,3 +128,13 @@ class PromptSampler:
     def load_state_dict(self, state: dict) -> None:
         version, internal, gauss = state["rng_state"]
         self.rng.setstate((version, tuple(internal), gauss))
+
+
+@register_prompt_fn("ocr")
+def ocr(rng: random.Random | None = None):
+    """A text-rendering caption with its text in double quotes, e.g. 'a red stop sign that says "STOP"'
+    (a text asset); metadata["text"] is the quoted text, the target of the ``ocr`` reward."""
+    from ddpo_group.rewards.ocr import quoted_text
+
+    prompt = (rng or random).choice(_asset_lines("text_rendering.txt"))
+    return prompt, {"text": quoted_text(prompt)}

@@ -89,3 +89,4 @@ def check_rewards(rewards, batch_size: int, name: str) -> torch.Tensor:
 
 from ddpo_group.rewards import builtin  # noqa: E402,F401  (registers the built-in rewards)
 from ddpo_group.rewards import aesthetic, http_client  # noqa: E402,F401  (models load only when built)
+from ddpo_group.rewards import clipscore, hpsv2, ocr, pickscore  # noqa: E402,F401  (models and engines load only when built)
