@@ -72,8 +72,8 @@ def evaluate(trainer: Trainer, num_samples: int, seed: int = 1234) -> tuple[floa
     sample_config.num_batches_per_epoch = math.ceil(num_samples / sample_config.batch_size)
     trainer.unet.eval()
     with trainer.accelerator.autocast(), ThreadPoolExecutor(max_workers=2) as executor:
-        batch = collect_rollouts(trainer.pipe, prompts, metadata, trainer.reward_fn, config.reward_fn, executor,
-                                 sample_config, trainer.negative_prompt_embeds, show_progress=False,
+        batch = collect_rollouts(trainer.family, prompts, metadata, trainer.reward_fn, config.reward_fn, executor,
+                                 sample_config, show_progress=False,
                                  generators=generators)
     accuracy = batch["reward_info"].get("all_correct")
     return float(batch["rewards"].mean()), None if accuracy is None else float(accuracy.float().mean())

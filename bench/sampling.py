@@ -24,7 +24,7 @@ from _common import add_common_args, machine, median_ratio, setup_threads, side_
 
 from ddpo_group.models import TINY_SHAPES, load_pipeline
 from ddpo_group.prompts import PromptSampler
-from ddpo_group.sampling.pipeline import encode_prompts, ensure_ddim, sample_with_logprob
+from ddpo_group.models.families.sd import encode_prompts, ensure_ddim, sample_with_logprob
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -37,7 +37,8 @@ from ddpo_group.models.policy import build_policy, make_optimizer
 from ddpo_group.update.policy import PolicyUpdater
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.sampling.ddim import ddim_step_with_logprob
-from ddpo_group.sampling.pipeline import TransitionScorer, encode_prompts, sample_with_logprob
+from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, sample_with_logprob
+from ddpo_group.sampling.trajectories import TransitionScorer
 
 
 def parse_args(argv=None):
@@ -109,7 +110,8 @@ def build(args):
     config.train.pairs_per_forward = args.pairs_per_forward
     config.train.timestep_fraction = args.timestep_fraction
     accelerator = Accelerator(cpu=args.device == "cpu", mixed_precision=args.mixed_precision)
-    pipe, params = build_policy(config, accelerator.device)
+    family, params = build_policy(config, accelerator.device)
+    pipe = family.pipe
     optimizer = make_optimizer(config, params)
     unet, optimizer = accelerator.prepare(pipe.unet, optimizer)
     negative = encode_prompts(pipe, [""])
@@ -126,7 +128,7 @@ def build(args):
         .expand(-1, args.steps).contiguous().to(accelerator.device),
     }
     updater = PolicyUpdater(config, accelerator, unet, optimizer, params,
-                            TransitionScorer.from_config(config, pipe.scheduler, negative))
+                            TransitionScorer.from_config(config, family))
     return config, accelerator, pipe, unet, optimizer, params, negative, batch, updater
 
 

@@ -22,7 +22,7 @@ from _common import add_common_args, machine, setup_threads, side_by_side
 
 from config.base import get_config
 from ddpo_group.models.policy import build_policy
-from ddpo_group.sampling.pipeline import latent_shape
+from ddpo_group.models.families.sd import latent_shape
 
 
 def parse_args(argv=None):
@@ -37,7 +37,7 @@ def main(argv=None) -> dict[int, float]:
     args = parse_args(argv)
     setup_threads(args.threads)
     config = get_config("group_ppo")
-    pipe, _ = build_policy(config, args.device)
+    pipe = build_policy(config, args.device)[0].pipe
     unet = pipe.unet
     unet.train()
     sizes = [int(r) for r in args.rows.split(",")]

@@ -24,6 +24,7 @@ def base() -> ml_collections.ConfigDict:
     config.resume_from = ""  # a checkpoint directory or a run directory (its latest checkpoint)
     config.use_lora = True
     config.lora_rank = 4
+    config.lora_alpha = 0  # LoRA scale alpha / rank; 0: alpha = rank (Flow-GRPO's recipes use rank 32, alpha 64)
     # performance options (docs/performance.md): none helps the embedded model on a CPU, so all are off
     config.unet_channels_last = False  # channels-last memory format for the UNet (convolutions on GPUs)
     config.compile_unet = False  # torch.compile the UNet's forward (minutes of compilation; pays off on long GPU runs)
@@ -32,11 +33,20 @@ def base() -> ml_collections.ConfigDict:
     config.pretrained = pretrained = ml_collections.ConfigDict()
     pretrained.model = "tiny-shapes"
     pretrained.revision = ""
+    pretrained.family = ""  # "sd", "sd3" or "flux"; "": from the pipeline class in the model's model_index.json
+    pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
+    pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
 
     # ---- sampling ----
     config.sample = sample = ml_collections.ConfigDict()
     sample.num_steps = 20
-    sample.eta = 1.0
+    sample.eval_num_steps = 0  # steps of scripts/evaluate.py; 0: num_steps (Flow-GRPO trains on 10 and evaluates on 40)
+    sample.eta = 1.0  # DDIM's noise (Stable Diffusion 1.x/2.x)
+    # flow-matching families (SD3, FLUX): the stochastic step and its noise level a (sampling/flow.py):
+    # "flow_sde" (Flow-GRPO; a = 0.7 for SD3.5, 0.9 for FLUX), "cps" (coefficients-preserving), "dance_sde" (DanceGRPO, 0.3)
+    sample.sde_type = "flow_sde"
+    sample.noise_level = 0.7
+    sample.resolution = 0  # image height and width in pixels; 0: the pipeline's default
     sample.guidance_scale = 5.0
     sample.batch_size = 16  # per process
     sample.num_batches_per_epoch = 2

@@ -23,7 +23,6 @@ from ddpo_group.run.checkpointing import resolve_resume_path
 from ddpo_group.models.lora_export import is_lora_dir
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.rewards.combine import make_combined_reward
-from ddpo_group.sampling.pipeline import ensure_ddim
 
 
 def find_run_config(path: str | Path, levels: int = 4) -> tuple[dict | None, Path | None]:
@@ -56,12 +55,12 @@ def resolve_finetuned(path: str | Path) -> tuple[str, Path]:
     return "weights", checkpoint
 
 
-def load_finetuned_weights(pipe, checkpoint: Path, run_config: dict | None) -> None:
-    """Load an accelerate checkpoint's UNet weights (full, or LoRA without an export) into ``pipe.unet``."""
-    from peft import LoraConfig
+def load_finetuned_weights(family, checkpoint: Path, run_config: dict | None) -> None:
+    """Load an accelerate checkpoint's denoiser weights (full, or LoRA without an export) into ``family.model``."""
+    from ml_collections import ConfigDict
     from safetensors.torch import load_file
 
-    from ddpo_group.models.policy import LORA_TARGET_MODULES
+    from ddpo_group.models.policy import lora_config
 
     files = sorted(checkpoint.glob("model*.safetensors"))
     if not files:
@@ -70,9 +69,10 @@ def load_finetuned_weights(pipe, checkpoint: Path, run_config: dict | None) -> N
     # a reference adapter (train.reference_update_freq > 0) lives in the same UNet: it is not the policy
     state = {k: v for k, v in state.items() if not re.search(r"\.lora_[AB]\.reference\.", k)}
     if any("lora_" in key for key in state):
-        rank = int((run_config or {}).get("lora_rank", 4))
-        pipe.unet.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=LORA_TARGET_MODULES))
-    pipe.unet.load_state_dict(state)
+        run = ConfigDict({"lora_rank": int((run_config or {}).get("lora_rank", 4)),
+                          "lora_alpha": int((run_config or {}).get("lora_alpha", 0))})
+        family.model.add_adapter(lora_config(run, family.lora_target_modules))
+    family.model.load_state_dict(state)
 
 
 def draw_prompts(prompt_fn: str, kwargs: dict, n: int, seed: int) -> tuple[list[str], list[dict]]:
@@ -94,17 +94,18 @@ def draw_prompts(prompt_fn: str, kwargs: dict, n: int, seed: int) -> tuple[list[
 
 
 @torch.no_grad()
-def sample_images(pipe, prompts: list[str], seeds: list[int], num_steps: int, guidance_scale: float, eta: float,
-                  batch_size: int, progress: tqdm | None = None) -> torch.Tensor:
-    """Images [N * M, 3, H, W] in [0, 1], prompt-major: index i * M + j is prompt i with seed j."""
+def sample_images(pipe, prompts: list[str], seeds: list[int], num_steps: int, guidance_scale: float, batch_size: int,
+                  progress: tqdm | None = None, **pipeline_kwargs) -> torch.Tensor:
+    """Images [N * M, 3, H, W] in [0, 1], prompt-major: index i * M + j is prompt i with seed j, from the pipeline's
+    own ``__call__`` (its standard sampler; ``pipeline_kwargs``: the family's, e.g. DDIM's eta, the resolution)."""
     pairs = [(p, s) for p in prompts for s in seeds]
     out = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
         generators = [torch.Generator(device="cpu").manual_seed(s) for _, s in chunk]
         images = pipe(
-            [p for p, _ in chunk], num_inference_steps=num_steps, guidance_scale=guidance_scale, eta=eta,
-            generator=generators, output_type="pt",
+            [p for p, _ in chunk], num_inference_steps=num_steps, guidance_scale=guidance_scale,
+            generator=generators, output_type="pt", **pipeline_kwargs,
         ).images
         out.append(images.float().cpu())
         if progress is not None:
@@ -174,9 +175,11 @@ def evaluate(finetuned: str, base_model: str | None = None, num_prompts: int = 8
              show_progress: bool = True) -> dict:
     """Sample both models on the same prompts x seeds, score them, write report.json and grid.png; return the report.
 
-    Unset arguments come from the fine-tuned run's config.json (found above ``finetuned``).
+    Unset arguments come from the fine-tuned run's config.json (found above ``finetuned``): the model and its family,
+    prompts, rewards, ``sample.eval_num_steps`` (or ``num_steps``), the guidance, DDIM's eta (Stable Diffusion; the
+    flow families sample with their pipeline's deterministic Euler sampler), the resolution.
     """
-    from ddpo_group.models import load_pipeline
+    from ddpo_group.models import load_family
 
     run_config, run_dir = find_run_config(finetuned)
     cfg = run_config or {}
@@ -186,9 +189,9 @@ def evaluate(finetuned: str, base_model: str | None = None, num_prompts: int = 8
     prompt_fn_kwargs = prompt_fn_kwargs if prompt_fn_kwargs is not None else cfg.get("prompt_fn_kwargs", {})
     reward_fn = reward_fn or cfg.get("reward_fn") or "jpeg_compressibility"
     reward_fn_kwargs = reward_fn_kwargs if reward_fn_kwargs is not None else cfg.get("reward_fn_kwargs", {})
-    num_steps = num_steps or sample_cfg.get("num_steps", 20)
+    num_steps = num_steps or sample_cfg.get("eval_num_steps") or sample_cfg.get("num_steps", 20)
     guidance_scale = guidance_scale if guidance_scale is not None else sample_cfg.get("guidance_scale", 5.0)
-    eta = eta if eta is not None else sample_cfg.get("eta", 1.0)
+    sample_cfg = {**sample_cfg, "eta": eta if eta is not None else sample_cfg.get("eta", 1.0)}
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     kind, source = resolve_finetuned(finetuned)
     out_dir = Path(out_dir) if out_dir else (run_dir or Path.cwd()) / "evaluation"
@@ -197,23 +200,25 @@ def evaluate(finetuned: str, base_model: str | None = None, num_prompts: int = 8
     prompts, metadata = draw_prompts(prompt_fn, dict(prompt_fn_kwargs), num_prompts, seed)
     seeds = [seed + j for j in range(num_seeds)]
     combined = make_combined_reward(reward_fn, reward_fn_kwargs)
-    pipe = ensure_ddim(load_pipeline(base_model)).to(device)
+    family = load_family(base_model, family=cfg.get("pretrained", {}).get("family", ""))
+    pipe = family.pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     batches = math.ceil(len(prompts) * len(seeds) / batch_size)
-    settings = dict(num_steps=num_steps, guidance_scale=guidance_scale, eta=eta, batch_size=batch_size)
+    settings = dict(num_steps=num_steps, guidance_scale=guidance_scale, batch_size=batch_size,
+                    **family.pipeline_kwargs(sample_cfg, cfg.get("pretrained", {})))
     with tqdm(total=2 * batches, desc="evaluate (base, then fine-tuned)", disable=not show_progress) as progress:
         base_images = sample_images(pipe, prompts, seeds, progress=progress, **settings)
         if kind == "lora":
             pipe.load_lora_weights(str(source))
         else:
-            load_finetuned_weights(pipe, source, run_config)
+            load_finetuned_weights(family, source, run_config)
         tuned_images = sample_images(pipe, prompts, seeds, progress=progress, **settings)
     metadata_all = [metadata[i] for i in range(len(prompts)) for _ in seeds]
     prompts_all = [p for p in prompts for _ in seeds]
     base_rewards = score(combined, base_images, prompts_all, metadata_all)
     tuned_rewards = score(combined, tuned_images, prompts_all, metadata_all)
 
-    info = {"base_model": str(base_model), "finetuned": str(finetuned), "loaded": f"{kind}:{source}",
+    info = {"base_model": str(base_model), "family": family.name, "finetuned": str(finetuned), "loaded": f"{kind}:{source}",
             "reward_fn": reward_fn, "prompt_fn": prompt_fn, **settings,
             "interval": "normal approximation: mean -+ 1.96 std / sqrt(n)"}
     report = build_report(prompts, seeds, base_rewards, tuned_rewards, info)

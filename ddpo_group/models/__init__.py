@@ -1,16 +1,14 @@
 """The embedded default model and the pipeline loader.
 
 ``pretrained.model = "tiny-shapes"`` (the default) is the Stable-Diffusion-format model shipped in
-this package (trained by scripts/pretrain_tiny.py); any other value is passed to
-``StableDiffusionPipeline.from_pretrained`` as a hub id or a local directory.
+this package (trained by scripts/pretrain_tiny.py); any other value is a hub id or a local diffusers
+directory, loaded by its model family's pipeline class (models/families/).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-
-from diffusers import StableDiffusionPipeline
 
 TINY_SHAPES = "tiny-shapes"
 TINY_SHAPES_DIR = Path(__file__).resolve().parent / "tiny_shapes"
@@ -41,8 +39,8 @@ def _dtype_kwargs(dtype) -> dict:
     return {"dtype": dtype}
 
 
-def load_pipeline(name_or_path: str, revision: str | None = None, torch_dtype=None) -> StableDiffusionPipeline:
-    """A StableDiffusionPipeline from "tiny-shapes", a local diffusers directory or a hub id (clear error if none)."""
+def locate(name_or_path: str) -> tuple[str, bool]:
+    """(path or hub id, whether it is a local directory); FileNotFoundError for a path that does not exist."""
     path = resolve_model_path(name_or_path)
     local = os.path.isdir(path)
     if not local and (path.startswith((".", "/", "~")) or path.count("/") > 1):  # meant as a path, not a hub id
@@ -50,13 +48,26 @@ def load_pipeline(name_or_path: str, revision: str | None = None, torch_dtype=No
             f"pretrained.model={name_or_path!r}: no such directory; give 'tiny-shapes', a hub id "
             "(owner/name) or a local directory with model_index.json"
         )
+    return path, local
+
+
+def load_family(name_or_path: str, revision: str | None = None, torch_dtype=None, family: str = "", config=None):
+    """The model family (models/families/) of "tiny-shapes", a local diffusers directory or a hub id, with its
+    pipeline loaded; ``family`` overrides the one read from ``model_index.json`` (clear error if nothing loads)."""
+    from ddpo_group.models.families import family_name, get_family
+
+    path, local = locate(name_or_path)
     try:
-        return StableDiffusionPipeline.from_pretrained(
-            path, revision=revision or None, safety_checker=None, requires_safety_checker=False,
-            local_files_only=local, **_dtype_kwargs(torch_dtype),
-        )
+        cls = get_family(family_name({"model": name_or_path, "family": family}, path, local))
+        pipe = cls.load_pipeline(path, local, revision, _dtype_kwargs(torch_dtype))
     except (OSError, ValueError) as error:
         raise FileNotFoundError(
             f"pretrained.model={name_or_path!r} could not be loaded: it must be 'tiny-shapes', a hub id, "
             f"or a local directory with model_index.json ({type(error).__name__}: {error})"
         ) from error
+    return cls(pipe, config)
+
+
+def load_pipeline(name_or_path: str, revision: str | None = None, torch_dtype=None, family: str = ""):
+    """The diffusers pipeline of ``name_or_path`` (``load_family``'s pipeline)."""
+    return load_family(name_or_path, revision, torch_dtype, family).pipe

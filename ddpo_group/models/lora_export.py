@@ -1,12 +1,12 @@
-"""LoRA export in diffusers format: the trained adapter, loadable on the base pipeline.
+"""LoRA export in diffusers format: the trained adapter, loadable on the base pipeline of its family.
 
-    pipe = StableDiffusionPipeline.from_pretrained(base_model)
+    pipe = StableDiffusionPipeline.from_pretrained(base_model)     # or StableDiffusion3Pipeline, FluxPipeline
     pipe.load_lora_weights("<run>/lora")          # or "<run>/checkpoints/checkpoint_<epoch>/lora"
 
-The adapter's peft state dict is converted to diffusers' key names
-(peft's ``get_peft_model_state_dict`` + diffusers' ``convert_state_dict_to_diffusers``) and written
-with ``StableDiffusionPipeline.save_lora_weights`` (``pytorch_lora_weights.safetensors``), with the
-adapter's LoraConfig as metadata so rank and alpha (the scale alpha / r) survive the round trip.
+The adapter's peft state dict is converted to diffusers' key names (peft's ``get_peft_model_state_dict`` +
+diffusers' ``convert_state_dict_to_diffusers``) and written with the family's pipeline class's
+``save_lora_weights`` (``pytorch_lora_weights.safetensors``; models/families/base.py), with the adapter's
+LoraConfig as metadata so rank and alpha (the scale alpha / r) survive the round trip.
 """
 
 from __future__ import annotations
@@ -14,37 +14,28 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from diffusers import StableDiffusionPipeline
-from diffusers.utils import convert_state_dict_to_diffusers
-from peft.utils import get_peft_model_state_dict
-
 LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 
 
-def _unwrap(model):
-    while hasattr(model, "module"):  # DDP / accelerate wrappers
+def unwrap(model):
+    """The module inside DDP / accelerate wrappers and torch.compile."""
+    while hasattr(model, "module"):
         model = model.module
-    return getattr(model, "_orig_mod", model)  # torch.compile
+    return getattr(model, "_orig_mod", model)
 
 
-def has_lora(unet) -> bool:
-    return bool(getattr(_unwrap(unet), "peft_config", None))
+def has_lora(model) -> bool:
+    return bool(getattr(unwrap(model), "peft_config", None))
 
 
-def save_lora(unet, directory: str | os.PathLike, adapter_name: str = "default") -> Path:
-    """Write ``unet``'s LoRA adapter ``adapter_name`` to ``directory`` in diffusers format; returns the directory."""
-    unet = _unwrap(unet)
-    if adapter_name not in getattr(unet, "peft_config", {}):
-        raise ValueError(f"the UNet has no LoRA adapter {adapter_name!r} to export (use_lora=False?)")
-    state = get_peft_model_state_dict(unet, adapter_name=adapter_name)
-    state = convert_state_dict_to_diffusers({k: v.detach().float().cpu().contiguous() for k, v in state.items()})
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    StableDiffusionPipeline.save_lora_weights(
-        save_directory=str(directory), unet_lora_layers=state, safe_serialization=True,
-        unet_lora_adapter_metadata=unet.peft_config[adapter_name].to_dict(),
-    )
-    return directory
+def save_lora(model, directory: str | os.PathLike, family=None, adapter_name: str = "default") -> Path:
+    """Write ``model``'s LoRA adapter to ``directory`` in the diffusers format of ``family`` (default: Stable
+    Diffusion's UNet); returns the directory."""
+    if family is None:
+        from ddpo_group.models.families.sd import StableDiffusionFamily
+
+        family = StableDiffusionFamily
+    return family.save_lora(model, directory, adapter_name)
 
 
 def is_lora_dir(path: str | os.PathLike) -> bool:

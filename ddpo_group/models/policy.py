@@ -1,23 +1,23 @@
-"""The policy: load the pipeline, freeze what is not trained, add LoRA (peft) or train the full UNet."""
+"""The policy: load the model family's pipeline, freeze what is not trained, add LoRA (peft) or train the full
+denoiser (the UNet or the transformer)."""
 
 from __future__ import annotations
 
 import torch
-from diffusers import StableDiffusionPipeline
 from peft import LoraConfig
 
-from ddpo_group.models import load_pipeline
-from ddpo_group.sampling.pipeline import ensure_ddim
+from ddpo_group.models import load_family
 
-LORA_TARGET_MODULES = ["to_k", "to_q", "to_v", "to_out.0"]
 DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
-def lora_config(config) -> LoraConfig:
-    """The policy's LoRA configuration (also used for the reference adapter)."""
-    return LoraConfig(
-        r=config.lora_rank, lora_alpha=config.lora_rank, init_lora_weights="gaussian", target_modules=LORA_TARGET_MODULES
-    )
+def lora_config(config, target_modules) -> LoraConfig:
+    """The policy's LoRA configuration (also used for the reference adapter): rank ``lora_rank``, scale
+    ``lora_alpha / lora_rank`` (``lora_alpha`` 0: equal to the rank), on the family's attention projections."""
+    alpha = config.get("lora_alpha", 0) or config.lora_rank
+    return LoraConfig(r=config.lora_rank, lora_alpha=alpha, init_lora_weights="gaussian",
+                      target_modules=list(target_modules))
 
 
 def place(module: torch.nn.Module, device, dtype: torch.dtype) -> None:
@@ -32,43 +32,54 @@ def place(module: torch.nn.Module, device, dtype: torch.dtype) -> None:
         torch.nn.Module.to(module, dtype=dtype)
 
 
-def build_policy(config, device) -> tuple[StableDiffusionPipeline, list[torch.nn.Parameter]]:
-    """Load the pipeline on ``device``; return it and the trainable parameters (LoRA or the whole UNet).
+def build_policy(config, device) -> tuple:
+    """Load the model family (its pipeline) on ``device``; return it and the trainable parameters (LoRA or the whole
+    denoiser).
 
-    The pipeline is loaded in the mixed-precision dtype (``torch_dtype``): frozen parts (VAE, text
-    encoder, and the UNet's base weights under LoRA) stay in it to save memory; trainable parameters
-    are float32 (as in ddpo-pytorch). Performance options (config/base.py): ``train.gradient_checkpointing``
-    (recompute the UNet's activations in the backward: less memory, about a third more compute) and
-    ``unet_channels_last`` (memory format); ``compile_unet`` is applied by the trainer, once the reference
-    model (which may copy the UNet or add an adapter to it) is built.
+    The pipeline is loaded in the mixed-precision dtype: frozen parts (VAE, text encoders, and the denoiser's base
+    weights under LoRA) stay in it to save memory; trainable parameters are float32 (as in ddpo-pytorch). The text
+    encoders run on ``pretrained.text_encoder_device`` ("cpu" keeps them off the GPU; their embeddings move to the
+    device). Performance options (config/base.py): ``train.gradient_checkpointing`` (recompute the denoiser's
+    activations in the backward: less memory, about a third more compute) and ``unet_channels_last`` (memory
+    format, for UNets); ``compile_unet`` (the denoiser, UNet or transformer) is applied by the trainer, once the
+    reference model (which may copy the denoiser or add an adapter to it) is built.
     """
     inference_dtype = DTYPES[config.mixed_precision]
-    pipe = ensure_ddim(load_pipeline(config.pretrained.model, revision=config.pretrained.revision or None,
-                                     torch_dtype=inference_dtype))
+    p = config.pretrained
+    family = load_family(p.model, revision=p.revision or None, torch_dtype=inference_dtype, family=p.get("family", ""),
+                         config=config)
+    pipe = family.pipe
     pipe.set_progress_bar_config(disable=True)
-    pipe.vae.requires_grad_(False)
-    pipe.text_encoder.requires_grad_(False)
-    place(pipe.vae, device, inference_dtype)
-    place(pipe.text_encoder, device, inference_dtype)
-    unet = pipe.unet
+    text_device = p.get("text_encoder_device", "") or device
+    for name, module in _frozen(family):
+        module.requires_grad_(False)
+        place(module, text_device if name in TEXT_ENCODERS else device, inference_dtype)
+    model = family.model
     if config.use_lora:
-        unet.requires_grad_(False)
-        place(unet, device, inference_dtype)
-        unet.add_adapter(lora_config(config))
-        for param in unet.parameters():
+        model.requires_grad_(False)
+        place(model, device, inference_dtype)
+        model.add_adapter(lora_config(config, family.lora_target_modules))
+        for param in model.parameters():
             if param.requires_grad:
                 param.data = param.data.float()
     else:
-        unet.requires_grad_(True)
-        place(unet, device, torch.float32)
+        model.requires_grad_(True)
+        place(model, device, torch.float32)
     if config.train.get("gradient_checkpointing", False):
-        unet.enable_gradient_checkpointing()
-    if config.get("unet_channels_last", False):
-        unet.to(memory_format=torch.channels_last)
-    trainable = [p for p in unet.parameters() if p.requires_grad]
+        model.enable_gradient_checkpointing()
+    if config.get("unet_channels_last", False) and family.model_attribute == "unet":  # convolutions' memory format
+        model.to(memory_format=torch.channels_last)
+    trainable = [q for q in model.parameters() if q.requires_grad]
     if not trainable:
-        raise ValueError("the policy has no trainable parameters (check use_lora and the UNet's attention modules)")
-    return pipe, trainable
+        raise ValueError(f"the policy has no trainable parameters (check use_lora and the {family.model_attribute}'s "
+                         f"modules {list(family.lora_target_modules)})")
+    return family, trainable
+
+
+def _frozen(family) -> list:
+    """(pipeline attribute, module) of every frozen module, in the pipeline's order."""
+    return [(name, module) for name, module in family.pipe.components.items()
+            if isinstance(module, torch.nn.Module) and module is not family.model]
 
 
 def make_optimizer(config, params) -> torch.optim.Optimizer:

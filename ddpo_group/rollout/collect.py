@@ -15,8 +15,7 @@ from tqdm.auto import tqdm
 
 from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards import check_rewards
-from ddpo_group.sampling.ddim import step_etas, stochastic_steps
-from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
+from ddpo_group.sampling.trajectories import rows_of, sample_trajectories
 from ddpo_group.timing import NULL_TIMER
 
 
@@ -45,14 +44,15 @@ def score_images(reward_fn, reward_name: str, images, prompts: list[str], metada
     return check_rewards(rewards, len(prompts), reward_name), info or {}
 
 
-def encode_unique(pipe, prompts: list[str]) -> torch.Tensor:
-    """Text embeddings [B, L, D] of ``prompts``, running the text encoder once per distinct prompt."""
+def encode_unique(family, prompts: list[str]) -> dict:
+    """The condition of ``prompts`` (row-indexed tensors), running the text encoders once per distinct prompt."""
     unique = list(dict.fromkeys(prompts))
-    embeds = encode_prompts(pipe, unique)
+    cond = family.encode(unique)
     if len(unique) == len(prompts):
-        return embeds
+        return cond
     position = {prompt: i for i, prompt in enumerate(unique)}
-    return embeds[torch.tensor([position[p] for p in prompts], device=embeds.device)]
+    rows = torch.tensor([position[p] for p in prompts], device=next(iter(cond.values())).device)
+    return rows_of(cond, rows)
 
 
 def failing_images(reward_fn, images, prompts: list[str], metadata: list[dict]) -> str:
@@ -72,14 +72,13 @@ def failing_images(reward_fn, images, prompts: list[str], metadata: list[dict]) 
 
 
 def collect_rollouts(
-    pipe,
+    family,
     prompts: list[str],
     metadata: list[dict],
     reward_fn,
     reward_name: str,
     executor: Executor,
     sample_config,
-    negative_prompt_embeds: torch.Tensor,
     show_progress: bool = True,
     desc: str = "sampling",
     generators: list[torch.Generator] | None = None,
@@ -88,51 +87,51 @@ def collect_rollouts(
     timer=NULL_TIMER,
     initial_noise: torch.Tensor | None = None,
 ) -> dict:
-    """Sample this process's prompts in ``num_batches_per_epoch`` batches and score them.
+    """Sample this process's prompts in ``num_batches_per_epoch`` batches with ``family`` and score them.
 
-    Returns the batch record: prompts, metadata, prompt_embeds [B, L, D], latents / next_latents
-    [B, T, C, h, w], log_probs [B, T], timesteps [B, T], rewards [B] (float64, checked), images
-    [B, 3, H, W] and reward_info; values [B, T] (pre-step critic values) when ``critic`` is given.
-    ``generators`` (one per sample) make each sample's noise independent of the batch layout;
-    ``initial_noise`` [B, C, h, w] gives each sample's x_T (e.g. shared by the copies of a prompt).
-    ``timer`` (a PhaseTimer) charges the time to "sampling", "critic" and "reward" (waiting for the
+    Returns the batch record: prompts, metadata, the condition's tensors (``family.cond_keys``: prompt_embeds, ...),
+    latents / next_latents [B, T, ...], log_probs [B, T], the per-step tensors (``family.step_keys``: timesteps,
+    sigmas, ...) [B, T], rewards [B] (float64, checked), images [B, 3, H, W] and reward_info; values [B, T]
+    (pre-step critic values) when ``critic`` is given. ``generators`` (one per sample) make each sample's noise
+    independent of the batch layout; ``initial_noise`` [B, ...] gives each sample's x_T (e.g. shared by the copies
+    of a prompt). ``timer`` (a PhaseTimer) charges the time to "sampling", "critic" and "reward" (waiting for the
     reward workers once sampling is done).
     ``should_stop()``, asked before each batch, abandons the sampling (EpochAbandoned) when true.
     """
     batches, futures = [], []
     size = sample_config.batch_size
-    etas = step_etas(sample_config.eta, stochastic_steps(sample_config))
+    noise_levels = family.noise_levels(sample_config)
     with timer.phase("sampling"):
-        all_embeds = encode_unique(pipe, prompts)
+        all_cond = encode_unique(family, prompts)
     for i in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):
         if should_stop is not None and should_stop():
             for future in futures:
                 future.cancel()
             wait(futures)  # a reward call already running finishes before the caller restores and checkpoints
             raise EpochAbandoned(f"sampling stopped before batch {i} of {sample_config.num_batches_per_epoch}")
-        batch_prompts, batch_metadata = prompts[i * size : (i + 1) * size], metadata[i * size : (i + 1) * size]
-        prompt_embeds = all_embeds[i * size : (i + 1) * size]
+        rows = slice(i * size, (i + 1) * size)
+        batch_prompts, batch_metadata, cond = prompts[rows], metadata[rows], rows_of(all_cond, rows)
         with timer.phase("sampling"):
-            negative = negative_prompt_embeds.expand(len(batch_prompts), -1, -1)
-            traj = sample_with_logprob(
-                pipe, prompt_embeds, negative, sample_config.num_steps, sample_config.guidance_scale, etas,
-                generator=generators[i * size : (i + 1) * size] if generators is not None else None,
-                initial_noise=initial_noise[i * size : (i + 1) * size] if initial_noise is not None else None,
+            traj = sample_trajectories(
+                family, family.model, cond, family.negative_condition(), sample_config.num_steps,
+                sample_config.guidance_scale, noise_levels,
+                generator=generators[rows] if generators is not None else None,
+                initial_noise=initial_noise[rows] if initial_noise is not None else None,
                 log_prob_reduce=sample_config.log_prob_reduce,
             )
         if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
             with timer.phase("critic"):
-                traj.values = critic.values(traj.latents[:, :-1], traj.timesteps, prompt_embeds)
+                traj.values = critic.values(traj.latents[:, :-1], traj.timesteps, cond["prompt_embeds"])
         futures.append(executor.submit(score_images, reward_fn, reward_name, traj.images, batch_prompts, batch_metadata))
         batches.append(
             {
                 "prompts": batch_prompts,
                 "metadata": batch_metadata,
-                "prompt_embeds": prompt_embeds,
+                **cond,
                 "latents": traj.latents[:, :-1],
                 "next_latents": traj.latents[:, 1:],
                 "log_probs": traj.log_probs,
-                "timesteps": traj.timesteps,
+                **traj.steps,
                 "images": traj.images,
                 **({"values": traj.values} if critic is not None else {}),
             }
@@ -162,30 +161,28 @@ def _merge_infos(infos: list[dict]) -> dict:
 
 
 @torch.no_grad()
-def greedy_rewards(pipe, prompts: list[str], metadata: list[dict], keys: list[int], reward_fn, reward_name: str,
-                   sample_config, negative_prompt_embeds: torch.Tensor, seed: int,
-                   initial_noise: torch.Tensor | None = None) -> torch.Tensor:
-    """ReMax's baseline: the reward [B] of one greedy (eta = 0) sample per distinct ``keys`` entry (prompt group).
+def greedy_rewards(family, prompts: list[str], metadata: list[dict], keys: list[int], reward_fn, reward_name: str,
+                   sample_config, seed: int, initial_noise: torch.Tensor | None = None) -> torch.Tensor:
+    """ReMax's baseline: the reward [B] of one greedy (noise level 0) sample per distinct ``keys`` entry (prompt group).
 
     The greedy sample of a group starts from noise seeded by (seed, key), so every process that
-    holds a copy of the group gets the same baseline; or, given ``initial_noise`` [B, C, h, w] (rows
+    holds a copy of the group gets the same baseline; or, given ``initial_noise`` [B, ...] (rows
     aligned with ``keys``, equal within a group), from its group's x_T.
     """
     first = {}
     for i, key in enumerate(keys):
         first.setdefault(key, i)
     order = list(first)
-    device = negative_prompt_embeds.device
+    device = family.device
     rewards = {}
     size = sample_config.batch_size
     for start in range(0, len(order), size):
         chunk = order[start : start + size]
         batch_prompts = [prompts[first[k]] for k in chunk]
-        embeds = encode_prompts(pipe, batch_prompts)
         generators = [torch.Generator(device=device).manual_seed(int(seed) * 1_000_003 + int(k)) for k in chunk]
-        traj = sample_with_logprob(
-            pipe, embeds, negative_prompt_embeds.expand(len(chunk), -1, -1), sample_config.num_steps,
-            sample_config.guidance_scale, eta=0.0, generator=generators, compute_log_prob=False,
+        traj = sample_trajectories(
+            family, family.model, family.encode(batch_prompts), family.negative_condition(), sample_config.num_steps,
+            sample_config.guidance_scale, [0.0] * sample_config.num_steps, generator=generators, compute_log_prob=False,
             initial_noise=torch.stack([initial_noise[first[k]] for k in chunk]) if initial_noise is not None else None,
         )
         values, _ = score_images(reward_fn, reward_name, traj.images, batch_prompts, [metadata[first[k]] for k in chunk])

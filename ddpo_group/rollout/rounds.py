@@ -21,9 +21,7 @@ from ddpo_group.algorithms import AdvantageInputs, AdvantageOutput, zero_varianc
 from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rollout.collect import collect_rollouts, greedy_rewards
 from ddpo_group.rollout.snapshot import SamplingSnapshot
-from ddpo_group.sampling.ddim import stochastic_steps
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
-from ddpo_group.sampling.pipeline import latent_shape
 from ddpo_group.timing import NULL_TIMER
 
 
@@ -138,12 +136,12 @@ class RolloutCollector:
     batch and after the last round: when true, the epoch is abandoned (EpochAbandoned) and what sampling changed
     (prompt sampler, stat tracker, random generators) is restored."""
 
-    def __init__(self, config, accelerator, pipe, reward_fn, prompt_sampler, stat_tracker, estimator, controller=None,
+    def __init__(self, config, accelerator, family, reward_fn, prompt_sampler, stat_tracker, estimator, controller=None,
                  critic=None, kl=None, scorer=None, should_stop=lambda: False, timer=NULL_TIMER):
-        self.config, self.accelerator, self.pipe, self.reward_fn = config, accelerator, pipe, reward_fn
+        self.config, self.accelerator, self.family, self.reward_fn = config, accelerator, family, reward_fn
         self.prompt_sampler, self.stat_tracker = prompt_sampler, stat_tracker
         self.estimator, self.controller, self.critic = estimator, controller, critic
-        self.kl, self.scorer = kl, scorer  # scorer: the guidance, eta and negative prompt the samples are drawn with
+        self.kl, self.scorer = kl, scorer  # scorer: recorded transitions' log-probs (the KL in the reward)
         self.should_stop, self.timer = should_stop, timer
         self.shards = ProcessShards(accelerator, config.sample.batch_size * config.sample.num_batches_per_epoch)
         self.executor = ThreadPoolExecutor(max_workers=2)  # reward calls run while the next batch samples
@@ -175,11 +173,11 @@ class RolloutCollector:
         seed = round_seed(config.seed, epoch, round_index)
         initial_noise = None
         if config.sample.same_initial_noise:
-            initial_noise = group_initial_noise(seed, groups[mine], latent_shape(self.pipe.unet), accelerator.device)
+            initial_noise = group_initial_noise(seed, groups[mine], self.family.latent_shape(), accelerator.device)
         with accelerator.autocast():  # the precision the training forward recomputes log-probs in
             batch = collect_rollouts(
-                self.pipe, prompts[mine], metadata[mine], self.reward_fn, config.reward_fn, self.executor,
-                config.sample, self.scorer.negative_prompt_embeds, show_progress=accelerator.is_local_main_process,
+                self.family, prompts[mine], metadata[mine], self.reward_fn, config.reward_fn, self.executor,
+                config.sample, show_progress=accelerator.is_local_main_process,
                 desc=f"epoch {epoch}: sampling", generators=sample_generators(seed, mine, accelerator.device),
                 critic=self.critic, should_stop=self.should_stop, timer=self.timer, initial_noise=initial_noise,
             )
@@ -198,14 +196,13 @@ class RolloutCollector:
         if self.estimator.needs_greedy_rewards:
             with self.timer.phase("sampling"):  # greedy samples and their rewards
                 extra["greedy_rewards"] = greedy_rewards(
-                    self.pipe, batch["prompts"], batch["metadata"], groups, self.reward_fn, config.reward_fn,
-                    config.sample, self.scorer.negative_prompt_embeds, seed=config.seed * 1_000_003 + epoch,
-                    initial_noise=initial_noise,
+                    self.family, batch["prompts"], batch["metadata"], groups, self.reward_fn, config.reward_fn,
+                    config.sample, seed=config.seed * 1_000_003 + epoch, initial_noise=initial_noise,
                 )
         if self.kl is not None and self.kl.in_reward:
             with self.timer.phase("reference"):
-                kl = self.kl.rollout_kl(batch, self.scorer, self.pipe.unet, config.train.pairs_per_forward,
-                                        stochastic_steps(config.sample))
+                kl = self.kl.rollout_kl(batch, self.scorer, self.family.model, config.train.pairs_per_forward,
+                                        self.family.stochastic_steps(config.sample))
             extra["step_kl"], extra["step_rewards"] = kl, self.kl.step_rewards(kl)
         return extra
 

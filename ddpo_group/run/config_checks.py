@@ -1,14 +1,15 @@
 """Config contradictions, caught at start with a message naming the fields.
 
-The general fields are checked here; each registered piece checks its own: the advantage estimator
-(its registration's ``check``), the KL term (reference/regularizer.py), the critic (update/critic.py).
+The general fields are checked here; each registered piece checks its own: the model family (its sampling
+fields: DDIM's eta, the flow SDE, guidance in the training forward), the advantage estimator (its registration's
+``check``), the KL term (reference/regularizer.py), the critic (update/critic.py).
 """
 
 from __future__ import annotations
 
 from ddpo_group.errors import ConfigError
 from ddpo_group.models.policy import DTYPES
-from ddpo_group.sampling.ddim import REDUCTIONS
+from ddpo_group.sampling.gaussian import REDUCTIONS
 
 WANDB_MODES = ("online", "offline", "disabled")
 
@@ -18,6 +19,7 @@ __all__ = ["ConfigError", "validate_config", "algorithm_errors"]
 def validate_config(config, num_processes: int = 1) -> None:
     """Raise ConfigError listing every contradiction found in ``config``."""
     errors = sampling_and_training_errors(config, num_processes) + run_errors(config, num_processes)
+    errors.extend(family_errors(config))
     errors.extend(algorithm_errors(config))
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
@@ -36,10 +38,6 @@ def sampling_and_training_errors(config, num_processes: int) -> list[str]:
     need = _collector(errors)
     s, t = config.sample, config.train
     need(s.num_steps >= 1, f"sample.num_steps={s.num_steps} must be >= 1")
-    need(
-        s.eta > 0,
-        f"sample.eta={s.eta} must be > 0: with eta = 0 the DDIM step is deterministic and has no log-probability",
-    )
     start, size = s.get("sde_window_start", 0), s.get("sde_window_size", 0)
     need(
         size >= 0 and start >= 0 and (size == 0 or start + size <= s.num_steps),
@@ -93,13 +91,6 @@ def sampling_and_training_errors(config, num_processes: int) -> list[str]:
             f"{s.num_batches_per_epoch} = {samples_per_epoch}"
         )
 
-    guided = s.guidance_scale > 1.0
-    if bool(t.cfg) != guided:
-        errors.append(
-            f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: the training forward must "
-            "use guidance exactly when sampling did (guidance_scale > 1), or the recomputed log-probs are off-policy"
-        )
-
     return errors
 
 
@@ -119,6 +110,21 @@ def run_errors(config, num_processes: int) -> list[str]:
         need(tracking.min_count >= 1, f"per_prompt_stat_tracking.min_count={tracking.min_count} must be >= 1")
     need(num_processes >= 1, f"num_processes={num_processes} must be >= 1")
     return errors
+
+
+def family_errors(config) -> list[str]:
+    """The model family's contradictions (the family is read from the model's model_index.json before the model loads;
+    a model that cannot be found is reported by the load itself, after the cheaper checks of prompts and rewards)."""
+    from ddpo_group.models.families import FAMILY_REGISTRY, family_name, get_family
+
+    chosen = config.pretrained.get("family", "")
+    if chosen and chosen not in FAMILY_REGISTRY:
+        return [f"pretrained.family={chosen!r} must be one of {FAMILY_REGISTRY.names()} (or '': from the model)"]
+    try:
+        name = family_name(config.pretrained)
+    except (OSError, ValueError, KeyError):
+        return []
+    return get_family(name).config_errors(config)
 
 
 def algorithm_errors(config) -> list[str]:

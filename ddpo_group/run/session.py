@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 
 from ddpo_group.errors import EpochAbandoned, NonFiniteLossError, TrainingInterrupted, signal_name
-from ddpo_group.models.lora_export import save_lora
 from ddpo_group.run.checkpointing import (
     TrainingState,
     checkpoint_dir,
@@ -61,12 +60,13 @@ class RunSession:
         self.stop = StopRequest()  # installed by run_epochs: Ctrl-C / SIGTERM
         self.saved_epoch = None  # the epoch of the checkpoint last written or resumed from
         self.accelerator = None
-        self.model = None  # the policy model (accelerate-wrapped), for the LoRA export
+        self.model = self.family = None  # the policy model (accelerate-wrapped) and its family, for the LoRA export
         self.timer = NULL_TIMER
 
-    def attach(self, accelerator, model, stateful: list, timer=NULL_TIMER) -> None:
-        """Register the run's state for checkpoints, resume it, write config.json and start the trackers."""
-        self.accelerator, self.model, self.timer = accelerator, model, timer
+    def attach(self, accelerator, model, family, stateful: list, timer=NULL_TIMER) -> None:
+        """Register the run's state for checkpoints, resume it, write config.json and start the trackers.
+        ``family`` exports ``model``'s LoRA adapter in its pipeline's diffusers format."""
+        self.accelerator, self.model, self.family, self.timer = accelerator, model, family, timer
         if self.wandb_note:
             self.print(self.wandb_note)
         for warning in self.resume_warnings:
@@ -165,7 +165,7 @@ class RunSession:
         def extra(directory: Path) -> None:  # main process, before the checkpoint is marked complete
             write_state_fields(directory, self.config, self.accelerator.num_processes)
             if self.exports_lora:
-                save_lora(self.model, directory / "lora")
+                self.family.save_lora(self.model, directory / "lora")
 
         with self.timer.phase("checkpoint"):
             path = save_checkpoint(self.accelerator, self.run_dir / "checkpoints", epoch,
@@ -178,7 +178,7 @@ class RunSession:
         """After the last epoch: the LoRA export, the trackers closed, ``close()`` (the reward workers), the summary."""
         with self.timer.phase("checkpoint"):
             if self.exports_lora and self.accelerator.is_main_process:
-                self.print(f"LoRA (diffusers format) in {save_lora(self.model, self.run_dir / 'lora')}")
+                self.print(f"LoRA (diffusers format) in {self.family.save_lora(self.model, self.run_dir / 'lora')}")
             self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         close()

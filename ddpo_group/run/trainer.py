@@ -33,8 +33,7 @@ from ddpo_group.run.config_checks import validate_config
 from ddpo_group.run.epoch_logger import EpochLogger
 from ddpo_group.run.epoch_metrics import epoch_metrics
 from ddpo_group.run.session import RunSession
-from ddpo_group.sampling.ddim import check_trainable_schedule, stochastic_steps
-from ddpo_group.sampling.pipeline import TransitionScorer, encode_prompts
+from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.timing import PHASES, PhaseTimer
 from ddpo_group.update.critic import Critic
 from ddpo_group.update.policy import PolicyUpdater
@@ -61,11 +60,11 @@ class Trainer:
         if self.kl is not None:
             self.kl.timer = self.timer  # reference forwards count as "reference"
         self.rollouts = RolloutCollector(
-            config, self.accelerator, self.pipe, self.reward_fn, self.prompt_sampler, self.stat_tracker, self.estimator,
+            config, self.accelerator, self.family, self.reward_fn, self.prompt_sampler, self.stat_tracker, self.estimator,
             self.estimator_controller, self.critic, self.kl, self.scorer, should_stop=self.session.stop_agreed,
             timer=self.timer,
         )
-        self.session.attach(self.accelerator, self.unet, self.checkpointed_state(), self.timer)
+        self.session.attach(self.accelerator, self.unet, self.family, self.checkpointed_state(), self.timer)
         self.epoch_logger = EpochLogger(self.accelerator, self.session.run_dir, self.session.wandb_mode,
                                         config.log_images_every, self.session.print)
 
@@ -82,18 +81,18 @@ class Trainer:
         )
 
     def build_model(self, config) -> None:
-        """The pipeline, its trainable parameters, the KL term's reference (it adds an adapter to or copies the UNet,
-        so before accelerate wraps it), the optimizer, and how recorded transitions are scored."""
-        self.pipe, self.params = build_policy(config, self.accelerator.device)
-        check_trainable_schedule(self.pipe.scheduler, config.sample.num_steps, config.sample.eta,
-                                 stochastic_steps(config.sample))
-        self.kl = KLRegularizer.from_config(config, self.pipe.unet, lora_config(config) if config.use_lora else None)
+        """The model family (its pipeline), the trainable parameters, the KL term's reference (it adds an adapter to
+        or copies the denoiser, so before accelerate wraps it), the optimizer, and how transitions are scored."""
+        self.family, self.params = build_policy(config, self.accelerator.device)
+        self.pipe = self.family.pipe
+        self.family.check_trainable(config.sample)
+        lora = lora_config(config, self.family.lora_target_modules) if config.use_lora else None
+        self.kl = KLRegularizer.from_config(config, self.family.model, lora)
         optimizer = make_optimizer(config, self.params)
         if config.get("compile_unet", False):  # in place (Module.compile): names, hooks and state dict unchanged
-            self.pipe.unet.compile()
-        self.unet, self.optimizer = self.accelerator.prepare(self.pipe.unet, optimizer)
-        self.negative_prompt_embeds = encode_prompts(self.pipe, [""])
-        self.scorer = TransitionScorer.from_config(config, self.pipe.scheduler, self.negative_prompt_embeds)
+            self.family.model.compile()
+        self.unet, self.optimizer = self.accelerator.prepare(self.family.model, optimizer)
+        self.scorer = TransitionScorer.from_config(config, self.family)
 
     def build_algorithm(self, config) -> None:
         """The estimator (and what it declares it needs: a critic, a controller), the stat tracker, the updater."""
@@ -105,8 +104,7 @@ class Trainer:
             self.stat_tracker = PerPromptStatTracker(buffer_size=1, min_count=2**31, mode="buffer")
         self.critic = None
         if self.estimator.needs_critic:
-            self.critic = Critic(config, self.accelerator, self.pipe.unet.config.in_channels,
-                                 self.pipe.text_encoder.config.hidden_size)
+            self.critic = Critic(config, self.accelerator, self.family.latent_shape(), self.family.text_dim)
         self.estimator_controller = self.estimator.controller(config) if self.estimator.controller else None
         self.updater = PolicyUpdater(config, self.accelerator, self.unet, self.optimizer, self.params, self.scorer,
                                      self.kl)

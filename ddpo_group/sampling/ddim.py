@@ -5,38 +5,15 @@ All step math runs in float32 whatever the model's dtype (ALGORITHMS.md, "Sample
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 from diffusers import DDIMScheduler
 from diffusers.utils.torch_utils import randn_tensor
 
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
-REDUCTIONS = ("mean", "sum")
+from ddpo_group.sampling.gaussian import REDUCTIONS, StepOutput, gaussian_log_prob, per_row as _per_row, reduce_latent_dims
 
-
-@dataclass
-class DDIMStepOutput:
-    prev_sample: torch.Tensor  # x_{n+1}, [N, C, H, W] (float32)
-    log_prob: torch.Tensor | None  # l_n, [N]; None when not requested
-    mean: torch.Tensor  # mu_n, [N, C, H, W]
-    std: torch.Tensor  # sigma_n, [N]
-
-
-def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Broadcast a [N] tensor against a [N, ...] tensor."""
-    return values.reshape(values.shape + (1,) * (like.ndim - values.ndim))
-
-
-def reduce_latent_dims(x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
-    """Reduce every dimension but the first (DDPO's convention is the mean)."""
-    dims = tuple(range(1, x.ndim))
-    if reduce == "mean":
-        return x.mean(dim=dims)
-    if reduce == "sum":
-        return x.sum(dim=dims)
-    raise ValueError(f"reduce={reduce!r} is not a log-prob reduction; use one of {REDUCTIONS}")
+DDIMStepOutput = StepOutput  # the record every sampler step returns (sampling/gaussian.py)
+__all__ = ["DDIMStepOutput", "REDUCTIONS", "reduce_latent_dims", "ddim_step_with_logprob", "step_std", "step_alphas",
+           "check_trainable_schedule", "predict_x0_eps"]
 
 
 def step_alphas(scheduler: DDIMScheduler, timestep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,28 +47,6 @@ def step_std(scheduler: DDIMScheduler, timestep: torch.Tensor, eta: float) -> to
     alpha_prod_t, alpha_prod_prev = step_alphas(scheduler, timestep)
     variance = (1 - alpha_prod_prev) / (1 - alpha_prod_t) * (1 - alpha_prod_t / alpha_prod_prev)
     return eta * variance.clamp(min=0).sqrt()
-
-
-def sde_window_mask(num_steps: int, window_start: int = 0, window_size: int = 0) -> torch.Tensor:
-    """[T] bool: the stochastic (and trainable) steps. Size 0: every step; otherwise the steps
-    [start, start + size), the others being deterministic DDIM steps (eta = 0), as in Flow-GRPO-Fast."""
-    mask = torch.zeros(num_steps, dtype=torch.bool)
-    if window_size <= 0:
-        mask[:] = True
-    else:
-        mask[window_start : window_start + window_size] = True
-    return mask
-
-
-def stochastic_steps(sample_config) -> torch.Tensor:
-    """[T] bool of the sampling config: its SDE window (``sample.sde_window_start``/``_size``) or every step."""
-    return sde_window_mask(sample_config.num_steps, int(sample_config.get("sde_window_start", 0)),
-                           int(sample_config.get("sde_window_size", 0)))
-
-
-def step_etas(eta: float, stochastic: torch.Tensor) -> list[float]:
-    """eta_n of each step: ``eta`` where ``stochastic`` [T] is true, 0 (a deterministic DDIM step) elsewhere."""
-    return [eta if inside else 0.0 for inside in stochastic.tolist()]
 
 
 def check_trainable_schedule(scheduler: DDIMScheduler, num_steps: int, eta: float, trainable: torch.Tensor | None = None
@@ -183,6 +138,5 @@ def ddim_step_with_logprob(
     if compute_log_prob:
         if eta <= 0:
             raise ValueError(f"eta={eta}: a DDIM step with eta = 0 is deterministic and has no log-probability")
-        log_density = -((prev_sample.detach() - mean) ** 2) / (2 * std_b**2) - torch.log(std_b) - LOG_SQRT_2PI
-        log_prob = reduce_latent_dims(log_density, reduce)
+        log_prob = gaussian_log_prob(prev_sample, mean, std, reduce)
     return DDIMStepOutput(prev_sample=prev_sample, log_prob=log_prob, mean=mean, std=std)

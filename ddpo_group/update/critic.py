@@ -1,6 +1,7 @@
 """The critic V(x_n, t_n, c): a small value network with its own optimizer (ppo_gae, group_ppo).
 
-    h_x = pool(conv(conv(x)))                 latent features
+    h_x = pool(conv(conv(x)))                 latent features, [C, h, w] latents (SD, SD3)
+        = mean over tokens of MLP(x)          packed [L, D] latents (FLUX)
     h_t = MLP(sinusoidal(t))                  timestep features
     h_c = Linear(mean over tokens of c)       text features
     V   = MLP([h_x, h_t, h_c])                a scalar: the expected terminal reward
@@ -33,21 +34,37 @@ def timestep_features(timesteps: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
 
 
+class TokenFeatures(nn.Module):
+    """Features of packed latents [N, L, D]: a per-token MLP, averaged over the tokens."""
+
+    def __init__(self, token_dim: int, hidden_dim: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(token_dim, hidden_dim), nn.SiLU(), nn.Linear(hidden_dim, hidden_dim), nn.SiLU())
+
+    def forward(self, latents: torch.Tensor) -> torch.Tensor:
+        return self.mlp(latents).mean(dim=1)
+
+
 class ValueNetwork(nn.Module):
-    def __init__(self, latent_channels: int, text_dim: int, hidden_dim: int = 64):
+    def __init__(self, latent_shape: tuple | int, text_dim: int, hidden_dim: int = 64):
+        """``latent_shape``: one latent's shape, (C, h, w) or packed (L, D) (an int: C)."""
         super().__init__()
         self.hidden_dim = hidden_dim
-        self.latent = nn.Sequential(
-            nn.Conv2d(latent_channels, hidden_dim, 3, padding=1), nn.SiLU(),
-            nn.Conv2d(hidden_dim, hidden_dim, 3, stride=2, padding=1), nn.SiLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        )
+        shape = (latent_shape,) if isinstance(latent_shape, int) else tuple(latent_shape)
+        if len(shape) == 2:
+            self.latent = TokenFeatures(shape[1], hidden_dim)
+        else:
+            self.latent = nn.Sequential(
+                nn.Conv2d(shape[0], hidden_dim, 3, padding=1), nn.SiLU(),
+                nn.Conv2d(hidden_dim, hidden_dim, 3, stride=2, padding=1), nn.SiLU(),
+                nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            )
         self.time = nn.Sequential(nn.Linear(2 * (hidden_dim // 2), hidden_dim), nn.SiLU())
         self.text = nn.Linear(text_dim, hidden_dim)
         self.head = nn.Sequential(nn.Linear(3 * hidden_dim, hidden_dim), nn.SiLU(), nn.Linear(hidden_dim, 1))
 
     def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
-        """latents [N, C, h, w], timesteps [N], text_embeds [N, L, D] -> values [N] (float32)."""
+        """latents [N, C, h, w] or [N, L, D], timesteps [N], text_embeds [N, L', D'] -> values [N] (float32)."""
         h = torch.cat(
             [
                 self.latent(latents.float()),
@@ -62,11 +79,11 @@ class ValueNetwork(nn.Module):
 class Critic:
     """The value network (accelerate-prepared: gradients are averaged over processes) and its optimizer."""
 
-    def __init__(self, config, accelerator, latent_channels: int, text_dim: int):
+    def __init__(self, config, accelerator, latent_shape: tuple | int, text_dim: int):
         c = config.critic
         self.config = config
         self.accelerator = accelerator
-        network = ValueNetwork(latent_channels, text_dim, c.hidden_dim).to(accelerator.device)
+        network = ValueNetwork(latent_shape, text_dim, c.hidden_dim).to(accelerator.device)
         self.optimizer = torch.optim.AdamW(network.parameters(), lr=c.learning_rate, weight_decay=c.weight_decay)
         self.network = accelerator.prepare(network)  # saved with the accelerate state (the trainer registers the optimizer)
 

@@ -30,7 +30,6 @@ from tqdm.auto import tqdm
 
 from ddpo_group.algorithms import aggregation_weights, get_policy_loss
 from ddpo_group.errors import NonFiniteLossError
-from ddpo_group.sampling.ddim import stochastic_steps
 
 
 def random_step_mask(batch: int, num_steps: int, fraction: float, generator=None, device=None,
@@ -50,7 +49,7 @@ def random_step_mask(batch: int, num_steps: int, fraction: float, generator=None
 class PolicyUpdater:
     """Runs ``train.num_inner_epochs`` passes of clipped policy-gradient updates over an epoch's samples.
 
-    ``scorer`` (sampling.pipeline.TransitionScorer) gives the step output of recorded transitions under a model;
+    ``scorer`` (sampling.trajectories.TransitionScorer) gives the step output of recorded transitions under a model;
     ``kl`` (reference.regularizer.KLRegularizer or None) adds the KL term when it is in the loss.
     """
 
@@ -76,7 +75,7 @@ class PolicyUpdater:
         """Update the policy on ``batch`` (the local rows); return averaged metrics."""
         t = self.config.train
         num_samples, num_steps = batch["log_probs"].shape
-        self.scorer.scheduler.set_timesteps(self.config.sample.num_steps, device=self.accelerator.device)
+        self.scorer.prepare(self.config.sample.num_steps, self.accelerator.device)
         self.unet.train()
         sums, count, optimizer_steps = defaultdict(float), 0, 0
         total = t.num_inner_epochs * (num_samples // t.batch_size)
@@ -86,7 +85,7 @@ class PolicyUpdater:
         for inner in range(t.num_inner_epochs):
             perm = torch.randperm(num_samples)
             step_mask = random_step_mask(num_samples, num_steps, t.timestep_fraction,  # on the CPU: no syncs
-                                         trainable=stochastic_steps(self.config.sample))
+                                         trainable=self.scorer.family.stochastic_steps(self.config.sample))
             if row_mask is not None:  # dynamic sampling: padded rows take no part in the loss
                 step_mask = step_mask * row_mask[:, None]
             for start in range(0, num_samples, t.batch_size):

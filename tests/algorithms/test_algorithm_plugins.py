@@ -10,7 +10,8 @@ from accelerate import Accelerator
 from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator, get_policy_loss
 from ddpo_group.errors import ConfigError
 from ddpo_group.run.config_checks import validate_config
-from ddpo_group.sampling.pipeline import TransitionScorer, encode_prompts, sample_with_logprob
+from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, sample_with_logprob
+from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy import PolicyUpdater
 from tiny_pipeline import build_tiny_pipeline
 from trainer_helpers import tiny_config, tiny_trainer
@@ -99,7 +100,7 @@ def test_declared_needs_are_checked_at_start_and_on_the_inputs(plugin_files):
 def _updater(config, pipe):
     neg = encode_prompts(pipe, [""])
     return PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, list(pipe.unet.parameters()),
-                         TransitionScorer.from_config(config, pipe.scheduler, neg)), neg
+                         TransitionScorer.from_config(config, StableDiffusionFamily(pipe))), neg
 
 
 def test_a_file_policy_loss_with_a_matrix_takes_the_chunked_update(plugin_files):

@@ -10,6 +10,7 @@ import torch
 from PIL import Image
 
 from ddpo_group.evaluation import build_report, draw_prompts, load_finetuned_weights, resolve_finetuned, stats
+from ddpo_group.models.families.sd import StableDiffusionFamily
 from ddpo_group.run.metrics_log import read_metrics
 from ddpo_group.run.plots import plot_reward_curve
 from ddpo_group.run.summary import format_summary
@@ -88,7 +89,7 @@ def test_short_run_artifacts_lora_export_and_evaluate(tiny_model_dir, tmp_path):
     load = lambda: StableDiffusionPipeline.from_pretrained(tiny_model_dir, safety_checker=None,  # noqa: E731
                                                            requires_safety_checker=False)
     trained = load()
-    load_finetuned_weights(trained, checkpoint, json.loads((run / "config.json").read_text()))
+    load_finetuned_weights(StableDiffusionFamily(trained), checkpoint, json.loads((run / "config.json").read_text()))
     exported = load()
     base_images = sample(exported)
     exported.load_lora_weights(str(checkpoint / "lora"))
@@ -132,13 +133,13 @@ def test_checkpoint_without_lora_export_loads_its_weights(tiny_model_dir, tmp_pa
     from safetensors.torch import save_file
 
     from ddpo_group.evaluation import find_run_config
-    from ddpo_group.models.policy import LORA_TARGET_MODULES
 
     load = lambda: StableDiffusionPipeline.from_pretrained(tiny_model_dir, safety_checker=None,  # noqa: E731
                                                            requires_safety_checker=False)
     tuned = load()
     if use_lora:
-        tuned.unet.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=LORA_TARGET_MODULES))
+        tuned.unet.add_adapter(LoraConfig(r=2, lora_alpha=2,
+                                          target_modules=list(StableDiffusionFamily.lora_target_modules)))
     with torch.no_grad():
         for name, param in tuned.unet.named_parameters():
             if not use_lora or "lora_" in name:
@@ -156,7 +157,7 @@ def test_checkpoint_without_lora_export_loads_its_weights(tiny_model_dir, tmp_pa
     assert find_run_config(tmp_path) == (None, None)
     assert resolve_finetuned(run) == ("weights", checkpoint)
     loaded = load()
-    load_finetuned_weights(loaded, checkpoint, config)
+    load_finetuned_weights(StableDiffusionFamily(loaded), checkpoint, config)
     x = torch.randn(1, 4, 8, 8)
     text = torch.randn(1, 16, 32)
     with torch.no_grad():

@@ -6,7 +6,7 @@ from diffusers import StableDiffusionPipeline
 from peft import LoraConfig
 
 from ddpo_group.models.lora_export import LORA_WEIGHT_NAME, has_lora, is_lora_dir, save_lora
-from ddpo_group.models.policy import LORA_TARGET_MODULES
+from ddpo_group.models.families.sd import StableDiffusionFamily
 
 
 def sample(pipe, seed=0):
@@ -25,7 +25,7 @@ def load(model_dir):
 def test_exported_lora_reproduces_the_fine_tuned_samples(tiny_model_dir, tmp_path, rank, alpha):
     tuned = load(tiny_model_dir)
     tuned.unet.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights="gaussian",
-                                      target_modules=LORA_TARGET_MODULES))
+                                      target_modules=list(StableDiffusionFamily.lora_target_modules)))
     torch.manual_seed(1)
     with torch.no_grad():  # stand-in for training: every LoRA matrix moves (lora_B starts at 0)
         for name, param in tuned.unet.named_parameters():

@@ -105,7 +105,7 @@ def test_offline_load_and_output_shapes(tiny_shapes_pipe, monkeypatch):
     out = pipe(["a red circle on a blue background"] * 2, num_inference_steps=2, output_type="pt",
                generator=torch.Generator().manual_seed(0)).images
     assert out.shape == (2, 3, shapes.RESOLUTION, shapes.RESOLUTION)
-    from ddpo_group.sampling.pipeline import encode_prompts, sample_with_logprob
+    from ddpo_group.models.families.sd import encode_prompts, sample_with_logprob
 
     embeds = encode_prompts(pipe, ["a red circle on a blue background"] * 3)
     traj = sample_with_logprob(pipe, embeds, encode_prompts(pipe, [""] * 3), 4, 5.0, 1.0,

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from ddpo_group.models.families.sd import StableDiffusionFamily
 from ddpo_group.models.policy import lora_config
 from ddpo_group.reference.model import POLICY_ADAPTER, REFERENCE_ADAPTER, ReferenceModel, _lora_layers
 from tiny_pipeline import build_tiny_pipeline
@@ -14,8 +15,9 @@ def lora_unet(rank=4):
     config.lora_rank = rank
     unet = build_tiny_pipeline().unet
     unet.requires_grad_(False)
-    unet.add_adapter(lora_config(config))
-    return unet, lora_config(config)
+    lora = lora_config(config, StableDiffusionFamily.lora_target_modules)
+    unet.add_adapter(lora)
+    return unet, lora
 
 
 def perturb(params, scale=0.1):
@@ -104,8 +106,8 @@ def test_kl_is_zero_at_the_first_step_and_positive_after_updates(tiny_model_dir,
     prompts, metadata, groups = trainer.prompt_sampler.sample_epoch(1, 4)
     from ddpo_group.rollout.collect import collect_rollouts
 
-    batch = collect_rollouts(trainer.pipe, prompts, metadata, trainer.reward_fn, config.reward_fn, trainer.rollouts.executor,
-                             config.sample, trainer.negative_prompt_embeds, show_progress=False)
+    batch = collect_rollouts(trainer.family, prompts, metadata, trainer.reward_fn, config.reward_fn,
+                             trainer.rollouts.executor, config.sample, show_progress=False)
     batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand(4, 4).clone()
     first = trainer.updater.train_epoch(batch, show_progress=False)
     assert first["kl"] == 0.0 and first["kl_loss"] == 0.0
@@ -125,7 +127,7 @@ def test_checkpoint_with_a_reference_adapter_loads_as_the_policy_for_evaluation(
     policy = {k: v.detach().clone() for k, v in trainer.accelerator.unwrap_model(trainer.unet).state_dict().items()
               if ".reference." not in k}
     pipe = StableDiffusionPipeline.from_pretrained(tiny_model_dir)
-    load_finetuned_weights(pipe, tmp_path / "evalref" / "checkpoints" / "checkpoint_00000", {"lora_rank": 4})
+    load_finetuned_weights(StableDiffusionFamily(pipe), tmp_path / "evalref" / "checkpoints" / "checkpoint_00000", {"lora_rank": 4})
     loaded = pipe.unet.state_dict()
     assert set(loaded) == set(policy)
     for key, value in policy.items():

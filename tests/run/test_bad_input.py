@@ -20,8 +20,8 @@ from ddpo_group.run.checkpointing import complete_checkpoints
 from ddpo_group.run.config_checks import ConfigError
 from ddpo_group.errors import NonFiniteLossError
 from ddpo_group.models import load_pipeline
-from ddpo_group.sampling import pipeline as pipeline_module
-from ddpo_group.sampling.pipeline import encode_prompts
+from ddpo_group.models.families import sd as pipeline_module
+from ddpo_group.models.families.sd import encode_prompts
 from trainer_helpers import tiny_config, tiny_trainer
 
 PLUGINS = textwrap.dedent(

@@ -3,9 +3,10 @@ import torch
 from ml_collections import ConfigDict
 
 from ddpo_group.sampling.ddim import check_trainable_schedule, ddim_step_with_logprob, step_std
-from ddpo_group.sampling.pipeline import (
-    TransitionScorer, encode_prompts, guided_model_output, sample_with_logprob, step_log_prob,
+from ddpo_group.models.families.sd import (
+    StableDiffusionFamily, encode_prompts, guided_model_output, sample_with_logprob, step_log_prob,
 )
+from ddpo_group.sampling.trajectories import TransitionScorer
 from tiny_pipeline import build_tiny_pipeline
 
 PROMPTS = ["a red circle on a blue background", "a green square", "x", "a yellow star on a black background"]
@@ -123,7 +124,7 @@ def test_schedule_with_zero_final_sigma_is_rejected():
 
 
 def test_sde_window_steps_outside_are_deterministic_ddim_without_log_prob(tiny_pipe):
-    from ddpo_group.sampling.ddim import sde_window_mask, step_etas, stochastic_steps
+    from ddpo_group.sampling.window import sde_window_mask, step_etas, stochastic_steps
 
     assert sde_window_mask(5, 0, 0).tolist() == [True] * 5
     assert step_etas(0.7, sde_window_mask(5, 1, 2)) == [0.0, 0.7, 0.7, 0.0, 0.0]
@@ -180,7 +181,7 @@ def test_log_prob_reduce_sum_scales_the_recorded_log_probs_and_the_ratio_exponen
         batch = {"latents": t.latents[:, :-1], "next_latents": t.latents[:, 1:], "timesteps": t.timesteps,
                  "prompt_embeds": embeds}
         with torch.no_grad():
-            out = TransitionScorer(tiny_pipe.scheduler, neg, 5.0, 1.0, reduce)(tiny_pipe.unet, batch, rows, steps)
+            out = TransitionScorer(StableDiffusionFamily(tiny_pipe), 5.0, 1.0, reduce)(tiny_pipe.unet, batch, rows, steps)
         log_ratio[reduce] = out.log_prob - t.log_probs[rows, steps]
     assert log_ratio["mean"].abs().min() > 0
     torch.testing.assert_close(log_ratio["sum"], dims * log_ratio["mean"], rtol=1e-3, atol=1e-4)

@@ -13,7 +13,8 @@ from ddpo_group.algorithms import FixedKLController
 from ddpo_group.models.policy import build_policy
 from ddpo_group.reference.regularizer import KLRegularizer
 from ddpo_group.rollout.collect import encode_unique
-from ddpo_group.sampling.pipeline import TransitionScorer, encode_prompts, sample_with_logprob
+from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, sample_with_logprob
+from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy import PolicyUpdater
 from ddpo_group.timing import PhaseTimer
 from tiny_pipeline import build_tiny_pipeline
@@ -36,10 +37,11 @@ def test_policy_loads_in_the_mixed_precision_dtype_without_cast_warning(tiny_mod
     logger = logging.getLogger("diffusers")
     logger.addHandler(handler)
     try:
-        pipe, params = build_policy(config, torch.device("cpu"))
+        family, params = build_policy(config, torch.device("cpu"))
     finally:
         logger.removeHandler(handler)
     assert not [m for m in handler.messages if "Casting" in m or "float32" in m], handler.messages
+    pipe = family.pipe
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
     assert pipe.vae.dtype == dtype and pipe.text_encoder.dtype == dtype
     assert params and all(p.dtype == torch.float32 for p in params)  # trainable: float32
@@ -49,7 +51,7 @@ def test_policy_loads_in_the_mixed_precision_dtype_without_cast_warning(tiny_mod
 
 def _lora_grads(config, batch, neg, pipe, params):
     updater = PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, params,
-                            TransitionScorer.from_config(config, pipe.scheduler, neg))
+                            TransitionScorer.from_config(config, StableDiffusionFamily(pipe)))
     pipe.unet.train()
     pipe.unet.zero_grad()
     updater.accumulate_gradients(batch, torch.arange(3), torch.ones(3, 3))
@@ -62,7 +64,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
         torch.manual_seed(0)
         config = tiny_config("ddpo", tiny_model_dir, "unused", **{"train.gradient_checkpointing": checkpointing,
                                                                    "sample.num_steps": 3, "sample.guidance_scale": 5.0})
-        pipe, params = build_policy(config, torch.device("cpu"))
+        family, params = build_policy(config, torch.device("cpu"))
+        pipe = family.pipe
         assert pipe.unet.is_gradient_checkpointing == checkpointing
         with torch.no_grad():  # LoRA B starts at zero: move it so that every LoRA weight gets a gradient
             for p in params:
@@ -95,7 +98,7 @@ def test_reference_forward_only_when_beta_positive():
     params = list(pipe.unet.parameters())
     kl = KLRegularizer(_ForbiddenReference(), "gaussian", FixedKLController(0.0), in_reward=False)
     updater = PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, params,
-                            TransitionScorer.from_config(config, pipe.scheduler, neg), kl)
+                            TransitionScorer.from_config(config, StableDiffusionFamily(pipe)), kl)
     assert not updater.uses_reference
     metrics = updater.accumulate_gradients(batch, torch.arange(2), torch.ones(2, 2))
     assert "kl" not in metrics and "policy_loss" in metrics
@@ -117,7 +120,7 @@ def test_each_distinct_prompt_is_encoded_once():
         return original(ids, *args, **kwargs)
 
     encoder.forward = counting_forward
-    embeds = encode_unique(pipe, prompts)
+    embeds = encode_unique(StableDiffusionFamily(pipe), prompts)["prompt_embeds"]
     assert calls == [3]
     encoder.forward = original
     torch.testing.assert_close(embeds, encode_prompts(pipe, prompts), rtol=1e-5, atol=1e-6)

@@ -6,7 +6,8 @@ from accelerate import Accelerator
 
 from config.base import get_config
 from ddpo_group.update.policy import PolicyUpdater, random_step_mask
-from ddpo_group.sampling.pipeline import TransitionScorer, encode_prompts, sample_with_logprob, step_log_prob
+from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, sample_with_logprob, step_log_prob
+from ddpo_group.sampling.trajectories import TransitionScorer
 from tiny_pipeline import build_tiny_pipeline
 
 
@@ -39,7 +40,7 @@ def test_chunked_gradient_equals_per_timestep_loop(pairs_per_forward, guidance):
     step_mask = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float32)
     rows = torch.tensor([2, 0, 1])  # a shuffled train batch
     updater = PolicyUpdater(config, Accelerator(cpu=True), unet, None, list(unet.parameters()),
-                            TransitionScorer.from_config(config, pipe.scheduler, neg))
+                            TransitionScorer.from_config(config, StableDiffusionFamily(pipe)))
     unet.zero_grad()
     updater.accumulate_gradients(batch, rows, step_mask)
     chunked = [p.grad.clone() for p in unet.parameters()]
@@ -81,7 +82,7 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     config.algorithm.loss_agg_mode = "traj-mean-step-mean"
     unet = pipe.unet
     unet.requires_grad_(False)
-    unet.add_adapter(lora_config(config))
+    unet.add_adapter(lora_config(config, StableDiffusionFamily.lora_target_modules))
     params = [p for p in unet.parameters() if p.requires_grad]
     prompts = ["a cat", "a dog", "a cow"]
     embeds, neg = encode_prompts(pipe, prompts), encode_prompts(pipe, [""])
@@ -102,7 +103,7 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
         config.train.pairs_per_forward = pairs
         kl = KLRegularizer(reference, kl_type, FixedKLController(0.5), in_reward=False)
         updater = PolicyUpdater(config, Accelerator(cpu=True), unet, None, params,
-                                TransitionScorer.from_config(config, pipe.scheduler, neg), kl)
+                                TransitionScorer.from_config(config, StableDiffusionFamily(pipe)), kl)
         unet.zero_grad()
         metrics = updater.accumulate_gradients(batch, rows, step_mask)
         assert metrics["kl"] != 0  # k1 may be negative on transitions sampled by another policy
@@ -132,7 +133,7 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
 
 def test_random_step_mask_chooses_only_the_sde_windows_steps():
     from ddpo_group.update.policy import random_step_mask
-    from ddpo_group.sampling.ddim import sde_window_mask
+    from ddpo_group.sampling.window import sde_window_mask
 
     window = sde_window_mask(10, 2, 4)  # steps 2..5
     gen = torch.Generator().manual_seed(0)

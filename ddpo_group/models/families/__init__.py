@@ -1,0 +1,63 @@
+"""Model families, one file each: Stable Diffusion 1.x/2.x (sd.py), SD3 / SD3.5 (sd3.py), FLUX.1 (flux.py).
+
+The family of a model is read from the pipeline class its ``model_index.json`` names (a local directory or a hub
+id), or set with ``pretrained.family``. Adding a family is one file: a ``ModelFamily`` subclass (base.py)
+registered with ``@register_family(name, PipelineClass)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ddpo_group.registry import Registry
+
+FAMILY_REGISTRY = Registry("model family (pretrained.family)")
+_BY_PIPELINE_CLASS: dict[str, str] = {}
+
+
+def register_family(name: str, pipeline_class):
+    """Class decorator: the family ``name``, chosen for models whose pipeline class is ``pipeline_class``."""
+    def decorator(cls):
+        cls.name = name
+        FAMILY_REGISTRY.register(name)(cls)
+        _BY_PIPELINE_CLASS[pipeline_class.__name__] = name
+        return cls
+    return decorator
+
+
+def pipeline_class_name(path: str, local: bool) -> str:
+    """``_class_name`` of a model's ``model_index.json`` (a local directory, or fetched for a hub id)."""
+    if local:
+        with open(os.path.join(path, "model_index.json")) as f:
+            return json.load(f)["_class_name"]
+    from diffusers import DiffusionPipeline
+
+    return DiffusionPipeline.load_config(path)["_class_name"]
+
+
+def family_name(pretrained, path: str | None = None, local: bool | None = None) -> str:
+    """The family of ``pretrained`` (the config section): ``pretrained.family``, or its pipeline class's family."""
+    chosen = (pretrained.get("family", "") if hasattr(pretrained, "get") else "") or ""
+    if chosen:
+        FAMILY_REGISTRY.get(chosen)  # a clear error for an unknown name
+        return chosen
+    if path is None:
+        from ddpo_group.models import locate
+
+        path, local = locate(pretrained["model"])
+    class_name = pipeline_class_name(path, local)
+    if class_name not in _BY_PIPELINE_CLASS:
+        raise ValueError(
+            f"pretrained.model={pretrained['model']!r} is a {class_name}, which no model family handles; families: "
+            f"{ {n: c for c, n in _BY_PIPELINE_CLASS.items()} } (or set pretrained.family)"
+        )
+    return _BY_PIPELINE_CLASS[class_name]
+
+
+def get_family(name: str):
+    """The family class registered under ``name``."""
+    return FAMILY_REGISTRY.get(name)
+
+
+from ddpo_group.models.families import sd  # noqa: E402,F401  (registers the families)

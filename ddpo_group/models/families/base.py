@@ -1,0 +1,158 @@
+"""The model-family seam: what the RL loop needs from one kind of text-to-image model.
+
+Everything outside ``models/families/`` is model-agnostic: the sampler (sampling/trajectories.py), the policy
+update, the KL, the rollout, the critic and the evaluation call only these methods. A family wraps a diffusers
+pipeline and says:
+
+* what it is: the pipeline class (``model_index.json``'s ``_class_name``), the trained module
+  (``model_attribute``: the UNet or the transformer) and its LoRA target modules;
+* the condition: ``encode(prompts)`` -> a dict of row-indexed tensors (``cond_keys``: text embeddings, pooled
+  embeddings), stored per sample in the batch record; the unconditional one is encoded once;
+* latents and the schedule: ``latent_shape``, ``initial_latents`` (the pipeline's own noise draw),
+  ``schedule(num_steps)`` -> row-broadcastable per-step tensors (``step_keys``: timesteps, sigmas), stored per
+  sample and step in the batch record (the rollout's values are the ones training reads, never reconstructed);
+* the model: ``model_output`` (with guidance as the pipeline does it), ``step`` (the stochastic step with its
+  log-probability, sampling/ddim.py or sampling/flow.py), ``decode``;
+* the config it reads (``noise_field``: ``sample.eta`` or ``sample.noise_level``; the guidance of the training
+  forward; its own contradictions), and the LoRA export in diffusers format.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ddpo_group.sampling.window import stochastic_steps
+
+
+class ModelFamily:
+    name = ""
+    pipeline_class = None  # the diffusers pipeline class
+    model_attribute = "unet"  # the pipeline attribute holding the trained module
+    lora_target_modules: tuple = ()
+    lora_layers_argument = "unet_lora_layers"  # the pipeline's save_lora_weights keyword for the trained module
+    cond_keys: tuple = ("prompt_embeds",)  # the condition's row-indexed tensors (batch record keys)
+    step_keys: tuple = ("timesteps",)  # the per-step tensors of the batch record, [B, T]
+    noise_field = "eta"  # the sample.* field with the stochastic steps' noise level
+
+    def __init__(self, pipe, config=None):
+        self.pipe = pipe
+        self.config = config
+        self._negative = None
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load_pipeline(cls, path: str, local: bool, revision: str | None, dtype_kwargs: dict):
+        """The pipeline from a local directory or a hub id (components the index marks absent stay None)."""
+        return cls.pipeline_class.from_pretrained(path, revision=revision or None, local_files_only=local,
+                                                  **cls.absent_components(path, local), **dtype_kwargs)
+
+    @classmethod
+    def absent_components(cls, path: str, local: bool) -> dict:
+        """{name: None} for the components ``model_index.json`` lists as [null, null] (e.g. SD3 without its T5)."""
+        index = cls.pipeline_class.load_config(path, local_files_only=local)
+        return {name: None for name, value in index.items() if isinstance(value, (list, tuple)) and value[0] is None}
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The trained module (the pipeline's UNet or transformer)."""
+        return getattr(self.pipe, self.model_attribute)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    # ------------------------------------------------------------------ text
+    def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def negative_condition(self) -> dict[str, torch.Tensor]:
+        """The unconditional condition (the empty prompt), one row, encoded once."""
+        if self._negative is None:
+            self._negative = self.encode([""])
+        return self._negative
+
+    @property
+    def text_dim(self) -> int:
+        """The width of ``prompt_embeds`` (the critic's text input)."""
+        return int(self.negative_condition()["prompt_embeds"].shape[-1])
+
+    # ------------------------------------------------------------------ latents, schedule, model, step
+    def latent_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def initial_latents(self, batch: int, generator, device, dtype, initial_noise=None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def schedule(self, num_steps: int, device) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def model_output(self, model, latents, step: dict, cond: dict, negative: dict, guidance_scale: float):
+        raise NotImplementedError
+
+    def step(self, model_output, latents, step: dict, noise_level: float, prev_sample=None, generator=None,
+             compute_log_prob: bool = True, reduce: str = "mean"):
+        raise NotImplementedError
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Final latents -> images [B, 3, H, W] in [0, 1] (float32)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ what it reads from the config
+    def noise_level(self, sample_config) -> float:
+        return float(sample_config[self.noise_field])
+
+    def training_guidance(self, config) -> float:
+        """The guidance scale of the training forward: the sampling one when guidance is in the forward (train.cfg)."""
+        return config.sample.guidance_scale if config.train.cfg else 1.0
+
+    def deterministic_steps(self, sample_config) -> torch.Tensor:
+        """[T] bool: steps without noise at this noise level whatever the window (none by default)."""
+        return torch.zeros(sample_config.num_steps, dtype=torch.bool)
+
+    def stochastic_steps(self, sample_config) -> torch.Tensor:
+        """[T] bool: the steps that draw noise and are trained (the SDE window, without deterministic steps)."""
+        return stochastic_steps(sample_config) & ~self.deterministic_steps(sample_config)
+
+    def noise_levels(self, sample_config) -> list[float]:
+        """The noise level of each sampling step: the configured one on stochastic steps, 0 elsewhere."""
+        level = self.noise_level(sample_config)
+        return [level if inside else 0.0 for inside in self.stochastic_steps(sample_config).tolist()]
+
+    def check_trainable(self, sample_config) -> None:
+        """Raise ValueError when a stochastic step has no log-probability (a zero std)."""
+
+    @classmethod
+    def config_errors(cls, config) -> list[str]:
+        """Contradictions of the sampling fields this family reads."""
+        return []
+
+    # ------------------------------------------------------------------ LoRA
+    @classmethod
+    def save_lora(cls, model, directory: str | os.PathLike, adapter_name: str = "default") -> Path:
+        """Write ``model``'s LoRA adapter in diffusers format (``Pipeline.load_lora_weights`` loads it)."""
+        from diffusers.utils import convert_state_dict_to_diffusers
+        from peft.utils import get_peft_model_state_dict
+
+        from ddpo_group.models.lora_export import unwrap
+
+        model = unwrap(model)
+        if adapter_name not in getattr(model, "peft_config", {}):
+            raise ValueError(f"the {cls.model_attribute} has no LoRA adapter {adapter_name!r} to export (use_lora=False?)")
+        state = get_peft_model_state_dict(model, adapter_name=adapter_name)
+        state = convert_state_dict_to_diffusers({k: v.detach().float().cpu().contiguous() for k, v in state.items()})
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        prefix = cls.lora_layers_argument.removesuffix("_lora_layers")
+        cls.pipeline_class.save_lora_weights(
+            save_directory=str(directory), safe_serialization=True, **{cls.lora_layers_argument: state},
+            **{f"{prefix}_lora_adapter_metadata": model.peft_config[adapter_name].to_dict()},
+        )
+        return directory
+
+    def pipeline_kwargs(self, sample_config, pretrained) -> dict:
+        """Extra keywords of the pipeline's own ``__call__`` (evaluation) for images like the sampler's, from the run's
+        ``sample`` and ``pretrained`` config sections (ConfigDicts or the plain dicts of a run's config.json)."""
+        return {}

@@ -1,0 +1,213 @@
+"""Stable Diffusion 1.x / 2.x (and the embedded tiny-shapes model): a UNet, epsilon / v prediction, DDIM.
+
+    condition   prompt_embeds [B, L, D]: the CLIP text encoder's last hidden state
+    latents     [B, C, h, w], x_T = N(0, I) * init_noise_sigma (the pipeline's draw)
+    schedule    the DDIM timesteps (the step reads the previous timestep from the scheduler)
+    output      eps (or v) with classifier-free guidance as one batched forward:
+                out = out_uncond + w (out_cond - out_uncond)          (w <= 1: no guidance)
+    step        DDIM with eta (``sample.eta``) as a Gaussian policy (sampling/ddim.py)
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import torch
+from diffusers import DDIMScheduler, StableDiffusionPipeline
+from diffusers.utils.torch_utils import randn_tensor
+
+from ddpo_group.models.families import register_family
+from ddpo_group.models.families.base import ModelFamily
+from ddpo_group.sampling.ddim import check_trainable_schedule, ddim_step_with_logprob
+from ddpo_group.sampling.trajectories import Trajectories, sample_trajectories
+
+
+def ensure_ddim(pipe: StableDiffusionPipeline) -> StableDiffusionPipeline:
+    """The log-prob sampler is DDIM's: swap any other scheduler for DDIM with the same config."""
+    if not isinstance(pipe.scheduler, DDIMScheduler):
+        pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config)
+    return pipe
+
+
+def latent_shape(unet) -> tuple[int, int, int]:
+    """(C, h, w) of one latent of ``unet`` (the shape of its initial noise x_T)."""
+    return unet.config.in_channels, unet.config.sample_size, unet.config.sample_size
+
+
+_TRUNCATION_WARNED: set[int] = set()  # ids of the tokenizers that already warned
+
+
+def warn_long_prompts(tokenizer, prompts: list[str]) -> list[int]:
+    """Indices of the prompts longer than the tokenizer's limit; the first time a tokenizer meets any, a warning
+    names the limit and an example (they are truncated, as the text encoder cannot read more)."""
+    limit = tokenizer.model_max_length
+    lengths = [len(ids) for ids in tokenizer(prompts, padding=False, truncation=True, max_length=limit + 1).input_ids]
+    long = [i for i, n in enumerate(lengths) if n > limit]
+    if long and id(tokenizer) not in _TRUNCATION_WARNED:
+        _TRUNCATION_WARNED.add(id(tokenizer))
+        warnings.warn(
+            f"prompt {prompts[long[0]]!r} (and any other prompt over the limit) is longer than the tokenizer limit of "
+            f"{limit} tokens and is truncated to its first {limit} tokens; this warning is shown once",
+            UserWarning, stacklevel=3,
+        )
+    return long
+
+
+@torch.no_grad()
+def encode_prompts(pipe: StableDiffusionPipeline, prompts: list[str], device=None) -> torch.Tensor:
+    """Text embeddings [B, L, D] of the prompts (pad/truncate to the tokenizer's max length; warn once if truncated)."""
+    device = device or pipe.text_encoder.device
+    warn_long_prompts(pipe.tokenizer, prompts)
+    ids = pipe.tokenizer(
+        prompts, padding="max_length", truncation=True, max_length=pipe.tokenizer.model_max_length, return_tensors="pt"
+    ).input_ids.to(device)
+    return pipe.text_encoder(ids)[0]
+
+
+def guided_model_output(unet, latents, timesteps, prompt_embeds, negative_prompt_embeds, guidance_scale: float):
+    """UNet output with classifier-free guidance done as one batched forward.
+
+        out = out_uncond + w * (out_cond - out_uncond)     (no guidance when w <= 1 or no negatives)
+
+    ``timesteps`` is a scalar or one per row, so flattened (sample, step) pairs share one call.
+    """
+    timesteps = torch.as_tensor(timesteps, device=latents.device)
+    if timesteps.ndim == 0:
+        timesteps = timesteps.expand(latents.shape[0])
+    if guidance_scale > 1.0 and negative_prompt_embeds is not None:
+        out = unet(
+            torch.cat([latents, latents]),
+            torch.cat([timesteps, timesteps]),
+            encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds]),
+            return_dict=False,
+        )[0]
+        uncond, cond = out.chunk(2)
+        return uncond + guidance_scale * (cond - uncond)
+    return unet(latents, timesteps, encoder_hidden_states=prompt_embeds, return_dict=False)[0]
+
+
+@torch.no_grad()
+def decode_latents(pipe: StableDiffusionPipeline, latents: torch.Tensor) -> torch.Tensor:
+    """Final latents to images [B, 3, H, W] in [0, 1] (the pipeline's own post-processing)."""
+    image = pipe.vae.decode(latents.to(pipe.vae.dtype) / pipe.vae.config.scaling_factor, return_dict=False)[0]
+    return pipe.image_processor.postprocess(image, output_type="pt", do_denormalize=[True] * image.shape[0]).float()
+
+
+def step_log_prob(unet, scheduler: DDIMScheduler, latents, next_latents, timesteps, prompt_embeds, negative_prompt_embeds,
+                  guidance_scale: float, eta: float, reduce: str = "mean"):
+    """Log-prob of recorded transitions x_n -> x_{n+1} under ``unet``, for N flattened (sample, step) pairs
+    (inputs [N, ...], one timestep per row, one guided forward); the StepOutput with gradients through the UNet."""
+    model_output = guided_model_output(unet, latents, timesteps, prompt_embeds, negative_prompt_embeds, guidance_scale)
+    return ddim_step_with_logprob(scheduler, model_output, timesteps, latents, eta, prev_sample=next_latents,
+                                  reduce=reduce)
+
+
+@register_family("sd", StableDiffusionPipeline)
+class StableDiffusionFamily(ModelFamily):
+    pipeline_class = StableDiffusionPipeline
+    model_attribute = "unet"
+    lora_target_modules = ("to_k", "to_q", "to_v", "to_out.0")
+    lora_layers_argument = "unet_lora_layers"
+    cond_keys = ("prompt_embeds",)
+    step_keys = ("timesteps",)
+    noise_field = "eta"
+
+    def __init__(self, pipe, config=None):
+        super().__init__(ensure_ddim(pipe), config)
+
+    @classmethod
+    def load_pipeline(cls, path, local, revision, dtype_kwargs):
+        return ensure_ddim(StableDiffusionPipeline.from_pretrained(
+            path, revision=revision or None, safety_checker=None, requires_safety_checker=False, local_files_only=local,
+            **dtype_kwargs,
+        ))
+
+    def encode(self, prompts: list[str]) -> dict:
+        return {"prompt_embeds": encode_prompts(self.pipe, prompts)}
+
+    def latent_shape(self) -> tuple:
+        return latent_shape(self.pipe.unet)
+
+    def initial_latents(self, batch, generator, device, dtype, initial_noise=None):
+        shape = (batch, *self.latent_shape())
+        if initial_noise is None:
+            latents = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
+        elif tuple(initial_noise.shape) != shape:
+            raise ValueError(f"initial_noise has shape {tuple(initial_noise.shape)}; the sampler needs {shape}")
+        else:
+            latents = initial_noise.to(device, dtype)
+        return latents * self.pipe.scheduler.init_noise_sigma
+
+    def schedule(self, num_steps: int, device) -> dict:
+        self.pipe.scheduler.set_timesteps(num_steps, device=device)
+        return {"timesteps": self.pipe.scheduler.timesteps}
+
+    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+        negative_embeds = None
+        if negative is not None:
+            negative_embeds = negative["prompt_embeds"].expand(latents.shape[0], -1, -1)
+        return guided_model_output(model, latents, step["timesteps"], cond["prompt_embeds"], negative_embeds,
+                                   guidance_scale)
+
+    def step(self, model_output, latents, step, noise_level, prev_sample=None, generator=None, compute_log_prob=True,
+             reduce="mean"):
+        return ddim_step_with_logprob(self.pipe.scheduler, model_output, step["timesteps"], latents, noise_level,
+                                      prev_sample=prev_sample, generator=generator, compute_log_prob=compute_log_prob,
+                                      reduce=reduce)
+
+    def decode(self, latents):
+        return decode_latents(self.pipe, latents)
+
+    def check_trainable(self, sample_config) -> None:
+        check_trainable_schedule(self.pipe.scheduler, sample_config.num_steps, sample_config.eta,
+                                 self.stochastic_steps(sample_config))
+
+    @classmethod
+    def config_errors(cls, config) -> list[str]:
+        s, t, errors = config.sample, config.train, []
+        if not s.eta > 0:
+            errors.append(f"sample.eta={s.eta} must be > 0: with eta = 0 the DDIM step is deterministic and has no "
+                          "log-probability")
+        if bool(t.cfg) != (s.guidance_scale > 1.0):
+            errors.append(
+                f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: the training forward must use "
+                "guidance exactly when sampling did (guidance_scale > 1), or the recomputed log-probs are off-policy"
+            )
+        return errors
+
+    def pipeline_kwargs(self, sample_config, pretrained) -> dict:
+        return {"eta": float(sample_config.get("eta", 1.0))}
+
+
+@torch.no_grad()
+def sample_with_logprob(
+    pipe: StableDiffusionPipeline,
+    prompt_embeds: torch.Tensor,
+    negative_prompt_embeds: torch.Tensor | None,
+    num_inference_steps: int,
+    guidance_scale: float,
+    eta: float | Sequence[float],
+    generator: torch.Generator | list[torch.Generator] | None = None,
+    unet=None,
+    decode: bool = True,
+    progress: bool = False,
+    compute_log_prob: bool = True,
+    initial_noise: torch.Tensor | None = None,
+    log_prob_reduce: str = "mean",
+) -> Trajectories:
+    """Stable Diffusion trajectories from text embeddings (sampling/trajectories.py with this family).
+
+    ``unet`` overrides ``pipe.unet``; ``eta`` is one value or one per step (an SDE window); a step with eta = 0 is
+    deterministic and records log-prob 0. All-zero eta (greedy) needs ``compute_log_prob=False``.
+    """
+    family = StableDiffusionFamily(pipe)
+    etas = [float(eta)] * num_inference_steps if isinstance(eta, (int, float)) else [float(e) for e in eta]
+    if len(etas) != num_inference_steps:
+        raise ValueError(f"eta has {len(etas)} values for {num_inference_steps} steps")
+    negative = None if negative_prompt_embeds is None else {"prompt_embeds": negative_prompt_embeds}
+    return sample_trajectories(
+        family, unet if unet is not None else pipe.unet, {"prompt_embeds": prompt_embeds}, negative, num_inference_steps,
+        guidance_scale, etas, generator=generator, decode=decode, progress=progress, compute_log_prob=compute_log_prob,
+        initial_noise=initial_noise, log_prob_reduce=log_prob_reduce,
+    )

@@ -1,0 +1,48 @@
+"""What every sampler step shares: its record and the Gaussian log-density of the next latent.
+
+A stochastic step is x_{n+1} ~ N(mean, std^2 I) with one std per row; its log-probability is
+
+    l = reduce( -(x_{n+1} - mean)^2 / (2 std^2) - log std - log sqrt(2 pi) )
+
+reduced over every latent dimension (``sample.log_prob_reduce``: the mean, DDPO's convention, or the sum).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+REDUCTIONS = ("mean", "sum")
+
+
+@dataclass
+class StepOutput:
+    prev_sample: torch.Tensor  # x_{n+1}, [N, ...] (float32)
+    log_prob: torch.Tensor | None  # l_n, [N]; None when not requested
+    mean: torch.Tensor  # mu_n, [N, ...]
+    std: torch.Tensor  # sigma_n, [N]
+
+
+def per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Broadcast a [N] tensor against a [N, ...] tensor."""
+    return values.reshape(values.shape + (1,) * (like.ndim - values.ndim))
+
+
+def reduce_latent_dims(x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
+    """Reduce every dimension but the first (DDPO's convention is the mean)."""
+    dims = tuple(range(1, x.ndim))
+    if reduce == "mean":
+        return x.mean(dim=dims)
+    if reduce == "sum":
+        return x.sum(dim=dims)
+    raise ValueError(f"reduce={reduce!r} is not a log-prob reduction; use one of {REDUCTIONS}")
+
+
+def gaussian_log_prob(prev_sample: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
+    """l [N] of ``prev_sample`` under N(mean, std^2) (std [N]), no gradient through the sample."""
+    std_b = per_row(std, mean)
+    log_density = -((prev_sample.detach() - mean) ** 2) / (2 * std_b**2) - torch.log(std_b) - LOG_SQRT_2PI
+    return reduce_latent_dims(log_density, reduce)

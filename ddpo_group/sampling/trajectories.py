@@ -1,0 +1,127 @@
+"""Trajectories with log-probabilities for any model family, and their recomputation for training.
+
+    x_0 = family.initial_latents(...)                    (the pipeline's own noise draw: same generator, same x_T)
+    for n in 0..T-1:
+        out     = family.model_output(model, x_n, step_n, cond, negative, guidance)
+        x_{n+1} = family.step(out, x_n, step_n, noise_n)   (mean + std z, and log N(x_{n+1}; mean, std^2))
+    images = family.decode(x_T)
+
+The random generators are consumed as the family's pipeline consumes them (initial latents, then one noise draw
+per stochastic step), so with the same generator and a zero noise level both give the same images. A step whose
+noise level is 0 (outside an SDE window, or a greedy sample) is the pipeline's deterministic step and records
+log-prob 0: it has none and is never trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+
+@dataclass
+class Trajectories:
+    images: torch.Tensor | None  # [B, 3, H, W] in [0, 1], float32
+    latents: torch.Tensor  # [B, T+1, ...]: x_0 (noise) .. x_T (final latent)
+    log_probs: torch.Tensor  # [B, T]
+    steps: dict = field(default_factory=dict)  # the family's per-step tensors ("timesteps", "sigmas", ...), [B, T]
+    values: torch.Tensor | None = None  # [B, T] critic values of the pre-step latents, set by the caller
+
+    @property
+    def timesteps(self) -> torch.Tensor:
+        return self.steps["timesteps"]
+
+
+def rows_of(cond: dict, rows) -> dict:
+    """The condition of some rows (``rows``: an index tensor or a slice)."""
+    return {key: value[rows] for key, value in cond.items()}
+
+
+@torch.no_grad()
+def sample_trajectories(
+    family,
+    model,
+    cond: dict,
+    negative: dict | None,
+    num_steps: int,
+    guidance_scale: float,
+    noise_levels: list[float],
+    generator: torch.Generator | list[torch.Generator] | None = None,
+    decode: bool = True,
+    progress: bool = False,
+    compute_log_prob: bool = True,
+    initial_noise: torch.Tensor | None = None,
+    log_prob_reduce: str = "mean",
+) -> Trajectories:
+    """Sample B images and record the trajectory: latents [B, T+1, ...], log_probs [B, T], the per-step tensors.
+
+    ``cond`` holds B rows (``family.encode``), ``negative`` one row or B (``family.negative_condition``).
+    ``noise_levels`` has one value per step (``family.noise_levels``: an SDE window). ``initial_noise`` [B, ...]
+    (standard normal) replaces the x_T drawn from ``generator``, which then draws the step noise only.
+    """
+    first = next(iter(cond.values()))
+    batch, device, dtype = first.shape[0], first.device, first.dtype
+    schedule = family.schedule(num_steps, device)
+    if len(noise_levels) != num_steps:
+        raise ValueError(f"noise_levels has {len(noise_levels)} values for {num_steps} steps")
+    if compute_log_prob and not any(level > 0 for level in noise_levels):
+        raise ValueError(f"noise levels {noise_levels}: every step is deterministic, so no step has a log-probability")
+    latents = family.initial_latents(batch, generator, device, dtype, initial_noise)
+    all_latents, log_probs = [latents.float()], []
+    for n in tqdm(range(num_steps), desc="denoising", leave=False, disable=not progress):
+        step = {key: values[n] for key, values in schedule.items()}
+        output = family.model_output(model, latents, step, cond, negative, guidance_scale)
+        stochastic = noise_levels[n] > 0
+        out = family.step(output, latents, step, noise_levels[n], generator=generator,
+                          compute_log_prob=compute_log_prob and stochastic, reduce=log_prob_reduce)
+        latents = out.prev_sample.to(dtype)
+        all_latents.append(out.prev_sample)
+        if compute_log_prob:
+            log_probs.append(out.log_prob if stochastic else torch.zeros(batch, device=device))
+    images = family.decode(latents) if decode else None
+    return Trajectories(
+        images=images,
+        latents=torch.stack(all_latents, dim=1),
+        log_probs=torch.stack(log_probs, dim=1) if compute_log_prob else torch.zeros(batch, num_steps, device=device),
+        steps={key: values.to(device).unsqueeze(0).expand(batch, -1).clone() for key, values in schedule.items()},
+    )
+
+
+@dataclass
+class TransitionScorer:
+    """The step output (log-prob, mean, std) of a batch record's recorded transitions x_n -> x_{n+1} under a model,
+    for flattened (sample, step) pairs, with the guidance, noise level and log-prob reduction of the rollout:
+
+        scorer(model, batch, rows, steps) = family.step(family.model_output(model, x_n, step_n, cond, ...), x_n,
+                                                        step_n, noise, prev_sample=x_{n+1})
+
+    The policy update, the KL to the reference and the KL in the reward all score transitions through it.
+    """
+
+    family: object
+    guidance_scale: float  # of the training forward (1: none)
+    noise_level: float
+    reduce: str = "mean"
+
+    @classmethod
+    def from_config(cls, config, family) -> "TransitionScorer":
+        return cls(family, family.training_guidance(config), family.noise_level(config.sample),
+                   config.sample.log_prob_reduce)
+
+    @property
+    def negative_condition(self) -> dict:
+        return self.family.negative_condition()
+
+    def prepare(self, num_steps: int, device) -> None:
+        """Set the schedule of ``num_steps`` steps (a DDIM step reads its previous timestep from it)."""
+        self.family.schedule(num_steps, device)
+
+    def __call__(self, model, batch: dict, rows: torch.Tensor, steps: torch.Tensor):
+        family = self.family
+        step = {key: batch[key][rows, steps] for key in family.step_keys}
+        cond = {key: batch[key][rows] for key in family.cond_keys}
+        latents = batch["latents"][rows, steps]
+        output = family.model_output(model, latents, step, cond, self.negative_condition, self.guidance_scale)
+        return family.step(output, latents, step, self.noise_level, prev_sample=batch["next_latents"][rows, steps],
+                           reduce=self.reduce)
