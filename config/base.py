@@ -121,6 +121,9 @@ def base() -> ml_collections.ConfigDict:
     algorithm.gae_whiten = True
     algorithm.gae_start_value = "critic"  # "critic": V(x_0); "group_mean": the group's mean reward (GROUP_PPO's u_-1)
     algorithm.global_std = False  # grpo: group mean, batch std
+    # several rewards (reward_fn = {name: weight}): "reward_aggr" normalises the weighted sum (Flow-GRPO);
+    # "advantage_aggr" normalises each component within its prompt group, then sums (GDPO / MixGRPO; README)
+    algorithm.multi_reward_mix = "reward_aggr"
     # DAPO's dynamic sampling: drop groups whose rewards are all equal, sample more until the batch is full
     algorithm.filter_groups = False
     algorithm.max_num_gen_batches = 4  # sampling rounds per epoch at most (the batch may stay short)

@@ -37,6 +37,7 @@ from .kl import (
 )
 from .value_loss import clipped_value_loss, value_loss_matrix
 from .filters import zero_variance_group_filter
+from .multi_reward import MULTI_REWARD_MIXES, component_metrics, component_normalized_sum
 from .group_ppo import (
     GroupEndpoints,
     GroupPPOResult,

@@ -4,7 +4,9 @@ sampling.
 A round is P prompts x group_size copies spread over the processes. Each process samples and scores its
 slice (collect.py), the rewards (and critic values, greedy baselines, KL step rewards) are gathered, the
 estimator computes the advantages on the whole round (so every prompt group is complete), and each process
-keeps its own rows. With ``algorithm.filter_groups`` (DAPO), groups whose rewards are all equal are dropped
+keeps its own rows. With ``algorithm.multi_reward_mix="advantage_aggr"`` each component of a weighted combination
+is gathered too and normalised within its prompt group before the weighted sum the estimator gets
+(algorithms/multi_reward.py). With ``algorithm.filter_groups`` (DAPO), groups whose rewards are all equal are dropped
 and further rounds are sampled until every process holds a full batch of kept rows, or
 ``algorithm.max_num_gen_batches`` rounds were sampled; a process still short pads with dropped rows whose
 ``row_mask`` is 0 (they take no part in the loss), so every process runs the same number of steps.
@@ -13,12 +15,15 @@ and further rounds are sampled until every process holds a full batch of kept ro
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from ddpo_group.algorithms import AdvantageInputs, AdvantageOutput, zero_variance_group_filter
+from ddpo_group.algorithms import (
+    AdvantageInputs, AdvantageOutput, component_metrics, component_normalized_sum, zero_variance_group_filter,
+)
 from ddpo_group.errors import EpochAbandoned
+from ddpo_group.rewards.combine import component_label
 from ddpo_group.rollout.collect import collect_rollouts, greedy_rewards
 from ddpo_group.rollout.snapshot import SamplingSnapshot
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
@@ -59,7 +64,8 @@ class ProcessShards:
 @dataclass
 class Round:
     """One sampling round: this process's batch record (with advantages), the estimator's output on the gathered
-    round, the gathered per-sample tensors, and which groups have reward variance."""
+    round, the gathered per-sample tensors, which groups have reward variance, and the per-component advantage
+    metrics (adv/<component>/*) under multi_reward_mix="advantage_aggr"."""
 
     batch: dict
     out: AdvantageOutput
@@ -69,6 +75,7 @@ class Round:
     dropped_share: float
     num_groups: int
     reward_queries: int  # reward evaluations of the round (ReMax's greedy samples included)
+    component_metrics: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -144,6 +151,9 @@ class RolloutCollector:
         self.kl, self.scorer = kl, scorer  # scorer: recorded transitions' log-probs (the KL in the reward)
         self.should_stop, self.timer = should_stop, timer
         self.shards = ProcessShards(accelerator, config.sample.batch_size * config.sample.num_batches_per_epoch)
+        # (label, weight) of each reward component: a combination's, or the single reward itself with weight 1
+        single = [(component_label(str(config.reward_fn)), 1.0)]
+        self.reward_components = list(getattr(reward_fn, "components", None) or single)
         self.executor = ThreadPoolExecutor(max_workers=2)  # reward calls run while the next batch samples
 
     def collect(self, epoch: int) -> EpochRollouts:
@@ -210,8 +220,11 @@ class RolloutCollector:
         """Gather the round, compute the advantages on it; each process keeps its own rows."""
         config, shards = self.config, self.shards
         gathered = {key: shards.gather(value) for key, value in {"rewards": batch["rewards"], **extra}.items()}
+        rewards, metrics = gathered["rewards"], {}  # what the estimator normalises: the weighted sum by default
+        if config.algorithm.get("multi_reward_mix", "reward_aggr") == "advantage_aggr":
+            rewards, metrics = self.component_advantages(batch, gathered["rewards"], groups)
         out = estimate_advantages(
-            self.estimator, config, gathered["rewards"], torch.tensor(groups), prompts, batch["log_probs"].shape[1],
+            self.estimator, config, rewards, torch.tensor(groups), prompts, batch["log_probs"].shape[1],
             self.stat_tracker, values=gathered.get("values"), step_rewards=gathered.get("step_rewards"),
             greedy_rewards=gathered.get("greedy_rewards"), controller=self.controller,
         )
@@ -219,14 +232,31 @@ class RolloutCollector:
         if self.critic is not None:
             targets, mask = self.estimator.critic_regression(out)
             batch["critic_targets"], batch["critic_mask"] = shards.local_rows(targets), shards.local_rows(mask)
-        keep, dropped_share = zero_variance_group_filter(gathered["rewards"].double(), torch.as_tensor(groups))
+        # a group is dropped when what the estimator got is constant in it (under advantage_aggr: every component is)
+        keep, dropped_share = zero_variance_group_filter(rewards.double(), torch.as_tensor(groups))
         if not config.algorithm.filter_groups:
             keep = torch.ones_like(keep)
         queries = len(groups)
         if "greedy_rewards" in extra:  # ReMax's greedy samples are reward queries too
             queries += int(shards.gather(torch.tensor([len(set(groups[shards.mine]))])).sum())
         return Round(batch=batch, out=out, gathered=gathered, groups=list(groups), keep=keep, dropped_share=dropped_share,
-                     num_groups=len(set(groups)), reward_queries=queries)
+                     num_groups=len(set(groups)), reward_queries=queries, component_metrics=metrics)
+
+    def component_advantages(self, batch: dict, rewards: torch.Tensor, groups) -> tuple[torch.Tensor, dict]:
+        """GDPO's decoupled normalisation on the gathered round: (S [B_global], adv/<component>/* metrics), with
+        S_i = sum_k w_k (r_{i,k} - mean_g(r_k)) / (std_g(r_k) + eps) (algorithms/multi_reward.py).
+
+        A combination's info holds each component's unweighted reward under its label: those are gathered (in
+        process order, as the rewards); a single reward is its own component.
+        """
+        labels = [label for label, _ in self.reward_components]
+        if getattr(self.reward_fn, "components", None):
+            components = torch.stack([self.shards.gather(batch["reward_info"][label]) for label in labels], dim=1)
+        else:
+            components = rewards.double()[:, None]
+        group_index = torch.as_tensor(groups)
+        S, z = component_normalized_sum(components, [w for _, w in self.reward_components], group_index)
+        return S, component_metrics(components, z, labels, group_index)
 
     def short_of_kept_rows(self, rounds: list[Round]) -> bool:
         """True while some process holds fewer than a batch of rows from groups with reward variance."""

@@ -156,10 +156,42 @@ def algorithm_errors(config) -> list[str]:
                  f"estimator, got algorithm.adv_estimator={a.adv_estimator!r}")
     if a.filter_groups:
         need(a.max_num_gen_batches >= 1, f"algorithm.max_num_gen_batches={a.max_num_gen_batches} must be >= 1")
+    errors.extend(multi_reward_errors(config, estimator))
     epsilon = t.get("epsilon", t.clip_range)
     need(epsilon > 0, f"train.epsilon={epsilon} (the clip range) must be > 0")
     need(a.clip_ratio_c is None or a.clip_ratio_c > 1, f"algorithm.clip_ratio_c={a.clip_ratio_c} must be > 1 (or None)")
     return errors + kl_config_errors(config, estimator) + critic_config_errors(config)
+
+
+def multi_reward_errors(config, estimator) -> list[str]:
+    """``algorithm.multi_reward_mix``: a known value; "advantage_aggr" needs a group estimator without a critic whose
+    normalisation after the sum keeps the groups apart (algorithms/multi_reward.py). A single reward is allowed: it is
+    its own component (weight 1)."""
+    from ddpo_group.algorithms import ADV_ESTIMATOR_REGISTRY, MULTI_REWARD_MIXES
+
+    mix = config.algorithm.get("multi_reward_mix", "reward_aggr")
+    if mix not in MULTI_REWARD_MIXES:
+        return [f"algorithm.multi_reward_mix={mix!r} must be one of {MULTI_REWARD_MIXES}"]
+    if mix != "advantage_aggr" or estimator is None:
+        return []
+    name = config.algorithm.adv_estimator
+    usable = [n for n in ADV_ESTIMATOR_REGISTRY.names()
+              if ADV_ESTIMATOR_REGISTRY.get(n).needs_groups and not ADV_ESTIMATOR_REGISTRY.get(n).needs_critic]
+    head = f"algorithm.multi_reward_mix='advantage_aggr' with algorithm.adv_estimator={name!r}"
+    if not estimator.needs_groups:
+        return [f"{head}: normalising each reward within its prompt group needs an estimator that compares a prompt "
+                f"group's samples, one of {usable}"]
+    if estimator.needs_critic:  # the critic would regress S_i, which moves with the other samples of i's group
+        return [f"{head}: the normalised sum depends on the other samples of a group, not on the sample alone, so a "
+                f"critic cannot learn it; use one of {usable}"]
+    params = estimator.params_from(config)
+    if params.get("norm_adv_by_std") and not params.get("global_std"):
+        fixes = "train.scale_rewards=False (MixGRPO: no scaling after the sum)"
+        if "global_std" in estimator.params:
+            fixes = f"algorithm.global_std=True (GDPO: the batch std) or {fixes}"
+        return [f"{head} would divide the normalised sum by its group std again, which gives every 2-sample group "
+                f"+-1/sqrt(2) whatever its components did (the collapse GDPO removes); set {fixes}"]
+    return []
 
 
 def _resolve(field: str, value, get, registry, errors: list):

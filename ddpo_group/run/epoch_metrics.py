@@ -5,9 +5,10 @@ from __future__ import annotations
 
 def epoch_metrics(epoch: int, global_step: int, rollouts, train: dict, critic: dict, after: dict, shards,
                   filter_groups: bool) -> dict:
-    """reward_* over every process's samples of the epoch, train/* (policy update), the estimator's metrics (of the
-    first round), critic/*, ref/* and the controllers' (``after``), filter/* under dynamic sampling, reward_info/*
-    (each component's mean over every process)."""
+    """reward_* over every process's samples of the epoch, train/* (policy update), the estimator's metrics and, under
+    multi_reward_mix="advantage_aggr", each reward component's adv/<component>/* (both of the first round), critic/*,
+    ref/* and the controllers' (``after``), filter/* under dynamic sampling, reward_info/* (each component's mean over
+    every process)."""
     rewards, batch = rollouts.rewards, rollouts.batch
     metrics = {
         "epoch": epoch,
@@ -18,6 +19,7 @@ def epoch_metrics(epoch: int, global_step: int, rollouts, train: dict, critic: d
         "reward_std": float(rewards.std(unbiased=False)),
         **{f"train/{k}": v for k, v in train.items()},
         **{k: float(v) for k, v in rollouts.rounds[0].out.metrics.items()},
+        **rollouts.rounds[0].component_metrics,
         **critic,
         **after,
     }

@@ -113,3 +113,35 @@ def test_two_processes_and_one_give_the_same_advantages(tiny_model_dir, tmp_path
     keys += ["group/num_endpoints", "group/mean_len"] if preset == "group_ppo" else ["reward/greedy_mean"]
     for key in keys:
         assert one[key] == pytest.approx(two[key], rel=1e-6, abs=1e-9), key
+
+
+@pytest.mark.slow
+def test_two_processes_and_one_give_the_same_component_advantages(tiny_model_dir, tmp_path):
+    """multi_reward_mix="advantage_aggr" (GDPO) gathers each reward component: 1 process x 8 or 2 processes x 4.
+
+    Two JPEG rewards (sizes at quality 95 and 50) are exact whatever the batch layout; a model reward's float32
+    batch dependence (shapes_alignment's classifier: 6e-8) would be magnified by the per-group normalisation."""
+    metrics = []
+    for processes in (1, 2):
+        run = f"gdpo_{processes}"
+        args = tiny_args(tiny_model_dir, tmp_path, run, **{
+            "sample.batch_size": 8 // processes, "sample.num_batches_per_epoch": 1, "train.group_size": 4,
+            "log_images_every": 0, "save_freq": 0,
+            "reward_fn": '{"jpeg_compressibility": 1.0, "jpeg_incompressibility": 2.0}',
+            "reward_fn_kwargs": '{"jpeg_incompressibility": {"quality": 50}}',
+            "algorithm.multi_reward_mix": "advantage_aggr", "algorithm.global_std": True,
+            "train.beta": 0.0, "train.use_reference_model": False})
+        args[1] = "config/base.py:grpo"
+        launch(args, num_processes=processes)
+        (epoch0,) = read_metrics(tmp_path / run)
+        metrics.append(epoch0)
+    one, two = metrics
+    assert one["reward_count"] == two["reward_count"] == 8
+    keys = ["reward_mean", "adv/mean", "adv/std", "adv/min", "adv/max"]
+    components = ("jpeg_compressibility", "jpeg_incompressibility")
+    keys += [f"adv/{c}/{s}" for c in components for s in ("mean", "std", "min", "max")]
+    assert one["adv/jpeg_incompressibility/std"] > 0.1 and one["adv/jpeg_compressibility/std"] > 0.1
+    # not each other's negative (other qualities): the weighted sum is not one component's multiple
+    assert one["adv/jpeg_incompressibility/max"] != pytest.approx(-one["adv/jpeg_compressibility/min"], rel=1e-3)
+    for key in keys:
+        assert one[key] == pytest.approx(two[key], rel=1e-6, abs=1e-9), key
