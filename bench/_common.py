@@ -24,8 +24,13 @@ def add_common_args(parser) -> None:
 
 
 def setup_threads(threads: int) -> None:
+    """Set torch's thread count (0: its default), and quiet diffusers' per-call logs (the pipelines log a truncation
+    warning for every long prompt of every call)."""
     if threads:
         torch.set_num_threads(threads)
+    from diffusers.utils import logging as diffusers_logging
+
+    diffusers_logging.set_verbosity_error()
 
 
 def machine(device: str = "cpu") -> str:

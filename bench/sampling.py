@@ -1,9 +1,11 @@
-"""Our log-prob sampler versus diffusers' StableDiffusionPipeline.__call__, side by side.
+"""Our log-prob sampler versus the diffusers pipeline's own __call__, side by side, for any model family.
 
     python bench/sampling.py [--images 64] [--steps 20] [--repeats 7] [--threads 1] [--model tiny-shapes]
+    python bench/sampling.py --family sd3 [--resolution 32]     # a tiny random SD3 (or flux) built from config
 
-Same model, prompts, number of DDIM steps, batch, CFG (5) and eta (1), output decoded to images in
-both. The two contenders run interleaved (the order alternates every round) so that contention on a
+Same model, prompts, number of steps, batch, guidance, output decoded to images in both: Stable Diffusion with
+DDIM at eta (1); the flow families (SD3, FLUX) with their pipeline's deterministic Euler sampler, ours at noise
+level 0 (the pipeline has no SDE; our stochastic steps cost the same: a few elementwise operations). The two contenders run interleaved (the order alternates every round) so that contention on a
 shared machine hits both alike; prints the median over rounds of the per-round wall-time ratio
 ours / diffusers (target: at most 1.05) and checks that both produce the same images. A last,
 instrumented call of each splits its time into the models (text encoder, UNet, VAE decoder, from
@@ -16,22 +18,30 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
+from ml_collections import ConfigDict
 
 from _common import add_common_args, machine, median_ratio, setup_threads, side_by_side, sync, timed
 
-from ddpo_group.models import TINY_SHAPES, load_pipeline
+from ddpo_group.models import TINY_SHAPES, load_family
+from ddpo_group.models.tiny_random import TINY_BUILDERS, save_pipeline
 from ddpo_group.prompts import PromptSampler
-from ddpo_group.models.families.sd import encode_prompts, ensure_ddim, sample_with_logprob
+from ddpo_group.sampling.trajectories import sample_trajectories
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=TINY_SHAPES)
+    parser.add_argument("--family", choices=sorted(TINY_BUILDERS), default="sd",
+                        help="without --model: the embedded tiny-shapes model (sd), or a tiny random model built from config")
+    parser.add_argument("--model", default="", help="a local diffusers directory or hub id (default: see --family)")
+    parser.add_argument("--resolution", type=int, default=32, help="pixels, flow families (SD: the model's size)")
+    parser.add_argument("--max-sequence-length", type=int, default=16, help="T5 tokens, flow families")
     parser.add_argument("--prompt-fn", default="tiny_shapes")
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20)
@@ -46,11 +56,24 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     setup_threads(args.threads)
+    with tempfile.TemporaryDirectory() as scratch:
+        model = args.model or (TINY_SHAPES if args.family == "sd" else
+                               save_pipeline(TINY_BUILDERS[args.family](), Path(scratch) / args.family))
+        return run(args, model)
+
+
+def run(args, model: str) -> dict:
     dtype = DTYPES[args.dtype]
-    pipe = ensure_ddim(load_pipeline(args.model, torch_dtype=dtype)).to(args.device)
+    config = ConfigDict({"sample": {"resolution": args.resolution, "sde_type": "flow_sde", "noise_level": 0.0,
+                                    "eta": args.eta},
+                         "pretrained": {"max_sequence_length": args.max_sequence_length}})
+    family = load_family(model, torch_dtype=dtype, family="" if args.model else args.family, config=config)
+    pipe = family.pipe.to(args.device)
     pipe.set_progress_bar_config(disable=True)
     prompts, _ = PromptSampler(args.prompt_fn, seed=0).sample(args.images)
-    kwargs = dict(num_inference_steps=args.steps, guidance_scale=args.guidance, eta=args.eta)
+    kwargs = dict(num_inference_steps=args.steps, guidance_scale=args.guidance,
+                  **family.pipeline_kwargs(config.sample, config.pretrained))
+    noise = args.eta if family.noise_field == "eta" else 0.0  # the pipeline's own sampler: DDIM(eta) or Euler
     results = {}
 
     @torch.no_grad()
@@ -61,35 +84,37 @@ def main(argv=None) -> dict:
     @torch.no_grad()
     def ours():
         generator = torch.Generator(args.device).manual_seed(0)
-        embeds = encode_prompts(pipe, prompts)
-        negative = encode_prompts(pipe, [""]).expand(len(prompts), -1, -1)
-        results["ours"] = sample_with_logprob(pipe, embeds, negative, args.steps, args.guidance, args.eta,
-                                              generator=generator).images
+        negative = family.encode([""] * len(prompts))  # the pipeline encodes its negative prompt batched too
+        results["ours"] = sample_trajectories(family, family.model, family.encode(prompts), negative, args.steps,
+                                              args.guidance, [noise] * args.steps, generator=generator,
+                                              compute_log_prob=noise > 0).images
 
     times = side_by_side({"diffusers": diffusers_call, "ours": ours}, args.repeats, args.device)
-    outside = {name: outside_models(pipe, fn, args.device) for name, fn in (("diffusers", diffusers_call), ("ours", ours))}
+    outside = {name: outside_models(family, fn, args.device) for name, fn in (("diffusers", diffusers_call), ("ours", ours))}
     ratio = median_ratio(times["ours"], times["diffusers"])
     max_diff = float((results["ours"].float() - results["diffusers"].float()).abs().max())
     t_diff, t_ours = statistics.median(times["diffusers"]), statistics.median(times["ours"])
     print(f"machine: {machine(args.device)}; device {args.device}, dtype {args.dtype}")
-    print(f"{args.images} images, {args.steps} DDIM steps, CFG {args.guidance}, eta {args.eta}, decoded; "
-          f"{args.repeats} interleaved rounds")
-    print(f"  diffusers StableDiffusionPipeline.__call__ : median {t_diff:7.3f} s")
-    print(f"  ddpo_group sample_with_logprob             : median {t_ours:7.3f} s")
+    sampler = f"DDIM eta {args.eta}" if family.noise_field == "eta" else "Euler (noise level 0)"
+    print(f"{family.name} ({model}): {args.images} images, {args.steps} steps of {sampler}, guidance {args.guidance}, "
+          f"decoded; {args.repeats} interleaved rounds")
+    print(f"  diffusers {type(pipe).__name__}.__call__: median {t_diff:7.3f} s")
+    print(f"  ddpo_group sample_trajectories: median {t_ours:7.3f} s")
     print(f"  ratio ours / diffusers (median of per-round ratios): {ratio:.3f}  "
           f"(target <= 1.05: {'met' if ratio <= 1.05 else 'NOT met'}); per-round "
           + ", ".join(f"{a / b:.3f}" for a, b in zip(times['ours'], times['diffusers'])))
     print(f"  same images: max |ours - diffusers| = {max_diff:.2e}")
-    print("  time outside the models (text encoder, UNet, VAE decoder), one instrumented call each: "
+    print("  time outside the models (text encoders, denoiser, VAE decoder), one instrumented call each: "
           + ", ".join(f"{name} {total - models:.3f} s of {total:.3f} s" for name, (total, models) in outside.items()))
     return {"ratio": ratio, "diffusers_s": t_diff, "ours_s": t_ours, "max_image_diff": max_diff, "times": times,
             "outside_models_s": {name: total - models for name, (total, models) in outside.items()}}
 
 
-def outside_models(pipe, fn, device) -> tuple[float, float]:
-    """(total seconds, seconds inside the text encoder, UNet and VAE decoder) of one call of ``fn``."""
+def outside_models(family, fn, device) -> tuple[float, float]:
+    """(total seconds, seconds inside the text encoders, the denoiser and the VAE decoder) of one call of ``fn``."""
     inside, starts, handles = [0.0], {}, []
-    for module in (pipe.text_encoder, pipe.unet, pipe.vae.decoder):
+    modules = [getattr(family.pipe, name, None) for name in ("text_encoder", "text_encoder_2", "text_encoder_3")]
+    for module in [m for m in modules if m is not None] + [family.model, family.pipe.vae.decoder]:
         def pre(m, args, key=id(module)):
             sync(device)
             starts[key] = time.perf_counter()

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -37,13 +39,17 @@ from ddpo_group.models.policy import build_policy, make_optimizer
 from ddpo_group.update.policy import PolicyUpdater
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.sampling.ddim import ddim_step_with_logprob
-from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, sample_with_logprob
-from ddpo_group.sampling.trajectories import TransitionScorer
+from ddpo_group.models.tiny_random import TINY_BUILDERS, save_pipeline
+from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny-shapes")
+    parser.add_argument("--family", choices=sorted(TINY_BUILDERS), default="sd",
+                        help="without --model: tiny-shapes (sd) or a tiny random SD3 / FLUX built from config; the "
+                             "ddpo-pytorch loop exists for Stable Diffusion's UNet only")
+    parser.add_argument("--model", default="")
+    parser.add_argument("--resolution", type=int, default=32, help="pixels, flow families")
     parser.add_argument("--prompt-fn", default="tiny_shapes")
     parser.add_argument("--samples", type=int, default=32, help="samples per epoch (default: 16 x 2 batches)")
     parser.add_argument("--steps", type=int, default=20)
@@ -101,9 +107,12 @@ def ddpo_pytorch_epoch(batch, unet, scheduler, optimizer, params, accelerator, n
     unet.eval()
 
 
-def build(args):
+def build(args, model: str):
     config = get_config("group_ppo")
-    config.pretrained.model = args.model
+    config.pretrained.model = model
+    config.sample.resolution, config.pretrained.max_sequence_length = args.resolution, 16
+    if args.family == "flux":  # FLUX.1-dev's guidance is an embedding: no unconditional forward
+        config.sample.guidance_scale, config.train.cfg = 3.5, False
     config.mixed_precision = args.mixed_precision
     config.sample.num_steps = args.steps
     config.train.batch_size = args.batch_size
@@ -113,17 +122,17 @@ def build(args):
     family, params = build_policy(config, accelerator.device)
     pipe = family.pipe
     optimizer = make_optimizer(config, params)
-    unet, optimizer = accelerator.prepare(pipe.unet, optimizer)
-    negative = encode_prompts(pipe, [""])
+    unet, optimizer = accelerator.prepare(family.model, optimizer)
+    negative = family.negative_condition()["prompt_embeds"]
     prompts, _ = PromptSampler(args.prompt_fn, seed=0).sample(args.samples)
-    embeds = encode_prompts(pipe, prompts)
+    cond = family.encode(prompts)
     with torch.no_grad(), accelerator.autocast():
-        traj = sample_with_logprob(pipe, embeds, negative.expand(len(prompts), -1, -1), args.steps,
-                                   config.sample.guidance_scale, config.sample.eta,
+        traj = sample_trajectories(family, family.model, cond, family.negative_condition(), args.steps,
+                                   config.sample.guidance_scale, family.noise_levels(config.sample),
                                    generator=torch.Generator(accelerator.device).manual_seed(0), decode=False)
     batch = {
-        "prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
-        "log_probs": traj.log_probs, "timesteps": traj.timesteps,
+        **cond, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], "log_probs": traj.log_probs,
+        **traj.steps,
         "advantages": torch.randn(args.samples, 1, generator=torch.Generator().manual_seed(0))
         .expand(-1, args.steps).contiguous().to(accelerator.device),
     }
@@ -136,7 +145,14 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     setup_threads(args.threads)
     torch.manual_seed(0)
-    config, accelerator, pipe, unet, optimizer, params, negative, batch, updater = build(args)
+    with tempfile.TemporaryDirectory() as scratch:
+        model = args.model or ("tiny-shapes" if args.family == "sd" else
+                               save_pipeline(TINY_BUILDERS[args.family](), Path(scratch) / args.family))
+        return run(args, model)
+
+
+def run(args, model: str) -> dict:
+    config, accelerator, pipe, unet, optimizer, params, negative, batch, updater = build(args, model)
     k = max(1, int(args.steps * args.timestep_fraction))
     pairs = args.samples * k * config.train.num_inner_epochs
     round_pairs = args.batch_size * k * config.train.num_inner_epochs
@@ -149,7 +165,7 @@ def main(argv=None) -> dict:
         return train_batches[(counter[name] - 1) % len(train_batches)]
 
     contenders = {"ours": lambda: updater.train_epoch(next_batch("ours"), show_progress=False)}
-    if not args.no_reference_loop:
+    if not args.no_reference_loop and updater.scorer.family.name == "sd":  # the reference loop calls a UNet
         contenders["ddpo-pytorch loop"] = lambda: ddpo_pytorch_epoch(
             next_batch("reference"), unet, pipe.scheduler, optimizer, params, accelerator, negative, config)
     times = side_by_side(contenders, args.repeats, args.device)
@@ -168,7 +184,7 @@ def main(argv=None) -> dict:
     share = (timer.forward_s + timer.backward_s) / wall
 
     print(f"machine: {machine(args.device)}; device {args.device}, mixed precision {args.mixed_precision}")
-    print(f"{args.model}: {args.samples} samples x {k} of {args.steps} steps = {pairs} trained (sample, step) pairs per "
+    print(f"{updater.scorer.family.name} ({model}): {args.samples} samples x {k} of {args.steps} steps = {pairs} trained (sample, step) pairs per "
           f"epoch, train.batch_size {args.batch_size} ({args.samples // args.batch_size} optimizer steps), "
           f"pairs_per_forward {args.pairs_per_forward}, CFG {config.sample.guidance_scale}; {args.repeats} interleaved rounds "
           f"of one train batch ({round_pairs} pairs)")
@@ -184,7 +200,7 @@ def main(argv=None) -> dict:
         print(f"  speed-up ours / ddpo-pytorch (median of per-round ratios): {speedup:.2f}x  "
               f"(target >= 1.5x: {'met' if speedup >= 1.5 else 'NOT met'}); per-round "
               + ", ".join(f"{b / a:.2f}" for a, b in zip(times["ours"], times["ddpo-pytorch loop"])))
-    print(f"  UNet share of our training phase: {100 * share:.1f}% (forward {timer.forward_s:.3f} s in "
+    print(f"  denoiser share of our training phase: {100 * share:.1f}% (forward {timer.forward_s:.3f} s in "
           f"{timer.forwards} calls, backward {timer.backward_s:.3f} s, of {wall:.3f} s; target >= 85%: "
           f"{'met' if share >= 0.85 else 'NOT met'})")
     return out

@@ -9,7 +9,9 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
-from tiny_pipeline import build_tiny_pipeline, save_tiny_pipeline  # noqa: E402
+from ddpo_group.models.tiny_random import (  # noqa: E402
+    build_tiny_flux_pipeline, build_tiny_pipeline, build_tiny_sd3_pipeline, save_pipeline, save_tiny_pipeline,
+)
 
 
 @pytest.fixture(scope="session")
@@ -21,3 +23,20 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture
 def tiny_pipe():
     return build_tiny_pipeline()
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_dir(tmp_path_factory):
+    """A tiny random SD3 checkpoint (no T5) on disk."""
+    return save_pipeline(build_tiny_sd3_pipeline(), tmp_path_factory.mktemp("tiny_sd3") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_flux_dir(tmp_path_factory):
+    """A tiny random FLUX.1-dev-style checkpoint (guidance embedding) on disk."""
+    return save_pipeline(build_tiny_flux_pipeline(), tmp_path_factory.mktemp("tiny_flux") / "model")
+
+
+@pytest.fixture(scope="session")
+def family_model_dirs(tiny_model_dir, tiny_sd3_dir, tiny_flux_dir):
+    return {"sd": tiny_model_dir, "sd3": tiny_sd3_dir, "flux": tiny_flux_dir}

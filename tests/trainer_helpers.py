@@ -13,6 +13,15 @@ TINY = {
 }
 
 
+# what a tiny flow-matching model needs: 32 px images, 16 T5 tokens; FLUX.1-dev's guidance is an embedding (no CFG)
+FAMILY_OVERRIDES = {
+    "sd": {},
+    "sd3": {"sample.resolution": 32, "pretrained.max_sequence_length": 16},
+    "flux": {"sample.resolution": 32, "pretrained.max_sequence_length": 16, "sample.guidance_scale": 3.5,
+             "train.cfg": False},
+}
+
+
 def tiny_config(preset: str, model_dir: str, logdir, run_name: str = "run", **overrides):
     config = get_config(preset)
     values = {**TINY, "pretrained.model": model_dir, "logdir": str(logdir), "run_name": run_name}

@@ -7,6 +7,7 @@ critic's values of all steps are one batched forward after each trajectory batch
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from concurrent.futures import Executor, wait
 from typing import Callable
 
@@ -44,10 +45,32 @@ def score_images(reward_fn, reward_name: str, images, prompts: list[str], metada
     return check_rewards(rewards, len(prompts), reward_name), info or {}
 
 
-def encode_unique(family, prompts: list[str]) -> dict:
-    """The condition of ``prompts`` (row-indexed tensors), running the text encoders once per distinct prompt."""
+class TextEmbeddingCache:
+    """The condition of the last ``size`` distinct prompts, on the CPU (least recently used ones dropped), so the
+    text encoders meet each prompt once. A prompt is encoded alone, so its entry does not depend on which prompts
+    were encoded with it (an exact resume, which starts with an empty cache, gets the same embeddings)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.entries: OrderedDict[str, dict] = OrderedDict()
+
+    def condition(self, family, prompts: list[str]) -> dict:
+        for prompt in prompts:
+            if prompt in self.entries:
+                self.entries.move_to_end(prompt)
+            else:
+                self.entries[prompt] = {k: v.cpu() for k, v in family.encode([prompt]).items()}
+                if len(self.entries) > self.size:
+                    self.entries.popitem(last=False)
+        keys = self.entries[prompts[0]].keys()
+        return {k: torch.cat([self.entries[p][k] for p in prompts]).to(family.device) for k in keys}
+
+
+def encode_unique(family, prompts: list[str], cache: TextEmbeddingCache | None = None) -> dict:
+    """The condition of ``prompts`` (row-indexed tensors), running the text encoders once per distinct prompt (once
+    per prompt over the run with a ``cache``)."""
     unique = list(dict.fromkeys(prompts))
-    cond = family.encode(unique)
+    cond = cache.condition(family, unique) if cache is not None else family.encode(unique)
     if len(unique) == len(prompts):
         return cond
     position = {prompt: i for i, prompt in enumerate(unique)}
@@ -86,6 +109,7 @@ def collect_rollouts(
     should_stop: Callable[[], bool] | None = None,
     timer=NULL_TIMER,
     initial_noise: torch.Tensor | None = None,
+    text_cache: TextEmbeddingCache | None = None,
 ) -> dict:
     """Sample this process's prompts in ``num_batches_per_epoch`` batches with ``family`` and score them.
 
@@ -102,7 +126,7 @@ def collect_rollouts(
     size = sample_config.batch_size
     noise_levels = family.noise_levels(sample_config)
     with timer.phase("sampling"):
-        all_cond = encode_unique(family, prompts)
+        all_cond = encode_unique(family, prompts, text_cache)
     for i in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):
         if should_stop is not None and should_stop():
             for future in futures:
@@ -118,6 +142,7 @@ def collect_rollouts(
                 generator=generators[rows] if generators is not None else None,
                 initial_noise=initial_noise[rows] if initial_noise is not None else None,
                 log_prob_reduce=sample_config.log_prob_reduce,
+                decode_batch_size=int(sample_config.get("decode_batch_size", 0)),
             )
         if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
             with timer.phase("critic"):

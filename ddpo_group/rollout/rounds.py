@@ -24,7 +24,7 @@ from ddpo_group.algorithms import (
 )
 from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards.combine import component_label
-from ddpo_group.rollout.collect import collect_rollouts, greedy_rewards
+from ddpo_group.rollout.collect import TextEmbeddingCache, collect_rollouts, greedy_rewards
 from ddpo_group.rollout.snapshot import SamplingSnapshot
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
 from ddpo_group.timing import NULL_TIMER
@@ -155,6 +155,8 @@ class RolloutCollector:
         single = [(component_label(str(config.reward_fn)), 1.0)]
         self.reward_components = list(getattr(reward_fn, "components", None) or single)
         self.executor = ThreadPoolExecutor(max_workers=2)  # reward calls run while the next batch samples
+        cache_size = int(config.sample.get("text_embedding_cache", 0))
+        self.text_cache = TextEmbeddingCache(cache_size) if cache_size > 0 else None
 
     def collect(self, epoch: int) -> EpochRollouts:
         """The epoch's rounds (one, or more under dynamic sampling) and the batch this process trains on."""
@@ -190,6 +192,7 @@ class RolloutCollector:
                 config.sample, show_progress=accelerator.is_local_main_process,
                 desc=f"epoch {epoch}: sampling", generators=sample_generators(seed, mine, accelerator.device),
                 critic=self.critic, should_stop=self.should_stop, timer=self.timer, initial_noise=initial_noise,
+                text_cache=self.text_cache,
             )
             extra = self.estimator_extras(epoch, batch, groups[mine], initial_noise)
         with self.timer.phase("advantage"):

@@ -45,6 +45,8 @@ def sampling_and_training_errors(config, num_processes: int) -> list[str]:
         f"in the {s.num_steps} sampling steps (size 0: every step stochastic)",
     )
     need(s.guidance_scale >= 0, f"sample.guidance_scale={s.guidance_scale} must be >= 0")
+    for field in ("text_embedding_cache", "decode_batch_size", "eval_num_steps"):
+        need(s.get(field, 0) >= 0, f"sample.{field}={s.get(field)} must be >= 0 (0: off / the default)")
     need(s.batch_size >= 1, f"sample.batch_size={s.batch_size} must be >= 1")
     need(s.num_batches_per_epoch >= 1, f"sample.num_batches_per_epoch={s.num_batches_per_epoch} must be >= 1")
     need(

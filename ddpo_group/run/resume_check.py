@@ -32,10 +32,20 @@ def state_fields(config, num_processes: int) -> dict:
     """The values a resume must match (plus the model and process count, which only warn)."""
     fields = {name: read_field(config, name) for name in STATE_FIELDS}
     fields["train.reference_update_freq > 0"] = read_field(config, "train.reference_update_freq") > 0  # a second LoRA adapter
+    fields["model family"] = _family(config)  # another family's denoiser has other weights
     fields["pretrained.model"] = config.pretrained.model
     fields["checkpoint_format"] = CHECKPOINT_FORMAT
     fields["num_processes"] = num_processes
     return fields
+
+
+def _family(config) -> str:
+    from ddpo_group.models.families import family_name
+
+    try:
+        return family_name(config.pretrained)
+    except (OSError, ValueError, KeyError):  # the model is not there: its load will say so
+        return config.pretrained.get("family", "") or "unknown"
 
 
 def write_state_fields(directory: Path, config, num_processes: int) -> None:

@@ -53,12 +53,15 @@ def sample_trajectories(
     compute_log_prob: bool = True,
     initial_noise: torch.Tensor | None = None,
     log_prob_reduce: str = "mean",
+    decode_batch_size: int = 0,
 ) -> Trajectories:
     """Sample B images and record the trajectory: latents [B, T+1, ...], log_probs [B, T], the per-step tensors.
 
     ``cond`` holds B rows (``family.encode``), ``negative`` one row or B (``family.negative_condition``).
     ``noise_levels`` has one value per step (``family.noise_levels``: an SDE window). ``initial_noise`` [B, ...]
     (standard normal) replaces the x_T drawn from ``generator``, which then draws the step noise only.
+    ``decode_batch_size`` > 0 decodes the final latents that many at a time (the VAE's activations at high
+    resolution are the sampling phase's peak memory).
     """
     first = next(iter(cond.values()))
     batch, device, dtype = first.shape[0], first.device, first.dtype
@@ -79,7 +82,10 @@ def sample_trajectories(
         all_latents.append(out.prev_sample)
         if compute_log_prob:
             log_probs.append(out.log_prob if stochastic else torch.zeros(batch, device=device))
-    images = family.decode(latents) if decode else None
+    images = None
+    if decode:
+        chunk = decode_batch_size if decode_batch_size > 0 else batch
+        images = torch.cat([family.decode(part) for part in latents.split(chunk)])
     return Trajectories(
         images=images,
         latents=torch.stack(all_latents, dim=1),

@@ -13,7 +13,7 @@ from ddpo_group.run.config_checks import validate_config
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, sample_with_logprob
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy import PolicyUpdater
-from tiny_pipeline import build_tiny_pipeline
+from ddpo_group.models.tiny_random import build_tiny_pipeline
 from trainer_helpers import tiny_config, tiny_trainer
 
 ESTIMATOR = textwrap.dedent('''

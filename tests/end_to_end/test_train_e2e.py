@@ -94,15 +94,20 @@ def test_two_processes_gather_rewards(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["group_ppo", "remax"])
-def test_two_processes_and_one_give_the_same_advantages(tiny_model_dir, tmp_path, preset):
-    """The same global batch (8 samples, per-sample seeded noise) on 1 process x 8 or 2 processes x 4."""
+@pytest.mark.parametrize("preset", ["group_ppo", "remax", "grpo@flux"])
+def test_two_processes_and_one_give_the_same_advantages(family_model_dirs, tmp_path, preset):
+    """The same global batch (8 samples, per-sample seeded noise) on 1 process x 8 or 2 processes x 4; grpo@flux on
+    the tiny FLUX model (flow-matching steps, packed latents)."""
+    from trainer_helpers import FAMILY_OVERRIDES
+
+    preset, _, family = preset.partition("@")
     metrics = []
     for processes in (1, 2):
-        run = f"{preset}_{processes}"
-        args = tiny_args(tiny_model_dir, tmp_path, run, **{
+        run = f"{preset}_{family}_{processes}"
+        args = tiny_args(family_model_dirs[family or "sd"], tmp_path, run, **{
             "sample.batch_size": 8 // processes, "sample.num_batches_per_epoch": 1,
-            "train.group_size": 4 if preset == "group_ppo" else 1, "log_images_every": 0})
+            "train.group_size": 4 if preset in ("group_ppo", "grpo") else 1, "log_images_every": 0,
+            **FAMILY_OVERRIDES[family or "sd"]})
         args[1] = f"config/base.py:{preset}"
         launch(args, num_processes=processes)
         (epoch0,) = read_metrics(tmp_path / run)
@@ -110,7 +115,7 @@ def test_two_processes_and_one_give_the_same_advantages(tiny_model_dir, tmp_path
     one, two = metrics
     assert one["reward_count"] == two["reward_count"] == 8
     keys = ["reward_mean", "reward_std", "adv/mean", "adv/std", "adv/min", "adv/max"]
-    keys += ["group/num_endpoints", "group/mean_len"] if preset == "group_ppo" else ["reward/greedy_mean"]
+    keys += {"group_ppo": ["group/num_endpoints", "group/mean_len"], "remax": ["reward/greedy_mean"]}.get(preset, [])
     for key in keys:
         assert one[key] == pytest.approx(two[key], rel=1e-6, abs=1e-9), key
 

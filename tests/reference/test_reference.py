@@ -6,7 +6,7 @@ import torch
 from ddpo_group.models.families.sd import StableDiffusionFamily
 from ddpo_group.models.policy import lora_config
 from ddpo_group.reference.model import POLICY_ADAPTER, REFERENCE_ADAPTER, ReferenceModel, _lora_layers
-from tiny_pipeline import build_tiny_pipeline
+from ddpo_group.models.tiny_random import build_tiny_pipeline
 from trainer_helpers import tiny_config, tiny_trainer
 
 

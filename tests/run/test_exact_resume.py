@@ -7,7 +7,8 @@ logged but not checkpointed. After SIGKILL the resume starts from epoch 1 and ru
 SIGTERM drops epoch 3, checkpoints epoch 2 and exits 143. Either way the resumed run must end with
 the same bytes (and the same logged metrics) as a run that was never interrupted. ddpo and
 group_ppo (critic, group-threshold controller) train LoRA; grpo trains the full UNet with a KL term
-to a frozen reference copy.
+to a frozen reference copy; group_ppo@flux trains LoRA on the tiny FLUX model (flow-matching SDE steps,
+the critic on packed latents).
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ EPOCHS, SAVE_FREQ = 4, 2
 HANG_AT = 7
 
 
-def train_command(preset: str, model_dir: str, logdir: Path, run: str, **extra) -> list[str]:
+def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) -> list[str]:
+    """The command of a case "preset" or "preset@family" (the family's tiny-model settings added)."""
+    from trainer_helpers import FAMILY_OVERRIDES
+
+    preset, _, family = case.partition("@")
     values = {
         "pretrained.model": model_dir, "logdir": str(logdir), "run_name": run, "num_epochs": EPOCHS,
         "save_freq": SAVE_FREQ, "prompt_fn": "simple_animals", "reward_fn": HANG_REWARD, "sample.num_steps": 4,
@@ -46,6 +51,7 @@ def train_command(preset: str, model_dir: str, logdir: Path, run: str, **extra) 
         values["train.group_size"] = 4
     if preset == "grpo":  # full fine-tuning: the reference is a frozen UNet copy, saved with the checkpoint
         values.update({"use_lora": False, "train.learning_rate": 1e-4})
+    values.update(FAMILY_OVERRIDES[family or "sd"])
     values.update(extra)
     return [sys.executable, "scripts/train.py", "--config", f"config/base.py:{preset}"] + [
         f"--config.{key}={value}" for key, value in values.items()
@@ -138,10 +144,11 @@ def interrupted_and_reference(preset: str, model_dir: str, tmp: Path, sig: int) 
     """
     reference = None
     if preset not in _REFERENCE_RUNS:
-        ref_log = tmp / f"{preset}_reference.log"
-        reference = (start(train_command(preset, model_dir, tmp, f"{preset}_reference"), environment(), ref_log), ref_log)
-    marker = tmp / f"{preset}_{sig}.marker"
-    run = f"{preset}_signal{sig}"
+        name = f"{preset.replace('@', '_')}_reference"
+        ref_log = tmp / f"{name}.log"
+        reference = (start(train_command(preset, model_dir, tmp, name), environment(), ref_log), ref_log)
+    marker = tmp / f"{preset.replace('@', '_')}_{sig}.marker"
+    run = f"{preset.replace('@', '_')}_signal{sig}"
     log = tmp / f"{run}.log"
     hang = environment(HANG_REWARD_AT=str(HANG_AT), HANG_REWARD_MARKER=str(marker),
                        HANG_REWARD_SECONDS="600" if sig == signal.SIGKILL else "2")
@@ -150,7 +157,7 @@ def interrupted_and_reference(preset: str, model_dir: str, tmp: Path, sig: int) 
     process.send_signal(sig)
     if reference is not None:
         finish(*reference)
-        _REFERENCE_RUNS[preset] = tmp / f"{preset}_reference"
+        _REFERENCE_RUNS[preset] = tmp / f"{preset.replace('@', '_')}_reference"
     return _REFERENCE_RUNS[preset], tmp / run, process, log
 
 
@@ -161,16 +168,17 @@ def runs_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo"])
-def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(preset, tiny_model_dir, runs_dir):
-    reference, killed, process, log = interrupted_and_reference(preset, tiny_model_dir, runs_dir, signal.SIGKILL)
+@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux"])
+def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(preset, family_model_dirs, runs_dir):
+    model_dir = family_model_dirs[preset.partition("@")[2] or "sd"]
+    reference, killed, process, log = interrupted_and_reference(preset, model_dir, runs_dir, signal.SIGKILL)
     assert process.wait(timeout=60) == -signal.SIGKILL
     # killed in epoch 3: epoch 2 was logged but only epoch 1 is checkpointed
     assert [m["epoch"] for m in read_metrics(killed)] == [0, 1, 2]
     assert [p.name for p in sorted((killed / "checkpoints").glob("checkpoint_*"))] == ["checkpoint_00001"]
     first_id = wandb_run_id(killed / "checkpoints" / "checkpoint_00001")
 
-    text = finish(start(train_command(preset, tiny_model_dir, runs_dir, killed.name, resume_from=killed),
+    text = finish(start(train_command(preset, model_dir, runs_dir, killed.name, resume_from=killed),
                         environment(), log.with_suffix(".resume.log")), log.with_suffix(".resume.log"))
     assert "finished epoch 1" in text and "dropped 1 metrics line(s)" in text, text[-3000:]
 

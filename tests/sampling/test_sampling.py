@@ -7,7 +7,7 @@ from ddpo_group.models.families.sd import (
     StableDiffusionFamily, encode_prompts, guided_model_output, sample_with_logprob, step_log_prob,
 )
 from ddpo_group.sampling.trajectories import TransitionScorer
-from tiny_pipeline import build_tiny_pipeline
+from ddpo_group.models.tiny_random import build_tiny_pipeline
 
 PROMPTS = ["a red circle on a blue background", "a green square", "x", "a yellow star on a black background"]
 

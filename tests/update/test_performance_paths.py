@@ -17,7 +17,7 @@ from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts,
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy import PolicyUpdater
 from ddpo_group.timing import PhaseTimer
-from tiny_pipeline import build_tiny_pipeline
+from ddpo_group.models.tiny_random import build_tiny_pipeline
 from trainer_helpers import tiny_config
 
 

@@ -8,7 +8,7 @@ from config.base import get_config
 from ddpo_group.update.policy import PolicyUpdater, random_step_mask
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, sample_with_logprob, step_log_prob
 from ddpo_group.sampling.trajectories import TransitionScorer
-from tiny_pipeline import build_tiny_pipeline
+from ddpo_group.models.tiny_random import build_tiny_pipeline
 
 
 def test_random_step_mask_counts():

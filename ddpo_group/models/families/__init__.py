@@ -60,4 +60,4 @@ def get_family(name: str):
     return FAMILY_REGISTRY.get(name)
 
 
-from ddpo_group.models.families import sd  # noqa: E402,F401  (registers the families)
+from ddpo_group.models.families import flux, sd, sd3  # noqa: E402,F401  (registers the families)

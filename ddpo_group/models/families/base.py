@@ -33,6 +33,7 @@ class ModelFamily:
     model_attribute = "unet"  # the pipeline attribute holding the trained module
     lora_target_modules: tuple = ()
     lora_layers_argument = "unet_lora_layers"  # the pipeline's save_lora_weights keyword for the trained module
+    lora_key_conversion = True  # convert peft's LoRA key names to diffusers' (as diffusers' own training scripts do)
     cond_keys: tuple = ("prompt_embeds",)  # the condition's row-indexed tensors (batch record keys)
     step_keys: tuple = ("timesteps",)  # the per-step tensors of the batch record, [B, T]
     noise_field = "eta"  # the sample.* field with the stochastic steps' noise level
@@ -142,7 +143,9 @@ class ModelFamily:
         if adapter_name not in getattr(model, "peft_config", {}):
             raise ValueError(f"the {cls.model_attribute} has no LoRA adapter {adapter_name!r} to export (use_lora=False?)")
         state = get_peft_model_state_dict(model, adapter_name=adapter_name)
-        state = convert_state_dict_to_diffusers({k: v.detach().float().cpu().contiguous() for k, v in state.items()})
+        state = {k: v.detach().float().cpu().contiguous() for k, v in state.items()}
+        if cls.lora_key_conversion:  # the UNet loader reads diffusers' own key names; the transformers' read peft's
+            state = convert_state_dict_to_diffusers(state)
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         prefix = cls.lora_layers_argument.removesuffix("_lora_layers")

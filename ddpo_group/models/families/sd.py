@@ -124,7 +124,7 @@ class StableDiffusionFamily(ModelFamily):
         ))
 
     def encode(self, prompts: list[str]) -> dict:
-        return {"prompt_embeds": encode_prompts(self.pipe, prompts)}
+        return {"prompt_embeds": encode_prompts(self.pipe, prompts).to(self.device)}
 
     def latent_shape(self) -> tuple:
         return latent_shape(self.pipe.unet)

@@ -1,0 +1,113 @@
+"""What the flow-matching families (SD3, FLUX) share: the sigma schedule, the stochastic step, the config they read.
+
+    schedule    the pipeline's own: FlowMatchEulerDiscreteScheduler.set_timesteps with the pipeline's sigmas and
+                shift (``schedule_kwargs``); recorded per step: timesteps (0..1000, what the transformer reads),
+                sigmas s and next_sigmas s_next (what the step reads; never reconstructed from the timesteps)
+    step        sampling/flow.py: ``sample.sde_type`` (flow_sde, cps, dance_sde) at ``sample.noise_level``; at noise
+                level 0 the pipeline's Euler step x + v (s_next - s)
+    images      ``sample.resolution`` pixels square (0: the pipeline's default)
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ddpo_group.models.families.base import ModelFamily
+from ddpo_group.models.families.sd import warn_long_prompts
+from ddpo_group.sampling.flow import SDE_REGISTRY, flow_step_with_logprob
+
+
+class FlowMatchingFamily(ModelFamily):
+    model_attribute = "transformer"
+    lora_layers_argument = "transformer_lora_layers"
+    lora_key_conversion = False  # diffusers' SD3 / FLUX LoRA scripts save peft's state dict as it is
+    step_keys = ("timesteps", "sigmas", "next_sigmas")
+    noise_field = "noise_level"
+    # the attention projections of the joint (image + text) blocks: Flow-GRPO's and DanceGRPO's LoRA targets
+    lora_target_modules = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
+                           "attn.add_v_proj", "attn.to_add_out")
+
+    @property
+    def resolution(self) -> int:
+        """Image height = width in pixels: ``sample.resolution``, or the pipeline's default."""
+        chosen = int(self.config.sample.get("resolution", 0)) if self.config is not None else 0
+        return chosen or self.pipe.default_sample_size * self.pipe.vae_scale_factor
+
+    @property
+    def max_sequence_length(self) -> int | None:
+        """T5 tokens per prompt: ``pretrained.max_sequence_length``, or None (the pipeline's default)."""
+        value = int(self.config.pretrained.get("max_sequence_length", 0)) if self.config is not None else 0
+        return value or None
+
+    @property
+    def sde_type(self) -> str:
+        return self.config.sample.get("sde_type", "flow_sde") if self.config is not None else "flow_sde"
+
+    def schedule_kwargs(self, num_steps: int) -> dict:
+        """Keywords of ``scheduler.set_timesteps`` exactly as the pipeline passes them (sigmas, mu)."""
+        return {}
+
+    def schedule(self, num_steps: int, device) -> dict:
+        scheduler = self.pipe.scheduler
+        scheduler.set_timesteps(num_steps, device=device, **self.schedule_kwargs(num_steps))
+        sigmas = scheduler.sigmas.to(device)
+        return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
+
+    def step(self, model_output, latents, step, noise_level, prev_sample=None, generator=None, compute_log_prob=True,
+             reduce="mean"):
+        return flow_step_with_logprob(self.sde_type, model_output, latents, step["sigmas"], step["next_sigmas"],
+                                      noise_level, prev_sample=prev_sample, generator=generator,
+                                      compute_log_prob=compute_log_prob, reduce=reduce)
+
+    def deterministic_steps(self, sample_config) -> torch.Tensor:
+        """CPS has std = s_next sin(a pi / 2) = 0 on the last step (s_next = 0): that step is never stochastic."""
+        steps = torch.zeros(sample_config.num_steps, dtype=torch.bool)
+        if sample_config.get("sde_type", "flow_sde") == "cps":
+            steps[-1] = True
+        return steps
+
+    def check_trainable(self, sample_config) -> None:
+        if not self.stochastic_steps(sample_config).any():
+            raise ValueError(f"sample.sde_type={sample_config.sde_type!r} with this SDE window leaves no stochastic step "
+                             "(cps's last step is deterministic): widen sample.sde_window_size")
+
+    @classmethod
+    def config_errors(cls, config) -> list[str]:
+        s, errors = config.sample, []
+        if s.get("sde_type", "flow_sde") not in SDE_REGISTRY:
+            errors.append(f"sample.sde_type={s.get('sde_type')!r} must be one of {SDE_REGISTRY.names()}")
+        if not s.get("noise_level", 0.0) > 0:
+            errors.append(f"sample.noise_level={s.get('noise_level')} must be > 0: with 0 every step is the "
+                          "deterministic Euler step and has no log-probability")
+        if s.get("resolution", 0) < 0:
+            errors.append(f"sample.resolution={s.get('resolution')} must be >= 0 (0: the pipeline's default)")
+        return errors
+
+    def pipeline_kwargs(self, sample_config, pretrained) -> dict:
+        """The pipeline's own sampler is the deterministic Euler one (noise level 0): only the size and the tokens."""
+        kwargs = {}
+        resolution = int(sample_config.get("resolution", 0) or 0)
+        if resolution:
+            kwargs.update(height=resolution, width=resolution)
+        tokens = int(pretrained.get("max_sequence_length", 0) or 0)
+        if tokens:
+            kwargs["max_sequence_length"] = tokens
+        return kwargs
+
+    def text_encoder_device(self) -> torch.device:
+        return self.pipe.text_encoder.device
+
+    def encode_quietly(self, prompts: list[str], **kwargs):
+        """The pipeline's ``encode_prompt``, its per-call truncation log silenced: long prompts warn once, here."""
+        for tokenizer in (self.pipe.tokenizer, getattr(self.pipe, "tokenizer_2", None)):
+            if tokenizer is not None and tokenizer.__class__.__name__.startswith("CLIP"):
+                warn_long_prompts(tokenizer, prompts)
+        logger = logging.getLogger(type(self.pipe).__module__)
+        level = logger.level
+        logger.setLevel(logging.ERROR)
+        try:
+            return self.pipe.encode_prompt(prompt=prompts, device=self.text_encoder_device(), **kwargs)
+        finally:
+            logger.setLevel(level)

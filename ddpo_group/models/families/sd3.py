@@ -1,0 +1,88 @@
+"""Stable Diffusion 3 / 3.5: an MM-DiT transformer predicting the flow velocity, three text encoders.
+
+    condition   prompt_embeds [B, 77 + L_T5, D]: CLIP-L and CLIP-G hidden states (zero-padded to the T5 width) then T5
+                tokens (zeros without T5); pooled_prompt_embeds [B, 2048]: CLIP-L and CLIP-G pooled (the pipeline's
+                own ``encode_prompt``)
+    latents     [B, 16, H/8, W/8], x_T = N(0, I) (``prepare_latents``: the pipeline's draw)
+    output      v = transformer(x, t in 0..1000, prompt_embeds, pooled), classifier-free guidance as one batched
+                forward: v = v_uncond + w (v_cond - v_uncond)              (w <= 1: no guidance)
+    step        flow matching (models/families/flow.py, sampling/flow.py)
+    decode      VAE with latents / scaling_factor + shift_factor
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers import StableDiffusion3Pipeline
+from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
+
+from ddpo_group.models.families import register_family
+from ddpo_group.models.families.flow import FlowMatchingFamily
+
+
+@register_family("sd3", StableDiffusion3Pipeline)
+class StableDiffusion3Family(FlowMatchingFamily):
+    pipeline_class = StableDiffusion3Pipeline
+    cond_keys = ("prompt_embeds", "pooled_prompt_embeds")
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str]) -> dict:
+        tokens = {"max_sequence_length": self.max_sequence_length} if self.max_sequence_length else {}
+        embeds, _, pooled, _ = self.encode_quietly(prompts, prompt_2=None, prompt_3=None,
+                                                   do_classifier_free_guidance=False, **tokens)
+        return {"prompt_embeds": embeds.to(self.device), "pooled_prompt_embeds": pooled.to(self.device)}
+
+    def latent_shape(self) -> tuple:
+        size = self.resolution // self.pipe.vae_scale_factor
+        return self.pipe.transformer.config.in_channels, size, size
+
+    def initial_latents(self, batch, generator, device, dtype, initial_noise=None):
+        if initial_noise is not None:
+            if tuple(initial_noise.shape) != (batch, *self.latent_shape()):
+                raise ValueError(f"initial_noise has shape {tuple(initial_noise.shape)}; the sampler needs "
+                                 f"{(batch, *self.latent_shape())}")
+            return initial_noise.to(device, dtype)
+        return self.pipe.prepare_latents(batch, self.pipe.transformer.config.in_channels, self.resolution,
+                                         self.resolution, dtype, device, generator)
+
+    def schedule_kwargs(self, num_steps: int) -> dict:
+        config = self.pipe.scheduler.config
+        if not config.get("use_dynamic_shifting", None):
+            return {}
+        tokens = (self.latent_shape()[1] // self.pipe.transformer.config.patch_size) ** 2
+        return {"mu": calculate_shift(tokens, config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096),
+                                      config.get("base_shift", 0.5), config.get("max_shift", 1.16))}
+
+    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+        n = latents.shape[0]
+        t = torch.as_tensor(step["timesteps"], device=latents.device)
+        t = t.expand(n) if t.ndim == 0 else t
+        embeds, pooled = cond["prompt_embeds"], cond["pooled_prompt_embeds"]
+        if guidance_scale > 1.0 and negative is not None:
+            out = model(
+                hidden_states=torch.cat([latents, latents]), timestep=torch.cat([t, t]),
+                encoder_hidden_states=torch.cat([negative["prompt_embeds"].expand(n, -1, -1), embeds]),
+                pooled_projections=torch.cat([negative["pooled_prompt_embeds"].expand(n, -1), pooled]),
+                return_dict=False,
+            )[0]
+            uncond, conditional = out.chunk(2)
+            return uncond + guidance_scale * (conditional - uncond)
+        return model(hidden_states=latents, timestep=t, encoder_hidden_states=embeds, pooled_projections=pooled,
+                     return_dict=False)[0]
+
+    @torch.no_grad()
+    def decode(self, latents):
+        vae = self.pipe.vae
+        latents = latents / vae.config.scaling_factor + vae.config.shift_factor
+        image = vae.decode(latents.to(vae.dtype), return_dict=False)[0]
+        return self.pipe.image_processor.postprocess(image, output_type="pt").float()
+
+    @classmethod
+    def config_errors(cls, config) -> list[str]:
+        s, t, errors = config.sample, config.train, super().config_errors(config)
+        if bool(t.cfg) != (s.guidance_scale > 1.0):
+            errors.append(
+                f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: the training forward must use "
+                "guidance exactly when sampling did (guidance_scale > 1), or the recomputed log-probs are off-policy"
+            )
+        return errors

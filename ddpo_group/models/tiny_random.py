@@ -1,0 +1,129 @@
+"""Tiny random pipelines of each model family built from config (no downloads), saved like checkpoints: what the
+tests and the benchmarks run on. Their sizes are those of diffusers' own pipeline tests; the tokenizers are built
+locally (a byte-level CLIP vocabulary; a T5-style Unigram tokenizer from the ``tokenizers`` library)."""
+
+from __future__ import annotations
+
+import torch
+from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+
+from ddpo_group.models.tokenizer import byte_level_vocab
+
+
+def build_tiny_pipeline(seed: int = 0, prediction_type: str = "epsilon", max_length: int = 16) -> StableDiffusionPipeline:
+    torch.manual_seed(seed)
+    tokenizer = CLIPTokenizer(vocab=byte_level_vocab(), merges=[], model_max_length=max_length)
+    text_encoder = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, max_position_embeddings=max_length, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+        )
+    )
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), block_out_channels=(8, 16),
+        layers_per_block=1, latent_channels=4, norm_num_groups=4, sample_size=16,
+    )
+    unet = UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(16, 32),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=4, norm_num_groups=8,
+    )
+    scheduler = DDIMScheduler(
+        beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
+        set_alpha_to_one=False, steps_offset=1, prediction_type=prediction_type,
+    )
+    return StableDiffusionPipeline(
+        vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+    )
+
+
+def save_tiny_pipeline(path, **kwargs) -> str:
+    build_tiny_pipeline(**kwargs).save_pretrained(str(path))
+    return str(path)
+
+
+# ----------------------------------------------------------------------------- flow-matching families (SD3, FLUX)
+def t5_tokenizer(max_length: int = 16):
+    """A T5-style fast tokenizer built locally: a Unigram model over characters, '</s>' appended, '<pad>' padding."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -1.0)]
+    pieces += [(c, -1.0) for c in "abcdefghijklmnopqrstuvwxyz0123456789"]
+    backend = Tokenizer(models.Unigram(pieces, unk_id=2))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    return T5TokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", extra_ids=0,
+                           model_max_length=max_length)
+
+
+def _t5_encoder():
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(T5Config(vocab_size=40, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                                   relative_attention_num_buckets=8))
+
+
+def _clip(projection: bool, max_length: int = 16):
+    from transformers import CLIPTextModelWithProjection
+
+    tokenizer = CLIPTokenizer(vocab=byte_level_vocab(), merges=[], model_max_length=max_length)
+    config = CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                            num_attention_heads=4, max_position_embeddings=max_length, projection_dim=32, bos_token_id=0,
+                            eos_token_id=1, pad_token_id=1, hidden_act="gelu")
+    return tokenizer, (CLIPTextModelWithProjection if projection else CLIPTextModel)(config)
+
+
+def _flow_vae():
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), block_out_channels=(8, 16), layers_per_block=1,
+        latent_channels=4, norm_num_groups=4, sample_size=16, shift_factor=0.0609, scaling_factor=1.5035,
+        use_quant_conv=False, use_post_quant_conv=False,
+    )
+
+
+def build_tiny_sd3_pipeline(seed: int = 0, with_t5: bool = False):
+    """SD3 at the size of diffusers' own pipeline tests: an SD3Transformer2DModel with one layer, two CLIP text
+    encoders with projection, no T5 by default (the pipeline then uses zeros for the T5 part), a 4-channel VAE."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    torch.manual_seed(seed)
+    transformer = SD3Transformer2DModel(sample_size=8, patch_size=1, in_channels=4, num_layers=1, attention_head_dim=8,
+                                        num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
+                                        pooled_projection_dim=64, out_channels=4)
+    tokenizer, text_encoder = _clip(projection=True)
+    tokenizer_2, text_encoder_2 = _clip(projection=True)
+    return StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=_flow_vae(),
+        text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
+        text_encoder_3=_t5_encoder() if with_t5 else None, tokenizer_3=t5_tokenizer() if with_t5 else None,
+    )
+
+
+def build_tiny_flux_pipeline(seed: int = 0, guidance_embeds: bool = True):
+    """FLUX.1 at the size of diffusers' own pipeline tests: a FluxTransformer2DModel with one double and one single
+    block (packed 16-channel tokens of a 4-channel VAE), a CLIP text encoder and a tiny T5."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    torch.manual_seed(seed)
+    transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                         attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                         pooled_projection_dim=32, axes_dims_rope=[4, 4, 8],
+                                         guidance_embeds=guidance_embeds)
+    tokenizer, text_encoder = _clip(projection=False)
+    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                                base_image_seq_len=256, max_image_seq_len=4096)
+    return FluxPipeline(transformer=transformer, scheduler=scheduler, vae=_flow_vae(), text_encoder=text_encoder,
+                        tokenizer=tokenizer, text_encoder_2=_t5_encoder(), tokenizer_2=t5_tokenizer())
+
+
+def save_pipeline(pipe, path) -> str:
+    pipe.save_pretrained(str(path))
+    return str(path)
+
+
+TINY_BUILDERS = {"sd": build_tiny_pipeline, "sd3": build_tiny_sd3_pipeline, "flux": build_tiny_flux_pipeline}

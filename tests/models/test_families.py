@@ -1,0 +1,198 @@
+"""The model-family seam on tiny SD3 and FLUX pipelines built from config: detection, the sampler against the
+pipeline's own call, log-prob recomputation, LoRA export and loading, every preset for an epoch."""
+
+import json
+
+import pytest
+import torch
+from diffusers import FluxPipeline, StableDiffusion3Pipeline
+
+from config.base import PRESETS
+from ddpo_group.models import load_family
+from ddpo_group.models.families import family_name
+from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
+from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+
+PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
+
+
+def family_of(name, model_dir, preset="grpo", **overrides):
+    config = tiny_config(preset, model_dir, "unused", **{**FAMILY_OVERRIDES[name], **overrides})
+    return load_family(model_dir, config=config), config
+
+
+def generators(n, offset=0):
+    return [torch.Generator().manual_seed(offset + i) for i in range(n)]
+
+
+def test_the_family_is_read_from_model_index_or_set(family_model_dirs, tmp_path):
+    for name, directory in family_model_dirs.items():
+        assert family_name({"model": directory}) == name
+    assert family_name({"model": "tiny-shapes"}) == "sd"
+    assert family_name({"model": family_model_dirs["sd3"], "family": "flux"}) == "flux"  # the override wins
+    with pytest.raises(ValueError, match=r"unknown model family \(pretrained.family\) 'sdxl'"):
+        family_name({"model": "tiny-shapes", "family": "sdxl"})
+    (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "KandinskyPipeline"}))
+    with pytest.raises(ValueError, match="is a KandinskyPipeline, which no model family handles"):
+        family_name({"model": str(tmp_path)})
+
+
+@pytest.mark.parametrize("name", ["sd3", "flux"])
+def test_noise_level_zero_reproduces_the_pipelines_own_call(name, family_model_dirs):
+    """Same generators, the deterministic Euler sampler: the pipeline's images exactly (its negative prompt is encoded
+    as a batch of B empty prompts, so ours is too)."""
+    family, _ = family_of(name, family_model_dirs[name])
+    guidance = {"sd3": 4.5, "flux": 3.5}[name]
+    pipeline_class = {"sd3": StableDiffusion3Pipeline, "flux": FluxPipeline}[name]
+    assert isinstance(family.pipe, pipeline_class)
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4), height=32,
+                       width=32, max_sequence_length=16, output_type="pt").images
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4), 4, guidance,
+                               [0.0] * 4, generator=generators(4), compute_log_prob=False)
+    assert torch.equal(traj.images, want)
+    assert traj.latents.shape == (4, 5, *family.latent_shape())
+    assert torch.equal(traj.steps["next_sigmas"][:, -1], torch.zeros(4))  # the schedule ends at s = 0
+
+
+def test_sd3_with_t5_reproduces_its_pipeline(tmp_path):
+    from ddpo_group.models.tiny_random import build_tiny_sd3_pipeline, save_pipeline
+
+    directory = save_pipeline(build_tiny_sd3_pipeline(with_t5=True), tmp_path / "sd3_t5")
+    family, _ = family_of("sd3", directory)
+    assert family.pipe.text_encoder_3 is not None
+    cond = family.encode(PROMPTS)
+    assert float(cond["prompt_embeds"][:, 16:].abs().sum()) > 0  # the T5 tokens follow the 16 CLIP tokens
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(PROMPTS, num_inference_steps=3, guidance_scale=4.5, generator=generators(4), height=32, width=32,
+                       max_sequence_length=16, output_type="pt").images
+    traj = sample_trajectories(family, family.model, cond, family.encode([""] * 4), 3, 4.5, [0.0] * 3,
+                               generator=generators(4), compute_log_prob=False)
+    assert torch.equal(traj.images, want)
+
+
+@pytest.mark.parametrize("name", ["sd3", "flux"])
+def test_the_first_training_forwards_ratio_is_one(name, family_model_dirs):
+    """Scoring the recorded transitions again under the sampling policy gives back the recorded log-probs:
+    bitwise when the training forward's batch is the sampling batch; otherwise the float32 kernels of another
+    batch size round differently, by at most a few ulps (measured up to 2.4e-7 in the log-prob on this CPU), so the
+    ratio is 1 to within 1e-6, a hundredth of the default clip range 1e-4."""
+    family, config = family_of(name, family_model_dirs[name], sde_window_size=0)
+    sample = config.sample
+    cond = family.encode(PROMPTS)
+    traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4, sample.guidance_scale,
+                               family.noise_levels(sample), generator=generators(4))
+    assert bool((traj.log_probs != 0).all())
+    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
+    scorer = TransitionScorer.from_config(config, family)
+    with torch.no_grad():
+        for n in range(4):  # the sampling batch: all 4 samples at step n
+            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
+            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
+        rows, steps = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
+        for chunk in (1, 3, 16):  # the training forward's chunks of (sample, step) pairs
+            out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
+                             for c in torch.split(torch.arange(16), chunk)])
+            ratio = torch.exp(out - traj.log_probs[rows, steps])
+            assert float((ratio - 1).abs().max()) < 1e-6, chunk
+
+
+@pytest.mark.parametrize("name", ["sd3", "flux"])
+def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(name, family_model_dirs, tmp_path):
+    trainer = tiny_trainer("grpo", family_model_dirs[name], tmp_path, "lora", **FAMILY_OVERRIDES[name])
+    trainer.run()
+    lora = tmp_path / "lora" / "lora"
+    assert (lora / "pytorch_lora_weights.safetensors").exists()
+    pipeline_class = {"sd3": StableDiffusion3Pipeline, "flux": FluxPipeline}[name]
+    base = pipeline_class.from_pretrained(family_model_dirs[name], **({"text_encoder_3": None, "tokenizer_3": None}
+                                                                       if name == "sd3" else {}))
+    base.set_progress_bar_config(disable=True)
+    guidance = trainer.config.sample.guidance_scale
+    call = dict(num_inference_steps=4, guidance_scale=guidance, height=32, width=32, max_sequence_length=16,
+                output_type="pt")
+    base_images = base(PROMPTS, generator=generators(4), **call).images
+    base.load_lora_weights(str(lora))
+    loaded = base(PROMPTS, generator=generators(4), **call).images
+    family = trainer.family
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4), 4, guidance,
+                                  [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
+    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+
+    # scripts/evaluate.py's comparison on the run: the family's pipeline, the run's resolution and token count
+    from ddpo_group.evaluation import evaluate
+
+    report = evaluate(str(tmp_path / "lora"), num_prompts=2, num_seeds=2, batch_size=4, show_progress=False)
+    assert report["family"] == name and report["loaded"].startswith("lora:") and report["num_steps"] == 4
+    difference = report["rewards"]["reward"]["difference"]
+    assert difference["n"] == 4 and difference["std"] > 0  # the fine-tuned images differ from the base ones
+    assert (tmp_path / "lora" / "evaluation" / "grid.png").exists()
+
+
+FLOW_OPTIONS = {  # each preset once per family, some with an option a flow user picks
+    "grpo": {"train.reference_update_freq": 1, "train.reference_model_mixup_alpha": 0.5},  # the mixup adapter
+    "dr_grpo": {"sample.sde_window_size": 2, "train.timestep_fraction": 0.5},
+    "rloo": {"sample.same_initial_noise": True, "sample.sde_type": "cps"},
+    "grpo_passk": {"algorithm.filter_groups": True, "sample.sde_type": "dance_sde", "sample.noise_level": 0.3},
+    "ppo_gae": {"use_lora": False, "train.use_reference_model": True, "train.beta": 0.01},  # a frozen copy
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe, name", [("flow_grpo_sd35", "sd3"), ("flow_grpo_flux", "flux")])
+def test_the_flow_grpo_recipes_run_on_the_tiny_models(recipe, name, family_model_dirs, tmp_path):
+    """Flow-GRPO's published settings (their model replaced by the tiny one, their sizes by tiny ones): what the
+    README's commands run, minus the download."""
+    overrides = {**FAMILY_OVERRIDES[name], "sample.text_embedding_cache": 16, "sample.decode_batch_size": 3,
+                 "sample.num_steps": 3, "train.pairs_per_forward": 4, "train.gradient_checkpointing": True,
+                 "mixed_precision": "no"}
+    trainer = tiny_trainer(recipe, family_model_dirs[name], tmp_path, recipe, **overrides)
+    config = trainer.config
+    assert (config.lora_rank, config.lora_alpha, config.train.group_size) == (32, 64, 4)  # group 24 in the recipe
+    assert trainer.family.name == name and trainer.family.model.is_gradient_checkpointing
+    metrics = trainer.run()
+    assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    assert len(trainer.rollouts.text_cache.entries) > 0  # every prompt met the text encoders once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["sd3", "flux"])
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_trains_an_epoch_on_each_flow_family(name, preset, family_model_dirs, tmp_path):
+    overrides = {**FAMILY_OVERRIDES[name], **FLOW_OPTIONS.get(preset, {})}
+    trainer = tiny_trainer(preset, family_model_dirs[name], tmp_path, f"{name}_{preset}", **overrides)
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    assert trainer.family.name == name and metrics["global_step"] == 2
+    changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    assert changed > len(before) // 2, f"{name} {preset}: only {changed} of {len(before)} trained tensors changed"
+    for key in ("adv/mean", "train/policy_loss", "train/grad_norm", "train/ratio_max"):
+        assert torch.isfinite(torch.tensor(metrics[key])), (key, metrics[key])
+    if trainer.critic is not None:
+        assert metrics["critic/value_loss"] > 0
+    if trainer.kl is not None:
+        assert metrics["ref/kl"] >= 0 and "ref/param_distance" in metrics
+
+
+@pytest.mark.parametrize("name", ["sd", "flux"])
+def test_cached_text_embeddings_and_chunked_decoding_change_nothing(name, family_model_dirs):
+    """A prompt is encoded alone into the cache: the same embedding whatever it was batched with; the VAE decodes
+    3 images at a time: the same images as all at once (to float32 rounding of other batch sizes)."""
+    from ddpo_group.rollout.collect import TextEmbeddingCache, encode_unique
+
+    family, config = family_of(name, family_model_dirs[name])
+    cache = TextEmbeddingCache(size=3)
+    first = encode_unique(family, PROMPTS[:2], cache)
+    again = encode_unique(family, [PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[0]], cache)
+    assert list(cache.entries) == [PROMPTS[1], PROMPTS[0], PROMPTS[2]]  # least recently used first, at most 3
+    for key in family.cond_keys:
+        assert torch.equal(again[key][1], first[key][0]) and torch.equal(again[key][0], first[key][1])
+        torch.testing.assert_close(again[key][:3], family.encode([PROMPTS[1], PROMPTS[0], PROMPTS[2]])[key],
+                                   rtol=1e-5, atol=1e-5)
+    encode_unique(family, [PROMPTS[3]], cache)
+    assert list(cache.entries) == [PROMPTS[0], PROMPTS[2], PROMPTS[3]]
+    cond = family.encode(PROMPTS)
+    whole, chunked = (sample_trajectories(family, family.model, cond, family.negative_condition(), 2, 1.0, [0.0, 0.0],
+                                          generator=generators(4), compute_log_prob=False, decode_batch_size=size).images
+                      for size in (0, 3))
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
