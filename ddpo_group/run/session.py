@@ -113,10 +113,11 @@ class RunSession:
 
         ``close()`` is called on any way out but the normal end (it cancels the reward workers)."""
         config, metrics = self.config, {}
+        threads = f" x {torch.get_num_threads()} CPU thread(s)" if self.accelerator.device.type == "cpu" else ""
         self.print(
             f"training {config.pretrained.model} with {config.algorithm.adv_estimator} for epochs "
-            f"{self.state.epoch + 1}..{config.num_epochs - 1} on {self.accelerator.num_processes} process(es); "
-            f"run dir {self.run_dir}"
+            f"{self.state.epoch + 1}..{config.num_epochs - 1} on {self.accelerator.num_processes} process(es)"
+            f"{threads}; run dir {self.run_dir}"
         )
         if self.state.epoch >= config.num_epochs - 1:
             self.print(f"nothing to train: the checkpoint finished epoch {self.state.epoch} and num_epochs="
