@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from ddpo_group.evaluation import build_report, draw_prompts, load_finetuned_weights, resolve_finetuned, stats
+from ddpo_group.evaluation import build_report, draw_prompts, format_report, load_finetuned_weights, resolve_finetuned, stats
 from ddpo_group.run.metrics_log import read_metrics
 from ddpo_group.run.plots import plot_reward_curve
 from ddpo_group.run.summary import format_summary
@@ -29,6 +29,13 @@ def test_stats_and_report_numbers():
     assert entry["difference"]["mean"] == pytest.approx(1.25)  # paired: (1 + 0 + 1 + 3) / 4
     assert entry["per_prompt"]["p"] == {"base_mean": 1.5, "finetuned_mean": 2.0, "base": [1.0, 2.0], "finetuned": [2.0, 2.0]}
     assert entry["per_prompt"]["q"]["finetuned_mean"] == 6.0
+    # the console table says what its numbers are: the difference's 95% interval is 1.25 -+ 1.96 * 1.2583 / 2
+    # (std of the differences 1, 0, 1, 3: sqrt(1.5833) = 1.2583), i.e. [0.0169, 2.4831]
+    table = format_report({**report, "report_path": "r.json", "grid_path": "g.png"}).splitlines()
+    assert "base (mean ± std)" in table[0] and "difference [95% interval]" in table[0]
+    assert table[1].split() == ["reward", "2.7500", "±", "1.7078", "4.0000", "±", "2.8284", "+1.2500", "[+0.0169,",
+                                "+2.4831]"]
+    assert table[2] == "(n = 4 image pairs: each prompt and seed sampled by both models)"
 
 
 def test_draw_prompts_distinct_then_cycled():
@@ -42,7 +49,7 @@ def test_reward_curve_and_summary(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in metrics) + "\n")
     assert read_metrics(tmp_path / "metrics.jsonl") == metrics
     path = plot_reward_curve(metrics, tmp_path / "curve.png")
-    assert Image.open(path).size == (700, 400)
+    assert Image.open(path).size == (900, 400)  # FIGSIZE 9 x 4 in at 100 dpi
     text = format_summary(metrics, {"metrics": tmp_path / "metrics.jsonl", "missing": tmp_path / "nope"})
     assert "reward before    0.1000" in text and "reward after     0.3000" in text
     assert "change           +0.2000" in text and "best epoch       1: 0.5000" in text
