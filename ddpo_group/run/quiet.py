@@ -12,6 +12,9 @@ KNOWN_HARMLESS = {
     # without torchvision, transformers maps CLIPImageProcessor / SiglipImageProcessor (imported by diffusers'
     # pipelines, once per process) to their PIL implementations, which the pipelines used before the rename
     ("transformers.utils.import_utils", "requires torchvision (not installed); falling back to"),
+    # loading a LoRA exported by this package (evaluate.py): it adapts the UNet only (models/lora_export.py), so the
+    # text encoder has no keys, which diffusers reports and calls "safe to ignore"
+    ("diffusers.loaders.lora_base", "No LoRA keys associated to CLIPTextModel found"),
 }
 
 
