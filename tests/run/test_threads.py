@@ -76,7 +76,7 @@ def test_under_accelerate_launch_a_single_cpu_process_uses_the_cores_unless_told
 
 
 @pytest.mark.slow
-def test_the_trainer_applies_it(tiny_model_dir, tmp_path):
+def test_the_trainer_applies_it_and_starts_quietly(tiny_model_dir, tmp_path):
     """A real run under accelerate launch with no thread setting reports (and uses) the cores of this machine."""
     cores = available_cores()
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -91,3 +91,6 @@ def test_the_trainer_applies_it(tiny_model_dir, tmp_path):
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"on 1 process(es) x {cores} CPU thread(s)" in out.stdout
+    # and it is quiet (run/quiet.py): no torchvision fallback note, no weight-loading bar inside the pipeline's
+    assert "requires torchvision" not in out.stderr and "Loading weights" not in out.stderr
+    assert "Loading pipeline components" in out.stderr
