@@ -9,7 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from ddpo_group.evaluation import build_report, draw_prompts, format_report, load_finetuned_weights, resolve_finetuned, stats
+from ddpo_group.evaluation import (
+    build_report, draw_prompts, format_report, load_finetuned_weights, resolve_finetuned, stats,
+)
+from ddpo_group.run.image_grid import MARGIN, caption_font, line_height
 from ddpo_group.run.metrics_log import read_metrics
 from ddpo_group.run.plots import plot_reward_curve
 from ddpo_group.run.summary import format_summary
@@ -127,7 +130,11 @@ def test_short_run_artifacts_lora_export_and_evaluate(tiny_model_dir, tmp_path):
     i = report["rewards"]["jpeg_incompressibility"]["base"]["mean"]
     assert entry["base"]["mean"] == pytest.approx(c + 0.5 * i)
     grid = Image.open(tmp_path / "eval" / "grid.png")
-    assert grid.size == (4 * 96, 3 * (96 + 24))  # 3 prompt rows x (2 base + 2 fine-tuned) columns
+    # 3 prompt rows x (2 base + 2 fine-tuned) columns of 96 px tiles over a caption strip of whole lines: model and
+    # seed, reward, and the prompt (one line or more)
+    assert grid.width == 4 * 96 and grid.height % 3 == 0
+    lines, rest = divmod(grid.height // 3 - 96 - MARGIN, line_height(caption_font()))
+    assert rest == 0 and lines >= 3
     assert "reward" in out.stdout and "difference" in out.stdout
 
 
