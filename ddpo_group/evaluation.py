@@ -230,7 +230,8 @@ def evaluate(finetuned: str, base_model: str | None = None, num_prompts: int = 8
 def format_report(report: dict) -> str:
     """The console table: base and fine-tuned as mean ± standard deviation over the images, the paired difference as
     its mean and the 95% interval of that mean (normal approximation, 1.96 std / sqrt(n))."""
-    lines = [f"{'reward':<24}{'base (mean ± std)':>22}{'fine-tuned (mean ± std)':>26}{'difference [95% interval]':>32}"]
+    header = ("reward", "base (mean ± std)", "fine-tuned (mean ± std)", "difference [95% interval]")
+    lines = [f"{header[0]:<24}{header[1]:>22}{header[2]:>26}{header[3]:>32}"]
     n = 0
     for name, entry in report["rewards"].items():
         base, tuned, difference = (entry[k] for k in ("base", "finetuned", "difference"))

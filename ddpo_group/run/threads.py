@@ -48,7 +48,8 @@ def launcher_chose_threads(env: dict, launcher_argv: list[str] | None, launcher_
         return False
     if launcher_argv is None or launcher_env is None:
         return False
-    asked = any(arg == LAUNCHER_THREADS_OPTION or arg.startswith(LAUNCHER_THREADS_OPTION + "=") for arg in launcher_argv)
+    option = LAUNCHER_THREADS_OPTION
+    asked = any(arg == option or arg.startswith(option + "=") for arg in launcher_argv)
     return not asked and "OMP_NUM_THREADS" not in launcher_env
 
 

@@ -1,4 +1,5 @@
-"""The reward curve (ddpo_group/run/plots.py): its std band stays within each epoch's rewards, its legend off the data."""
+"""The reward curve (ddpo_group/run/plots.py): its std band stays within each epoch's rewards, its legend off the
+data."""
 
 from __future__ import annotations
 
