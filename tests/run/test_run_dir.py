@@ -43,6 +43,7 @@ def test_a_run_directory_that_existed_before_is_kept(tiny_model_dir, tmp_path, m
     assert trainer.session.last_checkpoint_note() == "No epoch had finished and no checkpoint was written."
 
 
+@pytest.mark.slow
 def test_after_an_epoch_everything_is_kept_and_the_note_says_what_runs_again(tiny_model_dir, tmp_path, monkeypatch):
     trainer = tiny_trainer("ddpo", tiny_model_dir, tmp_path, num_epochs=5, save_freq=2)
     failing_from(trainer, monkeypatch, 3)  # epochs 0-2 finish, checkpoint after epoch 1
@@ -63,6 +64,7 @@ def test_after_an_epoch_everything_is_kept_and_the_note_says_what_runs_again(tin
     assert (run / "checkpoints" / "checkpoint_00001").is_dir()
 
 
+@pytest.mark.slow
 def test_no_checkpoint_yet_says_so_and_where_the_metrics_are(tiny_model_dir, tmp_path, monkeypatch):
     trainer = tiny_trainer("ddpo", tiny_model_dir, tmp_path, num_epochs=5, save_freq=4)
     failing_from(trainer, monkeypatch, 2)
