@@ -80,7 +80,7 @@ def test_the_trainer_applies_it_and_starts_quietly(tiny_model_dir, tmp_path):
     """A real run under accelerate launch with no thread setting reports (and uses) the cores of this machine."""
     cores = available_cores()
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    env.update({"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"})
+    env.update({"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""})  # a CPU run anywhere
     values = {"pretrained.model": tiny_model_dir, "logdir": str(tmp_path), "run_name": "run", "num_epochs": 1,
               "prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "sample.num_steps": 2,
               "sample.batch_size": 4, "sample.num_batches_per_epoch": 1, "train.batch_size": 4,
