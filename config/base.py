@@ -21,6 +21,8 @@ def base() -> ml_collections.ConfigDict:
     config.num_checkpoint_limit = 5
     config.mixed_precision = "no"  # "no", "fp16" or "bf16"
     config.allow_tf32 = True
+    config.num_cpu_threads = 0  # torch threads per process; 0: the environment's, or the cores per process on a CPU run
+    # that accelerate launch left at its default of one thread (ddpo_group/run/threads.py)
     config.resume_from = ""  # a checkpoint directory or a run directory (its latest checkpoint)
     config.use_lora = True
     config.lora_rank = 4

@@ -155,8 +155,9 @@ def build_report(prompts: list[str], seeds: list[int], base: dict[str, torch.Ten
 
 
 def comparison_grid(base_images, tuned_images, prompts, seeds, base_rewards, tuned_rewards):
-    """One row per prompt: its M base images, then its M fine-tuned images, captioned with model, seed, reward, prompt."""
-    from ddpo_group.run.epoch_logger import image_grid
+    """One row per prompt: its M base images, then its M fine-tuned images, captioned with model and seed, the
+    reward, and the whole prompt."""
+    from ddpo_group.run.image_grid import image_grid
 
     m = len(seeds)
     images, captions = [], []
@@ -164,7 +165,7 @@ def comparison_grid(base_images, tuned_images, prompts, seeds, base_rewards, tun
         for label, imgs, rewards in (("base", base_images, base_rewards), ("tuned", tuned_images, tuned_rewards)):
             for j, seed in enumerate(seeds):
                 images.append(imgs[i * m + j])
-                captions.append(f"{label} s{seed} {float(rewards[i * m + j]):.3f} | {prompt}")
+                captions.append(f"{label}, seed {seed}\nreward {float(rewards[i * m + j]):.3f}\n{prompt}")
     return image_grid(torch.stack(images), captions, columns=2 * m)
 
 
@@ -232,9 +233,18 @@ def evaluate(finetuned: str, base_model: str | None = None, num_prompts: int = 8
 
 
 def format_report(report: dict) -> str:
-    lines = [f"{'reward':<24}{'base':>22}{'fine-tuned':>22}{'difference':>22}"]
+    """The console table: base and fine-tuned as mean ± standard deviation over the images, the paired difference as
+    its mean and the 95% interval of that mean (normal approximation, 1.96 std / sqrt(n))."""
+    header = ("reward", "base (mean ± std)", "fine-tuned (mean ± std)", "difference [95% interval]")
+    lines = [f"{header[0]:<24}{header[1]:>22}{header[2]:>26}{header[3]:>32}"]
+    n = 0
     for name, entry in report["rewards"].items():
-        cells = [f"{entry[k]['mean']:.4f} ± {entry[k]['std']:.4f}" for k in ("base", "finetuned", "difference")]
-        lines.append(f"{name:<24}" + "".join(f"{c:>22}" for c in cells))
+        base, tuned, difference = (entry[k] for k in ("base", "finetuned", "difference"))
+        low, high = difference["ci95"]
+        n = difference["n"]
+        cells = [f"{base['mean']:.4f} ± {base['std']:.4f}", f"{tuned['mean']:.4f} ± {tuned['std']:.4f}",
+                 f"{difference['mean']:+.4f} [{low:+.4f}, {high:+.4f}]"]
+        lines.append(f"{name:<24}{cells[0]:>22}{cells[1]:>26}{cells[2]:>32}")
+    lines.append(f"(n = {n} image pairs: each prompt and seed sampled by both models)")
     lines.append(f"report: {report['report_path']}\ngrid:   {report['grid_path']}")
     return "\n".join(lines)

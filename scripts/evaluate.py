@@ -17,6 +17,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a source checkout too
 
+from ddpo_group.run.quiet import silence_known_noise  # noqa: E402
+
+silence_known_noise()  # before diffusers and transformers load
+
 from ddpo_group.evaluation import evaluate, format_report  # noqa: E402
 
 

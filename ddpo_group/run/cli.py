@@ -22,3 +22,17 @@ def config_flag_first(argv: list[str], name: str = "config") -> list[str]:
             flag = argv[i : i + take]
             return argv[:1] + flag + argv[1:i] + argv[i + take :]
     return list(argv)
+
+
+def parse_flags_or_exit(argv: list[str]) -> list[str]:
+    """absl's flag parsing (with ml_collections' config flag: the preset and every override), for ``app.run``'s
+    ``flags_parser``: a bad command line (unknown preset or flag, an override of a field that does not exist, a value
+    of the wrong type) is one usage error (run/cli_errors.py) instead of absl's report or ml_collections' traceback."""
+    from absl import flags
+
+    from ddpo_group.run.cli_errors import USAGE_ERROR, exit_with, is_main_process
+
+    try:
+        return flags.FLAGS(argv)
+    except Exception as error:  # absl's flags.Error, and the KeyError / AttributeError of an unknown config field
+        exit_with(error, USAGE_ERROR, show=is_main_process())

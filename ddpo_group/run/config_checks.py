@@ -102,6 +102,9 @@ def run_errors(config, num_processes: int) -> list[str]:
     need = _collector(errors)
     need(config.mixed_precision in tuple(DTYPES), f"mixed_precision={config.mixed_precision!r} must be one of {tuple(DTYPES)}")
     need(config.wandb.mode in WANDB_MODES, f"wandb.mode={config.wandb.mode!r} must be one of {WANDB_MODES}")
+    threads = config.get("num_cpu_threads", 0)
+    need(isinstance(threads, int) and threads >= 0,
+         f"num_cpu_threads={threads!r} must be an integer >= 0 (0: chosen from the cores and the launcher)")
     need(config.num_epochs >= 1, f"num_epochs={config.num_epochs} must be >= 1")
     need(config.save_freq >= 0, f"save_freq={config.save_freq} must be >= 0")
     need(config.num_checkpoint_limit >= 1, f"num_checkpoint_limit={config.num_checkpoint_limit} must be >= 1")

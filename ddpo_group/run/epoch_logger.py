@@ -1,14 +1,12 @@
-"""Experiment tracking: wandb through accelerate (online, offline or disabled) and captioned image grids."""
+"""Experiment tracking: wandb through accelerate (online, offline or disabled), metrics.jsonl, the reward curve,
+sample grids (run/image_grid.py) and the console line."""
 
 from __future__ import annotations
 
 import netrc
 import os
 
-import numpy as np
-import torch
-from PIL import Image, ImageDraw
-
+from ddpo_group.run.image_grid import image_grid
 from ddpo_group.run.metrics_log import append_metrics, read_metrics
 from ddpo_group.run.plots import plot_reward_curve
 
@@ -36,37 +34,6 @@ def resolve_wandb_mode(requested: str) -> tuple[str, str | None]:
     return requested, None
 
 
-def image_grid(images: torch.Tensor, captions: list[str], columns: int = 8, min_tile: int = 96) -> Image.Image:
-    """Images [B, 3, H, W] in [0, 1] tiled in a grid (small images upscaled to ``min_tile`` px) with captions."""
-    arrays = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-    b, h, w = arrays.shape[:3]
-    scale = max(1, min_tile // w)
-    tile_w, tile_h = max(w * scale, 96), h * scale
-    caption_h = 24
-    columns = min(columns, b)
-    rows = (b + columns - 1) // columns
-    grid = Image.new("RGB", (columns * tile_w, rows * (tile_h + caption_h)), "white")
-    draw = ImageDraw.Draw(grid)
-    for i, (array, caption) in enumerate(zip(arrays, captions)):
-        x, y = (i % columns) * tile_w, (i // columns) * (tile_h + caption_h)
-        tile = Image.fromarray(np.ascontiguousarray(array)).resize((w * scale, tile_h), Image.NEAREST)
-        grid.paste(tile, (x + (tile_w - w * scale) // 2, y))
-        for line_no, line in enumerate(_wrap(caption, tile_w // 6)[:2]):
-            draw.text((x + 2, y + tile_h + 1 + 11 * line_no), line, fill="black")
-    return grid
-
-
-def _wrap(text: str, width: int) -> list[str]:
-    lines, line = [], ""
-    for word in text.split():
-        if line and len(line) + 1 + len(word) > width:
-            lines.append(line)
-            line = word
-        else:
-            line = f"{line} {word}".strip()
-    return lines + ([line] if line else [])
-
-
 class EpochLogger:
     """What every epoch leaves behind: a metrics.jsonl line (and wandb's), the reward curve so far, a grid of
     the epoch's samples every ``log_images_every`` epochs (0: never), and one console line."""
@@ -92,7 +59,7 @@ class EpochLogger:
         every = self.log_images_every
         if main and every and epoch % every == 0:
             n = min(16, len(batch["prompts"]))
-            captions = [f"{p} | {r:.3f}" for p, r in zip(batch["prompts"][:n], batch["rewards"][:n].tolist())]
+            captions = [f"{p}\nreward {r:.3f}" for p, r in zip(batch["prompts"][:n], batch["rewards"][:n].tolist())]
             grid = image_grid(batch["images"][:n], captions)
             samples_dir = self.run_dir / "samples"
             samples_dir.mkdir(parents=True, exist_ok=True)

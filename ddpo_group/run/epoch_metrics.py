@@ -17,6 +17,8 @@ def epoch_metrics(epoch: int, global_step: int, rollouts, train: dict, critic: d
         "reward_count": int(rewards.numel()),
         "reward_queries": rollouts.reward_queries,  # every reward evaluation of the epoch
         "reward_std": float(rewards.std(unbiased=False)),
+        "reward_min": float(rewards.min()),  # the range the reward curve's std band is clipped to
+        "reward_max": float(rewards.max()),
         **{f"train/{k}": v for k, v in train.items()},
         **{k: float(v) for k, v in rollouts.rounds[0].out.metrics.items()},
         **rollouts.rounds[0].component_metrics,

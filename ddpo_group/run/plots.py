@@ -5,35 +5,57 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+FIGSIZE = (9, 4)  # inches; the legend sits right of the axes, outside the data
+DPI = 100
 
-def plot_reward_curve(metrics: list[dict], out_path: str | os.PathLike, title: str = "") -> Path:
-    """Mean reward per epoch with a +-1 std band, and each ``reward_info/*`` component's mean; saved to ``out_path``."""
+
+def std_band(metrics: list[dict]) -> tuple[list[float], list[float]]:
+    """The mean ± 1 std band per epoch, clipped to the range of that epoch's rewards (``reward_min``,
+    ``reward_max``): a bounded reward's band never leaves the values it actually took (metrics.jsonl written before
+    those fields existed is not clipped)."""
+    lower, upper = [], []
+    for m in metrics:
+        mean, std = m["reward_mean"], m.get("reward_std", 0.0)
+        lower.append(max(mean - std, m.get("reward_min", float("-inf"))))
+        upper.append(min(mean + std, m.get("reward_max", float("inf"))))
+    return lower, upper
+
+
+def reward_curve_figure(metrics: list[dict], title: str = ""):
+    """Mean reward per epoch with its ±1 std band (``std_band``) and each ``reward_info/*`` component's mean; the
+    legend outside the axes, to the right."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure  # object API: no pyplot state shared between threads
+    from matplotlib.ticker import MaxNLocator
 
     epochs = [m["epoch"] for m in metrics]
     mean = [m["reward_mean"] for m in metrics]
-    std = [m.get("reward_std", 0.0) for m in metrics]
-    figure = Figure(figsize=(7, 4), dpi=100)
+    lower, upper = std_band(metrics)
+    figure = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     axes = figure.add_subplot(1, 1, 1)
     axes.plot(epochs, mean, marker="o", markersize=3, label="reward (mean)")
-    axes.fill_between(epochs, [a - b for a, b in zip(mean, std)], [a + b for a, b in zip(mean, std)], alpha=0.2,
-                      label="± 1 std")
+    clipped = any("reward_min" in m for m in metrics)
+    axes.fill_between(epochs, lower, upper, alpha=0.2,
+                      label="± 1 std, within the\nepoch's min..max" if clipped else "± 1 std")
     components = sorted({k for m in metrics for k in m if k.startswith("reward_info/") and k.count("/") == 1})
     for key in components:
         points = [(m["epoch"], m[key]) for m in metrics if key in m]
-        axes.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", linewidth=1, label=key[len("reward_info/"):])
-    from matplotlib.ticker import MaxNLocator
-
+        axes.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", linewidth=1,
+                  label=key[len("reward_info/"):])
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("epoch")
     axes.set_ylabel("reward")
     axes.set_title(title or "reward per epoch")
     axes.grid(alpha=0.3)
-    axes.legend(loc="best", fontsize=8)
-    figure.tight_layout()
+    axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8)
+    return figure
+
+
+def plot_reward_curve(metrics: list[dict], out_path: str | os.PathLike, title: str = "") -> Path:
+    """``reward_curve_figure`` saved to ``out_path`` (written to a temporary file, then renamed)."""
+    figure = reward_curve_figure(metrics, title)
     out_path = Path(out_path)
     tmp = out_path.with_name(out_path.stem + ".tmp.png")
     figure.savefig(tmp)

@@ -9,6 +9,8 @@ The trainer owns the algorithm; the session owns everything that makes a run sur
   agrees on a stop; a checkpoint every ``save_freq`` epochs, at the last epoch and at a stop (atomic, rotated,
   never the one just written);
 * the messages: what stopped the run, which checkpoint is kept, the exact resume command;
+* a fresh run that stops before its first epoch finished leaves no run directory behind (it would hold only
+  config.json);
 * the end: the LoRA export, the trackers closed, the one-screen summary.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import signal
 import uuid
 from pathlib import Path
@@ -53,6 +56,9 @@ class RunSession:
         else:
             name = config.run_name or f"{config.get('preset', 'run')}_{datetime.datetime.now():%Y%m%d_%H%M%S}"
             self.run_dir = Path(config.logdir) / name
+        # this attempt creates the run directory: it may remove it again if no epoch finishes
+        self.creates_run_dir = self.resume_path is None and not self.run_dir.exists()
+        self.run_dir_removed = False
         self.wandb_mode, self.wandb_note = resolve_wandb_mode(config.wandb.mode)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         self.resume_warnings = check_resume(self.resume_path, config, world) if self.resume_path else []
@@ -84,13 +90,25 @@ class RunSession:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str))
         if self.wandb_mode != "disabled":
-            accelerator.init_trackers(
-                config.wandb.project, config=config.to_dict(),
-                init_kwargs={"wandb": {"name": self.run_dir.name, "dir": str(self.run_dir), "mode": self.wandb_mode,
-                                       "entity": config.wandb.entity or None,
-                                       # a resumed run continues the same wandb run
-                                       "id": self.state.wandb_run_id, "resume": "allow"}},
-            )
+            try:
+                self._init_trackers()
+            except BaseException:
+                self.discard_unstarted_run()
+                raise
+
+    def _init_trackers(self) -> None:
+        """wandb through accelerate, in the run directory; a resumed run continues the same wandb run."""
+        import wandb
+
+        config = self.config
+        self.accelerator.init_trackers(
+            config.wandb.project, config=config.to_dict(),
+            init_kwargs={"wandb": {"name": self.run_dir.name, "dir": str(self.run_dir), "mode": self.wandb_mode,
+                                   "entity": config.wandb.entity or None,
+                                   "id": self.state.wandb_run_id, "resume": "allow",
+                                   # no history / summary table at the end: the run's summary says it all
+                                   "settings": wandb.Settings(quiet=True)}},
+        )
 
     def _forget_later_epochs(self) -> None:
         """After a resume, the run continues from the checkpoint's epoch: drop the metrics logged after it (they are
@@ -113,10 +131,11 @@ class RunSession:
 
         ``close()`` is called on any way out but the normal end (it cancels the reward workers)."""
         config, metrics = self.config, {}
+        threads = f" x {torch.get_num_threads()} CPU thread(s)" if self.accelerator.device.type == "cpu" else ""
         self.print(
             f"training {config.pretrained.model} with {config.algorithm.adv_estimator} for epochs "
-            f"{self.state.epoch + 1}..{config.num_epochs - 1} on {self.accelerator.num_processes} process(es); "
-            f"run dir {self.run_dir}"
+            f"{self.state.epoch + 1}..{config.num_epochs - 1} on {self.accelerator.num_processes} process(es)"
+            f"{threads}; run dir {self.run_dir}"
         )
         if self.state.epoch >= config.num_epochs - 1:
             self.print(f"nothing to train: the checkpoint finished epoch {self.state.epoch} and num_epochs="
@@ -136,6 +155,7 @@ class RunSession:
             close()
             for tracker in self.accelerator.trackers:  # flush what was logged (wandb: the same run id resumes)
                 tracker.finish()
+            self.discard_unstarted_run()
             raise
         return metrics
 
@@ -194,8 +214,9 @@ class RunSession:
         what = f"training stopped by {signal_name(signum)} while sampling epoch {epoch}; the epoch was dropped " \
                "before any update"
         if self.state.epoch < 0:
-            return TrainingInterrupted(signum, f"{what}. No epoch had finished, so there is nothing to checkpoint: "
-                                               "start the run again (without resume_from).")
+            removed = f" and the run directory {self.run_dir} is removed" if self.creates_run_dir else ""
+            return TrainingInterrupted(signum, f"{what}. No epoch had finished, so there is nothing to checkpoint"
+                                               f"{removed}: start the run again (without resume_from).")
         what += " and runs again on resume"
         if self.saved_epoch == self.state.epoch:
             path = checkpoint_dir(self.run_dir / "checkpoints", self.state.epoch)
@@ -220,10 +241,34 @@ class RunSession:
                 "(it continues from the latest complete checkpoint).")
 
     def last_checkpoint_note(self) -> str:
+        """Which checkpoint a stopped run keeps, the epochs that run again on resume, and the resume command."""
+        if self.run_dir_removed:
+            return (f"No epoch had finished, so the run directory {self.run_dir} was removed (it held only its "
+                    "config); start the run again.")
         checkpoints = complete_checkpoints(self.run_dir / "checkpoints")
+        finished = self.state.epoch
         if not checkpoints:
-            return "No checkpoint was written yet."
-        return f"The last complete checkpoint, {checkpoints[-1]}, is kept. {self.resume_hint()}"
+            if finished < 0:
+                return "No epoch had finished and no checkpoint was written."
+            return (f"No checkpoint was written yet (epochs up to {finished} finished; save_freq="
+                    f"{self.config.save_freq}); their metrics are in {self.run_dir / 'metrics.jsonl'}.")
+        kept = checkpoints[-1]
+        kept_epoch = int(kept.name.rsplit("_", 1)[1])
+        later = ""
+        if finished == kept_epoch + 1:
+            later = f" Epoch {finished} finished after it and runs again on resume."
+        elif finished > kept_epoch + 1:
+            later = f" Epochs {kept_epoch + 1}..{finished} finished after it and run again on resume."
+        return f"The last complete checkpoint, {kept} (epoch {kept_epoch}), is kept.{later} {self.resume_hint()}"
+
+    def discard_unstarted_run(self) -> None:
+        """Remove the run directory this attempt created when no epoch finished (main process): it would hold
+        only config.json (and an empty wandb run), an orphan among the real runs."""
+        if not self.creates_run_dir or self.state.epoch >= 0 or self.run_dir_removed:
+            return
+        if self.accelerator is None or self.accelerator.is_main_process:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        self.run_dir_removed = True
 
     @property
     def exports_lora(self) -> bool:

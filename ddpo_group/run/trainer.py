@@ -33,6 +33,7 @@ from ddpo_group.run.config_checks import validate_config
 from ddpo_group.run.epoch_logger import EpochLogger
 from ddpo_group.run.epoch_metrics import epoch_metrics
 from ddpo_group.run.session import RunSession
+from ddpo_group.run.threads import apply_num_threads
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.timing import PHASES, PhaseTimer
 from ddpo_group.update.critic import Critic
@@ -50,6 +51,9 @@ class Trainer:
         self.reward_fn = make_reward_fn(config.reward_fn, **config.reward_fn_kwargs.to_dict())
         self.accelerator = self.make_accelerator(config, self.session)
         validate_config(config, num_processes=self.accelerator.num_processes)
+        # accelerate launch's default OMP_NUM_THREADS=1 would leave a CPU run on one core (run/threads.py)
+        apply_num_threads(config.get("num_cpu_threads", 0), self.accelerator.device.type == "cpu",
+                          int(os.environ.get("LOCAL_WORLD_SIZE", self.accelerator.num_processes)))
         if config.allow_tf32 and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = True
         set_seed(config.seed, device_specific=True)

@@ -9,8 +9,11 @@ import pytest
 import torch
 from PIL import Image
 
-from ddpo_group.evaluation import build_report, draw_prompts, load_finetuned_weights, resolve_finetuned, stats
+from ddpo_group.evaluation import (
+    build_report, draw_prompts, format_report, load_finetuned_weights, resolve_finetuned, stats,
+)
 from ddpo_group.models.families.sd import StableDiffusionFamily
+from ddpo_group.run.image_grid import MARGIN, caption_font, line_height
 from ddpo_group.run.metrics_log import read_metrics
 from ddpo_group.run.plots import plot_reward_curve
 from ddpo_group.run.summary import format_summary
@@ -30,6 +33,13 @@ def test_stats_and_report_numbers():
     assert entry["difference"]["mean"] == pytest.approx(1.25)  # paired: (1 + 0 + 1 + 3) / 4
     assert entry["per_prompt"]["p"] == {"base_mean": 1.5, "finetuned_mean": 2.0, "base": [1.0, 2.0], "finetuned": [2.0, 2.0]}
     assert entry["per_prompt"]["q"]["finetuned_mean"] == 6.0
+    # the console table says what its numbers are: the difference's 95% interval is 1.25 -+ 1.96 * 1.2583 / 2
+    # (std of the differences 1, 0, 1, 3: sqrt(1.5833) = 1.2583), i.e. [0.0169, 2.4831]
+    table = format_report({**report, "report_path": "r.json", "grid_path": "g.png"}).splitlines()
+    assert "base (mean ± std)" in table[0] and "difference [95% interval]" in table[0]
+    assert table[1].split() == ["reward", "2.7500", "±", "1.7078", "4.0000", "±", "2.8284", "+1.2500", "[+0.0169,",
+                                "+2.4831]"]
+    assert table[2] == "(n = 4 image pairs: each prompt and seed sampled by both models)"
 
 
 def test_draw_prompts_distinct_then_cycled():
@@ -43,7 +53,7 @@ def test_reward_curve_and_summary(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in metrics) + "\n")
     assert read_metrics(tmp_path / "metrics.jsonl") == metrics
     path = plot_reward_curve(metrics, tmp_path / "curve.png")
-    assert Image.open(path).size == (700, 400)
+    assert Image.open(path).size == (900, 400)  # FIGSIZE 9 x 4 in at 100 dpi
     text = format_summary(metrics, {"metrics": tmp_path / "metrics.jsonl", "missing": tmp_path / "nope"})
     assert "reward before    0.1000" in text and "reward after     0.3000" in text
     assert "change           +0.2000" in text and "best epoch       1: 0.5000" in text
@@ -65,7 +75,7 @@ def test_short_run_artifacts_lora_export_and_evaluate(tiny_model_dir, tmp_path):
     for m in metrics:  # combined reward = jpeg_c + 0.5 * jpeg_i = -kb + 0.5 kb = -0.5 kb
         assert m["reward_mean"] == pytest.approx(0.5 * m["reward_info/jpeg_compressibility"], rel=1e-6)
         assert m["reward_info/jpeg_incompressibility"] == pytest.approx(-m["reward_info/jpeg_compressibility"])
-    assert Image.open(run / "reward_curve.png").size == (700, 400)
+    assert Image.open(run / "reward_curve.png").size == (900, 400)  # plots.FIGSIZE at plots.DPI
     assert sorted(p.name for p in (run / "samples").iterdir()) == ["epoch_00000.png", "epoch_00001.png"]
     summary = (run / "summary.txt").read_text()
     assert "reward before" in summary and "best epoch" in summary and str(run / "lora") in summary
@@ -121,7 +131,11 @@ def test_short_run_artifacts_lora_export_and_evaluate(tiny_model_dir, tmp_path):
     i = report["rewards"]["jpeg_incompressibility"]["base"]["mean"]
     assert entry["base"]["mean"] == pytest.approx(c + 0.5 * i)
     grid = Image.open(tmp_path / "eval" / "grid.png")
-    assert grid.size == (4 * 96, 3 * (96 + 24))  # 3 prompt rows x (2 base + 2 fine-tuned) columns
+    # 3 prompt rows x (2 base + 2 fine-tuned) columns of 96 px tiles over a caption strip of whole lines: model and
+    # seed, reward, and the prompt (one line or more)
+    assert grid.width == 4 * 96 and grid.height % 3 == 0
+    lines, rest = divmod(grid.height // 3 - 96 - MARGIN, line_height(caption_font()))
+    assert rest == 0 and lines >= 3
     assert "reward" in out.stdout and "difference" in out.stdout
 
 

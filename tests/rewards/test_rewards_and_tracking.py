@@ -7,7 +7,7 @@ from PIL import Image
 
 from ddpo_group.prompts import PromptSampler, get_prompt_fn
 from ddpo_group.rewards import check_rewards, make_reward_fn
-from ddpo_group.run.epoch_logger import image_grid, resolve_wandb_mode
+from ddpo_group.run.epoch_logger import resolve_wandb_mode
 
 
 def test_jpeg_rewards_are_the_quality_95_file_size_in_kb():
@@ -75,12 +75,6 @@ def test_wandb_mode_falls_back_to_offline_without_api_key(monkeypatch, tmp_path)
     assert resolve_wandb_mode("online") == ("online", None)
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert resolve_wandb_mode("online")[0] == "disabled"
-
-
-def test_image_grid_layout():
-    grid = image_grid(torch.rand(10, 3, 16, 16), [f"prompt {i} | 0.5" for i in range(10)], columns=4)
-    # 4 columns of 96 px tiles, 3 rows of (96 px image + 24 px caption)
-    assert grid.size == (4 * 96, 3 * (96 + 24))
 
 
 def test_epoch_prompts_are_groups_of_copies_identical_on_every_process():

@@ -235,7 +235,7 @@ def test_a_non_finite_loss_stops_naming_epoch_and_step_and_keeps_the_last_checkp
         assert message.startswith("non-finite policy_loss=nan in train batch 0 of inner epoch 0 at epoch 1 (global step 3)")
     else:
         assert message.startswith("non-finite critic value loss=inf in critic batch 0 at epoch 1 (after global step 4)")
-    assert f"The last complete checkpoint, {checkpoint}, is kept" in message
+    assert f"The last complete checkpoint, {checkpoint} (epoch 0), is kept" in message
     assert f"--config.resume_from={tmp_path / 'run'}" in message
     assert complete_checkpoints(tmp_path / "run" / "checkpoints") == [checkpoint]
     if where == "policy":  # stopped before backward: the weights in memory never saw the NaN

@@ -70,6 +70,5 @@ def test_a_signal_while_sampling_the_first_epoch_leaves_nothing_to_resume(tiny_m
     with pytest.raises(TrainingInterrupted, match="while sampling epoch 0; the epoch was dropped before any update. "
                                                   "No epoch had finished, so there is nothing to checkpoint"):
         trainer.run()
-    assert not (tmp_path / "run" / "metrics.jsonl").exists()
-    assert not complete_checkpoints(tmp_path / "run" / "checkpoints")
+    assert not (tmp_path / "run").exists()  # it held only config.json: no orphan run directory
     assert trainer.state.global_step == 0

@@ -1,0 +1,25 @@
+"""A test policy loss that turns NaN from a chosen epoch on, so a test can see how a run reports a loss failure.
+
+``vanilla`` (PPO-clip), except that with ``NAN_LOSS_FROM_CALL=k`` in the environment every loss-matrix call from the
+k-th on (0-based, counted in this process) returns NaN.
+"""
+
+import os
+
+from ddpo_group.algorithms import policy_loss
+from ddpo_group.algorithms.policy_losses import vanilla_loss_matrix, vanilla_policy_loss
+
+CALLS = {"n": 0}
+
+
+def nan_matrix(*args, **kwargs):
+    loss, metrics = vanilla_loss_matrix(*args, **kwargs)
+    CALLS["n"] += 1
+    if CALLS["n"] - 1 >= int(os.environ.get("NAN_LOSS_FROM_CALL", "-1")) >= 0:
+        loss = loss * float("nan")
+    return loss, metrics
+
+
+@policy_loss(loss_matrix=nan_matrix)
+def nan_after(*args, **kwargs):
+    return vanilla_policy_loss(*args, **kwargs)
