@@ -44,6 +44,8 @@ def parse_args(argv=None):
     parser.add_argument("--preset", default="group_ppo")
     parser.add_argument("--epochs", type=int, default=2, help="epochs run; the last is reported")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field")
+    parser.add_argument("--memory-gb", type=float, default=0.0,
+                        help="cap this process's CUDA memory (torch.cuda.set_per_process_memory_fraction): a smaller card")
     add_common_args(parser)
     return parser.parse_args(argv)
 
@@ -51,6 +53,9 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     setup_threads(args.threads)
+    if args.memory_gb:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gb * 2**30 / total))
     config = get_config(args.preset)
     config.wandb.mode = "disabled"
     config.num_epochs = args.epochs
@@ -88,7 +93,7 @@ def main(argv=None) -> dict:
 
         trainer.train_epoch = marked_train_epoch
         with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
-            trainer.run()  # its prints and progress bars stay quiet (an exception still propagates)
+            last = trainer.run()  # its prints and progress bars stay quiet (an exception still propagates)
         end = time.perf_counter()
         phases = trainer.timer.since(marks[-1][0], trainer.timer.snapshot())
         wall = end - marks[-1][1]
@@ -97,13 +102,17 @@ def main(argv=None) -> dict:
 
     out = {"wall_s": wall, "phases": {p: phases.get(p, 0.0) for p in PHASES}, "unet_share": unet_s / wall,
            "peak_rss_mib": peak_rss_mib(), "rss_after_setup_mib": rss_setup, "cuda_max_allocated_mib": cuda_peak,
-           "reward_compute_s": reward_compute[0] - marks[-1][3]}
+           "reward_compute_s": reward_compute[0] - marks[-1][3], "pairs_per_forward": last.get("train/pairs_per_forward"),
+           "gradient_checkpointing": bool(trainer.family.model.is_gradient_checkpointing)}
     other = wall - sum(out["phases"].values())
     s, t = config.sample, config.train
     print(f"machine: {machine(args.device)}; device {trainer.accelerator.device}, mixed precision {config.mixed_precision}")
     print(f"{args.preset} on {config.pretrained.model}: {s.batch_size * s.num_batches_per_epoch} samples x {s.num_steps} steps, "
           f"CFG {s.guidance_scale}, train.batch_size {t.batch_size}, timestep_fraction {t.timestep_fraction}, "
           f"beta {t.beta}; epoch {args.epochs - 1} of {args.epochs} (the last: with a checkpoint)")
+    cap = f" under a {args.memory_gb:g} GiB cap" if args.memory_gb else ""
+    print(f"train.pairs_per_forward {t.pairs_per_forward} -> {out['pairs_per_forward']} pairs per forward{cap}, "
+          f"gradient checkpointing {'on' if out['gradient_checkpointing'] else 'off'}")
     print("| phase | seconds | share |")
     print("|---|---:|---:|")
     for phase in PHASES:

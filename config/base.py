@@ -21,6 +21,10 @@ def base() -> ml_collections.ConfigDict:
     config.num_checkpoint_limit = 5
     config.mixed_precision = "no"  # "no", "fp16" or "bf16"
     config.allow_tf32 = True
+    config.device = ""  # "": CUDA when visible (accelerate's choice); "cpu": the CPU even on a GPU machine
+    # bitwise-reproducible CUDA runs and resume: deterministic kernels, CUBLAS_WORKSPACE_CONFIG (docs/performance.md
+    # has its cost); CPU runs are deterministic already
+    config.deterministic = False
     config.num_cpu_threads = 0  # torch threads per process; 0: the environment's, or the cores per process on a CPU run
     # that accelerate launch left at its default of one thread (ddpo_group/run/threads.py)
     config.resume_from = ""  # a checkpoint directory or a run directory (its latest checkpoint)
@@ -80,8 +84,12 @@ def base() -> ml_collections.ConfigDict:
     train.adv_clip_max = 5.0
     train.clip_range = 1e-4
     train.timestep_fraction = 1.0
-    train.pairs_per_forward = 32  # (sample, step) pairs per training forward
-    train.gradient_checkpointing = False  # recompute UNet activations in the backward: less memory, ~1/3 more compute
+    # (sample, step) pairs per training forward, or "auto": 32 on the CPU; on CUDA the most that fit the card, measured
+    # at the first update with the loaded model and kept in checkpoints (ddpo_group/update/memory_fit.py)
+    train.pairs_per_forward = FieldReference("auto", field_type=object)
+    # recompute the denoiser's activations in the backward: less memory, ~1/3 more compute; "auto" pairs_per_forward
+    # also switches it on when fewer than 4 pairs fit without it
+    train.gradient_checkpointing = False
     train.group_size = 1  # samples per prompt per epoch (copies spread over processes and batches)
     # KL to a reference model and GRPO-family options (ALGORITHMS.md)
     train.beta = 0.0  # weight of the KL term to the reference model
@@ -262,8 +270,6 @@ def flow_grpo(model: str) -> ml_collections.ConfigDict:
     config.sample.text_embedding_cache = 4096  # T5 meets each caption once
     config.train.group_size = 24
     config.train.batch_size = 8
-    config.train.pairs_per_forward = 8
-    config.train.gradient_checkpointing = True
     config.train.learning_rate = 3e-4
     config.train.clip_range = 1e-4
     config.train.timestep_fraction = 0.99

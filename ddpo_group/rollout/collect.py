@@ -29,8 +29,17 @@ def score_images(reward_fn, reward_name: str, images, prompts: list[str], metada
     When the reward function raises, it is called again on each image alone (at most
     MAX_ISOLATION_CALLS of them) and the message lists the indices and prompts it fails on.
     """
+    chunk = REWARD_CHUNK.get(reward_name)
+    if chunk is not None and chunk < len(prompts):  # an earlier call ran out of device memory at a larger batch
+        return score_in_parts(reward_fn, reward_name, images, prompts, metadata, chunk)
     try:
         out = reward_fn(images, prompts, metadata)
+    except torch.OutOfMemoryError:  # a reward model on the GPU: halve the batch, for this call and the later ones
+        if len(prompts) == 1:
+            raise
+        torch.cuda.empty_cache()
+        REWARD_CHUNK[reward_name] = max(1, len(prompts) // 2)
+        return score_images(reward_fn, reward_name, images, prompts, metadata)
     except Exception as error:
         raise RuntimeError(
             f"reward function {reward_name!r} raised {type(error).__name__}: {error} "
@@ -43,6 +52,20 @@ def score_images(reward_fn, reward_name: str, images, prompts: list[str], metada
         )
     rewards, info = out
     return check_rewards(rewards, len(prompts), reward_name), info or {}
+
+
+REWARD_CHUNK: dict[str, int] = {}  # images per reward call, after an out-of-memory error (by reward name)
+
+
+def score_in_parts(reward_fn, reward_name: str, images, prompts: list[str], metadata: list[dict], chunk: int):
+    """score_images over consecutive parts of ``chunk`` images: rewards concatenated, per-image info entries too."""
+    parts = [score_images(reward_fn, reward_name, images[i : i + chunk], prompts[i : i + chunk],
+                          metadata[i : i + chunk]) for i in range(0, len(prompts), chunk)]
+    info = {}
+    for key, first in parts[0][1].items():
+        per_image = isinstance(first, torch.Tensor) and first.dim() > 0 and len(first) == min(chunk, len(prompts))
+        info[key] = torch.cat([part[1][key] for part in parts]) if per_image else first
+    return torch.cat([part[0] for part in parts]), info
 
 
 class TextEmbeddingCache:

@@ -28,6 +28,7 @@ from ddpo_group.rollout.collect import TextEmbeddingCache, collect_rollouts, gre
 from ddpo_group.rollout.snapshot import SamplingSnapshot
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
 from ddpo_group.timing import NULL_TIMER
+from ddpo_group.update.memory_fit import CPU_PAIRS_PER_FORWARD, configured_pairs
 
 
 class ProcessShards:
@@ -144,12 +145,15 @@ class RolloutCollector:
     (prompt sampler, stat tracker, random generators) is restored."""
 
     def __init__(self, config, accelerator, family, reward_fn, prompt_sampler, stat_tracker, estimator, controller=None,
-                 critic=None, kl=None, scorer=None, should_stop=lambda: False, timer=NULL_TIMER):
+                 critic=None, kl=None, scorer=None, should_stop=lambda: False, timer=NULL_TIMER, chunk_size=None):
         self.config, self.accelerator, self.family, self.reward_fn = config, accelerator, family, reward_fn
         self.prompt_sampler, self.stat_tracker = prompt_sampler, stat_tracker
         self.estimator, self.controller, self.critic = estimator, controller, critic
         self.kl, self.scorer = kl, scorer  # scorer: recorded transitions' log-probs (the KL in the reward)
         self.should_stop, self.timer = should_stop, timer
+        # (sample, step) pairs per forward of the rollout KL: the training chunk (train.pairs_per_forward, "auto" too)
+        self.chunk_size = chunk_size or (lambda batch: configured_pairs(config.train.pairs_per_forward)
+                                             or CPU_PAIRS_PER_FORWARD)
         self.shards = ProcessShards(accelerator, config.sample.batch_size * config.sample.num_batches_per_epoch)
         # (label, weight) of each reward component: a combination's, or the single reward itself with weight 1
         single = [(component_label(str(config.reward_fn)), 1.0)]
@@ -214,7 +218,7 @@ class RolloutCollector:
                 )
         if self.kl is not None and self.kl.in_reward:
             with self.timer.phase("reference"):
-                kl = self.kl.rollout_kl(batch, self.scorer, self.family.model, config.train.pairs_per_forward,
+                kl = self.kl.rollout_kl(batch, self.scorer, self.family.model, self.chunk_size(batch),
                                         self.family.stochastic_steps(config.sample))
             extra["step_kl"], extra["step_rewards"] = kl, self.kl.step_rewards(kl)
         return extra

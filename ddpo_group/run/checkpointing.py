@@ -25,14 +25,18 @@ class TrainingState:
         self.epoch = -1  # last finished epoch
         self.global_step = 0
         self.wandb_run_id = ""  # set at the first start; a resumed run logs to the same wandb run
+        self.sizes = {}  # what "auto" settings resolved to (update/memory_fit.py): a resumed run keeps them
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "global_step": self.global_step, "wandb_run_id": self.wandb_run_id}
+        return {"epoch": self.epoch, "global_step": self.global_step, "wandb_run_id": self.wandb_run_id,
+                "sizes": dict(self.sizes)}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch = int(state["epoch"])
         self.global_step = int(state["global_step"])
         self.wandb_run_id = str(state.get("wandb_run_id", ""))  # older checkpoints have none
+        self.sizes.clear()  # in place: the chunk-size resolver holds this dict
+        self.sizes.update(state.get("sizes", {}))
 
 
 def complete_checkpoints(checkpoint_root: str | os.PathLike) -> list[Path]:

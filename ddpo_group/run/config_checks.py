@@ -10,6 +10,7 @@ from __future__ import annotations
 from ddpo_group.errors import ConfigError
 from ddpo_group.models.policy import DTYPES
 from ddpo_group.sampling.gaussian import REDUCTIONS
+from ddpo_group.update.memory_fit import configured_pairs
 
 WANDB_MODES = ("online", "offline", "disabled")
 
@@ -67,7 +68,11 @@ def sampling_and_training_errors(config, num_processes: int) -> list[str]:
     need(t.learning_rate > 0, f"train.learning_rate={t.learning_rate} must be > 0")
     need(t.clip_range > 0, f"train.clip_range={t.clip_range} must be > 0")
     need(t.adv_clip_max > 0, f"train.adv_clip_max={t.adv_clip_max} must be > 0")
-    need(t.pairs_per_forward >= 1, f"train.pairs_per_forward={t.pairs_per_forward} must be >= 1")
+    try:
+        configured_pairs(t.pairs_per_forward)
+    except ValueError as error:
+        errors.append(str(error))
+    need(config.get("device", "") in ("", "cpu", "cuda"), f"device={config.get('device')!r} must be '', 'cpu' or 'cuda'")
 
     samples_per_process = s.batch_size * s.num_batches_per_epoch
     if t.batch_size >= 1 and samples_per_process % t.batch_size != 0:

@@ -23,7 +23,7 @@ from accelerate.utils import ProjectConfiguration, set_seed
 
 from ddpo_group.algorithms import get_adv_estimator
 from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
-from ddpo_group.errors import NonFiniteLossError
+from ddpo_group.errors import ConfigError, NonFiniteLossError
 from ddpo_group.models.policy import build_policy, lora_config, make_optimizer
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
@@ -32,11 +32,13 @@ from ddpo_group.rollout.rounds import RolloutCollector
 from ddpo_group.run.config_checks import validate_config
 from ddpo_group.run.epoch_logger import EpochLogger
 from ddpo_group.run.epoch_metrics import epoch_metrics
+from ddpo_group.run.determinism import make_deterministic
 from ddpo_group.run.session import RunSession
 from ddpo_group.run.threads import apply_num_threads
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.timing import PHASES, PhaseTimer
 from ddpo_group.update.critic import Critic
+from ddpo_group.update.memory_fit import PairsPerForward, names_the_setting
 from ddpo_group.update.policy import PolicyUpdater
 
 
@@ -49,6 +51,8 @@ class Trainer:
         self.prompt_sampler = PromptSampler(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), seed=config.seed)
         self.prompt_sampler.probe()
         self.reward_fn = make_reward_fn(config.reward_fn, **config.reward_fn_kwargs.to_dict())
+        if config.get("deterministic", False):  # before the first CUDA kernel (cuBLAS reads its workspace setting once)
+            make_deterministic()
         self.accelerator = self.make_accelerator(config, self.session)
         validate_config(config, num_processes=self.accelerator.num_processes)
         # accelerate launch's default OMP_NUM_THREADS=1 would leave a CPU run on one core (run/threads.py)
@@ -66,18 +70,21 @@ class Trainer:
         self.rollouts = RolloutCollector(
             config, self.accelerator, self.family, self.reward_fn, self.prompt_sampler, self.stat_tracker, self.estimator,
             self.estimator_controller, self.critic, self.kl, self.scorer, should_stop=self.session.stop_agreed,
-            timer=self.timer,
+            timer=self.timer, chunk_size=lambda batch: self.updater.chunk_size(batch),
         )
         self.session.attach(self.accelerator, self.unet, self.family, self.checkpointed_state(), self.timer)
+        self.pairs_per_forward.restore()  # a resumed run: the sizes its first run chose
         self.epoch_logger = EpochLogger(self.accelerator, self.session.run_dir, self.session.wandb_mode,
                                         config.log_images_every, self.session.print)
 
     @staticmethod
     def make_accelerator(config, session: RunSession) -> Accelerator:
         processes = int(os.environ.get("WORLD_SIZE", "1"))
+        if config.get("device", "") == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device='cuda' but torch sees no CUDA GPU; use device='' (the GPU when there is one)")
         return Accelerator(
-            # several processes without CUDA: accelerate uses gloo only when asked for the CPU
-            cpu=processes > 1 and not torch.cuda.is_available(),
+            # the CPU when asked for; several processes without CUDA: accelerate uses gloo only when asked for the CPU
+            cpu=config.get("device", "") == "cpu" or (processes > 1 and not torch.cuda.is_available()),
             mixed_precision=config.mixed_precision,
             gradient_accumulation_steps=config.train.gradient_accumulation_steps,
             log_with="wandb" if session.wandb_mode != "disabled" else None,
@@ -110,8 +117,11 @@ class Trainer:
         if self.estimator.needs_critic:
             self.critic = Critic(config, self.accelerator, self.family.latent_shape(), self.family.text_dim)
         self.estimator_controller = self.estimator.controller(config) if self.estimator.controller else None
+        # "auto": measured on the card at the first training phase (update/memory_fit.py), kept in checkpoints
+        self.pairs_per_forward = PairsPerForward(config, self.accelerator, self.family, self.session.state.sizes,
+                                                 say=self.session.print)
         self.updater = PolicyUpdater(config, self.accelerator, self.unet, self.optimizer, self.params, self.scorer,
-                                     self.kl)
+                                     self.kl, pairs_per_forward=self.pairs_per_forward)
 
     def checkpointed_state(self) -> list:
         """Every stateful piece a checkpoint holds besides the prepared models and optimizer (fixed order)."""
@@ -139,11 +149,12 @@ class Trainer:
         start = time.perf_counter()
         self.unet.eval()
         # 1. collect rollouts: trajectories, rewards, advantages (a stop signal here drops the epoch)
-        rollouts = self.rollouts.collect(epoch)
+        with names_the_setting("sampling", f"sample.batch_size={self.config.sample.batch_size}"):
+            rollouts = self.rollouts.collect(epoch)
         batch = rollouts.batch
         # 2. update the policy, then the critic
         try:
-            with self.timer.phase("training"):
+            with self.timer.phase("training"), names_the_setting("training", self.chunk_setting()):
                 train = self.updater.train_epoch(batch, show_progress=self.accelerator.is_local_main_process)
             self.state.global_step += train.pop("optimizer_steps")
             critic = {}
@@ -164,6 +175,11 @@ class Trainer:
         if self.estimator_controller is not None and (line := self.estimator_controller.summary(epoch, metrics)):
             self.session.print(line)
         return metrics
+
+    def chunk_setting(self) -> str:
+        value = self.pairs_per_forward.value
+        auto = " (auto)" if self.pairs_per_forward.auto else ""
+        return f"train.pairs_per_forward={value if value is not None else 'auto'}{auto}"
 
     def after_epoch(self, epoch: int, rollouts, train: dict) -> dict:
         """The updates that follow the policy's: beta and the reference, the estimator's controller."""

@@ -84,14 +84,29 @@ def sample_trajectories(
             log_probs.append(out.log_prob if stochastic else torch.zeros(batch, device=device))
     images = None
     if decode:
-        chunk = decode_batch_size if decode_batch_size > 0 else batch
-        images = torch.cat([family.decode(part) for part in latents.split(chunk)])
+        images = decode_latents(family, latents, decode_batch_size)
     return Trajectories(
         images=images,
         latents=torch.stack(all_latents, dim=1),
         log_probs=torch.stack(log_probs, dim=1) if compute_log_prob else torch.zeros(batch, num_steps, device=device),
         steps={key: values.to(device).unsqueeze(0).expand(batch, -1).clone() for key, values in schedule.items()},
     )
+
+
+def decode_latents(family, latents: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+    """Final latents -> images, ``chunk`` latents at a time (0: all at once). An out-of-memory error (the VAE's
+    activations are the sampling phase's peak at high resolution) halves the chunk, for this call and every later
+    one (kept on the family as ``decode_chunk``)."""
+    chunk = min(chunk or len(latents), getattr(family, "decode_chunk", 0) or len(latents))
+    while True:
+        try:
+            return torch.cat([family.decode(part) for part in latents.split(chunk)])
+        except torch.OutOfMemoryError:
+            if chunk == 1:
+                raise
+            chunk = max(1, chunk // 2)
+            family.decode_chunk = chunk
+            torch.cuda.empty_cache()
 
 
 @dataclass

@@ -53,8 +53,10 @@ class PolicyUpdater:
     ``kl`` (reference.regularizer.KLRegularizer or None) adds the KL term when it is in the loss.
     """
 
-    def __init__(self, config, accelerator, unet, optimizer, trainable_params, scorer, kl=None):
+    def __init__(self, config, accelerator, unet, optimizer, trainable_params, scorer, kl=None, pairs_per_forward=None):
         self.config = config
+        # an int, or a callable (updater, batch) -> int: update/memory_fit.PairsPerForward resolves "auto"
+        self.pairs_per_forward = config.train.pairs_per_forward if pairs_per_forward is None else pairs_per_forward
         self.loss = get_policy_loss(config.algorithm.policy_loss)
         kwargs = config.algorithm.get("policy_loss_kwargs", None)
         self.loss_kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
@@ -77,6 +79,7 @@ class PolicyUpdater:
         num_samples, num_steps = batch["log_probs"].shape
         self.scorer.prepare(self.config.sample.num_steps, self.accelerator.device)
         self.unet.train()
+        chunk = self.chunk_size(batch)  # "auto" is measured here the first time, in training mode, before any update
         sums, count, optimizer_steps = defaultdict(float), 0, 0
         total = t.num_inner_epochs * (num_samples // t.batch_size)
         progress = tqdm(total=total, desc="training", disable=not show_progress, leave=False)
@@ -105,6 +108,7 @@ class PolicyUpdater:
         out = {key: float(value) / max(count, 1) for key, value in sums.items() if key != "grad_norm"}  # the one sync
         out["grad_norm"] = float(sums["grad_norm"]) / max(optimizer_steps, 1)
         out["optimizer_steps"] = optimizer_steps
+        out["pairs_per_forward"] = chunk
         return out
 
     def _train_batch(self, batch: dict, rows: torch.Tensor, step_mask: torch.Tensor) -> dict:
@@ -120,7 +124,12 @@ class PolicyUpdater:
             self.optimizer.zero_grad(set_to_none=True)
         return metrics
 
-    def accumulate_gradients(self, batch: dict, rows: torch.Tensor, step_mask: torch.Tensor) -> dict:
+    def chunk_size(self, batch: dict) -> int:
+        """(sample, step) pairs per forward (``train.pairs_per_forward``; "auto" is resolved on first use)."""
+        return self.pairs_per_forward(self, batch) if callable(self.pairs_per_forward) else int(self.pairs_per_forward)
+
+    def accumulate_gradients(self, batch: dict, rows: torch.Tensor, step_mask: torch.Tensor,
+                             pairs_per_forward: int | None = None) -> dict:
         """Backpropagate one train batch's loss, chunk by chunk of (sample, step) pairs.
 
             loss = policy_loss + beta * sum over masked pairs (i, n) of w_{i,n} * KL_{i,n}
@@ -140,7 +149,8 @@ class PolicyUpdater:
             pair_rows = pair_steps = torch.zeros(1, dtype=torch.long, device=step_mask.device)
         pair_weights = weights[pair_rows, pair_steps].to(device, non_blocking=True)
         pair_rows, pair_steps = pair_rows.to(device, non_blocking=True), pair_steps.to(device, non_blocking=True)
-        chunks = torch.split(torch.arange(pair_rows.numel(), device=device), self.config.train.pairs_per_forward)
+        size = pairs_per_forward or self.chunk_size(batch)
+        chunks = torch.split(torch.arange(pair_rows.numel(), device=device), size)
         per_step = self.loss.loss_matrix is not None
         sums, log_probs, kls = defaultdict(float), [], []
         for k, chunk in enumerate(chunks):

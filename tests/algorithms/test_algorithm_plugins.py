@@ -71,7 +71,7 @@ def test_a_file_estimator_with_a_parameter_trains_one_epoch(plugin_files, tiny_m
     rewards, g = round0.gathered["rewards"], torch.tensor(round0.groups)
     mean = torch.stack([rewards[g == k].mean() for k in range(int(g.max()) + 1)])
     want = (2.5 * (rewards - mean[g])).float()[:, None].expand(8, 4)
-    torch.testing.assert_close(round0.batch["advantages"], want, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(round0.batch["advantages"].cpu(), want, rtol=1e-6, atol=1e-7)
     trainer.rollouts.close()
 
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "plugin_run", **{

@@ -21,7 +21,9 @@ def test_ten_epochs_raise_the_reward_of_a_hard_prompt(preset, tmp_path):
 
     prompts = tmp_path / "prompt.txt"
     prompts.write_text(HARD_PROMPT + "\n")
-    sets = ["sample.num_steps=10", "sample.sde_window_size=2", "train.learning_rate=0.003", "prompt_fn=from_file",
+    # on the CPU, where the thresholds were measured: a GPU draws other random streams (group_ppo gained 0.029 there
+    # from another starting point, 0.778), and three seeds of a 10-epoch run are not a GPU's learning proof
+    sets = ["device=cpu", "sample.num_steps=10", "sample.sde_window_size=2", "train.learning_rate=0.003", "prompt_fn=from_file",
             f"prompt_fn_kwargs.path={prompts}"]
     (row,) = compare_algorithms.main(["--presets", preset, "--seeds", "0", "--queries", "320", "--eval-samples", "32",
                                       "--out", str(tmp_path / "out")] + [x for s in sets for x in ("--set", s)])

@@ -107,6 +107,7 @@ def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(name,
     base = pipeline_class.from_pretrained(family_model_dirs[name], **({"text_encoder_3": None, "tokenizer_3": None}
                                                                        if name == "sd3" else {}))
     base.set_progress_bar_config(disable=True)
+    base.to(trainer.accelerator.device)  # where the trainer sampled (the CPU or CUDA)
     guidance = trainer.config.sample.guidance_scale
     call = dict(num_inference_steps=4, guidance_scale=guidance, height=32, width=32, max_sequence_length=16,
                 output_type="pt")

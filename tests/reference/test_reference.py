@@ -108,7 +108,7 @@ def test_kl_is_zero_at_the_first_step_and_positive_after_updates(tiny_model_dir,
 
     batch = collect_rollouts(trainer.family, prompts, metadata, trainer.reward_fn, config.reward_fn,
                              trainer.rollouts.executor, config.sample, show_progress=False)
-    batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5])[:, None].expand(4, 4).clone()
+    batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5], device=batch["log_probs"].device)[:, None].expand(4, 4).clone()
     first = trainer.updater.train_epoch(batch, show_progress=False)
     assert first["kl"] == 0.0 and first["kl_loss"] == 0.0
     second = trainer.updater.train_epoch(batch, show_progress=False)
@@ -131,4 +131,4 @@ def test_checkpoint_with_a_reference_adapter_loads_as_the_policy_for_evaluation(
     loaded = pipe.unet.state_dict()
     assert set(loaded) == set(policy)
     for key, value in policy.items():
-        assert torch.equal(loaded[key], value), key
+        assert torch.equal(loaded[key], value.cpu()), key

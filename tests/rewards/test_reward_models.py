@@ -89,8 +89,9 @@ def test_pickscore_is_the_scaled_cosine_of_the_models_embeddings(clip_dirs, devi
     rewards, info = fn(images.to(device), PROMPTS, [{}] * len(PROMPTS))
     expected, cosine = reference(clip_dirs / "model", images, PROMPTS)
     assert rewards.dtype == torch.float64 and rewards.device.type == "cpu" and rewards.shape == (6,)
-    torch.testing.assert_close(rewards, expected, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(info["cosine"], cosine, atol=1e-5, rtol=1e-5)
+    tolerance = 1e-4 if device == "cpu" else 5e-3  # cuDNN convolutions run in TF32 on CUDA (a 10-bit mantissa)
+    torch.testing.assert_close(rewards, expected, atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(info["cosine"], cosine, atol=tolerance / 10, rtol=tolerance / 10)
     torch.testing.assert_close(rewards / info["cosine"], torch.full((6,), LOGIT_SCALE, dtype=torch.float64), rtol=1e-6, atol=0)
     assert rewards.std() > 0
     # the same image scored against two prompts: the prompt matters (text is not ignored)

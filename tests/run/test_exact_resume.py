@@ -36,9 +36,13 @@ HANG_AT = 7
 
 
 def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) -> list[str]:
-    """The command of a case "preset" or "preset@family" (the family's tiny-model settings added)."""
+    """The command of a case "preset", "preset@family" (the family's tiny-model settings added) or "preset+cuda".
+
+    Runs are on the CPU, whose kernels are deterministic, unless the case says "+cuda": then on the GPU with
+    config.deterministic=True (without it CUDA's atomic-add kernels make two runs of one seed part at once)."""
     from trainer_helpers import FAMILY_OVERRIDES
 
+    case, _, on = case.partition("+")
     preset, _, family = case.partition("@")
     values = {
         "pretrained.model": model_dir, "logdir": str(logdir), "run_name": run, "num_epochs": EPOCHS,
@@ -52,6 +56,7 @@ def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) ->
     if preset == "grpo":  # full fine-tuning: the reference is a frozen UNet copy, saved with the checkpoint
         values.update({"use_lora": False, "train.learning_rate": 1e-4})
     values.update(FAMILY_OVERRIDES[family or "sd"])
+    values.update({"device": "", "deterministic": True} if on == "cuda" else {"device": "cpu"})
     values.update(extra)
     return [sys.executable, "scripts/train.py", "--config", f"config/base.py:{preset}"] + [
         f"--config.{key}={value}" for key, value in values.items()
@@ -123,7 +128,7 @@ def assert_identical(a, b, where: str = "") -> None:
 
 
 def comparable(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not k.startswith("time/")}  # wall-clock timings differ
+    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/"))}  # wall-clock timings differ
 
 
 def wandb_run_id(checkpoint: Path) -> str:
@@ -168,9 +173,11 @@ def runs_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux"])
+@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux",
+                                    pytest.param("grpo+cuda", marks=pytest.mark.cuda),
+                                    pytest.param("group_ppo+cuda", marks=pytest.mark.cuda)])
 def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(preset, family_model_dirs, runs_dir):
-    model_dir = family_model_dirs[preset.partition("@")[2] or "sd"]
+    model_dir = family_model_dirs[preset.partition("+")[0].partition("@")[2] or "sd"]
     reference, killed, process, log = interrupted_and_reference(preset, model_dir, runs_dir, signal.SIGKILL)
     assert process.wait(timeout=60) == -signal.SIGKILL
     # killed in epoch 3: epoch 2 was logged but only epoch 1 is checkpointed

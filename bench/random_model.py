@@ -1,0 +1,86 @@
+"""Full-size pipelines with random weights, built from config (no download): what the GPU benchmarks measure memory
+and throughput on when the real weights are not at hand.
+
+    python bench/random_model.py --shape sd15 --out /tmp/sd15     # Stable Diffusion 1.5's shapes, 512 px
+    python bench/random_model.py --shape sd35m --out /tmp/sd35m   # SD 3.5 Medium's transformer, CLIP-L/G, no T5
+
+sd15: UNet 860M (320/640/1280/1280 channels, cross-attention 768), VAE 84M, a CLIP-L-sized text encoder (12 layers,
+768 wide) with the locally built byte-level tokenizer, DDIM. sd35m: SD3Transformer2DModel of SD 3.5 Medium (24 MMDiT-X
+layers, 24 heads of 64, dual attention in layers 0-12, RMS q/k norm, 2.5B), CLIP-L and CLIP-G text encoders with
+projection, the 16-channel SD3 VAE, no T5 (the pipeline then feeds zeros for its tokens, as with
+``text_encoder_3=None``). Weights are saved in bfloat16.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
+
+from ddpo_group.models.tokenizer import byte_level_vocab
+
+
+def clip_text(hidden: int, layers: int, heads: int, projection: bool):
+    tokenizer = CLIPTokenizer(vocab=byte_level_vocab(), merges=[], model_max_length=77)
+    config = CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
+                            num_hidden_layers=layers, num_attention_heads=heads, max_position_embeddings=77,
+                            projection_dim=hidden, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    return tokenizer, (CLIPTextModelWithProjection if projection else CLIPTextModel)(config)
+
+
+def vae(latent_channels: int, **extra) -> AutoencoderKL:
+    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
+                         up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512),
+                         layers_per_block=2, latent_channels=latent_channels, sample_size=512, **extra)
+
+
+def build_sd15() -> StableDiffusionPipeline:
+    tokenizer, text_encoder = clip_text(768, 12, 12, projection=False)
+    unet = UNet2DConditionModel(sample_size=64, cross_attention_dim=768, attention_head_dim=8)  # the rest: SD 1.x's
+    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
+                              set_alpha_to_one=False, steps_offset=1)
+    return StableDiffusionPipeline(vae=vae(4, scaling_factor=0.18215), text_encoder=text_encoder, tokenizer=tokenizer,
+                                   unet=unet, scheduler=scheduler, safety_checker=None, feature_extractor=None,
+                                   requires_safety_checker=False)
+
+
+def build_sd35m():
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    transformer = SD3Transformer2DModel(
+        sample_size=64, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64, num_attention_heads=24,
+        joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048, out_channels=16,
+        pos_embed_max_size=384, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm",
+    )
+    tokenizer, text_encoder = clip_text(768, 12, 12, projection=True)
+    tokenizer_2, text_encoder_2 = clip_text(1280, 32, 20, projection=True)
+    return StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=vae(16, shift_factor=0.0609, scaling_factor=1.5305, use_quant_conv=False, use_post_quant_conv=False),
+        text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
+        text_encoder_3=None, tokenizer_3=None,
+    )
+
+
+BUILDERS = {"sd15": build_sd15, "sd35m": build_sd35m}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", choices=sorted(BUILDERS), required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init on the GPU: seconds, not minutes
+        pipe = BUILDERS[args.shape]()
+    pipe.to(torch.bfloat16)
+    counts = {name: sum(p.numel() for p in module.parameters()) / 1e6 for name, module in pipe.components.items()
+              if isinstance(module, torch.nn.Module)}
+    pipe.save_pretrained(args.out)
+    print(f"{args.shape} saved to {args.out}: " + ", ".join(f"{k} {v:.0f}M" for k, v in counts.items()))
+
+
+if __name__ == "__main__":
+    main()

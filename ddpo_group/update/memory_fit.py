@@ -1,0 +1,202 @@
+"""Sizes that fit the card: ``train.pairs_per_forward="auto"``, gradient checkpointing when it is needed, chunked VAE
+decoding after an out-of-memory error, and the out-of-memory error that names the setting to lower.
+
+``train.pairs_per_forward="auto"`` on the CPU is ``CPU_PAIRS_PER_FORWARD`` (what the embedded model's runs were
+tuned with: memory is rarely the limit there). On CUDA it is resolved once, the first time a chunk size is needed,
+with that epoch's real batch and the model actually loaded (any family, any loss, the KL's reference forward too):
+
+    1. peak(k): CUDA peak memory above the current allocation of one forward + backward of k pairs, exactly as the
+       training step runs them (no optimizer step; the gradients are dropped; no collective: under DDP no_sync)
+    2. per_pair = peak(2) - peak(1),   fixed = peak(1) - per_pair + Adam's state if not allocated yet (2 x fp32)
+    3. budget = HEADROOM x (memory this process may still take: the device's free memory plus what the caching
+       allocator holds, at most torch.cuda's per-process fraction of the card) minus what is allocated
+    4. n = floor((budget - fixed) / per_pair), at most the pairs of one train batch and MAX_PAIRS
+    5. n is tried; an out-of-memory error halves it until one fits; every process takes the smallest n
+    6. if fewer than MIN_PAIRS_WITHOUT_CHECKPOINTING fit, gradient checkpointing is switched on (recompute the
+       denoiser's activations in the backward: ~1/3 more compute) and 1-5 run again
+
+The result is printed, logged (``train/pairs_per_forward``) and kept in the checkpoint (TrainingState.sizes), so a
+resumed run chunks, and so sums, exactly as the first. A loss without a per-step matrix (gspo, geo_mean)
+backpropagates the whole train batch at once: its memory is set by ``train.batch_size``, not by the chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+CPU_PAIRS_PER_FORWARD = 32
+HEADROOM = 0.85  # of the measured budget: fragmentation, the optimizer's temporaries, later epochs' caches
+MAX_PAIRS = 256  # beyond this the forward is saturated on any card
+MIN_PAIRS_WITHOUT_CHECKPOINTING = 4
+
+# what to lower when a phase runs out of memory (named in the error)
+SETTINGS = {
+    "sampling": "sample.batch_size (or set sample.decode_batch_size, sample.text_embedding_cache, "
+                "pretrained.text_encoder_device='cpu')",
+    "training": "train.pairs_per_forward (or set train.gradient_checkpointing=True; a loss without a per-step "
+                "matrix holds a whole train batch: lower train.batch_size)",
+    "reward": "the reward model's batch size (reward_fn_kwargs.batch_size)",
+}
+
+
+def configured_pairs(value) -> int | None:
+    """``train.pairs_per_forward`` as set: None for "auto", else an integer >= 1 (digits from a command line too)."""
+    if value == "auto":
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"train.pairs_per_forward={value!r} must be 'auto' or an integer >= 1")
+    return value
+
+
+class DeviceOutOfMemory(RuntimeError):
+    """A phase ran out of device memory; the message names the setting to lower."""
+
+
+@contextmanager
+def names_the_setting(phase: str, current: str = ""):
+    """Turn torch's out-of-memory error inside ``phase`` into one that says which setting to lower."""
+    try:
+        yield
+    except torch.OutOfMemoryError as error:
+        now = f" (now {current})" if current else ""
+        first_line = str(error).splitlines()[0] if str(error) else "out of memory"
+        raise DeviceOutOfMemory(f"out of device memory while {phase}{now}: lower {SETTINGS[phase]}. "
+                                f"torch said: {first_line}") from error
+
+
+def memory_budget(device: torch.device) -> int:
+    """Bytes this process may still allocate on ``device`` (step 3, before the headroom)."""
+    free, total = torch.cuda.mem_get_info(device)
+    fraction = torch.cuda.get_per_process_memory_fraction(device) if hasattr(
+        torch.cuda, "get_per_process_memory_fraction") else 1.0
+    reachable = min(free + torch.cuda.memory_reserved(device), int(fraction * total))
+    return reachable - torch.cuda.memory_allocated(device)
+
+
+def probe_batch(batch: dict, pairs: int, trainable: torch.Tensor) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """(batch, rows, step mask) holding ``pairs`` (sample, step) pairs of trainable steps, row after row, from the
+    epoch's real batch; advantages are zeros where the batch has none yet (a rollout KL before the first update)."""
+    num_samples, num_steps = batch["log_probs"].shape
+    steps = torch.nonzero(trainable.cpu()).flatten()
+    rows_needed = min(num_samples, math.ceil(pairs / max(len(steps), 1)))
+    mask = torch.zeros(rows_needed, num_steps)
+    flat = [(i, int(n)) for i in range(rows_needed) for n in steps][:pairs]
+    for i, n in flat:
+        mask[i, n] = 1.0
+    if "advantages" not in batch:
+        batch = {**batch, "advantages": torch.zeros_like(batch["log_probs"])}
+    rows = torch.arange(rows_needed, device=batch["log_probs"].device)
+    return batch, rows, mask
+
+
+class PairsPerForward:
+    """The chunk of (sample, step) pairs per training forward: ``train.pairs_per_forward`` or, for "auto", the size
+    resolved once (module docstring); ``sizes`` is the checkpointed record of what was chosen."""
+
+    def __init__(self, config, accelerator, family, sizes: dict, say=print):
+        self.config, self.accelerator, self.family = config, accelerator, family
+        self.sizes = sizes  # TrainingState.sizes: restored from a checkpoint before the first epoch
+        self.say = say
+        self.fixed = configured_pairs(config.train.pairs_per_forward)
+        self.auto = self.fixed is None
+
+    @property
+    def value(self) -> int | None:
+        if not self.auto:
+            return self.fixed
+        if self.accelerator.device.type != "cuda":
+            return CPU_PAIRS_PER_FORWARD
+        return self.sizes.get("pairs_per_forward")
+
+    def restore(self) -> None:
+        """Re-apply what a checkpoint recorded (gradient checkpointing switched on by the probe)."""
+        if self.sizes.get("gradient_checkpointing") and not self._checkpointing():
+            self.family.model.enable_gradient_checkpointing()
+
+    def __call__(self, updater, batch: dict) -> int:
+        value = self.value
+        if value is None:
+            value = self.resolve(updater, batch)
+        return value
+
+    def _checkpointing(self) -> bool:
+        return bool(self.family.model.is_gradient_checkpointing)
+
+    def resolve(self, updater, batch: dict) -> int:
+        """Steps 1-6 of the module docstring; records and prints the result."""
+        n, detail = self._fit(updater, batch)
+        if n < MIN_PAIRS_WITHOUT_CHECKPOINTING and not self._checkpointing() and \
+                self.family.model._supports_gradient_checkpointing:
+            self.family.model.enable_gradient_checkpointing()
+            self.sizes["gradient_checkpointing"] = True
+            n, detail = self._fit(updater, batch)
+            detail += f", with gradient checkpointing: fewer than {MIN_PAIRS_WITHOUT_CHECKPOINTING} fit without"
+        n = int(self.accelerator.gather(torch.tensor([n], device=self.accelerator.device)).min())  # all processes
+        self.sizes["pairs_per_forward"] = n
+        self.say(f"train.pairs_per_forward=auto: {n} pairs per forward ({detail})")
+        return n
+
+    def _fit(self, updater, batch: dict) -> tuple[int, str]:
+        device = self.accelerator.device
+        trainable = self.family.stochastic_steps(self.config.sample)
+        t = self.config.train
+        most = min(MAX_PAIRS, max(1, int(t.batch_size * int(trainable.sum()) * t.timestep_fraction)))
+        peaks = [self._peak(updater, batch, k, trainable) for k in (1, 2)]
+        per_pair = max(peaks[1] - peaks[0], 1)
+        fixed = peaks[0] - per_pair + self._optimizer_state_bytes(updater)
+        budget = HEADROOM * memory_budget(device)
+        n = max(1, min(most, int((budget - fixed) // per_pair)))
+        tried = n
+        while True:
+            try:
+                self._peak(updater, batch, n, trainable)
+                break
+            except torch.OutOfMemoryError:
+                if n == 1:
+                    raise
+                n = max(1, n // 2)
+        gib = 2**30
+        detail = (f"{per_pair / gib:.2f} GiB per pair, {max(fixed, 0) / gib:.2f} GiB fixed, "
+                  f"{budget / gib:.1f} GiB budget; at most {most}")
+        if n != tried:
+            detail += f"; {tried} ran out of memory"
+        return n, detail
+
+    @staticmethod
+    def _optimizer_state_bytes(updater) -> int:
+        """AdamW's two fp32 moments, when the optimizer has not allocated them yet (before its first step)."""
+        optimizer = updater.optimizer
+        if optimizer is None or any(len(s) for s in optimizer.state.values()):
+            return 0
+        return sum(2 * 4 * p.numel() for p in updater.params)
+
+    def _peak(self, updater, batch: dict, pairs: int, trainable) -> int:
+        """Peak bytes above the current allocation of one forward + backward of ``pairs`` pairs (step 1)."""
+        device = self.accelerator.device
+        probe, rows, mask = probe_batch(batch, pairs, trainable)
+        updater.optimizer.zero_grad(set_to_none=True) if updater.optimizer is not None else None
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        sync = self.accelerator.no_sync(updater.unet) if self.accelerator.num_processes > 1 else nullcontext()
+        was_training = updater.unet.training
+        updater.unet.train()  # as the update runs it (the rollout KL may ask first, in eval mode and without grad)
+        try:
+            with sync, torch.enable_grad():
+                updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=pairs)
+            torch.cuda.synchronize(device)
+            return torch.cuda.max_memory_allocated(device) - base
+        finally:
+            updater.unet.train(was_training)
+            if updater.optimizer is not None:
+                updater.optimizer.zero_grad(set_to_none=True)
+            else:
+                for p in updater.params:
+                    p.grad = None
+            torch.cuda.empty_cache()

@@ -1,0 +1,135 @@
+"""Sizes that fit the card (update/memory_fit.py): "auto" pairs per forward, back-off on out-of-memory errors, the error
+naming the setting; on CUDA the probe under a memory cap, and bf16 / fp16 epochs."""
+
+import pytest
+import torch
+
+from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+from ddpo_group.rollout.collect import REWARD_CHUNK, score_images
+from ddpo_group.sampling.trajectories import decode_latents
+from ddpo_group.update.memory_fit import (
+    CPU_PAIRS_PER_FORWARD, DeviceOutOfMemory, configured_pairs, names_the_setting, probe_batch,
+)
+
+
+def test_the_setting_is_auto_or_a_positive_integer():
+    assert configured_pairs("auto") is None and configured_pairs(12) == 12 and configured_pairs("7") == 7
+    for bad in (0, -3, "big", 2.5, True):
+        with pytest.raises(ValueError, match="train.pairs_per_forward=.* must be 'auto' or an integer >= 1"):
+            configured_pairs(bad)
+
+
+def test_auto_is_the_cpu_value_on_the_cpu_and_is_logged(tiny_model_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "auto_cpu", **{"train.pairs_per_forward": "auto",
+                                                                            "device": "cpu"})
+    metrics = trainer.run()
+    assert metrics["train/pairs_per_forward"] == CPU_PAIRS_PER_FORWARD
+    assert trainer.state.sizes == {}  # nothing measured, nothing to keep
+
+
+def test_the_probe_batch_holds_exactly_the_asked_pairs_of_trainable_steps():
+    batch = {"log_probs": torch.zeros(5, 6)}
+    trainable = torch.tensor([False, True, True, True, False, False])  # an SDE window of 3 steps
+    probe, rows, mask = probe_batch(batch, 7, trainable)
+    assert rows.tolist() == [0, 1, 2] and mask.sum() == 7 and mask[:, ~trainable].sum() == 0
+    assert mask.tolist()[:2] == [[0, 1, 1, 1, 0, 0]] * 2 and mask[2].tolist() == [0, 1, 0, 0, 0, 0]
+    assert torch.equal(probe["advantages"], torch.zeros(5, 6))  # a rollout-KL batch has none yet
+
+
+def test_out_of_memory_names_the_setting_to_lower():
+    with pytest.raises(DeviceOutOfMemory, match=r"while training \(now train.pairs_per_forward=48\): lower "
+                                                r"train.pairs_per_forward .*torch said: CUDA out of memory"):
+        with names_the_setting("training", "train.pairs_per_forward=48"):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore text")
+
+
+class ChunkedFamily:
+    """decode() runs out of memory above ``most`` latents at a time; records the chunk sizes it was called with."""
+
+    def __init__(self, most: int):
+        self.most, self.calls = most, []
+
+    def decode(self, latents):
+        self.calls.append(len(latents))
+        if len(latents) > self.most:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return latents * 2
+
+
+def test_decoding_halves_its_chunk_after_an_out_of_memory_error_and_remembers_it():
+    family, latents = ChunkedFamily(most=3), torch.arange(10.0)[:, None]
+    torch.testing.assert_close(decode_latents(family, latents), latents * 2)
+    assert family.calls[:3] == [10, 5, 2] and family.decode_chunk == 2  # 10 and 5 failed
+    family.calls.clear()
+    torch.testing.assert_close(decode_latents(family, latents), latents * 2)
+    assert family.calls == [2] * 5  # no failed attempt the second time
+
+
+def test_a_reward_that_runs_out_of_memory_is_called_on_halves_with_per_image_info():
+    calls = []
+
+    def reward(images, prompts, metadata):
+        calls.append(len(prompts))
+        if len(prompts) > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return images.double().sum(dim=1), {"doubled": 2 * images.double().sum(dim=1), "model": "m"}
+
+    images = torch.arange(5.0)[:, None]
+    REWARD_CHUNK.pop("oom_test", None)
+    rewards, info = score_images(reward, "oom_test", images, list("abcde"), [{}] * 5)
+    torch.testing.assert_close(rewards, torch.arange(5.0, dtype=torch.float64))
+    torch.testing.assert_close(info["doubled"], 2 * torch.arange(5.0, dtype=torch.float64))
+    assert info["model"] == "m" and calls == [5, 2, 2, 1] and REWARD_CHUNK.pop("oom_test") == 2
+
+
+# ------------------------------------------------------------------------------------------------ on a GPU
+@pytest.mark.cuda
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_mixed_precision_epoch_on_cuda_trains(tiny_model_dir, tmp_path, precision):
+    trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, precision, **{"mixed_precision": precision,
+                                                                                 "device": "cuda"})
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    assert trainer.accelerator.device.type == "cuda"
+    assert all(p.dtype == torch.float32 for p in trainer.updater.params)  # LoRA weights train in fp32
+    assert trainer.family.model.dtype in (torch.bfloat16, torch.float16) or precision == "no"
+    assert torch.isfinite(torch.tensor(metrics["train/policy_loss"])) and metrics["reward_count"] == 8
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+
+
+@pytest.mark.cuda
+def test_auto_pairs_fit_a_memory_cap_and_are_kept_in_the_checkpoint(tiny_sd3_dir, tmp_path):
+    """Uncapped, the tiny model fits a whole train batch; under a cap of the allocation plus a few pairs' worth, the
+    probe picks fewer, the epoch runs without an out-of-memory error and its peak stays under the cap."""
+    overrides = {**FAMILY_OVERRIDES["sd3"], "sample.resolution": 128,  # 256 tokens: about a MB a pair
+                 "train.pairs_per_forward": "auto", "device": "cuda", "train.batch_size": 8,
+                 "sample.batch_size": 8, "sample.num_batches_per_epoch": 1, "save_freq": 1}
+    free = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "uncapped", **overrides)
+    uncapped = free.run()["train/pairs_per_forward"]
+    t, steps = free.config.train, int(free.family.stochastic_steps(free.config.sample).sum())
+    assert uncapped == int(t.batch_size * steps * t.timestep_fraction)  # a whole train batch's pairs
+    assert free.pairs_per_forward.sizes["pairs_per_forward"] == uncapped  # recorded for the checkpoint
+    del free
+    torch.cuda.empty_cache()
+
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "capped", **overrides)
+    device, total = trainer.accelerator.device, torch.cuda.get_device_properties(0).total_memory
+    from ddpo_group.update.memory_fit import PairsPerForward
+
+    rollouts = trainer.rollouts.collect(0)
+    trainer.updater.unet.train()
+    peaks = [PairsPerForward._peak(trainer.pairs_per_forward, trainer.updater, rollouts.batch, k,
+                                   trainer.family.stochastic_steps(trainer.config.sample)) for k in (1, 2)]
+    per = peaks[1] - peaks[0]
+    cap = torch.cuda.memory_allocated(device) + peaks[0] + 6 * per  # room for about 7 pairs before the headroom
+    torch.cuda.set_per_process_memory_fraction(cap / total, device)
+    try:
+        torch.cuda.reset_peak_memory_stats(device)
+        train = trainer.updater.train_epoch(rollouts.batch, show_progress=False)
+        assert torch.cuda.max_memory_allocated(device) <= cap
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+    assert 1 <= train["pairs_per_forward"] < uncapped
+    assert trainer.state.state_dict()["sizes"]["pairs_per_forward"] == train["pairs_per_forward"]
+    trainer.rollouts.close()
