@@ -29,7 +29,7 @@ def score_images(reward_fn, reward_name: str, images, prompts: list[str], metada
     When the reward function raises, it is called again on each image alone (at most
     MAX_ISOLATION_CALLS of them) and the message lists the indices and prompts it fails on.
     """
-    chunk = REWARD_CHUNK.get(reward_name)
+    chunk = REWARD_CHUNK.get(str(reward_name))
     if chunk is not None and chunk < len(prompts):  # an earlier call ran out of device memory at a larger batch
         return score_in_parts(reward_fn, reward_name, images, prompts, metadata, chunk)
     try:
@@ -38,7 +38,7 @@ def score_images(reward_fn, reward_name: str, images, prompts: list[str], metada
         if len(prompts) == 1:
             raise
         torch.cuda.empty_cache()
-        REWARD_CHUNK[reward_name] = max(1, len(prompts) // 2)
+        REWARD_CHUNK[str(reward_name)] = max(1, len(prompts) // 2)  # a combination's name is its {name: weight}
         return score_images(reward_fn, reward_name, images, prompts, metadata)
     except Exception as error:
         raise RuntimeError(
@@ -54,7 +54,7 @@ def score_images(reward_fn, reward_name: str, images, prompts: list[str], metada
     return check_rewards(rewards, len(prompts), reward_name), info or {}
 
 
-REWARD_CHUNK: dict[str, int] = {}  # images per reward call, after an out-of-memory error (by reward name)
+REWARD_CHUNK: dict[str, int] = {}  # images per reward call after an out-of-memory error, by str(reward_fn setting)
 
 
 def score_in_parts(reward_fn, reward_name: str, images, prompts: list[str], metadata: list[dict], chunk: int):

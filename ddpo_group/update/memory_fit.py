@@ -71,6 +71,7 @@ def names_the_setting(phase: str, current: str = ""):
 
 def memory_budget(device: torch.device) -> int:
     """Bytes this process may still allocate on ``device`` (step 3, before the headroom)."""
+    device = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
     free, total = torch.cuda.mem_get_info(device)
     fraction = torch.cuda.get_per_process_memory_fraction(device) if hasattr(
         torch.cuda, "get_per_process_memory_fraction") else 1.0

@@ -99,7 +99,8 @@ def test_the_first_training_forwards_ratio_is_one(name, family_model_dirs):
 
 @pytest.mark.parametrize("name", ["sd3", "flux"])
 def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(name, family_model_dirs, tmp_path):
-    trainer = tiny_trainer("grpo", family_model_dirs[name], tmp_path, "lora", **FAMILY_OVERRIDES[name])
+    # on the CPU: the pipeline's images and ours are compared to float precision (CUDA's kernels differ by ~4e-4)
+    trainer = tiny_trainer("grpo", family_model_dirs[name], tmp_path, "lora", **FAMILY_OVERRIDES[name], device="cpu")
     trainer.run()
     lora = tmp_path / "lora" / "lora"
     assert (lora / "pytorch_lora_weights.safetensors").exists()
@@ -107,7 +108,6 @@ def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(name,
     base = pipeline_class.from_pretrained(family_model_dirs[name], **({"text_encoder_3": None, "tokenizer_3": None}
                                                                        if name == "sd3" else {}))
     base.set_progress_bar_config(disable=True)
-    base.to(trainer.accelerator.device)  # where the trainer sampled (the CPU or CUDA)
     guidance = trainer.config.sample.guidance_scale
     call = dict(num_inference_steps=4, guidance_scale=guidance, height=32, width=32, max_sequence_length=16,
                 output_type="pt")

@@ -123,13 +123,13 @@ def test_auto_pairs_fit_a_memory_cap_and_are_kept_in_the_checkpoint(tiny_sd3_dir
                                    trainer.family.stochastic_steps(trainer.config.sample)) for k in (1, 2)]
     per = peaks[1] - peaks[0]
     cap = torch.cuda.memory_allocated(device) + peaks[0] + 6 * per  # room for about 7 pairs before the headroom
-    torch.cuda.set_per_process_memory_fraction(cap / total, device)
+    torch.cuda.set_per_process_memory_fraction(cap / total, torch.cuda.current_device())
     try:
         torch.cuda.reset_peak_memory_stats(device)
         train = trainer.updater.train_epoch(rollouts.batch, show_progress=False)
         assert torch.cuda.max_memory_allocated(device) <= cap
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, torch.cuda.current_device())
     assert 1 <= train["pairs_per_forward"] < uncapped
     assert trainer.state.state_dict()["sizes"]["pairs_per_forward"] == train["pairs_per_forward"]
     trainer.rollouts.close()
