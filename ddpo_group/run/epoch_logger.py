@@ -71,6 +71,24 @@ class EpochLogger:
         self.print(
             f"epoch {epoch}: reward {metrics['reward_mean']:.4f} ± {metrics['reward_std']:.4f} | "
             f"loss {metrics.get('train/policy_loss', float('nan')):.3g} | "
-            f"clipfrac {metrics.get('train/clipfrac', float('nan')):.3f} | "
-            f"sampling {metrics['time/sampling']:.1f}s, training {metrics['time/training']:.1f}s"
+            f"clipfrac {metrics.get('train/clipfrac', float('nan')):.3f} | " + perf_line(metrics)
         )
+
+
+def perf_line(metrics: dict) -> str:
+    """The console's throughput part: phase times with their rates, peak memory, MFU (when logged)."""
+
+    def rate(key: str, unit: str) -> str:
+        return f" ({metrics[key]:.3g} {unit})" if key in metrics else ""
+
+    parts = [f"sampling {metrics['time/sampling']:.1f}s{rate('perf/images_per_s', 'img/s')}, "
+             f"training {metrics['time/training']:.1f}s{rate('perf/pairs_per_s', 'pairs/s')}"]
+    memory = [f"{metrics[key]:.2f} GiB {name}" for key, name in
+              (("perf/cuda_max_allocated_gb", "CUDA"), ("perf/rss_gb", "RSS")) if key in metrics]
+    if memory:
+        parts.append("peak " + ", ".join(memory))
+    mfu = [f"{metrics[key]:.1%} {name}" for key, name in
+           (("perf/mfu_training", "training"), ("perf/mfu_sampling", "sampling")) if key in metrics]
+    if mfu:
+        parts.append("MFU " + ", ".join(mfu))
+    return " | ".join(parts)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def format_summary(metrics: list[dict], paths: dict[str, str | os.PathLike]) -> str:
-    """Reward before (first epoch) and after (last epoch), the best epoch, and where the artefacts are.
+    """Reward before (first epoch) and after (last epoch), the best epoch, throughput, and where the artefacts are.
 
     ``metrics`` are the per-epoch records of metrics.jsonl; ``paths`` maps a label to a path
     (only existing paths are listed).
@@ -28,6 +28,7 @@ def format_summary(metrics: list[dict], paths: dict[str, str | os.PathLike]) -> 
         for key in components:
             if key in first:
                 lines.append(f"  {key[len('reward_info/'):]}: {first[key]:.4f} -> {last[key]:.4f}")
+        lines += throughput_lines(metrics)
     else:
         lines.append("no epoch finished")
     lines.append("-" * 72)
@@ -36,3 +37,41 @@ def format_summary(metrics: list[dict], paths: dict[str, str | os.PathLike]) -> 
             lines.append(f"{label:<17}{path}")
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+def throughput_lines(metrics: list[dict]) -> list[str]:
+    """Images sampled and pairs trained per second, peak memory and MFU over the run (run/throughput.py).
+
+    Rates are total count / total phase time, MFU the time-weighted mean of the epochs' (the same ratio of sums),
+    both over the epochs after the first when there are several (the first carries the warm-up: allocator growth,
+    kernel selection, compilation); peak memory is the largest of every epoch.
+    """
+    if "perf/images_sampled" not in metrics[-1]:
+        return []  # a run logged before throughput was
+    steady = metrics[1:] if len(metrics) > 1 else metrics
+    span = f"epochs {steady[0]['epoch']}..{steady[-1]['epoch']}" if len(steady) > 1 else f"epoch {steady[0]['epoch']}"
+
+    def ratio(count: str, seconds: str) -> float | None:
+        total = sum(m.get(seconds, 0.0) for m in steady)
+        return sum(m.get(count, 0) for m in steady) / total if total > 0 else None
+
+    def weighted(key: str, seconds: str) -> float | None:
+        timed = [(m[key], m[seconds]) for m in steady if key in m]
+        total = sum(t for _, t in timed)
+        return sum(v * t for v, t in timed) / total if timed and total > 0 else None
+
+    images, pairs = ratio("perf/images_sampled", "time/sampling"), ratio("perf/pairs_trained", "time/training")
+    rates = [f"{value:.3g} {unit}" for value, unit in ((images, "img/s sampled"), (pairs, "pairs/s trained"))
+             if value is not None]
+    lines = [f"throughput       {', '.join(rates)}  ({span})"] if rates else []
+    memory = [f"{max(m[key] for m in metrics if key in m):.2f} GiB {name}"
+              for key, name in (("perf/cuda_max_allocated_gb", "CUDA max allocated"), ("perf/rss_gb", "RSS"))
+              if any(key in m for m in metrics)]
+    if memory:
+        lines.append(f"peak memory      {', '.join(memory)}")
+    mfu = [f"{value:.1%} {name}" for value, name in ((weighted("perf/mfu_training", "time/training"), "training"),
+                                                      (weighted("perf/mfu_sampling", "time/sampling"), "sampling"))
+           if value is not None]
+    if mfu:
+        lines.append(f"MFU              {', '.join(mfu)}")
+    return lines

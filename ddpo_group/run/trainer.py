@@ -5,7 +5,7 @@
     2. update the policy on the (sample, step) pairs (update/policy.py), then the critic (update/critic.py);
     3. after the epoch: the KL term's controller and reference (reference/regularizer.py), the estimator's
        controller (GROUP_PPO's tau);
-    4. log (run/epoch_metrics.py, run/epoch_logger.py).
+    4. log (run/epoch_metrics.py, run/throughput.py, run/epoch_logger.py).
 
 ``Trainer.run`` runs the epochs inside the run's session (run/session.py: signals, resume, checkpoints, summary).
 ``Trainer.__init__`` builds every piece from the config, in an order that keeps the random streams of a resumed
@@ -35,6 +35,7 @@ from ddpo_group.run.epoch_metrics import epoch_metrics
 from ddpo_group.run.determinism import make_deterministic
 from ddpo_group.run.session import RunSession
 from ddpo_group.run.threads import apply_num_threads
+from ddpo_group.run.throughput import Throughput, measure_model_flops
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.timing import PHASES, PhaseTimer
 from ddpo_group.update.critic import Critic
@@ -76,6 +77,7 @@ class Trainer:
         self.pairs_per_forward.restore()  # a resumed run: the sizes its first run chose
         self.epoch_logger = EpochLogger(self.accelerator, self.session.run_dir, self.session.wandb_mode,
                                         config.log_images_every, self.session.print)
+        self.throughput = Throughput(self.accelerator, config.mixed_precision, self.model_flops, self.session.print)
 
     @staticmethod
     def make_accelerator(config, session: RunSession) -> Accelerator:
@@ -147,6 +149,7 @@ class Trainer:
     def train_epoch(self, epoch: int) -> dict:
         """One epoch (module docstring); returns its metrics."""
         start = time.perf_counter()
+        self.throughput.start_epoch()
         self.unet.eval()
         # 1. collect rollouts: trajectories, rewards, advantages (a stop signal here drops the epoch)
         with names_the_setting("sampling", f"sample.batch_size={self.config.sample.batch_size}"):
@@ -157,6 +160,7 @@ class Trainer:
             with self.timer.phase("training"), names_the_setting("training", self.chunk_setting()):
                 train = self.updater.train_epoch(batch, show_progress=self.accelerator.is_local_main_process)
             self.state.global_step += train.pop("optimizer_steps")
+            pairs = train.pop("pairs")
             critic = {}
             if self.critic is not None:
                 with self.timer.phase("critic"):
@@ -170,6 +174,8 @@ class Trainer:
         metrics = epoch_metrics(epoch, self.state.global_step, rollouts, train, critic, after, self.rollouts.shards,
                                 self.config.algorithm.filter_groups)
         metrics.update(self.timing(start))
+        metrics.update(self.throughput.metrics(rollouts.reward_queries, pairs, metrics["time/sampling"],
+                                               metrics["time/training"], batch))
         with self.timer.phase("logging"):
             self.epoch_logger.log(epoch, metrics, batch)
         if self.estimator_controller is not None and (line := self.estimator_controller.summary(epoch, metrics)):
@@ -194,6 +200,14 @@ class Trainer:
                 self.estimator_controller.update(*self.rollouts.critic_fit(rollouts.rounds))
             metrics.update(self.estimator_controller.metrics())
         return metrics
+
+    def model_flops(self, batch: dict):
+        """F_pair and F_image of run/throughput.py, on this epoch's first sample at its first trained step."""
+        sample = self.config.sample
+        step = int(self.family.stochastic_steps(sample).nonzero()[0])
+        return measure_model_flops(self.scorer, self.accelerator.unwrap_model(self.unet), batch, self.params, step,
+                                   sample.guidance_scale, sample.num_steps, self.updater.uses_reference,
+                                   self.accelerator.autocast)
 
     def timing(self, start: float) -> dict:
         """Wall time per phase since the previous epoch's metrics (so time/logging and time/checkpoint are the

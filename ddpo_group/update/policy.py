@@ -74,13 +74,14 @@ class PolicyUpdater:
         return self.kl is not None and self.kl.in_loss
 
     def train_epoch(self, batch: dict, show_progress: bool = True) -> dict:
-        """Update the policy on ``batch`` (the local rows); return averaged metrics."""
+        """Update the policy on ``batch`` (the local rows); return averaged metrics, the optimizer steps taken and
+        ``pairs``: the (sample, step) pairs trained (the step masks' nonzero entries, every inner epoch)."""
         t = self.config.train
         num_samples, num_steps = batch["log_probs"].shape
         self.scorer.prepare(self.config.sample.num_steps, self.accelerator.device)
         self.unet.train()
         chunk = self.chunk_size(batch)  # "auto" is measured here the first time, in training mode, before any update
-        sums, count, optimizer_steps = defaultdict(float), 0, 0
+        sums, count, optimizer_steps, pairs = defaultdict(float), 0, 0, 0
         total = t.num_inner_epochs * (num_samples // t.batch_size)
         progress = tqdm(total=total, desc="training", disable=not show_progress, leave=False)
         device = batch["log_probs"].device
@@ -91,6 +92,7 @@ class PolicyUpdater:
                                          trainable=self.scorer.family.stochastic_steps(self.config.sample))
             if row_mask is not None:  # dynamic sampling: padded rows take no part in the loss
                 step_mask = step_mask * row_mask[:, None]
+            pairs += int(step_mask.count_nonzero())  # a CPU tensor: no sync
             for start in range(0, num_samples, t.batch_size):
                 rows = perm[start : start + t.batch_size]
                 self._position = (inner, start // t.batch_size, optimizer_steps)  # named by a non-finite loss error
@@ -109,6 +111,7 @@ class PolicyUpdater:
         out["grad_norm"] = float(sums["grad_norm"]) / max(optimizer_steps, 1)
         out["optimizer_steps"] = optimizer_steps
         out["pairs_per_forward"] = chunk
+        out["pairs"] = pairs
         return out
 
     def _train_batch(self, batch: dict, rows: torch.Tensor, step_mask: torch.Tensor) -> dict:
