@@ -87,7 +87,7 @@ def perf_line(metrics: dict) -> str:
               (("perf/cuda_max_allocated_gb", "CUDA"), ("perf/rss_gb", "RSS")) if key in metrics]
     if memory:
         parts.append("peak " + ", ".join(memory))
-    mfu = [f"{metrics[key]:.1%} {name}" for key, name in
+    mfu = [f"{100 * metrics[key]:.3g}% {name}" for key, name in
            (("perf/mfu_training", "training"), ("perf/mfu_sampling", "sampling")) if key in metrics]
     if mfu:
         parts.append("MFU " + ", ".join(mfu))

@@ -69,7 +69,7 @@ def throughput_lines(metrics: list[dict]) -> list[str]:
               if any(key in m for m in metrics)]
     if memory:
         lines.append(f"peak memory      {', '.join(memory)}")
-    mfu = [f"{value:.1%} {name}" for value, name in ((weighted("perf/mfu_training", "time/training"), "training"),
+    mfu = [f"{100 * value:.3g}% {name}" for value, name in ((weighted("perf/mfu_training", "time/training"), "training"),
                                                       (weighted("perf/mfu_sampling", "time/sampling"), "sampling"))
            if value is not None]
     if mfu:

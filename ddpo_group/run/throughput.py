@@ -17,7 +17,7 @@ device synchronisation (processes meet at every gather, so they are the epoch's)
 sync, so its time includes its GPU work.
 
 F_pair and F_image are counted once per run with torch.utils.flop_counter.FlopCounterMode (matrix products,
-convolutions and attention, 2 FLOPs per multiply-add; elementwise ops are not counted) on one recorded transition:
+convolutions and fused attention, 2 FLOPs per multiply-add; elementwise ops are not counted) on one recorded transition:
 
     F_pair  = one training forward + backward of the denoiser on one (sample, step) pair, with CFG's doubled rows when
               train.cfg, backward w.r.t. the trainable parameters (with LoRA: activation gradients through the frozen
@@ -39,6 +39,7 @@ import sys
 from typing import Callable
 
 import torch
+from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 GIB = 2**30
@@ -86,9 +87,20 @@ def device_peak_flops(device: torch.device, mixed_precision: str) -> tuple[float
     return peak, None
 
 
+# the CPU's fused attention kernels, which torch's table lacks (it has the CUDA ones): counted alike, so a count made
+# on the CPU equals the CUDA one
+_aten = torch.ops.aten
+CPU_ATTENTION = {
+    _aten._scaled_dot_product_flash_attention_for_cpu:
+        lambda q, k, v, *args, out_shape=None, **kwargs: flop_counter.sdpa_flop_count(q, k, v),
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        lambda grad, q, k, v, *args, out_shape=None, **kwargs: flop_counter.sdpa_backward_flop_count(grad, q, k, v),
+}
+
+
 def count_flops(fn: Callable[[], object]) -> int:
     """FLOPs of the matrix products, convolutions and attention that ``fn()`` runs, forward and backward."""
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
         fn()
     return counter.get_total_flops()
 

@@ -29,6 +29,17 @@ def test_linear_flops_match_the_hand_count():
     assert count_flops(lambda: linear(x).sum().backward()) == 2 * forward
 
 
+def test_attention_flops_on_the_cpu_as_on_cuda():
+    """softmax(q k^T / sqrt(d)) v, q k v [b, h, s, d]: two products of 2*b*h*s*s*d FLOPs each; the backward five
+    (the scores recomputed, then four gradient products), as torch counts CUDA's fused kernels."""
+    b, h, s, d = 2, 4, 16, 8
+    q = torch.randn(b, h, s, d, requires_grad=True)
+    attention = torch.nn.functional.scaled_dot_product_attention
+    forward = 2 * (2 * b * h * s * s * d)
+    assert count_flops(lambda: attention(q, q, q)) == forward
+    assert count_flops(lambda: attention(q, q, q).sum().backward()) == forward + 5 * forward // 2
+
+
 def test_peak_table():
     assert peak_flops("NVIDIA H100 80GB HBM3", "bf16", tf32=False) == 989e12
     assert peak_flops("NVIDIA H100 80GB HBM3", "no", tf32=True) == 494e12
@@ -132,4 +143,4 @@ def test_summary_rates_are_ratios_of_sums_after_the_first_epoch():
 
     text = format_summary([record(0, 8, 100.0, 0.01), record(1, 8, 1.0, 0.3), record(2, 8, 3.0, 0.1)], {})
     assert "4 img/s sampled, 10 pairs/s trained  (epochs 1..2)" in text  # 16 images in 4 s; warm-up left out
-    assert "3.00 GiB RSS" in text and "15.0% sampling" in text and "20.0% training" in text  # (0.3 + 0.3) / 4
+    assert "3.00 GiB RSS" in text and "15% sampling" in text and "20% training" in text  # (0.3 + 0.3) / 4
