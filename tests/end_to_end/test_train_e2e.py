@@ -90,6 +90,9 @@ def test_two_processes_gather_rewards(tiny_model_dir, tmp_path):
     (epoch0,) = read_metrics(tmp_path / "ddp")
     # each process sampled 2 x 4 images of 4 prompts x 4 copies; advantages used all 16 rewards
     assert epoch0["reward_count"] == 16
+    # throughput counts every process: 16 images, 16 x 4 (sample, step) pairs (ddpo trains every step once)
+    assert epoch0["perf/images_sampled"] == 16 and epoch0["perf/pairs_trained"] == 64
+    assert epoch0["perf/pairs_per_s"] == 64 / epoch0["time/training"]
     assert (tmp_path / "ddp" / "checkpoints" / "checkpoint_00000" / "COMPLETE").exists()
 
 
