@@ -32,6 +32,7 @@ from ddpo_group.rollout.rounds import RolloutCollector
 from ddpo_group.run.config_checks import validate_config
 from ddpo_group.run.epoch_logger import EpochLogger
 from ddpo_group.run.epoch_metrics import epoch_metrics
+from ddpo_group.run.process_failures import process_group_kwargs
 from ddpo_group.run.session import RunSession
 from ddpo_group.run.threads import apply_num_threads
 from ddpo_group.sampling.trajectories import TransitionScorer
@@ -82,6 +83,7 @@ class Trainer:
             gradient_accumulation_steps=config.train.gradient_accumulation_steps,
             log_with="wandb" if session.wandb_mode != "disabled" else None,
             project_config=ProjectConfiguration(project_dir=str(session.run_dir)),
+            kwargs_handlers=[process_group_kwargs(config)],  # collective_timeout_s (run/process_failures.py)
         )
 
     def build_model(self, config) -> None:
