@@ -25,11 +25,14 @@ def needs_cpu(num_processes: int) -> bool:
     return torch.cuda.device_count() < num_processes
 
 
-def accelerate_command(num_processes: int = 1, config_file: str | Path | None = None, *options: str) -> list[str]:
-    """``python -m accelerate.commands.launch ...`` for ``num_processes`` processes, up to the script's path.
+def accelerate_command(num_processes: int = 1, config_file: str | Path | None = None) -> tuple[list[str], dict]:
+    """(``python -m accelerate.commands.launch ...`` up to the script's path, environment additions) for
+    ``num_processes`` processes.
 
-    Without ``config_file``: one process, or ``--multi_gpu`` for several; ``--num_processes`` always wins over a config
-    file's. ``--cpu`` is added when there are fewer GPUs than processes."""
+    Without ``config_file``: one process, or ``--multi_gpu`` for several; ``--num_processes`` wins over a config file's.
+    With fewer GPUs than processes, the processes run on the CPU through ``ACCELERATE_USE_CPU=true`` in their
+    environment, not through ``--cpu``: accelerate launch --cpu starts one process only (its simple launcher, unless
+    mpirun), while the multi-GPU launcher (torchrun) starts them all and passes the variable on."""
     command = [sys.executable, "-m", "accelerate.commands.launch"]
     if config_file is not None:
         command += ["--config_file", str(config_file)]
@@ -38,9 +41,8 @@ def accelerate_command(num_processes: int = 1, config_file: str | Path | None = 
     command += ["--num_processes", str(num_processes)]
     if config_file is None:
         command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    if num_processes > 1 and needs_cpu(num_processes):
-        command += ["--cpu"]
-    return command + list(options)
+    env = {"ACCELERATE_USE_CPU": "true"} if num_processes > 1 and needs_cpu(num_processes) else {}
+    return command, env
 
 
 def launch_environment(**extra) -> dict:

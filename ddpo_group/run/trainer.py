@@ -19,7 +19,7 @@ import time
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 
 from ddpo_group.algorithms import get_adv_estimator
 from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
@@ -98,6 +98,8 @@ class Trainer:
         if config.get("compile_unet", False):  # in place (Module.compile): names, hooks and state dict unchanged
             self.family.model.compile()
         self.unet, self.optimizer = self.accelerator.prepare(self.family.model, optimizer)
+        if self.accelerator.distributed_type == DistributedType.FSDP:  # sharding replaced the parameters: clip those
+            self.params = [p for p in self.unet.parameters() if p.requires_grad]
         self.scorer = TransitionScorer.from_config(config, self.family)
 
     def build_algorithm(self, config) -> None:
