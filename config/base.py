@@ -27,6 +27,9 @@ def base() -> ml_collections.ConfigDict:
     config.deterministic = False
     config.num_cpu_threads = 0  # torch threads per process; 0: the environment's, or the cores per process on a CPU run
     # that accelerate launch left at its default of one thread (ddpo_group/run/threads.py)
+    # several processes: a collective that waits longer than this (a process hung or died) stops every process with an
+    # error instead of leaving them blocked (ddpo_group/run/process_failures.py)
+    config.collective_timeout_s = 1800
     config.resume_from = ""  # a checkpoint directory or a run directory (its latest checkpoint)
     config.use_lora = True
     config.lora_rank = 4

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from ddpo_group.errors import NonFiniteLossError, TrainingInterrupted  # noqa: E402
 from ddpo_group.run.cli import config_flag_first, parse_flags_or_exit  # noqa: E402
 from ddpo_group.run.cli_errors import FAILURE, PREFIX, USAGE_ERROR, exit_with, is_main_process  # noqa: E402
+from ddpo_group.run.process_failures import ProcessFailed  # noqa: E402
 from ddpo_group.run.quiet import one_bar_per_phase, silence_known_noise  # noqa: E402
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config", "base.py") + ":ddpo"
@@ -47,6 +48,8 @@ def main(argv):
         sys.exit(stopped.exit_code)
     except NonFiniteLossError as error:  # its message names the step and the checkpoint that is kept
         exit_with(error, FAILURE)
+    except ProcessFailed as error:  # another process failed (it reports its own error): the main process says so
+        exit_with(error, FAILURE, trainer.session.last_checkpoint_note(), show=is_main_process())
     except KeyboardInterrupt:  # after the last epoch (the export, the summary): its checkpoint is written
         print(f"{PREFIX} stopped by SIGINT after training. {trainer.session.last_checkpoint_note()}",
               file=sys.stderr, flush=True)

@@ -26,6 +26,7 @@ from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards.combine import component_label
 from ddpo_group.rollout.collect import TextEmbeddingCache, collect_rollouts, greedy_rewards
 from ddpo_group.rollout.snapshot import SamplingSnapshot
+from ddpo_group.run.process_failures import check_peers
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
 from ddpo_group.timing import NULL_TIMER
 from ddpo_group.update.memory_fit import CPU_PAIRS_PER_FORWARD, configured_pairs
@@ -48,7 +49,9 @@ class ProcessShards:
         return self.local * self.accelerator.num_processes
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Concatenate a per-process tensor over processes, in process order, on the CPU."""
+        """Concatenate a per-process tensor over processes, in process order, on the CPU (ProcessFailed when another
+        process failed instead of meeting this gather: run/process_failures.py)."""
+        check_peers(self.accelerator)
         return self.accelerator.gather(tensor.contiguous().to(self.accelerator.device)).cpu()
 
     def local_rows(self, tensor: torch.Tensor) -> torch.Tensor:

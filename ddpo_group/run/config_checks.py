@@ -110,6 +110,9 @@ def run_errors(config, num_processes: int) -> list[str]:
     threads = config.get("num_cpu_threads", 0)
     need(isinstance(threads, int) and threads >= 0,
          f"num_cpu_threads={threads!r} must be an integer >= 0 (0: chosen from the cores and the launcher)")
+    timeout = config.get("collective_timeout_s", 1800)
+    need(isinstance(timeout, (int, float)) and timeout > 0,
+         f"collective_timeout_s={timeout!r} must be a number of seconds > 0 (how long a process waits for the others)")
     need(config.num_epochs >= 1, f"num_epochs={config.num_epochs} must be >= 1")
     need(config.save_freq >= 0, f"save_freq={config.save_freq} must be >= 0")
     need(config.num_checkpoint_limit >= 1, f"num_checkpoint_limit={config.num_checkpoint_limit} must be >= 1")

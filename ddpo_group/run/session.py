@@ -39,6 +39,7 @@ from ddpo_group.run.checkpointing import (
 from ddpo_group.run.epoch_logger import resolve_wandb_mode
 from ddpo_group.run.interrupts import StopRequest
 from ddpo_group.run.metrics_log import read_metrics, rewind_metrics
+from ddpo_group.run.process_failures import check_peers, share_failure
 from ddpo_group.run.resume_check import check_resume, write_state_fields
 from ddpo_group.run.summary import format_summary
 from ddpo_group.timing import NULL_TIMER
@@ -151,7 +152,8 @@ class RunSession:
                         raise self.stopped_in_sampling(epoch) from None
                     self.state.epoch = epoch
                     self.end_of_epoch(epoch)
-        except BaseException:
+        except BaseException as error:
+            share_failure(self.accelerator, error)  # the other processes stop at their next collective
             close()
             for tracker in self.accelerator.trackers:  # flush what was logged (wandb: the same run id resumes)
                 tracker.finish()
@@ -177,6 +179,7 @@ class RunSession:
         """True when any process got a stop signal (all processes must stop at the same point)."""
         if self.accelerator.num_processes == 1:
             return self.stop.requested
+        check_peers(self.accelerator)
         flag = torch.tensor([1.0 if self.stop.requested else 0.0], device=self.accelerator.device)
         return bool(self.accelerator.gather(flag).max() > 0)
 

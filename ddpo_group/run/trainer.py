@@ -19,7 +19,7 @@ import time
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 
 from ddpo_group.algorithms import get_adv_estimator
 from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
@@ -33,6 +33,7 @@ from ddpo_group.run.config_checks import validate_config
 from ddpo_group.run.epoch_logger import EpochLogger
 from ddpo_group.run.epoch_metrics import epoch_metrics
 from ddpo_group.run.determinism import make_deterministic
+from ddpo_group.run.process_failures import process_group_kwargs
 from ddpo_group.run.session import RunSession
 from ddpo_group.run.threads import apply_num_threads
 from ddpo_group.run.throughput import Throughput, measure_model_flops
@@ -91,6 +92,7 @@ class Trainer:
             gradient_accumulation_steps=config.train.gradient_accumulation_steps,
             log_with="wandb" if session.wandb_mode != "disabled" else None,
             project_config=ProjectConfiguration(project_dir=str(session.run_dir)),
+            kwargs_handlers=[process_group_kwargs(config)],  # collective_timeout_s (run/process_failures.py)
         )
 
     def build_model(self, config) -> None:
@@ -105,6 +107,8 @@ class Trainer:
         if config.get("compile_unet", False):  # in place (Module.compile): names, hooks and state dict unchanged
             self.family.model.compile()
         self.unet, self.optimizer = self.accelerator.prepare(self.family.model, optimizer)
+        if self.accelerator.distributed_type == DistributedType.FSDP:  # sharding replaced the parameters: clip those
+            self.params = [p for p in self.unet.parameters() if p.requires_grad]
         self.scorer = TransitionScorer.from_config(config, self.family)
 
     def build_algorithm(self, config) -> None:

@@ -123,13 +123,15 @@ class Critic:
                     values, batch["values"][rows].float(), targets[rows].float(), mask[rows],
                     c.cliprange_value, "step-mean",
                 )
-                if not bool(torch.isfinite(loss.detach())):
-                    raise NonFiniteLossError(
-                        f"non-finite critic value loss={float(loss.detach())} in critic batch {start // batch_size}", None
-                    )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 info["critic/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.network.parameters(), c.max_grad_norm))
+                # checked after backward, before the step: the gradients are all-reduced there, so a NaN on one process
+                # stops every process at the same batch (run/process_failures.py)
+                if not (bool(torch.isfinite(loss.detach())) and math.isfinite(info["critic/grad_norm"])):
+                    bad = f"value loss={float(loss.detach())}" if not bool(torch.isfinite(loss.detach())) else \
+                        f"grad_norm={info['critic/grad_norm']} (the value loss was finite on this process)"
+                    raise NonFiniteLossError(f"non-finite critic {bad} in critic batch {start // batch_size}", None)
                 self.optimizer.step()
                 info["critic/value_loss"] = float(loss.detach())
                 for key, value in info.items():

@@ -3,21 +3,21 @@
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from launch_helpers import accelerate_command
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch(args, *, num_processes=1, timeout=600):
-    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
-    cmd += ["--multi_gpu", "--num_processes", str(num_processes)] if num_processes > 1 else ["--num_processes", "1"]
-    cmd += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "scripts/train.py"] + args
-    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    cmd, cpu = accelerate_command(num_processes)  # more processes than GPUs: on the CPU (tests/launch_helpers.py)
+    cmd += ["scripts/train.py"] + args
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **cpu}
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     assert out.returncode == 0, f"train.py failed:\nSTDOUT:\n{out.stdout[-4000:]}\nSTDERR:\n{out.stderr[-6000:]}"
     return out.stdout + out.stderr
