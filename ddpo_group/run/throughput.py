@@ -172,9 +172,11 @@ class Throughput:
         if self.cuda:  # host-side allocator statistics: no device sync
             torch.cuda.reset_peak_memory_stats(self.accelerator.device)
 
-    def metrics(self, images: int, local_pairs: int, sampling_s: float, training_s: float, batch: dict) -> dict:
-        """perf/* of the epoch: ``images`` over every process, ``local_pairs`` this process's, the phases' seconds."""
-        cuda_peak = torch.cuda.max_memory_allocated(self.accelerator.device) if self.cuda else 0
+    def metrics(self, images: int, local_pairs: int, sampling_s: float, training_s: float, batch: dict,
+                cuda_peak_floor: int = 0) -> dict:
+        """perf/* of the epoch: ``images`` over every process, ``local_pairs`` this process's, the phases' seconds;
+        ``cuda_peak_floor``: a peak seen before something reset torch's counter this epoch (the auto-size probe)."""
+        cuda_peak = max(torch.cuda.max_memory_allocated(self.accelerator.device), cuda_peak_floor) if self.cuda else 0
         local = torch.tensor([[float(local_pairs), float(peak_rss_bytes()), float(cuda_peak)]], dtype=torch.float64)
         every = self.accelerator.gather(local.to(self.accelerator.device)).cpu().view(-1, 3)  # one gather per epoch
         pairs = int(every[:, 0].sum())

@@ -179,7 +179,8 @@ class Trainer:
                                 self.config.algorithm.filter_groups)
         metrics.update(self.timing(start))
         metrics.update(self.throughput.metrics(rollouts.reward_queries, pairs, metrics["time/sampling"],
-                                               metrics["time/training"], batch))
+                                               metrics["time/training"], batch,
+                                               cuda_peak_floor=self.pairs_per_forward.take_seen_peak()))
         with self.timer.phase("logging"):
             self.epoch_logger.log(epoch, metrics, batch)
         if self.estimator_controller is not None and (line := self.estimator_controller.summary(epoch, metrics)):

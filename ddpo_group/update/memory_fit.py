@@ -105,6 +105,7 @@ class PairsPerForward:
         self.say = say
         self.fixed = configured_pairs(config.train.pairs_per_forward)
         self.auto = self.fixed is None
+        self.seen_peak = 0  # the epoch's CUDA peak before and during the probe, which resets torch's peak counter
 
     @property
     def value(self) -> int | None:
@@ -113,6 +114,11 @@ class PairsPerForward:
         if self.accelerator.device.type != "cuda":
             return CPU_PAIRS_PER_FORWARD
         return self.sizes.get("pairs_per_forward")
+
+    def take_seen_peak(self) -> int:
+        """The CUDA peak the probe saw this epoch (0 without a probe): the epoch's peak reading must include it."""
+        peak, self.seen_peak = self.seen_peak, 0
+        return peak
 
     def restore(self) -> None:
         """Re-apply what a checkpoint recorded (gradient checkpointing switched on by the probe)."""
@@ -184,6 +190,7 @@ class PairsPerForward:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(device)
+        self.seen_peak = max(self.seen_peak, torch.cuda.max_memory_allocated(device))
         torch.cuda.reset_peak_memory_stats(device)
         sync = self.accelerator.no_sync(updater.unet) if self.accelerator.num_processes > 1 else nullcontext()
         was_training = updater.unet.training
@@ -192,6 +199,7 @@ class PairsPerForward:
             with sync, torch.enable_grad():
                 updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=pairs)
             torch.cuda.synchronize(device)
+            self.seen_peak = max(self.seen_peak, torch.cuda.max_memory_allocated(device))
             return torch.cuda.max_memory_allocated(device) - base
         finally:
             updater.unet.train(was_training)
