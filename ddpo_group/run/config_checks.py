@@ -151,7 +151,10 @@ def algorithm_errors(config) -> list[str]:
     a, t, errors = config.algorithm, config.train, []
     need = _collector(errors)
     estimator = _resolve("algorithm.adv_estimator", a.adv_estimator, get_adv_estimator, ADV_ESTIMATOR_REGISTRY, errors)
-    _resolve("algorithm.policy_loss", a.policy_loss, get_policy_loss, POLICY_LOSS_REGISTRY, errors)
+    loss = _resolve("algorithm.policy_loss", a.policy_loss, get_policy_loss, POLICY_LOSS_REGISTRY, errors)
+    if loss is not None:  # its keywords, checked by the loss's registration (ratio_norm: reweight)
+        kwargs = a.get("policy_loss_kwargs", None)
+        errors.extend(loss.config_errors(kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})))
     try:
         canonical_agg_mode(a.loss_agg_mode)
     except ValueError as error:
