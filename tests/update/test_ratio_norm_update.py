@@ -98,3 +98,44 @@ def test_only_a_loss_that_needs_them_records_the_step_means(tiny_model_dir, tmp_
         batch = collect_rollouts(trainer.family, ["a cat"] * 8, [{}] * 8, trainer.reward_fn, config.reward_fn,
                                  executor, config.sample, show_progress=False, record_means=True)
     assert batch["step_means"].shape == batch["next_latents"].shape
+
+
+def test_the_chunked_ratio_norm_gradient_is_independent_of_the_chunk_size():
+    """The update passes each chunk's current and recorded step means: pairs_per_forward 1 and 64 give one gradient,
+    and with the policy moved away from the rollout policy the normalised ratio differs from 1."""
+    from accelerate import Accelerator
+
+    from config.base import get_config
+    from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
+    from ddpo_group.models.tiny_random import build_tiny_pipeline
+    from ddpo_group.update.policy import PolicyUpdater
+
+    torch.manual_seed(0)
+    pipe = build_tiny_pipeline()
+    config = get_config("grpo")
+    config.sample.num_steps, config.train.clip_range, config.algorithm.policy_loss = 4, 0.2, "ratio_norm"
+    family = StableDiffusionFamily(pipe)
+    embeds, neg = encode_prompts(pipe, ["a cat", "a dog", "a cow"]), encode_prompts(pipe, [""])
+    traj = sample_trajectories(family, pipe.unet, {"prompt_embeds": embeds}, family.negative_condition(), 4,
+                               config.sample.guidance_scale, [1.0] * 4, generator=torch.Generator().manual_seed(1),
+                               record_means=True)
+    batch = {"prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
+             "log_probs": traj.log_probs, "step_means": traj.means, **traj.steps,
+             "advantages": torch.tensor([[1.0], [-0.5], [2.0]]).expand(3, 4).clone()}
+    with torch.no_grad():
+        for p in pipe.unet.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    step_mask = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float32)
+    grads = []
+    for pairs in (1, 64):
+        config.train.pairs_per_forward = pairs
+        updater = PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, list(pipe.unet.parameters()),
+                                TransitionScorer.from_config(config, family))
+        pipe.unet.zero_grad()
+        metrics = updater.accumulate_gradients(batch, torch.tensor([2, 0, 1]), step_mask)
+        grads.append([p.grad.clone() for p in pipe.unet.parameters()])
+        if pairs == 64:  # one chunk: its min and max are the batch's (chunks' metrics are averaged)
+            assert float(metrics["ratio_max"]) > 1 > float(metrics["ratio_min"])
+    for chunked, whole in zip(*grads):
+        torch.testing.assert_close(chunked, whole, rtol=1e-3, atol=1e-6)
+    assert any(g.abs().sum() > 0 for g in grads[0])
