@@ -3,26 +3,81 @@
 Contract (DDPO's): ``fn(rng=random.Random, **kwargs) -> (prompt, metadata)``, one prompt per call.
 ``config.prompt_fn`` is a registered name, a ``"package.module:function"`` (or
 ``"/path/file.py:function"``) path, or an entry point of group ``ddpo_group.prompts``
-(see :mod:`ddpo_group.registry`); ``config.prompt_fn_kwargs`` are passed on every call.
+(see :mod:`ddpo_group.registry`).
+
+Keywords: a registration may declare its own default keywords, and ``config.prompt_fn_kwargs`` holds only the
+user's overrides, merged on top of the chosen function's defaults:
+
+    kwargs = {**registration defaults of config.prompt_fn, **config.prompt_fn_kwargs}
+
+so the defaults of one prompt function never reach another: a preset that wants, say, a prompt file as its default
+registers it (``register_prompt_fn("hard_shapes", defaults={"path": ...})(from_file)``) and names it in
+``config.prompt_fn``, leaving ``config.prompt_fn_kwargs`` empty; ``--config.prompt_fn=simple_animals`` then runs
+simple_animals with no keyword. A keyword the chosen function does not take is a ConfigError naming the function,
+the keyword and the keywords it takes (run/config_checks.py, at start).
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from ddpo_group.registry import Registry
+from ddpo_group.errors import ConfigError
+from ddpo_group.registry import Registry, keyword_errors
 
 PROMPT_ENTRY_POINT_GROUP = "ddpo_group.prompts"
 PROMPT_REGISTRY = Registry("prompt_fn", entry_point_group=PROMPT_ENTRY_POINT_GROUP)
-register_prompt_fn = PROMPT_REGISTRY.register
+
+
+@dataclass(frozen=True)
+class PromptFnSpec:
+    """A prompt function and the default keywords of its registration; calling it applies them under the caller's."""
+
+    fn: Callable
+    name: str
+    defaults: dict = field(default_factory=dict)
+
+    def __call__(self, rng: random.Random | None = None, **kwargs):
+        return self.fn(rng=rng, **{**self.defaults, **kwargs})
+
+    def kwargs_errors(self, overrides: dict) -> list[str]:
+        """A message per keyword of ``overrides`` (config.prompt_fn_kwargs) the function does not take."""
+        return keyword_errors(self.fn, overrides, "prompt_fn_kwargs", f"prompt_fn {self.name!r}", skip=("rng",))
+
+    def kwargs(self, overrides: dict | None = None) -> dict:
+        """The keywords of a call: this registration's defaults, then ``overrides``; ConfigError for a wrong one."""
+        overrides = dict(overrides or {})
+        errors = self.kwargs_errors(overrides)
+        if errors:
+            raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+        return {**self.defaults, **overrides}
+
+
+def register_prompt_fn(name: str, defaults: dict | None = None) -> Callable[[Callable], Callable]:
+    """Decorator registering a prompt function under ``name`` with its default keywords (the function is returned
+    unchanged, so one function may be registered under several names with different defaults)."""
+    def decorator(fn: Callable) -> Callable:
+        spec = PromptFnSpec(fn, name, dict(defaults or {}))
+        errors = spec.kwargs_errors(spec.defaults)
+        if errors:
+            raise ValueError(f"register_prompt_fn({name!r}): defaults the function does not take: {errors}")
+        PROMPT_REGISTRY.register(name)(spec)
+        return fn
+    return decorator
+
+
+def get_prompt_spec(name: str) -> PromptFnSpec:
+    """The prompt function ``name`` names with its registration's defaults (a plugin has none)."""
+    return PROMPT_REGISTRY.resolve_spec(name, PromptFnSpec, lambda fn, spec: PromptFnSpec(fn, spec))
 
 
 def get_prompt_fn(name: str) -> Callable:
-    """The prompt function named by ``name``: registered name, "module:function" path or entry point."""
+    """The prompt function named by ``name``: registered name (called with its registration's defaults),
+    "module:function" path or entry point (the function itself)."""
     return PROMPT_REGISTRY.resolve(name)
 
 
@@ -70,8 +125,9 @@ class PromptSampler:
 
     def __init__(self, name: str, kwargs: dict | None = None, seed: int = 0):
         self.name = name
-        self.fn = get_prompt_fn(name)
-        self.kwargs = dict(kwargs or {})
+        spec = get_prompt_spec(name)
+        self.fn = spec.fn
+        self.kwargs = spec.kwargs(kwargs)  # the registration's defaults under the given ones (module docstring)
         self.rng = random.Random(seed)
 
     def sample(self, n: int) -> tuple[list[str], list[dict]]:

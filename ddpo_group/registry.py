@@ -26,6 +26,7 @@ A registry maps names to objects; ``resolve(spec)`` finds what a config string n
 from __future__ import annotations
 
 import importlib
+import inspect
 import importlib.util
 import sys
 from importlib import metadata
@@ -163,3 +164,26 @@ def read_field(config, dotted: str):
         except (KeyError, TypeError, AttributeError):
             raise KeyError(f"the config has no field {dotted!r}") from None
     return value
+
+
+def accepted_keywords(fn, skip: tuple = ()) -> list[str] | None:
+    """The keyword arguments ``fn`` accepts, without ``skip``; None when it accepts any (``**kwargs``, or a callable
+    without an introspectable signature)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in skip]
+
+
+def keyword_errors(fn, kwargs, field: str, label: str, skip: tuple = ()) -> list[str]:
+    """One message per keyword of ``kwargs`` that ``fn`` does not take, naming the config field, the function
+    (``label``) and the keywords it takes: ``prompt_fn_kwargs.path: prompt_fn 'simple_animals' takes no keyword
+    'path'; its keywords: []``."""
+    allowed = accepted_keywords(fn, skip)
+    if allowed is None:
+        return []
+    return [f"{field}.{key}: {label} takes no keyword {key!r}; its keywords: {allowed}"
+            for key in kwargs if key not in allowed]

@@ -67,6 +67,7 @@ from .policy_losses import (
     PolicyLossSpec,
     get_policy_loss,
     policy_loss,
+    ratio_norm_loss_matrix,
     register_policy_loss,
     vanilla_loss_matrix,
 )

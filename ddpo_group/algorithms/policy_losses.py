@@ -21,6 +21,11 @@ gets the new log-probs of all trained steps of the train batch at once. A plugin
 (``algorithm.policy_loss=/path/file.py:my_loss`` or ``package.module:my_loss``) declares its matrix with
 ``@policy_loss(loss_matrix=...)`` and receives ``algorithm.policy_loss_kwargs`` as keywords.
 
+A loss that needs the rollout policy's step means (``ratio_norm``) registers ``needs_old_means=True``: rollouts
+then record each step's mean (batch["step_means"], one latent-sized tensor per step, recorded only then) and its
+loss matrix receives, besides the above, ``mean`` (mu_theta [N, ...], with gradient), ``old_mean`` (mu_old [N, ...]),
+``std`` (the step's std [N]), ``step_length`` (s_n - s_{n+1} [N], sampling/gaussian.py) and ``log_prob_reduce``.
+
 Metrics (floats, over the masked steps): clipfrac (the clipped branch is active),
 clipfrac_lower (the dual clip is active), approx_kl = mean(d^2 / 2) (DDPO's estimate,
 >= 0), ppo_kl = mean(l_old - l_new) (verl's), ratio_mean / ratio_min / ratio_max.
@@ -46,6 +51,15 @@ class PolicyLossSpec:
     fn: Callable
     name: str
     loss_matrix: Optional[Callable] = None
+    needs_old_means: bool = False  # rollouts record the step means; the matrix gets mean, old_mean, std, step_length
+    check: Optional[Callable] = None  # check(policy_loss_kwargs: dict) -> list of config error messages
+
+    def __post_init__(self):
+        if self.needs_old_means and self.loss_matrix is None:  # the step means reach the chunked update only
+            raise ValueError(f"policy loss {self.name!r}: needs_old_means=True needs a loss_matrix")
+
+    def config_errors(self, kwargs: dict) -> list:
+        return list(self.check(dict(kwargs))) if self.check is not None else []
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
@@ -54,17 +68,21 @@ class PolicyLossSpec:
 POLICY_LOSS_REGISTRY = Registry("policy loss", entry_point_group="ddpo_group.policy_losses")
 
 
-def policy_loss(loss_matrix: Optional[Callable] = None) -> Callable[[Callable], PolicyLossSpec]:
-    """Decorator declaring a loss's per-step matrix without registering a name (plugins)."""
+def policy_loss(loss_matrix: Optional[Callable] = None, needs_old_means: bool = False,
+                check: Optional[Callable] = None) -> Callable[[Callable], PolicyLossSpec]:
+    """Decorator declaring a loss's per-step matrix (and what it needs) without registering a name (plugins)."""
     def decorator(fn: Callable) -> PolicyLossSpec:
-        return PolicyLossSpec(fn=fn, name=fn.__name__, loss_matrix=loss_matrix)
+        return PolicyLossSpec(fn=fn, name=fn.__name__, loss_matrix=loss_matrix, needs_old_means=needs_old_means,
+                              check=check)
     return decorator
 
 
-def register_policy_loss(name: str, loss_matrix: Optional[Callable] = None) -> Callable[[Callable], PolicyLossSpec]:
+def register_policy_loss(name: str, loss_matrix: Optional[Callable] = None, needs_old_means: bool = False,
+                         check: Optional[Callable] = None) -> Callable[[Callable], PolicyLossSpec]:
     """Decorator registering a policy loss under ``name`` (fails if the name is taken)."""
     def decorator(fn: Callable) -> PolicyLossSpec:
-        return POLICY_LOSS_REGISTRY.register(name)(PolicyLossSpec(fn=fn, name=name, loss_matrix=loss_matrix))
+        spec = PolicyLossSpec(fn=fn, name=name, loss_matrix=loss_matrix, needs_old_means=needs_old_means, check=check)
+        return POLICY_LOSS_REGISTRY.register(name)(spec)
     return decorator
 
 
@@ -256,3 +274,136 @@ def geo_mean_policy_loss(
             "traj_ratio_max": float(s.max()),
         }
     return loss, metrics
+
+
+RATIO_NORM_REWEIGHTS = ("dt", "none")
+
+
+def ratio_norm_log_ratio(old_log_prob, log_prob, mean, old_mean, std, log_prob_reduce: str = "mean"):
+    """(log rho_hat, d, b): GRPO-Guard's normalised log-ratio of each step, the plain per-dimension log-ratio
+    d and the mean-shift term b (shapes of ``log_prob``; ``mean``/``old_mean`` have the latent dims after them).
+
+        d = l_theta - l_old                  (divided by D, the latent dims, when log_prob_reduce="sum")
+        b = mean_D((mu_theta - mu_old)^2) / (2 s^2)
+        log rho_hat = (d + b) * s            (= mean_D(z * (mu_theta - mu_old)), ratio_norm_loss_matrix)
+
+    A step whose std is 0 (a deterministic step, never trained) takes s = 1 so that nothing divides by 0.
+    """
+    dims = tuple(range(log_prob.dim(), mean.dim()))
+    d = log_prob - old_log_prob
+    if log_prob_reduce == "sum":  # l is then D times the per-dimension mean the formula is written with
+        d = d / float(mean[(0,) * log_prob.dim()].numel())
+    elif log_prob_reduce != "mean":
+        raise ValueError(f"log_prob_reduce={log_prob_reduce!r} must be 'mean' or 'sum'")
+    s = torch.where(std > 0, std, torch.ones_like(std)).to(d.dtype)
+    b = (mean.float() - old_mean.float()).pow(2).mean(dim=dims) / (2 * s**2)
+    return (d + b) * s, d, b
+
+
+def ratio_norm_loss_matrix(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    step_mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    clip_ratio_c: Optional[float] = 3.0,
+    *,
+    mean: torch.Tensor = None,
+    old_mean: torch.Tensor = None,
+    std: torch.Tensor = None,
+    step_length: Optional[torch.Tensor] = None,
+    log_prob_reduce: str = "mean",
+    reweight: str = "dt",
+    **_,
+) -> Tuple[torch.Tensor, dict]:
+    """GRPO-Guard's RatioNorm (arXiv 2510.22319; Flow-GRPO's and verl-omni's grpo_guard loss): PPO-clip on a
+    log-ratio normalised by the step's noise scale, with the per-step weight 1 / step_length.
+
+    Per (sample, step), with s the step's std (the same under both policies: it depends on the schedule only;
+    flow_sde: sigma_t sqrt(-dt), DDIM: the DDIM step's sigma), mu_theta / mu_old the step's means under the
+    current and the rollout policy for the recorded x_n, and the recorded next latent x' = mu_old + s z:
+
+        per latent dim:  log N(x'; mu_theta, s^2) - log N(x'; mu_old, s^2)
+                         = ((x' - mu_old)^2 - (x' - mu_theta)^2) / (2 s^2)
+                         = (s^2 z^2 - (s z - dmu)^2) / (2 s^2) = z dmu / s - dmu^2 / (2 s^2),   dmu = mu_theta - mu_old
+        our l reduces the latent dims by their mean (sample.log_prob_reduce="mean"; "sum" is D times it), so
+        d = l_theta - l_old = mean_D(z dmu) / s - b,   b = mean_D(dmu^2) / (2 s^2)
+        log rho_hat = (d + b) * s = mean_D(z * dmu)
+
+    Under the rollout policy z ~ N(0, I) independently of dmu (a function of x_n), so log rho_hat ~ N(0, mean_D(dmu^2)
+    / D): centred on 0 whatever the noise level, where the plain d has mean -b, which grows as 1/s^2. At small noise
+    levels (flow models, late steps) the plain ratio's mean sits below 1 and the clip [1 - eps, 1 + eps] acts on
+    its lower side only: positive-advantage samples are not held back (GRPO-Guard's implicit over-optimisation).
+    b is not detached (as in the reference implementations): the gradient is that of mean_D(z * mu_theta).
+
+        rho_hat = exp(clamp(log rho_hat, -20, 20))
+        L       = w * max(-A rho_hat, -A clip(rho_hat, 1 - clip_low, 1 + clip_high)),  dual clip for A < 0
+        w       = 1 / step_length   (reweight="dt"),  1  (reweight="none")
+
+    step_length is the step's length in flow time: -dt = s_n - s_{n+1} for a flow step (GRPO-Guard's 1/dt), and for
+    DDIM the same on the equivalent flow time s = sqrt(1 - ab) / (sqrt(ab) + sqrt(1 - ab)) (sampling/ddim.py). Why:
+    a flow step's mean moves with the velocity as d mu / d v = dt (1 + sigma_t^2 (1 - s) / (2 s)), so the gradient
+    of log rho_hat scales with |dt|; the weight gives every step a gradient of the same size in the model's output.
+    The lengths of a schedule's steps add up to about 1, so the weights average about T (the steps per trajectory):
+    the effective learning rate is about T times vanilla's; reweight="none" keeps vanilla's scale.
+
+    Metrics: clipfrac, clipfrac_lower and ratio_* / approx_kl / ppo_kl of the normalised ratio (the one clipped);
+    plain_ratio_mean = mean exp(l_theta - l_old) (what vanilla would clip) and mean_shift_bias = mean b.
+    """
+    if mean is None or old_mean is None or std is None:
+        raise ValueError("ratio_norm needs mean, old_mean and std: the policy update passes them when the rollouts "
+                         "recorded the step means (batch['step_means'])")
+    if not (old_log_prob.shape == log_prob.shape == advantages.shape == step_mask.shape == std.shape):
+        raise ValueError("old_log_prob, log_prob, advantages, step_mask and std must have the same shape")
+    if mean.shape != old_mean.shape or mean.shape[: log_prob.dim()] != log_prob.shape:
+        raise ValueError(f"mean {tuple(mean.shape)} and old_mean {tuple(old_mean.shape)} must be the log-probs' shape "
+                         f"{tuple(log_prob.shape)} followed by the latent dims")
+    if reweight not in RATIO_NORM_REWEIGHTS:
+        raise ValueError(f"ratio_norm: reweight={reweight!r} must be one of {RATIO_NORM_REWEIGHTS}")
+    _check_clip(clip_low, clip_high, clip_ratio_c)
+    log_ratio, d, b = ratio_norm_log_ratio(old_log_prob, log_prob, mean, old_mean, std, log_prob_reduce)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    loss_mat, clipped, dual = _clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c)
+    if reweight == "dt":
+        if step_length is None:
+            raise ValueError("ratio_norm with reweight='dt' needs the step's length (StepOutput.step_length): this "
+                             "model family's step does not report it; set algorithm.policy_loss_kwargs.reweight='none'")
+        # a deterministic step (length 0) is never trained: weight 1 keeps its masked entry finite
+        length = torch.where(step_length > 0, step_length, torch.ones_like(step_length)).to(loss_mat.dtype)
+        loss_mat = loss_mat / length
+    with torch.no_grad():
+        plain = torch.exp((log_prob - old_log_prob).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        metrics = {
+            "clipfrac": float(masked_mean(clipped.to(d.dtype), step_mask)),
+            "clipfrac_lower": float(masked_mean(dual.to(d.dtype), step_mask)),
+            **_ratio_metrics(log_ratio, step_mask),
+            "plain_ratio_mean": float(masked_mean(plain, step_mask)),
+            "mean_shift_bias": float(masked_mean(b.detach(), step_mask)),
+        }
+    return loss_mat, metrics
+
+
+def ratio_norm_config_errors(kwargs: dict) -> list:
+    """algorithm.policy_loss_kwargs of ratio_norm: only ``reweight``, one of RATIO_NORM_REWEIGHTS."""
+    errors = [f"algorithm.policy_loss_kwargs.{key}: ratio_norm takes no keyword {key!r}; its keywords: ['reweight']"
+              for key in kwargs if key != "reweight"]
+    if kwargs.get("reweight", "dt") not in RATIO_NORM_REWEIGHTS:
+        errors.append(f"algorithm.policy_loss_kwargs.reweight={kwargs['reweight']!r} must be one of "
+                      f"{RATIO_NORM_REWEIGHTS} ('dt': GRPO-Guard's weight 1 / step length; 'none': weight 1)")
+    return errors
+
+
+@register_policy_loss("ratio_norm", loss_matrix=ratio_norm_loss_matrix, needs_old_means=True,
+                      check=ratio_norm_config_errors)
+def ratio_norm_policy_loss(
+    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str = "step-mean",
+    clip_low: float = None, clip_high: float = None, clip_ratio_c: Optional[float] = 3.0, **kwargs,
+):
+    """GRPO-Guard's RatioNorm PPO-clip (ratio_norm_loss_matrix) aggregated with ``loss_agg_mode``; ``kwargs`` hold
+    mean / old_mean [B, T, ...], std / step_length [B, T], log_prob_reduce and reweight."""
+    _check(old_log_prob, log_prob, advantages, step_mask)
+    loss_mat, metrics = ratio_norm_loss_matrix(
+        old_log_prob, log_prob, advantages, step_mask, clip_low, clip_high, clip_ratio_c, **kwargs
+    )
+    return agg_loss(loss_mat, step_mask, loss_agg_mode), metrics

@@ -133,6 +133,7 @@ def collect_rollouts(
     timer=NULL_TIMER,
     initial_noise: torch.Tensor | None = None,
     text_cache: TextEmbeddingCache | None = None,
+    record_means: bool = False,
 ) -> dict:
     """Sample this process's prompts in ``num_batches_per_epoch`` batches with ``family`` and score them.
 
@@ -144,6 +145,8 @@ def collect_rollouts(
     of a prompt). ``timer`` (a PhaseTimer) charges the time to "sampling", "critic" and "reward" (waiting for the
     reward workers once sampling is done).
     ``should_stop()``, asked before each batch, abandons the sampling (EpochAbandoned) when true.
+    ``record_means`` adds step_means [B, T, ...]: the rollout policy's mean of each step (a policy loss that declares
+    ``needs_old_means``, e.g. ratio_norm).
     """
     batches, futures = [], []
     size = sample_config.batch_size
@@ -165,7 +168,7 @@ def collect_rollouts(
                 generator=generators[rows] if generators is not None else None,
                 initial_noise=initial_noise[rows] if initial_noise is not None else None,
                 log_prob_reduce=sample_config.log_prob_reduce,
-                decode_batch_size=int(sample_config.get("decode_batch_size", 0)),
+                decode_batch_size=int(sample_config.get("decode_batch_size", 0)), record_means=record_means,
             )
         if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
             with timer.phase("critic"):
@@ -182,6 +185,7 @@ def collect_rollouts(
                 **traj.steps,
                 "images": traj.images,
                 **({"values": traj.values} if critic is not None else {}),
+                **({"step_means": traj.means} if record_means else {}),
             }
         )
 

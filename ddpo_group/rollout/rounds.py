@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ddpo_group.algorithms import (
-    AdvantageInputs, AdvantageOutput, component_metrics, component_normalized_sum, zero_variance_group_filter,
+    AdvantageInputs, AdvantageOutput, component_metrics, component_normalized_sum, get_policy_loss,
+    zero_variance_group_filter,
 )
 from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards.combine import component_label
@@ -162,6 +163,8 @@ class RolloutCollector:
         single = [(component_label(str(config.reward_fn)), 1.0)]
         self.reward_components = list(getattr(reward_fn, "components", None) or single)
         self.executor = ThreadPoolExecutor(max_workers=2)  # reward calls run while the next batch samples
+        # the rollout policy's step means are recorded only for a loss that needs them (a latent-sized tensor a step)
+        self.record_means = get_policy_loss(config.algorithm.policy_loss).needs_old_means
         cache_size = int(config.sample.get("text_embedding_cache", 0))
         self.text_cache = TextEmbeddingCache(cache_size) if cache_size > 0 else None
 
@@ -199,7 +202,7 @@ class RolloutCollector:
                 config.sample, show_progress=accelerator.is_local_main_process,
                 desc=f"epoch {epoch}: sampling", generators=sample_generators(seed, mine, accelerator.device),
                 critic=self.critic, should_stop=self.should_stop, timer=self.timer, initial_noise=initial_noise,
-                text_cache=self.text_cache,
+                text_cache=self.text_cache, record_means=self.record_means,
             )
             extra = self.estimator_extras(epoch, batch, groups[mine], initial_noise)
         with self.timer.phase("advantage"):

@@ -22,6 +22,7 @@ def validate_config(config, num_processes: int = 1) -> None:
     errors = sampling_and_training_errors(config, num_processes) + run_errors(config, num_processes)
     errors.extend(family_errors(config))
     errors.extend(algorithm_errors(config))
+    errors.extend(prompt_and_reward_errors(config))
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
@@ -140,6 +141,48 @@ def family_errors(config) -> list[str]:
     return get_family(name).config_errors(config)
 
 
+def prompt_and_reward_errors(config) -> list[str]:
+    """Keywords the chosen prompt function or reward factory does not take (config.prompt_fn_kwargs holds the
+    overrides of the chosen prompt function's registration defaults only: another function's keywords never carry
+    over, prompts.py). A name that does not resolve is left to the prompt sampler and the reward builder, which name
+    it with the registered ones."""
+    from ddpo_group.prompts import get_prompt_spec
+    from ddpo_group.registry import keyword_errors
+    from ddpo_group.rewards import REWARD_REGISTRY
+    from ddpo_group.rewards.combine import parse_reward_spec, split_kwargs
+
+    errors = []
+    try:
+        spec = get_prompt_spec(config.prompt_fn)
+    except (ValueError, TypeError, ImportError, OSError, AttributeError):
+        spec = None
+    if spec is not None:
+        errors.extend(spec.kwargs_errors(_as_dict(config.get("prompt_fn_kwargs"))))
+    try:
+        components = parse_reward_spec(config.reward_fn)
+    except ValueError:
+        return errors
+    kwargs = _as_dict(config.get("reward_fn_kwargs"))
+    try:
+        per_component = split_kwargs(components, kwargs)
+    except ValueError as error:
+        return errors + [str(error)]
+    # split_kwargs' rule: one reward takes flat keywords, or its own under its name
+    nested = len(components) > 1 or isinstance(kwargs.get(next(iter(components))), dict)
+    for name in components:
+        try:
+            factory = REWARD_REGISTRY.resolve(name)
+        except (ValueError, TypeError, ImportError, OSError, AttributeError):
+            continue
+        field = f"reward_fn_kwargs.{name}" if nested else "reward_fn_kwargs"
+        errors.extend(keyword_errors(factory, per_component[name], field, f"reward_fn {name!r}"))
+    return errors
+
+
+def _as_dict(value) -> dict:
+    return value.to_dict() if hasattr(value, "to_dict") else dict(value or {})
+
+
 def algorithm_errors(config) -> list[str]:
     """Contradictions of the RL algorithm's fields: each registry is asked about its own (estimator, loss, KL)."""
     from ddpo_group.algorithms import (
@@ -151,7 +194,10 @@ def algorithm_errors(config) -> list[str]:
     a, t, errors = config.algorithm, config.train, []
     need = _collector(errors)
     estimator = _resolve("algorithm.adv_estimator", a.adv_estimator, get_adv_estimator, ADV_ESTIMATOR_REGISTRY, errors)
-    _resolve("algorithm.policy_loss", a.policy_loss, get_policy_loss, POLICY_LOSS_REGISTRY, errors)
+    loss = _resolve("algorithm.policy_loss", a.policy_loss, get_policy_loss, POLICY_LOSS_REGISTRY, errors)
+    if loss is not None:  # its keywords, checked by the loss's registration (ratio_norm: reweight)
+        kwargs = a.get("policy_loss_kwargs", None)
+        errors.extend(loss.config_errors(kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})))
     try:
         canonical_agg_mode(a.loss_agg_mode)
     except ValueError as error:

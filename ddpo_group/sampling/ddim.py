@@ -13,7 +13,7 @@ from ddpo_group.sampling.gaussian import REDUCTIONS, StepOutput, gaussian_log_pr
 
 DDIMStepOutput = StepOutput  # the record every sampler step returns (sampling/gaussian.py)
 __all__ = ["DDIMStepOutput", "REDUCTIONS", "reduce_latent_dims", "ddim_step_with_logprob", "step_std", "step_alphas",
-           "check_trainable_schedule", "predict_x0_eps"]
+           "check_trainable_schedule", "predict_x0_eps", "flow_time"]
 
 
 def step_alphas(scheduler: DDIMScheduler, timestep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,6 +47,17 @@ def step_std(scheduler: DDIMScheduler, timestep: torch.Tensor, eta: float) -> to
     alpha_prod_t, alpha_prod_prev = step_alphas(scheduler, timestep)
     variance = (1 - alpha_prod_prev) / (1 - alpha_prod_t) * (1 - alpha_prod_t / alpha_prod_prev)
     return eta * variance.clamp(min=0).sqrt()
+
+
+def flow_time(alpha_prod: torch.Tensor) -> torch.Tensor:
+    """The flow-matching time of a DDIM noise level: s = sqrt(1 - ab) / (sqrt(ab) + sqrt(1 - ab)).
+
+    DDIM's x_t = sqrt(ab) x0 + sqrt(1 - ab) eps divided by sqrt(ab) + sqrt(1 - ab) is exactly the flow
+    interpolation (1 - s) x0 + s eps, so a DDIM step t -> t_prev covers s(t) - s(t_prev) of flow time (s runs
+    from about 1 at pure noise to 0 at the data, as the flow families' sigmas do).
+    """
+    a, b = alpha_prod.sqrt(), (1 - alpha_prod).clamp(min=0).sqrt()
+    return b / (a + b)
 
 
 def check_trainable_schedule(scheduler: DDIMScheduler, num_steps: int, eta: float, trainable: torch.Tensor | None = None
@@ -107,6 +118,7 @@ def ddim_step_with_logprob(
         mu      = sqrt(ab_prev) x0_hat + sqrt(1 - ab_prev - sigma^2) eps_hat
         x_{n+1} = mu + sigma z              (z drawn like diffusers' DDIMScheduler.step)
         l       = reduce( -(x_{n+1} - mu)^2 / (2 sigma^2) - log sigma - log sqrt(2 pi) )
+        step_length = flow_time(ab_t) - flow_time(ab_prev)     (the step's length in flow time, > 0)
 
     ``timestep`` is one timestep for the whole batch or a [N] tensor (one per row), so flattened
     (sample, step) pairs are evaluated in one call. With ``prev_sample`` given, no noise is drawn
@@ -139,4 +151,5 @@ def ddim_step_with_logprob(
         if eta <= 0:
             raise ValueError(f"eta={eta}: a DDIM step with eta = 0 is deterministic and has no log-probability")
         log_prob = gaussian_log_prob(prev_sample, mean, std, reduce)
-    return DDIMStepOutput(prev_sample=prev_sample, log_prob=log_prob, mean=mean, std=std)
+    return DDIMStepOutput(prev_sample=prev_sample, log_prob=log_prob, mean=mean, std=std,
+                          step_length=flow_time(alpha_prod_t) - flow_time(alpha_prod_prev))

@@ -18,6 +18,8 @@ Each ``sample.sde_type`` gives the step's mean and std (a = ``sample.noise_level
     dance_sde  (DanceGRPO)   mean = x + [v + a^2 (x - (1 - s) x0_hat) / (2 s^2)] dt,   std = a sqrt(-dt)
                              (flow_sde with sigma_t fixed to a)
 
+Every kind reports the step's length s - s_next (= -dt > 0) as ``step_length``.
+
 With a = 0 every kind is the pipeline's deterministic Euler step x + v dt, and that step is computed exactly as
 ``FlowMatchEulerDiscreteScheduler.step`` does (a deterministic step has no log-probability). The log-probability
 is the Gaussian density of the recorded next latent, reduced over the latent dimensions like DDIM's:
@@ -115,7 +117,7 @@ def flow_step_with_logprob(
             raise ValueError(f"{sde_type} step with noise_level={noise_level} has std 0 (a deterministic step): it has "
                              "no log-probability")
         log_prob = gaussian_log_prob(prev_sample, mean, std, reduce)
-    return StepOutput(prev_sample=prev_sample, log_prob=log_prob, mean=mean, std=std)
+    return StepOutput(prev_sample=prev_sample, log_prob=log_prob, mean=mean, std=std, step_length=s - s_next)
 
 
 def _rows(value, like: torch.Tensor) -> torch.Tensor:

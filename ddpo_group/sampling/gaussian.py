@@ -5,6 +5,10 @@ A stochastic step is x_{n+1} ~ N(mean, std^2 I) with one std per row; its log-pr
     l = reduce( -(x_{n+1} - mean)^2 / (2 std^2) - log std - log sqrt(2 pi) )
 
 reduced over every latent dimension (``sample.log_prob_reduce``: the mean, DDPO's convention, or the sum).
+
+Every step also reports its length on the flow-matching time axis, ``step_length`` = s_n - s_{n+1} > 0 (flow
+steps: -dt; DDIM: the same on the equivalent flow time, sampling/ddim.py): GRPO-Guard's per-step loss weight
+1 / step_length (algorithms/policy_losses.py, ``ratio_norm``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class StepOutput:
     log_prob: torch.Tensor | None  # l_n, [N]; None when not requested
     mean: torch.Tensor  # mu_n, [N, ...]
     std: torch.Tensor  # sigma_n, [N]
+    step_length: torch.Tensor | None = None  # s_n - s_{n+1} > 0 on the flow time axis, [N] (None: not known)
 
 
 def per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,9 @@ whole train batch's aggregated loss.
 
 The policy loss is looked up by name or plugin path (``algorithm.policy_loss``, with
 ``algorithm.policy_loss_kwargs``). A loss without a matrix (gspo, geo_mean: a trajectory-level
-ratio) gathers the chunks' log-probs into the train batch's [b, T] matrix and backpropagates once.
+ratio) gathers the chunks' log-probs into the train batch's [b, T] matrix and backpropagates once. A loss that
+declares ``needs_old_means`` (ratio_norm) also gets each pair's step mean under the policy and under the rollout
+policy (batch["step_means"]), the step's std and its length in flow time.
 With the KL in the loss (reference/regularizer.py), every chunk also runs the reference (no grad) and
 adds ``beta * sum_{i,n} w_{i,n} KL_{i,n}`` with the same aggregation weights; with beta = 0 the
 reference forward is skipped (the KL would only be a metric).
@@ -183,7 +185,7 @@ class PolicyUpdater:
         loss_mat, info = self.loss.loss_matrix(
             old_log_prob=batch["log_probs"][r, n], log_prob=out.log_prob, advantages=batch["advantages"][r, n],
             step_mask=torch.ones_like(out.log_prob), clip_low=self.clip_range, clip_high=self.clip_range,
-            clip_ratio_c=self.config.algorithm.clip_ratio_c, **self.loss_kwargs,
+            clip_ratio_c=self.config.algorithm.clip_ratio_c, **self._step_means(batch, r, n, out), **self.loss_kwargs,
         )
         policy_loss = (w * loss_mat).sum()
         loss = policy_loss
@@ -197,6 +199,17 @@ class PolicyUpdater:
         sums["policy_loss"] += policy_loss.detach()
         for key, value in info.items():
             sums[key] += share * (value.detach() if isinstance(value, torch.Tensor) else value)
+
+    def _step_means(self, batch, r, n, out) -> dict:
+        """What a loss declaring ``needs_old_means`` gets besides the log-probs (nothing for the others)."""
+        if not self.loss.needs_old_means:
+            return {}
+        if "step_means" not in batch:
+            raise ValueError(f"policy loss {self.loss.name!r} needs the rollout policy's step means, but the batch has "
+                             "no 'step_means': collect the rollouts with record_means=True (RolloutCollector does so "
+                             "for such a loss)")
+        return {"mean": out.mean, "old_mean": batch["step_means"][r, n], "std": out.std,
+                "step_length": out.step_length, "log_prob_reduce": self.scorer.reduce}
 
     def check_finite(self, **values) -> None:
         """Raise NonFiniteLossError naming the non-finite values and the train batch (before the optimizer step).
