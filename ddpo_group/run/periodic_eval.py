@@ -4,8 +4,8 @@ The epoch means of the training rewards mostly measure which prompts were drawn 
 everything but the weights fixed, so its change is the training's:
 
 * prompts: ``eval_num_prompts`` distinct prompts drawn once from the training prompt function by a generator of their
-  own, seeded by ``seed`` + EVAL_SEED_OFFSET (the training prompt sampler's stream is untouched), or every line of
-  ``eval_prompt_file``;
+  own, seeded by ``seed`` + EVAL_SEED_OFFSET (the training prompt sampler's stream is untouched; a prompt set with
+  fewer distinct prompts gives those), or every distinct line of ``eval_prompt_file``;
 * noise: ``eval_num_seeds`` initial noises x_T per prompt; noise j (the same for every prompt, as scripts/evaluate.py)
   is ``torch.randn`` of a CPU generator seeded by ``noise_seed(seed, j)``, so every evaluation starts from the same
   x_T on any device and process count;
@@ -19,7 +19,8 @@ rows (padded to equal slices with copies of the last row, so every process makes
 needs) and the rewards and images are gathered in row order. Metrics:
 
     eval/reward_mean, eval/reward_std          over the N x M images (std with ddof 1)
-    eval/reward_info/<component>               each component's mean, for a weighted combination reward_fn
+    eval/reward_info/<key>                     the mean of each per-image entry of the reward's info (a combination's
+                                               components, shapes_alignment's shape_correct, ...), as reward_info/*
     eval/prompt/<prompt>                       the mean over a prompt's M images (per prompt group), or with
     eval/<key>/<value>                         ``eval_group_by=key``: over the prompts whose metadata[key] is value
     eval_stochastic/...                        the same with the training sampler (``eval_train_sampler``)
@@ -81,11 +82,28 @@ def eval_prompts(config) -> tuple[list[str], list[dict]]:
         lines = [line.strip() for line in file.read_text().splitlines() if line.strip()] if file.is_file() else []
         if not lines:
             raise ConfigError(f"eval_prompt_file={path!r} is not a file holding prompts (one prompt per line)")
+        lines = list(dict.fromkeys(lines))
         return lines, [{} for _ in lines]
     from ddpo_group.evaluation import draw_prompts
 
-    return draw_prompts(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), int(config.eval_num_prompts),
-                        config.seed + EVAL_SEED_OFFSET)
+    prompts, metadata = draw_prompts(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), int(config.eval_num_prompts),
+                                     config.seed + EVAL_SEED_OFFSET)
+    first = {prompt: i for i, prompt in reversed(list(enumerate(prompts)))}  # draw_prompts cycles a small set: once
+    keep = sorted(first.values())
+    return [prompts[i] for i in keep], [metadata[i] for i in keep]
+
+
+def per_image(info: dict, batch: int) -> dict[str, torch.Tensor]:
+    """The numeric entries of a reward's info with one value per image, as float64 CPU tensors [batch]."""
+    out = {}
+    for key, value in info.items():
+        try:
+            tensor = torch.as_tensor(value.detach().cpu() if isinstance(value, torch.Tensor) else value)
+        except (TypeError, ValueError, RuntimeError):
+            continue
+        if tensor.ndim == 1 and len(tensor) == batch and not tensor.is_complex():
+            out[str(key)] = tensor.double()
+    return out
 
 
 @dataclass
@@ -114,7 +132,7 @@ class PeriodicEvaluation:
                 raise ConfigError(f"eval_group_by={self.group_by!r}: the metadata of evaluation prompt {missing[0]!r} "
                                   f"has no such key; the prompt function's metadata keys are {keys} ('' groups by "
                                   "prompt)")
-        self.labels = [label for label, _ in getattr(reward_fn, "components", None) or []]
+        self.labels: list[str] = []  # the reward info's per-image entries (set by each sampling)
         self._cond = None  # the prompts' condition, encoded at the first evaluation
 
     @property
@@ -171,7 +189,7 @@ class PeriodicEvaluation:
         rows = self.my_rows()
         device = self.accelerator.device
         noise = self.initial_noise(rows)
-        rewards, components, images = [], [], []
+        rewards, infos, images = [], [], []
         for start in range(0, len(rows), sample.batch_size):
             chunk = rows[start : start + sample.batch_size]
             prompt_index = [r // self.num_seeds for r in chunk]
@@ -188,13 +206,15 @@ class PeriodicEvaluation:
                                         [self.prompts[i] for i in prompt_index],
                                         [dict(self.metadata[i]) for i in prompt_index])
             rewards.append(values)
-            if self.labels:
-                components.append(torch.stack([torch.as_tensor(info[label]).double().cpu() for label in self.labels], 1))
+            infos.append(per_image(info, len(chunk)))
             images.append((traj.images.float().clamp(0, 1) * 255).round().to(torch.uint8).cpu())
+        # the entries every batch has (a reward returns the same keys on every process: they are gathered together)
+        self.labels = sorted(set.intersection(*(set(info) for info in infos)))
+        parts = torch.stack([torch.cat([info[key] for info in infos]) for key in self.labels], 1) if self.labels \
+            else torch.zeros(len(rows), 0, dtype=torch.float64)
         n = self.num_rows
         gathered = self.gather(torch.cat(rewards).double())[:n]
-        parts = self.gather(torch.cat(components))[:n] if self.labels else torch.zeros(n, 0, dtype=torch.float64)
-        return gathered, parts, self.gather(torch.cat(images))[:n]
+        return gathered, self.gather(parts)[:n], self.gather(torch.cat(images))[:n]
 
     def metrics(self, prefix: str, rewards: torch.Tensor, components: torch.Tensor) -> dict:
         """Mean and std of the rewards, each component's mean, and the mean of each prompt group (module docstring)."""

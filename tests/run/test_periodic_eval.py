@@ -84,8 +84,7 @@ def test_the_evaluation_uses_the_ema_weights_and_gives_the_training_weights_back
     assert with_ema == before
     assert all(torch.equal(a, b.detach()) for a, b in zip(trained, trainer.params))  # the training weights, bitwise
     trainer.config.train.ema_eval = False
-    assert trainer.evaluate(0) == trainer.evaluation.metrics("eval", trainer.evaluation.run(0).rewards,
-                                                             torch.zeros(6, 0)) | {"eval/num_images": 6}
+    assert trainer.evaluate(0) == trainer.evaluation.run(0).metrics != before  # the trained weights, as they are
     records = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
     # this test's -1, train_epoch(0)'s own -1 and 0 (eval_freq=1), then this test's two of epoch 0
     assert [(r["epoch"], r["weights"]) for r in records] == [(-1, "ema"), (-1, "ema"), (0, "ema"), (0, "ema"),
@@ -105,6 +104,16 @@ def test_processes_take_equal_padded_slices_that_gather_in_row_order():
     assert sum(slices, [])[:8] == list(range(8))  # gathered in process order, cut to the rows: row order
     evaluation.accelerator = SimpleNamespace(num_processes=16, process_index=15)
     assert evaluation.my_rows() == [7]  # more processes than rows: a padded slice of one copy
+
+
+def test_the_reward_infos_per_image_entries_are_evaluated_too():
+    from ddpo_group.run.periodic_eval import per_image
+
+    info = {"shape_correct": torch.tensor([True, False]), "kb": [3.0, 4.0], "scalar": 1.5, "name": ["a", "b"],
+            "wrong_length": torch.ones(3)}
+    entries = per_image(info, 2)
+    assert list(entries) == ["shape_correct", "kb"]
+    assert entries["shape_correct"].tolist() == [1.0, 0.0] and entries["kb"].dtype == torch.float64
 
 
 def test_metrics_by_hand_per_prompt_per_group_and_per_component():
@@ -136,11 +145,16 @@ def test_prompts_from_a_file_and_the_draw_are_fixed(tiny_model_dir, tmp_path):
 
     config = tiny_config("ddpo", tiny_model_dir, tmp_path, **EVAL)
     drawn = eval_prompts(config)
-    assert drawn == eval_prompts(config) and len(set(drawn[0])) == 3  # the same distinct prompts every time
+    assert drawn == eval_prompts(config) and len(set(drawn[0])) == len(drawn[0]) == 3  # the same, distinct
+    config.prompt_fn, config.eval_num_prompts = "from_file", 8
+    config.prompt_fn_kwargs.path = str(tmp_path / "two.txt")
+    (tmp_path / "two.txt").write_text("a cat\na dog\n")
+    assert sorted(eval_prompts(config)[0]) == ["a cat", "a dog"]  # fewer distinct prompts than asked: each once
+    config.prompt_fn, config.prompt_fn_kwargs, config.eval_num_prompts = "simple_animals", {}, 3
     config.seed = 43
     assert eval_prompts(config)[0] != drawn[0]  # a function of seed
     file = tmp_path / "prompts.txt"
-    file.write_text("a cat\n\n  a dog \n")
+    file.write_text("a cat\n\n  a dog \na cat\n")
     config.eval_prompt_file = str(file)
     assert eval_prompts(config) == (["a cat", "a dog"], [{}, {}])
 
