@@ -49,7 +49,9 @@ def base() -> ml_collections.ConfigDict:
     # ---- sampling ----
     config.sample = sample = ml_collections.ConfigDict()
     sample.num_steps = 20
-    sample.eval_num_steps = 0  # steps of scripts/evaluate.py; 0: num_steps (Flow-GRPO trains on 10 and evaluates on 40)
+    # steps of the deterministic evaluation (eval_freq) and of scripts/evaluate.py; 0: num_steps (Flow-GRPO trains on 10
+    # and evaluates on 40)
+    sample.eval_num_steps = 0
     sample.eta = 1.0  # DDIM's noise (Stable Diffusion 1.x/2.x)
     # flow-matching families (SD3, FLUX): the stochastic step and its noise level a (sampling/flow.py):
     # "flow_sde" (Flow-GRPO; a = 0.7 for SD3.5, 0.9 for FLUX), "cps" (coefficients-preserving), "dance_sde" (DanceGRPO, 0.3)
@@ -102,6 +104,13 @@ def base() -> ml_collections.ConfigDict:
     train.reference_update_freq = 0  # epochs between reference updates (0: never)
     # one clip range, two names: train.epsilon (GRPO family) is train.clip_range (ddpo-pytorch); setting either sets both
     train.epsilon = train.get_ref("clip_range")
+    # EMA of the trainable weights (Flow-GRPO's EMAModuleWrapper, ddpo_group/update/ema.py): after optimizer step k,
+    # when (k + 1) % ema_update_interval == 0, ema += (1 - min((1 + k) / (10 + k), ema_decay)) * (theta - ema)
+    train.ema = False
+    train.ema_decay = 0.9  # Flow-GRPO's
+    train.ema_update_interval = 8  # optimizer steps between EMA updates (Flow-GRPO's)
+    train.ema_eval = True  # with ema: the evaluation during training (eval_freq) samples with the EMA weights
+    train.ema_export = False  # with ema and use_lora: <run>/lora and the checkpoints' lora/ hold the EMA weights
     # LoRA: the reference is the base model with adapters disabled, or (reference_update_freq > 0) a second
     # adapter mixed every F epochs; full fine-tuning: a frozen copy of the UNet (ALGORITHMS.md, ddpo_group/reference/model.py)
 
@@ -170,6 +179,17 @@ def base() -> ml_collections.ConfigDict:
     config.per_prompt_stat_tracking = tracking = ml_collections.ConfigDict()
     tracking.buffer_size = 16
     tracking.min_count = 16
+
+    # ---- evaluation during training (ddpo_group/run/periodic_eval.py) ----
+    # every eval_freq epochs (0: off), and then also before the first update and after the last epoch: the same prompts
+    # from the same initial noise with the deterministic sampler (eta / noise level 0, sample.eval_num_steps); eval/* in
+    # the metrics, eval.jsonl, samples/eval_*.png; the run summary's before -> after is this evaluation's
+    config.eval_freq = 0
+    config.eval_num_prompts = 8  # distinct prompts drawn once from prompt_fn by a generator seeded by seed (its own)
+    config.eval_num_seeds = 2  # initial noises per prompt (noise j is the same for every prompt)
+    config.eval_prompt_file = ""  # a text file, one prompt a line: evaluate these instead of the drawn ones
+    config.eval_group_by = ""  # a prompt metadata key (tiny_shapes: "shape", "color", ...) to group eval/ by; "": prompt
+    config.eval_train_sampler = False  # also evaluate with the training sampler (eta / noise level, SDE window)
 
     # ---- logging ----
     config.wandb = wandb = ml_collections.ConfigDict()

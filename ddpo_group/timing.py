@@ -1,5 +1,5 @@
-"""Wall time per phase of the epoch (sampling, reward, advantage, training, reference/KL, critic, logging,
-checkpoint), exclusive: time in a nested phase counts for it, not for the enclosing one.
+"""Wall time per phase of the epoch (sampling, reward, advantage, training, reference/KL, critic, evaluation,
+logging, checkpoint), exclusive: time in a nested phase counts for it, not for the enclosing one.
 
 On CUDA, ``sync=True`` synchronizes at phase boundaries so that queued GPU work is charged to the phase
 that queued it (the benchmarks turn it on; the trainer leaves it off: no extra syncs in training).
@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import torch
 
-PHASES = ("sampling", "reward", "advantage", "training", "reference", "critic", "logging", "checkpoint")
+PHASES = ("sampling", "reward", "advantage", "training", "reference", "critic", "evaluation", "logging", "checkpoint")
 
 
 class PhaseTimer:

@@ -20,6 +20,7 @@ __all__ = ["ConfigError", "validate_config", "algorithm_errors"]
 def validate_config(config, num_processes: int = 1) -> None:
     """Raise ConfigError listing every contradiction found in ``config``."""
     errors = sampling_and_training_errors(config, num_processes) + run_errors(config, num_processes)
+    errors.extend(evaluation_and_ema_errors(config))
     errors.extend(family_errors(config))
     errors.extend(algorithm_errors(config))
     errors.extend(prompt_and_reward_errors(config))
@@ -123,6 +124,38 @@ def run_errors(config, num_processes: int) -> list[str]:
         need(tracking.buffer_size >= 1, f"per_prompt_stat_tracking.buffer_size={tracking.buffer_size} must be >= 1")
         need(tracking.min_count >= 1, f"per_prompt_stat_tracking.min_count={tracking.min_count} must be >= 1")
     need(num_processes >= 1, f"num_processes={num_processes} must be >= 1")
+    return errors
+
+
+def evaluation_and_ema_errors(config) -> list[str]:
+    """The evaluation during training (eval_*) and the EMA of the weights (train.ema*)."""
+    from pathlib import Path
+
+    errors = []
+    need = _collector(errors)
+
+    def count(name: str, value, low: int) -> None:
+        need(isinstance(value, int) and not isinstance(value, bool) and value >= low,
+             f"{name}={value!r} must be an integer >= {low}")
+
+    count("eval_freq", config.get("eval_freq", 0), 0)
+    if config.get("eval_freq", 0):
+        count("eval_num_prompts", config.get("eval_num_prompts", 8), 1)
+        count("eval_num_seeds", config.get("eval_num_seeds", 2), 1)
+        path = config.get("eval_prompt_file", "")
+        need(not path or Path(path).expanduser().is_file(),
+             f"eval_prompt_file={path!r} does not exist; give a text file with one prompt per line, or '' to draw "
+             "eval_num_prompts prompts from prompt_fn")
+        need(isinstance(config.get("eval_group_by", ""), str),
+             f"eval_group_by={config.get('eval_group_by')!r} must be a prompt metadata key (a string), or '' (per prompt)")
+    t = config.train
+    decay, interval = t.get("ema_decay", 0.9), t.get("ema_update_interval", 8)
+    if t.get("ema", False):
+        need(isinstance(decay, (int, float)) and 0 <= decay < 1,
+             f"train.ema_decay={decay!r} must be in [0, 1) (Flow-GRPO: 0.9)")
+        count("train.ema_update_interval", interval, 1)
+    need(not t.get("ema_export", False) or t.get("ema", False),
+         "train.ema_export=True exports the EMA weights and needs train.ema=True")
     return errors
 
 

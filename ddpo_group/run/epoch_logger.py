@@ -1,5 +1,5 @@
 """Experiment tracking: wandb through accelerate (online, offline or disabled), metrics.jsonl, the reward curve,
-sample grids (run/image_grid.py) and the console line."""
+sample grids (run/image_grid.py) and the console line; the evaluations during training (eval.jsonl, their grids)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import os
 
 from ddpo_group.run.image_grid import image_grid
 from ddpo_group.run.metrics_log import append_metrics, read_metrics
+
+EVAL_LOG = "eval.jsonl"  # one record per evaluation during training (epoch -1: before the first update)
 from ddpo_group.run.plots import plot_reward_curve
 
 
@@ -51,7 +53,8 @@ class EpochLogger:
             append_metrics(self.run_dir / "metrics.jsonl", metrics)
             try:  # the reward curve so far, whatever the wandb mode
                 plot_reward_curve(read_metrics(self.run_dir / "metrics.jsonl"), self.run_dir / "reward_curve.png",
-                                  title=f"{self.run_dir.name}: reward per epoch")
+                                  title=f"{self.run_dir.name}: reward per epoch",
+                                  evaluations=read_metrics(self.run_dir / EVAL_LOG))
             except Exception as error:  # a plotting problem must not stop training
                 self.print(f"could not plot the reward curve: {type(error).__name__}: {error}")
         if self.wandb_mode != "disabled":
@@ -68,11 +71,37 @@ class EpochLogger:
                 import wandb
 
                 self.accelerator.get_tracker("wandb").log({"images": wandb.Image(grid)}, step=epoch)
+        evaluated = f"eval {metrics['eval/reward_mean']:.4f} | " if "eval/reward_mean" in metrics else ""
         self.print(
-            f"epoch {epoch}: reward {metrics['reward_mean']:.4f} ± {metrics['reward_std']:.4f} | "
+            f"epoch {epoch}: reward {metrics['reward_mean']:.4f} ± {metrics['reward_std']:.4f} | {evaluated}"
             f"loss {metrics.get('train/policy_loss', float('nan')):.3g} | "
             f"clipfrac {metrics.get('train/clipfrac', float('nan')):.3f} | " + perf_line(metrics)
         )
+
+
+    def log_evaluation(self, epoch: int, metrics: dict, grid, weights: str) -> None:
+        """An evaluation during training (run/periodic_eval.py): its eval.jsonl record (with ``weights``: "ema" or
+        "training"), its grid as samples/eval_before.png (epoch -1) or samples/eval_epoch_<epoch>.png, and for the one
+        before the first update, wandb's ``eval_before/*`` at step 0 (the later ones are in their epoch's metrics)."""
+        if self.accelerator.is_main_process:
+            append_metrics(self.run_dir / EVAL_LOG, {"epoch": epoch, "weights": weights, **metrics})
+            if grid is not None:
+                samples_dir = self.run_dir / "samples"
+                samples_dir.mkdir(parents=True, exist_ok=True)
+                grid.save(samples_dir / ("eval_before.png" if epoch < 0 else f"eval_epoch_{epoch:05d}.png"))
+        if self.wandb_mode != "disabled":
+            prefix = "eval_before" if epoch < 0 else "eval"
+            # eval/x -> eval_before/x, eval_stochastic/x -> eval_before_stochastic/x
+            logged = {"eval_before" + key[len("eval"):]: value for key, value in metrics.items()} if epoch < 0 else {}
+            if self.accelerator.is_main_process and grid is not None:
+                import wandb
+
+                logged[f"{prefix}/images"] = wandb.Image(grid)
+            if logged:
+                self.accelerator.log(logged, step=max(epoch, 0))
+        if epoch < 0:
+            self.print(f"evaluation before training: reward {metrics['eval/reward_mean']:.4f} ± "
+                       f"{metrics['eval/reward_std']:.4f} ({metrics['eval/num_images']} images, {weights} weights)")
 
 
 def perf_line(metrics: dict) -> str:

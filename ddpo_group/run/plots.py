@@ -21,8 +21,9 @@ def std_band(metrics: list[dict]) -> tuple[list[float], list[float]]:
     return lower, upper
 
 
-def reward_curve_figure(metrics: list[dict], title: str = ""):
-    """Mean reward per epoch with its ±1 std band (``std_band``) and each ``reward_info/*`` component's mean; the
+def reward_curve_figure(metrics: list[dict], title: str = "", evaluations: list[dict] | None = None):
+    """Mean reward per epoch with its ±1 std band (``std_band``) and each ``reward_info/*`` component's mean, and the
+    fixed evaluation's mean reward (``evaluations``: eval.jsonl's records, epoch -1 before the first update); the
     legend outside the axes, to the right."""
     import matplotlib
 
@@ -44,6 +45,10 @@ def reward_curve_figure(metrics: list[dict], title: str = ""):
         points = [(m["epoch"], m[key]) for m in metrics if key in m]
         axes.plot([p[0] for p in points], [p[1] for p in points], linestyle="--", linewidth=1,
                   label=key[len("reward_info/"):])
+    evaluated = [(e["epoch"], e["eval/reward_mean"]) for e in evaluations or [] if "eval/reward_mean" in e]
+    if evaluated:
+        axes.plot([p[0] for p in evaluated], [p[1] for p in evaluated], marker="s", markersize=4, color="black",
+                  label="fixed evaluation\n(epoch -1: before training)")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("epoch")
     axes.set_ylabel("reward")
@@ -53,9 +58,10 @@ def reward_curve_figure(metrics: list[dict], title: str = ""):
     return figure
 
 
-def plot_reward_curve(metrics: list[dict], out_path: str | os.PathLike, title: str = "") -> Path:
+def plot_reward_curve(metrics: list[dict], out_path: str | os.PathLike, title: str = "",
+                      evaluations: list[dict] | None = None) -> Path:
     """``reward_curve_figure`` saved to ``out_path`` (written to a temporary file, then renamed)."""
-    figure = reward_curve_figure(metrics, title)
+    figure = reward_curve_figure(metrics, title, evaluations)
     out_path = Path(out_path)
     tmp = out_path.with_name(out_path.stem + ".tmp.png")
     figure.savefig(tmp)

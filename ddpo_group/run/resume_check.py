@@ -2,13 +2,15 @@
 
 Every checkpoint records the fields that decide what its state holds (``state_fields.json``):
 the trainable parameters (LoRA or full, rank), which optional pieces exist (critic, reference,
-group-threshold controller, the KL controller's kind, the fp16 scaler, the 8-bit optimizer) and
-how many processes wrote it. Resuming with other values would load state into the wrong objects,
+group-threshold controller, the KL controller's kind, the fp16 scaler, the 8-bit optimizer, the EMA
+of the weights) and how many processes wrote it. Resuming with other values would load state into the wrong objects,
 or fail deep inside accelerate; here it is a ConfigError naming each field, before heavy work.
 
 ``checkpoint_format`` numbers the order in which the training state's pieces are stored: 1 before
 the package layout of run/session.py (checkpoints without the field), 2 since (the KL term's controller
-and reference are one piece, registered only with a reference model). Another format cannot be resumed.
+and reference are one piece, registered only with a reference model). Another format cannot be resumed. Pieces
+added since are appended last and only when their field (in STATE_FIELDS, with ADDED_FIELDS' value for older
+checkpoints) says so: the EMA (``train.ema``), so format-2 checkpoints without it keep loading.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ CHECKPOINT_FORMAT = 2
 # fields that change which objects a checkpoint holds, or their shapes
 STATE_FIELDS = (
     "use_lora", "lora_rank", "algorithm.adv_estimator", "algorithm.kl_controller", "train.use_reference_model",
-    "train.use_8bit_adam", "mixed_precision", "critic.hidden_dim",
+    "train.use_8bit_adam", "mixed_precision", "critic.hidden_dim", "train.ema",
 )
+# fields added to STATE_FIELDS later, with the value every checkpoint written before them had
+ADDED_FIELDS = {"train.ema": False}
 
 
 def state_fields(config, num_processes: int) -> dict:
@@ -58,7 +62,7 @@ def check_resume(checkpoint: Path, config, num_processes: int) -> list[str]:
     path = Path(checkpoint) / STATE_FIELDS_FILE
     if not path.exists():
         return []
-    saved = json.loads(path.read_text())
+    saved = {**ADDED_FIELDS, **json.loads(path.read_text())}
     written = saved.get("checkpoint_format", 1)
     if written != CHECKPOINT_FORMAT:
         raise ConfigError(

@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import uuid
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -36,7 +37,7 @@ from ddpo_group.run.checkpointing import (
     run_dir_of_checkpoint,
     save_checkpoint,
 )
-from ddpo_group.run.epoch_logger import resolve_wandb_mode
+from ddpo_group.run.epoch_logger import EVAL_LOG, resolve_wandb_mode
 from ddpo_group.run.interrupts import StopRequest
 from ddpo_group.run.metrics_log import read_metrics, rewind_metrics
 from ddpo_group.run.process_failures import check_peers, share_failure
@@ -69,6 +70,7 @@ class RunSession:
         self.accelerator = None
         self.model = self.family = None  # the policy model (accelerate-wrapped) and its family, for the LoRA export
         self.timer = NULL_TIMER
+        self.lora_weights = nullcontext  # a context in which the model holds the weights to export (the EMA's)
 
     def attach(self, accelerator, model, family, stateful: list, timer=NULL_TIMER) -> None:
         """Register the run's state for checkpoints, resume it, write config.json and start the trackers.
@@ -117,6 +119,7 @@ class RunSession:
         if not self.accelerator.is_main_process:
             return
         dropped = rewind_metrics(self.run_dir / "metrics.jsonl", self.state.epoch)
+        rewind_metrics(self.run_dir / EVAL_LOG, self.state.epoch)  # the evaluations after it run again too
         if dropped:
             self.print(f"dropped {dropped} metrics line(s) logged after epoch {self.state.epoch} (they are run again)")
         later = later_checkpoints(self.resume_path)
@@ -188,7 +191,8 @@ class RunSession:
         def extra(directory: Path) -> None:  # main process, before the checkpoint is marked complete
             write_state_fields(directory, self.config, self.accelerator.num_processes)
             if self.exports_lora:
-                self.family.save_lora(self.model, directory / "lora")
+                with self.lora_weights():
+                    self.family.save_lora(self.model, directory / "lora")
 
         with self.timer.phase("checkpoint"):
             path = save_checkpoint(self.accelerator, self.run_dir / "checkpoints", epoch,
@@ -201,7 +205,9 @@ class RunSession:
         """After the last epoch: the LoRA export, the trackers closed, ``close()`` (the reward workers), the summary."""
         with self.timer.phase("checkpoint"):
             if self.exports_lora and self.accelerator.is_main_process:
-                self.print(f"LoRA (diffusers format) in {self.family.save_lora(self.model, self.run_dir / 'lora')}")
+                with self.lora_weights():
+                    path = self.family.save_lora(self.model, self.run_dir / "lora")
+                self.print(f"LoRA (diffusers format) in {path}")
             self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         close()
@@ -283,10 +289,10 @@ class RunSession:
         checkpoints = sorted((run / "checkpoints").glob("checkpoint_*"))
         paths = {
             "run directory": run, "config": run / "config.json", "metrics": run / "metrics.jsonl",
-            "reward curve": run / "reward_curve.png", "sample grids": run / "samples",
+            "reward curve": run / "reward_curve.png", "sample grids": run / "samples", "evaluations": run / EVAL_LOG,
             "last checkpoint": checkpoints[-1] if checkpoints else None, "LoRA (diffusers)": run / "lora",
         }
-        text = format_summary(read_metrics(run / "metrics.jsonl"), paths)
+        text = format_summary(read_metrics(run / "metrics.jsonl"), paths, read_metrics(run / EVAL_LOG))
         (run / "summary.txt").write_text(text + "\n")
         print(text, flush=True)
         return text

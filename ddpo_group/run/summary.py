@@ -6,14 +6,27 @@ import os
 from pathlib import Path
 
 
-def format_summary(metrics: list[dict], paths: dict[str, str | os.PathLike]) -> str:
-    """Reward before (first epoch) and after (last epoch), the best epoch, throughput, and where the artefacts are.
+def format_summary(metrics: list[dict], paths: dict[str, str | os.PathLike],
+                   evaluations: list[dict] | None = None) -> str:
+    """Reward before and after, the best epoch, throughput, and where the artefacts are.
 
     ``metrics`` are the per-epoch records of metrics.jsonl; ``paths`` maps a label to a path
-    (only existing paths are listed).
+    (only existing paths are listed). With ``evaluations`` (eval.jsonl's records: the fixed evaluation during
+    training), before -> after is the first evaluation (before the first update) against the last, and the epoch
+    means follow on one line; without, before -> after is the first epoch's mean reward against the last's (means of
+    freshly drawn prompts).
     """
     lines = ["=" * 72, "run summary", "-" * 72]
-    if metrics:
+    evaluations = [e for e in evaluations or [] if "eval/reward_mean" in e]
+    if metrics and evaluations:
+        lines += evaluation_lines(evaluations)
+        first, last = metrics[0], metrics[-1]
+        best = max(metrics, key=lambda m: m["reward_mean"])
+        lines.append(f"epoch means      {first['reward_mean']:.4f} (epoch {first['epoch']}) -> {last['reward_mean']:.4f} "
+                     f"(epoch {last['epoch']}), best epoch {best['epoch']}: {best['reward_mean']:.4f} (training "
+                     "prompts, drawn afresh each epoch)")
+        lines += throughput_lines(metrics)
+    elif metrics:
         first, last = metrics[0], metrics[-1]
         best = max(metrics, key=lambda m: m["reward_mean"])
         change = last["reward_mean"] - first["reward_mean"]
@@ -37,6 +50,28 @@ def format_summary(metrics: list[dict], paths: dict[str, str | os.PathLike]) -> 
             lines.append(f"{label:<17}{path}")
     lines.append("=" * 72)
     return "\n".join(lines)
+
+
+def evaluation_lines(evaluations: list[dict]) -> list[str]:
+    """Before -> after of the fixed evaluation (same prompts, same initial noise, deterministic sampler), per component
+    and per prompt group."""
+    first, last = evaluations[0], evaluations[-1]
+
+    def when(record: dict) -> str:
+        return "before training" if record["epoch"] < 0 else f"after epoch {record['epoch']}"
+
+    weights = " with the EMA weights" if last.get("weights") == "ema" else ""
+    lines = [
+        f"evaluation       {last.get('eval/num_images', '?')} images: fixed prompts x fixed initial noise, deterministic "
+        f"sampler{weights}",
+        f"reward before    {first['eval/reward_mean']:.4f} ± {first['eval/reward_std']:.4f}  (evaluation {when(first)})",
+        f"reward after     {last['eval/reward_mean']:.4f} ± {last['eval/reward_std']:.4f}  (evaluation {when(last)})",
+        f"change           {last['eval/reward_mean'] - first['eval/reward_mean']:+.4f}",
+    ]
+    skip = ("eval/reward_mean", "eval/reward_std", "eval/num_images")
+    for key in [k for k in last if k.startswith("eval/") and k not in skip and k in first]:
+        lines.append(f"  {key[len('eval/'):]}: {first[key]:.4f} -> {last[key]:.4f}")
+    return lines
 
 
 def throughput_lines(metrics: list[dict]) -> list[str]:

@@ -4,8 +4,10 @@
        processes and compute the advantages on it (rollout/rounds.py);
     2. update the policy on the (sample, step) pairs (update/policy.py), then the critic (update/critic.py);
     3. after the epoch: the KL term's controller and reference (reference/regularizer.py), the estimator's
-       controller (GROUP_PPO's tau);
-    4. log (run/epoch_metrics.py, run/throughput.py, run/epoch_logger.py).
+       controller (GROUP_PPO's tau), the EMA's metrics (update/ema.py; the EMA itself moves after optimizer steps);
+    4. evaluate when due: fixed prompts x fixed noise, deterministic sampler (run/periodic_eval.py); also before the
+       first update;
+    5. log (run/epoch_metrics.py, run/throughput.py, run/epoch_logger.py).
 
 ``Trainer.run`` runs the epochs inside the run's session (run/session.py: signals, resume, checkpoints, summary).
 ``Trainer.__init__`` builds every piece from the config, in an order that keeps the random streams of a resumed
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 
 import torch
 from accelerate import Accelerator
@@ -32,6 +35,7 @@ from ddpo_group.rollout.rounds import RolloutCollector
 from ddpo_group.run.config_checks import validate_config
 from ddpo_group.run.epoch_logger import EpochLogger
 from ddpo_group.run.epoch_metrics import epoch_metrics
+from ddpo_group.run.periodic_eval import PeriodicEvaluation
 from ddpo_group.run.determinism import make_deterministic
 from ddpo_group.run.process_failures import process_group_kwargs
 from ddpo_group.run.session import RunSession
@@ -40,6 +44,7 @@ from ddpo_group.run.throughput import Throughput, measure_model_flops
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.timing import PHASES, PhaseTimer
 from ddpo_group.update.critic import Critic
+from ddpo_group.update.ema import EMAWeights
 from ddpo_group.update.memory_fit import PairsPerForward, names_the_setting
 from ddpo_group.update.policy import PolicyUpdater
 
@@ -74,6 +79,12 @@ class Trainer:
             self.estimator_controller, self.critic, self.kl, self.scorer, should_stop=self.session.stop_agreed,
             timer=self.timer, chunk_size=lambda batch: self.updater.chunk_size(batch),
         )
+        self.evaluation = None  # evaluation during training (eval_freq): the same on every process
+        if config.get("eval_freq", 0):
+            self.evaluation = PeriodicEvaluation(config, self.accelerator, self.family, self.reward_fn,
+                                                 self.rollouts.shards.gather)
+        if self.ema is not None and config.train.get("ema_export", False):
+            self.session.lora_weights = self.ema.swapped_in  # the exported LoRA holds the EMA weights
         self.session.attach(self.accelerator, self.unet, self.family, self.checkpointed_state(), self.timer)
         self.pairs_per_forward.restore()  # a resumed run: the sizes its first run chose
         self.epoch_logger = EpochLogger(self.accelerator, self.session.run_dir, self.session.wandb_mode,
@@ -128,12 +139,16 @@ class Trainer:
                                                  say=self.session.print)
         self.updater = PolicyUpdater(config, self.accelerator, self.unet, self.optimizer, self.params, self.scorer,
                                      self.kl, pairs_per_forward=self.pairs_per_forward)
+        self.ema = EMAWeights.from_config(config, self.params)  # None unless train.ema
+        if self.ema is not None:
+            self.updater.after_optimizer_step = self.ema.step
 
     def checkpointed_state(self) -> list:
         """Every stateful piece a checkpoint holds besides the prepared models and optimizer (fixed order)."""
         pieces = [self.prompt_sampler, self.session.state, self.stat_tracker]
         pieces += [self.critic.optimizer] if self.critic is not None else []
-        return pieces + [p for p in (self.kl, self.estimator_controller) if p is not None]
+        # the EMA last: checkpoints written before it existed (train.ema=False) keep their order (run/resume_check.py)
+        return pieces + [p for p in (self.kl, self.estimator_controller, self.ema) if p is not None]
 
     @property
     def run_dir(self):
@@ -155,6 +170,8 @@ class Trainer:
         start = time.perf_counter()
         self.throughput.start_epoch()
         self.unet.eval()
+        if epoch == 0 and self.evaluation is not None:  # the "before" of the run summary
+            self.evaluate(-1)
         # 1. collect rollouts: trajectories, rewards, advantages (a stop signal here drops the epoch)
         with names_the_setting("sampling", f"sample.batch_size={self.config.sample.batch_size}"):
             rollouts = self.rollouts.collect(epoch)
@@ -174,9 +191,12 @@ class Trainer:
             raise self.session.non_finite_loss(error, epoch) from error
         # 3. after the epoch: the KL coefficient and the reference, the estimator's controller
         after = self.after_epoch(epoch, rollouts, train)
-        # 4. log
+        # 4. evaluate when due (after the update, so the checkpoint that follows holds the evaluated weights)
+        evaluation = self.evaluate(epoch) if self.evaluation is not None and self.evaluation.due(epoch) else {}
+        # 5. log
         metrics = epoch_metrics(epoch, self.state.global_step, rollouts, train, critic, after, self.rollouts.shards,
                                 self.config.algorithm.filter_groups)
+        metrics.update(evaluation)
         metrics.update(self.timing(start))
         metrics.update(self.throughput.metrics(rollouts.reward_queries, pairs, metrics["time/sampling"],
                                                metrics["time/training"], batch,
@@ -204,7 +224,19 @@ class Trainer:
             with self.timer.phase("advantage"):
                 self.estimator_controller.update(*self.rollouts.critic_fit(rollouts.rounds))
             metrics.update(self.estimator_controller.metrics())
+        if self.ema is not None:
+            metrics.update(self.ema.metrics())
         return metrics
+
+    def evaluate(self, epoch: int) -> dict:
+        """The fixed evaluation after epoch ``epoch`` (-1: before the first update), with the EMA weights when
+        train.ema and train.ema_eval; written to eval.jsonl and samples/eval_*.png; returns its eval/* metrics."""
+        use_ema = self.ema is not None and self.config.train.get("ema_eval", True)
+        with self.timer.phase("evaluation"), (self.ema.swapped_in() if use_ema else nullcontext()):
+            result = self.evaluation.run(epoch)
+        with self.timer.phase("logging"):
+            self.epoch_logger.log_evaluation(epoch, result.metrics, result.grid, "ema" if use_ema else "training")
+        return result.metrics
 
     def model_flops(self, batch: dict):
         """F_pair and F_image of run/throughput.py, on this epoch's first sample at its first trained step."""

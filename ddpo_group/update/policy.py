@@ -69,6 +69,7 @@ class PolicyUpdater:
         self.optimizer = optimizer
         self.params = trainable_params
         self.scorer = scorer
+        self.after_optimizer_step = None  # called after every optimizer step (the EMA of the weights: update/ema.py)
 
     @property
     def uses_reference(self) -> bool:
@@ -129,6 +130,8 @@ class PolicyUpdater:
                                   grad_norm=metrics.get("grad_norm"))
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
+            if self.accelerator.sync_gradients and self.after_optimizer_step is not None:
+                self.after_optimizer_step()
         return metrics
 
     def chunk_size(self, batch: dict) -> int:

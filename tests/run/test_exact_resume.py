@@ -242,3 +242,44 @@ def test_a_second_sigterm_stops_at_once_even_with_a_hung_reward(tiny_model_dir, 
     assert f"--config.resume_from={runs_dir / run}" in text
     assert [p.name for p in sorted((runs_dir / run / "checkpoints").glob("checkpoint_*"))] == ["checkpoint_00001"]
     assert (runs_dir / run / "checkpoints" / "checkpoint_00001" / "COMPLETE").exists()
+
+
+@pytest.mark.slow
+def test_evaluation_and_ema_after_sigkill_and_resume_are_bitwise_those_of_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    """Evaluations before the first update and after epochs 1 and 3 (eval_freq=2), with the EMA weights (train.ema,
+    updated every 2 optimizer steps, exported to the checkpoints' lora/): killed while sampling epoch 3 and resumed
+    from epoch 1's checkpoint, the run must evaluate and save exactly as a run never stopped."""
+    extra = {"eval_freq": 2, "eval_num_prompts": 2, "eval_num_seeds": 2, "train.ema": True,
+             "train.ema_update_interval": 2, "train.ema_export": True}
+    # reward calls (4 eval rows = one batch): eval before 0; epoch 0: 1, 2; epoch 1: 3, 4, its eval 5; epoch 2: 6, 7;
+    # epoch 3: 8, 9 (the last sampling batch: hang there), then its eval 10
+    reference_log, killed_log = tmp_path / "reference.log", tmp_path / "killed.log"
+    reference = start(train_command("ddpo", tiny_model_dir, tmp_path, "reference", **extra), environment(), reference_log)
+    marker = tmp_path / "eval.marker"
+    hang = environment(HANG_REWARD_AT="9", HANG_REWARD_MARKER=str(marker), HANG_REWARD_SECONDS="600")
+    process = start(train_command("ddpo", tiny_model_dir, tmp_path, "killed", **extra), hang, killed_log)
+    wait_for(marker, process, killed_log)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(timeout=60) == -signal.SIGKILL
+    finish(reference, reference_log)
+    killed = tmp_path / "killed"
+    assert [m["epoch"] for m in read_metrics(killed)] == [0, 1, 2]
+    assert [json.loads(line)["epoch"] for line in (killed / "eval.jsonl").read_text().splitlines()] == [-1, 1]
+
+    resumed_log = tmp_path / "resumed.log"
+    finish(start(train_command("ddpo", tiny_model_dir, tmp_path, "killed", resume_from=killed, **extra),
+                 environment(), resumed_log), resumed_log)
+    final = "checkpoints/checkpoint_00003"
+    expected, got = load_everything(tmp_path / "reference" / final), load_everything(killed / final)
+    assert sorted(expected) == sorted(got) and any(name.startswith("lora/") for name in got)
+    assert_identical(expected, got, "eval+ema")
+    evaluations = [(tmp_path / run / "eval.jsonl").read_text() for run in ("reference", "killed")]
+    assert evaluations[0] == evaluations[1]  # every evaluation, the one after the resume included, to the bit
+    records = [json.loads(line) for line in evaluations[0].splitlines()]
+    assert [(r["epoch"], r["weights"], r["eval/num_images"]) for r in records] == [(-1, "ema", 4), (1, "ema", 4),
+                                                                                  (3, "ema", 4)]
+    ref_metrics, resumed_metrics = read_metrics(tmp_path / "reference"), read_metrics(killed)
+    for a, b in zip(ref_metrics[2:], resumed_metrics[2:]):
+        assert json.dumps(comparable(a), sort_keys=True) == json.dumps(comparable(b), sort_keys=True)
+    assert resumed_metrics[3]["eval/reward_mean"] == records[2]["eval/reward_mean"]
+    assert resumed_metrics[3]["ema/updates"] == resumed_metrics[3]["global_step"] // 2 > 0

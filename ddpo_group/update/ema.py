@@ -1,0 +1,102 @@
+"""An exponential moving average (EMA) of the trainable weights, as Flow-GRPO's ``EMAModuleWrapper``.
+
+The EMA starts as a copy of the trainable weights before the first update. After the k-th optimizer step of the run
+(k = 1, 2, ...: the run's global step once that step is taken, which is what Flow-GRPO's training scripts pass as
+``optimization_step``):
+
+    if (k + 1) % interval == 0:
+        decay_k = min((1 + k) / (10 + k), decay)          (warm-up: early updates follow the weights closely)
+        ema    <- ema + (1 - decay_k) * (theta - ema)
+
+Flow-GRPO's defaults: decay 0.9, interval 8 (the first update is at k = 7 with decay_k = 8/17; decay_k reaches 0.9
+at k = 80). The update is computed as Flow-GRPO computes it, ``ema.add_((1 - decay_k) * (theta - ema))`` in the
+weights' dtype (float32 trainable weights). One difference: Flow-GRPO's original script calls its ``step`` once per
+train batch, so with gradient accumulation an update can repeat at the same k; here it runs once per optimizer step.
+
+The EMA holds its own count of optimizer steps and its tensors; both are checkpointed (``state_dict``), so a resumed
+run continues the same average bitwise. ``swapped_in()`` puts the EMA into the model for a while (evaluation, the LoRA
+export) and restores the training weights bitwise afterwards.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from ddpo_group.errors import ConfigError
+
+
+def ema_decay(step: int, decay: float) -> float:
+    """Flow-GRPO's warmed-up decay at optimizer step ``step``: min((1 + step) / (10 + step), decay)."""
+    return min((1 + step) / (10 + step), decay)
+
+
+class EMAWeights:
+    """The EMA of ``params`` (module docstring). ``step()`` after every optimizer step."""
+
+    def __init__(self, params, decay: float = 0.9, interval: int = 8):
+        self.params = list(params)
+        self.decay = float(decay)
+        self.interval = int(interval)
+        self.shadow = [p.detach().clone() for p in self.params]
+        self.steps = 0  # optimizer steps seen (k of the module docstring after the last one)
+        self.updates = 0  # EMA updates applied
+        self.last_decay = float("nan")  # decay_k of the last update
+
+    @classmethod
+    def from_config(cls, config, params) -> "EMAWeights | None":
+        train = config.train
+        if not train.get("ema", False):
+            return None
+        return cls(params, train.get("ema_decay", 0.9), train.get("ema_update_interval", 8))
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Count one optimizer step; every ``interval``-th one (by Flow-GRPO's rule) moves the EMA toward the weights."""
+        self.steps += 1
+        k = self.steps
+        if (k + 1) % self.interval != 0:
+            return
+        decay = ema_decay(k, self.decay)
+        one_minus_decay = 1 - decay
+        for ema, param in zip(self.shadow, self.params, strict=True):
+            ema.add_(one_minus_decay * (param.detach() - ema))
+        self.updates += 1
+        self.last_decay = decay
+
+    @contextmanager
+    def swapped_in(self):
+        """The EMA weights in the model inside the block; the training weights, bitwise, after it (also on error)."""
+        with torch.no_grad():
+            saved = [p.detach().clone() for p in self.params]
+            for param, ema in zip(self.params, self.shadow, strict=True):
+                param.copy_(ema)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for param, value in zip(self.params, saved, strict=True):
+                    param.copy_(value)
+
+    @torch.no_grad()
+    def metrics(self) -> dict:
+        """ema/updates, ema/decay (of the last update; NaN before the first) and ema/param_distance ||theta - ema||_F."""
+        distance = sum(float((p.detach().float() - e.float()).pow(2).sum()) for p, e in zip(self.params, self.shadow))
+        return {"ema/updates": self.updates, "ema/decay": self.last_decay, "ema/param_distance": distance ** 0.5}
+
+    def state_dict(self) -> dict:
+        return {"shadow": [t.detach().cpu() for t in self.shadow], "steps": self.steps, "updates": self.updates,
+                "last_decay": self.last_decay}
+
+    def load_state_dict(self, state: dict) -> None:
+        shadow = state["shadow"]
+        shapes = [tuple(t.shape) for t in self.shadow]
+        if [tuple(t.shape) for t in shadow] != shapes:
+            raise ConfigError(f"the checkpoint's EMA holds {len(shadow)} tensors of other shapes than the "
+                              f"{len(shapes)} trainable weights of this config (use_lora, lora_rank?)")
+        with torch.no_grad():
+            for ema, value in zip(self.shadow, shadow):
+                ema.copy_(value)
+        self.steps, self.updates = int(state["steps"]), int(state["updates"])
+        self.last_decay = float(state.get("last_decay", float("nan")))
