@@ -95,6 +95,11 @@ def probe_batch(batch: dict, pairs: int, trainable: torch.Tensor) -> tuple[dict,
     return batch, rows, mask
 
 
+def drop_gradients(params) -> None:
+    for param in params:
+        param.grad = None
+
+
 class PairsPerForward:
     """The chunk of (sample, step) pairs per training forward: ``train.pairs_per_forward`` or, for "auto", the size
     resolved once (module docstring); ``sizes`` is the checkpointed record of what was chosen."""
@@ -186,7 +191,7 @@ class PairsPerForward:
         """Peak bytes above the current allocation of one forward + backward of ``pairs`` pairs (step 1)."""
         device = self.accelerator.device
         probe, rows, mask = probe_batch(batch, pairs, trainable)
-        updater.optimizer.zero_grad(set_to_none=True) if updater.optimizer is not None else None
+        drop_gradients(updater.params)
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(device)
@@ -203,9 +208,5 @@ class PairsPerForward:
             return torch.cuda.max_memory_allocated(device) - base
         finally:
             updater.unet.train(was_training)
-            if updater.optimizer is not None:
-                updater.optimizer.zero_grad(set_to_none=True)
-            else:
-                for p in updater.params:
-                    p.grad = None
+            drop_gradients(updater.params)
             torch.cuda.empty_cache()

@@ -19,7 +19,7 @@ _BY_PIPELINE_CLASS: dict[str, str] = {}
 def register_family(name: str, pipeline_class):
     """Class decorator: the family ``name``, chosen for models whose pipeline class is ``pipeline_class``."""
     def decorator(cls):
-        cls.name = name
+        cls.name, cls.pipeline_class = name, pipeline_class
         FAMILY_REGISTRY.register(name)(cls)
         _BY_PIPELINE_CLASS[pipeline_class.__name__] = name
         return cls

@@ -29,7 +29,7 @@ from ddpo_group.sampling.window import stochastic_steps
 
 class ModelFamily:
     name = ""
-    pipeline_class = None  # the diffusers pipeline class
+    pipeline_class = None  # the diffusers pipeline class (set by register_family)
     model_attribute = "unet"  # the pipeline attribute holding the trained module
     lora_target_modules: tuple = ()
     lora_layers_argument = "unet_lora_layers"  # the pipeline's save_lora_weights keyword for the trained module
@@ -85,6 +85,20 @@ class ModelFamily:
         raise NotImplementedError
 
     def initial_latents(self, batch: int, generator, device, dtype, initial_noise=None) -> torch.Tensor:
+        """x_T of ``batch`` samples: ``initial_noise`` (checked against latent_shape) or noise drawn as the pipeline
+        draws it, times the scheduler's init_noise_sigma (DDIM's; flow-matching schedulers have none: 1)."""
+        shape = (batch, *self.latent_shape())
+        if initial_noise is None:
+            latents = self.draw_noise(batch, generator, device, dtype)
+        elif tuple(initial_noise.shape) != shape:
+            raise ValueError(f"initial_noise has shape {tuple(initial_noise.shape)}; the sampler needs {shape}")
+        else:
+            latents = initial_noise.to(device, dtype)
+        scale = getattr(self.pipe.scheduler, "init_noise_sigma", 1.0)
+        return latents * scale if scale != 1.0 else latents
+
+    def draw_noise(self, batch: int, generator, device, dtype) -> torch.Tensor:
+        """Fresh initial noise [batch, *latent_shape()], drawn as the family's pipeline draws it."""
         raise NotImplementedError
 
     def schedule(self, num_steps: int, device) -> dict[str, torch.Tensor]:

@@ -24,7 +24,6 @@ from ddpo_group.models.families.flow import FlowMatchingFamily
 
 @register_family("flux", FluxPipeline)
 class FluxFamily(FlowMatchingFamily):
-    pipeline_class = FluxPipeline
     cond_keys = ("prompt_embeds", "pooled_prompt_embeds")
 
     @torch.no_grad()
@@ -43,12 +42,7 @@ class FluxFamily(FlowMatchingFamily):
     def image_ids(self, device, dtype) -> torch.Tensor:
         return self.pipe._prepare_latent_image_ids(1, self._grid() // 2, self._grid() // 2, device, dtype)
 
-    def initial_latents(self, batch, generator, device, dtype, initial_noise=None):
-        if initial_noise is not None:
-            if tuple(initial_noise.shape) != (batch, *self.latent_shape()):
-                raise ValueError(f"initial_noise has shape {tuple(initial_noise.shape)}; the sampler needs "
-                                 f"{(batch, *self.latent_shape())}")
-            return initial_noise.to(device, dtype)
+    def draw_noise(self, batch, generator, device, dtype):
         latents, _ = self.pipe.prepare_latents(batch, self.pipe.transformer.config.in_channels // 4, self.resolution,
                                                self.resolution, dtype, device, generator)
         return latents

@@ -105,7 +105,6 @@ def step_log_prob(unet, scheduler: DDIMScheduler, latents, next_latents, timeste
 
 @register_family("sd", StableDiffusionPipeline)
 class StableDiffusionFamily(ModelFamily):
-    pipeline_class = StableDiffusionPipeline
     model_attribute = "unet"
     lora_target_modules = ("to_k", "to_q", "to_v", "to_out.0")
     lora_layers_argument = "unet_lora_layers"
@@ -129,15 +128,8 @@ class StableDiffusionFamily(ModelFamily):
     def latent_shape(self) -> tuple:
         return latent_shape(self.pipe.unet)
 
-    def initial_latents(self, batch, generator, device, dtype, initial_noise=None):
-        shape = (batch, *self.latent_shape())
-        if initial_noise is None:
-            latents = randn_tensor(shape, generator=generator, device=device, dtype=dtype)
-        elif tuple(initial_noise.shape) != shape:
-            raise ValueError(f"initial_noise has shape {tuple(initial_noise.shape)}; the sampler needs {shape}")
-        else:
-            latents = initial_noise.to(device, dtype)
-        return latents * self.pipe.scheduler.init_noise_sigma
+    def draw_noise(self, batch, generator, device, dtype):
+        return randn_tensor((batch, *self.latent_shape()), generator=generator, device=device, dtype=dtype)
 
     def schedule(self, num_steps: int, device) -> dict:
         self.pipe.scheduler.set_timesteps(num_steps, device=device)

@@ -22,7 +22,6 @@ from ddpo_group.models.families.flow import FlowMatchingFamily
 
 @register_family("sd3", StableDiffusion3Pipeline)
 class StableDiffusion3Family(FlowMatchingFamily):
-    pipeline_class = StableDiffusion3Pipeline
     cond_keys = ("prompt_embeds", "pooled_prompt_embeds")
 
     @torch.no_grad()
@@ -36,12 +35,7 @@ class StableDiffusion3Family(FlowMatchingFamily):
         size = self.resolution // self.pipe.vae_scale_factor
         return self.pipe.transformer.config.in_channels, size, size
 
-    def initial_latents(self, batch, generator, device, dtype, initial_noise=None):
-        if initial_noise is not None:
-            if tuple(initial_noise.shape) != (batch, *self.latent_shape()):
-                raise ValueError(f"initial_noise has shape {tuple(initial_noise.shape)}; the sampler needs "
-                                 f"{(batch, *self.latent_shape())}")
-            return initial_noise.to(device, dtype)
+    def draw_noise(self, batch, generator, device, dtype):
         return self.pipe.prepare_latents(batch, self.pipe.transformer.config.in_channels, self.resolution,
                                          self.resolution, dtype, device, generator)
 
