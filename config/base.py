@@ -134,6 +134,9 @@ def base() -> ml_collections.ConfigDict:
     group.max_threshold = 10.0
     group.lam = 1.0  # lambda over segments (1: Monte-Carlo return with a critic baseline)
     group.target_explained_variance = 0.5  # the critic quality the threshold controller aims for
+    # V at the endpoints: "critic" (the value network), "residual_critic" (the prompt group's mean reward + the value
+    # network, which then learns only the deviation: at 0 the advantages are grpo's)
+    group.value_source = "critic"
 
     # ---- algorithm: KL, estimators' parameters, dynamic sampling ----
     algorithm.clip_ratio_c = 3.0  # dual clip for negative advantages (vanilla, gspo)

@@ -293,10 +293,13 @@ def _group_ppo_checks(config) -> List[str]:
         errors.append(f"group_params.group_epsilon={g.group_epsilon} must be > 0")
     if not 0 <= g.lam <= 1:
         errors.append(f"group_params.lam={g.lam} must be in [0, 1]")
+    if g.get("value_source", "critic") not in GROUP_PPO_VALUE_SOURCES:
+        errors.append(f"group_params.value_source={g.value_source!r}; allowed: {list(GROUP_PPO_VALUE_SOURCES)}")
     return errors + GroupThresholdController.config_errors(config)
 
 
 GAE_START_VALUES = ("critic", "group_mean")
+GROUP_PPO_VALUE_SOURCES = ("critic", "residual_critic")
 
 
 # ---------------------------------------------------------------------------------- estimators
@@ -452,18 +455,20 @@ def gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0,
                   critic_targets=endpoint_targets, controller=GroupThresholdController.from_config,
                   params={"tau": "group_params.group_variance_threshold", "group_max_size": "group_params.group_max_size",
                           "group_epsilon": "group_params.group_epsilon", "lam": "group_params.lam",
-                          "norm_adv_by_std": "train.scale_rewards"},
+                          "norm_adv_by_std": "train.scale_rewards", "value_source": "group_params.value_source"},
                   check=_group_ppo_checks)
 def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, group_max_size: int = 16,
                         group_epsilon: float = 1e-6, lam: float = 1.0, norm_adv_by_std: bool = False,
                         critic_lam: Optional[float] = None, group_weight_by_mask: bool = False,
-                        **_) -> AdvantageOutput:
+                        value_source: str = "critic", **_) -> AdvantageOutput:
     """GROUP_PPO (GROUP_PPO.md; formulas in group_ppo.py): dynamic step groups, the group
     advantage A_k = sum_{j >= k} lam^(j-k) Delta_j broadcast to its steps (optionally / (std_g(R)
     + group_epsilon), 0 for a group whose rewards are all equal), never whitened. tau comes from the
     GroupThresholdController each epoch. Fills endpoint_mask / critic_targets (pre-step indexing,
     K-1 per trajectory), returns = critic_targets, extras step_endpoints / group_id.
     Endpoints do not depend on the step mask unless group_weight_by_mask=True.
+    value_source: "critic" (V = the critic's output) or "residual_critic" (V = group mean reward + the critic's
+    output, which learns the deviation; at output 0 the advantages are grpo's).
     """
     R, m, gi, P = _prepare(inputs, "group_ppo")
     V = _values(inputs, m, "group_ppo")
@@ -472,6 +477,7 @@ def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, group_max_siz
     res = group_ppo_advantages(
         V, R, gi, tau=tau, group_max_size=group_max_size, eps=group_epsilon, lam=lam, norm_adv_by_std=norm_adv_by_std,
         step_mask=m, step_rewards=sr, critic_lam=critic_lam, weight_by_mask=group_weight_by_mask,
+        residual=value_source == "residual_critic",
     )
     metrics = {**res.metrics, **_group_metrics(R, gi, P, std)}
     dtype = inputs.rewards.dtype if torch.as_tensor(inputs.rewards).is_floating_point() else torch.float32

@@ -265,6 +265,7 @@ def group_ppo_advantages(
     step_rewards: Optional[torch.Tensor] = None,
     critic_lam: Optional[float] = None,
     weight_by_mask: bool = False,
+    residual: bool = False,
 ) -> GroupPPOResult:
     """GROUP_PPO advantages and critic targets from pre-step values [B, T] and rewards [B].
 
@@ -272,6 +273,11 @@ def group_ppo_advantages(
     find_group_endpoints (pooled per prompt group), A from segment_advantages(lam), divided by
     std_g(R) + eps if norm_adv_by_std; critic mask/targets with critic_lam (default: lam),
     never std-scaled. Computed in float64; returned in float64.
+
+    ``residual``: the values are deviations from the prompt group's mean reward, V(x_n) = b_g + values[:, n], and
+    the critic targets are returned as deviations too (y - b_g). With values = 0 every delta but the last is 0, so
+    every group's advantage is R - b_g: grpo's, whatever the grouping; the critic adds per-step credit only as far as
+    it predicts how a sample's reward will differ from its group's mean.
     """
     if values.dim() != 2:
         raise ValueError(f"values must be [B, T], got {tuple(values.shape)}")
@@ -282,7 +288,10 @@ def group_ppo_advantages(
     gi, P = compact_group_index(group_index.to(values.device))
     count, mean, std, _, _ = group_stats(R, gi, P, unbiased=True)
     b = mean[gi]
-    u = post_step_values(values.detach().double(), R)
+    V = values.detach().double()
+    if residual:
+        V = V + b[:, None]
+    u = post_step_values(V, R)
     sr = None if step_rewards is None else step_rewards.detach().double()
     delta = td_deltas(u, b, sr)
     ep = find_group_endpoints(u, delta, tau, group_max_size, eps,
@@ -293,6 +302,8 @@ def group_ppo_advantages(
         adv = torch.where(scale > eps, adv / (scale + eps), torch.zeros_like(adv))
     c_lam = lam if critic_lam is None else critic_lam
     mask, targets = critic_endpoint_mask_and_targets(u, delta, ep.is_endpoint, c_lam)
+    if residual:
+        targets = torch.where(mask > 0, targets - b[:, None], targets)
     metrics = group_metrics(ep.is_endpoint, step_mask, tau, ep.rho_at_cut)
     metrics["group/num_critic_targets"] = float(mask.sum(dim=1).mean()) if B else 0.0
     return GroupPPOResult(adv, mask, targets, ep.is_endpoint, ep.group_id, u, delta, metrics)

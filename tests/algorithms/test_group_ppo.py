@@ -199,6 +199,37 @@ def test_tau_inf_equals_dr_grpo_and_grpo(prob):
 
 @settings(max_examples=40, deadline=None)
 @given(problem())
+def test_residual_critic_is_the_plain_one_shifted_by_the_group_mean_and_grpo_at_zero(prob):
+    R, V, gi, tau, max_size, lam, mask = prob
+    b = torch.stack([R[gi == g].mean() for g in gi])
+    kw = dict(tau=tau, group_max_size=max_size, lam=lam, norm_adv_by_std=True)
+    residual = est(R, V, gi, mask, value_source="residual_critic", **kw)
+    plain = est(R, V + b[:, None], gi, mask, **kw)  # the same values, given whole
+    torch.testing.assert_close(residual.advantages, plain.advantages, rtol=1e-9, atol=1e-12)
+    assert torch.equal(residual.extras["step_endpoints"], plain.extras["step_endpoints"])
+    # the critic learns the deviation: its targets are the plain ones minus b_g at the endpoints, 0 elsewhere
+    on = residual.endpoint_mask > 0
+    torch.testing.assert_close(residual.critic_targets[on], (plain.critic_targets - b[:, None])[on], rtol=1e-9, atol=1e-12)
+    assert torch.all(residual.critic_targets[~on] == 0)
+    # an untrained residual critic (output 0) gives grpo's advantage on every step, whatever the grouping (lam = 1)
+    zero = est(R, torch.zeros_like(V), gi, mask, value_source="residual_critic", **{**kw, "lam": 1.0})
+    grpo = get_adv_estimator("grpo")(AdvantageInputs(R, mask, gi), eps=EPS)
+    torch.testing.assert_close(zero.advantages, grpo.advantages, rtol=1e-9, atol=1e-12)
+
+
+def test_value_source_is_checked_by_name():
+    from config.base import get_config
+    from ddpo_group.run.config_checks import validate_config
+    from ddpo_group.errors import ConfigError
+
+    config = get_config("group_ppo")
+    config.group_params.value_source = "oracle"
+    with pytest.raises(ConfigError, match=r"group_params.value_source='oracle'; allowed: \['critic', 'residual_critic'\]"):
+        validate_config(config)
+
+
+@settings(max_examples=40, deadline=None)
+@given(problem())
 def test_lambda_limits(prob):
     R, V, gi, tau, max_size, _, _ = prob
     b = torch.stack([R[gi == g].mean() for g in gi])
