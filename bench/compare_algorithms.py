@@ -1,28 +1,29 @@
 """Learning proof: every preset trained for the same number of reward queries, several seeds each.
 
-    python bench/compare_algorithms.py --presets ddpo,grpo,group_ppo --seeds 0,1,2 --queries 2048 --threshold 0.6
+    python bench/compare_algorithms.py --presets ddpo,grpo,group_ppo --seeds 0,1,2 --queries 1920 --threshold 0.9
 
-For each (preset, seed): the mean reward of the model on a fixed evaluation set (same prompts and
-noise for every run) before and after training, the reward queries spent (ReMax's greedy samples
-included), the queries needed until an epoch's mean reward reached ``--threshold``, and the wall
-time; with the shapes_alignment reward also the joint accuracy (every attribute right) before and
-after. Prints a markdown table (mean +- std over seeds), writes it with the raw rows to
-``--out``/results.{md,json} and saves the reward-vs-queries curves to ``--out``/reward_vs_queries.png.
-No accelerate launch needed: runs in this process, or ``--jobs N`` at once in worker processes
-(each with cpu_count // N threads). Every finished run is saved at once; running the same command
-again (or with more presets or seeds) skips the runs already in ``--out``/results.json. ``--set FIELD=VALUE`` overrides any config field.
+Each (preset, seed) run is the preset's configuration (``--set FIELD=VALUE`` overrides any field) with ``num_epochs``
+set to spend ``--queries`` reward queries (ReMax's greedy samples included). The model is measured by the run's own
+evaluation during training (``eval_freq``, ddpo_group/run/periodic_eval.py): the same prompts from the same initial
+noise with the deterministic sampler, before the first update and every ``eval_freq`` epochs, read from the run's
+eval.jsonl. Reported per preset (mean +- std over seeds): the evaluation reward before and after, the gain, with the
+shapes_alignment reward the joint accuracy (every attribute right) before and after, the queries spent, the queries
+until the evaluation reward first reached ``--threshold``, and the wall time. Prints a markdown table, writes it with
+the raw rows to ``--out``/results.{md,json} and plots evaluation reward and epoch-mean reward against queries to
+``--out``/reward_vs_queries.png. No accelerate launch needed: runs in this process, or ``--jobs N`` at once in worker
+processes (each with cpu_count // N threads). Every finished run is saved at once; running the same command again (or
+with more presets or seeds) skips the runs already in ``--out``/results.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -33,9 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from config.base import PRESETS, get_config  # noqa: E402
 from ddpo_group.algorithms import get_adv_estimator  # noqa: E402
+from ddpo_group.run.epoch_logger import EVAL_LOG  # noqa: E402
 from ddpo_group.run.metrics_log import read_metrics  # noqa: E402
-from ddpo_group.prompts import PromptSampler  # noqa: E402
-from ddpo_group.rollout.collect import collect_rollouts  # noqa: E402
 from ddpo_group.run.trainer import Trainer  # noqa: E402
 
 
@@ -56,27 +56,14 @@ def set_field(config, key: str, raw: str) -> None:
     target[field] = value
 
 
-@torch.no_grad()
-def evaluate(trainer: Trainer, num_samples: int, seed: int = 1234) -> tuple[float, float | None]:
-    """(mean reward, joint accuracy or None) of the current policy on a fixed evaluation set (fixed prompts and noise).
-
-    The joint accuracy is the share of images whose every attribute the judge reads as asked
-    (shapes_alignment's ``all_correct``); None for rewards that do not report it.
-    """
-    config = trainer.config
-    sampler = PromptSampler(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), seed=seed)
-    prompts, metadata = sampler.sample(num_samples)
-    device = trainer.accelerator.device
-    generators = [torch.Generator(device=device).manual_seed(seed * 7919 + i) for i in range(num_samples)]
-    sample_config = config.sample.copy_and_resolve_references()
-    sample_config.num_batches_per_epoch = math.ceil(num_samples / sample_config.batch_size)
-    trainer.unet.eval()
-    with trainer.accelerator.autocast(), ThreadPoolExecutor(max_workers=2) as executor:
-        batch = collect_rollouts(trainer.family, prompts, metadata, trainer.reward_fn, config.reward_fn, executor,
-                                 sample_config, show_progress=False,
-                                 generators=generators)
-    accuracy = batch["reward_info"].get("all_correct")
-    return float(batch["rewards"].mean()), None if accuracy is None else float(accuracy.float().mean())
+def evaluation_curve(run_dir: Path, queries_after_epoch: dict[int, int]) -> list[dict]:
+    """The run's evaluations (eval.jsonl) as [{"epoch", "queries", "reward", "accuracy"}], oldest first; queries spent
+    before each (0 for the one before the first update); accuracy None for rewards without ``all_correct``."""
+    out = []
+    for record in read_metrics(run_dir / EVAL_LOG):
+        out.append({"epoch": record["epoch"], "queries": queries_after_epoch.get(record["epoch"], 0),
+                    "reward": record["eval/reward_mean"], "accuracy": record.get("eval/reward_info/all_correct")})
+    return out
 
 
 def run_one(preset: str, seed: int, args) -> dict:
@@ -84,6 +71,8 @@ def run_one(preset: str, seed: int, args) -> dict:
     for item in args.set:
         key, _, raw = item.partition("=")
         set_field(config, key, raw)
+    if not config.eval_freq:
+        raise SystemExit("the study measures with the run's evaluation during training: eval_freq must be > 0")
     config.seed = seed
     config.wandb.mode = "disabled"
     config.save_freq = 0
@@ -98,23 +87,24 @@ def run_one(preset: str, seed: int, args) -> dict:
     shutil.rmtree(Path(config.logdir) / config.run_name, ignore_errors=True)
     start = time.perf_counter()
     trainer = Trainer(config)
-    before, accuracy_before = evaluate(trainer, args.eval_samples)
     trainer.run()
-    after, accuracy_after = evaluate(trainer, args.eval_samples)
     wall = time.perf_counter() - start
-    queries, curve = 0, []
+    queries, curve, spent = 0, [], {}
     for m in read_metrics(trainer.run_dir / "metrics.jsonl"):
         queries += m["reward_queries"]
         curve.append((queries, m["reward_mean"]))
-    return {"preset": preset, "seed": seed, "before": before, "after": after, "accuracy_before": accuracy_before,
-            "accuracy_after": accuracy_after, "queries": queries, "wall_s": wall, "curve": curve}
+        spent[m["epoch"]] = queries
+    evaluations = evaluation_curve(trainer.run_dir, spent)
+    return {"preset": preset, "seed": seed, "before": evaluations[0]["reward"], "after": evaluations[-1]["reward"],
+            "accuracy_before": evaluations[0]["accuracy"], "accuracy_after": evaluations[-1]["accuracy"],
+            "queries": queries, "wall_s": wall, "curve": curve, "evaluations": evaluations}
 
 
-def queries_to_reach(curve, threshold) -> int | None:
-    """Reward queries spent until an epoch's mean reward first reached ``threshold`` (None: never, or no threshold)."""
+def queries_to_reach(evaluations: list[dict], threshold) -> int | None:
+    """Reward queries spent until the evaluation reward first reached ``threshold`` (None: never, or no threshold)."""
     if threshold is None:
         return None
-    return next((queries for queries, reward in curve if reward >= threshold), None)
+    return next((e["queries"] for e in evaluations if e["reward"] >= threshold), None)
 
 
 def load_rows(path: Path, settings: dict) -> list[dict]:
@@ -161,7 +151,7 @@ def table(rows: list[dict], presets: list[str], threshold) -> str:
     out = [head]
     for preset in presets:
         rs = [r for r in rows if r["preset"] == preset]
-        reached = [queries_to_reach(r["curve"], threshold) for r in rs]
+        reached = [queries_to_reach(r["evaluations"], threshold) for r in rs]
         reach = mean_std(reached) + (f" ({sum(x is not None for x in reached)}/{len(rs)} seeds)" if rs else "")
         accuracy = (f" {mean_std([r.get('accuracy_before') for r in rs])} | {mean_std([r.get('accuracy_after') for r in rs])} |"
                     if with_accuracy else "")
@@ -182,30 +172,37 @@ def moving_average(values: torch.Tensor, window: int) -> torch.Tensor:
 
 
 def plot(rows: list[dict], presets: list[str], path: Path, smooth: int = 5) -> None:
-    """Epoch-mean reward against queries, mean over seeds (moving average over ``smooth`` epochs) with the
-    seeds' spread shaded; the dashed line is the base model's evaluation reward."""
+    """Left: the evaluation reward against queries (mean over seeds, the seeds' spread shaded). Right: the epoch-mean
+    reward of the training prompts (moving average over ``smooth`` epochs), which moves with the drawn prompts."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
     for preset in presets:
-        curves = [r["curve"] for r in rows if r["preset"] == preset]
-        if not curves:
+        runs = [r for r in rows if r["preset"] == preset]
+        if not runs:
             continue
-        n = min(len(c) for c in curves)
-        xs = [curves[0][i][0] for i in range(n)]
-        ys = moving_average(torch.tensor([[c[i][1] for i in range(n)] for c in curves], dtype=torch.float64), smooth)
+        width = 2 if preset in ("ddpo", "grpo", "group_ppo") else 1
+        n = min(len(r["evaluations"]) for r in runs)
+        xs = [runs[0]["evaluations"][i]["queries"] for i in range(n)]
+        ys = torch.tensor([[r["evaluations"][i]["reward"] for i in range(n)] for r in runs], dtype=torch.float64)
         mean, std = ys.mean(0), ys.std(0, unbiased=False)
-        ax.plot(xs, mean.tolist(), label=preset, linewidth=2 if preset in ("ddpo", "grpo", "group_ppo") else 1)
-        ax.fill_between(xs, (mean - std).tolist(), (mean + std).tolist(), alpha=0.12)
-    befores = [r["before"] for r in rows]
-    if befores:
-        ax.axhline(sum(befores) / len(befores), color="gray", linestyle="--", label="base model (evaluation)")
-    ax.set_xlabel("reward queries")
-    ax.set_ylabel(f"epoch-mean reward (moving average over {smooth} epochs)")
-    ax.legend(ncol=2, fontsize=8)
+        line, = left.plot(xs, mean.tolist(), marker="o", markersize=3, label=preset, linewidth=width)
+        left.fill_between(xs, (mean - std).tolist(), (mean + std).tolist(), alpha=0.12, color=line.get_color())
+        n = min(len(r["curve"]) for r in runs)
+        xs = [runs[0]["curve"][i][0] for i in range(n)]
+        ys = moving_average(torch.tensor([[r["curve"][i][1] for i in range(n)] for r in runs], dtype=torch.float64),
+                            smooth).mean(0)
+        right.plot(xs, ys.tolist(), label=preset, linewidth=width, color=line.get_color())
+    left.set_title("fixed evaluation (deterministic sampler), mean of seeds")
+    left.set_ylabel("evaluation reward")
+    right.set_title(f"training epochs (moving average over {smooth})")
+    right.set_ylabel("epoch-mean reward")
+    for ax in (left, right):
+        ax.set_xlabel("reward queries")
+    left.legend(ncol=2, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -215,9 +212,9 @@ def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default=",".join(PRESETS))
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--queries", type=int, default=2048, help="reward queries per run")
-    parser.add_argument("--threshold", type=float, default=None, help="reward level for 'queries to reach'")
-    parser.add_argument("--eval-samples", type=int, default=64)
+    parser.add_argument("--queries", type=int, default=1920, help="reward queries per run (1920: 60 epochs of 32)")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="evaluation reward level for 'queries to reach'")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--jobs", type=int, default=1,
@@ -228,7 +225,7 @@ def main(argv=None) -> list[dict]:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"queries": args.queries, "eval_samples": args.eval_samples, "set": sorted(args.set)}
+    settings = {"queries": args.queries, "set": sorted(args.set)}
     rows = load_rows(out / "results.json", settings)
     done = {(r["preset"], r["seed"]) for r in rows}
     runs = [(preset, seed) for preset in presets for seed in seeds if (preset, seed) not in done]

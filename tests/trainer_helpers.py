@@ -5,11 +5,15 @@ from __future__ import annotations
 from config.base import get_config
 from ddpo_group.run.trainer import Trainer
 
+# the mechanics on every step and no evaluation: the defaults' 2-step SDE window and periodic evaluation are the embedded
+# model's learning task (config/base.py); tests that count reward calls or trained pairs assume neither
+MECHANICS = {"sample.sde_window_size": 0, "eval_freq": 0}
+
 TINY = {
     "num_epochs": 1, "prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "sample.num_steps": 4,
     "sample.batch_size": 4, "sample.num_batches_per_epoch": 2, "train.batch_size": 4, "train.pairs_per_forward": 6,
     "train.learning_rate": 1e-2, "train.clip_range": 0.2, "per_prompt_stat_tracking.min_count": 2,
-    "save_freq": 0, "log_images_every": 0, "wandb.mode": "disabled",
+    "save_freq": 0, "log_images_every": 0, "wandb.mode": "disabled", **MECHANICS,
 }
 
 

@@ -14,14 +14,21 @@ def test_compare_algorithms_runs(tiny_model_dir, tmp_path):
 
     sets = ["pretrained.model=" + tiny_model_dir, "prompt_fn=simple_animals", "reward_fn=jpeg_compressibility",
             "sample.num_steps=3", "sample.batch_size=4", "sample.num_batches_per_epoch=1", "train.batch_size=4",
-            "train.group_size=2", "train.pairs_per_forward=12"]
-    args = ["--presets", "grpo,remax", "--seeds", "0,1", "--queries", "8", "--eval-samples", "4", "--threshold", "-100",
+            "train.group_size=2", "train.pairs_per_forward=12", "eval_num_prompts=2", "eval_num_seeds=1"]
+    args = ["--presets", "grpo,remax", "--seeds", "0,1", "--queries", "8", "--threshold", "-100",
             "--out", str(tmp_path)] + [x for s in sets for x in ("--set", s)]
     rows = compare_algorithms.main(args)
-    assert len(rows) == 4 and all(compare_algorithms.queries_to_reach(r["curve"], -100) == r["curve"][0][0] for r in rows)
-    assert compare_algorithms.queries_to_reach([(4, 0.5), (8, 0.7)], 0.6) == 8
-    assert compare_algorithms.queries_to_reach([(4, 0.5)], 0.6) is None
+    # the run's own evaluation: before the first update (0 queries) and after the last epoch
+    assert len(rows) == 4 and all(len(r["evaluations"]) == 2 and r["evaluations"][0]["epoch"] == -1 for r in rows)
+    assert all(r["evaluations"][-1]["queries"] == r["queries"] for r in rows)
+    assert all(r["before"] == r["evaluations"][0]["reward"] and r["after"] == r["evaluations"][-1]["reward"]
+               for r in rows)
+    assert all(compare_algorithms.queries_to_reach(r["evaluations"], -100) == 0 for r in rows)
+    evaluations = [{"queries": 0, "reward": 0.5}, {"queries": 8, "reward": 0.7}]
+    assert compare_algorithms.queries_to_reach(evaluations, 0.6) == 8
+    assert compare_algorithms.queries_to_reach(evaluations[:1], 0.6) is None
     assert [r["queries"] for r in rows] == [8, 8, 6, 6]  # remax: 4 samples + 2 greedy per epoch, 1 epoch
+    assert [e["queries"] for e in rows[2]["evaluations"]] == [0, 6]
     assert (tmp_path / "reward_vs_queries.png").exists() and "| grpo |" in (tmp_path / "results.md").read_text()
     assert "(2/2 seeds)" in (tmp_path / "results.md").read_text()  # both seeds reached the threshold
 

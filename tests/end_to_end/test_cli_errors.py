@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ddpo_group.run.cli_errors import FAILURE, USAGE_ERROR
+from trainer_helpers import MECHANICS
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "tests" / "plugins"
@@ -39,7 +40,7 @@ def tiny_args(model_dir, logdir, run_name: str = "run", **extra) -> list[str]:
         "prompt_fn": "simple_animals", "reward_fn": f"{PLUGINS / 'failing_reward.py'}:make", "sample.num_steps": 4,
         "sample.batch_size": 4, "sample.num_batches_per_epoch": 2, "train.batch_size": 4,
         "train.pairs_per_forward": 6, "train.learning_rate": 1e-2, "train.clip_range": 0.2,
-        "per_prompt_stat_tracking.min_count": 2, "log_images_every": 0,
+        "per_prompt_stat_tracking.min_count": 2, "log_images_every": 0, **MECHANICS,
     }
     values.update(extra)
     return [f"--config.{key}={value}" for key, value in values.items()]

@@ -1,32 +1,53 @@
-"""ddpo, grpo and group_ppo learn: on a caption the embedded model draws wrong most of the time, 10 epochs raise
-the reward of a fixed evaluation set (the learning proof's settings on one prompt; about 30 s each)."""
+"""The main command learns: the default configuration of ddpo, grpo and group_ppo on the embedded model, shortened from
+60 to 20 epochs, raises the reward of the run's own fixed evaluation (eval_freq: the same 4 prompts x 8 initial
+noises, deterministic sampler); with group_ppo's advantages negated the same evaluation falls, so the gain is the
+algorithm's, not the evaluation's. On the CPU, where the margins were measured (a GPU draws other random streams).
+The full 60-epoch runs, 3 seeds of every preset, are the learning proof (README, bench/compare_algorithms.py)."""
 
 import sys
 from pathlib import Path
 
 import pytest
 
+from ddpo_group.algorithms import advantages
 from test_presets_embedded import embedded_model_available
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-HARD_PROMPT = "a white circle on a yellow background"  # base model: the right shape about a quarter of the time
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not embedded_model_available(), reason="the embedded tiny-shapes model is not installed")]
+
+EPOCHS = 20
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not embedded_model_available(), reason="the embedded tiny-shapes model is not installed")
-@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo"])
-def test_ten_epochs_raise_the_reward_of_a_hard_prompt(preset, tmp_path):
+def default_run(preset: str, out: Path) -> dict:
+    """The preset's default configuration for EPOCHS epochs of 32 reward queries, seed 0, through the study script."""
     import compare_algorithms
 
-    prompts = tmp_path / "prompt.txt"
-    prompts.write_text(HARD_PROMPT + "\n")
-    # on the CPU, where the thresholds were measured: a GPU draws other random streams (group_ppo gained 0.029 there
-    # from another starting point, 0.778), and three seeds of a 10-epoch run are not a GPU's learning proof
-    sets = ["device=cpu", "sample.num_steps=10", "sample.sde_window_size=2", "train.learning_rate=0.003", "prompt_fn=from_file",
-            f"prompt_fn_kwargs.path={prompts}"]
-    (row,) = compare_algorithms.main(["--presets", preset, "--seeds", "0", "--queries", "320", "--eval-samples", "32",
-                                      "--out", str(tmp_path / "out")] + [x for s in sets for x in ("--set", s)])
-    # measured: 0.733 before; after 10 epochs ddpo 0.884, grpo 0.895, group_ppo 0.819
-    assert row["queries"] == 320 and row["before"] < 0.8
-    assert row["after"] - row["before"] > 0.04, row
+    (row,) = compare_algorithms.main(["--presets", preset, "--seeds", "0", "--queries", str(32 * EPOCHS),
+                                      "--out", str(out), "--set", "device=cpu"])
+    assert row["queries"] == 32 * EPOCHS and [e["epoch"] for e in row["evaluations"]] == [-1, 9, 19]
+    return row
+
+
+@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo"])
+def test_the_default_configuration_raises_the_fixed_evaluation(preset, tmp_path):
+    row = default_run(preset, tmp_path)
+    # measured after 20 epochs (seed 0, one thread; seeds 1 and 2 in brackets): 0.8245 -> ddpo 0.8805 (+0.035, +0.055),
+    # grpo 0.8678 (+0.056, +0.054), group_ppo GROUP_PPO_MEASURED; the full 60 epochs gain at least 0.05 (README)
+    assert row["before"] < 0.85
+    assert row["after"] - row["before"] > 0.02, row["evaluations"]
+
+
+def test_negated_advantages_lower_the_fixed_evaluation(tmp_path, monkeypatch):
+    finalize = advantages._finalize
+
+    def negated(out, inputs, adv_clip_max):
+        out = finalize(out, inputs, adv_clip_max)
+        out.advantages = -out.advantages  # the critic's targets (out.returns) stay as they were
+        return out
+
+    monkeypatch.setattr(advantages, "_finalize", negated)
+    row = default_run("group_ppo", tmp_path)
+    # measured (seed 0, one thread): 0.8245 -> 0.8268 (epoch 9) -> 0.7457 (epoch 19)
+    assert row["after"] - row["before"] < -0.02, row["evaluations"]

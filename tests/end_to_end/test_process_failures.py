@@ -12,6 +12,7 @@ import pytest
 from ddpo_group.run.checkpointing import complete_checkpoints
 from ddpo_group.run.cli_errors import FAILURE
 from launch_helpers import ROOT, launch_environment, start_workers
+from trainer_helpers import MECHANICS
 
 PLUGINS = ROOT / "tests" / "plugins"
 TIMEOUT = 300  # the subprocess limit; a blocked worker would reach it (collective_timeout_s is far above it)
@@ -25,7 +26,7 @@ def worker_args(model_dir, logdir, **extra) -> list[str]:
         "prompt_fn": "simple_animals", "reward_fn": f"{PLUGINS / 'rank_failing_reward.py'}:make",
         "sample.num_steps": 4, "sample.batch_size": 4, "sample.num_batches_per_epoch": 2, "train.batch_size": 4,
         "train.pairs_per_forward": 6, "train.learning_rate": 1e-2, "train.clip_range": 0.2,
-        "per_prompt_stat_tracking.min_count": 2, "log_images_every": 0,
+        "per_prompt_stat_tracking.min_count": 2, "log_images_every": 0, **MECHANICS,
     }
     values.update(extra)
     return ["--config", "config/base.py:ddpo", *[f"--config.{k}={v}" for k, v in values.items()]]

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from launch_helpers import accelerate_command
+from trainer_helpers import MECHANICS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +30,7 @@ def tiny_args(model_dir, logdir, run_name, **extra):
         "prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "sample.num_steps": 4,
         "sample.batch_size": 4, "sample.num_batches_per_epoch": 2, "train.batch_size": 4,
         "train.pairs_per_forward": 6, "train.learning_rate": 1e-2, "train.clip_range": 0.2,
-        "per_prompt_stat_tracking.min_count": 2, "save_freq": 1, "log_images_every": 1,
+        "per_prompt_stat_tracking.min_count": 2, "save_freq": 1, "log_images_every": 1, **MECHANICS,
     }
     args.update(extra)
     return ["--config", "config/base.py:ddpo"] + [f"--config.{k}={v}" for k, v in args.items()]

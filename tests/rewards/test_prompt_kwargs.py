@@ -41,6 +41,23 @@ def test_a_registrations_defaults_apply_to_it_and_leak_nowhere(hard_prompts, tmp
     assert PromptSampler("from_file", {"path": hard_prompts}).kwargs == {"path": hard_prompts}
 
 
+def test_the_default_prompt_set_is_the_four_hard_captions_and_its_keyword_stays_with_it():
+    from ddpo_group.models.shapes_data import HARD_CAPTIONS, caption
+
+    config = get_config("group_ppo")
+    sampler = PromptSampler(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), seed=0)
+    prompts, metadata = sampler.sample(200)
+    assert sorted(set(prompts)) == sorted(caption(*triple) for triple in HARD_CAPTIONS) and len(HARD_CAPTIONS) == 4
+    assert all(caption(m["color"], m["shape"], m["background"]) == p and not m["held_out"]
+               for p, m in zip(prompts, metadata))  # shapes_alignment reads the metadata
+    # the same function under its own name draws every caption (hard=True belongs to the registration only)
+    assert len(set(PromptSampler("tiny_shapes", seed=0).sample(200)[0])) > 40
+    assert PromptSampler("tiny_shapes_hard", {"shapes": "square"}, seed=0).sample(5)[0] == [
+        "a purple square on a blue background"] * 5
+    with pytest.raises(ValueError, match="hard=True .* held_out=True cannot be combined"):
+        PromptSampler("tiny_shapes_hard", {"held_out": True}, seed=0).sample(1)
+
+
 def test_a_keyword_the_chosen_function_does_not_take_is_named_with_the_allowed_ones():
     config = get_config("grpo")
     config.prompt_fn, config.prompt_fn_kwargs = "simple_animals", {"path": "hard.txt"}
@@ -50,7 +67,7 @@ def test_a_keyword_the_chosen_function_does_not_take_is_named_with_the_allowed_o
     config.prompt_fn, config.prompt_fn_kwargs = "tiny_shapes", {"held_out": True, "colour": "red"}
     assert prompt_and_reward_errors(config) == [
         "prompt_fn_kwargs.colour: prompt_fn 'tiny_shapes' takes no keyword 'colour'; its keywords: "
-        "['held_out', 'shapes']"]
+        "['held_out', 'shapes', 'hard']"]
     with pytest.raises(ConfigError, match=r"prompt_fn 'tiny_shapes' takes no keyword 'colour'"):
         PromptSampler("tiny_shapes", {"colour": "red"})
     with pytest.raises(ValueError, match=r"register_prompt_fn\('bad'\): defaults the function does not take"):

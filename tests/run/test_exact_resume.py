@@ -40,7 +40,7 @@ def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) ->
 
     Runs are on the CPU, whose kernels are deterministic, unless the case says "+cuda": then on the GPU with
     config.deterministic=True (without it CUDA's atomic-add kernels make two runs of one seed part at once)."""
-    from trainer_helpers import FAMILY_OVERRIDES
+    from trainer_helpers import FAMILY_OVERRIDES, MECHANICS
 
     case, _, on = case.partition("+")
     preset, _, family = case.partition("@")
@@ -49,7 +49,7 @@ def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) ->
         "save_freq": SAVE_FREQ, "prompt_fn": "simple_animals", "reward_fn": HANG_REWARD, "sample.num_steps": 4,
         "sample.batch_size": 4, "sample.num_batches_per_epoch": 2, "train.batch_size": 4,
         "train.pairs_per_forward": 8, "train.learning_rate": 1e-2, "train.clip_range": 0.2,
-        "per_prompt_stat_tracking.min_count": 2, "log_images_every": 0, "wandb.mode": "disabled",
+        "per_prompt_stat_tracking.min_count": 2, "log_images_every": 0, "wandb.mode": "disabled", **MECHANICS,
     }
     if preset != "ddpo":
         values["train.group_size"] = 4

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpo_group.run.threads import available_cores, choose_num_threads, launcher_chose_threads
+from trainer_helpers import MECHANICS
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHED = {"OMP_NUM_THREADS": "1", "ACCELERATE_MIXED_PRECISION": "no"}  # what the child of accelerate launch sees
@@ -84,7 +85,7 @@ def test_the_trainer_applies_it_and_starts_quietly(tiny_model_dir, tmp_path):
     values = {"pretrained.model": tiny_model_dir, "logdir": str(tmp_path), "run_name": "run", "num_epochs": 1,
               "prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "sample.num_steps": 2,
               "sample.batch_size": 4, "sample.num_batches_per_epoch": 1, "train.batch_size": 4,
-              "per_prompt_stat_tracking.min_count": 2, "log_images_every": 0}
+              "per_prompt_stat_tracking.min_count": 2, "log_images_every": 0, **MECHANICS}
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no", "scripts/train.py", "--config",
                "config/base.py:ddpo", *[f"--config.{k}={v}" for k, v in values.items()]]
