@@ -3,12 +3,16 @@
     python bench/compare_algorithms.py --presets ddpo,grpo,group_ppo --seeds 0,1,2 --queries 1920 --threshold 0.9
 
 Each (preset, seed) run is the preset's configuration (``--set FIELD=VALUE`` overrides any field) with ``num_epochs``
-set to spend ``--queries`` reward queries (ReMax's greedy samples included). The model is measured by the run's own
+set to spend ``--queries`` reward queries (ReMax's greedy samples and GROUP_PPO's Tweedie values included). A
+``--variant "LABEL=PRESET FIELD=VALUE ..."`` adds a row: a preset with overrides of its own, e.g.
+
+    --variant "group_ppo_tweedie=group_ppo group_params.value_source=tweedie" The model is measured by the run's own
 evaluation during training (``eval_freq``, ddpo_group/run/periodic_eval.py): the same prompts from the same initial
 noise with the deterministic sampler, before the first update and every ``eval_freq`` epochs, read from the run's
 eval.jsonl. Reported per preset (mean +- std over seeds): the evaluation reward before and after, the gain, with the
 shapes_alignment reward the joint accuracy (every attribute right) before and after, the queries spent, the queries
-until the evaluation reward first reached ``--threshold``, and the wall time. Prints a markdown table, writes it with
+until the evaluation reward first reached ``--threshold`` (a number, or a row's label: the mean final evaluation
+reward of that row), with a critic its explained variance over the last 10 epochs, and the wall time. Prints a markdown table, writes it with
 the raw rows to ``--out``/results.{md,json} and plots evaluation reward and epoch-mean reward against queries to
 ``--out``/reward_vs_queries.png. No accelerate launch needed: runs in this process, or ``--jobs N`` at once in worker
 processes (each with cpu_count // N threads). Every finished run is saved at once; running the same command again (or
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -36,7 +41,9 @@ from config.base import PRESETS, get_config  # noqa: E402
 from ddpo_group.algorithms import get_adv_estimator  # noqa: E402
 from ddpo_group.run.epoch_logger import EVAL_LOG  # noqa: E402
 from ddpo_group.run.metrics_log import read_metrics  # noqa: E402
+from ddpo_group.rollout.tweedie import valued_steps  # noqa: E402
 from ddpo_group.run.trainer import Trainer  # noqa: E402
+from ddpo_group.sampling.window import stochastic_steps  # noqa: E402
 
 
 def set_field(config, key: str, raw: str) -> None:
@@ -66,9 +73,23 @@ def evaluation_curve(run_dir: Path, queries_after_epoch: dict[int, int]) -> list
     return out
 
 
-def run_one(preset: str, seed: int, args) -> dict:
+def parse_variants(presets: list[str], variants: list[str]) -> dict[str, tuple[str, list[str]]]:
+    """label -> (preset, its FIELD=VALUE overrides): each preset of --presets as itself, then each --variant."""
+    out = {preset: (preset, []) for preset in presets}
+    for spec in variants:
+        head, *sets = spec.split()
+        label, _, preset = head.partition("=")
+        if not label or preset not in PRESETS or any("=" not in s for s in sets):
+            raise SystemExit(f"--variant {spec!r}: expected 'LABEL=PRESET FIELD=VALUE ...' with a preset of "
+                             f"{sorted(PRESETS)}")
+        out[label] = (preset, sets)
+    return out
+
+
+def run_one(label: str, seed: int, args) -> dict:
+    preset, own = args.variants[label]
     config = get_config(preset)
-    for item in args.set:
+    for item in args.set + own:
         key, _, raw = item.partition("=")
         set_field(config, key, raw)
     if not config.eval_freq:
@@ -78,10 +99,16 @@ def run_one(preset: str, seed: int, args) -> dict:
     config.save_freq = 0
     config.log_images_every = 0
     config.logdir = str(Path(args.out) / "runs")
-    config.run_name = f"{preset}_seed{seed}"
-    per_epoch = config.sample.batch_size * config.sample.num_batches_per_epoch
-    if get_adv_estimator(config.algorithm.adv_estimator).needs_greedy_rewards:  # ReMax: one greedy query per group
-        per_epoch += per_epoch // config.train.group_size
+    config.run_name = f"{label}_seed{seed}"
+    samples = config.sample.batch_size * config.sample.num_batches_per_epoch
+    estimator = get_adv_estimator(config.algorithm.adv_estimator)
+    per_epoch = samples
+    if estimator.needs_greedy_rewards:  # ReMax: one greedy query per group
+        per_epoch += samples // config.train.group_size
+    if estimator.reads(config, "tweedie_values"):  # GROUP_PPO's Tweedie values: one query per sample and valued step
+        # (the SDE window's steps; a CPS flow's last step, never stochastic, is not subtracted: the queries column
+        # reports what the run really spent)
+        per_epoch += samples * len(valued_steps(stochastic_steps(config.sample)))
     config.num_epochs = max(1, args.queries // per_epoch)
     # a run cut short in an earlier attempt is not resumed: start it afresh (its metrics would add up)
     shutil.rmtree(Path(config.logdir) / config.run_name, ignore_errors=True)
@@ -89,13 +116,15 @@ def run_one(preset: str, seed: int, args) -> dict:
     trainer = Trainer(config)
     trainer.run()
     wall = time.perf_counter() - start
-    queries, curve, spent = 0, [], {}
+    queries, curve, spent, ev = 0, [], {}, []
     for m in read_metrics(trainer.run_dir / "metrics.jsonl"):
         queries += m["reward_queries"]
         curve.append((queries, m["reward_mean"]))
         spent[m["epoch"]] = queries
+        if m.get("group/critic_ev") is not None and math.isfinite(m["group/critic_ev"]):
+            ev.append(m["group/critic_ev"])
     evaluations = evaluation_curve(trainer.run_dir, spent)
-    return {"preset": preset, "seed": seed, "before": evaluations[0]["reward"], "after": evaluations[-1]["reward"],
+    return {"preset": label, "seed": seed, "critic_ev": sum(ev[-10:]) / len(ev[-10:]) if ev else None, "before": evaluations[0]["reward"], "after": evaluations[-1]["reward"],
             "accuracy_before": evaluations[0]["accuracy"], "accuracy_after": evaluations[-1]["accuracy"],
             "queries": queries, "wall_s": wall, "curve": curve, "evaluations": evaluations}
 
@@ -143,11 +172,28 @@ def mean_std(values):
     return f"{float(t.mean()):.4g} ± {std:.2g}"
 
 
-def table(rows: list[dict], presets: list[str], threshold) -> str:
+def resolve_threshold(threshold: str | None, rows: list[dict]) -> tuple[float | None, str]:
+    """(level, its description): a number, or a row label's mean final evaluation reward."""
+    if threshold is None:
+        return None, "none"
+    try:
+        return float(threshold), threshold
+    except ValueError:
+        finals = [r["after"] for r in rows if r["preset"] == threshold]
+        if not finals:
+            raise SystemExit(f"--threshold {threshold!r}: neither a number nor a row of this study")
+        level = sum(finals) / len(finals)
+        return level, f"{threshold}'s final {level:.4f}"
+
+
+def table(rows: list[dict], presets: list[str], threshold: str | None) -> str:
+    threshold, described = resolve_threshold(threshold, rows)
     with_accuracy = any(r.get("accuracy_before") is not None for r in rows)
+    with_ev = any(r.get("critic_ev") is not None for r in rows)
     accuracy_head = " joint accuracy before | joint accuracy after |" if with_accuracy else ""
-    head = (f"| preset | reward before | reward after | gain |{accuracy_head} reward queries | "
-            f"queries to reach {threshold} | wall time (s) |\n|---|---|---|---|{'---|---|' if with_accuracy else ''}---|---|---|")
+    head = (f"| variant | reward before | reward after | gain |{accuracy_head} reward queries | "
+            f"queries to reach {described} |{' critic EV (last 10 epochs) |' if with_ev else ''} wall time (s) |\n"
+            f"|---|---|---|---|{'---|---|' if with_accuracy else ''}---|---|{'---|' if with_ev else ''}---|")
     out = [head]
     for preset in presets:
         rs = [r for r in rows if r["preset"] == preset]
@@ -158,7 +204,8 @@ def table(rows: list[dict], presets: list[str], threshold) -> str:
         out.append(
             f"| {preset} | {mean_std([r['before'] for r in rs])} | {mean_std([r['after'] for r in rs])} | "
             f"{mean_std([r['after'] - r['before'] for r in rs])} |{accuracy} {mean_std([r['queries'] for r in rs])} | "
-            f"{reach} | {mean_std([r['wall_s'] for r in rs])} |"
+            f"{reach} |{' ' + mean_std([r.get('critic_ev') for r in rs]) + ' |' if with_ev else ''} "
+            f"{mean_std([r['wall_s'] for r in rs])} |"
         )
     return "\n".join(out)
 
@@ -210,22 +257,29 @@ def plot(rows: list[dict], presets: list[str], path: Path, smooth: int = 5) -> N
 
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--presets", default=",".join(PRESETS))
+    parser.add_argument("--presets", default=None, help="comma-separated presets (default: all, or none with --variant)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--queries", type=int, default=1920, help="reward queries per run (1920: 60 epochs of 32)")
-    parser.add_argument("--threshold", type=float, default=None,
-                        help="evaluation reward level for 'queries to reach'")
+    parser.add_argument("--threshold", default=None,
+                        help="evaluation reward level for 'queries to reach': a number or a row's label (its final)")
+    parser.add_argument("--variant", action="append", default=[], metavar='"LABEL=PRESET FIELD=VALUE ..."',
+                        help="a row of its own: a preset with overrides")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once, each in its own process with cpu_count // jobs threads (1: in this process)")
     args = parser.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
-    presets = [p for p in args.presets.split(",") if p]
+    if args.presets is None:
+        args.presets = "" if args.variant else ",".join(PRESETS)
+    args.variants = parse_variants([p for p in args.presets.split(",") if p], args.variant)
+    presets = list(args.variants)
     seeds = [int(s) for s in args.seeds.split(",") if s]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"queries": args.queries, "set": sorted(args.set)}
+    if args.variant:
+        settings["variants"] = sorted(args.variant)
     rows = load_rows(out / "results.json", settings)
     done = {(r["preset"], r["seed"]) for r in rows}
     runs = [(preset, seed) for preset in presets for seed in seeds if (preset, seed) not in done]

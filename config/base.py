@@ -136,8 +136,10 @@ def base() -> ml_collections.ConfigDict:
     group.lam = 1.0  # lambda over segments (1: Monte-Carlo return with a critic baseline)
     group.target_explained_variance = 0.5  # the critic quality the threshold controller aims for
     # V at the endpoints: "critic" (the value network), "residual_critic" (the prompt group's mean reward + the value
-    # network, which then learns only the deviation: at 0 the advantages are grpo's)
+    # network, which then learns only the deviation: at 0 the advantages are grpo's), "tweedie" (the reward of the
+    # decoded one-step prediction x0_hat(x_n): one more reward query per sample and valued step), "blend"
     group.value_source = "critic"
+    group.value_blend = 0.5  # "blend": V = w * tweedie + (1 - w) * residual critic
 
     # ---- algorithm: KL, estimators' parameters, dynamic sampling ----
     algorithm.clip_ratio_c = 3.0  # dual clip for negative advantages (vanilla, gspo)
@@ -165,6 +167,7 @@ def base() -> ml_collections.ConfigDict:
     critic.weight_decay = 0.0
     critic.cliprange_value = 0.2  # clipped value loss range, in reward units (None: unclipped)
     critic.num_updates = 1  # passes over the epoch's samples per epoch
+    critic.warmup_epochs = 0  # the first epochs train the critic only: the policy stays as it is
     critic.max_grad_norm = 1.0
 
     # ---- prompts and rewards ----

@@ -57,6 +57,8 @@ class AdvantageInputs:
     values [B, T]: PRE-step critic values V(x_n, t_n, c) (gae, group_ppo).
     step_rewards [B, T]: per-step rewards added to the terminal one (e.g. -beta * KL_n).
     greedy_rewards [B]: reward of the eta = 0 sample of each sample's prompt (remax).
+    tweedie_values [B, T]: V(x_n) = reward of the decoded one-step prediction x0_hat(x_n), the terminal reward where
+        the rest of the trajectory is deterministic (group_ppo's value_source "tweedie" / "blend"; rollout/tweedie.py).
     stat_tracker: PerPromptStatTracker (ddpo).
     """
 
@@ -67,6 +69,7 @@ class AdvantageInputs:
     values: Optional[torch.Tensor] = None
     step_rewards: Optional[torch.Tensor] = None
     greedy_rewards: Optional[torch.Tensor] = None
+    tweedie_values: Optional[torch.Tensor] = None
     stat_tracker: Optional[object] = None
 
 
@@ -110,6 +113,8 @@ class EstimatorSpec:
     params: Mapping[str, str] = field(default_factory=dict)
     check: Optional[Callable[[object], List[str]]] = None
     controller: Optional[Callable[[object], object]] = None
+    # config -> the optional inputs this configuration of the estimator reads ({"tweedie_values"} or none)
+    optional_inputs: Optional[Callable[[object], set]] = None
 
     def __call__(self, inputs: AdvantageInputs, adv_clip_max: Optional[float] = None, **params) -> AdvantageOutput:
         self.check_inputs(inputs)
@@ -131,6 +136,10 @@ class EstimatorSpec:
 
     def config_errors(self, config) -> List[str]:
         return list(self.check(config)) if self.check is not None else []
+
+    def reads(self, config, name: str) -> bool:
+        """Whether this estimator, configured by ``config``, reads the optional input ``name``."""
+        return self.optional_inputs is not None and name in self.optional_inputs(config)
 
     def check_inputs(self, inputs: AdvantageInputs) -> None:
         """The declared needs, with an error naming what is missing."""
@@ -295,11 +304,17 @@ def _group_ppo_checks(config) -> List[str]:
         errors.append(f"group_params.lam={g.lam} must be in [0, 1]")
     if g.get("value_source", "critic") not in GROUP_PPO_VALUE_SOURCES:
         errors.append(f"group_params.value_source={g.value_source!r}; allowed: {list(GROUP_PPO_VALUE_SOURCES)}")
+    if not 0 <= g.get("value_blend", 0.5) <= 1:
+        errors.append(f"group_params.value_blend={g.value_blend} must be in [0, 1]")
     return errors + GroupThresholdController.config_errors(config)
 
 
 GAE_START_VALUES = ("critic", "group_mean")
-GROUP_PPO_VALUE_SOURCES = ("critic", "residual_critic")
+GROUP_PPO_VALUE_SOURCES = ("critic", "residual_critic", "tweedie", "blend")
+
+
+def _group_ppo_inputs(config) -> set:
+    return {"tweedie_values"} if config.group_params.get("value_source", "critic") in ("tweedie", "blend") else set()
 
 
 # ---------------------------------------------------------------------------------- estimators
@@ -455,29 +470,42 @@ def gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0,
                   critic_targets=endpoint_targets, controller=GroupThresholdController.from_config,
                   params={"tau": "group_params.group_variance_threshold", "group_max_size": "group_params.group_max_size",
                           "group_epsilon": "group_params.group_epsilon", "lam": "group_params.lam",
-                          "norm_adv_by_std": "train.scale_rewards", "value_source": "group_params.value_source"},
-                  check=_group_ppo_checks)
+                          "norm_adv_by_std": "train.scale_rewards", "value_source": "group_params.value_source",
+                          "value_blend": "group_params.value_blend"},
+                  check=_group_ppo_checks, optional_inputs=_group_ppo_inputs)
 def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, group_max_size: int = 16,
                         group_epsilon: float = 1e-6, lam: float = 1.0, norm_adv_by_std: bool = False,
                         critic_lam: Optional[float] = None, group_weight_by_mask: bool = False,
-                        value_source: str = "critic", **_) -> AdvantageOutput:
+                        value_source: str = "critic", value_blend: float = 0.5, **_) -> AdvantageOutput:
     """GROUP_PPO (GROUP_PPO.md; formulas in group_ppo.py): dynamic step groups, the group
     advantage A_k = sum_{j >= k} lam^(j-k) Delta_j broadcast to its steps (optionally / (std_g(R)
     + group_epsilon), 0 for a group whose rewards are all equal), never whitened. tau comes from the
     GroupThresholdController each epoch. Fills endpoint_mask / critic_targets (pre-step indexing,
     K-1 per trajectory), returns = critic_targets, extras step_endpoints / group_id.
     Endpoints do not depend on the step mask unless group_weight_by_mask=True.
-    value_source: "critic" (V = the critic's output) or "residual_critic" (V = group mean reward + the critic's
-    output, which learns the deviation; at output 0 the advantages are grpo's).
+    value_source, the endpoint values V (b_g: the group's mean reward, f: the critic's output, Q: tweedie_values):
+        "critic"           V = f
+        "residual_critic"  V = b_g + f       (f learns the deviation from the group mean; at f = 0 this is grpo)
+        "tweedie"          V = Q             (no training; the critic is still trained, unused)
+        "blend"            V = w Q + (1 - w)(b_g + f),  w = value_blend
+    The critic's targets are deviations from b_g whenever f enters as a deviation (residual_critic, blend).
     """
     R, m, gi, P = _prepare(inputs, "group_ppo")
     V = _values(inputs, m, "group_ppo")
-    _, _, std, _, _ = group_stats(R, gi, P, unbiased=True)
+    _, mean, std, _, _ = group_stats(R, gi, P, unbiased=True)
+    if value_source in ("tweedie", "blend"):
+        if inputs.tweedie_values is None:
+            raise ValueError(f"group_ppo with value_source={value_source!r} needs inputs.tweedie_values [B, T]")
+        Q = torch.as_tensor(inputs.tweedie_values, device=R.device).detach().double()
+        if Q.shape != V.shape:
+            raise ValueError(f"tweedie_values has shape {tuple(Q.shape)}, values {tuple(V.shape)}")
+        # blend in deviation space: b_g + w (Q - b_g) + (1 - w) f = w Q + (1 - w)(b_g + f)
+        V = Q if value_source == "tweedie" else value_blend * (Q - mean[gi][:, None]) + (1 - value_blend) * V
     sr = None if inputs.step_rewards is None else torch.as_tensor(inputs.step_rewards, device=R.device).detach().double()
     res = group_ppo_advantages(
         V, R, gi, tau=tau, group_max_size=group_max_size, eps=group_epsilon, lam=lam, norm_adv_by_std=norm_adv_by_std,
         step_mask=m, step_rewards=sr, critic_lam=critic_lam, weight_by_mask=group_weight_by_mask,
-        residual=value_source == "residual_critic",
+        residual=value_source in ("residual_critic", "blend"),
     )
     metrics = {**res.metrics, **_group_metrics(R, gi, P, std)}
     dtype = inputs.rewards.dtype if torch.as_tensor(inputs.rewards).is_floating_point() else torch.float32

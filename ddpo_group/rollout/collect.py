@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards import check_rewards
+from ddpo_group.rollout.tweedie import tweedie_values, with_rewards
 from ddpo_group.sampling.trajectories import rows_of, sample_trajectories
 from ddpo_group.timing import NULL_TIMER
 
@@ -134,6 +135,7 @@ def collect_rollouts(
     initial_noise: torch.Tensor | None = None,
     text_cache: TextEmbeddingCache | None = None,
     record_means: bool = False,
+    tweedie_steps: list[int] | None = None,
 ) -> dict:
     """Sample this process's prompts in ``num_batches_per_epoch`` batches with ``family`` and score them.
 
@@ -147,6 +149,9 @@ def collect_rollouts(
     ``should_stop()``, asked before each batch, abandons the sampling (EpochAbandoned) when true.
     ``record_means`` adds step_means [B, T, ...]: the rollout policy's mean of each step (a policy loss that declares
     ``needs_old_means``, e.g. ratio_norm).
+    ``tweedie_steps`` adds tweedie_values [B, T] float64: the reward of each of those steps' one-step prediction of
+    the clean image, the sample's reward in the other columns (rollout/tweedie.py; B x len(tweedie_steps) more reward
+    queries, charged to "reward").
     """
     batches, futures = [], []
     size = sample_config.batch_size
@@ -169,11 +174,20 @@ def collect_rollouts(
                 initial_noise=initial_noise[rows] if initial_noise is not None else None,
                 log_prob_reduce=sample_config.log_prob_reduce,
                 decode_batch_size=int(sample_config.get("decode_batch_size", 0)), record_means=record_means,
+                record_x0=tweedie_steps is not None,
             )
         if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
             with timer.phase("critic"):
                 traj.values = critic.values(traj.latents[:, :-1], traj.timesteps, cond["prompt_embeds"])
         futures.append(executor.submit(score_images, reward_fn, reward_name, traj.images, batch_prompts, batch_metadata))
+        tweedie = None
+        if tweedie_steps is not None:
+            with timer.phase("reward"):
+                tweedie = tweedie_values(
+                    family, traj.pred_x0, tweedie_steps,
+                    lambda images, p, m: score_images(reward_fn, reward_name, images, p, m)[0],
+                    batch_prompts, batch_metadata, dtype=next(iter(cond.values())).dtype,
+                    decode_batch_size=int(sample_config.get("decode_batch_size", 0)))
         batches.append(
             {
                 "prompts": batch_prompts,
@@ -186,6 +200,7 @@ def collect_rollouts(
                 "images": traj.images,
                 **({"values": traj.values} if critic is not None else {}),
                 **({"step_means": traj.means} if record_means else {}),
+                **({"tweedie_values": tweedie} if tweedie is not None else {}),
             }
         )
 
@@ -194,6 +209,8 @@ def collect_rollouts(
         for batch, future in zip(batches, futures):
             batch["rewards"], info = future.result()
             infos.append(info)
+            if "tweedie_values" in batch:
+                batch["tweedie_values"] = with_rewards(batch["tweedie_values"], batch["rewards"])
 
     record = {}
     for key in batches[0]:

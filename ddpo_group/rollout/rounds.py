@@ -27,6 +27,7 @@ from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards.combine import component_label
 from ddpo_group.rollout.collect import TextEmbeddingCache, collect_rollouts, greedy_rewards
 from ddpo_group.rollout.snapshot import SamplingSnapshot
+from ddpo_group.rollout.tweedie import valued_steps
 from ddpo_group.run.process_failures import check_peers
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
 from ddpo_group.timing import NULL_TIMER
@@ -104,7 +105,7 @@ class EpochRollouts:
 
 
 def estimate_advantages(estimator, config, rewards, groups, prompts, num_steps: int, stat_tracker=None, values=None,
-                        step_rewards=None, greedy_rewards=None, controller=None) -> AdvantageOutput:
+                        step_rewards=None, greedy_rewards=None, controller=None, tweedie_values=None) -> AdvantageOutput:
     """The estimator's output on the whole (gathered) round: advantages [B, T], returns, masks, metrics.
 
     Its keywords are its declared config fields, ``algorithm.adv_estimator_kwargs`` and its controller's. Every
@@ -117,6 +118,7 @@ def estimate_advantages(estimator, config, rewards, groups, prompts, num_steps: 
         values=None if values is None else values.double(),
         step_rewards=None if step_rewards is None else step_rewards.double(),
         greedy_rewards=None if greedy_rewards is None else greedy_rewards.double(),
+        tweedie_values=None if tweedie_values is None else tweedie_values.double(),
     )
     return estimator(inputs, adv_clip_max=config.train.adv_clip_max, **estimator.params_from(config, controller))
 
@@ -165,6 +167,10 @@ class RolloutCollector:
         self.executor = ThreadPoolExecutor(max_workers=2)  # reward calls run while the next batch samples
         # the rollout policy's step means are recorded only for a loss that needs them (a latent-sized tensor a step)
         self.record_means = get_policy_loss(config.algorithm.policy_loss).needs_old_means
+        # GROUP_PPO's Tweedie values: the steps whose one-step prediction is scored (rollout/tweedie.py)
+        self.tweedie_steps = None
+        if estimator.reads(config, "tweedie_values"):
+            self.tweedie_steps = valued_steps(family.stochastic_steps(config.sample))
         cache_size = int(config.sample.get("text_embedding_cache", 0))
         self.text_cache = TextEmbeddingCache(cache_size) if cache_size > 0 else None
 
@@ -202,7 +208,7 @@ class RolloutCollector:
                 config.sample, show_progress=accelerator.is_local_main_process,
                 desc=f"epoch {epoch}: sampling", generators=sample_generators(seed, mine, accelerator.device),
                 critic=self.critic, should_stop=self.should_stop, timer=self.timer, initial_noise=initial_noise,
-                text_cache=self.text_cache, record_means=self.record_means,
+                text_cache=self.text_cache, record_means=self.record_means, tweedie_steps=self.tweedie_steps,
             )
             extra = self.estimator_extras(epoch, batch, groups[mine], initial_noise)
         with self.timer.phase("advantage"):
@@ -216,6 +222,8 @@ class RolloutCollector:
         config, extra = self.config, {}
         if self.estimator.needs_critic:
             extra["values"] = batch["values"]
+        if "tweedie_values" in batch:
+            extra["tweedie_values"] = batch["tweedie_values"]
         if self.estimator.needs_greedy_rewards:
             with self.timer.phase("sampling"):  # greedy samples and their rewards
                 extra["greedy_rewards"] = greedy_rewards(
@@ -240,6 +248,7 @@ class RolloutCollector:
             self.estimator, config, rewards, torch.tensor(groups), prompts, batch["log_probs"].shape[1],
             self.stat_tracker, values=gathered.get("values"), step_rewards=gathered.get("step_rewards"),
             greedy_rewards=gathered.get("greedy_rewards"), controller=self.controller,
+            tweedie_values=gathered.get("tweedie_values"),
         )
         batch["advantages"] = shards.local_rows(out.advantages)
         if self.critic is not None:
@@ -252,6 +261,8 @@ class RolloutCollector:
         queries = len(groups)
         if "greedy_rewards" in extra:  # ReMax's greedy samples are reward queries too
             queries += int(shards.gather(torch.tensor([len(set(groups[shards.mine]))])).sum())
+        if self.tweedie_steps:  # so are the one-step predictions GROUP_PPO's Tweedie values score
+            queries += len(groups) * len(self.tweedie_steps)
         return Round(batch=batch, out=out, gathered=gathered, groups=list(groups), keep=keep, dropped_share=dropped_share,
                      num_groups=len(set(groups)), reward_queries=queries, component_metrics=metrics)
 

@@ -178,8 +178,11 @@ class Trainer:
         batch = rollouts.batch
         # 2. update the policy, then the critic
         try:
-            with self.timer.phase("training"), names_the_setting("training", self.chunk_setting()):
-                train = self.updater.train_epoch(batch, show_progress=self.accelerator.is_local_main_process)
+            if self.critic_warming_up(epoch):  # the critic learns the policy's values before the policy moves
+                train = {"optimizer_steps": 0, "pairs": 0}
+            else:
+                with self.timer.phase("training"), names_the_setting("training", self.chunk_setting()):
+                    train = self.updater.train_epoch(batch, show_progress=self.accelerator.is_local_main_process)
             self.state.global_step += train.pop("optimizer_steps")
             pairs = train.pop("pairs")
             critic = {}
@@ -206,6 +209,10 @@ class Trainer:
         if self.estimator_controller is not None and (line := self.estimator_controller.summary(epoch, metrics)):
             self.session.print(line)
         return metrics
+
+    def critic_warming_up(self, epoch: int) -> bool:
+        """The first ``critic.warmup_epochs`` epochs train the critic only (their rollouts are reward queries too)."""
+        return self.critic is not None and epoch < int(self.config.critic.get("warmup_epochs", 0))
 
     def chunk_setting(self) -> str:
         value = self.pairs_per_forward.value

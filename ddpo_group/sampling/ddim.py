@@ -152,4 +152,4 @@ def ddim_step_with_logprob(
             raise ValueError(f"eta={eta}: a DDIM step with eta = 0 is deterministic and has no log-probability")
         log_prob = gaussian_log_prob(prev_sample, mean, std, reduce)
     return DDIMStepOutput(prev_sample=prev_sample, log_prob=log_prob, mean=mean, std=std,
-                          step_length=flow_time(alpha_prod_t) - flow_time(alpha_prod_prev))
+                          step_length=flow_time(alpha_prod_t) - flow_time(alpha_prod_prev), pred_x0=x0)

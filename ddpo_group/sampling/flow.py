@@ -117,7 +117,8 @@ def flow_step_with_logprob(
             raise ValueError(f"{sde_type} step with noise_level={noise_level} has std 0 (a deterministic step): it has "
                              "no log-probability")
         log_prob = gaussian_log_prob(prev_sample, mean, std, reduce)
-    return StepOutput(prev_sample=prev_sample, log_prob=log_prob, mean=mean, std=std, step_length=s - s_next)
+    return StepOutput(prev_sample=prev_sample, log_prob=log_prob, mean=mean, std=std, step_length=s - s_next,
+                      pred_x0=x - _per_row(s, x) * v)  # x_s = (1 - s) x0 + s eps and v = eps - x0
 
 
 def _rows(value, like: torch.Tensor) -> torch.Tensor:

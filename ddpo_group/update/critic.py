@@ -150,6 +150,8 @@ def critic_config_errors(config) -> list[str]:
         errors.append(f"critic.hidden_dim={c.hidden_dim} must be >= 1")
     if c.num_updates < 1:
         errors.append(f"critic.num_updates={c.num_updates} must be >= 1")
+    if c.get("warmup_epochs", 0) < 0:
+        errors.append(f"critic.warmup_epochs={c.warmup_epochs} must be >= 0")
     if not (c.cliprange_value is None or c.cliprange_value > 0):
         errors.append(f"critic.cliprange_value={c.cliprange_value} must be > 0 (or None)")
     return errors

@@ -217,6 +217,29 @@ def test_residual_critic_is_the_plain_one_shifted_by_the_group_mean_and_grpo_at_
     torch.testing.assert_close(zero.advantages, grpo.advantages, rtol=1e-9, atol=1e-12)
 
 
+@settings(max_examples=30, deadline=None)
+@given(problem(), st.sampled_from([0.0, 0.3, 1.0]))
+def test_tweedie_and_blend_values(prob, w):
+    R, V, gi, tau, max_size, lam, mask = prob
+    b = torch.stack([R[gi == g].mean() for g in gi])[:, None]
+    Q = torch.rand(V.shape, dtype=D, generator=torch.Generator().manual_seed(len(R)))
+    kw = dict(tau=tau, group_max_size=max_size, lam=lam, norm_adv_by_std=True)
+
+    def run(values, tweedie=None, **extra):
+        inputs = AdvantageInputs(R, mask, gi, values=values, tweedie_values=tweedie)
+        return get_adv_estimator("group_ppo")(inputs, **kw, **extra)
+
+    tweedie = run(V, Q, value_source="tweedie")  # the critic's output is not read
+    torch.testing.assert_close(tweedie.advantages, run(Q).advantages, rtol=1e-9, atol=1e-12)
+    blend = run(V, Q, value_source="blend", value_blend=w)
+    by_hand = run(w * Q + (1 - w) * (b + V))  # V = w Q + (1 - w)(b_g + f)
+    torch.testing.assert_close(blend.advantages, by_hand.advantages, rtol=1e-9, atol=1e-12)
+    on = blend.endpoint_mask > 0  # the critic still learns the deviation from b_g
+    torch.testing.assert_close(blend.critic_targets[on], (by_hand.critic_targets - b)[on], rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="value_source='tweedie' needs inputs.tweedie_values"):
+        run(V, value_source="tweedie")
+
+
 def test_value_source_is_checked_by_name():
     from config.base import get_config
     from ddpo_group.run.config_checks import validate_config
@@ -224,7 +247,7 @@ def test_value_source_is_checked_by_name():
 
     config = get_config("group_ppo")
     config.group_params.value_source = "oracle"
-    with pytest.raises(ConfigError, match=r"group_params.value_source='oracle'; allowed: \['critic', 'residual_critic'\]"):
+    with pytest.raises(ConfigError, match=r"group_params.value_source='oracle'; allowed: \['critic', 'residual_critic', 'tweedie', 'blend'\]"):
         validate_config(config)
 
 

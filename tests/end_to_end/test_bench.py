@@ -48,6 +48,27 @@ def test_compare_algorithms_runs(tiny_model_dir, tmp_path):
         compare_algorithms.main([x if x != "8" else "16" for x in args])
 
 
+def test_variants_are_rows_of_their_own_and_tweedie_values_are_counted(tiny_model_dir, tmp_path):
+    import compare_algorithms
+
+    sets = ["pretrained.model=" + tiny_model_dir, "prompt_fn=simple_animals", "reward_fn=jpeg_compressibility",
+            "sample.num_steps=3", "sample.sde_window_size=0", "sample.batch_size=4", "sample.num_batches_per_epoch=1",
+            "train.batch_size=4", "train.group_size=2", "train.pairs_per_forward=12", "eval_num_prompts=2",
+            "eval_num_seeds=1"]
+    args = ["--presets", "grpo", "--variant", "tweedie=group_ppo group_params.value_source=tweedie", "--seeds", "0",
+            "--queries", "8", "--threshold", "grpo", "--out", str(tmp_path)] + [x for s in sets for x in ("--set", s)]
+    grpo, tweedie = compare_algorithms.main(args)
+    assert (grpo["preset"], tweedie["preset"]) == ("grpo", "tweedie")
+    # 3 steps, all stochastic: x_1 and x_2 valued, 2 more queries per sample (4 samples an epoch, one epoch)
+    assert grpo["queries"] == 8 and tweedie["queries"] == 12 and len(tweedie["evaluations"]) == 2 and (tmp_path / "runs" / "tweedie_seed0").is_dir()
+    assert grpo["critic_ev"] is None
+    text = (tmp_path / "results.md").read_text()
+    assert f"queries to reach grpo's final {grpo['after']:.4f}" in text and "| tweedie |" in text
+    assert "critic EV (last 10 epochs)" in text
+    with pytest.raises(SystemExit, match="expected 'LABEL=PRESET FIELD=VALUE ...'"):
+        compare_algorithms.main(["--variant", "x=nope", "--out", str(tmp_path / "other")])
+
+
 def test_sampling_bench_runs_and_prints_the_ratio(tiny_model_dir, capsys):
     import sampling
 

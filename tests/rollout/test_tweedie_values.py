@@ -1,0 +1,58 @@
+"""GROUP_PPO's Tweedie values (rollout/tweedie.py): the reward of each valued step's decoded one-step prediction, by
+hand on the tiny models; the other columns are the terminal reward; the extra reward calls count as queries."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddpo_group.rollout.tweedie import valued_steps, with_rewards
+from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+BRIGHTNESS = f"{Path(__file__).resolve().parents[1] / 'plugins' / 'failing_reward.py'}:make"  # mean pixel value
+
+
+def test_valued_steps_run_from_one_to_the_last_stochastic_step():
+    assert valued_steps(torch.tensor([True, True, False, False])) == [1]  # the default 2-step window
+    assert valued_steps(torch.tensor([False, True, True, False, False])) == [1, 2]
+    assert valued_steps(torch.tensor([True, True, True, True])) == [1, 2, 3]
+    assert valued_steps(torch.tensor([True, False, False])) == []  # one stochastic step: every value is R exactly
+    values = torch.tensor([[float("nan"), 0.5, float("nan")]], dtype=torch.float64)
+    assert with_rewards(values, torch.tensor([0.9], dtype=torch.float64)).tolist() == [[0.9, 0.5, 0.9]]
+
+
+def hand_x0(family, model_output, latents, step):
+    """x0_hat(x_n) from the model's output, written out: DDIM (x - sqrt(1 - ab_t) eps) / sqrt(ab_t); flow x - s v."""
+    if "sigmas" in step:
+        return latents - step["sigmas"].view(-1, *[1] * (latents.ndim - 1)) * model_output
+    ab = family.pipe.scheduler.alphas_cumprod[step["timesteps"].long().cpu()].to(latents.device)
+    ab = ab.view(-1, *[1] * (latents.ndim - 1))
+    return (latents - (1 - ab).sqrt() * model_output) / ab.sqrt()
+
+
+@pytest.mark.parametrize("family_name", ["sd", "sd3"])
+def test_tweedie_values_are_the_reward_of_the_decoded_one_step_prediction(family_name, family_model_dirs, tmp_path):
+    trainer = tiny_trainer("group_ppo", family_model_dirs[family_name], tmp_path, reward_fn=BRIGHTNESS,
+                           **{"group_params.value_source": "tweedie", "sample.num_steps": 4,
+                              "sample.sde_window_size": 3, **FAMILY_OVERRIDES[family_name]})
+    family = trainer.family
+    assert trainer.rollouts.tweedie_steps == [1, 2]  # window [0, 3): x_1, x_2 valued; x_3 is followed by no noise
+    rollouts = trainer.rollouts.collect(0)
+    batch = rollouts.batch
+    values, rewards = batch["tweedie_values"], batch["rewards"]
+    B = len(rewards)
+    assert rollouts.reward_queries == B + 2 * B  # the images, then one one-step prediction per sample and valued step
+    torch.testing.assert_close(values[:, [0, 3]], rewards.double()[:, None].expand(B, 2), rtol=0, atol=0)
+    family.schedule(4, trainer.accelerator.device)
+    for b in (0, B - 1):
+        for n in (1, 2):
+            step = {key: batch[key][b : b + 1, n] for key in family.step_keys}
+            cond = {key: batch[key][b : b + 1] for key in family.cond_keys}
+            latents = batch["latents"][b : b + 1, n]
+            with torch.no_grad():
+                output = family.model_output(family.model, latents, step, cond, family.negative_condition(),
+                                             trainer.config.sample.guidance_scale)
+                image = family.decode(hand_x0(family, output.float(), latents.float(), step))
+            assert abs(float(image.double().mean()) - float(values[b, n])) < 1e-5, (b, n)
+    # the estimator reads them: V = the Tweedie values (a plain critic run on the same values gives the same advantages)
+    assert torch.isfinite(batch["advantages"]).all()
