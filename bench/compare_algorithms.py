@@ -1,6 +1,6 @@
 """Learning proof: every preset trained for the same number of reward queries, several seeds each.
 
-    python bench/compare_algorithms.py --presets ddpo,grpo,group_ppo --seeds 0,1,2 --queries 1920 --threshold 0.9
+    python bench/compare_algorithms.py --presets ddpo,grpo,group_ppo --seeds 0,1,2 --queries 1280 --threshold 0.88
 
 Each (preset, seed) run is the preset's configuration (``--set FIELD=VALUE`` overrides any field) with ``num_epochs``
 set to spend ``--queries`` reward queries (ReMax's greedy samples and GROUP_PPO's Tweedie values included). A
@@ -163,10 +163,10 @@ def run_pool(jobs: int):
                                initializer=torch.set_num_threads, initargs=(max(1, (os.cpu_count() or 1) // jobs),))
 
 
-def mean_std(values):
+def mean_std(values, empty: str = "never"):
     values = [v for v in values if v is not None]
     if not values:
-        return "never"
+        return empty
     t = torch.tensor(values, dtype=torch.float64)
     std = float(t.std(unbiased=False)) if len(values) > 1 else 0.0
     return f"{float(t.mean()):.4g} ± {std:.2g}"
@@ -204,7 +204,7 @@ def table(rows: list[dict], presets: list[str], threshold: str | None) -> str:
         out.append(
             f"| {preset} | {mean_std([r['before'] for r in rs])} | {mean_std([r['after'] for r in rs])} | "
             f"{mean_std([r['after'] - r['before'] for r in rs])} |{accuracy} {mean_std([r['queries'] for r in rs])} | "
-            f"{reach} |{' ' + mean_std([r.get('critic_ev') for r in rs]) + ' |' if with_ev else ''} "
+            f"{reach} |{' ' + mean_std([r.get('critic_ev') for r in rs], empty='—') + ' |' if with_ev else ''} "
             f"{mean_std([r['wall_s'] for r in rs])} |"
         )
     return "\n".join(out)
@@ -259,7 +259,7 @@ def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", default=None, help="comma-separated presets (default: all, or none with --variant)")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--queries", type=int, default=1920, help="reward queries per run (1920: 60 epochs of 32)")
+    parser.add_argument("--queries", type=int, default=1280, help="reward queries per run (1280: 40 epochs of 32)")
     parser.add_argument("--threshold", default=None,
                         help="evaluation reward level for 'queries to reach': a number or a row's label (its final)")
     parser.add_argument("--variant", action="append", default=[], metavar='"LABEL=PRESET FIELD=VALUE ..."',

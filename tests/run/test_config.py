@@ -87,7 +87,7 @@ def test_presets_keep_the_issue_names_and_defaults():
         # 10 steps, evaluated every 10 epochs
         assert config.prompt_fn == "tiny_shapes_hard" and len(config.prompt_fn_kwargs) == 0
         assert (config.sample.num_steps, config.sample.sde_window_start, config.sample.sde_window_size) == (10, 0, 2)
-        assert config.eval_freq == 10 and config.num_epochs == 60
+        assert config.eval_freq == 10 and config.num_epochs == 40
     g = get_config("group_ppo").group_params  # GROUP_PPO.md's defaults
     assert (g.group_variance_threshold, g.group_max_size, g.group_epsilon, g.adaptive_threshold, g.threshold_lr,
             g.min_threshold, g.max_threshold, g.lam, g.target_explained_variance) == (1.0, 16, 1e-6, True, 0.01, 0.1,
