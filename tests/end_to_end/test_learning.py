@@ -1,4 +1,4 @@
-"""The main command learns: the default configuration of grpo and group_ppo on the embedded model, shortened from
+"""The main command learns: the default configuration of group_ppo on the embedded model, shortened from
 40 to 20 epochs, raises the reward of the run's own fixed evaluation (eval_freq: the same 4 prompts x 8 initial
 noises, deterministic sampler); with group_ppo's advantages negated the same evaluation falls, so the gain is the
 algorithm's, not the evaluation's. On the CPU, where the margins were measured (a GPU draws other random streams).
@@ -30,8 +30,9 @@ def default_run(preset: str, out: Path) -> dict:
     return row
 
 
-# ddpo learns as clearly (+0.056 here, every seed of the proof); left to the proof to keep the suite short
-@pytest.mark.parametrize("preset", ["grpo", "group_ppo"])
+# ddpo and grpo learn as clearly (+0.056, +0.043 here; every seed of the proof): left to the proof, to keep the suite
+# short (each run here is about 95 s)
+@pytest.mark.parametrize("preset", ["group_ppo"])
 def test_the_default_configuration_raises_the_fixed_evaluation(preset, tmp_path):
     row = default_run(preset, tmp_path)
     # measured (seed 0, one thread, the learning proof's runs): 0.8245 before; after 20 epochs ddpo 0.8805 (+0.056),
