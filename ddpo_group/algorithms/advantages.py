@@ -311,10 +311,12 @@ def _group_ppo_checks(config) -> List[str]:
 
 GAE_START_VALUES = ("critic", "group_mean")
 GROUP_PPO_VALUE_SOURCES = ("critic", "residual_critic", "tweedie", "blend")
+TWEEDIE_VALUE_SOURCES = ("tweedie", "blend")  # read inputs.tweedie_values
+RESIDUAL_VALUE_SOURCES = ("residual_critic", "blend")  # the critic's output is a deviation from the group mean
 
 
 def _group_ppo_inputs(config) -> set:
-    return {"tweedie_values"} if config.group_params.get("value_source", "critic") in ("tweedie", "blend") else set()
+    return {"tweedie_values"} if config.group_params.get("value_source", "critic") in TWEEDIE_VALUE_SOURCES else set()
 
 
 # ---------------------------------------------------------------------------------- estimators
@@ -493,7 +495,7 @@ def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, group_max_siz
     R, m, gi, P = _prepare(inputs, "group_ppo")
     V = _values(inputs, m, "group_ppo")
     _, mean, std, _, _ = group_stats(R, gi, P, unbiased=True)
-    if value_source in ("tweedie", "blend"):
+    if value_source in TWEEDIE_VALUE_SOURCES:
         if inputs.tweedie_values is None:
             raise ValueError(f"group_ppo with value_source={value_source!r} needs inputs.tweedie_values [B, T]")
         Q = torch.as_tensor(inputs.tweedie_values, device=R.device).detach().double()
@@ -505,7 +507,7 @@ def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, group_max_siz
     res = group_ppo_advantages(
         V, R, gi, tau=tau, group_max_size=group_max_size, eps=group_epsilon, lam=lam, norm_adv_by_std=norm_adv_by_std,
         step_mask=m, step_rewards=sr, critic_lam=critic_lam, weight_by_mask=group_weight_by_mask,
-        residual=value_source in ("residual_critic", "blend"),
+        residual=value_source in RESIDUAL_VALUE_SOURCES,
     )
     metrics = {**res.metrics, **_group_metrics(R, gi, P, std)}
     dtype = inputs.rewards.dtype if torch.as_tensor(inputs.rewards).is_floating_point() else torch.float32

@@ -174,7 +174,7 @@ def collect_rollouts(
                 initial_noise=initial_noise[rows] if initial_noise is not None else None,
                 log_prob_reduce=sample_config.log_prob_reduce,
                 decode_batch_size=int(sample_config.get("decode_batch_size", 0)), record_means=record_means,
-                record_x0=tweedie_steps is not None,
+                record_x0=tweedie_steps,
             )
         if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
             with timer.phase("critic"):
@@ -184,7 +184,7 @@ def collect_rollouts(
         if tweedie_steps is not None:
             with timer.phase("reward"):
                 tweedie = tweedie_values(
-                    family, traj.pred_x0, tweedie_steps,
+                    family, traj.pred_x0, tweedie_steps, sample_config.num_steps,
                     lambda images, p, m: score_images(reward_fn, reward_name, images, p, m)[0],
                     batch_prompts, batch_metadata, dtype=next(iter(cond.values())).dtype,
                     decode_batch_size=int(sample_config.get("decode_batch_size", 0)))

@@ -24,15 +24,16 @@ def valued_steps(stochastic: torch.Tensor) -> list[int]:
 
 
 @torch.no_grad()
-def tweedie_values(family, pred_x0: torch.Tensor, steps: list[int], score, prompts: list[str], metadata: list[dict],
-                   dtype=None, decode_batch_size: int = 0) -> torch.Tensor:
-    """[B, T] float64: column n of ``steps`` holds score(decode(pred_x0[:, n])), the others NaN (``with_rewards``
-    fills them). ``pred_x0`` [B, T, ...] (Trajectories.pred_x0); ``score(images, prompts, metadata) -> rewards``."""
-    batch, num_steps = pred_x0.shape[:2]
+def tweedie_values(family, pred_x0: torch.Tensor | None, steps: list[int], num_steps: int, score, prompts: list[str],
+                   metadata: list[dict], dtype=None, decode_batch_size: int = 0) -> torch.Tensor:
+    """[B, T] float64: column steps[k] holds score(decode(pred_x0[:, k])), the others NaN (``with_rewards`` fills
+    them). ``pred_x0`` [B, len(steps), ...] (Trajectories.pred_x0 recorded at ``steps``); ``num_steps`` T;
+    ``score(images, prompts, metadata) -> rewards``."""
+    batch = len(prompts)
     values = torch.full((batch, num_steps), float("nan"), dtype=torch.float64)
     if not steps:
         return values
-    latents = pred_x0[:, steps].flatten(0, 1)  # sample-major: row b * len(steps) + k is sample b at steps[k]
+    latents = pred_x0.flatten(0, 1)  # sample-major: row b * len(steps) + k is sample b at steps[k]
     images = decode_latents(family, latents.to(dtype or latents.dtype), decode_batch_size)
     rewards = score(images, [p for p in prompts for _ in steps], [m for m in metadata for _ in steps])
     values[:, steps] = rewards.double().cpu().view(batch, len(steps))

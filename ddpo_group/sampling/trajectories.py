@@ -28,7 +28,7 @@ class Trajectories:
     steps: dict = field(default_factory=dict)  # the family's per-step tensors ("timesteps", "sigmas", ...), [B, T]
     values: torch.Tensor | None = None  # [B, T] critic values of the pre-step latents, set by the caller
     means: torch.Tensor | None = None  # [B, T, ...] each step's mean mu_n (float32), when asked for (record_means)
-    pred_x0: torch.Tensor | None = None  # [B, T, ...] each step's x0_hat(x_n) (float32), when asked for (record_x0)
+    pred_x0: torch.Tensor | None = None  # [B, S, ...] x0_hat(x_n) of the S steps asked for (record_x0), float32
 
     @property
     def timesteps(self) -> torch.Tensor:
@@ -57,7 +57,7 @@ def sample_trajectories(
     log_prob_reduce: str = "mean",
     decode_batch_size: int = 0,
     record_means: bool = False,
-    record_x0: bool = False,
+    record_x0: list[int] | None = None,
 ) -> Trajectories:
     """Sample B images and record the trajectory: latents [B, T+1, ...], log_probs [B, T], the per-step tensors.
 
@@ -67,7 +67,8 @@ def sample_trajectories(
     ``decode_batch_size`` > 0 decodes the final latents that many at a time (the VAE's activations at high
     resolution are the sampling phase's peak memory). ``record_means`` keeps each step's mean [B, T, ...] (one more
     latent-sized tensor per step: only a policy loss that needs the rollout policy's means asks for it, ratio_norm).
-    ``record_x0`` keeps each step's one-step prediction x0_hat(x_n) [B, T, ...] (GROUP_PPO's Tweedie values).
+    ``record_x0`` (step indices) keeps those steps' one-step predictions x0_hat(x_n) [B, S, ...] (GROUP_PPO's Tweedie
+    values), only those: one latent-sized tensor per listed step.
     """
     first = next(iter(cond.values()))
     batch, device, dtype = first.shape[0], first.device, first.dtype
@@ -88,7 +89,7 @@ def sample_trajectories(
         all_latents.append(out.prev_sample)
         if record_means:
             means.append(out.mean)
-        if record_x0:
+        if record_x0 and n in record_x0:
             pred_x0.append(out.pred_x0.float())
         if compute_log_prob:
             log_probs.append(out.log_prob if stochastic else torch.zeros(batch, device=device))
@@ -101,7 +102,7 @@ def sample_trajectories(
         log_probs=torch.stack(log_probs, dim=1) if compute_log_prob else torch.zeros(batch, num_steps, device=device),
         steps={key: values.to(device).unsqueeze(0).expand(batch, -1).clone() for key, values in schedule.items()},
         means=torch.stack(means, dim=1) if record_means else None,
-        pred_x0=torch.stack(pred_x0, dim=1) if record_x0 else None,
+        pred_x0=torch.stack(pred_x0, dim=1) if pred_x0 else None,
     )
 
 
