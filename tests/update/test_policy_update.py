@@ -9,6 +9,7 @@ from ddpo_group.update.policy import PolicyUpdater, random_step_mask
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, sample_with_logprob, step_log_prob
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.models.tiny_random import build_tiny_pipeline
+from tolerances import reordered_sum_atol
 
 
 def test_random_step_mask_counts():
@@ -59,8 +60,11 @@ def test_chunked_gradient_equals_per_timestep_loop(pairs_per_forward, guidance):
         adv = batch["advantages"][r, n]
         loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
         ((loss * m).sum() / total).backward()
+    # a weight's gradient sums one product per trained pair, CFG branch and latent position (8 x 8), added in
+    # another order by the chunked forward (and by the thread count)
+    terms = int(step_mask.sum()) * (2 if guidance > 1 else 1) * 64
     for got, want in zip(chunked, [p.grad for p in unet.parameters()]):
-        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-6)
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=reordered_sum_atol(want, terms))
     assert any(g.abs().sum() > 0 for g in chunked)
 
 
@@ -125,9 +129,10 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
                                          clip_low=0.2, clip_high=0.2)
     (loss + 0.5 * agg_loss(kl_mat, step_mask, "traj-mean-step-mean")).backward()
     direct = [p.grad for p in params]
+    terms = int(step_mask.sum()) * 2 * 64  # products per LoRA weight gradient: pairs, CFG branches, latent positions
     for chunked, whole, want in zip(grads[0], grads[1], direct):
-        torch.testing.assert_close(chunked, want, rtol=1e-3, atol=1e-7)
-        torch.testing.assert_close(whole, want, rtol=1e-3, atol=1e-7)
+        torch.testing.assert_close(chunked, want, rtol=1e-3, atol=reordered_sum_atol(want, terms))
+        torch.testing.assert_close(whole, want, rtol=1e-3, atol=reordered_sum_atol(want, terms))
     assert any(g.abs().sum() > 0 for g in direct)
 
 
