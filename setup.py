@@ -9,7 +9,8 @@ setup(
     description="Reinforcement-learning fine-tuning of diffusion models: DDPO, the GRPO family, PPO/GAE and GROUP_PPO",
     packages=find_packages(include=["ddpo_group", "ddpo_group.*"]),
     include_package_data=True,
-    package_data={"ddpo_group": ["models/tiny_shapes/*", "models/tiny_shapes/*/*", "models/tiny_shapes_classifier/*", "assets/*"]},
+    package_data={"ddpo_group": ["models/tiny_shapes/*", "models/tiny_shapes/*/*", "models/tiny_shapes_flow/*",
+                              "models/tiny_shapes_flow/*/*", "models/tiny_shapes_classifier/*", "assets/*"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.1,<3",

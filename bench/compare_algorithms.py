@@ -6,8 +6,10 @@ Each (preset, seed) run is the preset's configuration (``--set FIELD=VALUE`` ove
 set to spend ``--queries`` reward queries (ReMax's greedy samples and GROUP_PPO's Tweedie values included). A
 ``--variant "LABEL=PRESET FIELD=VALUE ..."`` adds a row: a preset with overrides of its own, e.g.
 
-    --variant "group_ppo_tweedie=group_ppo group_params.value_source=tweedie" The model is measured by the run's own
-evaluation during training (``eval_freq``, ddpo_group/run/periodic_eval.py): the same prompts from the same initial
+    --variant "group_ppo_tweedie=group_ppo group_params.value_source=tweedie"
+
+and ``--set pretrained.model=tiny-shapes-flow`` runs every row on the embedded flow-matching model. The model is
+measured by the run's own evaluation during training (``eval_freq``, ddpo_group/run/periodic_eval.py): the same prompts from the same initial
 noise with the deterministic sampler, before the first update and every ``eval_freq`` epochs, read from the run's
 eval.jsonl. Reported per preset (mean +- std over seeds): the evaluation reward before and after, the gain, with the
 shapes_alignment reward the joint accuracy (every attribute right) before and after, the queries spent, the queries

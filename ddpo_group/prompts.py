@@ -92,13 +92,16 @@ def simple_animals(rng: random.Random | None = None):
     return (rng or random).choice(_asset_lines("simple_animals.txt")), {}
 
 
-# tiny_shapes_hard (the default prompt set): the four captions the embedded model gets wrong most often
+# tiny_shapes_hard (the default prompt set): the four captions the embedded model gets wrong most often;
+# tiny_shapes_flow_hard: the same for the embedded flow-matching model
+@register_prompt_fn("tiny_shapes_flow_hard", defaults={"hard": "tiny-shapes-flow"})
 @register_prompt_fn("tiny_shapes_hard", defaults={"hard": True})
 @register_prompt_fn("tiny_shapes")
-def tiny_shapes(rng: random.Random | None = None, held_out: bool = False, shapes=None, hard: bool = False):
-    """"a {color} {shape} on a {background} background" for the embedded model (held-out pairs on request;
+def tiny_shapes(rng: random.Random | None = None, held_out: bool = False, shapes=None, hard: bool | str = False):
+    """"a {color} {shape} on a {background} background" for the embedded models (held-out pairs on request;
     ``shapes``, e.g. "circle,square", keeps those shapes only; ``hard``: only the four captions of
-    shapes_data.HARD_CAPTIONS, which the base model draws with the wrong shape about half the time)."""
+    shapes_data.HARD_CAPTIONS, which the base model draws with the wrong shape about half the time, or with
+    hard="tiny-shapes-flow" those of shapes_data.HARD_CAPTIONS_FLOW, which the flow model gets wrong more often)."""
     from ddpo_group.models.shapes_data import tiny_shapes as draw
 
     return draw(held_out=held_out, rng=rng, shapes=shapes, hard=hard)

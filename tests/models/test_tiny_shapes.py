@@ -167,7 +167,8 @@ def test_alignment_reward_uses_metadata_and_rejects_unknown_prompts():
 
 @pytest.mark.slow
 def test_pretrain_script_rebuilds_a_loadable_model(tmp_path):
-    """A --quick rebuild (a few steps per phase) writes a pipeline that loads offline and a classifier."""
+    """A --quick rebuild (a few steps per phase) writes a pipeline that loads offline and a classifier, then the
+    flow model beside them."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "pretrain_tiny.py"), "--quick", "--out", str(tmp_path), "--grid",
@@ -181,6 +182,20 @@ def test_pretrain_script_rebuilds_a_loadable_model(tmp_path):
 
     report = json.loads((tmp_path / "tiny_shapes" / "pretrain_report.json").read_text())
     assert set(report["base_model_sample_accuracy_train"]) == {"color", "shape", "background", "joint"}
+
+    # the flow model beside it, reusing its judge and VAE
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "pretrain_tiny.py"), "--quick", "--family", "sd3", "--out",
+         str(tmp_path), "--grid", ""],
+        check=True, env=env, capture_output=True, timeout=600,
+    )
+    from ddpo_group.models import load_family
+
+    family = load_family(str(tmp_path / "tiny_shapes_flow"))
+    assert family.name == "sd3" and family.pipe.transformer.config.sample_size == 8
+    assert family.pipe.vae.config.shift_factor is not None
+    report = json.loads((tmp_path / "tiny_shapes_flow" / "pretrain_report.json").read_text())
+    assert report["sizes"]["flow_steps"] == 20 and "base_model_sample_accuracy_held_out" in report
 
 
 def test_prompt_filter_keeps_only_the_asked_shapes():

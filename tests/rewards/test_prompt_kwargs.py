@@ -58,6 +58,16 @@ def test_the_default_prompt_set_is_the_four_hard_captions_and_its_keyword_stays_
         PromptSampler("tiny_shapes_hard", {"held_out": True}, seed=0).sample(1)
 
 
+def test_the_flow_models_hard_prompt_set_and_a_wrong_hard_value():
+    from ddpo_group.models.shapes_data import HARD_CAPTIONS, HARD_CAPTIONS_FLOW, caption
+
+    prompts, _ = PromptSampler("tiny_shapes_flow_hard", seed=0).sample(200)
+    assert sorted(set(prompts)) == sorted(caption(*triple) for triple in HARD_CAPTIONS_FLOW)
+    assert len(HARD_CAPTIONS_FLOW) == 4 and not set(HARD_CAPTIONS_FLOW) & set(HARD_CAPTIONS)
+    with pytest.raises(ValueError, match="hard='sdxl'; allowed: False, True"):
+        PromptSampler("tiny_shapes", {"hard": "sdxl"}, seed=0).sample(1)
+
+
 def test_a_keyword_the_chosen_function_does_not_take_is_named_with_the_allowed_ones():
     config = get_config("grpo")
     config.prompt_fn, config.prompt_fn_kwargs = "simple_animals", {"path": "hard.txt"}

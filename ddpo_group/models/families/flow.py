@@ -19,6 +19,15 @@ from ddpo_group.models.families.sd import warn_long_prompts
 from ddpo_group.sampling.flow import SDE_REGISTRY, flow_step_with_logprob
 
 
+def sequence_length(pretrained) -> int | None:
+    """``pretrained.max_sequence_length`` (a ConfigDict or a run's config.json dict), or the model's default T5
+    token count, or None for the pipeline's default."""
+    from ddpo_group.models import default_max_sequence_length
+
+    chosen = int(pretrained.get("max_sequence_length", 0) or 0)
+    return chosen or default_max_sequence_length(pretrained.get("model", "")) or None
+
+
 class FlowMatchingFamily(ModelFamily):
     model_attribute = "transformer"
     lora_layers_argument = "transformer_lora_layers"
@@ -37,9 +46,9 @@ class FlowMatchingFamily(ModelFamily):
 
     @property
     def max_sequence_length(self) -> int | None:
-        """T5 tokens per prompt: ``pretrained.max_sequence_length``, or None (the pipeline's default)."""
-        value = int(self.config.pretrained.get("max_sequence_length", 0)) if self.config is not None else 0
-        return value or None
+        """T5 tokens per prompt: ``pretrained.max_sequence_length``, else the model's default (the embedded flow
+        model's), else None (the pipeline's default)."""
+        return sequence_length(self.config.pretrained) if self.config is not None else None
 
     @property
     def sde_type(self) -> str:
@@ -91,7 +100,7 @@ class FlowMatchingFamily(ModelFamily):
         resolution = int(sample_config.get("resolution", 0) or 0)
         if resolution:
             kwargs.update(height=resolution, width=resolution)
-        tokens = int(pretrained.get("max_sequence_length", 0) or 0)
+        tokens = sequence_length(pretrained)
         if tokens:
             kwargs["max_sequence_length"] = tokens
         return kwargs
