@@ -31,7 +31,7 @@ def test_preset_two_epochs_on_the_embedded_model(preset, model, tmp_path):
     if not embedded_model_available(model):
         pytest.skip(f"the embedded {model} model is not installed")
     trainer = tiny_trainer(preset, model, tmp_path, preset, **{
-        "num_epochs": 2, "prompt_fn": "tiny_shapes", "reward_fn": "shapes_alignment", "sample.num_steps": 8})
+        "num_epochs": 2, "prompt_fn": "tiny_shapes", "reward_fn": "shapes_alignment", "sample.num_steps": 4})
     before = [p.detach().clone() for p in trainer.updater.params]
     metrics = trainer.run()
     assert trainer.family.name == ("sd3" if model.endswith("flow") else "sd")
