@@ -44,7 +44,8 @@ from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProject
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ddpo_group.models import shapes_data as shapes  # noqa: E402
-from ddpo_group.models import CLASSIFIER_DIR, TINY_SHAPES_DIR, TINY_SHAPES_FLOW_DIR, TINY_SHAPES_FLOW_T5_TOKENS  # noqa: E402
+from ddpo_group.models import (CLASSIFIER_DIR, TINY_SHAPES_DIR, TINY_SHAPES_FLOW_DIR,  # noqa: E402
+                               TINY_SHAPES_FLOW_T5_TOKENS, load_pipeline)
 from ddpo_group.models.shapes_classifier import ShapesClassifier  # noqa: E402
 from ddpo_group.models.tokenizer import build_tokenizer, save_classic_files  # noqa: E402
 from ddpo_group.run.epoch_logger import image_grid  # noqa: E402
@@ -358,11 +359,7 @@ def measure(model_dir: Path, classifier: ShapesClassifier, eval_images: int, n_f
     report["classifier_accuracy_fresh_held_out"] = head_accuracy(classifier, held.images, held.labels)
     print("classifier accuracy on fresh images:", json.dumps(report["classifier_accuracy_fresh"]))
 
-    if (model_dir / "transformer").is_dir():
-        pipe = StableDiffusion3Pipeline.from_pretrained(str(model_dir), local_files_only=True, text_encoder_3=None,
-                                                        tokenizer_3=None)
-    else:
-        pipe = StableDiffusionPipeline.from_pretrained(str(model_dir), local_files_only=True)
+    pipe = load_pipeline(str(model_dir))  # the project's loader: the family from model_index.json, T5 left absent
     pipe.set_progress_bar_config(disable=True)
     with torch.no_grad():
         recon = pipe.vae.decode(pipe.vae.encode(fresh.images * 2 - 1).latent_dist.mean).sample
