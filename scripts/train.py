@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from ddpo_group.errors import NonFiniteLossError, TrainingInterrupted  # noqa: E402
 from ddpo_group.run.cli import config_flag_first, parse_flags_or_exit  # noqa: E402
 from ddpo_group.run.cli_errors import FAILURE, PREFIX, USAGE_ERROR, exit_with, is_main_process  # noqa: E402
-from ddpo_group.run.process_failures import ProcessFailed  # noqa: E402
+from ddpo_group.run.process_failures import ProcessFailed, release_process_group  # noqa: E402
 from ddpo_group.run.quiet import one_bar_per_phase, silence_known_noise  # noqa: E402
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config", "base.py") + ":ddpo"
@@ -27,6 +27,13 @@ _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Training configur
 
 def main(argv):
     del argv
+    try:
+        train()
+    finally:  # every exit but an immediate one (os._exit): the process group goes before the interpreter does
+        release_process_group()
+
+
+def train():
     logging.set_verbosity(logging.WARNING)  # accelerate's per-file INFO lines drown the epoch summaries
     try:  # the run starts: the config, then the model, reward and prompts it names (every process alike)
         from ddpo_group.run.trainer import Trainer  # torch, diffusers: imported once the command line is known good

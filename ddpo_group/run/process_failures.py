@@ -85,6 +85,21 @@ def share_failure(accelerator, error: BaseException) -> None:
         pass
 
 
+def release_process_group() -> None:
+    """Destroy the default process group, if any, before the interpreter exits (torch's shutdown rule).
+
+    ``Accelerator.end_training`` does it after a finished run; a run that stops with an error must do it too: left to
+    interpreter finalization, gloo's worker threads can abort the process after its message ("terminate called
+    without an active exception", exit -6 instead of the documented code), depending on timing (pytorch#190489)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # a broken group (a peer died): nothing is left to release that the exit won't
+            pass
+
+
 def _exchange(accelerator, message: str | None) -> list[tuple[int, str]]:
     """The failures of every process, [(index, message)]: one all-reduced flag; the messages only when it is set."""
     import torch  # here: scripts/train.py imports this module before the command line is known good
