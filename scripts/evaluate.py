@@ -1,7 +1,7 @@
 """Compare a fine-tuned model with its base model on the same prompts and seeds.
 
     python scripts/evaluate.py --finetuned logs/<run>            # latest checkpoint of a run
-    python scripts/evaluate.py --finetuned logs/<run>/lora --base_model runwayml/stable-diffusion-v1-5 \
+    python scripts/evaluate.py --finetuned logs/<run>/lora --base_model stable-diffusion-v1-5/stable-diffusion-v1-5 \
         --num_prompts 16 --num_seeds 4 --reward_fn '{"aesthetic": 1.0}' --reward_fn_kwargs '{...}'
 
 ``--finetuned`` is a run directory, a checkpoint directory or a diffusers LoRA directory. Unset
