@@ -2,7 +2,9 @@
 
 Used by ``scripts/evaluate.py``. Image (prompt i, seed s) of either model starts from the noise
 of ``torch.Generator().manual_seed(s)`` and uses the same DDIM eta noise, so the two images of
-a pair differ only by the model. Statistics over the n = N prompts x M seeds images:
+a pair differ only by the model. Prompt i takes seeds seed + k M .. seed + k M + M - 1, k the number
+of earlier rows with the same prompt (a prompt set smaller than N is cycled), so the n = N x M images
+are all distinct and the interval below is not narrowed by copies. Statistics over the n images:
 
     mean, std (ddof = 1), ci95 = mean -+ 1.96 * std / sqrt(n)     (normal approximation)
 
@@ -93,12 +95,19 @@ def draw_prompts(prompt_fn: str, kwargs: dict, n: int, seed: int) -> tuple[list[
     return prompts, metadata
 
 
+def prompt_seeds(prompts: list[str], seed: int, m: int) -> list[list[int]]:
+    """Each prompt row's M seeds: seed + k m .. seed + k m + m - 1, k = how often the prompt came before (a cycled
+    prompt set repeats prompts; the same prompt and seed would repeat the same image)."""
+    return [[seed + prompts[:i].count(p) * m + j for j in range(m)] for i, p in enumerate(prompts)]
+
+
 @torch.no_grad()
-def sample_images(pipe, prompts: list[str], seeds: list[int], num_steps: int, guidance_scale: float, batch_size: int,
+def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: int, guidance_scale: float, batch_size: int,
                   progress: tqdm | None = None, **pipeline_kwargs) -> torch.Tensor:
-    """Images [N * M, 3, H, W] in [0, 1], prompt-major: index i * M + j is prompt i with seed j, from the pipeline's
-    own ``__call__`` (its standard sampler; ``pipeline_kwargs``: the family's, e.g. DDIM's eta, the resolution)."""
-    pairs = [(p, s) for p in prompts for s in seeds]
+    """Images [N * M, 3, H, W] in [0, 1], prompt-major: index i * M + j is prompt i with its seed ``seeds[i][j]``, from
+    the pipeline's own ``__call__`` (its standard sampler; ``pipeline_kwargs``: the family's, e.g. DDIM's eta, the
+    resolution)."""
+    pairs = [(p, s) for p, row in zip(prompts, seeds) for s in row]
     out = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
@@ -130,10 +139,10 @@ def stats(values: torch.Tensor) -> dict:
     return {"mean": mean, "std": std, "n": n, "ci95": [mean - half, mean + half]}
 
 
-def build_report(prompts: list[str], seeds: list[int], base: dict[str, torch.Tensor],
+def build_report(prompts: list[str], seeds: list[list[int]], base: dict[str, torch.Tensor],
                  tuned: dict[str, torch.Tensor], info: dict) -> dict:
     """The JSON report: per reward, overall statistics of base, fine-tuned and their paired difference, and per prompt."""
-    m = len(seeds)
+    m = len(seeds[0])
     report = {**info, "prompts": prompts, "seeds": seeds, "rewards": {}}
     for name in base:
         b, t = base[name], tuned[name]
@@ -159,11 +168,11 @@ def comparison_grid(base_images, tuned_images, prompts, seeds, base_rewards, tun
     reward, and the whole prompt."""
     from ddpo_group.run.image_grid import image_grid
 
-    m = len(seeds)
+    m = len(seeds[0])
     images, captions = [], []
     for i, prompt in enumerate(prompts):
         for label, imgs, rewards in (("base", base_images, base_rewards), ("tuned", tuned_images, tuned_rewards)):
-            for j, seed in enumerate(seeds):
+            for j, seed in enumerate(seeds[i]):
                 images.append(imgs[i * m + j])
                 captions.append(f"{label}, seed {seed}\nreward {float(rewards[i * m + j]):.3f}\n{prompt}")
     return image_grid(torch.stack(images), captions, columns=2 * m)
@@ -199,12 +208,12 @@ def evaluate(finetuned: str, base_model: str | None = None, num_prompts: int = 8
     out_dir.mkdir(parents=True, exist_ok=True)
 
     prompts, metadata = draw_prompts(prompt_fn, dict(prompt_fn_kwargs), num_prompts, seed)
-    seeds = [seed + j for j in range(num_seeds)]
+    seeds = prompt_seeds(prompts, seed, num_seeds)
     combined = make_combined_reward(reward_fn, reward_fn_kwargs)
     family = load_family(base_model, family=cfg.get("pretrained", {}).get("family", ""))
     pipe = family.pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
-    batches = math.ceil(len(prompts) * len(seeds) / batch_size)
+    batches = math.ceil(len(prompts) * num_seeds / batch_size)
     settings = dict(num_steps=num_steps, guidance_scale=guidance_scale, batch_size=batch_size,
                     **family.pipeline_kwargs(sample_cfg, cfg.get("pretrained", {})))
     with tqdm(total=2 * batches, desc="evaluate (base, then fine-tuned)", disable=not show_progress) as progress:
@@ -214,8 +223,8 @@ def evaluate(finetuned: str, base_model: str | None = None, num_prompts: int = 8
         else:
             load_finetuned_weights(family, source, run_config)
         tuned_images = sample_images(pipe, prompts, seeds, progress=progress, **settings)
-    metadata_all = [metadata[i] for i in range(len(prompts)) for _ in seeds]
-    prompts_all = [p for p in prompts for _ in seeds]
+    metadata_all = [metadata[i] for i in range(len(prompts)) for _ in range(num_seeds)]
+    prompts_all = [p for p in prompts for _ in range(num_seeds)]
     base_rewards = score(combined, base_images, prompts_all, metadata_all)
     tuned_rewards = score(combined, tuned_images, prompts_all, metadata_all)
 

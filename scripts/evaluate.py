@@ -30,7 +30,8 @@ def parse_args(argv=None):
     p.add_argument("--base_model", default=None, help="base model (default: the run's pretrained.model)")
     p.add_argument("--num_prompts", type=int, default=8)
     p.add_argument("--num_seeds", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0, help="first seed; seeds are seed .. seed + num_seeds - 1")
+    p.add_argument("--seed", type=int, default=0, help="first seed; each prompt row takes seeds seed .. seed + num_seeds - 1, "
+                   "a prompt drawn again (a prompt set smaller than --num_prompts is cycled) the next num_seeds")
     p.add_argument("--prompt_fn", default=None)
     p.add_argument("--prompt_fn_kwargs", type=json.loads, default=None, help="JSON")
     p.add_argument("--reward_fn", default=None, help="name, module:factory, or JSON {name: weight}")

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from ddpo_group.evaluation import (
-    build_report, draw_prompts, format_report, load_finetuned_weights, resolve_finetuned, stats,
+    build_report, draw_prompts, format_report, prompt_seeds, load_finetuned_weights, resolve_finetuned, stats,
 )
 from ddpo_group.models.families.sd import StableDiffusionFamily
 from ddpo_group.run.image_grid import MARGIN, caption_font, line_height
@@ -28,7 +28,7 @@ def test_stats_and_report_numbers():
     assert s["ci95"] == pytest.approx([2.5 - 1.96 * std / 2, 2.5 + 1.96 * std / 2])
     base = {"reward": torch.tensor([1.0, 2.0, 3.0, 5.0], dtype=torch.float64)}
     tuned = {"reward": torch.tensor([2.0, 2.0, 4.0, 8.0], dtype=torch.float64)}
-    report = build_report(["p", "q"], [0, 1], base, tuned, {})
+    report = build_report(["p", "q"], [[0, 1], [0, 1]], base, tuned, {})
     entry = report["rewards"]["reward"]
     assert entry["difference"]["mean"] == pytest.approx(1.25)  # paired: (1 + 0 + 1 + 3) / 4
     assert entry["per_prompt"]["p"] == {"base_mean": 1.5, "finetuned_mean": 2.0, "base": [1.0, 2.0], "finetuned": [2.0, 2.0]}
@@ -45,6 +45,18 @@ def test_stats_and_report_numbers():
 def test_draw_prompts_distinct_then_cycled():
     prompts, metadata = draw_prompts("simple_animals", {}, 5, seed=0)
     assert len(set(prompts)) == 5 and len(metadata) == 5
+
+
+def test_a_cycled_prompt_takes_the_next_seeds_so_every_image_pair_is_distinct():
+    # 4 hard captions drawn for 6 rows: rows 4 and 5 repeat two captions. With the same seeds they would repeat the
+    # same images, and n = 12 would narrow the interval as if 12 pairs were independent.
+    prompts, _ = draw_prompts("tiny_shapes", {"hard": True}, 6, seed=0)
+    assert len(set(prompts)) == 4 and prompts[4:] == prompts[:2]
+    seeds = prompt_seeds(prompts, seed=10, m=2)
+    assert seeds == [[10, 11]] * 4 + [[12, 13]] * 2
+    pairs = [(p, s) for p, row in zip(prompts, seeds) for s in row]
+    assert len(set(pairs)) == 12
+    assert prompt_seeds(["a", "b", "a", "a"], seed=0, m=1) == [[0], [0], [1], [2]]
 
 
 def test_reward_curve_and_summary(tmp_path):
@@ -116,7 +128,7 @@ def test_short_run_artifacts_lora_export_and_evaluate(tiny_model_dir, tmp_path):
     assert out.returncode == 0, out.stderr[-4000:]
     assert "evaluate (base, then fine-tuned)" in out.stderr  # tqdm progress bar
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
-    assert report["seeds"] == [0, 1] and len(report["prompts"]) == 3
+    assert report["seeds"] == [[0, 1]] * 3 and len(set(report["prompts"])) == 3
     assert report["loaded"] == f"lora:{checkpoint / 'lora'}"
     assert set(report["rewards"]) == {"reward", "jpeg_compressibility", "jpeg_incompressibility"}
     entry = report["rewards"]["reward"]

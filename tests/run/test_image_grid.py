@@ -70,7 +70,7 @@ def test_a_word_wider_than_a_tile_is_split_not_lost():
 def test_the_evaluation_grid_shows_model_seed_reward_and_the_whole_prompt():
     prompt = longest_tiny_shapes_prompt()
     images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    grid = comparison_grid(images[:1], images[1:], [prompt], [7], torch.tensor([0.25]), torch.tensor([0.875]))
+    grid = comparison_grid(images[:1], images[1:], [prompt], [[7]], torch.tensor([0.25]), torch.tensor([0.875]))
     read = [line.replace(" ", "") for line in read_text(grid.crop((MIN_TILE, MIN_TILE, 2 * MIN_TILE, grid.height)))]
     assert read[:2] == ["tuned,seed7", "reward0.875"], read  # the fine-tuned tile
     assert "".join(read[2:]) == prompt.replace(" ", "")
