@@ -168,6 +168,9 @@ def base() -> ml_collections.ConfigDict:
     critic.cliprange_value = 0.2  # clipped value loss range, in reward units (None: unclipped)
     critic.num_updates = 1  # passes over the epoch's samples per epoch
     critic.warmup_epochs = 0  # the first epochs train the critic only: the policy stays as it is
+    # "latent": V(x_n, t_n, c); "latent_x0": V([x_n, x0_hat(x_n)], t_n, c), the step's one-step prediction of the
+    # clean latent too (the rollout keeps it for every step: one more latent-sized tensor per step)
+    critic.input = "latent"
     critic.max_grad_norm = 1.0
 
     # ---- prompts and rewards ----

@@ -152,9 +152,14 @@ def collect_rollouts(
     ``tweedie_steps`` adds tweedie_values [B, T] float64: the reward of each of those steps' one-step prediction of
     the clean image, the sample's reward in the other columns (rollout/tweedie.py; B x len(tweedie_steps) more reward
     queries, charged to "reward").
+    A critic that reads x0_hat (``critic.input="latent_x0"``) gets it at every step, and the record keeps it:
+    pred_x0 [B, T, ...] (what the critic trains on).
     """
     batches, futures = [], []
     size = sample_config.batch_size
+    critic_reads_x0 = critic is not None and critic.reads_x0
+    # x0_hat(x_n) is kept at the Tweedie steps, or at every step for a critic that reads it
+    x0_steps = list(range(sample_config.num_steps)) if critic_reads_x0 else tweedie_steps
     noise_levels = family.noise_levels(sample_config)
     with timer.phase("sampling"):
         all_cond = encode_unique(family, prompts, text_cache)
@@ -174,17 +179,18 @@ def collect_rollouts(
                 initial_noise=initial_noise[rows] if initial_noise is not None else None,
                 log_prob_reduce=sample_config.log_prob_reduce,
                 decode_batch_size=int(sample_config.get("decode_batch_size", 0)), record_means=record_means,
-                record_x0=tweedie_steps,
+                record_x0=x0_steps,
             )
+        critic_x0 = traj.pred_x0 if critic_reads_x0 else None  # x0_hat of every step (recorded for the critic)
         if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
             with timer.phase("critic"):
-                traj.values = critic.values(traj.latents[:, :-1], traj.timesteps, cond["prompt_embeds"])
+                traj.values = critic.values(traj.latents[:, :-1], traj.timesteps, cond["prompt_embeds"], critic_x0)
         futures.append(executor.submit(score_images, reward_fn, reward_name, traj.images, batch_prompts, batch_metadata))
         tweedie = None
         if tweedie_steps is not None:
             with timer.phase("reward"):
                 tweedie = tweedie_values(
-                    family, traj.pred_x0, tweedie_steps, sample_config.num_steps,
+                    family, traj.pred_x0[:, tweedie_steps] if critic_reads_x0 else traj.pred_x0, tweedie_steps, sample_config.num_steps,
                     lambda images, p, m: score_images(reward_fn, reward_name, images, p, m)[0],
                     batch_prompts, batch_metadata, dtype=next(iter(cond.values())).dtype,
                     decode_batch_size=int(sample_config.get("decode_batch_size", 0)))
@@ -199,6 +205,7 @@ def collect_rollouts(
                 **traj.steps,
                 "images": traj.images,
                 **({"values": traj.values} if critic is not None else {}),
+                **({"pred_x0": critic_x0} if critic_reads_x0 else {}),
                 **({"step_means": traj.means} if record_means else {}),
                 **({"tweedie_values": tweedie} if tweedie is not None else {}),
             }

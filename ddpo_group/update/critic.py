@@ -1,5 +1,7 @@
 """The critic V(x_n, t_n, c): a small value network with its own optimizer (ppo_gae, group_ppo).
 
+    x   = x_n, or [x_n, x0_hat(x_n)]          critic.input "latent" / "latent_x0": the latent, and the step's
+                                              one-step prediction of the clean latent stacked on its channels
     h_x = pool(conv(conv(x)))                 latent features, [C, h, w] latents (SD, SD3)
         = mean over tokens of MLP(x)          packed [L, D] latents (FLUX)
     h_t = MLP(sinusoidal(t))                  timestep features
@@ -7,7 +9,9 @@
     V   = MLP([h_x, h_t, h_c])                a scalar: the expected terminal reward
 
 Values are computed (no grad) for every pre-step latent while sampling, values[:, n] =
-V(x_n, t_n, c), the indexing of the advantage estimators. Training regresses V(latents[:, n],
+V(x_n, t_n, c), the indexing of the advantage estimators. With "latent_x0" the rollout keeps x0_hat(x_n) of every
+step (batch["pred_x0"], one more latent-sized tensor per step): at x_n the prediction already shows the image the
+trajectory heads for, which the latent alone shows only late in the denoising. Training regresses V(latents[:, n],
 timesteps[:, n], c) on the estimator's targets with the clipped value loss
 
     L = 0.5 * agg( max((v - y)^2, (clip(v, v_old +- c) - y)^2) )
@@ -45,17 +49,26 @@ class TokenFeatures(nn.Module):
         return self.mlp(latents).mean(dim=1)
 
 
+# critic.input: what the network sees of a step's state besides t_n and c
+CRITIC_INPUTS = ("latent", "latent_x0")
+
+
 class ValueNetwork(nn.Module):
-    def __init__(self, latent_shape: tuple | int, text_dim: int, hidden_dim: int = 64):
-        """``latent_shape``: one latent's shape, (C, h, w) or packed (L, D) (an int: C)."""
+    def __init__(self, latent_shape: tuple | int, text_dim: int, hidden_dim: int = 64, with_x0: bool = False):
+        """``latent_shape``: one latent's shape, (C, h, w) or packed (L, D) (an int: C). ``with_x0``: the input holds
+        x0_hat(x_n) too, stacked on the channel (token feature) axis."""
         super().__init__()
         self.hidden_dim = hidden_dim
+        self.with_x0 = with_x0
         shape = (latent_shape,) if isinstance(latent_shape, int) else tuple(latent_shape)
+        self.channel_dim = 2 if len(shape) == 2 else 1  # of a batch of latents [N, L, D] or [N, C, h, w]
+        channels = shape[-1] if len(shape) == 2 else shape[0]
+        channels *= 2 if with_x0 else 1
         if len(shape) == 2:
-            self.latent = TokenFeatures(shape[1], hidden_dim)
+            self.latent = TokenFeatures(channels, hidden_dim)
         else:
             self.latent = nn.Sequential(
-                nn.Conv2d(shape[0], hidden_dim, 3, padding=1), nn.SiLU(),
+                nn.Conv2d(channels, hidden_dim, 3, padding=1), nn.SiLU(),
                 nn.Conv2d(hidden_dim, hidden_dim, 3, stride=2, padding=1), nn.SiLU(),
                 nn.AdaptiveAvgPool2d(1), nn.Flatten(),
             )
@@ -63,11 +76,17 @@ class ValueNetwork(nn.Module):
         self.text = nn.Linear(text_dim, hidden_dim)
         self.head = nn.Sequential(nn.Linear(3 * hidden_dim, hidden_dim), nn.SiLU(), nn.Linear(hidden_dim, 1))
 
-    def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
-        """latents [N, C, h, w] or [N, L, D], timesteps [N], text_embeds [N, L', D'] -> values [N] (float32)."""
+    def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, text_embeds: torch.Tensor,
+                pred_x0: torch.Tensor | None = None) -> torch.Tensor:
+        """latents [N, C, h, w] or [N, L, D], timesteps [N], text_embeds [N, L', D'] (and pred_x0 shaped as latents,
+        with ``with_x0``) -> values [N] (float32)."""
+        if self.with_x0 != (pred_x0 is not None):
+            raise ValueError(f"this value network {'reads' if self.with_x0 else 'does not read'} x0_hat (pred_x0); "
+                             f"got {'none' if pred_x0 is None else 'one'}")
+        x = latents.float() if pred_x0 is None else torch.cat([latents.float(), pred_x0.float()], dim=self.channel_dim)
         h = torch.cat(
             [
-                self.latent(latents.float()),
+                self.latent(x),
                 self.time(timestep_features(timesteps, self.hidden_dim)),
                 self.text(text_embeds.float().mean(dim=1)),
             ],
@@ -83,7 +102,8 @@ class Critic:
         c = config.critic
         self.config = config
         self.accelerator = accelerator
-        network = ValueNetwork(latent_shape, text_dim, c.hidden_dim).to(accelerator.device)
+        self.reads_x0 = c.get("input", "latent") == "latent_x0"
+        network = ValueNetwork(latent_shape, text_dim, c.hidden_dim, with_x0=self.reads_x0).to(accelerator.device)
         self.optimizer = torch.optim.AdamW(network.parameters(), lr=c.learning_rate, weight_decay=c.weight_decay)
         self.network = accelerator.prepare(network)  # saved with the accelerate state (the trainer registers the optimizer)
 
@@ -92,12 +112,16 @@ class Critic:
         return self.accelerator.unwrap_model(self.network)
 
     @torch.no_grad()
-    def values(self, latents: torch.Tensor, timesteps: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
+    def values(self, latents: torch.Tensor, timesteps: torch.Tensor, text_embeds: torch.Tensor,
+               pred_x0: torch.Tensor | None = None) -> torch.Tensor:
         """V(x_n, t_n, c) [B, T] of every step of B trajectories (latents [B, T, C, h, w], timesteps [B, T],
-        text_embeds [B, L, D]) in one forward over the B * T pairs; float32, as in training."""
+        text_embeds [B, L, D]; pred_x0 [B, T, ...] when the critic reads it) in one forward over the B * T pairs;
+        float32, as in training."""
         b, t = timesteps.shape
+        x0 = pred_x0.flatten(0, 1) if pred_x0 is not None else None
         with torch.autocast(device_type=latents.device.type, enabled=False):
-            values = self.module(latents.flatten(0, 1), timesteps.flatten(0, 1), text_embeds.repeat_interleave(t, dim=0))
+            values = self.module(latents.flatten(0, 1), timesteps.flatten(0, 1), text_embeds.repeat_interleave(t, dim=0),
+                                 x0)
         return values.view(b, t)
 
     def train_epoch(self, batch: dict, targets: torch.Tensor, mask: torch.Tensor, batch_size: int) -> dict:
@@ -118,7 +142,8 @@ class Critic:
                 latents = batch["latents"][rows].flatten(0, 1)
                 timesteps = batch["timesteps"][rows].flatten(0, 1)
                 embeds = batch["prompt_embeds"][rows].repeat_interleave(num_steps, dim=0)
-                values = self.network(latents, timesteps, embeds).view(b, num_steps)
+                x0 = batch["pred_x0"][rows].flatten(0, 1) if self.reads_x0 else None
+                values = self.network(latents, timesteps, embeds, x0).view(b, num_steps)
                 loss, info = clipped_value_loss(
                     values, batch["values"][rows].float(), targets[rows].float(), mask[rows],
                     c.cliprange_value, "step-mean",
@@ -150,6 +175,8 @@ def critic_config_errors(config) -> list[str]:
         errors.append(f"critic.hidden_dim={c.hidden_dim} must be >= 1")
     if c.num_updates < 1:
         errors.append(f"critic.num_updates={c.num_updates} must be >= 1")
+    if c.get("input", "latent") not in CRITIC_INPUTS:
+        errors.append(f"critic.input={c.input!r} is not one of {list(CRITIC_INPUTS)}")
     if c.get("warmup_epochs", 0) < 0:
         errors.append(f"critic.warmup_epochs={c.warmup_epochs} must be >= 0")
     if not (c.cliprange_value is None or c.cliprange_value > 0):

@@ -30,10 +30,12 @@ def hand_x0(family, model_output, latents, step):
     return (latents - (1 - ab).sqrt() * model_output) / ab.sqrt()
 
 
-@pytest.mark.parametrize("family_name", ["sd", "sd3"])
-def test_tweedie_values_are_the_reward_of_the_decoded_one_step_prediction(family_name, family_model_dirs, tmp_path):
+# "latent_x0": a critic that reads x0_hat makes the rollout keep it at every step; the Tweedie values take their steps
+@pytest.mark.parametrize("family_name,critic_input", [("sd", "latent"), ("sd3", "latent"), ("sd", "latent_x0")])
+def test_tweedie_values_are_the_reward_of_the_decoded_one_step_prediction(family_name, critic_input, family_model_dirs,
+                                                                          tmp_path):
     trainer = tiny_trainer("group_ppo", family_model_dirs[family_name], tmp_path, reward_fn=BRIGHTNESS,
-                           **{"group_params.value_source": "tweedie", "sample.num_steps": 4,
+                           **{"group_params.value_source": "tweedie", "critic.input": critic_input, "sample.num_steps": 4,
                               "sample.sde_window_size": 3, **FAMILY_OVERRIDES[family_name]})
     family = trainer.family
     assert trainer.rollouts.tweedie_steps == [1, 2]  # window [0, 3): x_1, x_2 valued; x_3 is followed by no noise
@@ -52,7 +54,11 @@ def test_tweedie_values_are_the_reward_of_the_decoded_one_step_prediction(family
             with torch.no_grad():
                 output = family.model_output(family.model, latents, step, cond, family.negative_condition(),
                                              trainer.config.sample.guidance_scale)
-                image = family.decode(hand_x0(family, output.float(), latents.float(), step))
+                x0 = hand_x0(family, output.float(), latents.float(), step)
+                image = family.decode(x0)
             assert abs(float(image.double().mean()) - float(values[b, n])) < 1e-5, (b, n)
+            if critic_input == "latent_x0":  # the critic's input at step n is the same prediction
+                torch.testing.assert_close(batch["pred_x0"][b : b + 1, n], x0, rtol=1e-4, atol=1e-4)
+    assert ("pred_x0" in batch) == (critic_input == "latent_x0")
     # the estimator reads them: V = the Tweedie values (a plain critic run on the same values gives the same advantages)
     assert torch.isfinite(batch["advantages"]).all()

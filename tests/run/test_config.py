@@ -125,6 +125,7 @@ def test_presets_keep_the_issue_names_and_defaults():
         ("group_ppo", {"group_params.group_variance_threshold": 0.0}, r"group_variance_threshold=0.0 lies outside"),
         ("group_ppo", {"group_params.target_explained_variance": 0.0}, r"target_explained_variance=0.0 must be > 0"),
         ("ppo_gae", {"critic.learning_rate": 0.0}, r"critic.learning_rate=0.0 must be > 0"),
+        ("group_ppo", {"critic.input": "x0"}, r"critic.input='x0' is not one of \['latent', 'latent_x0'\]"),
         ("ddpo", {"train.epsilon": -0.1}, r"train.epsilon=-0.1 \(the clip range\) must be > 0"),
     ],
 )

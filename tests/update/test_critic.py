@@ -1,5 +1,6 @@
 """The critic: values for every step while sampling, clipped value regression under its own mask."""
 
+import pytest
 import torch
 from accelerate import Accelerator
 
@@ -21,6 +22,25 @@ def test_value_network_shapes():
     net = ValueNetwork(4, 32, hidden_dim=16)
     out = net(torch.randn(6, 4, 8, 8), torch.tensor([999, 500, 1, 0, 10, 20]), torch.randn(6, 16, 32))
     assert out.shape == (6,) and out.dtype == torch.float32
+
+
+def test_a_value_network_that_reads_x0_hat_sees_it_on_the_channel_axis():
+    """critic.input="latent_x0": [x_n, x0_hat] stacked on channels (SD/SD3 [C, h, w]) or token features (FLUX
+    [L, D]). The value moves with x0_hat alone, and a network given the wrong inputs says so."""
+    torch.manual_seed(0)
+    t, c = torch.tensor([999, 500, 1]), torch.randn(3, 16, 32)
+    for shape in ((4, 8, 8), (16, 6)):
+        net = ValueNetwork(shape, 32, hidden_dim=16, with_x0=True)
+        x, x0 = torch.randn(3, *shape), torch.randn(3, *shape)
+        first = net.latent[0] if len(shape) == 3 else net.latent.mlp[0]
+        assert (first.in_channels if len(shape) == 3 else first.in_features) == 2 * shape[-3 if len(shape) == 3 else -1]
+        with torch.no_grad():
+            same, moved = net(x, t, c, x0), net(x, t, c, x0 + 1.0)
+        assert same.shape == (3,) and (same - moved).abs().min() > 0  # x0_hat alone changes every value
+        with pytest.raises(ValueError, match="reads x0_hat"):
+            net(x, t, c)
+    with pytest.raises(ValueError, match="does not read x0_hat"):
+        ValueNetwork(4, 32, hidden_dim=16)(torch.randn(2, 4, 8, 8), t[:2], c[:2], torch.randn(2, 4, 8, 8))
 
 
 def test_critic_regresses_its_targets_under_its_mask():
@@ -67,6 +87,27 @@ def test_sampling_records_critic_values_for_every_step(tiny_model_dir, tmp_path)
     torch.testing.assert_close(values[:, 1], want, rtol=1e-5, atol=1e-6)
     # the critic mask of group_ppo is the estimator's endpoint mask (local rows)
     torch.testing.assert_close(b["critic_mask"].cpu(), round0.out.endpoint_mask.float().cpu())
+    trainer.rollouts.close()
+
+
+def test_a_critic_reading_x0_hat_gets_every_steps_prediction_while_sampling_and_training(tiny_model_dir, tmp_path):
+    """critic.input="latent_x0": the rollout keeps x0_hat(x_n) of every step in batch["pred_x0"] [B, T, ...]; the
+    values recorded while sampling are V(x_n, x0_hat(x_n), t_n, c); on DDIM x0_hat = (x_n - sqrt(1 - a_t) eps) /
+    sqrt(a_t), so at the last step (a_t near 1) it is close to the final latent, and at the first far from it."""
+    trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "x0", **{"critic.input": "latent_x0"})
+    assert trainer.critic.reads_x0
+    b = trainer.rollouts.sample_round(0, 0).batch
+    assert b["pred_x0"].shape == b["latents"].shape  # [8, 4, C, h, w]: every pre-step latent's prediction
+    with torch.no_grad():
+        want = trainer.critic.module(b["latents"][:, 2], b["timesteps"][:, 2], b["prompt_embeds"], b["pred_x0"][:, 2])
+    torch.testing.assert_close(b["values"][:, 2], want, rtol=1e-5, atol=1e-6)
+    final = b["next_latents"][:, -1]
+    gap = [float((b["pred_x0"][:, n] - final).norm() / final.norm()) for n in range(4)]
+    assert gap[-1] < gap[0], gap
+    mask = torch.zeros(8, 4)
+    mask[:, 1] = 1
+    info = trainer.critic.train_epoch(b, torch.ones(8, 4), mask, batch_size=4)
+    assert torch.isfinite(torch.tensor(info["critic/value_loss"]))
     trainer.rollouts.close()
 
 
