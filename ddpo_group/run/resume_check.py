@@ -26,10 +26,10 @@ CHECKPOINT_FORMAT = 2
 # fields that change which objects a checkpoint holds, or their shapes
 STATE_FIELDS = (
     "use_lora", "lora_rank", "algorithm.adv_estimator", "algorithm.kl_controller", "train.use_reference_model",
-    "train.use_8bit_adam", "mixed_precision", "critic.hidden_dim", "train.ema",
+    "train.use_8bit_adam", "mixed_precision", "critic.hidden_dim", "train.ema", "critic.input",
 )
 # fields added to STATE_FIELDS later, with the value every checkpoint written before them had
-ADDED_FIELDS = {"train.ema": False}
+ADDED_FIELDS = {"train.ema": False, "critic.input": "latent"}
 
 
 def state_fields(config, num_processes: int) -> dict:

@@ -68,7 +68,7 @@ def sample_trajectories(
     resolution are the sampling phase's peak memory). ``record_means`` keeps each step's mean [B, T, ...] (one more
     latent-sized tensor per step: only a policy loss that needs the rollout policy's means asks for it, ratio_norm).
     ``record_x0`` (step indices) keeps those steps' one-step predictions x0_hat(x_n) [B, S, ...] (GROUP_PPO's Tweedie
-    values), only those: one latent-sized tensor per listed step.
+    values; every step for a critic that reads x0_hat), only those: one latent-sized tensor per listed step.
     """
     first = next(iter(cond.values()))
     batch, device, dtype = first.shape[0], first.device, first.dtype

@@ -43,6 +43,28 @@ def test_a_value_network_that_reads_x0_hat_sees_it_on_the_channel_axis():
         ValueNetwork(4, 32, hidden_dim=16)(torch.randn(2, 4, 8, 8), t[:2], c[:2], torch.randn(2, 4, 8, 8))
 
 
+def test_resuming_with_another_critic_input_is_refused_and_old_checkpoints_count_as_latent(tmp_path):
+    """latent_x0 doubles the first layer's input width: a checkpoint's critic cannot load into the other setting, so
+    the resume check names the field before anything loads."""
+    import json
+
+    from ddpo_group.run.config_checks import ConfigError
+    from ddpo_group.run.resume_check import STATE_FIELDS_FILE, check_resume, write_state_fields
+
+    plain = tiny_config("group_ppo", "unused", tmp_path)
+    x0 = tiny_config("group_ppo", "unused", tmp_path, **{"critic.input": "latent_x0"})
+    write_state_fields(tmp_path, plain, 1)
+    assert check_resume(tmp_path, plain, 1) == []
+    with pytest.raises(ConfigError, match="critic.input: checkpoint 'latent', config 'latent_x0'"):
+        check_resume(tmp_path, x0, 1)
+    fields = json.loads((tmp_path / STATE_FIELDS_FILE).read_text())
+    del fields["critic.input"]  # a checkpoint written before the field existed: its critic read the latent only
+    (tmp_path / STATE_FIELDS_FILE).write_text(json.dumps(fields))
+    assert check_resume(tmp_path, plain, 1) == []
+    with pytest.raises(ConfigError, match="critic.input"):
+        check_resume(tmp_path, x0, 1)
+
+
 def test_critic_regresses_its_targets_under_its_mask():
     torch.manual_seed(0)
     config = tiny_config("ppo_gae", "unused", "unused", **{"critic.cliprange_value": None, "critic.learning_rate": 3e-3})
