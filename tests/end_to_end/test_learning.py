@@ -2,9 +2,15 @@
 40 to 20 epochs, raises the reward of the run's own fixed evaluation (eval_freq: the same 4 prompts x 8 initial
 noises, deterministic sampler); with group_ppo's advantages negated the same evaluation falls, so the gain is the
 algorithm's, not the evaluation's. On the CPU, where the margins were measured (a GPU draws other random streams).
-3 seeds of every preset's default run are the learning proof (README, bench/compare_algorithms.py)."""
+3 seeds of every preset's default run are the learning proof (README, bench/compare_algorithms.py).
 
+A run and its negated control run at the same time, in two spawned processes of one torch thread each (as the
+learning proof's runs): on two cores that takes about the time of one run at two threads, and the result does not
+depend on the machine's core count."""
+
+import multiprocessing
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -33,34 +39,53 @@ def default_run(preset: str, out: Path, epochs: int = EPOCHS, sets: tuple = ()) 
     return row
 
 
-def negate_advantages(monkeypatch) -> None:
+FINALIZE = advantages._finalize
+
+
+def negated_finalize(out, inputs, adv_clip_max):
     """Every estimator's advantages with the opposite sign (the critic's targets, out.returns, stay as they were)."""
-    finalize = advantages._finalize
+    out = FINALIZE(out, inputs, adv_clip_max)
+    out.advantages = -out.advantages
+    return out
 
-    def negated(out, inputs, adv_clip_max):
-        out = finalize(out, inputs, adv_clip_max)
-        out.advantages = -out.advantages
-        return out
 
-    monkeypatch.setattr(advantages, "_finalize", negated)
+def one_run(preset: str, out: str, epochs: int, sets: tuple, negated: bool) -> dict:
+    """default_run in a fresh (spawned) process with one torch thread; ``negated``: with negated advantages."""
+    import torch
+
+    torch.set_num_threads(1)
+    if negated:
+        advantages._finalize = negated_finalize  # this process runs this one task only (max_tasks_per_child=1)
+    return default_run(preset, Path(out), epochs, sets)
+
+
+def run_with_control(preset: str, out: Path, epochs: int = EPOCHS, sets: tuple = ()) -> dict:
+    """{"right": the run's row, "negated": the same run with negated advantages}, side by side in two processes."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=2, mp_context=context, max_tasks_per_child=1) as pool:
+        futures = {name: pool.submit(one_run, preset, str(out / name), epochs, sets, name == "negated")
+                   for name in ("right", "negated")}
+        return {name: future.result() for name, future in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def group_ppo_rows(tmp_path_factory):
+    return run_with_control("group_ppo", tmp_path_factory.mktemp("group_ppo"))
 
 
 # ddpo and grpo learn as clearly (+0.056, +0.043 here; every seed of the proof): left to the proof, to keep the suite
-# short (each run here is about 95 s)
-@pytest.mark.parametrize("preset", ["group_ppo"])
-def test_the_default_configuration_raises_the_fixed_evaluation(preset, tmp_path):
-    row = default_run(preset, tmp_path)
+# short (the run and its control take about 110 s, side by side)
+def test_the_default_configuration_raises_the_fixed_evaluation(group_ppo_rows):
+    row = group_ppo_rows["right"]
     # measured (seed 0, one thread, the learning proof's runs): 0.8245 before; after 20 epochs ddpo 0.8805 (+0.056),
     # grpo 0.8678 (+0.043), group_ppo 0.8762 (+0.052); seeds 1 and 2 gained +0.035 / +0.055, +0.056 / +0.054 and
     # +0.062 / +0.014 by then; the full 40 epochs gain at least +0.05 on every seed (README, The learning proof).
-    # Two threads (this suite's default here): passed with the same margins
     assert row["before"] < 0.85
     assert row["after"] - row["before"] > 0.02, row["evaluations"]
 
 
-def test_negated_advantages_lower_the_fixed_evaluation(tmp_path, monkeypatch):
-    negate_advantages(monkeypatch)
-    row = default_run("group_ppo", tmp_path)
+def test_negated_advantages_lower_the_fixed_evaluation(group_ppo_rows):
+    row = group_ppo_rows["negated"]
     # measured (seed 0, one thread): 0.8245 -> 0.8237 (epoch 9) -> 0.8104 (epoch 19), where the same run with the
     # right sign reaches 0.8762; with the plain critic (value_source="critic") the negated run fell to 0.7457
     assert row["after"] - row["before"] < 0.0, row["evaluations"]
@@ -72,14 +97,17 @@ FLOW_EPOCHS = 10
 FLOW_MARGIN = 0.01  # between the measured gains of the two runs (below)
 
 
+@pytest.fixture(scope="module")
+def flow_rows(tmp_path_factory):
+    return run_with_control("grpo", tmp_path_factory.mktemp("flow"), FLOW_EPOCHS, FLOW)
+
+
 @pytest.mark.skipif(not embedded_model_available("tiny-shapes-flow"), reason="the embedded flow model is not installed")
 @pytest.mark.parametrize("negated", [False, True], ids=["grpo", "grpo_negated"])
-def test_grpo_raises_the_flow_models_fixed_evaluation_and_the_flipped_sign_does_not(negated, tmp_path, monkeypatch):
+def test_grpo_raises_the_flow_models_fixed_evaluation_and_the_flipped_sign_does_not(negated, flow_rows):
     """GRPO with Flow-SDE steps on tiny-shapes-flow (the README's command, 10 epochs): the fixed evaluation rises by
     more than MARGIN; with the advantages negated it does not (a sign error in a flow step would fail here)."""
-    if negated:
-        negate_advantages(monkeypatch)
-    row = default_run("grpo", tmp_path, FLOW_EPOCHS, FLOW)
+    row = flow_rows["negated" if negated else "right"]
     gain = row["after"] - row["before"]
     # measured (seed 0, CPU, 2 threads, 30 s a run): 0.7752 -> +0.027 with the right sign, -0.015 negated;
     # the learning proof's 40-epoch runs gain +0.06 to +0.18 (README, The embedded flow model)
