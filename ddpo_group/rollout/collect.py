@@ -189,8 +189,9 @@ def collect_rollouts(
         tweedie = None
         if tweedie_steps is not None:
             with timer.phase("reward"):
+                tweedie_x0 = traj.pred_x0[:, [x0_steps.index(n) for n in tweedie_steps]]  # columns of x0_steps
                 tweedie = tweedie_values(
-                    family, traj.pred_x0[:, tweedie_steps] if critic_reads_x0 else traj.pred_x0, tweedie_steps, sample_config.num_steps,
+                    family, tweedie_x0, tweedie_steps, sample_config.num_steps,
                     lambda images, p, m: score_images(reward_fn, reward_name, images, p, m)[0],
                     batch_prompts, batch_metadata, dtype=next(iter(cond.values())).dtype,
                     decode_batch_size=int(sample_config.get("decode_batch_size", 0)))

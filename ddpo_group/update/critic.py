@@ -61,10 +61,10 @@ class ValueNetwork(nn.Module):
         self.hidden_dim = hidden_dim
         self.with_x0 = with_x0
         shape = (latent_shape,) if isinstance(latent_shape, int) else tuple(latent_shape)
-        self.channel_dim = 2 if len(shape) == 2 else 1  # of a batch of latents [N, L, D] or [N, C, h, w]
-        channels = shape[-1] if len(shape) == 2 else shape[0]
-        channels *= 2 if with_x0 else 1
-        if len(shape) == 2:
+        packed = len(shape) == 2
+        self.channel_dim = 2 if packed else 1  # of a batch of latents [N, L, D] or [N, C, h, w]
+        channels = (shape[1] if packed else shape[0]) * (2 if with_x0 else 1)
+        if packed:
             self.latent = TokenFeatures(channels, hidden_dim)
         else:
             self.latent = nn.Sequential(
@@ -102,14 +102,19 @@ class Critic:
         c = config.critic
         self.config = config
         self.accelerator = accelerator
-        self.reads_x0 = c.get("input", "latent") == "latent_x0"
-        network = ValueNetwork(latent_shape, text_dim, c.hidden_dim, with_x0=self.reads_x0).to(accelerator.device)
+        network = ValueNetwork(latent_shape, text_dim, c.hidden_dim,
+                               with_x0=c.get("input", "latent") == "latent_x0").to(accelerator.device)
         self.optimizer = torch.optim.AdamW(network.parameters(), lr=c.learning_rate, weight_decay=c.weight_decay)
         self.network = accelerator.prepare(network)  # saved with the accelerate state (the trainer registers the optimizer)
 
     @property
     def module(self) -> ValueNetwork:
         return self.accelerator.unwrap_model(self.network)
+
+    @property
+    def reads_x0(self) -> bool:
+        """critic.input="latent_x0": the network reads x0_hat(x_n) beside x_n."""
+        return self.module.with_x0
 
     @torch.no_grad()
     def values(self, latents: torch.Tensor, timesteps: torch.Tensor, text_embeds: torch.Tensor,
