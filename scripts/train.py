@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from ddpo_group.errors import NonFiniteLossError, TrainingInterrupted  # noqa: E402
 from ddpo_group.run.cli import config_flag_first, parse_flags_or_exit  # noqa: E402
 from ddpo_group.run.cli_errors import FAILURE, PREFIX, USAGE_ERROR, exit_with, is_main_process  # noqa: E402
-from ddpo_group.run.process_failures import ProcessFailed, release_process_group  # noqa: E402
+from ddpo_group.run.process_failures import ProcessFailed, exit_launched_process, release_process_group  # noqa: E402
 from ddpo_group.run.quiet import one_bar_per_phase, silence_known_noise  # noqa: E402
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config", "base.py") + ":ddpo"
@@ -29,7 +29,10 @@ def main(argv):
     del argv
     try:
         train()
-    finally:  # every exit but an immediate one (os._exit): the process group goes before the interpreter does
+    except SystemExit as stop:  # its message is printed: a launched process leaves before gloo's threads can abort it
+        exit_launched_process(stop)
+        raise
+    finally:  # any other exit: the process group (if any is left) goes before the interpreter does
         release_process_group()
 
 

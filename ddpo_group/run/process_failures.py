@@ -85,19 +85,42 @@ def share_failure(accelerator, error: BaseException) -> None:
         pass
 
 
-def release_process_group() -> None:
-    """Destroy the default process group, if any, before the interpreter exits (torch's shutdown rule).
+def release_process_group() -> bool:
+    """Destroy the default process group, if any, before the interpreter exits (torch's shutdown rule); True if
+    there was one.
 
-    ``Accelerator.end_training`` does it after a finished run; a run that stops with an error must do it too: left to
-    interpreter finalization, gloo's worker threads can abort the process after its message ("terminate called
-    without an active exception", exit -6 instead of the documented code), depending on timing (pytorch#190489)."""
+    ``Accelerator.end_training`` does it after a finished run; a run that stops with an error must do it too."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:  # a broken group (a peer died): nothing is left to release that the exit won't
-            pass
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    try:
+        dist.destroy_process_group()
+    except Exception:  # a broken group (a peer died): nothing is left to release that the exit won't
+        pass
+    return True
+
+
+def exit_launched_process(stop: SystemExit) -> None:
+    """End a process of a multi-process run that stops with ``stop`` (its message printed) at once, with its code.
+
+    Left to interpreter finalization, the threads of gloo's process group and store can abort the process after its
+    message ("terminate called without an active exception", exit -6 instead of the documented code), even after
+    ``destroy_process_group``, depending on which process leaves first (pytorch#190489). Everything this project
+    writes is closed by then (checkpoints, metrics, the trackers finished), so nothing is lost by skipping it; a
+    single process returns and exits as usual."""
+    import os
+    import sys
+
+    if not release_process_group():
+        return
+    code = stop.code
+    if code is not None and not isinstance(code, int):  # sys.exit("message"): Python prints it and exits 1
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
 
 
 def _exchange(accelerator, message: str | None) -> list[tuple[int, str]]:

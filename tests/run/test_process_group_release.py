@@ -1,23 +1,55 @@
-"""run/process_failures.release_process_group: a run that stops with an error destroys its process group itself (an
-atexit-time destruction can abort the process with exit -6 after its message), and is a no-op without one."""
+"""run/process_failures: a run that stops with an error destroys its process group itself (an atexit-time destruction
+can abort the process with exit -6 after its message), and a launched process then leaves at once with its exit code
+and its output flushed; both are no-ops without a group."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+import pytest
+
 import torch.distributed as dist
 
-from ddpo_group.run.process_failures import release_process_group
+from ddpo_group.run.process_failures import exit_launched_process, release_process_group
 from launch_helpers import free_port
 
 
 def test_release_destroys_the_default_group_and_is_a_no_op_after_it():
-    release_process_group()  # no group: nothing to do, no error
+    assert release_process_group() is False  # no group: nothing to do, no error
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         assert dist.is_initialized()
-        release_process_group()
+        assert release_process_group() is True
         assert not dist.is_initialized()
-        release_process_group()
+        assert release_process_group() is False
         assert not dist.is_initialized()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_without_a_group_exit_launched_process_returns_and_the_exit_is_python_s():
+    exit_launched_process(SystemExit(3))  # a single process: returns (the caller re-raises)
+    assert not dist.is_initialized()
+
+
+EXIT_SCRIPT = """
+import sys, torch.distributed as dist
+from ddpo_group.run.process_failures import exit_launched_process
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
+print("last words on stdout", end="")  # no newline: only a flush writes it
+sys.stderr.write("[ddpo_group] error: the message")
+exit_launched_process(SystemExit({code!r}))
+print("not reached")
+"""
+
+
+@pytest.mark.parametrize("code, expected", [(130, 130), ("a message", 1)])
+def test_a_launched_process_leaves_at_once_with_its_code_and_its_output(code, expected):
+    script = EXIT_SCRIPT.format(port=free_port(), code=code)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == expected, done.stderr[-2000:]
+    assert done.stdout == "last words on stdout"
+    assert done.stderr.startswith("[ddpo_group] error: the message")
+    assert ("a message" in done.stderr) == (code == "a message")
