@@ -1,7 +1,8 @@
 """The main command learns: the default configuration of group_ppo on the embedded model, shortened from
 40 to 20 epochs, raises the reward of the run's own fixed evaluation (eval_freq: the same 4 prompts x 8 initial
-noises, deterministic sampler); with group_ppo's advantages negated the same evaluation falls, so the gain is the
-algorithm's, not the evaluation's. On the CPU, where the margins were measured (a GPU draws other random streams).
+noises, deterministic sampler); with group_ppo's advantages negated the same evaluation does not rise and ends below
+the right run's, so the gain is the algorithm's, not the evaluation's. On the CPU (device=cpu, also on a GPU machine);
+the margins were chosen on five seeds, five random streams (below).
 3 seeds of every preset's default run are the learning proof (README, bench/compare_algorithms.py).
 
 A run and its negated control run at the same time, in two spawned processes of one torch thread each (as the
@@ -26,12 +27,13 @@ pytestmark = [pytest.mark.slow,
 EPOCHS = 20
 
 
-def default_run(preset: str, out: Path, epochs: int = EPOCHS, sets: tuple = ()) -> dict:
+def default_run(preset: str, out: Path, epochs: int = EPOCHS, sets: tuple = (), seed: int = 0) -> dict:
     """The preset's default configuration (with ``sets``: FIELD=VALUE) for ``epochs`` epochs of 32 reward queries,
-    seed 0, through the study script."""
+    through the study script."""
     import compare_algorithms
 
-    args = ["--presets", preset, "--seeds", "0", "--queries", str(32 * epochs), "--out", str(out), "--set", "device=cpu"]
+    args = ["--presets", preset, "--seeds", str(seed), "--queries", str(32 * epochs), "--out", str(out),
+            "--set", "device=cpu"]
     for item in sets:
         args += ["--set", item]
     (row,) = compare_algorithms.main(args)
@@ -49,21 +51,21 @@ def negated_finalize(out, inputs, adv_clip_max):
     return out
 
 
-def one_run(preset: str, out: str, epochs: int, sets: tuple, negated: bool) -> dict:
+def one_run(preset: str, out: str, epochs: int, sets: tuple, seed: int, negated: bool) -> dict:
     """default_run in a fresh (spawned) process with one torch thread; ``negated``: with negated advantages."""
     import torch
 
     torch.set_num_threads(1)
     if negated:
         advantages._finalize = negated_finalize  # this process runs this one task only (max_tasks_per_child=1)
-    return default_run(preset, Path(out), epochs, sets)
+    return default_run(preset, Path(out), epochs, sets, seed)
 
 
-def run_with_control(preset: str, out: Path, epochs: int = EPOCHS, sets: tuple = ()) -> dict:
+def run_with_control(preset: str, out: Path, epochs: int = EPOCHS, sets: tuple = (), seed: int = 0) -> dict:
     """{"right": the run's row, "negated": the same run with negated advantages}, side by side in two processes."""
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=2, mp_context=context, max_tasks_per_child=1) as pool:
-        futures = {name: pool.submit(one_run, preset, str(out / name), epochs, sets, name == "negated")
+        futures = {name: pool.submit(one_run, preset, str(out / name), epochs, sets, seed, name == "negated")
                    for name in ("right", "negated")}
         return {name: future.result() for name, future in futures.items()}
 
@@ -73,22 +75,32 @@ def group_ppo_rows(tmp_path_factory):
     return run_with_control("group_ppo", tmp_path_factory.mktemp("group_ppo"))
 
 
+# The margins hold on every random stream measured, not only on the one tested: seeds 0-4 of this pair (one thread,
+# run_with_control(..., seed=k), for issue 20) gained +0.052, +0.062, +0.014, +0.045, +0.063 with the right sign and
+# -0.014, -0.042, -0.004, -0.041, -0.059 negated; the right run ended above its control by 0.066, 0.104, 0.018, 0.086,
+# 0.122. Another machine (another CPU's kernels) draws another stream: the margins leave room for the weakest seed.
+GAIN_MARGIN = 0.005  # the right run gains more than this, the negated one does not (seed 2: +0.014 and -0.004)
+PAIRED_MARGIN = 0.01  # the right run's final evaluation above its control's (seed 2: 0.018)
+
+
 # ddpo and grpo learn as clearly (+0.056, +0.043 here; every seed of the proof): left to the proof, to keep the suite
 # short (the run and its control take about 110 s, side by side)
 def test_the_default_configuration_raises_the_fixed_evaluation(group_ppo_rows):
     row = group_ppo_rows["right"]
     # measured (seed 0, one thread, the learning proof's runs): 0.8245 before; after 20 epochs ddpo 0.8805 (+0.056),
-    # grpo 0.8678 (+0.043), group_ppo 0.8762 (+0.052); seeds 1 and 2 gained +0.035 / +0.055, +0.056 / +0.054 and
-    # +0.062 / +0.014 by then; the full 40 epochs gain at least +0.05 on every seed (README, The learning proof).
+    # grpo 0.8678 (+0.043), group_ppo 0.8762 (+0.052); the full 40 epochs gain at least +0.05 on every seed of the
+    # proof (README, The learning proof).
     assert row["before"] < 0.85
-    assert row["after"] - row["before"] > 0.02, row["evaluations"]
+    assert row["after"] - row["before"] > GAIN_MARGIN, row["evaluations"]
 
 
-def test_negated_advantages_lower_the_fixed_evaluation(group_ppo_rows):
-    row = group_ppo_rows["negated"]
+def test_negated_advantages_do_not_raise_it_and_end_below_the_right_run(group_ppo_rows):
+    row, right = group_ppo_rows["negated"], group_ppo_rows["right"]
     # measured (seed 0, one thread): 0.8245 -> 0.8237 (epoch 9) -> 0.8104 (epoch 19), where the same run with the
     # right sign reaches 0.8762; with the plain critic (value_source="critic") the negated run fell to 0.7457
-    assert row["after"] - row["before"] < 0.0, row["evaluations"]
+    assert row["before"] == right["before"]  # the same evaluation: only the sign differs
+    assert row["after"] - row["before"] < GAIN_MARGIN, row["evaluations"]
+    assert right["after"] - row["after"] > PAIRED_MARGIN, (right["evaluations"], row["evaluations"])
 
 
 # ----------------------------------------------------------------------------- the embedded flow-matching model
