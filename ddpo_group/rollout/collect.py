@@ -160,6 +160,7 @@ def collect_rollouts(
     critic_reads_x0 = critic is not None and critic.reads_x0
     # x0_hat(x_n) is kept at the Tweedie steps, or at every step for a critic that reads it
     x0_steps = list(range(sample_config.num_steps)) if critic_reads_x0 else tweedie_steps
+    tweedie_columns = None if tweedie_steps is None else [x0_steps.index(n) for n in tweedie_steps]  # of pred_x0
     noise_levels = family.noise_levels(sample_config)
     with timer.phase("sampling"):
         all_cond = encode_unique(family, prompts, text_cache)
@@ -189,9 +190,8 @@ def collect_rollouts(
         tweedie = None
         if tweedie_steps is not None:
             with timer.phase("reward"):
-                tweedie_x0 = traj.pred_x0[:, [x0_steps.index(n) for n in tweedie_steps]]  # columns of x0_steps
                 tweedie = tweedie_values(
-                    family, tweedie_x0, tweedie_steps, sample_config.num_steps,
+                    family, traj.pred_x0[:, tweedie_columns], tweedie_steps, sample_config.num_steps,
                     lambda images, p, m: score_images(reward_fn, reward_name, images, p, m)[0],
                     batch_prompts, batch_metadata, dtype=next(iter(cond.values())).dtype,
                     decode_batch_size=int(sample_config.get("decode_batch_size", 0)))
