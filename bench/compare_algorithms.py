@@ -6,7 +6,7 @@ Each (preset, seed) run is the preset's configuration (``--set FIELD=VALUE`` ove
 set to spend ``--queries`` reward queries (ReMax's greedy samples and GROUP_PPO's Tweedie values included). A
 ``--variant "LABEL=PRESET FIELD=VALUE ..."`` adds a row: a preset with overrides of its own, e.g.
 
-    --variant "group_ppo_tweedie=group_ppo group_params.value_source=tweedie"
+    --variant "group_ppo_tweedie=group_ppo group_ppo.value_source=tweedie"
 
 and ``--set pretrained.model=tiny-shapes-flow`` runs every row on the embedded flow-matching model. The model is
 measured by the run's own evaluation during training (``eval_freq``, ddpo_group/run/periodic_eval.py): the same prompts from the same initial

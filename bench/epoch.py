@@ -109,7 +109,7 @@ def main(argv=None) -> dict:
     print(f"machine: {machine(args.device)}; device {trainer.accelerator.device}, mixed precision {config.mixed_precision}")
     print(f"{args.preset} on {config.pretrained.model}: {s.batch_size * s.num_batches_per_epoch} samples x {s.num_steps} steps, "
           f"CFG {s.guidance_scale}, train.batch_size {t.batch_size}, timestep_fraction {t.timestep_fraction}, "
-          f"beta {t.beta}; epoch {args.epochs - 1} of {args.epochs} (the last: with a checkpoint)")
+          f"beta {config.kl.beta}; epoch {args.epochs - 1} of {args.epochs} (the last: with a checkpoint)")
     cap = f" under a {args.memory_gb:g} GiB cap" if args.memory_gb else ""
     print(f"train.pairs_per_forward {t.pairs_per_forward} -> {out['pairs_per_forward']} pairs per forward{cap}, "
           f"gradient checkpointing {'on' if out['gradient_checkpointing'] else 'off'}")

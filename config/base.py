@@ -10,101 +10,100 @@ from ml_collections.config_dict import FieldReference
 
 
 def base() -> ml_collections.ConfigDict:
+    """Every field and its default. A field's default lives here only: the package reads ``config.section.field``.
+
+    A comment on a field's own line (or just above it) is its documentation; docs/configuration.md is generated from
+    these comments (``python scripts/config_reference.py``)."""
     config = ml_collections.ConfigDict()
 
     # ---- run ----
-    config.run_name = ""  # empty: "<preset>_<timestamp>"
-    config.seed = 42
-    config.logdir = "logs"
-    config.num_epochs = 40  # every preset's default run fits in 10 minutes on a 2-core CPU (README)
+    config.run_name = ""  # the run directory's name under logdir; "": "<preset>_<timestamp>"
+    config.seed = 42  # seeds the prompts, the noise of every round, the weights' initialisation and the evaluation
+    config.logdir = "logs"  # where run directories are created
+    config.num_epochs = 40  # epochs to train; every preset's default run fits in 10 minutes on a 2-core CPU
     config.save_freq = 20  # epochs between checkpoints (0: only at the end)
-    config.num_checkpoint_limit = 5
+    config.num_checkpoint_limit = 5  # checkpoints kept per run; older ones are deleted
     config.mixed_precision = "no"  # "no", "fp16" or "bf16"
-    config.allow_tf32 = True
+    config.allow_tf32 = True  # TF32 matrix multiplications on CUDA (Ampere and newer)
     config.device = ""  # "": CUDA when visible (accelerate's choice); "cpu": the CPU even on a GPU machine
     # bitwise-reproducible CUDA runs and resume: deterministic kernels, CUBLAS_WORKSPACE_CONFIG (docs/performance.md
     # has its cost); CPU runs are deterministic already
     config.deterministic = False
-    config.num_cpu_threads = 0  # torch threads per process; 0: the environment's, or the cores per process on a CPU run
-    # that accelerate launch left at its default of one thread (ddpo_group/run/threads.py)
+    # torch threads per process; 0: the environment's, or the cores per process on a CPU run that accelerate launch
+    # left at its default of one thread (ddpo_group/run/threads.py)
+    config.num_cpu_threads = 0
     # several processes: a collective that waits longer than this (a process hung or died) stops every process with an
     # error instead of leaving them blocked (ddpo_group/run/process_failures.py)
     config.collective_timeout_s = 1800
-    config.resume_from = ""  # a checkpoint directory or a run directory (its latest checkpoint)
-    config.use_lora = True
-    config.lora_rank = 4
+    config.resume_from = ""  # a checkpoint directory or a run directory (its latest checkpoint); "": a new run
+    config.use_lora = True  # train LoRA adapters (peft); False: the whole denoiser
+    config.lora_rank = 4  # LoRA rank r
     config.lora_alpha = 0  # LoRA scale alpha / rank; 0: alpha = rank (Flow-GRPO's recipes use rank 32, alpha 64)
     # performance options (docs/performance.md): none helps the embedded model on a CPU, so all are off
-    config.unet_channels_last = False  # channels-last memory format for the UNet (convolutions on GPUs)
-    config.compile_unet = False  # torch.compile the UNet's forward (minutes of compilation; pays off on long GPU runs)
+    config.unet_channels_last = False  # channels-last memory format for a UNet denoiser (convolutions on GPUs)
+    # torch.compile the denoiser's forward (minutes of compilation; pays off on long GPU runs)
+    config.compile_denoiser = False
 
-    # ---- model: "tiny-shapes" is the embedded model; anything else is a hub id or a local path ----
+    # ---- model: "tiny-shapes" and "tiny-shapes-flow" are the embedded models; anything else is a hub id or a path ----
     config.pretrained = pretrained = ml_collections.ConfigDict()
-    pretrained.model = "tiny-shapes"
-    pretrained.revision = ""
+    pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
+    pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
     pretrained.family = ""  # "sd", "sd3" or "flux"; "": from the pipeline class in the model's model_index.json
     pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
 
-    # ---- sampling ----
+    # ---- sampling (the rollouts) ----
     config.sample = sample = ml_collections.ConfigDict()
-    sample.num_steps = 10  # Flow-GRPO's rollout steps
+    sample.num_steps = 10  # denoising steps of a rollout (Flow-GRPO's 10)
     # steps of the deterministic evaluation (eval_freq) and of scripts/evaluate.py; 0: num_steps (Flow-GRPO trains on 10
     # and evaluates on 40)
     sample.eval_num_steps = 0
-    sample.eta = 1.0  # DDIM's noise (Stable Diffusion 1.x/2.x)
+    sample.eta = 1.0  # DDIM's noise (Stable Diffusion 1.x/2.x): 0 deterministic, 1 DDPM-like
     # flow-matching families (SD3, FLUX): the stochastic step and its noise level a (sampling/flow.py):
     # "flow_sde" (Flow-GRPO; a = 0.7 for SD3.5, 0.9 for FLUX), "cps" (coefficients-preserving), "dance_sde" (DanceGRPO, 0.3)
     sample.sde_type = "flow_sde"
-    sample.noise_level = 0.7
-    sample.resolution = 0  # image height and width in pixels; 0: the pipeline's default
+    sample.noise_level = 0.7  # the flow-matching step's noise level a (0 would make every step deterministic)
+    sample.resolution = 0  # image height and width in pixels (flow-matching families); 0: the pipeline's default
     # memory of large models: text embeddings of this many prompts kept on the CPU (each prompt then meets the text
-    # encoders once; 0: encode every round), and images decoded by the VAE this many at a time (0: a whole batch)
+    # encoders once; 0: encode every round)
     sample.text_embedding_cache = 0
-    sample.decode_batch_size = 0
-    sample.guidance_scale = 5.0
-    sample.batch_size = 16  # per process
-    sample.num_batches_per_epoch = 2
+    sample.decode_batch_size = 0  # images decoded by the VAE at a time (0: a whole batch)
+    sample.guidance_scale = 5.0  # classifier-free guidance scale (FLUX.1-dev: the guidance embedding)
+    sample.batch_size = 16  # images sampled at a time, per process
+    sample.num_batches_per_epoch = 2  # sampling batches per process per epoch
     sample.log_prob_reduce = "mean"  # over latent dims; "sum" needs a much smaller clip range
     sample.same_initial_noise = False  # the copies of a prompt share x_T and differ by their step noise only
     # SDE window (Flow-GRPO-Fast): only steps [start, start + size) are stochastic (eta) and trained; the others are
     # deterministic DDIM steps. Size 0: every step. Early steps decide the composition, so a small early window
     # concentrates the credit of the reward on few steps (and trains size / num_steps of the pairs).
-    # Default: the first 2 of 10 steps, where the embedded model decides the shape (README, The learning proof).
-    sample.sde_window_start = 0
-    sample.sde_window_size = 2
+    # Default: the first 2 of 10 steps, where the embedded model decides the shape (docs/learning_proof.md).
+    sample.sde_window_start = 0  # the window's first step
+    sample.sde_window_size = 2  # the window's number of steps (0: every step is stochastic and trained)
 
-    # ---- training ----
+    # ---- training (the policy update) ----
     config.train = train = ml_collections.ConfigDict()
     train.batch_size = 8  # samples per process per train batch
-    train.use_8bit_adam = False
+    train.use_8bit_adam = False  # bitsandbytes' 8-bit AdamW (CUDA)
     train.learning_rate = 3e-3  # for the embedded model's rank-4 LoRA; ddpo-pytorch uses 3e-4 on Stable Diffusion
-    train.adam_beta1 = 0.9
-    train.adam_beta2 = 0.999
-    train.adam_weight_decay = 1e-4
-    train.adam_epsilon = 1e-8
+    train.adam_beta1 = 0.9  # AdamW's beta1
+    train.adam_beta2 = 0.999  # AdamW's beta2
+    train.adam_weight_decay = 1e-4  # AdamW's weight decay
+    train.adam_epsilon = 1e-8  # AdamW's epsilon (the denominator's floor)
     train.gradient_accumulation_steps = 1  # train batches per optimizer step
-    train.max_grad_norm = 1.0
-    train.num_inner_epochs = 1
+    train.max_grad_norm = 1.0  # gradient clipping by global norm
+    train.num_inner_epochs = 1  # passes over an epoch's samples
     train.cfg = True  # classifier-free guidance in the training forward (must match sampling)
-    train.adv_clip_max = 5.0
-    train.clip_range = 1e-4
-    train.timestep_fraction = 1.0
+    train.adv_clip_max = 5.0  # advantages are clipped to [-adv_clip_max, adv_clip_max]
+    train.clip_range = 1e-4  # PPO's clip range of the probability ratio (GRPO's epsilon)
+    train.timestep_fraction = 1.0  # the fraction of a trajectory's steps trained (ddpo-pytorch's)
     # (sample, step) pairs per training forward, or "auto": 32 on the CPU; on CUDA the most that fit the card, measured
     # at the first update with the loaded model and kept in checkpoints (ddpo_group/update/memory_fit.py)
     train.pairs_per_forward = FieldReference("auto", field_type=object)
     # recompute the denoiser's activations in the backward: less memory, ~1/3 more compute; "auto" pairs_per_forward
     # also switches it on when fewer than 4 pairs fit without it
     train.gradient_checkpointing = False
-    train.group_size = 1  # samples per prompt per epoch (copies spread over processes and batches)
-    # KL to a reference model and GRPO-family options (ALGORITHMS.md)
-    train.beta = 0.0  # weight of the KL term to the reference model
+    train.group_size = 1  # samples per prompt per epoch, the prompt's group (copies spread over processes and batches)
     train.scale_rewards = True  # divide group advantages by the group std
-    train.use_reference_model = False
-    train.reference_model_mixup_alpha = 1.0  # theta_ref <- alpha * theta + (1 - alpha) * theta_ref
-    train.reference_update_freq = 0  # epochs between reference updates (0: never)
-    # one clip range, two names: train.epsilon (GRPO family) is train.clip_range (ddpo-pytorch); setting either sets both
-    train.epsilon = train.get_ref("clip_range")
     # EMA of the trainable weights (Flow-GRPO's EMAModuleWrapper, ddpo_group/update/ema.py): after optimizer step k,
     # when (k + 1) % ema_update_interval == 0, ema += (1 - min((1 + k) / (10 + k), ema_decay)) * (theta - ema)
     train.ema = False
@@ -112,66 +111,76 @@ def base() -> ml_collections.ConfigDict:
     train.ema_update_interval = 8  # optimizer steps between EMA updates (Flow-GRPO's)
     train.ema_eval = True  # with ema: the evaluation during training (eval_freq) samples with the EMA weights
     train.ema_export = False  # with ema and use_lora: <run>/lora and the checkpoints' lora/ hold the EMA weights
-    # LoRA: the reference is the base model with adapters disabled, or (reference_update_freq > 0) a second
-    # adapter mixed every F epochs; full fine-tuning: a frozen copy of the UNet (ALGORITHMS.md, ddpo_group/reference/model.py)
+
+    # ---- KL to a reference model (docs/algorithms.md) ----
+    # LoRA: the reference is the base model with adapters disabled, or (reference_update_freq > 0) a second adapter
+    # mixed every F epochs; full fine-tuning: a frozen copy of the denoiser (ddpo_group/reference/model.py)
+    config.kl = kl = ml_collections.ConfigDict()
+    kl.beta = 0.0  # weight of the KL term to the reference model (0: no KL)
+    kl.use_reference_model = False  # keep a reference model (needed by beta > 0)
+    kl.reference_mixup_alpha = 1.0  # at each reference update, theta_ref <- alpha * theta + (1 - alpha) * theta_ref
+    kl.reference_update_freq = 0  # epochs between reference updates (0: never, the frozen base model)
+    kl.kind = "gaussian"  # analytic KL of the two step Gaussians; or k1, abs, k2, k3 (log-prob estimators)
+    kl.in_reward = False  # r_n -= beta * KL_n before the advantage (step-level estimators only); False: a loss term
+    kl.controller = "fixed"  # "fixed" or "adaptive" (PPO's adaptive beta toward kl.target)
+    kl.target = 0.01  # the adaptive controller's target KL per step
+    kl.horizon = 10000.0  # samples; adaptive beta *= 1 + clip(kl / target - 1, +-0.2) * n / horizon
 
     # ---- algorithm ----
     config.algorithm = algorithm = ml_collections.ConfigDict()
-    # a registered name, or a plugin "package.module:function" / "/path/file.py:function" (README, Algorithm plugins)
+    # a registered name, or a plugin "package.module:function" / "/path/file.py:function" (docs/algorithms.md)
     algorithm.adv_estimator = "ddpo"
     algorithm.adv_estimator_kwargs = ml_collections.ConfigDict()  # keywords of the estimator (add to / override its own)
     algorithm.policy_loss = "vanilla"  # a registered name or a plugin path, as adv_estimator
     algorithm.policy_loss_kwargs = ml_collections.ConfigDict()  # keywords of the policy loss
+    # how the per-(sample, step) losses are averaged: "step-mean", "traj-mean-step-mean", "traj-mean-step-sum",
+    # "traj-mean-step-sum-norm" (docs/algorithms.md)
     algorithm.loss_agg_mode = "step-mean"
-
-    # ---- GROUP_PPO (GROUP_PPO.md) ----
-    config.group_params = group = ml_collections.ConfigDict()
-    group.group_variance_threshold = 1.0  # initial tau; in [min_threshold, max_threshold] unless adaptive_threshold=False
-    group.group_max_size = 16
-    group.group_epsilon = 1e-6
-    group.adaptive_threshold = True  # False: tau stays fixed, any value >= 0 (0: every step its own group)
-    group.threshold_lr = 0.01
-    group.min_threshold = 0.1
-    group.max_threshold = 10.0
-    group.lam = 1.0  # lambda over segments (1: Monte-Carlo return with a critic baseline)
-    group.target_explained_variance = 0.5  # the critic quality the threshold controller aims for
-    # V at the endpoints: "critic" (the value network), "residual_critic" (the prompt group's mean reward + the value
-    # network, which then learns only the deviation: at 0 the advantages are grpo's), "tweedie" (the reward of the
-    # decoded one-step prediction x0_hat(x_n): one more reward query per sample and valued step), "blend"
-    group.value_source = "critic"
-    group.value_blend = 0.5  # "blend": V = w * tweedie + (1 - w) * residual critic
-
-    # ---- algorithm: KL, estimators' parameters, dynamic sampling ----
     algorithm.clip_ratio_c = 3.0  # dual clip for negative advantages (vanilla, gspo)
-    algorithm.kl_type = "gaussian"  # analytic KL of the two step Gaussians; or k1, abs, k2, k3 (log-prob estimators)
-    algorithm.kl_in_reward = False  # r_n -= beta * KL_n before the advantage (step-level estimators only)
-    algorithm.kl_controller = "fixed"  # "fixed" or "adaptive" (PPO's adaptive beta toward target_kl)
-    algorithm.target_kl = 0.01
-    algorithm.kl_horizon = 10000.0  # samples; adaptive beta *= 1 + clip(kl / target - 1, +-0.2) * n / horizon
     algorithm.gamma = 1.0  # discount over denoising steps (gae, reinforce_plus_plus)
-    algorithm.gae_lambda = 0.95
-    algorithm.gae_whiten = True
+    algorithm.gae_lambda = 0.95  # GAE's lambda over denoising steps (gae)
+    algorithm.gae_whiten = True  # whiten GAE's advantages over the batch
     algorithm.gae_start_value = "critic"  # "critic": V(x_0); "group_mean": the group's mean reward (GROUP_PPO's u_-1)
     algorithm.global_std = False  # grpo: group mean, batch std
     # several rewards (reward_fn = {name: weight}): "reward_aggr" normalises the weighted sum (Flow-GRPO);
-    # "advantage_aggr" normalises each component within its prompt group, then sums (GDPO / MixGRPO; README)
+    # "advantage_aggr" normalises each component within its prompt group, then sums (GDPO / MixGRPO; docs/rewards.md)
     algorithm.multi_reward_mix = "reward_aggr"
     # DAPO's dynamic sampling: drop groups whose rewards are all equal, sample more until the batch is full
     algorithm.filter_groups = False
     algorithm.max_num_gen_batches = 4  # sampling rounds per epoch at most (the batch may stay short)
 
+    # ---- GROUP_PPO (docs/group_ppo.md): the denoising steps are cut into segments; each segment's last step is its
+    # endpoint, where the critic's value is read ----
+    config.group_ppo = group_ppo = ml_collections.ConfigDict()
+    # tau, the initial variance threshold of the segment test; in [min_threshold, max_threshold] unless
+    # adaptive_threshold=False
+    group_ppo.variance_threshold = 1.0
+    group_ppo.max_segment_steps = 16  # no segment is longer than this many steps
+    group_ppo.numerical_floor = 1e-6  # floor of the variance ratio's denominator and of std divisions
+    group_ppo.adaptive_threshold = True  # False: tau stays fixed, any value >= 0 (0: every step its own segment)
+    group_ppo.threshold_lr = 0.01  # the threshold controller's step size
+    group_ppo.min_threshold = 0.1  # the adaptive tau's lower bound
+    group_ppo.max_threshold = 10.0  # the adaptive tau's upper bound
+    group_ppo.gae_lambda = 1.0  # lambda over segments (1: Monte-Carlo return with a critic baseline)
+    group_ppo.target_explained_variance = 0.5  # the critic quality the threshold controller aims for
+    # V at the endpoints: "critic" (the value network), "residual_critic" (the prompt group's mean reward + the value
+    # network, which then learns only the deviation: at 0 the advantages are grpo's), "tweedie" (the reward of the
+    # decoded one-step prediction x0_hat(x_n): one more reward query per sample and valued step), "blend"
+    group_ppo.value_source = "critic"
+    group_ppo.value_blend = 0.5  # "blend": V = w * tweedie + (1 - w) * residual critic
+
     # ---- critic V(latent, timestep, text) (ppo_gae, group_ppo) ----
     config.critic = critic = ml_collections.ConfigDict()
-    critic.hidden_dim = 64
-    critic.learning_rate = 1e-3
-    critic.weight_decay = 0.0
-    critic.cliprange_value = 0.2  # clipped value loss range, in reward units (None: unclipped)
+    critic.hidden_dim = 64  # the value network's width
+    critic.learning_rate = 1e-3  # the critic's AdamW learning rate
+    critic.weight_decay = 0.0  # the critic's AdamW weight decay
+    critic.clip_range = 0.2  # clipped value loss range, in reward units (None: unclipped)
     critic.num_updates = 1  # passes over the epoch's samples per epoch
     critic.warmup_epochs = 0  # the first epochs train the critic only: the policy stays as it is
     # "latent": V(x_n, t_n, c); "latent_x0": V([x_n, x0_hat(x_n)], t_n, c), the step's one-step prediction of the
     # clean latent too (the rollout keeps it for every step: one more latent-sized tensor per step)
     critic.input = "latent"
-    critic.max_grad_norm = 1.0
+    critic.max_grad_norm = 1.0  # the critic's gradient clipping by global norm
 
     # ---- prompts and rewards ----
     # prompt_fn / reward_fn: a registered name, "package.module:function", or an installed plugin's
@@ -181,15 +190,15 @@ def base() -> ml_collections.ConfigDict:
     # with per-component factory arguments --config.reward_fn_kwargs='{"shapes_alignment": {...}}'.
     # tiny_shapes_hard: the four captions the embedded model gets wrong most often (tiny_shapes: every caption)
     config.prompt_fn = "tiny_shapes_hard"
-    config.prompt_fn_kwargs = ml_collections.ConfigDict()
+    config.prompt_fn_kwargs = ml_collections.ConfigDict()  # keywords of the prompt function (override its defaults)
     # the embedded model's prompt alignment (classifier judge); a name or {name: weight}
     config.reward_fn = FieldReference("shapes_alignment", field_type=object)
-    config.reward_fn_kwargs = ml_collections.ConfigDict()
+    config.reward_fn_kwargs = ml_collections.ConfigDict()  # keywords of the reward factory (or {name: {...}} per reward)
 
-    # ---- DDPO's per-prompt stat tracking (buffer mode) ----
+    # ---- DDPO's per-prompt stat tracking (buffer mode); None: whole-batch statistics (ddpo-pytorch's None) ----
     config.per_prompt_stat_tracking = tracking = ml_collections.ConfigDict()
-    tracking.buffer_size = 16
-    tracking.min_count = 16
+    tracking.buffer_size = 16  # rewards kept per prompt
+    tracking.min_count = 16  # below this many rewards of a prompt, the batch's statistics are used
 
     # ---- evaluation during training (ddpo_group/run/periodic_eval.py) ----
     # every eval_freq epochs (0: off), and then also before the first update and after the last epoch: the same prompts
@@ -205,8 +214,8 @@ def base() -> ml_collections.ConfigDict:
     # ---- logging ----
     config.wandb = wandb = ml_collections.ConfigDict()
     wandb.mode = "online"  # "online", "offline" or "disabled"; online falls back to offline without an API key
-    wandb.project = "ddpo-group"
-    wandb.entity = ""
+    wandb.project = "ddpo-group"  # the wandb project
+    wandb.entity = ""  # the wandb entity (user or team); "": your default
     config.log_images_every = 1  # epochs between image grids (0: never)
     config.export_lora = True  # with use_lora: diffusers-format LoRA in <run>/lora and in every checkpoint
     return config
@@ -224,8 +233,8 @@ def grpo() -> ml_collections.ConfigDict:
     config = base()
     config.algorithm.adv_estimator = "grpo"
     config.train.group_size = 8
-    config.train.beta = 0.004
-    config.train.use_reference_model = True
+    config.kl.beta = 0.004
+    config.kl.use_reference_model = True
     return config
 
 
@@ -260,9 +269,9 @@ def reinforce_pp() -> ml_collections.ConfigDict:
     """REINFORCE++: per-step returns with the KL to the reference in the reward, whitened over the batch."""
     config = base()
     config.algorithm.adv_estimator = "reinforce_plus_plus"
-    config.algorithm.kl_in_reward = True
-    config.train.beta = 0.01
-    config.train.use_reference_model = True
+    config.kl.in_reward = True
+    config.kl.beta = 0.01
+    config.kl.use_reference_model = True
     return config
 
 
@@ -289,7 +298,7 @@ def group_ppo() -> ml_collections.ConfigDict:
     config.train.scale_rewards = True
     # the critic learns each sample's deviation from its group's mean reward: an untrained critic gives grpo's
     # advantages instead of noise (README, GROUP_PPO and the critic: the study of the value sources)
-    config.group_params.value_source = "residual_critic"
+    config.group_ppo.value_source = "residual_critic"
     return config
 
 
@@ -325,7 +334,7 @@ def flow_grpo_sd35() -> ml_collections.ConfigDict:
     config.mixed_precision = "fp16"  # Flow-GRPO's choice for SD3: a smaller rollout / training log-prob mismatch
     config.sample.noise_level = 0.7
     config.sample.guidance_scale, config.train.cfg = 4.5, True
-    config.train.beta = 0.04
+    config.kl.beta = 0.04
     return config
 
 
@@ -337,8 +346,8 @@ def flow_grpo_flux() -> ml_collections.ConfigDict:
     config.sample.num_steps, config.sample.eval_num_steps = 6, 28
     config.sample.noise_level = 0.9
     config.sample.guidance_scale, config.train.cfg = 3.5, False
-    config.train.beta = 0.0
-    config.train.use_reference_model = False
+    config.kl.beta = 0.0
+    config.kl.use_reference_model = False
     return config
 
 

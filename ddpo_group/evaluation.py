@@ -13,6 +13,7 @@ and the same for the paired difference fine-tuned - base.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -57,9 +58,19 @@ def resolve_finetuned(path: str | Path) -> tuple[str, Path]:
     return "weights", checkpoint
 
 
-def load_finetuned_weights(family, checkpoint: Path, run_config: dict | None) -> None:
-    """Load an accelerate checkpoint's denoiser weights (full, or LoRA without an export) into ``family.model``."""
-    from ml_collections import ConfigDict
+def run_config(defaults, saved: dict | None):
+    """The config a run trained with: its config.json (``saved``; former field names translated) merged onto
+    ``defaults``, config/base.py's ``base()`` (fields a run's file lacks take today's defaults)."""
+    from ddpo_group.run.renamed_fields import translate_saved
+
+    config = copy.deepcopy(defaults)
+    config.update(translate_saved(saved or {}))
+    return config
+
+
+def load_finetuned_weights(family, checkpoint: Path, config) -> None:
+    """Load an accelerate checkpoint's denoiser weights (full, or LoRA without an export) into ``family.model``;
+    ``config``: the run's (its LoRA rank and alpha)."""
     from safetensors.torch import load_file
 
     from ddpo_group.models.policy import lora_config
@@ -68,12 +79,10 @@ def load_finetuned_weights(family, checkpoint: Path, run_config: dict | None) ->
     if not files:
         raise FileNotFoundError(f"{str(checkpoint)!r} holds neither lora/ nor model.safetensors")
     state = load_file(str(files[0]))
-    # a reference adapter (train.reference_update_freq > 0) lives in the same UNet: it is not the policy
+    # a reference adapter (kl.reference_update_freq > 0) lives in the same UNet: it is not the policy
     state = {k: v for k, v in state.items() if not re.search(r"\.lora_[AB]\.reference\.", k)}
     if any("lora_" in key for key in state):
-        run = ConfigDict({"lora_rank": int((run_config or {}).get("lora_rank", 4)),
-                          "lora_alpha": int((run_config or {}).get("lora_alpha", 0))})
-        family.model.add_adapter(lora_config(run, family.lora_target_modules))
+        family.model.add_adapter(lora_config(config, family.lora_target_modules))
     family.model.load_state_dict(state)
 
 
@@ -178,30 +187,31 @@ def comparison_grid(base_images, tuned_images, prompts, seeds, base_rewards, tun
     return image_grid(torch.stack(images), captions, columns=2 * m)
 
 
-def evaluate(finetuned: str, base_model: str | None = None, num_prompts: int = 8, num_seeds: int = 2, seed: int = 0,
+def evaluate(finetuned: str, defaults, base_model: str | None = None, num_prompts: int = 8, num_seeds: int = 2, seed: int = 0,
              prompt_fn: str | None = None, prompt_fn_kwargs: dict | None = None, reward_fn=None,
              reward_fn_kwargs: dict | None = None, num_steps: int | None = None, guidance_scale: float | None = None,
              eta: float | None = None, batch_size: int = 8, out_dir: str | None = None, device: str | None = None,
              show_progress: bool = True) -> dict:
     """Sample both models on the same prompts x seeds, score them, write report.json and grid.png; return the report.
 
-    Unset arguments come from the fine-tuned run's config.json (found above ``finetuned``): the model and its family,
-    prompts, rewards, ``sample.eval_num_steps`` (or ``num_steps``), the guidance, DDIM's eta (Stable Diffusion; the
-    flow families sample with their pipeline's deterministic Euler sampler), the resolution.
+    Unset arguments come from the fine-tuned run's config.json (found above ``finetuned``) merged onto ``defaults``
+    (config/base.py's ``base()``): the model and its family, prompts, rewards, ``sample.eval_num_steps`` (or
+    ``num_steps``), the guidance, DDIM's eta (Stable Diffusion; the flow families sample with their pipeline's
+    deterministic Euler sampler), the resolution.
     """
     from ddpo_group.models import load_family
 
-    run_config, run_dir = find_run_config(finetuned)
-    cfg = run_config or {}
-    sample_cfg = cfg.get("sample", {})
-    base_model = base_model or cfg.get("pretrained", {}).get("model") or "tiny-shapes"
-    prompt_fn = prompt_fn or cfg.get("prompt_fn") or "tiny_shapes"
-    prompt_fn_kwargs = prompt_fn_kwargs if prompt_fn_kwargs is not None else cfg.get("prompt_fn_kwargs", {})
-    reward_fn = reward_fn or cfg.get("reward_fn") or "jpeg_compressibility"
-    reward_fn_kwargs = reward_fn_kwargs if reward_fn_kwargs is not None else cfg.get("reward_fn_kwargs", {})
-    num_steps = num_steps or sample_cfg.get("eval_num_steps") or sample_cfg.get("num_steps", 20)
-    guidance_scale = guidance_scale if guidance_scale is not None else sample_cfg.get("guidance_scale", 5.0)
-    sample_cfg = {**sample_cfg, "eta": eta if eta is not None else sample_cfg.get("eta", 1.0)}
+    saved, run_dir = find_run_config(finetuned)
+    config = run_config(defaults, saved)
+    base_model = base_model or config.pretrained.model
+    prompt_fn = prompt_fn or config.prompt_fn
+    prompt_fn_kwargs = prompt_fn_kwargs if prompt_fn_kwargs is not None else config.prompt_fn_kwargs.to_dict()
+    reward_fn = reward_fn or (config.reward_fn.to_dict() if hasattr(config.reward_fn, "to_dict") else config.reward_fn)
+    reward_fn_kwargs = reward_fn_kwargs if reward_fn_kwargs is not None else config.reward_fn_kwargs.to_dict()
+    num_steps = num_steps or config.sample.eval_num_steps or config.sample.num_steps
+    guidance_scale = guidance_scale if guidance_scale is not None else config.sample.guidance_scale
+    if eta is not None:
+        config.sample.eta = eta
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     kind, source = resolve_finetuned(finetuned)
     out_dir = Path(out_dir) if out_dir else (run_dir or Path.cwd()) / "evaluation"
@@ -210,18 +220,18 @@ def evaluate(finetuned: str, base_model: str | None = None, num_prompts: int = 8
     prompts, metadata = draw_prompts(prompt_fn, dict(prompt_fn_kwargs), num_prompts, seed)
     seeds = prompt_seeds(prompts, seed, num_seeds)
     combined = make_combined_reward(reward_fn, reward_fn_kwargs)
-    family = load_family(base_model, family=cfg.get("pretrained", {}).get("family", ""))
+    family = load_family(base_model, family=config.pretrained.family)
     pipe = family.pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     batches = math.ceil(len(prompts) * num_seeds / batch_size)
     settings = dict(num_steps=num_steps, guidance_scale=guidance_scale, batch_size=batch_size,
-                    **family.pipeline_kwargs(sample_cfg, cfg.get("pretrained", {})))
+                    **family.pipeline_kwargs(config.sample, config.pretrained))
     with tqdm(total=2 * batches, desc="evaluate (base, then fine-tuned)", disable=not show_progress) as progress:
         base_images = sample_images(pipe, prompts, seeds, progress=progress, **settings)
         if kind == "lora":
             pipe.load_lora_weights(str(source))
         else:
-            load_finetuned_weights(family, source, run_config)
+            load_finetuned_weights(family, source, config)
         tuned_images = sample_images(pipe, prompts, seeds, progress=progress, **settings)
     metadata_all = [metadata[i] for i in range(len(prompts)) for _ in range(num_seeds)]
     prompts_all = [p for p in prompts for _ in range(num_seeds)]

@@ -21,6 +21,7 @@ from ddpo_group.run.quiet import silence_known_noise  # noqa: E402
 
 silence_known_noise()  # before diffusers and transformers load
 
+from config.base import base  # noqa: E402
 from ddpo_group.evaluation import evaluate, format_report  # noqa: E402
 
 
@@ -51,7 +52,7 @@ def main(argv=None):
         if getattr(a, name) < 1:
             raise SystemExit(f"--{name}={getattr(a, name)} must be >= 1")
     report = evaluate(
-        a.finetuned, base_model=a.base_model, num_prompts=a.num_prompts, num_seeds=a.num_seeds, seed=a.seed,
+        a.finetuned, base(), base_model=a.base_model, num_prompts=a.num_prompts, num_seeds=a.num_seeds, seed=a.seed,
         prompt_fn=a.prompt_fn, prompt_fn_kwargs=a.prompt_fn_kwargs, reward_fn=a.reward_fn,
         reward_fn_kwargs=a.reward_fn_kwargs, num_steps=a.num_steps, guidance_scale=a.guidance_scale, eta=a.eta,
         batch_size=a.batch_size, out_dir=a.out, device=a.device,

@@ -10,7 +10,7 @@ Every estimator has ONE signature and declares what it needs and gives in its re
   the run checks ``train.group_size >= 2`` at start and DAPO's dynamic sampling is allowed);
 * ``needs_critic``: reads ``inputs.values`` [B, T] (pre-step critic values): the trainer builds and trains a
   critic on ``critic_targets(out) -> (targets, mask)`` [B, T] (default: ``returns`` on every step);
-* ``accepts_step_rewards``: takes per-step rewards (``algorithm.kl_in_reward``); the others reject them;
+* ``accepts_step_rewards``: takes per-step rewards (``kl.in_reward``); the others reject them;
 * ``needs_greedy_rewards``: reads ``inputs.greedy_rewards`` [B] (ReMax's greedy baseline, sampled by the trainer);
 * ``params``: keyword -> the config field it is read from; ``algorithm.adv_estimator_kwargs`` adds or
   overrides keywords;
@@ -124,7 +124,7 @@ class EstimatorSpec:
     def params_from(self, config, controller=None) -> dict:
         """Keywords for one call: the declared config fields, ``algorithm.adv_estimator_kwargs``, the controller's."""
         params = {keyword: read_field(config, dotted) for keyword, dotted in self.params.items()}
-        kwargs = config.algorithm.get("adv_estimator_kwargs", None)
+        kwargs = config.algorithm.adv_estimator_kwargs
         params.update(kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {}))
         if controller is not None:
             params.update(controller.params())
@@ -295,17 +295,17 @@ def _gae_checks(config) -> List[str]:
 
 
 def _group_ppo_checks(config) -> List[str]:
-    g, errors = config.group_params, []
-    if g.group_max_size < 1:
-        errors.append(f"group_params.group_max_size={g.group_max_size} must be >= 1")
-    if not g.group_epsilon > 0:
-        errors.append(f"group_params.group_epsilon={g.group_epsilon} must be > 0")
-    if not 0 <= g.lam <= 1:
-        errors.append(f"group_params.lam={g.lam} must be in [0, 1]")
-    if g.get("value_source", "critic") not in GROUP_PPO_VALUE_SOURCES:
-        errors.append(f"group_params.value_source={g.value_source!r}; allowed: {list(GROUP_PPO_VALUE_SOURCES)}")
-    if not 0 <= g.get("value_blend", 0.5) <= 1:
-        errors.append(f"group_params.value_blend={g.value_blend} must be in [0, 1]")
+    g, errors = config.group_ppo, []
+    if g.max_segment_steps < 1:
+        errors.append(f"group_ppo.max_segment_steps={g.max_segment_steps} must be >= 1")
+    if not g.numerical_floor > 0:
+        errors.append(f"group_ppo.numerical_floor={g.numerical_floor} must be > 0")
+    if not 0 <= g.gae_lambda <= 1:
+        errors.append(f"group_ppo.gae_lambda={g.gae_lambda} must be in [0, 1]")
+    if g.value_source not in GROUP_PPO_VALUE_SOURCES:
+        errors.append(f"group_ppo.value_source={g.value_source!r}; allowed: {list(GROUP_PPO_VALUE_SOURCES)}")
+    if not 0 <= g.value_blend <= 1:
+        errors.append(f"group_ppo.value_blend={g.value_blend} must be in [0, 1]")
     return errors + GroupThresholdController.config_errors(config)
 
 
@@ -316,7 +316,7 @@ RESIDUAL_VALUE_SOURCES = ("residual_critic", "blend")  # the critic's output is 
 
 
 def _group_ppo_inputs(config) -> set:
-    return {"tweedie_values"} if config.group_params.get("value_source", "critic") in TWEEDIE_VALUE_SOURCES else set()
+    return {"tweedie_values"} if config.group_ppo.value_source in TWEEDIE_VALUE_SOURCES else set()
 
 
 # ---------------------------------------------------------------------------------- estimators
@@ -425,16 +425,16 @@ def remax_advantage(inputs: AdvantageInputs, **_) -> AdvantageOutput:
 
 
 @register_adv_est("gae", needs_critic=True, accepts_step_rewards=True, critic_targets=every_step_returns,
-                  params={"gamma": "algorithm.gamma", "lam": "algorithm.gae_lambda", "whiten": "algorithm.gae_whiten",
+                  params={"gamma": "algorithm.gamma", "gae_lambda": "algorithm.gae_lambda", "whiten": "algorithm.gae_whiten",
                           "gae_start_value": "algorithm.gae_start_value"},
                   check=_gae_checks)
-def gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True,
+def gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, gae_lambda: float = 1.0, whiten: bool = True,
                   gae_start_value: str = "critic", **_) -> AdvantageOutput:
     """GAE(gamma, lambda) over the T steps with the critic's pre-step values V_n = values[:, n]:
 
         r_n     = step_rewards_n + [n = T-1] R,     V_T = 0
         delta_n = r_n + gamma V_{n+1} - V_n
-        A_n     = delta_n + gamma lam A_{n+1}
+        A_n     = delta_n + gamma lambda A_{n+1}       (lambda = gae_lambda)
         returns = A + V          (critic targets, un-whitened)
         A       = masked_whiten(A) if whiten (default), then * mask
 
@@ -459,7 +459,7 @@ def gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0,
     next_v = torch.zeros(B, dtype=V.dtype, device=V.device)
     for n in range(T - 1, -1, -1):
         delta = r[:, n] + gamma * next_v - V[:, n]
-        last = delta + gamma * lam * last
+        last = delta + gamma * gae_lambda * last
         A[:, n] = last
         next_v = V[:, n]
     returns = A + V
@@ -470,18 +470,18 @@ def gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, lam: float = 1.0,
 
 @register_adv_est("group_ppo", needs_groups=True, needs_critic=True, accepts_step_rewards=True,
                   critic_targets=endpoint_targets, controller=GroupThresholdController.from_config,
-                  params={"tau": "group_params.group_variance_threshold", "group_max_size": "group_params.group_max_size",
-                          "group_epsilon": "group_params.group_epsilon", "lam": "group_params.lam",
-                          "norm_adv_by_std": "train.scale_rewards", "value_source": "group_params.value_source",
-                          "value_blend": "group_params.value_blend"},
+                  params={"tau": "group_ppo.variance_threshold", "max_segment_steps": "group_ppo.max_segment_steps",
+                          "numerical_floor": "group_ppo.numerical_floor", "gae_lambda": "group_ppo.gae_lambda",
+                          "norm_adv_by_std": "train.scale_rewards", "value_source": "group_ppo.value_source",
+                          "value_blend": "group_ppo.value_blend"},
                   check=_group_ppo_checks, optional_inputs=_group_ppo_inputs)
-def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, group_max_size: int = 16,
-                        group_epsilon: float = 1e-6, lam: float = 1.0, norm_adv_by_std: bool = False,
+def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, max_segment_steps: int = 16,
+                        numerical_floor: float = 1e-6, gae_lambda: float = 1.0, norm_adv_by_std: bool = False,
                         critic_lam: Optional[float] = None, group_weight_by_mask: bool = False,
                         value_source: str = "critic", value_blend: float = 0.5, **_) -> AdvantageOutput:
-    """GROUP_PPO (GROUP_PPO.md; formulas in group_ppo.py): dynamic step groups, the group
-    advantage A_k = sum_{j >= k} lam^(j-k) Delta_j broadcast to its steps (optionally / (std_g(R)
-    + group_epsilon), 0 for a group whose rewards are all equal), never whitened. tau comes from the
+    """GROUP_PPO (GROUP_PPO.md; formulas in group_ppo.py): dynamic segments of steps, the segment
+    advantage A_k = sum_{j >= k} lambda^(j-k) Delta_j (lambda = gae_lambda) broadcast to its steps (optionally
+    / (std_g(R) + numerical_floor), 0 for a group whose rewards are all equal), never whitened. tau comes from the
     GroupThresholdController each epoch. Fills endpoint_mask / critic_targets (pre-step indexing,
     K-1 per trajectory), returns = critic_targets, extras step_endpoints / group_id.
     Endpoints do not depend on the step mask unless group_weight_by_mask=True.
@@ -505,7 +505,7 @@ def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, group_max_siz
         V = Q if value_source == "tweedie" else value_blend * (Q - mean[gi][:, None]) + (1 - value_blend) * V
     sr = None if inputs.step_rewards is None else torch.as_tensor(inputs.step_rewards, device=R.device).detach().double()
     res = group_ppo_advantages(
-        V, R, gi, tau=tau, group_max_size=group_max_size, eps=group_epsilon, lam=lam, norm_adv_by_std=norm_adv_by_std,
+        V, R, gi, tau=tau, max_segment_steps=max_segment_steps, eps=numerical_floor, lam=gae_lambda, norm_adv_by_std=norm_adv_by_std,
         step_mask=m, step_rewards=sr, critic_lam=critic_lam, weight_by_mask=group_weight_by_mask,
         residual=value_source in RESIDUAL_VALUE_SOURCES,
     )

@@ -72,7 +72,7 @@ class GroupEndpoints:
     group_id [B, T] long: 0-based index k of the group containing step n.
     num_groups [B] long: K.
     rho_at_cut [C] float64: rho(a, n) of each variance cut (one entry per prompt group and cut;
-        forced cuts at group_max_size and the final endpoint are not included).
+        forced cuts at max_segment_steps and the final endpoint are not included).
     """
 
     is_endpoint: torch.Tensor
@@ -85,7 +85,7 @@ def find_group_endpoints(
     u: Optional[torch.Tensor],
     delta: torch.Tensor,
     tau: float,
-    group_max_size: int,
+    max_segment_steps: int,
     eps: float = 1e-6,
     step_mask: Optional[torch.Tensor] = None,
     group_index: Optional[torch.Tensor] = None,
@@ -95,7 +95,7 @@ def find_group_endpoints(
         a = 0
         for n in 0..T-1:
             if n > a and rho(a, n) > tau: close [a, n-1]; a = n     # variance cut
-            if n - a + 1 >= group_max_size or n == T-1: close [a, n]; a = n + 1
+            if n - a + 1 >= max_segment_steps or n == T-1: close [a, n]; a = n + 1
 
     rho pools the samples of a prompt group (``group_index``; None = every row its own group).
     A_bar is computed from cumulative sums of ``delta`` (identical to u_n - u_{a-1} when
@@ -107,8 +107,8 @@ def find_group_endpoints(
         raise ValueError(f"delta must be [B, T], got shape {tuple(delta.shape)}")
     if u is not None and u.shape != delta.shape:
         raise ValueError(f"u {tuple(u.shape)} and delta {tuple(delta.shape)} differ")
-    if int(group_max_size) < 1:
-        raise ValueError(f"group_max_size must be >= 1, got {group_max_size}")
+    if int(max_segment_steps) < 1:
+        raise ValueError(f"max_segment_steps must be >= 1, got {max_segment_steps}")
     if not (tau >= 0):
         raise ValueError(f"tau must be >= 0, got {tau}")
     if not (eps > 0):
@@ -131,7 +131,7 @@ def find_group_endpoints(
     wsum = torch.zeros(B, dtype=d.dtype, device=device)  # sum_{m=a..n-1} w per sample
     is_end = torch.zeros(P, T, dtype=torch.bool, device=device)
     rho_cut = torch.full((P, T), float("nan"), dtype=d.dtype, device=device)
-    max_size = int(group_max_size)
+    max_size = int(max_segment_steps)
     for n in range(T):
         a_i = a[gi]
         abar = csum[:, n] - csum_ext[rows, a_i]
@@ -257,7 +257,7 @@ def group_ppo_advantages(
     rewards: torch.Tensor,
     group_index: torch.Tensor,
     tau: float = 1.0,
-    group_max_size: int = 16,
+    max_segment_steps: int = 16,
     eps: float = 1e-6,
     lam: float = 1.0,
     norm_adv_by_std: bool = False,
@@ -294,7 +294,7 @@ def group_ppo_advantages(
     u = post_step_values(V, R)
     sr = None if step_rewards is None else step_rewards.detach().double()
     delta = td_deltas(u, b, sr)
-    ep = find_group_endpoints(u, delta, tau, group_max_size, eps,
+    ep = find_group_endpoints(u, delta, tau, max_segment_steps, eps,
                               step_mask=step_mask if weight_by_mask else None, group_index=gi)
     adv = segment_advantages(delta, ep.is_endpoint, lam)
     if norm_adv_by_std:  # a group whose rewards are all equal gets 0, as grpo's (R - mean_g) does, not x / eps
@@ -364,17 +364,17 @@ class GroupThresholdController:
 
     @classmethod
     def from_config(cls, config) -> "GroupThresholdController":
-        g = config.group_params
-        return cls(tau=g.group_variance_threshold, lr=g.threshold_lr, min_tau=g.min_threshold, max_tau=g.max_threshold,
+        g = config.group_ppo
+        return cls(tau=g.variance_threshold, lr=g.threshold_lr, min_tau=g.min_threshold, max_tau=g.max_threshold,
                    target_ev=g.target_explained_variance, adaptive=g.adaptive_threshold)
 
     @classmethod
     def config_errors(cls, config) -> list:
-        g = config.group_params
-        names = {"tau": "group_params.group_variance_threshold", "lr": "group_params.threshold_lr",
-                 "min_tau": "group_params.min_threshold", "max_tau": "group_params.max_threshold",
-                 "target_ev": "group_params.target_explained_variance", "adaptive": "group_params.adaptive_threshold"}
-        return cls.errors(g.group_variance_threshold, g.threshold_lr, g.min_threshold, g.max_threshold,
+        g = config.group_ppo
+        names = {"tau": "group_ppo.variance_threshold", "lr": "group_ppo.threshold_lr",
+                 "min_tau": "group_ppo.min_threshold", "max_tau": "group_ppo.max_threshold",
+                 "target_ev": "group_ppo.target_explained_variance", "adaptive": "group_ppo.adaptive_threshold"}
+        return cls.errors(g.variance_threshold, g.threshold_lr, g.min_threshold, g.max_threshold,
                           g.target_explained_variance, g.adaptive_threshold, names)
 
     def params(self) -> Dict[str, float]:

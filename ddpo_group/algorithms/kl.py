@@ -49,7 +49,7 @@ class KLKind:
         return self.fn(policy, reference, reduce)
 
 
-KL_KIND_REGISTRY = Registry("KL kind (algorithm.kl_type)")
+KL_KIND_REGISTRY = Registry("KL kind (kl.kind)")
 
 
 def register_kl_kind(*names: str, of_log_ratio=None):
@@ -140,7 +140,7 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "
     return spec.of_log_ratio(log_prob - ref_log_prob)
 
 
-KL_CONTROLLER_REGISTRY = Registry("KL controller (algorithm.kl_controller)")
+KL_CONTROLLER_REGISTRY = Registry("KL controller (kl.controller)")
 
 
 @KL_CONTROLLER_REGISTRY.register("fixed")
@@ -180,13 +180,13 @@ class AdaptiveKLController:
 
     @staticmethod
     def config_errors(config) -> list:
-        a, beta, errors = config.algorithm, config.train.beta, []
-        if not a.target_kl > 0:
-            errors.append(f"algorithm.target_kl={a.target_kl} must be > 0 with algorithm.kl_controller='adaptive'")
-        if not a.kl_horizon > 0:
-            errors.append(f"algorithm.kl_horizon={a.kl_horizon} must be > 0 with algorithm.kl_controller='adaptive'")
+        kl, beta, errors = config.kl, config.kl.beta, []
+        if not kl.target > 0:
+            errors.append(f"kl.target={kl.target} must be > 0 with kl.controller='adaptive'")
+        if not kl.horizon > 0:
+            errors.append(f"kl.horizon={kl.horizon} must be > 0 with kl.controller='adaptive'")
         if not beta > 0:
-            errors.append(f"algorithm.kl_controller='adaptive' needs an initial train.beta > 0, got {beta}")
+            errors.append(f"kl.controller='adaptive' needs an initial kl.beta > 0, got {beta}")
         return errors
 
     @classmethod

@@ -4,7 +4,7 @@
     L      = 0.5 * agg( max((v - y)^2, (v_clip - y)^2) )
 
 with agg the aggregation of aggregation.py under the critic's own mask (all trained steps
-for gae, the endpoint mask for group_ppo). ``cliprange_value=None`` disables the clipping.
+for gae, the endpoint mask for group_ppo). ``clip_range=None`` disables the clipping.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import torch
 from .aggregation import agg_loss, masked_mean
 
 
-def value_loss_matrix(values, old_values, returns, cliprange_value: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
+def value_loss_matrix(values, old_values, returns, clip_range: Optional[float]) -> Tuple[torch.Tensor, torch.Tensor]:
     """Unaggregated 0.5 * max((v - y)^2, (v_clip - y)^2) and the 'clip was active' indicator."""
     l1 = (values - returns).pow(2)
-    if cliprange_value is None:
+    if clip_range is None:
         return 0.5 * l1, torch.zeros_like(l1, dtype=torch.bool)
-    v_clip = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
+    v_clip = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
     l2 = (v_clip - returns).pow(2)
     return 0.5 * torch.maximum(l1, l2), l2 > l1
 
@@ -31,7 +31,7 @@ def clipped_value_loss(
     old_values: torch.Tensor,
     returns: torch.Tensor,
     mask: torch.Tensor,
-    cliprange_value: Optional[float],
+    clip_range: Optional[float],
     loss_agg_mode: str = "step-mean",
 ):
     """Returns (loss, metrics) with metrics critic/value_loss, critic/clipfrac, critic/vpred_mean,
@@ -42,7 +42,7 @@ def clipped_value_loss(
     """
     outside = mask == 0  # zero-filled first: a NaN times a zero weight would still reach the gradient
     values, old_values, returns = (x.masked_fill(outside, 0.0) for x in (values, old_values, returns))
-    mat, clipped = value_loss_matrix(values, old_values, returns, cliprange_value)
+    mat, clipped = value_loss_matrix(values, old_values, returns, clip_range)
     if mat.dim() == 1:
         mat, clipped, m2 = mat[:, None], clipped[:, None], mask[:, None]
     else:

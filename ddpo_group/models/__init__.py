@@ -73,7 +73,7 @@ def load_family(name_or_path: str, revision: str | None = None, torch_dtype=None
 
     path, local = locate(name_or_path)
     try:
-        cls = get_family(family_name({"model": name_or_path, "family": family}, path, local))
+        cls = get_family(family_name(name_or_path, family, path, local))
         pipe = cls.load_pipeline(path, local, revision, _dtype_kwargs(torch_dtype))
     except (OSError, ValueError) as error:
         raise FileNotFoundError(

@@ -15,7 +15,7 @@ TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 def lora_config(config, target_modules) -> LoraConfig:
     """The policy's LoRA configuration (also used for the reference adapter): rank ``lora_rank``, scale
     ``lora_alpha / lora_rank`` (``lora_alpha`` 0: equal to the rank), on the family's attention projections."""
-    alpha = config.get("lora_alpha", 0) or config.lora_rank
+    alpha = config.lora_alpha or config.lora_rank
     return LoraConfig(r=config.lora_rank, lora_alpha=alpha, init_lora_weights="gaussian",
                       target_modules=list(target_modules))
 
@@ -41,16 +41,16 @@ def build_policy(config, device) -> tuple:
     encoders run on ``pretrained.text_encoder_device`` ("cpu" keeps them off the GPU; their embeddings move to the
     device). Performance options (config/base.py): ``train.gradient_checkpointing`` (recompute the denoiser's
     activations in the backward: less memory, about a third more compute) and ``unet_channels_last`` (memory
-    format, for UNets); ``compile_unet`` (the denoiser, UNet or transformer) is applied by the trainer, once the
+    format, for UNets); ``compile_denoiser`` (the denoiser, UNet or transformer) is applied by the trainer, once the
     reference model (which may copy the denoiser or add an adapter to it) is built.
     """
     inference_dtype = DTYPES[config.mixed_precision]
     p = config.pretrained
-    family = load_family(p.model, revision=p.revision or None, torch_dtype=inference_dtype, family=p.get("family", ""),
+    family = load_family(p.model, revision=p.revision or None, torch_dtype=inference_dtype, family=p.family,
                          config=config)
     pipe = family.pipe
     pipe.set_progress_bar_config(disable=True)
-    text_device = p.get("text_encoder_device", "") or device
+    text_device = p.text_encoder_device or device
     for name, module in _frozen(family):
         module.requires_grad_(False)
         place(module, text_device if name in TEXT_ENCODERS else device, inference_dtype)
@@ -65,9 +65,9 @@ def build_policy(config, device) -> tuple:
     else:
         model.requires_grad_(True)
         place(model, device, torch.float32)
-    if config.train.get("gradient_checkpointing", False):
+    if config.train.gradient_checkpointing:
         model.enable_gradient_checkpointing()
-    if config.get("unet_channels_last", False) and family.model_attribute == "unet":  # convolutions' memory format
+    if config.unet_channels_last and family.model_attribute == "unet":  # convolutions' memory format
         model.to(memory_format=torch.channels_last)
     trainable = [q for q in model.parameters() if q.requires_grad]
     if not trainable:

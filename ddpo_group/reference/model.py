@@ -1,6 +1,6 @@
 """The reference model of the KL term: frozen, or updated by mixup every few epochs (ALGORITHMS.md).
 
-Three forms, chosen from ``use_lora`` and ``train.reference_update_freq`` F:
+Three forms, chosen from ``use_lora`` and ``kl.reference_update_freq`` F:
 
 * ``base`` (LoRA, F = 0): the base UNet, i.e. the policy with its adapters disabled
   (``unet.disable_adapters()`` / ``enable_adapters()``). No extra memory.
@@ -70,14 +70,14 @@ class ReferenceModel:
 
     @classmethod
     def from_config(cls, config, unet, lora_config=None) -> "ReferenceModel | None":
-        t = config.train
-        if not t.use_reference_model:
+        kl = config.kl
+        if not kl.use_reference_model:
             return None
         if config.use_lora:
-            mode = "adapter" if t.reference_update_freq > 0 else "base"
+            mode = "adapter" if kl.reference_update_freq > 0 else "base"
         else:
             mode = "copy"
-        return cls(unet, mode, t.reference_model_mixup_alpha, t.reference_update_freq, lora_config)
+        return cls(unet, mode, kl.reference_mixup_alpha, kl.reference_update_freq, lora_config)
 
     # ------------------------------------------------------------------ forward
     @contextmanager

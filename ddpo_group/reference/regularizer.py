@@ -2,18 +2,18 @@
 whether the KL goes into the loss or into the reward.
 
     in the loss (default):   loss = policy loss + beta * sum_{i,n} w_{i,n} KL_{i,n}    (w: the aggregation weights)
-    in the reward:           r_n  = -beta * KL_n of every sampled step, before the advantages (kl_in_reward)
+    in the reward:           r_n  = -beta * KL_n of every sampled step, before the advantages (kl.in_reward)
 
 KL_n compares the policy's and the reference's sampler steps on the same recorded transition (one extra
-no-grad forward of the reference); the kind (``algorithm.kl_type``, algorithms/kl.py) is the analytic
+no-grad forward of the reference); the kind (``kl.kind``, algorithms/kl.py) is the analytic
 Gaussian KL of the two step means or a log-prob estimator (k1, abs, k2, k3). beta follows
-``algorithm.kl_controller`` (fixed, or PPO's adaptive controller toward ``algorithm.target_kl``). The
+``kl.controller`` (fixed, or PPO's adaptive controller toward ``kl.target``). The
 reference's weights (model.py) are the base model, a LoRA adapter mixed into the policy every
-``train.reference_update_freq`` epochs, or a frozen copy.
+``kl.reference_update_freq`` epochs, or a frozen copy.
 
-Settings (the user's vocabulary of DDPO / Flow-GRPO / verl): ``train.use_reference_model``, ``train.beta``,
-``train.reference_model_mixup_alpha``, ``train.reference_update_freq``, ``algorithm.kl_type``,
-``algorithm.kl_in_reward``, ``algorithm.kl_controller``, ``algorithm.target_kl``, ``algorithm.kl_horizon``.
+Settings (the user's vocabulary of DDPO / Flow-GRPO / verl): ``kl.use_reference_model``, ``kl.beta``,
+``kl.reference_mixup_alpha``, ``kl.reference_update_freq``, ``kl.kind``,
+``kl.in_reward``, ``kl.controller``, ``kl.target``, ``kl.horizon``.
 """
 
 from __future__ import annotations
@@ -40,14 +40,14 @@ class KLRegularizer:
 
     @classmethod
     def from_config(cls, config, unet, lora_config=None) -> "KLRegularizer | None":
-        """None without a reference model (train.use_reference_model=False). Build before accelerate wraps ``unet``
+        """None without a reference model (kl.use_reference_model=False). Build before accelerate wraps ``unet``
         (a LoRA reference adds its adapter to it, full fine-tuning copies it)."""
         reference = ReferenceModel.from_config(config, unet, lora_config)
         if reference is None:
             return None
-        a = config.algorithm
-        controller = get_kl_controller(a.kl_controller, config.train.beta, a.target_kl, a.kl_horizon)
-        return cls(reference, a.kl_type, controller, a.kl_in_reward, config.sample.log_prob_reduce)
+        kl = config.kl
+        controller = get_kl_controller(kl.controller, kl.beta, kl.target, kl.horizon)
+        return cls(reference, kl.kind, controller, kl.in_reward, config.sample.log_prob_reduce)
 
     @property
     def beta(self) -> float:
@@ -112,36 +112,36 @@ class KLRegularizer:
 
 
 def kl_config_errors(config, estimator) -> list[str]:
-    """Contradictions of the KL and reference fields (``estimator``: the EstimatorSpec, for kl_in_reward)."""
+    """Contradictions of the KL and reference fields (``estimator``: the EstimatorSpec, for kl.in_reward)."""
     from ddpo_group.algorithms import step_reward_estimators
 
-    a, t, errors = config.algorithm, config.train, []
+    kl, errors = config.kl, []
 
     def need(condition: bool, message: str) -> None:
         if not condition:
             errors.append(message)
 
-    need(t.beta >= 0, f"train.beta={t.beta} must be >= 0")
-    need(a.kl_type in KL_KIND_REGISTRY, f"algorithm.kl_type={a.kl_type!r} must be one of {KL_KIND_REGISTRY.names()}")
-    if a.kl_controller in KL_CONTROLLER_REGISTRY:
-        errors.extend(KL_CONTROLLER_REGISTRY.get(a.kl_controller).config_errors(config))
+    need(kl.beta >= 0, f"kl.beta={kl.beta} must be >= 0")
+    need(kl.kind in KL_KIND_REGISTRY, f"kl.kind={kl.kind!r} must be one of {KL_KIND_REGISTRY.names()}")
+    if kl.controller in KL_CONTROLLER_REGISTRY:
+        errors.extend(KL_CONTROLLER_REGISTRY.get(kl.controller).config_errors(config))
     else:
-        errors.append(f"algorithm.kl_controller={a.kl_controller!r} must be one of {KL_CONTROLLER_REGISTRY.names()}")
-    if t.beta > 0:
-        need(t.use_reference_model,
-             f"train.beta={t.beta} asks for a KL term but train.use_reference_model=False: set "
-             "train.use_reference_model=True (or train.beta=0)")
-    if a.kl_in_reward:
+        errors.append(f"kl.controller={kl.controller!r} must be one of {KL_CONTROLLER_REGISTRY.names()}")
+    if kl.beta > 0:
+        need(kl.use_reference_model,
+             f"kl.beta={kl.beta} asks for a KL term but kl.use_reference_model=False: set "
+             "kl.use_reference_model=True (or kl.beta=0)")
+    if kl.in_reward:
         need(estimator is None or estimator.accepts_step_rewards,
-             f"algorithm.kl_in_reward=True needs a step-level estimator (one that accepts per-step rewards: "
-             f"{step_reward_estimators()}), got algorithm.adv_estimator={a.adv_estimator!r} (use the KL loss, "
-             "train.beta, instead)")
-        need(t.beta > 0, f"algorithm.kl_in_reward=True needs train.beta > 0, got {t.beta}")
-    alpha = t.reference_model_mixup_alpha
-    need(0 <= alpha <= 1, f"train.reference_model_mixup_alpha={alpha} must be in [0, 1]")
-    need(t.reference_update_freq >= 0, f"train.reference_update_freq={t.reference_update_freq} must be >= 0 (0: never)")
-    if t.reference_update_freq > 0:
-        need(t.use_reference_model,
-             f"train.reference_update_freq={t.reference_update_freq} updates a reference model, but "
-             "train.use_reference_model=False")
+             f"kl.in_reward=True needs a step-level estimator (one that accepts per-step rewards: "
+             f"{step_reward_estimators()}), got algorithm.adv_estimator={config.algorithm.adv_estimator!r} (use the KL loss, "
+             "kl.beta, instead)")
+        need(kl.beta > 0, f"kl.in_reward=True needs kl.beta > 0, got {kl.beta}")
+    alpha = kl.reference_mixup_alpha
+    need(0 <= alpha <= 1, f"kl.reference_mixup_alpha={alpha} must be in [0, 1]")
+    need(kl.reference_update_freq >= 0, f"kl.reference_update_freq={kl.reference_update_freq} must be >= 0 (0: never)")
+    if kl.reference_update_freq > 0:
+        need(kl.use_reference_model,
+             f"kl.reference_update_freq={kl.reference_update_freq} updates a reference model, but "
+             "kl.use_reference_model=False")
     return errors

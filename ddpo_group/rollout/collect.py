@@ -179,7 +179,7 @@ def collect_rollouts(
                 generator=generators[rows] if generators is not None else None,
                 initial_noise=initial_noise[rows] if initial_noise is not None else None,
                 log_prob_reduce=sample_config.log_prob_reduce,
-                decode_batch_size=int(sample_config.get("decode_batch_size", 0)), record_means=record_means,
+                decode_batch_size=int(sample_config.decode_batch_size), record_means=record_means,
                 record_x0=x0_steps,
             )
         critic_x0 = traj.pred_x0 if critic_reads_x0 else None  # x0_hat of every step (recorded for the critic)
@@ -194,7 +194,7 @@ def collect_rollouts(
                     family, traj.pred_x0[:, tweedie_columns], tweedie_steps, sample_config.num_steps,
                     lambda images, p, m: score_images(reward_fn, reward_name, images, p, m)[0],
                     batch_prompts, batch_metadata, dtype=next(iter(cond.values())).dtype,
-                    decode_batch_size=int(sample_config.get("decode_batch_size", 0)))
+                    decode_batch_size=int(sample_config.decode_batch_size))
         batches.append(
             {
                 "prompts": batch_prompts,

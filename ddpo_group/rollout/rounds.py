@@ -171,7 +171,7 @@ class RolloutCollector:
         self.tweedie_steps = None
         if estimator.reads(config, "tweedie_values"):
             self.tweedie_steps = valued_steps(family.stochastic_steps(config.sample))
-        cache_size = int(config.sample.get("text_embedding_cache", 0))
+        cache_size = int(config.sample.text_embedding_cache)
         self.text_cache = TextEmbeddingCache(cache_size) if cache_size > 0 else None
 
     def collect(self, epoch: int) -> EpochRollouts:
@@ -242,7 +242,7 @@ class RolloutCollector:
         config, shards = self.config, self.shards
         gathered = {key: shards.gather(value) for key, value in {"rewards": batch["rewards"], **extra}.items()}
         rewards, metrics = gathered["rewards"], {}  # what the estimator normalises: the weighted sum by default
-        if config.algorithm.get("multi_reward_mix", "reward_aggr") == "advantage_aggr":
+        if config.algorithm.multi_reward_mix == "advantage_aggr":
             rewards, metrics = self.component_advantages(batch, gathered["rewards"], groups)
         out = estimate_advantages(
             self.estimator, config, rewards, torch.tensor(groups), prompts, batch["log_probs"].shape[1],

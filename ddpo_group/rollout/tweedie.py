@@ -1,4 +1,4 @@
-"""GROUP_PPO's Tweedie values (``group_params.value_source`` "tweedie" or "blend"): the reward of a step's one-step
+"""GROUP_PPO's Tweedie values (``group_ppo.value_source`` "tweedie" or "blend"): the reward of a step's one-step
 prediction of the clean image, as Stepwise-Flow-GRPO scores x0_hat at every step,
 
     V(x_n) = r(decode(x0_hat(x_n)), prompt)    x0_hat: DDIM (x_n - sqrt(1 - ab_t) eps_hat) / sqrt(ab_t),

@@ -2,12 +2,14 @@
 
 ml_collections' config flag requires ``--config=FILE:PRESET`` before any ``--config.field=value``
 override. A wandb sweep that chooses the preset as a parameter (``config``) emits its arguments
-in no guaranteed order, so the preset argument is moved to the front first.
+in no guaranteed order, so the preset argument is moved to the front first. A field under its former name is renamed
+(run/renamed_fields.py).
 """
 
 from __future__ import annotations
 
 import re
+import sys
 
 
 def config_flag_first(argv: list[str], name: str = "config") -> list[str]:
@@ -31,7 +33,11 @@ def parse_flags_or_exit(argv: list[str]) -> list[str]:
     from absl import flags
 
     from ddpo_group.run.cli_errors import USAGE_ERROR, exit_with, is_main_process
+    from ddpo_group.run.renamed_fields import translate_argv
 
+    say = (lambda line: print(line, file=sys.stderr)) if is_main_process() else (lambda line: None)
+    argv = translate_argv(argv, say)
+    sys.argv[:] = argv  # ml_collections reads the overrides from sys.argv
     try:
         return flags.FLAGS(argv)
     except Exception as error:  # absl's flags.Error, and the KeyError / AttributeError of an unknown config field

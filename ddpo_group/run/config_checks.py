@@ -41,7 +41,7 @@ def sampling_and_training_errors(config, num_processes: int) -> list[str]:
     need = _collector(errors)
     s, t = config.sample, config.train
     need(s.num_steps >= 1, f"sample.num_steps={s.num_steps} must be >= 1")
-    start, size = s.get("sde_window_start", 0), s.get("sde_window_size", 0)
+    start, size = s.sde_window_start, s.sde_window_size
     need(
         size >= 0 and start >= 0 and (size == 0 or start + size <= s.num_steps),
         f"sample.sde_window_start={start}, sample.sde_window_size={size}: the window [start, start + size) must lie "
@@ -49,7 +49,7 @@ def sampling_and_training_errors(config, num_processes: int) -> list[str]:
     )
     need(s.guidance_scale >= 0, f"sample.guidance_scale={s.guidance_scale} must be >= 0")
     for field in ("text_embedding_cache", "decode_batch_size", "eval_num_steps"):
-        need(s.get(field, 0) >= 0, f"sample.{field}={s.get(field)} must be >= 0 (0: off / the default)")
+        need(s[field] >= 0, f"sample.{field}={s[field]} must be >= 0 (0: off / the default)")
     need(s.batch_size >= 1, f"sample.batch_size={s.batch_size} must be >= 1")
     need(s.num_batches_per_epoch >= 1, f"sample.num_batches_per_epoch={s.num_batches_per_epoch} must be >= 1")
     need(
@@ -74,7 +74,7 @@ def sampling_and_training_errors(config, num_processes: int) -> list[str]:
         configured_pairs(t.pairs_per_forward)
     except ValueError as error:
         errors.append(str(error))
-    need(config.get("device", "") in ("", "cpu", "cuda"), f"device={config.get('device')!r} must be '', 'cpu' or 'cuda'")
+    need(config.device in ("", "cpu", "cuda"), f"device={config.device!r} must be '', 'cpu' or 'cuda'")
 
     samples_per_process = s.batch_size * s.num_batches_per_epoch
     if t.batch_size >= 1 and samples_per_process % t.batch_size != 0:
@@ -109,17 +109,17 @@ def run_errors(config, num_processes: int) -> list[str]:
     need = _collector(errors)
     need(config.mixed_precision in tuple(DTYPES), f"mixed_precision={config.mixed_precision!r} must be one of {tuple(DTYPES)}")
     need(config.wandb.mode in WANDB_MODES, f"wandb.mode={config.wandb.mode!r} must be one of {WANDB_MODES}")
-    threads = config.get("num_cpu_threads", 0)
+    threads = config.num_cpu_threads
     need(isinstance(threads, int) and threads >= 0,
          f"num_cpu_threads={threads!r} must be an integer >= 0 (0: chosen from the cores and the launcher)")
-    timeout = config.get("collective_timeout_s", 1800)
+    timeout = config.collective_timeout_s
     need(isinstance(timeout, (int, float)) and timeout > 0,
          f"collective_timeout_s={timeout!r} must be a number of seconds > 0 (how long a process waits for the others)")
     need(config.num_epochs >= 1, f"num_epochs={config.num_epochs} must be >= 1")
     need(config.save_freq >= 0, f"save_freq={config.save_freq} must be >= 0")
     need(config.num_checkpoint_limit >= 1, f"num_checkpoint_limit={config.num_checkpoint_limit} must be >= 1")
     need(not config.use_lora or config.lora_rank >= 1, f"lora_rank={config.lora_rank} must be >= 1 with use_lora")
-    tracking = config.get("per_prompt_stat_tracking")
+    tracking = config.per_prompt_stat_tracking
     if tracking:
         need(tracking.buffer_size >= 1, f"per_prompt_stat_tracking.buffer_size={tracking.buffer_size} must be >= 1")
         need(tracking.min_count >= 1, f"per_prompt_stat_tracking.min_count={tracking.min_count} must be >= 1")
@@ -138,23 +138,23 @@ def evaluation_and_ema_errors(config) -> list[str]:
         need(isinstance(value, int) and not isinstance(value, bool) and value >= low,
              f"{name}={value!r} must be an integer >= {low}")
 
-    count("eval_freq", config.get("eval_freq", 0), 0)
-    if config.get("eval_freq", 0):
-        count("eval_num_prompts", config.get("eval_num_prompts", 8), 1)
-        count("eval_num_seeds", config.get("eval_num_seeds", 2), 1)
-        path = config.get("eval_prompt_file", "")
+    count("eval_freq", config.eval_freq, 0)
+    if config.eval_freq:
+        count("eval_num_prompts", config.eval_num_prompts, 1)
+        count("eval_num_seeds", config.eval_num_seeds, 1)
+        path = config.eval_prompt_file
         need(not path or Path(path).expanduser().is_file(),
              f"eval_prompt_file={path!r} does not exist; give a text file with one prompt per line, or '' to draw "
              "eval_num_prompts prompts from prompt_fn")
-        need(isinstance(config.get("eval_group_by", ""), str),
-             f"eval_group_by={config.get('eval_group_by')!r} must be a prompt metadata key (a string), or '' (per prompt)")
+        need(isinstance(config.eval_group_by, str),
+             f"eval_group_by={config.eval_group_by!r} must be a prompt metadata key (a string), or '' (per prompt)")
     t = config.train
-    decay, interval = t.get("ema_decay", 0.9), t.get("ema_update_interval", 8)
-    if t.get("ema", False):
+    decay, interval = t.ema_decay, t.ema_update_interval
+    if t.ema:
         need(isinstance(decay, (int, float)) and 0 <= decay < 1,
              f"train.ema_decay={decay!r} must be in [0, 1) (Flow-GRPO: 0.9)")
         count("train.ema_update_interval", interval, 1)
-    need(not t.get("ema_export", False) or t.get("ema", False),
+    need(not t.ema_export or t.ema,
          "train.ema_export=True exports the EMA weights and needs train.ema=True")
     return errors
 
@@ -164,11 +164,11 @@ def family_errors(config) -> list[str]:
     a model that cannot be found is reported by the load itself, after the cheaper checks of prompts and rewards)."""
     from ddpo_group.models.families import FAMILY_REGISTRY, family_name, get_family
 
-    chosen = config.pretrained.get("family", "")
+    chosen = config.pretrained.family
     if chosen and chosen not in FAMILY_REGISTRY:
         return [f"pretrained.family={chosen!r} must be one of {FAMILY_REGISTRY.names()} (or '': from the model)"]
     try:
-        name = family_name(config.pretrained)
+        name = family_name(config.pretrained.model, chosen)
     except (OSError, ValueError, KeyError):
         return []
     return get_family(name).config_errors(config)
@@ -190,12 +190,12 @@ def prompt_and_reward_errors(config) -> list[str]:
     except (ValueError, TypeError, ImportError, OSError, AttributeError):
         spec = None
     if spec is not None:
-        errors.extend(spec.kwargs_errors(_as_dict(config.get("prompt_fn_kwargs"))))
+        errors.extend(spec.kwargs_errors(_as_dict(config.prompt_fn_kwargs)))
     try:
         components = parse_reward_spec(config.reward_fn)
     except ValueError:
         return errors
-    kwargs = _as_dict(config.get("reward_fn_kwargs"))
+    kwargs = _as_dict(config.reward_fn_kwargs)
     try:
         per_component = split_kwargs(components, kwargs)
     except ValueError as error:
@@ -229,7 +229,7 @@ def algorithm_errors(config) -> list[str]:
     estimator = _resolve("algorithm.adv_estimator", a.adv_estimator, get_adv_estimator, ADV_ESTIMATOR_REGISTRY, errors)
     loss = _resolve("algorithm.policy_loss", a.policy_loss, get_policy_loss, POLICY_LOSS_REGISTRY, errors)
     if loss is not None:  # its keywords, checked by the loss's registration (ratio_norm: reweight)
-        kwargs = a.get("policy_loss_kwargs", None)
+        kwargs = a.policy_loss_kwargs
         errors.extend(loss.config_errors(kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})))
     try:
         canonical_agg_mode(a.loss_agg_mode)
@@ -249,8 +249,6 @@ def algorithm_errors(config) -> list[str]:
     if a.filter_groups:
         need(a.max_num_gen_batches >= 1, f"algorithm.max_num_gen_batches={a.max_num_gen_batches} must be >= 1")
     errors.extend(multi_reward_errors(config, estimator))
-    epsilon = t.get("epsilon", t.clip_range)
-    need(epsilon > 0, f"train.epsilon={epsilon} (the clip range) must be > 0")
     need(a.clip_ratio_c is None or a.clip_ratio_c > 1, f"algorithm.clip_ratio_c={a.clip_ratio_c} must be > 1 (or None)")
     return errors + kl_config_errors(config, estimator) + critic_config_errors(config)
 
@@ -261,7 +259,7 @@ def multi_reward_errors(config, estimator) -> list[str]:
     its own component (weight 1)."""
     from ddpo_group.algorithms import ADV_ESTIMATOR_REGISTRY, MULTI_REWARD_MIXES
 
-    mix = config.algorithm.get("multi_reward_mix", "reward_aggr")
+    mix = config.algorithm.multi_reward_mix
     if mix not in MULTI_REWARD_MIXES:
         return [f"algorithm.multi_reward_mix={mix!r} must be one of {MULTI_REWARD_MIXES}"]
     if mix != "advantage_aggr" or estimator is None:

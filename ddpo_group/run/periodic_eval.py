@@ -76,7 +76,7 @@ def preserved_rng_states():
 
 def eval_prompts(config) -> tuple[list[str], list[dict]]:
     """The fixed prompts (module docstring) and their metadata."""
-    path = config.get("eval_prompt_file", "")
+    path = config.eval_prompt_file
     if path:
         file = Path(path).expanduser()
         lines = [line.strip() for line in file.read_text().splitlines() if line.strip()] if file.is_file() else []
@@ -123,8 +123,8 @@ class PeriodicEvaluation:
             config, accelerator, family, reward_fn, gather)
         self.freq, self.num_epochs = int(config.eval_freq), int(config.num_epochs)
         self.prompts, self.metadata = eval_prompts(config)
-        self.num_seeds = int(config.get("eval_num_seeds", 1))
-        self.group_by = config.get("eval_group_by", "") or ""
+        self.num_seeds = int(config.eval_num_seeds)
+        self.group_by = config.eval_group_by
         if self.group_by:
             missing = [p for p, m in zip(self.prompts, self.metadata) if self.group_by not in m]
             if missing:
@@ -165,10 +165,10 @@ class PeriodicEvaluation:
         model.eval()
         try:
             with preserved_rng_states(), self.accelerator.autocast():
-                steps = int(sample.get("eval_num_steps", 0) or sample.num_steps)
+                steps = int(sample.eval_num_steps or sample.num_steps)
                 rewards, components, images = self.sample_and_score(steps, [0.0] * steps, stochastic=False)
                 stochastic = None
-                if self.config.get("eval_train_sampler", False):
+                if self.config.eval_train_sampler:
                     stochastic = self.sample_and_score(sample.num_steps, self.family.noise_levels(sample),
                                                        stochastic=True)[:2]
         finally:
@@ -200,7 +200,7 @@ class PeriodicEvaluation:
                 family, family.model, rows_of(self._cond, torch.tensor(prompt_index, device=device)),
                 family.negative_condition(), num_steps, sample.guidance_scale, noise_levels, generator=generators,
                 compute_log_prob=False, initial_noise=noise[start : start + len(chunk)].to(device),
-                decode_batch_size=int(sample.get("decode_batch_size", 0)),
+                decode_batch_size=int(sample.decode_batch_size),
             )
             values, info = score_images(self.reward_fn, self.config.reward_fn, traj.images,
                                         [self.prompts[i] for i in prompt_index],

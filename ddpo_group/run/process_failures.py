@@ -25,7 +25,6 @@ import datetime
 
 from ddpo_group.errors import EpochAbandoned, TrainingInterrupted
 
-DEFAULT_COLLECTIVE_TIMEOUT_S = 1800  # torch's own default for gloo and NCCL process groups
 
 
 class ProcessFailed(RuntimeError):
@@ -50,7 +49,7 @@ def process_group_kwargs(config):
     """accelerate's InitProcessGroupKwargs with ``collective_timeout_s`` (the backstop above)."""
     from accelerate.utils import InitProcessGroupKwargs
 
-    seconds = config.get("collective_timeout_s", DEFAULT_COLLECTIVE_TIMEOUT_S)
+    seconds = config.collective_timeout_s
     return InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=seconds))
 
 

@@ -20,12 +20,13 @@ from pathlib import Path
 
 from ddpo_group.registry import read_field
 from ddpo_group.run.config_checks import ConfigError
+from ddpo_group.run.renamed_fields import new_name
 
 STATE_FIELDS_FILE = "state_fields.json"
 CHECKPOINT_FORMAT = 2
 # fields that change which objects a checkpoint holds, or their shapes
 STATE_FIELDS = (
-    "use_lora", "lora_rank", "algorithm.adv_estimator", "algorithm.kl_controller", "train.use_reference_model",
+    "use_lora", "lora_rank", "algorithm.adv_estimator", "kl.controller", "kl.use_reference_model",
     "train.use_8bit_adam", "mixed_precision", "critic.hidden_dim", "train.ema", "critic.input",
 )
 # fields added to STATE_FIELDS later, with the value every checkpoint written before them had
@@ -35,7 +36,7 @@ ADDED_FIELDS = {"train.ema": False, "critic.input": "latent"}
 def state_fields(config, num_processes: int) -> dict:
     """The values a resume must match (plus the model and process count, which only warn)."""
     fields = {name: read_field(config, name) for name in STATE_FIELDS}
-    fields["train.reference_update_freq > 0"] = read_field(config, "train.reference_update_freq") > 0  # a second LoRA adapter
+    fields["kl.reference_update_freq > 0"] = read_field(config, "kl.reference_update_freq") > 0  # a second LoRA adapter
     fields["model family"] = _family(config)  # another family's denoiser has other weights
     fields["pretrained.model"] = config.pretrained.model
     fields["checkpoint_format"] = CHECKPOINT_FORMAT
@@ -47,9 +48,15 @@ def _family(config) -> str:
     from ddpo_group.models.families import family_name
 
     try:
-        return family_name(config.pretrained)
+        return family_name(config.pretrained.model, config.pretrained.family)
     except (OSError, ValueError, KeyError):  # the model is not there: its load will say so
-        return config.pretrained.get("family", "") or "unknown"
+        return config.pretrained.family or "unknown"
+
+
+def _current_name(key: str) -> str:
+    """A recorded field's current name (checkpoints written before a rename hold the former one)."""
+    name, space, condition = key.partition(" ")
+    return (new_name(name) or name) + space + condition
 
 
 def write_state_fields(directory: Path, config, num_processes: int) -> None:
@@ -62,7 +69,7 @@ def check_resume(checkpoint: Path, config, num_processes: int) -> list[str]:
     path = Path(checkpoint) / STATE_FIELDS_FILE
     if not path.exists():
         return []
-    saved = {**ADDED_FIELDS, **json.loads(path.read_text())}
+    saved = {**ADDED_FIELDS, **{_current_name(key): value for key, value in json.loads(path.read_text()).items()}}
     written = saved.get("checkpoint_format", 1)
     if written != CHECKPOINT_FORMAT:
         raise ConfigError(

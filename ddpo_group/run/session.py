@@ -281,7 +281,7 @@ class RunSession:
 
     @property
     def exports_lora(self) -> bool:
-        return bool(self.config.use_lora and self.config.get("export_lora", True))
+        return bool(self.config.use_lora and self.config.export_lora)
 
     def write_summary(self) -> str:
         """Print the one-screen summary of the run and write it to summary.txt."""

@@ -58,12 +58,12 @@ class Trainer:
         self.prompt_sampler = PromptSampler(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), seed=config.seed)
         self.prompt_sampler.probe()
         self.reward_fn = make_reward_fn(config.reward_fn, **config.reward_fn_kwargs.to_dict())
-        if config.get("deterministic", False):  # before the first CUDA kernel (cuBLAS reads its workspace setting once)
+        if config.deterministic:  # before the first CUDA kernel (cuBLAS reads its workspace setting once)
             make_deterministic()
         self.accelerator = self.make_accelerator(config, self.session)
         validate_config(config, num_processes=self.accelerator.num_processes)
         # accelerate launch's default OMP_NUM_THREADS=1 would leave a CPU run on one core (run/threads.py)
-        apply_num_threads(config.get("num_cpu_threads", 0), self.accelerator.device.type == "cpu",
+        apply_num_threads(config.num_cpu_threads, self.accelerator.device.type == "cpu",
                           int(os.environ.get("LOCAL_WORLD_SIZE", self.accelerator.num_processes)))
         if config.allow_tf32 and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -80,10 +80,10 @@ class Trainer:
             timer=self.timer, chunk_size=lambda batch: self.updater.chunk_size(batch),
         )
         self.evaluation = None  # evaluation during training (eval_freq): the same on every process
-        if config.get("eval_freq", 0):
+        if config.eval_freq:
             self.evaluation = PeriodicEvaluation(config, self.accelerator, self.family, self.reward_fn,
                                                  self.rollouts.shards.gather)
-        if self.ema is not None and config.train.get("ema_export", False):
+        if self.ema is not None and config.train.ema_export:
             self.session.lora_weights = self.ema.swapped_in  # the exported LoRA holds the EMA weights
         self.session.attach(self.accelerator, self.unet, self.family, self.checkpointed_state(), self.timer)
         self.pairs_per_forward.restore()  # a resumed run: the sizes its first run chose
@@ -94,11 +94,11 @@ class Trainer:
     @staticmethod
     def make_accelerator(config, session: RunSession) -> Accelerator:
         processes = int(os.environ.get("WORLD_SIZE", "1"))
-        if config.get("device", "") == "cuda" and not torch.cuda.is_available():
+        if config.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device='cuda' but torch sees no CUDA GPU; use device='' (the GPU when there is one)")
         return Accelerator(
             # the CPU when asked for; several processes without CUDA: accelerate uses gloo only when asked for the CPU
-            cpu=config.get("device", "") == "cpu" or (processes > 1 and not torch.cuda.is_available()),
+            cpu=config.device == "cpu" or (processes > 1 and not torch.cuda.is_available()),
             mixed_precision=config.mixed_precision,
             gradient_accumulation_steps=config.train.gradient_accumulation_steps,
             log_with="wandb" if session.wandb_mode != "disabled" else None,
@@ -115,7 +115,7 @@ class Trainer:
         lora = lora_config(config, self.family.lora_target_modules) if config.use_lora else None
         self.kl = KLRegularizer.from_config(config, self.family.model, lora)
         optimizer = make_optimizer(config, self.params)
-        if config.get("compile_unet", False):  # in place (Module.compile): names, hooks and state dict unchanged
+        if config.compile_denoiser:  # in place (Module.compile): names, hooks and state dict unchanged
             self.family.model.compile()
         self.unet, self.optimizer = self.accelerator.prepare(self.family.model, optimizer)
         if self.accelerator.distributed_type == DistributedType.FSDP:  # sharding replaced the parameters: clip those
@@ -125,7 +125,7 @@ class Trainer:
     def build_algorithm(self, config) -> None:
         """The estimator (and what it declares it needs: a critic, a controller), the stat tracker, the updater."""
         self.estimator = get_adv_estimator(config.algorithm.adv_estimator)
-        tracking = config.get("per_prompt_stat_tracking")
+        tracking = config.per_prompt_stat_tracking
         if tracking:
             self.stat_tracker = PerPromptStatTracker(tracking.buffer_size, tracking.min_count, mode="buffer")
         else:  # ddpo-pytorch's per_prompt_stat_tracking=None: whole-batch statistics, always
@@ -212,7 +212,7 @@ class Trainer:
 
     def critic_warming_up(self, epoch: int) -> bool:
         """The first ``critic.warmup_epochs`` epochs train the critic only (their rollouts are reward queries too)."""
-        return self.critic is not None and epoch < int(self.config.critic.get("warmup_epochs", 0))
+        return self.critic is not None and epoch < int(self.config.critic.warmup_epochs)
 
     def chunk_setting(self) -> str:
         value = self.pairs_per_forward.value
@@ -238,7 +238,7 @@ class Trainer:
     def evaluate(self, epoch: int) -> dict:
         """The fixed evaluation after epoch ``epoch`` (-1: before the first update), with the EMA weights when
         train.ema and train.ema_eval; written to eval.jsonl and samples/eval_*.png; returns its eval/* metrics."""
-        use_ema = self.ema is not None and self.config.train.get("ema_eval", True)
+        use_ema = self.ema is not None and self.config.train.ema_eval
         with self.timer.phase("evaluation"), (self.ema.swapped_in() if use_ema else nullcontext()):
             result = self.evaluation.run(epoch)
         with self.timer.phase("logging"):

@@ -22,8 +22,8 @@ def sde_window_mask(num_steps: int, window_start: int = 0, window_size: int = 0)
 
 def stochastic_steps(sample_config) -> torch.Tensor:
     """[T] bool of the sampling config: its SDE window (``sample.sde_window_start``/``_size``) or every step."""
-    return sde_window_mask(sample_config.num_steps, int(sample_config.get("sde_window_start", 0)),
-                           int(sample_config.get("sde_window_size", 0)))
+    return sde_window_mask(sample_config.num_steps, int(sample_config.sde_window_start),
+                           int(sample_config.sde_window_size))
 
 
 def step_etas(eta: float, stochastic: torch.Tensor) -> list[float]:

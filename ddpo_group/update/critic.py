@@ -103,7 +103,7 @@ class Critic:
         self.config = config
         self.accelerator = accelerator
         network = ValueNetwork(latent_shape, text_dim, c.hidden_dim,
-                               with_x0=c.get("input", "latent") == "latent_x0").to(accelerator.device)
+                               with_x0=c.input == "latent_x0").to(accelerator.device)
         self.optimizer = torch.optim.AdamW(network.parameters(), lr=c.learning_rate, weight_decay=c.weight_decay)
         self.network = accelerator.prepare(network)  # saved with the accelerate state (the trainer registers the optimizer)
 
@@ -151,7 +151,7 @@ class Critic:
                 values = self.network(latents, timesteps, embeds, x0).view(b, num_steps)
                 loss, info = clipped_value_loss(
                     values, batch["values"][rows].float(), targets[rows].float(), mask[rows],
-                    c.cliprange_value, "step-mean",
+                    c.clip_range, "step-mean",
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -180,10 +180,10 @@ def critic_config_errors(config) -> list[str]:
         errors.append(f"critic.hidden_dim={c.hidden_dim} must be >= 1")
     if c.num_updates < 1:
         errors.append(f"critic.num_updates={c.num_updates} must be >= 1")
-    if c.get("input", "latent") not in CRITIC_INPUTS:
+    if c.input not in CRITIC_INPUTS:
         errors.append(f"critic.input={c.input!r} is not one of {list(CRITIC_INPUTS)}")
-    if c.get("warmup_epochs", 0) < 0:
+    if c.warmup_epochs < 0:
         errors.append(f"critic.warmup_epochs={c.warmup_epochs} must be >= 0")
-    if not (c.cliprange_value is None or c.cliprange_value > 0):
-        errors.append(f"critic.cliprange_value={c.cliprange_value} must be > 0 (or None)")
+    if not (c.clip_range is None or c.clip_range > 0):
+        errors.append(f"critic.clip_range={c.clip_range} must be > 0 (or None)")
     return errors

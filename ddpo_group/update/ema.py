@@ -47,9 +47,9 @@ class EMAWeights:
     @classmethod
     def from_config(cls, config, params) -> "EMAWeights | None":
         train = config.train
-        if not train.get("ema", False):
+        if not train.ema:
             return None
-        return cls(params, train.get("ema_decay", 0.9), train.get("ema_update_interval", 8))
+        return cls(params, train.ema_decay, train.ema_update_interval)
 
     @torch.no_grad()
     def step(self) -> None:

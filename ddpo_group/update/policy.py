@@ -60,10 +60,10 @@ class PolicyUpdater:
         # an int, or a callable (updater, batch) -> int: update/memory_fit.PairsPerForward resolves "auto"
         self.pairs_per_forward = config.train.pairs_per_forward if pairs_per_forward is None else pairs_per_forward
         self.loss = get_policy_loss(config.algorithm.policy_loss)
-        kwargs = config.algorithm.get("policy_loss_kwargs", None)
+        kwargs = config.algorithm.policy_loss_kwargs
         self.loss_kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
         self.kl = kl
-        self.clip_range = float(config.train.get("epsilon", config.train.clip_range))  # the same field (config/base.py)
+        self.clip_range = float(config.train.clip_range)
         self.accelerator = accelerator
         self.unet = unet
         self.optimizer = optimizer

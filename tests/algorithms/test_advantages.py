@@ -122,16 +122,16 @@ def test_remax_hand():
 def test_gae_hand():
     V = torch.tensor([[0.5, 0.8]], dtype=D)
     inp = AdvantageInputs(torch.tensor([1.0], dtype=D), torch.ones(1, 2, dtype=D), values=V)
-    out = get_adv_estimator("gae")(inp, gamma=1.0, lam=0.5, whiten=False)
+    out = get_adv_estimator("gae")(inp, gamma=1.0, gae_lambda=0.5, whiten=False)
     # delta_1 = 1 - 0.8 = 0.2; delta_0 = 0.8 - 0.5 = 0.3; A_0 = 0.3 + 0.5 * 0.2
     torch.testing.assert_close(out.advantages, torch.tensor([[0.4, 0.2]], dtype=D))
     torch.testing.assert_close(out.returns, torch.tensor([[0.9, 1.0]], dtype=D))
-    out = get_adv_estimator("gae")(inp, gamma=0.9, lam=0.5, whiten=False)
+    out = get_adv_estimator("gae")(inp, gamma=0.9, gae_lambda=0.5, whiten=False)
     # delta_0 = 0.9 * 0.8 - 0.5 = 0.22; A_0 = 0.22 + 0.9 * 0.5 * 0.2 = 0.31
     torch.testing.assert_close(out.advantages, torch.tensor([[0.31, 0.2]], dtype=D))
     # whitened over masked entries: mean 0, unbiased var ~1
     V = torch.randn(6, T, dtype=D, generator=torch.Generator().manual_seed(0))
-    out = run("gae", values=V, lam=0.9)
+    out = run("gae", values=V, gae_lambda=0.9)
     sel = out.advantages[MASK > 0]
     assert abs(float(sel.mean())) < 1e-9 and abs(float(sel.var()) - 1) < 1e-6
     assert torch.all(out.advantages[MASK == 0] == 0)
@@ -139,10 +139,10 @@ def test_gae_hand():
 
 def test_gae_group_mean_start_value():
     V = torch.randn(6, T, dtype=D, generator=torch.Generator().manual_seed(1))
-    a = run("gae", values=V, lam=0.7, whiten=False, gae_start_value="group_mean")
+    a = run("gae", values=V, gae_lambda=0.7, whiten=False, gae_start_value="group_mean")
     V2 = V.clone()
     V2[:, 0] = torch.tensor([2.0, 2, 2, 1, 1, 1], dtype=D)
-    b = run("gae", values=V2, lam=0.7, whiten=False)
+    b = run("gae", values=V2, gae_lambda=0.7, whiten=False)
     torch.testing.assert_close(a.advantages, b.advantages)
 
 

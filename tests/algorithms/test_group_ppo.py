@@ -38,7 +38,7 @@ def est(R, V, gi, mask=None, **kw):
 
 def test_hand_case_endpoints_advantages_critic():
     # tau = 3: no cut at n = 1 (2.49), cut at n = 2 (4.55): groups [0, 1], [2]
-    out = est(R1, V1, GI1, tau=3.0, lam=1.0)
+    out = est(R1, V1, GI1, tau=3.0, gae_lambda=1.0)
     assert out.extras["step_endpoints"].tolist() == [[False, True, True]] * 2
     # lam = 1: group 1 -> R - b = +-0.5, group 2 -> R - u_1 = [0.05, -0.05]
     torch.testing.assert_close(out.advantages, torch.tensor([[0.5, 0.5, 0.05], [-0.5, -0.5, -0.05]], dtype=D))
@@ -50,12 +50,12 @@ def test_hand_case_endpoints_advantages_critic():
     assert math.isclose(m["group/compression_ratio"], 1 - 2 / 3)
     assert math.isclose(m["group/rho_at_cut"], (1.5 + EPS) / (0.33 + EPS), rel_tol=1e-12)
     # lam = 0: A = Delta: group 1 -> u_1 - b = +-0.45; lam = 0.5: 0.45 + 0.5 * 0.05
-    out0 = est(R1, V1, GI1, tau=3.0, lam=0.0)
+    out0 = est(R1, V1, GI1, tau=3.0, gae_lambda=0.0)
     torch.testing.assert_close(out0.advantages, torch.tensor([[0.45, 0.45, 0.05], [-0.45, -0.45, -0.05]], dtype=D))
-    out5 = est(R1, V1, GI1, tau=3.0, lam=0.5)
+    out5 = est(R1, V1, GI1, tau=3.0, gae_lambda=0.5)
     torch.testing.assert_close(out5.advantages[:, 0], torch.tensor([0.475, -0.475], dtype=D))
     # std scaling by std_g(R) = sqrt(0.5) (Bessel), critic targets unscaled
-    outs = est(R1, V1, GI1, tau=3.0, lam=1.0, norm_adv_by_std=True)
+    outs = est(R1, V1, GI1, tau=3.0, gae_lambda=1.0, norm_adv_by_std=True)
     torch.testing.assert_close(outs.advantages, out.advantages / (math.sqrt(0.5) + EPS))
     torch.testing.assert_close(outs.critic_targets, out.critic_targets)
     # tau = 2 cuts everywhere, tau = 5 never
@@ -128,7 +128,7 @@ def problem(draw):
 @given(problem(), st.booleans())
 def test_vectorised_matches_loop_reference(prob, weighted):
     R, V, gi, tau, max_size, lam, mask = prob
-    res = group_ppo_advantages(V, R, gi, tau=tau, group_max_size=max_size, eps=EPS, lam=lam,
+    res = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, eps=EPS, lam=lam,
                                step_mask=mask, weight_by_mask=weighted)
     u = post_step_values(V, R)
     b = [float(R[gi == gi[i]].mean()) for i in range(len(R))]
@@ -145,7 +145,7 @@ def test_vectorised_matches_loop_reference(prob, weighted):
 def test_endpoint_invariants_and_critic_mask(prob):
     R, V, gi, tau, max_size, lam, mask = prob
     T = V.shape[1]
-    out = est(R, V, gi, mask, tau=tau, group_max_size=max_size, lam=lam)
+    out = est(R, V, gi, mask, tau=tau, max_segment_steps=max_size, gae_lambda=lam)
     ends = out.extras["step_endpoints"]
     for i in range(len(R)):
         e = ends[i].nonzero().flatten().tolist()
@@ -167,15 +167,15 @@ def test_endpoint_invariants_and_critic_mask(prob):
 @given(problem())
 def test_tau_zero_equals_gae(prob):
     R, V, gi, _, _, lam, mask = prob
-    out = est(R, V, gi, mask, tau=0.0, lam=lam, group_max_size=1000)
+    out = est(R, V, gi, mask, tau=0.0, gae_lambda=lam, max_segment_steps=1000)
     assert out.extras["step_endpoints"].all()  # every step is its own group
     inputs = AdvantageInputs(R, mask, gi, values=V)
-    gae = get_adv_estimator("gae")(inputs, gamma=1.0, lam=lam, whiten=False, gae_start_value="group_mean")
+    gae = get_adv_estimator("gae")(inputs, gamma=1.0, gae_lambda=lam, whiten=False, gae_start_value="group_mean")
     torch.testing.assert_close(out.advantages, gae.advantages, rtol=1e-9, atol=1e-12)
     # the same GAE on values_pre[:, n] = u[:, n-1], i.e. V(x_0) replaced by b_g by hand
     Vb = V.clone()
     Vb[:, 0] = torch.stack([R[gi == g].mean() for g in gi])
-    gae2 = get_adv_estimator("gae")(AdvantageInputs(R, mask, gi, values=Vb), gamma=1.0, lam=lam, whiten=False)
+    gae2 = get_adv_estimator("gae")(AdvantageInputs(R, mask, gi, values=Vb), gamma=1.0, gae_lambda=lam, whiten=False)
     torch.testing.assert_close(out.advantages, gae2.advantages, rtol=1e-9, atol=1e-12)
     # critic targets at every post-step state = GAE returns (same lambda) on columns 1..T-1
     torch.testing.assert_close(out.critic_targets[:, 1:], gae.returns[:, 1:], rtol=1e-9, atol=1e-12)
@@ -187,12 +187,12 @@ def test_tau_inf_equals_dr_grpo_and_grpo(prob):
     R, V, gi, _, _, lam, mask = prob
     T = V.shape[1]
     for max_size in (T, T + 5):
-        out = est(R, V, gi, mask, tau=math.inf, group_max_size=max_size, lam=lam)
+        out = est(R, V, gi, mask, tau=math.inf, max_segment_steps=max_size, gae_lambda=lam)
         assert out.extras["step_endpoints"].sum() == len(R)  # one group
         dr = get_adv_estimator("dr_grpo")(AdvantageInputs(R, mask, gi))
         torch.testing.assert_close(out.advantages, dr.advantages, rtol=1e-9, atol=1e-12)
         assert out.endpoint_mask.sum() == 0
-        outs = est(R, V, gi, mask, tau=math.inf, group_max_size=max_size, lam=lam, norm_adv_by_std=True)
+        outs = est(R, V, gi, mask, tau=math.inf, max_segment_steps=max_size, gae_lambda=lam, norm_adv_by_std=True)
         grpo = get_adv_estimator("grpo")(AdvantageInputs(R, mask, gi), eps=EPS)
         torch.testing.assert_close(outs.advantages, grpo.advantages, rtol=1e-9, atol=1e-12)
 
@@ -202,7 +202,7 @@ def test_tau_inf_equals_dr_grpo_and_grpo(prob):
 def test_residual_critic_is_the_plain_one_shifted_by_the_group_mean_and_grpo_at_zero(prob):
     R, V, gi, tau, max_size, lam, mask = prob
     b = torch.stack([R[gi == g].mean() for g in gi])
-    kw = dict(tau=tau, group_max_size=max_size, lam=lam, norm_adv_by_std=True)
+    kw = dict(tau=tau, max_segment_steps=max_size, gae_lambda=lam, norm_adv_by_std=True)
     residual = est(R, V, gi, mask, value_source="residual_critic", **kw)
     plain = est(R, V + b[:, None], gi, mask, **kw)  # the same values, given whole
     torch.testing.assert_close(residual.advantages, plain.advantages, rtol=1e-9, atol=1e-12)
@@ -212,7 +212,7 @@ def test_residual_critic_is_the_plain_one_shifted_by_the_group_mean_and_grpo_at_
     torch.testing.assert_close(residual.critic_targets[on], (plain.critic_targets - b[:, None])[on], rtol=1e-9, atol=1e-12)
     assert torch.all(residual.critic_targets[~on] == 0)
     # an untrained residual critic (output 0) gives grpo's advantage on every step, whatever the grouping (lam = 1)
-    zero = est(R, torch.zeros_like(V), gi, mask, value_source="residual_critic", **{**kw, "lam": 1.0})
+    zero = est(R, torch.zeros_like(V), gi, mask, value_source="residual_critic", **{**kw, "gae_lambda": 1.0})
     grpo = get_adv_estimator("grpo")(AdvantageInputs(R, mask, gi), eps=EPS)
     torch.testing.assert_close(zero.advantages, grpo.advantages, rtol=1e-9, atol=1e-12)
 
@@ -223,7 +223,7 @@ def test_tweedie_and_blend_values(prob, w):
     R, V, gi, tau, max_size, lam, mask = prob
     b = torch.stack([R[gi == g].mean() for g in gi])[:, None]
     Q = torch.rand(V.shape, dtype=D, generator=torch.Generator().manual_seed(len(R)))
-    kw = dict(tau=tau, group_max_size=max_size, lam=lam, norm_adv_by_std=True)
+    kw = dict(tau=tau, max_segment_steps=max_size, gae_lambda=lam, norm_adv_by_std=True)
 
     def run(values, tweedie=None, **extra):
         inputs = AdvantageInputs(R, mask, gi, values=values, tweedie_values=tweedie)
@@ -246,8 +246,8 @@ def test_value_source_is_checked_by_name():
     from ddpo_group.errors import ConfigError
 
     config = get_config("group_ppo")
-    config.group_params.value_source = "oracle"
-    with pytest.raises(ConfigError, match=r"group_params.value_source='oracle'; allowed: \['critic', 'residual_critic', 'tweedie', 'blend'\]"):
+    config.group_ppo.value_source = "oracle"
+    with pytest.raises(ConfigError, match=r"group_ppo.value_source='oracle'; allowed: \['critic', 'residual_critic', 'tweedie', 'blend'\]"):
         validate_config(config)
 
 
@@ -258,11 +258,11 @@ def test_lambda_limits(prob):
     b = torch.stack([R[gi == g].mean() for g in gi])
     u = post_step_values(V, R)
     # lam = 0: the group advantages (one per group, read at the endpoints) telescope to R - b_g
-    r0 = group_ppo_advantages(V, R, gi, tau=tau, group_max_size=max_size, lam=0.0)
+    r0 = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, lam=0.0)
     per_traj = (r0.advantages * r0.step_endpoints).sum(dim=1)
     torch.testing.assert_close(per_traj, R - b, rtol=1e-9, atol=1e-12)
     # lam = 1: A = R - u_start, u_start = u at the endpoint before the group (b_g for the first group)
-    r1 = group_ppo_advantages(V, R, gi, tau=tau, group_max_size=max_size, lam=1.0)
+    r1 = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, lam=1.0)
     u_ext = torch.cat([b[:, None], u], dim=1)  # u_ext[:, e + 1] = u_e
     ends = r1.step_endpoints.long()
     start_idx = torch.cumsum(torch.cat([torch.zeros_like(ends[:, :1]), ends[:, :-1]], 1), 1)  # group id
@@ -279,7 +279,7 @@ def test_lambda_limits(prob):
 def test_step_rewards_enter_delta():
     sr = torch.tensor([[0.0, -0.1, -0.2], [-0.3, 0.0, 0.0]], dtype=D)
     out = get_adv_estimator("group_ppo")(
-        AdvantageInputs(R1, torch.ones(2, 3, dtype=D), GI1, values=V1, step_rewards=sr), tau=math.inf, lam=1.0)
+        AdvantageInputs(R1, torch.ones(2, 3, dtype=D), GI1, values=V1, step_rewards=sr), tau=math.inf, gae_lambda=1.0)
     # one group, lam = 1: A = R + sum of all step rewards - b_g
     torch.testing.assert_close(out.advantages[:, 0], R1 + sr.sum(1) - 0.5)
 
@@ -315,8 +315,8 @@ def test_find_group_endpoints_api_and_errors():
     # without group_index every row is its own group: sample 0 alone has the same rho here
     ep1 = find_group_endpoints(None, delta, 3.0, 16, EPS)
     assert ep1.is_endpoint.tolist() == ep.is_endpoint.tolist()
-    for bad in (dict(tau=-1.0), dict(group_max_size=0), dict(eps=0.0)):
-        kw = dict(tau=1.0, group_max_size=4, eps=EPS) | bad
+    for bad in (dict(tau=-1.0), dict(max_segment_steps=0), dict(eps=0.0)):
+        kw = dict(tau=1.0, max_segment_steps=4, eps=EPS) | bad
         with pytest.raises(ValueError):
             find_group_endpoints(u, delta, **kw)
     with pytest.raises(ValueError, match="values"):

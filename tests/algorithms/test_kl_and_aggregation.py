@@ -140,10 +140,10 @@ def test_clipped_value_loss_hand():
     y = torch.tensor([[2.0, 2.0, 0.0]], dtype=D)
     mask = torch.tensor([[1, 1, 0]], dtype=D)
     # v=1.5 clipped to 1.2: max(0.25, 0.64) = 0.64; v=1.1 inside: 0.81
-    loss, m = clipped_value_loss(v, old, y, mask, cliprange_value=0.2)
+    loss, m = clipped_value_loss(v, old, y, mask, clip_range=0.2)
     assert math.isclose(float(loss), 0.5 * (0.64 + 0.81) / 2, rel_tol=1e-12)
     assert math.isclose(m["critic/clipfrac"], 0.5)
-    loss, m = clipped_value_loss(v, old, y, mask, cliprange_value=None)
+    loss, m = clipped_value_loss(v, old, y, mask, clip_range=None)
     assert math.isclose(float(loss), 0.5 * (0.25 + 0.81) / 2, rel_tol=1e-12)
     assert m["critic/clipfrac"] == 0.0
     loss, _ = clipped_value_loss(v, old, y, mask, 0.2, loss_agg_mode="traj-mean-step-sum")
@@ -155,11 +155,11 @@ def test_clipped_value_loss_masked_nan_has_no_gradient_and_empty_rows_count_noth
     old = torch.tensor([[1.0, float("nan")], [0.0, 0.0]], dtype=D)
     y = torch.tensor([[2.0, float("nan")], [0.0, 0.0]], dtype=D)
     mask = torch.tensor([[1, 0], [0, 0]], dtype=D)  # the second trajectory has no critic target
-    loss, m = clipped_value_loss(v, old, y, mask, cliprange_value=0.2)
+    loss, m = clipped_value_loss(v, old, y, mask, clip_range=0.2)
     loss.backward()
     assert math.isclose(float(loss), 0.5 * 0.64, rel_tol=1e-12) and m["critic/value_loss"] == float(loss)
     # d/dv of 0.5 (v_clip - y)^2 is 0 where the clip is active; every other entry is masked
     assert torch.equal(v.grad, torch.zeros_like(v))
     v2 = torch.tensor([[1.1, float("nan")], [float("nan"), 3.0]], dtype=D, requires_grad=True)
-    clipped_value_loss(v2, old, y, mask, cliprange_value=0.2)[0].backward()
+    clipped_value_loss(v2, old, y, mask, clip_range=0.2)[0].backward()
     assert torch.allclose(v2.grad, torch.tensor([[1.1 - 2.0, 0.0], [0.0, 0.0]], dtype=D))

@@ -55,7 +55,7 @@ def test_variants_are_rows_of_their_own_and_tweedie_values_are_counted(tiny_mode
             "sample.num_steps=3", "sample.sde_window_size=0", "sample.batch_size=4", "sample.num_batches_per_epoch=1",
             "train.batch_size=4", "train.group_size=2", "train.pairs_per_forward=12", "eval_num_prompts=2",
             "eval_num_seeds=1"]
-    args = ["--presets", "grpo", "--variant", "tweedie=group_ppo group_params.value_source=tweedie", "--seeds", "0",
+    args = ["--presets", "grpo", "--variant", "tweedie=group_ppo group_ppo.value_source=tweedie", "--seeds", "0",
             "--queries", "8", "--threshold", "grpo", "--out", str(tmp_path)] + [x for s in sets for x in ("--set", s)]
     grpo, tweedie = compare_algorithms.main(args)
     assert (grpo["preset"], tweedie["preset"]) == ("grpo", "tweedie")

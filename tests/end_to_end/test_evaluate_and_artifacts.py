@@ -9,8 +9,9 @@ import pytest
 import torch
 from PIL import Image
 
+from config.base import base
 from ddpo_group.evaluation import (
-    build_report, draw_prompts, format_report, prompt_seeds, load_finetuned_weights, resolve_finetuned, stats,
+    build_report, draw_prompts, format_report, prompt_seeds, load_finetuned_weights, resolve_finetuned, run_config, stats,
 )
 from ddpo_group.models.families.sd import StableDiffusionFamily
 from ddpo_group.run.image_grid import MARGIN, caption_font, line_height
@@ -111,7 +112,8 @@ def test_short_run_artifacts_lora_export_and_evaluate(tiny_model_dir, tmp_path):
     load = lambda: StableDiffusionPipeline.from_pretrained(tiny_model_dir, safety_checker=None,  # noqa: E731
                                                            requires_safety_checker=False)
     trained = load()
-    load_finetuned_weights(StableDiffusionFamily(trained), checkpoint, json.loads((run / "config.json").read_text()))
+    load_finetuned_weights(StableDiffusionFamily(trained), checkpoint,
+                           run_config(base(), json.loads((run / "config.json").read_text())))
     exported = load()
     base_images = sample(exported)
     exported.load_lora_weights(str(checkpoint / "lora"))
@@ -183,7 +185,7 @@ def test_checkpoint_without_lora_export_loads_its_weights(tiny_model_dir, tmp_pa
     assert find_run_config(tmp_path) == (None, None)
     assert resolve_finetuned(run) == ("weights", checkpoint)
     loaded = load()
-    load_finetuned_weights(StableDiffusionFamily(loaded), checkpoint, config)
+    load_finetuned_weights(StableDiffusionFamily(loaded), checkpoint, run_config(base(), config))
     x = torch.randn(1, 4, 8, 8)
     text = torch.randn(1, 16, 32)
     with torch.no_grad():

@@ -135,8 +135,8 @@ def test_every_sweep_parameter_applies_and_validates(path, monkeypatch):
 
 
 def test_config_flag_first_moves_only_the_preset():
-    argv = ["train.py", "--config.seed=1", "--config=config/base.py:ddpo", "--config.train.beta=0.1"]
-    assert config_flag_first(argv) == ["train.py", "--config=config/base.py:ddpo", "--config.seed=1", "--config.train.beta=0.1"]
+    argv = ["train.py", "--config.seed=1", "--config=config/base.py:ddpo", "--config.kl.beta=0.1"]
+    assert config_flag_first(argv) == ["train.py", "--config=config/base.py:ddpo", "--config.seed=1", "--config.kl.beta=0.1"]
     argv = ["train.py", "--config.seed=1", "--config", "config/base.py:ddpo"]
     assert config_flag_first(argv) == ["train.py", "--config", "config/base.py:ddpo", "--config.seed=1"]
     assert config_flag_first(["train.py", "--config.seed=1"]) == ["train.py", "--config.seed=1"]
@@ -144,9 +144,9 @@ def test_config_flag_first_moves_only_the_preset():
 
 def test_out_of_order_preset_still_applies_overrides(monkeypatch):
     monkeypatch.chdir(ROOT)
-    config = parse_like_train_py(["scripts/train.py", "--config.seed=7", "--config.train.beta=0.04",
+    config = parse_like_train_py(["scripts/train.py", "--config.seed=7", "--config.kl.beta=0.04",
                                   "--config=config/base.py:ddpo"])
-    assert config.seed == 7 and config.train.beta == 0.04
+    assert config.seed == 7 and config.kl.beta == 0.04
 
 
 def test_weighted_reward_override_through_the_cli(monkeypatch):

@@ -139,7 +139,7 @@ def test_two_processes_and_one_give_the_same_component_advantages(tiny_model_dir
             "reward_fn": '{"jpeg_compressibility": 1.0, "jpeg_incompressibility": 2.0}',
             "reward_fn_kwargs": '{"jpeg_incompressibility": {"quality": 50}}',
             "algorithm.multi_reward_mix": "advantage_aggr", "algorithm.global_std": True,
-            "train.beta": 0.0, "train.use_reference_model": False})
+            "kl.beta": 0.0, "kl.use_reference_model": False})
         args[1] = "config/base.py:grpo"
         launch(args, num_processes=processes)
         (epoch0,) = read_metrics(tmp_path / run)

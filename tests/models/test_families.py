@@ -27,14 +27,14 @@ def generators(n, offset=0):
 
 def test_the_family_is_read_from_model_index_or_set(family_model_dirs, tmp_path):
     for name, directory in family_model_dirs.items():
-        assert family_name({"model": directory}) == name
-    assert family_name({"model": "tiny-shapes"}) == "sd"
-    assert family_name({"model": family_model_dirs["sd3"], "family": "flux"}) == "flux"  # the override wins
+        assert family_name(directory) == name
+    assert family_name("tiny-shapes") == "sd"
+    assert family_name(family_model_dirs["sd3"], "flux") == "flux"  # the override wins
     with pytest.raises(ValueError, match=r"unknown model family \(pretrained.family\) 'sdxl'"):
-        family_name({"model": "tiny-shapes", "family": "sdxl"})
+        family_name("tiny-shapes", "sdxl")
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "KandinskyPipeline"}))
     with pytest.raises(ValueError, match="is a KandinskyPipeline, which no model family handles"):
-        family_name({"model": str(tmp_path)})
+        family_name(str(tmp_path))
 
 
 @pytest.mark.parametrize("name", ["sd3", "flux"])
@@ -121,9 +121,10 @@ def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(name,
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
 
     # scripts/evaluate.py's comparison on the run: the family's pipeline, the run's resolution and token count
+    from config.base import base
     from ddpo_group.evaluation import evaluate
 
-    report = evaluate(str(tmp_path / "lora"), num_prompts=2, num_seeds=2, batch_size=4, show_progress=False)
+    report = evaluate(str(tmp_path / "lora"), base(), num_prompts=2, num_seeds=2, batch_size=4, show_progress=False)
     assert report["family"] == name and report["loaded"].startswith("lora:") and report["num_steps"] == 4
     difference = report["rewards"]["reward"]["difference"]
     assert difference["n"] == 4 and difference["std"] > 0  # the fine-tuned images differ from the base ones
@@ -131,11 +132,11 @@ def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(name,
 
 
 FLOW_OPTIONS = {  # each preset once per family, some with an option a flow user picks
-    "grpo": {"train.reference_update_freq": 1, "train.reference_model_mixup_alpha": 0.5},  # the mixup adapter
+    "grpo": {"kl.reference_update_freq": 1, "kl.reference_mixup_alpha": 0.5},  # the mixup adapter
     "dr_grpo": {"sample.sde_window_size": 2, "train.timestep_fraction": 0.5},
     "rloo": {"sample.same_initial_noise": True, "sample.sde_type": "cps"},
     "grpo_passk": {"algorithm.filter_groups": True, "sample.sde_type": "dance_sde", "sample.noise_level": 0.3},
-    "ppo_gae": {"use_lora": False, "train.use_reference_model": True, "train.beta": 0.01},  # a frozen copy
+    "ppo_gae": {"use_lora": False, "kl.use_reference_model": True, "kl.beta": 0.01},  # a frozen copy
 }
 
 

@@ -14,6 +14,7 @@ from ddpo_group.models import (CLASSIFIER_DIR, TINY_SHAPES_DIR, TINY_SHAPES_FLOW
                                TINY_SHAPES_FLOW_T5_TOKENS, default_max_sequence_length, load_family)
 from ddpo_group.models import shapes_data as shapes
 from ddpo_group.models.families.flow import sequence_length
+from ml_collections import ConfigDict
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["a red circle on a blue background", "a green triangle on a yellow background", ""]
@@ -49,9 +50,9 @@ def test_the_pipeline_loads_offline_and_draws_images_of_the_shapes_size(pipe, mo
 
 def test_its_one_t5_token_is_the_default_and_an_explicit_count_wins():
     assert default_max_sequence_length(TINY_SHAPES_FLOW) == TINY_SHAPES_FLOW_T5_TOKENS == 1
-    assert sequence_length({"model": TINY_SHAPES_FLOW, "max_sequence_length": 0}) == 1
-    assert sequence_length({"model": TINY_SHAPES_FLOW, "max_sequence_length": 7}) == 7
-    assert sequence_length({"model": "stabilityai/stable-diffusion-3.5-medium", "max_sequence_length": 0}) is None
+    assert sequence_length(ConfigDict({"model": TINY_SHAPES_FLOW, "max_sequence_length": 0})) == 1
+    assert sequence_length(ConfigDict({"model": TINY_SHAPES_FLOW, "max_sequence_length": 7})) == 7
+    assert sequence_length(ConfigDict({"model": "stabilityai/stable-diffusion-3.5-medium", "max_sequence_length": 0})) is None
 
 
 def test_pretraining_condition_equals_the_pipelines_and_the_familys(pipe):

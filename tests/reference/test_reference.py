@@ -126,15 +126,16 @@ def test_kl_is_zero_at_the_first_step_and_positive_after_updates(tiny_model_dir,
 def test_checkpoint_with_a_reference_adapter_loads_as_the_policy_for_evaluation(tiny_model_dir, tmp_path):
     from diffusers import StableDiffusionPipeline
 
-    from ddpo_group.evaluation import load_finetuned_weights
+    from config.base import base
+    from ddpo_group.evaluation import load_finetuned_weights, run_config
 
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "evalref", **{
-        "train.reference_update_freq": 1, "export_lora": False, "save_freq": 1})
+        "kl.reference_update_freq": 1, "export_lora": False, "save_freq": 1})
     trainer.run()
     policy = {k: v.detach().clone() for k, v in trainer.accelerator.unwrap_model(trainer.unet).state_dict().items()
               if ".reference." not in k}
     pipe = StableDiffusionPipeline.from_pretrained(tiny_model_dir)
-    load_finetuned_weights(StableDiffusionFamily(pipe), tmp_path / "evalref" / "checkpoints" / "checkpoint_00000", {"lora_rank": 4})
+    load_finetuned_weights(StableDiffusionFamily(pipe), tmp_path / "evalref" / "checkpoints" / "checkpoint_00000", run_config(base(), {"lora_rank": 4}))
     loaded = pipe.unet.state_dict()
     assert set(loaded) == set(policy)
     for key, value in policy.items():

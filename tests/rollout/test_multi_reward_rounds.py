@@ -54,7 +54,7 @@ def test_one_epoch_logs_each_components_advantages(tiny_model_dir, tmp_path):
     adv/<component>/* are those of the round's component rewards, recomputed here by hand."""
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "gdpo", **{
         "prompt_fn": "tiny_shapes", "reward_fn": COMBINATION, "algorithm.multi_reward_mix": "advantage_aggr",
-        "algorithm.global_std": True, "train.beta": 0.0, "train.use_reference_model": False})
+        "algorithm.global_std": True, "kl.beta": 0.0, "kl.use_reference_model": False})
     rounds, collect = [], trainer.rollouts.collect
     trainer.rollouts.collect = lambda epoch: rounds.append(collect(epoch)) or rounds[-1]
     before = [p.detach().clone() for p in trainer.updater.params]
@@ -88,7 +88,7 @@ def test_one_epoch_logs_each_components_advantages(tiny_model_dir, tmp_path):
 
 def test_default_logs_no_component_advantages(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "sum", **{
-        "prompt_fn": "tiny_shapes", "reward_fn": COMBINATION, "train.beta": 0.0, "train.use_reference_model": False})
+        "prompt_fn": "tiny_shapes", "reward_fn": COMBINATION, "kl.beta": 0.0, "kl.use_reference_model": False})
     round0 = trainer.rollouts.sample_round(0, 0)
     trainer.rollouts.close()
     assert round0.component_metrics == {}

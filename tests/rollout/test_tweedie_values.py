@@ -35,7 +35,7 @@ def hand_x0(family, model_output, latents, step):
 def test_tweedie_values_are_the_reward_of_the_decoded_one_step_prediction(family_name, critic_input, family_model_dirs,
                                                                           tmp_path):
     trainer = tiny_trainer("group_ppo", family_model_dirs[family_name], tmp_path, reward_fn=BRIGHTNESS,
-                           **{"group_params.value_source": "tweedie", "critic.input": critic_input, "sample.num_steps": 4,
+                           **{"group_ppo.value_source": "tweedie", "critic.input": critic_input, "sample.num_steps": 4,
                               "sample.sde_window_size": 3, **FAMILY_OVERRIDES[family_name]})
     family = trainer.family
     assert trainer.rollouts.tweedie_steps == [1, 2]  # window [0, 3): x_1, x_2 valued; x_3 is followed by no noise

@@ -264,13 +264,13 @@ def test_resuming_with_a_config_whose_state_differs_names_the_fields_before_the_
     no_model_load(monkeypatch)
     with pytest.raises(ConfigError) as caught:
         tiny_trainer("ddpo", tiny_model_dir, tmp_path, num_epochs=2, resume_from=str(tmp_path / "run"),
-                     use_lora=False, lora_rank=8, **{"algorithm.kl_controller": "adaptive", "train.beta": 0.1,
-                                                     "train.use_reference_model": True})
+                     use_lora=False, lora_rank=8, **{"kl.controller": "adaptive", "kl.beta": 0.1,
+                                                     "kl.use_reference_model": True})
     message = str(caught.value)
     assert "cannot be resumed with this config; these fields differ" in message
     for line in ["use_lora: checkpoint True, config False", "lora_rank: checkpoint 4, config 8",
-                 "algorithm.kl_controller: checkpoint 'fixed', config 'adaptive'",
-                 "train.use_reference_model: checkpoint False, config True"]:
+                 "kl.controller: checkpoint 'fixed', config 'adaptive'",
+                 "kl.use_reference_model: checkpoint False, config True"]:
         assert f"  - {line}\n" in message
     assert "start a new run" in message
 

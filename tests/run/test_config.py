@@ -79,18 +79,20 @@ def test_presets_keep_the_issue_names_and_defaults():
         config = get_config(name)
         for field in ("adv_estimator", "policy_loss", "loss_agg_mode"):
             assert field in config.algorithm
-        for field in ("group_size", "beta", "epsilon", "scale_rewards", "use_reference_model",
-                      "reference_model_mixup_alpha", "reference_update_freq"):
+        for field in ("group_size", "clip_range", "scale_rewards"):
             assert field in config.train
+        for field in ("beta", "use_reference_model", "reference_mixup_alpha", "reference_update_freq", "kind",
+                      "in_reward", "controller", "target", "horizon"):
+            assert field in config.kl
         assert config.pretrained.model == "tiny-shapes" and config.reward_fn == "shapes_alignment"
         # the default task (README, Quick start): the embedded model's four hardest captions, a 2-step SDE window of
         # 10 steps, evaluated every 10 epochs
         assert config.prompt_fn == "tiny_shapes_hard" and len(config.prompt_fn_kwargs) == 0
         assert (config.sample.num_steps, config.sample.sde_window_start, config.sample.sde_window_size) == (10, 0, 2)
         assert config.eval_freq == 10 and config.num_epochs == 40
-    g = get_config("group_ppo").group_params  # GROUP_PPO.md's defaults
-    assert (g.group_variance_threshold, g.group_max_size, g.group_epsilon, g.adaptive_threshold, g.threshold_lr,
-            g.min_threshold, g.max_threshold, g.lam, g.target_explained_variance) == (1.0, 16, 1e-6, True, 0.01, 0.1,
+    g = get_config("group_ppo").group_ppo  # GROUP_PPO.md's defaults
+    assert (g.variance_threshold, g.max_segment_steps, g.numerical_floor, g.adaptive_threshold, g.threshold_lr,
+            g.min_threshold, g.max_threshold, g.gae_lambda, g.target_explained_variance) == (1.0, 16, 1e-6, True, 0.01, 0.1,
                                                                                       10.0, 1.0, 0.5)
     expected = {"ddpo": "ddpo", "grpo": "grpo", "dr_grpo": "dr_grpo", "rloo": "rloo", "grpo_passk": "grpo_passk",
                 "reinforce_pp": "reinforce_plus_plus", "remax": "remax", "ppo_gae": "gae", "group_ppo": "group_ppo"}
@@ -106,27 +108,27 @@ def test_presets_keep_the_issue_names_and_defaults():
         ("ddpo", {"algorithm.adv_estimator": "nope"}, r"algorithm.adv_estimator='nope' is unknown; registered: .*grpo"),
         ("ddpo", {"algorithm.policy_loss": "nope"}, r"algorithm.policy_loss='nope' is unknown; registered: .*gspo"),
         ("ddpo", {"algorithm.loss_agg_mode": "nope"}, r"algorithm.loss_agg_mode: unknown loss_agg_mode 'nope'"),
-        ("ddpo", {"train.beta": 0.1}, r"train.beta=0.1 asks for a KL term but train.use_reference_model=False"),
-        ("grpo", {"algorithm.kl_in_reward": True}, r"kl_in_reward=True needs a step-level estimator .*adv_estimator='grpo'"),
-        ("ppo_gae", {"algorithm.kl_in_reward": True}, r"kl_in_reward=True needs train.beta > 0"),
-        ("grpo", {"train.reference_model_mixup_alpha": 1.5}, r"reference_model_mixup_alpha=1.5 must be in \[0, 1\]"),
-        ("ddpo", {"train.reference_update_freq": 2}, r"reference_update_freq=2 updates a reference model, but "
-                                                     r"train.use_reference_model=False"),
+        ("ddpo", {"kl.beta": 0.1}, r"kl.beta=0.1 asks for a KL term but kl.use_reference_model=False"),
+        ("grpo", {"kl.in_reward": True}, r"kl.in_reward=True needs a step-level estimator .*adv_estimator='grpo'"),
+        ("ppo_gae", {"kl.in_reward": True}, r"kl.in_reward=True needs kl.beta > 0"),
+        ("grpo", {"kl.reference_mixup_alpha": 1.5}, r"kl.reference_mixup_alpha=1.5 must be in \[0, 1\]"),
+        ("ddpo", {"kl.reference_update_freq": 2}, r"reference_update_freq=2 updates a reference model, but "
+                                                     r"kl.use_reference_model=False"),
         ("rloo", {"train.scale_rewards": True}, r"train.scale_rewards=True contradicts algorithm.adv_estimator='rloo'"),
-        ("grpo", {"algorithm.kl_type": "nope"}, r"algorithm.kl_type='nope' must be one of"),
-        ("grpo", {"algorithm.kl_controller": "adaptive", "train.beta": 0.0}, r"needs an initial train.beta > 0"),
+        ("grpo", {"kl.kind": "nope"}, r"kl.kind='nope' must be one of"),
+        ("grpo", {"kl.controller": "adaptive", "kl.beta": 0.0}, r"needs an initial kl.beta > 0"),
         ("ppo_gae", {"algorithm.filter_groups": True}, r"filter_groups=True .* needs a group estimator"),
-        ("group_ppo", {"group_params.min_threshold": 5.0, "group_params.max_threshold": 1.0},
-         r"min_threshold <= group_params.max_threshold"),
-        ("group_ppo", {"group_params.group_max_size": 0}, r"group_params.group_max_size=0 must be >= 1"),
-        ("group_ppo", {"group_params.group_variance_threshold": 20.0},
-         r"group_variance_threshold=20.0 lies outside \[group_params.min_threshold, group_params.max_threshold\] = "
+        ("group_ppo", {"group_ppo.min_threshold": 5.0, "group_ppo.max_threshold": 1.0},
+         r"min_threshold <= group_ppo.max_threshold"),
+        ("group_ppo", {"group_ppo.max_segment_steps": 0}, r"group_ppo.max_segment_steps=0 must be >= 1"),
+        ("group_ppo", {"group_ppo.variance_threshold": 20.0},
+         r"group_ppo.variance_threshold=20.0 lies outside \[group_ppo.min_threshold, group_ppo.max_threshold\] = "
          r"\[0.1, 10.0\].*adaptive_threshold=False"),
-        ("group_ppo", {"group_params.group_variance_threshold": 0.0}, r"group_variance_threshold=0.0 lies outside"),
-        ("group_ppo", {"group_params.target_explained_variance": 0.0}, r"target_explained_variance=0.0 must be > 0"),
+        ("group_ppo", {"group_ppo.variance_threshold": 0.0}, r"group_ppo.variance_threshold=0.0 lies outside"),
+        ("group_ppo", {"group_ppo.target_explained_variance": 0.0}, r"target_explained_variance=0.0 must be > 0"),
         ("ppo_gae", {"critic.learning_rate": 0.0}, r"critic.learning_rate=0.0 must be > 0"),
         ("group_ppo", {"critic.input": "x0"}, r"critic.input='x0' is not one of \['latent', 'latent_x0'\]"),
-        ("ddpo", {"train.epsilon": -0.1}, r"train.epsilon=-0.1 \(the clip range\) must be > 0"),
+        ("ddpo", {"train.clip_range": -0.1}, r"train.clip_range=-0.1 must be > 0"),
     ],
 )
 def test_algorithm_contradictions_are_named(preset, overrides, message):
@@ -138,14 +140,38 @@ def test_algorithm_contradictions_are_named(preset, overrides, message):
         validate_config(config)
 
 
-def test_epsilon_and_clip_range_are_one_field_on_the_command_line():
+def test_a_field_under_its_former_name_is_renamed_with_a_message_naming_the_new_one():
     code = (
         "import sys; from absl import flags; from ml_collections import config_flags;"
+        "from ddpo_group.run.cli import parse_flags_or_exit;"
         "c = config_flags.DEFINE_config_file('config');"
-        "flags.FLAGS(sys.argv);"
-        "print(c.value.train.epsilon, c.value.train.clip_range, c.value.reward_fn, c.value.preset)"
+        "parse_flags_or_exit(sys.argv);"
+        "print(c.value.train.clip_range, c.value.kl.beta, c.value.group_ppo.max_segment_steps, c.value.preset)"
     )
-    for flag in ("--config.train.clip_range=0.2", "--config.train.epsilon=0.2"):
-        out = subprocess.run([sys.executable, "-c", code, "--config=config/base.py:grpo", flag],
+    for flags, message in ((["--config.train.clip_range=0.2", "--config.kl.beta=0.5",
+                             "--config.group_ppo.max_segment_steps=3"], ""),
+                           (["--config.train.epsilon=0.2", "--config.train.beta=0.5",
+                             "--config.group_params.group_max_size=3"], "train.epsilon is now train.clip_range")):
+        out = subprocess.run([sys.executable, "-c", code, "--config=config/base.py:grpo", *flags],
                              cwd=ROOT, capture_output=True, text=True, check=True)
-        assert out.stdout.split() == ["0.2", "0.2", "shapes_alignment", "grpo"]
+        assert out.stdout.split() == ["0.2", "0.5", "3", "grpo"]
+        assert message in out.stderr
+        if message:  # every former name is named with its new one, once
+            assert "train.beta is now kl.beta" in out.stderr
+            assert "group_params.group_max_size is now group_ppo.max_segment_steps" in out.stderr
+            assert out.stderr.count("is now") == 3
+        else:
+            assert "is now" not in out.stderr
+
+
+def test_a_saved_config_under_former_names_is_read_with_the_current_ones():
+    from ddpo_group.run.renamed_fields import translate_saved
+
+    saved = {"seed": 3, "train": {"beta": 0.1, "epsilon": 0.2, "learning_rate": 1e-3},
+             "algorithm": {"kl_type": "k3", "adv_estimator": "grpo"},
+             "group_params": {"lam": 0.9, "value_source": "tweedie"}, "compile_unet": True}
+    now = translate_saved(saved)
+    assert now == {"seed": 3, "train": {"clip_range": 0.2, "learning_rate": 1e-3},
+                   "algorithm": {"adv_estimator": "grpo"}, "kl": {"beta": 0.1, "kind": "k3"},
+                   "group_ppo": {"gae_lambda": 0.9, "value_source": "tweedie"}, "compile_denoiser": True}
+    assert saved["train"]["beta"] == 0.1  # the input is left as it was

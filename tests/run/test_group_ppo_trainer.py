@@ -18,7 +18,7 @@ def rollout(B=16, T=6, G=4, seed=0):
 
 def test_critic_mask_is_the_endpoint_mask():
     rewards, values, groups, prompts = rollout()
-    config = tiny_config("group_ppo", "unused", "unused", **{"group_params.group_max_size": 3})
+    config = tiny_config("group_ppo", "unused", "unused", **{"group_ppo.max_segment_steps": 3})
     estimator = get_adv_estimator("group_ppo")
     out = estimate_advantages(estimator, config, rewards, groups, prompts, 6, values=values)
     targets, mask = estimator.critic_regression(out)
@@ -40,8 +40,8 @@ def test_group_max_size_one_equals_ppo_gae_on_the_same_rollout():
     for lam in (1.0, 0.9, 0.0):
         # the limit holds for the plain critic's values without std scaling (the preset uses neither: README)
         group = tiny_config("group_ppo", "unused", "unused", **{
-            "group_params.group_max_size": 1, "group_params.lam": lam, "train.adv_clip_max": 1e9,
-            "group_params.value_source": "critic", "train.scale_rewards": False})
+            "group_ppo.max_segment_steps": 1, "group_ppo.gae_lambda": lam, "train.adv_clip_max": 1e9,
+            "group_ppo.value_source": "critic", "train.scale_rewards": False})
         gae = tiny_config("ppo_gae", "unused", "unused", **{
             "algorithm.gae_lambda": lam, "algorithm.gae_whiten": False, "algorithm.gae_start_value": "group_mean",
             "train.adv_clip_max": 1e9})
@@ -52,11 +52,11 @@ def test_group_max_size_one_equals_ppo_gae_on_the_same_rollout():
 
 
 def test_controller_and_critic_state_survive_a_checkpoint_round_trip(tiny_model_dir, tmp_path):
-    overrides = {"group_params.threshold_lr": 0.5, "save_freq": 1}
+    overrides = {"group_ppo.threshold_lr": 0.5, "save_freq": 1}
     trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "resume", **overrides)
     trainer.run()
     tau, ev = trainer.estimator_controller.tau, trainer.estimator_controller.last_ev
-    assert tau != trainer.config.group_params.group_variance_threshold  # the controller moved
+    assert tau != trainer.config.group_ppo.variance_threshold  # the controller moved
     critic = [p.detach().clone() for p in trainer.critic.module.parameters()]
     critic_opt = trainer.critic.optimizer.state_dict()["state"]
 
@@ -72,12 +72,12 @@ def test_controller_and_critic_state_survive_a_checkpoint_round_trip(tiny_model_
 
 
 def test_reference_and_kl_controller_survive_a_checkpoint_round_trip(tiny_model_dir, tmp_path):
-    overrides = {"save_freq": 1, "train.reference_update_freq": 1, "train.reference_model_mixup_alpha": 0.5,
-                 "algorithm.kl_controller": "adaptive", "algorithm.kl_horizon": 10.0}
+    overrides = {"save_freq": 1, "kl.reference_update_freq": 1, "kl.reference_mixup_alpha": 0.5,
+                 "kl.controller": "adaptive", "kl.horizon": 10.0}
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "ref", **overrides)
     metrics = trainer.run()
     beta = trainer.kl.beta
-    assert beta != trainer.config.train.beta and metrics["ref/last_update_epoch"] == 0
+    assert beta != trainer.config.kl.beta and metrics["ref/last_update_epoch"] == 0
     unet = trainer.accelerator.unwrap_model(trainer.unet)
     distance = trainer.kl.reference.param_distance(unet)
     resumed = tiny_trainer("grpo", tiny_model_dir, tmp_path, "ref", resume_from=str(tmp_path / "ref"), **overrides)
@@ -88,7 +88,7 @@ def test_reference_and_kl_controller_survive_a_checkpoint_round_trip(tiny_model_
 
 def test_a_fixed_tau_of_zero_is_allowed_without_adaptation_and_makes_every_step_its_own_group(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "tau0", **{
-        "group_params.group_variance_threshold": 0.0, "group_params.adaptive_threshold": False})
+        "group_ppo.variance_threshold": 0.0, "group_ppo.adaptive_threshold": False})
     round0 = trainer.rollouts.sample_round(0, 0)
     assert trainer.estimator_controller.tau == 0.0 and round0.out.metrics["group/tau"] == 0.0
     assert round0.out.metrics["group/mean_len"] == 1.0  # K = T endpoints: tau = 0 cuts at every step

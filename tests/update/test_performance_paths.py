@@ -89,7 +89,7 @@ class _ForbiddenReference:
 def test_reference_forward_only_when_beta_positive():
     torch.manual_seed(0)
     pipe = build_tiny_pipeline()
-    config = tiny_config("grpo", "unused", "unused", **{"sample.num_steps": 2, "train.beta": 0.0})
+    config = tiny_config("grpo", "unused", "unused", **{"sample.num_steps": 2, "kl.beta": 0.0})
     embeds, neg = encode_prompts(pipe, ["a cat", "a dog"]), encode_prompts(pipe, [""])
     traj = sample_with_logprob(pipe, embeds, neg.expand(2, -1, -1), 2, 5.0, 1.0, decode=False,
                                generator=torch.Generator().manual_seed(0))

@@ -81,8 +81,8 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     torch.manual_seed(0)
     pipe = build_tiny_pipeline()
     config = get_config("grpo")
-    config.sample.num_steps, config.train.clip_range, config.train.beta = 4, 0.2, 0.5
-    config.algorithm.policy_loss, config.algorithm.kl_type = loss_name, kl_type
+    config.sample.num_steps, config.train.clip_range, config.kl.beta = 4, 0.2, 0.5
+    config.algorithm.policy_loss, config.kl.kind = loss_name, kl_type
     config.algorithm.loss_agg_mode = "traj-mean-step-mean"
     unet = pipe.unet
     unet.requires_grad_(False)

@@ -36,20 +36,20 @@ def pipeline_class_name(path: str, local: bool) -> str:
     return DiffusionPipeline.load_config(path)["_class_name"]
 
 
-def family_name(pretrained, path: str | None = None, local: bool | None = None) -> str:
-    """The family of ``pretrained`` (the config section): ``pretrained.family``, or its pipeline class's family."""
-    chosen = (pretrained.get("family", "") if hasattr(pretrained, "get") else "") or ""
+def family_name(model: str, chosen: str = "", path: str | None = None, local: bool | None = None) -> str:
+    """The family of ``model`` (``pretrained.model``): ``chosen`` (``pretrained.family``) when set, else its pipeline
+    class's family."""
     if chosen:
         FAMILY_REGISTRY.get(chosen)  # a clear error for an unknown name
         return chosen
     if path is None:
         from ddpo_group.models import locate
 
-        path, local = locate(pretrained["model"])
+        path, local = locate(model)
     class_name = pipeline_class_name(path, local)
     if class_name not in _BY_PIPELINE_CLASS:
         raise ValueError(
-            f"pretrained.model={pretrained['model']!r} is a {class_name}, which no model family handles; families: "
+            f"pretrained.model={model!r} is a {class_name}, which no model family handles; families: "
             f"{ {n: c for c, n in _BY_PIPELINE_CLASS.items()} } (or set pretrained.family)"
         )
     return _BY_PIPELINE_CLASS[class_name]

@@ -171,5 +171,5 @@ class ModelFamily:
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """Extra keywords of the pipeline's own ``__call__`` (evaluation) for images like the sampler's, from the run's
-        ``sample`` and ``pretrained`` config sections (ConfigDicts or the plain dicts of a run's config.json)."""
+        ``sample`` and ``pretrained`` config sections."""
         return {}

@@ -20,12 +20,12 @@ from ddpo_group.sampling.flow import SDE_REGISTRY, flow_step_with_logprob
 
 
 def sequence_length(pretrained) -> int | None:
-    """``pretrained.max_sequence_length`` (a ConfigDict or a run's config.json dict), or the model's default T5
+    """``pretrained.max_sequence_length`` (the config section), or the model's default T5
     token count, or None for the pipeline's default."""
     from ddpo_group.models import default_max_sequence_length
 
-    chosen = int(pretrained.get("max_sequence_length", 0) or 0)
-    return chosen or default_max_sequence_length(pretrained.get("model", "")) or None
+    chosen = int(pretrained.max_sequence_length)
+    return chosen or default_max_sequence_length(pretrained.model) or None
 
 
 class FlowMatchingFamily(ModelFamily):
@@ -41,7 +41,7 @@ class FlowMatchingFamily(ModelFamily):
     @property
     def resolution(self) -> int:
         """Image height = width in pixels: ``sample.resolution``, or the pipeline's default."""
-        chosen = int(self.config.sample.get("resolution", 0)) if self.config is not None else 0
+        chosen = int(self.config.sample.resolution) if self.config is not None else 0
         return chosen or self.pipe.default_sample_size * self.pipe.vae_scale_factor
 
     @property
@@ -52,7 +52,7 @@ class FlowMatchingFamily(ModelFamily):
 
     @property
     def sde_type(self) -> str:
-        return self.config.sample.get("sde_type", "flow_sde") if self.config is not None else "flow_sde"
+        return self.config.sample.sde_type if self.config is not None else "flow_sde"
 
     def schedule_kwargs(self, num_steps: int) -> dict:
         """Keywords of ``scheduler.set_timesteps`` exactly as the pipeline passes them (sigmas, mu)."""
@@ -73,7 +73,7 @@ class FlowMatchingFamily(ModelFamily):
     def deterministic_steps(self, sample_config) -> torch.Tensor:
         """CPS has std = s_next sin(a pi / 2) = 0 on the last step (s_next = 0): that step is never stochastic."""
         steps = torch.zeros(sample_config.num_steps, dtype=torch.bool)
-        if sample_config.get("sde_type", "flow_sde") == "cps":
+        if sample_config.sde_type == "cps":
             steps[-1] = True
         return steps
 
@@ -85,19 +85,19 @@ class FlowMatchingFamily(ModelFamily):
     @classmethod
     def config_errors(cls, config) -> list[str]:
         s, errors = config.sample, []
-        if s.get("sde_type", "flow_sde") not in SDE_REGISTRY:
-            errors.append(f"sample.sde_type={s.get('sde_type')!r} must be one of {SDE_REGISTRY.names()}")
-        if not s.get("noise_level", 0.0) > 0:
-            errors.append(f"sample.noise_level={s.get('noise_level')} must be > 0: with 0 every step is the "
+        if s.sde_type not in SDE_REGISTRY:
+            errors.append(f"sample.sde_type={s.sde_type!r} must be one of {SDE_REGISTRY.names()}")
+        if not s.noise_level > 0:
+            errors.append(f"sample.noise_level={s.noise_level} must be > 0: with 0 every step is the "
                           "deterministic Euler step and has no log-probability")
-        if s.get("resolution", 0) < 0:
-            errors.append(f"sample.resolution={s.get('resolution')} must be >= 0 (0: the pipeline's default)")
+        if s.resolution < 0:
+            errors.append(f"sample.resolution={s.resolution} must be >= 0 (0: the pipeline's default)")
         return errors
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """The pipeline's own sampler is the deterministic Euler one (noise level 0): only the size and the tokens."""
         kwargs = {}
-        resolution = int(sample_config.get("resolution", 0) or 0)
+        resolution = int(sample_config.resolution)
         if resolution:
             kwargs.update(height=resolution, width=resolution)
         tokens = sequence_length(pretrained)

@@ -169,7 +169,7 @@ class StableDiffusionFamily(ModelFamily):
         return errors
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
-        return {"eta": float(sample_config.get("eta", 1.0))}
+        return {"eta": float(sample_config.eta)}
 
 
 @torch.no_grad()

@@ -1,0 +1,79 @@
+"""Configuration fields under their former names: accepted for one release, with a message naming the new name.
+
+``RENAMED`` maps a former dotted name to its name in config/base.py. A command line (``--config.OLD=value``), a sweep
+file's parameters and a saved run's config.json (scripts/evaluate.py) are translated with it; a checkpoint's recorded
+state fields too (run/resume_check.py). Remove an entry one release after its rename.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+RENAMED = {
+    "train.epsilon": "train.clip_range",
+    "train.beta": "kl.beta",
+    "train.use_reference_model": "kl.use_reference_model",
+    "train.reference_model_mixup_alpha": "kl.reference_mixup_alpha",
+    "train.reference_update_freq": "kl.reference_update_freq",
+    "algorithm.kl_type": "kl.kind",
+    "algorithm.kl_in_reward": "kl.in_reward",
+    "algorithm.kl_controller": "kl.controller",
+    "algorithm.target_kl": "kl.target",
+    "algorithm.kl_horizon": "kl.horizon",
+    "critic.cliprange_value": "critic.clip_range",
+    "group_params.group_variance_threshold": "group_ppo.variance_threshold",
+    "group_params.group_max_size": "group_ppo.max_segment_steps",
+    "group_params.group_epsilon": "group_ppo.numerical_floor",
+    "group_params.lam": "group_ppo.gae_lambda",
+    "compile_unet": "compile_denoiser",
+}
+RENAMED_SECTIONS = {"group_params": "group_ppo"}  # every other field of the section keeps its name
+
+
+def new_name(dotted: str) -> str | None:
+    """The current name of a former field name, or None if ``dotted`` was not renamed."""
+    if dotted in RENAMED:
+        return RENAMED[dotted]
+    section, _, rest = dotted.partition(".")
+    if rest and section in RENAMED_SECTIONS:
+        return f"{RENAMED_SECTIONS[section]}.{rest}"
+    return None
+
+
+def notice(old: str, new: str) -> str:
+    return f"config field {old} is now {new}; the old name is accepted for one release (use {new})"
+
+
+_OVERRIDE = re.compile(r"^(--?config\.)([\w.]+)(=.*)?$")
+
+
+def translate_argv(argv: list[str], say=lambda line: print(line, file=sys.stderr)) -> list[str]:
+    """``argv`` with every ``--config.OLD[=value]`` override renamed to its current field, saying so once each."""
+    out = []
+    for arg in argv:
+        match = _OVERRIDE.match(arg)
+        new = new_name(match.group(2)) if match else None
+        if new is not None:
+            say(notice(match.group(2), new))
+            arg = f"{match.group(1)}{new}{match.group(3) or ''}"
+        out.append(arg)
+    return out
+
+
+def translate_saved(config: dict) -> dict:
+    """A saved config (nested dicts, e.g. a run's config.json) with former fields moved to their current names."""
+    out = {section: dict(value) if isinstance(value, dict) else value for section, value in config.items()}
+    for old_section, new_section in RENAMED_SECTIONS.items():
+        if isinstance(out.get(old_section), dict):
+            out.setdefault(new_section, {}).update(out.pop(old_section))
+    for old, new in RENAMED.items():
+        old_section, _, old_field = old.rpartition(".")
+        old_section = RENAMED_SECTIONS.get(old_section, old_section)
+        holder = out.get(old_section) if old_section else out
+        if not isinstance(holder, dict) or old_field not in holder:
+            continue
+        value = holder.pop(old_field)
+        new_section, _, new_field = new.rpartition(".")
+        (out.setdefault(new_section, {}) if new_section else out).setdefault(new_field, value)
+    return out
