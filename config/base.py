@@ -149,8 +149,7 @@ def base() -> ml_collections.ConfigDict:
     algorithm.filter_groups = False
     algorithm.max_num_gen_batches = 4  # sampling rounds per epoch at most (the batch may stay short)
 
-    # ---- GROUP_PPO (docs/group_ppo.md): the denoising steps are cut into segments; each segment's last step is its
-    # endpoint, where the critic's value is read ----
+    # ---- GROUP_PPO (docs/group_ppo.md): segments of denoising steps, the value read at each segment's endpoint ----
     config.group_ppo = group_ppo = ml_collections.ConfigDict()
     # tau, the initial variance threshold of the segment test; in [min_threshold, max_threshold] unless
     # adaptive_threshold=False
@@ -302,6 +301,25 @@ def group_ppo() -> ml_collections.ConfigDict:
     return config
 
 
+def on_flow_model(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """``config`` on the embedded flow-matching model: its hardest captions (it already draws the SD model's right) and
+    half the learning rate (3e-3 makes its rank-4 LoRA collapse; docs/embedded_models.md)."""
+    config.pretrained.model = "tiny-shapes-flow"
+    config.prompt_fn = "tiny_shapes_flow_hard"
+    config.train.learning_rate = 1.5e-3
+    return config
+
+
+def grpo_flow() -> ml_collections.ConfigDict:
+    """GRPO on the embedded flow-matching model (10 Flow-SDE steps, the first 2 stochastic and trained)."""
+    return on_flow_model(grpo())
+
+
+def group_ppo_flow() -> ml_collections.ConfigDict:
+    """GROUP_PPO on the embedded flow-matching model."""
+    return on_flow_model(group_ppo())
+
+
 def flow_grpo(model: str) -> ml_collections.ConfigDict:
     """Flow-GRPO's published recipe on a flow-matching model: GRPO with group 24, 10 rollout steps (40 to evaluate),
     Flow-SDE, clip 1e-4, LoRA rank 32 / alpha 64, lr 3e-4, 512 px; the OCR (text rendering) task, which needs no
@@ -355,8 +373,10 @@ PRESETS = {
     "ddpo": ddpo, "grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "grpo_passk": grpo_passk,
     "reinforce_pp": reinforce_pp, "remax": remax, "ppo_gae": ppo_gae, "group_ppo": group_ppo,
 }
-# published recipes on the models people train (their weights download from the hub)
-RECIPES = {"flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux}
+# recipes: the embedded flow model's task, and the published recipes on the models people train (their weights
+# download from the hub)
+RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow,
+           "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux}
 
 
 def get_config(name: str = "ddpo") -> ml_collections.ConfigDict:

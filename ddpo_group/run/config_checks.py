@@ -14,7 +14,7 @@ from ddpo_group.update.memory_fit import configured_pairs
 
 WANDB_MODES = ("online", "offline", "disabled")
 
-__all__ = ["ConfigError", "validate_config", "algorithm_errors"]
+__all__ = ["ConfigError", "validate_config", "algorithm_errors", "config_warnings"]
 
 
 def validate_config(config, num_processes: int = 1) -> None:
@@ -26,6 +26,19 @@ def validate_config(config, num_processes: int = 1) -> None:
     errors.extend(prompt_and_reward_errors(config))
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def config_warnings(config) -> list[str]:
+    """Settings that run but are likely not what was meant: the embedded flow model on the embedded SD model's task."""
+    from ddpo_group.models import TINY_SHAPES_FLOW
+
+    if config.pretrained.model == TINY_SHAPES_FLOW and config.prompt_fn == "tiny_shapes_hard":
+        return [f"pretrained.model={TINY_SHAPES_FLOW!r} with prompt_fn='tiny_shapes_hard', the SD model's hardest captions: "
+                f"the flow model already draws them right, so there is little to learn; its own task is "
+                f"--config config/base.py:grpo_flow (or any preset with --config.prompt_fn=tiny_shapes_flow_hard "
+                f"--config.train.learning_rate=1.5e-3; train.learning_rate={config.train.learning_rate:g} may "
+                f"collapse its LoRA above 1.5e-3)"]
+    return []
 
 
 def _collector(errors: list):

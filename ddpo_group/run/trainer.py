@@ -32,7 +32,7 @@ from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
 from ddpo_group.rewards import make_reward_fn
 from ddpo_group.rollout.rounds import RolloutCollector
-from ddpo_group.run.config_checks import validate_config
+from ddpo_group.run.config_checks import config_warnings, validate_config
 from ddpo_group.run.epoch_logger import EpochLogger
 from ddpo_group.run.epoch_metrics import epoch_metrics
 from ddpo_group.run.periodic_eval import PeriodicEvaluation
@@ -54,6 +54,8 @@ class Trainer:
         validate_config(config)
         self.config = config
         self.session = RunSession(config)  # run dir and resume checked before any model loads
+        for warning in config_warnings(config):
+            self.session.print(f"warning: {warning}")
         # the same seed on every process: all draw the same epoch prompt list and take their slice
         self.prompt_sampler = PromptSampler(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), seed=config.seed)
         self.prompt_sampler.probe()

@@ -175,3 +175,22 @@ def test_a_saved_config_under_former_names_is_read_with_the_current_ones():
                    "algorithm": {"adv_estimator": "grpo"}, "kl": {"beta": 0.1, "kind": "k3"},
                    "group_ppo": {"gae_lambda": 0.9, "value_source": "tweedie"}, "compile_denoiser": True}
     assert saved["train"]["beta"] == 0.1  # the input is left as it was
+
+
+def test_the_flow_model_on_the_sd_models_task_is_warned_about_and_its_recipe_is_not():
+    from config.base import RECIPES
+    from ddpo_group.run.config_checks import config_warnings
+
+    config = get_config("grpo")
+    assert config_warnings(config) == []
+    config.pretrained.model = "tiny-shapes-flow"
+    (warning,) = config_warnings(config)
+    assert "prompt_fn='tiny_shapes_hard'" in warning and "config/base.py:grpo_flow" in warning
+    assert "train.learning_rate=0.003" in warning
+    for name in ("grpo_flow", "group_ppo_flow"):
+        recipe = get_config(name)
+        assert name in RECIPES and config_warnings(recipe) == []
+        assert (recipe.pretrained.model, recipe.prompt_fn, recipe.train.learning_rate) == (
+            "tiny-shapes-flow", "tiny_shapes_flow_hard", 1.5e-3)
+        validate_config(recipe)
+    assert get_config("group_ppo_flow").algorithm.adv_estimator == "group_ppo"

@@ -50,3 +50,19 @@ def test_package_code_restates_no_default():
                  for path in sorted(PACKAGE.rglob("*.py"))
                  for line, call in restated_defaults(path.read_text(), names)]
     assert not offenders, "defaults restated outside config/base.py:\n" + "\n".join(offenders)
+
+
+def test_the_configuration_reference_is_generated_from_base_py():
+    """docs/configuration.md is what scripts/config_reference.py makes of config/base.py: every field with its comment
+    (the script refuses a field without one) and its default."""
+    import subprocess
+    import sys
+
+    root = PACKAGE.parent
+    out = subprocess.run([sys.executable, "scripts/config_reference.py", "--check"], cwd=root, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = (root / "docs" / "configuration.md").read_text()
+    for field in ("kl.beta", "group_ppo.max_segment_steps", "sample.sde_window_size", "eval_num_seeds"):
+        assert f"| `{field}` |" in text
+    assert "| `train.epsilon` | `train.clip_range` |" in text  # the former names
