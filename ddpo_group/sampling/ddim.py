@@ -43,7 +43,7 @@ def _schedule_on(scheduler: DDIMScheduler, device) -> tuple[torch.Tensor, torch.
 
 
 def step_std(scheduler: DDIMScheduler, timestep: torch.Tensor, eta: float) -> torch.Tensor:
-    """sigma_n = eta * sqrt((1 - ab_prev) / (1 - ab_t) * (1 - ab_t / ab_prev)), per row."""
+    """sigma_n = eta * sqrt((1 - ab_prev) / (1 - ab_t) * (1 - ab_t / ab_prev)), per row (DDIM paper, eq. (16))."""
     alpha_prod_t, alpha_prod_prev = step_alphas(scheduler, timestep)
     variance = (1 - alpha_prod_prev) / (1 - alpha_prod_t) * (1 - alpha_prod_t / alpha_prod_prev)
     return eta * variance.clamp(min=0).sqrt()
@@ -78,7 +78,8 @@ def check_trainable_schedule(scheduler: DDIMScheduler, num_steps: int, eta: floa
 
 
 def predict_x0_eps(scheduler: DDIMScheduler, model_output, sample, alpha_prod_t) -> tuple[torch.Tensor, torch.Tensor]:
-    """Convert an epsilon / v / sample prediction to (x0_hat, eps_hat)."""
+    """Convert an epsilon / v / sample prediction to (x0_hat, eps_hat) as DDIMScheduler.step does (DDIM paper, eq. (12)'s
+    "predicted x_0" for epsilon; v = sqrt(ab) eps - sqrt(1 - ab) x0 for v-prediction, Salimans and Ho, 2022)."""
     a = _per_row(alpha_prod_t, sample)
     b = 1 - a
     kind = scheduler.config.prediction_type
@@ -112,17 +113,28 @@ def ddim_step_with_logprob(
     compute_log_prob: bool = True,
     reduce: str = "mean",
 ) -> DDIMStepOutput:
-    """One DDIM step x_n -> x_{n+1} as a Gaussian with its log-density.
+    """One DDIM step x_n -> x_{n+1} as a Gaussian policy with its log-density (diffusers' ``DDIMScheduler.step``, the
+    same math, plus the log-probability).
 
-        sigma^2 = eta^2 (1 - ab_prev)/(1 - ab_t) (1 - ab_t/ab_prev)
-        mu      = sqrt(ab_prev) x0_hat + sqrt(1 - ab_prev - sigma^2) eps_hat
-        x_{n+1} = mu + sigma z              (z drawn like diffusers' DDIMScheduler.step)
-        l       = reduce( -(x_{n+1} - mu)^2 / (2 sigma^2) - log sigma - log sqrt(2 pi) )
-        step_length = flow_time(ab_t) - flow_time(ab_prev)     (the step's length in flow time, > 0)
+    Indices: n counts the denoising steps of a trajectory, x_0 the initial noise .. x_T the final latent
+    (sampling/trajectories.py). The scheduler counts its timesteps t down, so step n goes from timestep t = t_n to
+    t_prev = t - num_train_timesteps // num_inference_steps, and diffusers calls x_{n+1} the "previous sample" (of
+    x_t): ``sample`` is x_n, ``prev_sample`` x_{n+1}. Equation numbers are those of the DDIM paper (Song, Meng and
+    Ermon, 2020, arXiv:2010.02502), whose alpha_t is diffusers' alphas_cumprod, written ab_t here:
 
-    ``timestep`` is one timestep for the whole batch or a [N] tensor (one per row), so flattened
-    (sample, step) pairs are evaluated in one call. With ``prev_sample`` given, no noise is drawn
-    and its log-probability is returned (the training-time recomputation).
+        (1) ab_t, ab_prev                                    alphas_cumprod at t and t_prev (final_alpha_cumprod past 0)
+        (2) x0_hat, eps_hat                                  from the model output, eq. (12)'s "predicted x_0"
+                                                             (epsilon, v or sample prediction; clipped as the scheduler)
+        (3) sigma_n = eta sqrt((1 - ab_prev) / (1 - ab_t)) sqrt(1 - ab_t / ab_prev)                             eq. (16)
+        (4) mu_n    = sqrt(ab_prev) x0_hat + sqrt(1 - ab_prev - sigma_n^2) eps_hat        eq. (12) without its noise
+        (5) x_{n+1} = mu_n + sigma_n z,  z ~ N(0, I)         eq. (12); z drawn as DDIMScheduler.step draws it
+        (6) l_n     = reduce( -(x_{n+1} - mu_n)^2 / (2 sigma_n^2) - log sigma_n - log sqrt(2 pi) )
+                                                             (sampling/gaussian.py)
+        (7) step_length = flow_time(ab_t) - flow_time(ab_prev) > 0              the step's length in flow time
+
+    ``timestep`` is one timestep for the whole batch or a [N] tensor (one per row), so flattened (sample, step) pairs
+    are evaluated in one call. With ``prev_sample`` given, no noise is drawn and its log-probability is returned (the
+    training-time recomputation). All of it runs in float32 whatever the model's dtype.
     """
     sample = sample.float()
     model_output = model_output.float()
@@ -130,14 +142,19 @@ def ddim_step_with_logprob(
     timestep = torch.as_tensor(timestep, device=sample.device)
     if timestep.ndim == 0:
         timestep = timestep.expand(n)
+    # 1. ab_t and ab_prev
     alpha_prod_t, alpha_prod_prev = step_alphas(scheduler, timestep)
+    # 2. the predicted clean latent and noise
     x0, eps = predict_x0_eps(scheduler, model_output, sample, alpha_prod_t)
+    # 3. sigma_n, eq. (16)
     std = step_std(scheduler, timestep, eta)
     std_b = _per_row(std, sample)
+    # 4. the mean: eq. (12) without its random noise ("predicted x_0" and "direction pointing to x_t")
     mean = _per_row(alpha_prod_prev, sample).sqrt() * x0 + (
         1 - _per_row(alpha_prod_prev, sample) - std_b**2
     ).clamp(min=0).sqrt() * eps
 
+    # 5. the next latent: the mean plus sigma_n z (or the given one, to re-score a recorded transition)
     if prev_sample is None:
         if eta > 0:
             noise = randn_tensor(model_output.shape, generator=generator, device=model_output.device, dtype=model_output.dtype)
@@ -146,10 +163,12 @@ def ddim_step_with_logprob(
             prev_sample = mean
     prev_sample = prev_sample.float()
 
+    # 6. its log-probability under N(mu_n, sigma_n^2 I)
     log_prob = None
     if compute_log_prob:
         if eta <= 0:
             raise ValueError(f"eta={eta}: a DDIM step with eta = 0 is deterministic and has no log-probability")
         log_prob = gaussian_log_prob(prev_sample, mean, std, reduce)
+    # 7. the step's length in flow time (GRPO-Guard's weight, algorithms/policy_losses.py)
     return DDIMStepOutput(prev_sample=prev_sample, log_prob=log_prob, mean=mean, std=std,
                           step_length=flow_time(alpha_prod_t) - flow_time(alpha_prod_prev), pred_x0=x0)
