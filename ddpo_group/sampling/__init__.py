@@ -1,1 +1,15 @@
-"""Sampling with log-probabilities: the DDIM step and the Stable Diffusion trajectory recorder."""
+"""Sampling with log-probabilities: every family's stochastic step as a Gaussian policy, and trajectories.
+
+One index convention for a trajectory, everywhere in the package (ALGORITHMS.md's):
+
+    x_n, n = 0 .. T      the latents of a trajectory of T denoising steps: x_0 is the initial noise, x_T the final
+                         latent (decoded into the image); step n maps x_n to x_{n+1}
+    t_n                  the scheduler's timestep (or flow sigma s_n) at which step n evaluates the denoiser
+    l_n, mu_n, sigma_n   the log-probability, mean and std of step n's Gaussian x_{n+1} ~ N(mu_n, sigma_n^2 I)
+    x0_hat(x_n)          the clean latent the denoiser predicts at x_n (``pred_x0``): a prediction, never a
+                         trajectory state (the hat says so)
+
+Per-step tensors are [B, T] (``log_probs``, ``timesteps``, values V(x_n)); the latents are [B, T+1, ...]. The
+schedulers of diffusers count their timesteps down and call x_{n+1} the "previous sample" of x_n; the step functions
+keep that keyword (``prev_sample``) where they mirror a diffusers scheduler's ``step``.
+"""

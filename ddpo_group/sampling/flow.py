@@ -1,10 +1,11 @@
 """Flow-matching steps as Gaussian policies: next latent, its log-probability, the step's mean and std.
 
-Conventions (SD3, FLUX): x_s = (1 - s) x0 + s eps, the model predicts the velocity v ~ eps - x0, sampling runs
-the sigmas s from 1 down to 0, one step goes from s to s_next:
+Conventions (SD3, FLUX): x_s = (1 - s) x_data + s eps, the model predicts the velocity v ~ eps - x_data, sampling
+runs the sigmas s from 1 down to 0; step n goes from x = x_n at s = s_n to x' = x_{n+1} at s_next = s_{n+1}
+(the trajectory's index convention, sampling/__init__.py):
 
     dt     = s_next - s  (< 0)
-    x0_hat = x - s v                   (the clean image the velocity points to)
+    x0_hat = x - s v                   (the clean latent x_data the velocity points to)
     x1_hat = x + (1 - s) v             (the noise it points to)
 
 Each ``sample.sde_type`` gives the step's mean and std (a = ``sample.noise_level``):
