@@ -30,16 +30,17 @@ from ddpo_group.timing import NULL_TIMER
 class KLRegularizer:
     """beta * KL(policy || reference) per sampled step, in the loss or in the reward (module docstring)."""
 
-    def __init__(self, reference: ReferenceModel, kind: str, controller, in_reward: bool, reduce: str = "mean"):
+    def __init__(self, reference: ReferenceModel, kind: str, controller, in_reward: bool, reduce: str = "mean",
+                 timer=NULL_TIMER):
         self.reference = reference
         self.kind = get_kl_kind(kind)
         self.controller = controller
         self.in_reward = bool(in_reward)
         self.reduce = reduce
-        self.timer = NULL_TIMER  # the trainer's PhaseTimer: reference forwards count as "reference"
+        self.timer = timer  # the trainer's PhaseTimer: reference forwards count as "reference"
 
     @classmethod
-    def from_config(cls, config, unet, lora_config=None) -> "KLRegularizer | None":
+    def from_config(cls, config, unet, lora_config=None, timer=NULL_TIMER) -> "KLRegularizer | None":
         """None without a reference model (kl.use_reference_model=False). Build before accelerate wraps ``unet``
         (a LoRA reference adds its adapter to it, full fine-tuning copies it)."""
         reference = ReferenceModel.from_config(config, unet, lora_config)
@@ -47,7 +48,7 @@ class KLRegularizer:
             return None
         kl = config.kl
         controller = get_kl_controller(kl.controller, kl.beta, kl.target, kl.horizon)
-        return cls(reference, kl.kind, controller, kl.in_reward, config.sample.log_prob_reduce)
+        return cls(reference, kl.kind, controller, kl.in_reward, config.sample.log_prob_reduce, timer)
 
     @property
     def beta(self) -> float:

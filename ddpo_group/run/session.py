@@ -70,12 +70,14 @@ class RunSession:
         self.accelerator = None
         self.model = self.family = None  # the policy model (accelerate-wrapped) and its family, for the LoRA export
         self.timer = NULL_TIMER
-        self.lora_weights = nullcontext  # a context in which the model holds the weights to export (the EMA's)
+        self.lora_weights = nullcontext  # a context in which the model holds the weights to export (attach)
 
-    def attach(self, accelerator, model, family, stateful: list, timer=NULL_TIMER) -> None:
+    def attach(self, accelerator, model, family, stateful: list, timer=NULL_TIMER, lora_weights=nullcontext) -> None:
         """Register the run's state for checkpoints, resume it, write config.json and start the trackers.
-        ``family`` exports ``model``'s LoRA adapter in its pipeline's diffusers format."""
+        ``family`` exports ``model``'s LoRA adapter in its pipeline's diffusers format, with the weights ``model``
+        holds inside ``lora_weights()`` (the EMA's with train.ema_export)."""
         self.accelerator, self.model, self.family, self.timer = accelerator, model, family, timer
+        self.lora_weights = lora_weights
         if self.wandb_note:
             self.print(self.wandb_note)
         for warning in self.resume_warnings:

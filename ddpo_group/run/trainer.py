@@ -70,12 +70,10 @@ class Trainer:
         if config.allow_tf32 and torch.cuda.is_available():
             torch.backends.cuda.matmul.allow_tf32 = True
         set_seed(config.seed, device_specific=True)
-        self.build_model(config)
-        self.build_algorithm(config)
         self.timer = PhaseTimer()  # wall time per phase (time/<phase> in the metrics; bench/epoch.py syncs it)
         self._timer_mark = self.timer.snapshot()
-        if self.kl is not None:
-            self.kl.timer = self.timer  # reference forwards count as "reference"
+        self.build_model(config)
+        self.build_algorithm(config)
         self.rollouts = RolloutCollector(
             config, self.accelerator, self.family, self.reward_fn, self.prompt_sampler, self.stat_tracker, self.estimator,
             self.estimator_controller, self.critic, self.kl, self.scorer, should_stop=self.session.stop_agreed,
@@ -85,9 +83,9 @@ class Trainer:
         if config.eval_freq:
             self.evaluation = PeriodicEvaluation(config, self.accelerator, self.family, self.reward_fn,
                                                  self.rollouts.shards.gather)
-        if self.ema is not None and config.train.ema_export:
-            self.session.lora_weights = self.ema.swapped_in  # the exported LoRA holds the EMA weights
-        self.session.attach(self.accelerator, self.unet, self.family, self.checkpointed_state(), self.timer)
+        export_ema = self.ema is not None and config.train.ema_export  # the exported LoRA holds the EMA weights
+        self.session.attach(self.accelerator, self.unet, self.family, self.checkpointed_state(), self.timer,
+                            lora_weights=self.ema.swapped_in if export_ema else nullcontext)
         self.pairs_per_forward.restore()  # a resumed run: the sizes its first run chose
         self.epoch_logger = EpochLogger(self.accelerator, self.session.run_dir, self.session.wandb_mode,
                                         config.log_images_every, self.session.print)
@@ -115,7 +113,7 @@ class Trainer:
         self.pipe = self.family.pipe
         self.family.check_trainable(config.sample)
         lora = lora_config(config, self.family.lora_target_modules) if config.use_lora else None
-        self.kl = KLRegularizer.from_config(config, self.family.model, lora)
+        self.kl = KLRegularizer.from_config(config, self.family.model, lora, self.timer)  # its forwards: "reference"
         optimizer = make_optimizer(config, self.params)
         if config.compile_denoiser:  # in place (Module.compile): names, hooks and state dict unchanged
             self.family.model.compile()
@@ -139,11 +137,10 @@ class Trainer:
         # "auto": measured on the card at the first training phase (update/memory_fit.py), kept in checkpoints
         self.pairs_per_forward = PairsPerForward(config, self.accelerator, self.family, self.session.state.sizes,
                                                  say=self.session.print)
-        self.updater = PolicyUpdater(config, self.accelerator, self.unet, self.optimizer, self.params, self.scorer,
-                                     self.kl, pairs_per_forward=self.pairs_per_forward)
         self.ema = EMAWeights.from_config(config, self.params)  # None unless train.ema
-        if self.ema is not None:
-            self.updater.after_optimizer_step = self.ema.step
+        self.updater = PolicyUpdater(config, self.accelerator, self.unet, self.optimizer, self.params, self.scorer,
+                                     self.kl, pairs_per_forward=self.pairs_per_forward,
+                                     after_optimizer_step=self.ema.step if self.ema is not None else None)
 
     def checkpointed_state(self) -> list:
         """Every stateful piece a checkpoint holds besides the prepared models and optimizer (fixed order)."""

@@ -55,7 +55,8 @@ class PolicyUpdater:
     ``kl`` (reference.regularizer.KLRegularizer or None) adds the KL term when it is in the loss.
     """
 
-    def __init__(self, config, accelerator, unet, optimizer, trainable_params, scorer, kl=None, pairs_per_forward=None):
+    def __init__(self, config, accelerator, unet, optimizer, trainable_params, scorer, kl=None, pairs_per_forward=None,
+                 after_optimizer_step=None):
         self.config = config
         # an int, or a callable (updater, batch) -> int: update/memory_fit.PairsPerForward resolves "auto"
         self.pairs_per_forward = config.train.pairs_per_forward if pairs_per_forward is None else pairs_per_forward
@@ -69,7 +70,7 @@ class PolicyUpdater:
         self.optimizer = optimizer
         self.params = trainable_params
         self.scorer = scorer
-        self.after_optimizer_step = None  # called after every optimizer step (the EMA of the weights: update/ema.py)
+        self.after_optimizer_step = after_optimizer_step  # called after every optimizer step (the EMA: update/ema.py)
 
     @property
     def uses_reference(self) -> bool:
