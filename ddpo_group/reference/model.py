@@ -2,13 +2,13 @@
 
 Three forms, chosen from ``use_lora`` and ``kl.reference_update_freq`` F:
 
-* ``base`` (LoRA, F = 0): the base UNet, i.e. the policy with its adapters disabled
-  (``unet.disable_adapters()`` / ``enable_adapters()``). No extra memory.
-* ``adapter`` (LoRA, F > 0): a second LoRA adapter named "reference" on the same UNet
-  (``unet.add_adapter(config, adapter_name="reference")``), initialised to the policy's adapter
-  and activated with ``unet.set_adapter`` for the reference forward. Its weights live in the
-  UNet's state dict, so they are checkpointed with the model.
-* ``copy`` (full fine-tuning): a frozen deep copy of the UNet (its weights are part of this
+* ``base`` (LoRA, F = 0): the base denoiser, i.e. the policy with its adapters disabled
+  (``model.disable_adapters()`` / ``enable_adapters()``). No extra memory.
+* ``adapter`` (LoRA, F > 0): a second LoRA adapter named "reference" on the same denoiser
+  (``model.add_adapter(config, adapter_name="reference")``), initialised to the policy's adapter
+  and activated with ``model.set_adapter`` for the reference forward. Its weights live in the
+  denoiser's state dict, so they are checkpointed with the model.
+* ``copy`` (full fine-tuning): a frozen deep copy of the denoiser (its weights are part of this
   object's ``state_dict`` for checkpoints when it is updated).
 
 Update every F epochs (after epochs F-1, 2F-1, ...):
@@ -16,7 +16,7 @@ Update every F epochs (after epochs F-1, 2F-1, ...):
     theta_ref <- alpha * theta_policy + (1 - alpha) * theta_ref        (alpha = 1: hard sync)
 
 ``param_distance`` is the Frobenius distance between the policy's and the reference's effective
-UNet weights: sqrt(sum over LoRA layers ||s (B_p A_p - B_r A_r)||^2) for adapters (B_r A_r = 0
+denoiser weights: sqrt(sum over LoRA layers ||s (B_p A_p - B_r A_r)||^2) for adapters (B_r A_r = 0
 for ``base``), sqrt(sum ||theta_p - theta_r||^2) for ``copy``.
 """
 
@@ -33,15 +33,15 @@ POLICY_ADAPTER = "default"
 REFERENCE_ADAPTER = "reference"
 
 
-def _lora_layers(unet):
+def _lora_layers(model):
     from peft.tuners.lora import LoraLayer
 
-    return [m for m in unet.modules() if isinstance(m, LoraLayer)]
+    return [m for m in model.modules() if isinstance(m, LoraLayer)]
 
 
 class ReferenceModel:
-    def __init__(self, unet, mode: str, alpha: float = 1.0, update_freq: int = 0, lora_config=None):
-        """``unet`` is the unwrapped policy UNet; build before ``accelerator.prepare``."""
+    def __init__(self, model, mode: str, alpha: float = 1.0, update_freq: int = 0, lora_config=None):
+        """``model`` is the unwrapped policy denoiser (UNet or transformer); build before ``accelerator.prepare``."""
         if mode not in ("base", "adapter", "copy"):
             raise ValueError(f"reference mode must be 'base', 'adapter' or 'copy', got {mode!r}")
         self.mode = mode
@@ -52,24 +52,24 @@ class ReferenceModel:
         if mode == "adapter":
             if lora_config is None:
                 raise ValueError("the 'adapter' reference needs the policy's LoraConfig")
-            trainable = [p for p in unet.parameters() if p.requires_grad]
+            trainable = [p for p in model.parameters() if p.requires_grad]
             with warnings.catch_warnings():  # peft warns that a second adapter is added: that is the point
                 warnings.filterwarnings("ignore", message=".*multiple adapters.*")
-                unet.add_adapter(copy.deepcopy(lora_config), adapter_name=REFERENCE_ADAPTER)  # activates it
-            unet.set_adapter(POLICY_ADAPTER)
+                model.add_adapter(copy.deepcopy(lora_config), adapter_name=REFERENCE_ADAPTER)  # activates it
+            model.set_adapter(POLICY_ADAPTER)
             for p in trainable:
                 p.requires_grad_(True)
-            for layer in _lora_layers(unet):
+            for layer in _lora_layers(model):
                 for name in ("lora_A", "lora_B"):
                     ref = getattr(layer, name)[REFERENCE_ADAPTER]
                     ref.to(dtype=getattr(layer, name)[POLICY_ADAPTER].weight.dtype)
                     ref.requires_grad_(False)
-            self._mix(unet, 1.0)
+            self._mix(model, 1.0)
         elif mode == "copy":
-            self.copy = copy.deepcopy(unet).requires_grad_(False).eval()
+            self.copy = copy.deepcopy(model).requires_grad_(False).eval()
 
     @classmethod
-    def from_config(cls, config, unet, lora_config=None) -> "ReferenceModel | None":
+    def from_config(cls, config, model, lora_config=None) -> "ReferenceModel | None":
         kl = config.kl
         if not kl.use_reference_model:
             return None
@@ -77,12 +77,12 @@ class ReferenceModel:
             mode = "adapter" if kl.reference_update_freq > 0 else "base"
         else:
             mode = "copy"
-        return cls(unet, mode, kl.reference_mixup_alpha, kl.reference_update_freq, lora_config)
+        return cls(model, mode, kl.reference_mixup_alpha, kl.reference_update_freq, lora_config)
 
     # ------------------------------------------------------------------ forward
     @contextmanager
-    def applied(self, unet):
-        """Context yielding the module that computes the reference's output; ``unet`` is the unwrapped policy.
+    def applied(self, model):
+        """Context yielding the module that computes the reference's output; ``model`` is the unwrapped policy.
 
         Use under ``torch.no_grad()``. peft's adapter switches toggle ``requires_grad``; leaving the
         context restores the policy adapter as the active, trainable one.
@@ -90,18 +90,18 @@ class ReferenceModel:
         if self.mode == "copy":
             yield self.copy
             return
-        trainable = [p for p in unet.parameters() if p.requires_grad]
+        trainable = [p for p in model.parameters() if p.requires_grad]
         try:
             if self.mode == "base":
-                unet.disable_adapters()
+                model.disable_adapters()
             else:
-                unet.set_adapter(REFERENCE_ADAPTER)
-            yield unet
+                model.set_adapter(REFERENCE_ADAPTER)
+            yield model
         finally:
             if self.mode == "base":
-                unet.enable_adapters()
+                model.enable_adapters()
             else:
-                unet.set_adapter(POLICY_ADAPTER)
+                model.set_adapter(POLICY_ADAPTER)
             for p in trainable:
                 p.requires_grad_(True)
 
@@ -110,33 +110,33 @@ class ReferenceModel:
         return self.update_freq > 0 and (epoch + 1) % self.update_freq == 0
 
     @torch.no_grad()
-    def maybe_update(self, unet, epoch: int) -> bool:
+    def maybe_update(self, model, epoch: int) -> bool:
         """Mix the policy into the reference after ``epoch`` when an update is due; True if it was."""
         if not self.due(epoch):
             return False
-        self._mix(unet, self.alpha)
+        self._mix(model, self.alpha)
         self.last_update_epoch = epoch
         return True
 
     @torch.no_grad()
-    def _mix(self, unet, alpha: float) -> None:
+    def _mix(self, model, alpha: float) -> None:
         if self.mode == "adapter":
-            for layer in _lora_layers(unet):
+            for layer in _lora_layers(model):
                 for name in ("lora_A", "lora_B"):
                     adapters = getattr(layer, name)
                     adapters[REFERENCE_ADAPTER].weight.lerp_(adapters[POLICY_ADAPTER].weight.to(adapters[REFERENCE_ADAPTER].weight.dtype), alpha)
         elif self.mode == "copy":
-            for ref, pol in zip(self.copy.parameters(), unet.parameters()):
+            for ref, pol in zip(self.copy.parameters(), model.parameters()):
                 ref.lerp_(pol.detach().to(ref.dtype), alpha)
 
     @torch.no_grad()
-    def param_distance(self, unet) -> float:
+    def param_distance(self, model) -> float:
         total = 0.0
         if self.mode == "copy":
-            for ref, pol in zip(self.copy.parameters(), unet.parameters()):
+            for ref, pol in zip(self.copy.parameters(), model.parameters()):
                 total += float((pol.detach().double() - ref.double()).pow(2).sum())
             return math.sqrt(total)
-        for layer in _lora_layers(unet):
+        for layer in _lora_layers(model):
             scale = layer.scaling[POLICY_ADAPTER]
             a, b = layer.lora_A[POLICY_ADAPTER].weight, layer.lora_B[POLICY_ADAPTER].weight
             delta = scale * (b.double().flatten(1) @ a.double().flatten(1))
@@ -146,8 +146,8 @@ class ReferenceModel:
             total += float(delta.pow(2).sum())
         return math.sqrt(total)
 
-    def metrics(self, unet) -> dict:
-        return {"ref/last_update_epoch": float(self.last_update_epoch), "ref/param_distance": self.param_distance(unet)}
+    def metrics(self, model) -> dict:
+        return {"ref/last_update_epoch": float(self.last_update_epoch), "ref/param_distance": self.param_distance(model)}
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:

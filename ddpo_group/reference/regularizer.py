@@ -40,10 +40,10 @@ class KLRegularizer:
         self.timer = timer  # the trainer's PhaseTimer: reference forwards count as "reference"
 
     @classmethod
-    def from_config(cls, config, unet, lora_config=None, timer=NULL_TIMER) -> "KLRegularizer | None":
-        """None without a reference model (kl.use_reference_model=False). Build before accelerate wraps ``unet``
+    def from_config(cls, config, model, lora_config=None, timer=NULL_TIMER) -> "KLRegularizer | None":
+        """None without a reference model (kl.use_reference_model=False). Build before accelerate wraps ``model``
         (a LoRA reference adds its adapter to it, full fine-tuning copies it)."""
-        reference = ReferenceModel.from_config(config, unet, lora_config)
+        reference = ReferenceModel.from_config(config, model, lora_config)
         if reference is None:
             return None
         kl = config.kl

@@ -84,7 +84,7 @@ class Trainer:
             self.evaluation = PeriodicEvaluation(config, self.accelerator, self.family, self.reward_fn,
                                                  self.rollouts.shards.gather)
         export_ema = self.ema is not None and config.train.ema_export  # the exported LoRA holds the EMA weights
-        self.session.attach(self.accelerator, self.unet, self.family, self.checkpointed_state(), self.timer,
+        self.session.attach(self.accelerator, self.model, self.family, self.checkpointed_state(), self.timer,
                             lora_weights=self.ema.swapped_in if export_ema else nullcontext)
         self.pairs_per_forward.restore()  # a resumed run: the sizes its first run chose
         self.epoch_logger = EpochLogger(self.accelerator, self.session.run_dir, self.session.wandb_mode,
@@ -117,9 +117,9 @@ class Trainer:
         optimizer = make_optimizer(config, self.params)
         if config.compile_denoiser:  # in place (Module.compile): names, hooks and state dict unchanged
             self.family.model.compile()
-        self.unet, self.optimizer = self.accelerator.prepare(self.family.model, optimizer)
+        self.model, self.optimizer = self.accelerator.prepare(self.family.model, optimizer)
         if self.accelerator.distributed_type == DistributedType.FSDP:  # sharding replaced the parameters: clip those
-            self.params = [p for p in self.unet.parameters() if p.requires_grad]
+            self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.scorer = TransitionScorer.from_config(config, self.family)
 
     def build_algorithm(self, config) -> None:
@@ -138,7 +138,7 @@ class Trainer:
         self.pairs_per_forward = PairsPerForward(config, self.accelerator, self.family, self.session.state.sizes,
                                                  say=self.session.print)
         self.ema = EMAWeights.from_config(config, self.params)  # None unless train.ema
-        self.updater = PolicyUpdater(config, self.accelerator, self.unet, self.optimizer, self.params, self.scorer,
+        self.updater = PolicyUpdater(config, self.accelerator, self.model, self.optimizer, self.params, self.scorer,
                                      self.kl, pairs_per_forward=self.pairs_per_forward,
                                      after_optimizer_step=self.ema.step if self.ema is not None else None)
 
@@ -168,7 +168,7 @@ class Trainer:
         """One epoch (module docstring); returns its metrics."""
         start = time.perf_counter()
         self.throughput.start_epoch()
-        self.unet.eval()
+        self.model.eval()
         if epoch == 0 and self.evaluation is not None:  # the "before" of the run summary
             self.evaluate(-1)
         # 1. collect rollouts: trajectories, rewards, advantages (a stop signal here drops the epoch)
@@ -223,7 +223,7 @@ class Trainer:
         metrics = {}
         if self.kl is not None:
             loss_kl = self.rollouts.shards.gather(torch.tensor([train.get("kl", 0.0)]))
-            metrics.update(self.kl.after_epoch(self.accelerator.unwrap_model(self.unet), epoch,
+            metrics.update(self.kl.after_epoch(self.accelerator.unwrap_model(self.model), epoch,
                                                rollouts.gathered("step_kl"), loss_kl,
                                                self.rollouts.shards.total))
         if self.estimator_controller is not None:  # fit of the critic over the kept targets of every round
@@ -248,7 +248,7 @@ class Trainer:
         """F_pair and F_image of run/throughput.py, on this epoch's first sample at its first trained step."""
         sample = self.config.sample
         step = int(self.family.stochastic_steps(sample).nonzero()[0])
-        return measure_model_flops(self.scorer, self.accelerator.unwrap_model(self.unet), batch, self.params, step,
+        return measure_model_flops(self.scorer, self.accelerator.unwrap_model(self.model), batch, self.params, step,
                                    sample.guidance_scale, sample.num_steps, self.updater.uses_reference,
                                    self.accelerator.autocast)
 

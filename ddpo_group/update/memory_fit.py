@@ -197,9 +197,9 @@ class PairsPerForward:
         base = torch.cuda.memory_allocated(device)
         self.seen_peak = max(self.seen_peak, torch.cuda.max_memory_allocated(device))
         torch.cuda.reset_peak_memory_stats(device)
-        sync = self.accelerator.no_sync(updater.unet) if self.accelerator.num_processes > 1 else nullcontext()
-        was_training = updater.unet.training
-        updater.unet.train()  # as the update runs it (the rollout KL may ask first, in eval mode and without grad)
+        sync = self.accelerator.no_sync(updater.model) if self.accelerator.num_processes > 1 else nullcontext()
+        was_training = updater.model.training
+        updater.model.train()  # as the update runs it (the rollout KL may ask first, in eval mode and without grad)
         try:
             with sync, torch.enable_grad():
                 updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=pairs)
@@ -207,6 +207,6 @@ class PairsPerForward:
             self.seen_peak = max(self.seen_peak, torch.cuda.max_memory_allocated(device))
             return torch.cuda.max_memory_allocated(device) - base
         finally:
-            updater.unet.train(was_training)
+            updater.model.train(was_training)
             drop_gradients(updater.params)
             torch.cuda.empty_cache()

@@ -1,7 +1,7 @@
 """The training phase of an epoch: clipped policy-gradient updates over recorded (sample, step) pairs.
 
 Every train batch flattens its trained (sample, step) pairs into the batch dimension and runs
-them through the UNet ``train.pairs_per_forward`` at a time (one guided forward per chunk),
+them through the denoiser ``train.pairs_per_forward`` at a time (one guided forward per chunk),
 instead of one timestep of the whole batch at a time. For a loss registered with a per-step loss
 matrix (vanilla PPO, or any plugin that declares one), each chunk is backpropagated at once with its
 aggregation weights, so memory is one chunk's activations while the gradient equals that of the
@@ -55,7 +55,7 @@ class PolicyUpdater:
     ``kl`` (reference.regularizer.KLRegularizer or None) adds the KL term when it is in the loss.
     """
 
-    def __init__(self, config, accelerator, unet, optimizer, trainable_params, scorer, kl=None, pairs_per_forward=None,
+    def __init__(self, config, accelerator, model, optimizer, trainable_params, scorer, kl=None, pairs_per_forward=None,
                  after_optimizer_step=None):
         self.config = config
         # an int, or a callable (updater, batch) -> int: update/memory_fit.PairsPerForward resolves "auto"
@@ -66,7 +66,7 @@ class PolicyUpdater:
         self.kl = kl
         self.clip_range = float(config.train.clip_range)
         self.accelerator = accelerator
-        self.unet = unet
+        self.model = model
         self.optimizer = optimizer
         self.params = trainable_params
         self.scorer = scorer
@@ -83,7 +83,7 @@ class PolicyUpdater:
         t = self.config.train
         num_samples, num_steps = batch["log_probs"].shape
         self.scorer.prepare(self.config.sample.num_steps, self.accelerator.device)
-        self.unet.train()
+        self.model.train()
         chunk = self.chunk_size(batch)  # "auto" is measured here the first time, in training mode, before any update
         sums, count, optimizer_steps, pairs = defaultdict(float), 0, 0, 0
         total = t.num_inner_epochs * (num_samples // t.batch_size)
@@ -110,7 +110,7 @@ class PolicyUpdater:
                 count += 1
                 progress.update(1)
         progress.close()
-        self.unet.eval()
+        self.model.eval()
         out = {key: float(value) / max(count, 1) for key, value in sums.items() if key != "grad_norm"}  # the one sync
         out["grad_norm"] = float(sums["grad_norm"]) / max(optimizer_steps, 1)
         out["optimizer_steps"] = optimizer_steps
@@ -119,7 +119,7 @@ class PolicyUpdater:
         return out
 
     def _train_batch(self, batch: dict, rows: torch.Tensor, step_mask: torch.Tensor) -> dict:
-        with self.accelerator.accumulate(self.unet):
+        with self.accelerator.accumulate(self.model):
             metrics = self.accumulate_gradients(batch, rows, step_mask)
             if self.accelerator.sync_gradients:
                 norm = self.accelerator.clip_grad_norm_(self.params, self.config.train.max_grad_norm)
@@ -167,13 +167,13 @@ class PolicyUpdater:
         for k, chunk in enumerate(chunks):
             r, n = rows[pair_rows[chunk]], pair_steps[chunk]
             # per-step losses: gradients are all-reduced once per train batch, on its last chunk
-            sync = nullcontext() if (k == len(chunks) - 1 or not per_step) else self.accelerator.no_sync(self.unet)
+            sync = nullcontext() if (k == len(chunks) - 1 or not per_step) else self.accelerator.no_sync(self.model)
             with sync, self.accelerator.autocast():
-                out = self.scorer(self.unet, batch, r, n)
+                out = self.scorer(self.model, batch, r, n)
                 kl = None
                 if self.uses_reference:
                     kl = self.kl.step_kl(out, lambda model: self.scorer(model, batch, r, n),
-                                         self.accelerator.unwrap_model(self.unet))
+                                         self.accelerator.unwrap_model(self.model))
                 if per_step:
                     self._backward_chunk(batch, r, n, out, kl, pair_weights[chunk], len(pair_rows), sums)
                 else:
@@ -247,7 +247,7 @@ class PolicyUpdater:
                 old, log_prob, batch["advantages"][rows], step_mask, a.loss_agg_mode,
                 clip_low=self.clip_range, clip_high=self.clip_range, clip_ratio_c=a.clip_ratio_c, **self.loss_kwargs,
             )
-            loss = policy_loss + 0.0 * flat.sum()  # stays connected to the UNet even when every step is masked
+            loss = policy_loss + 0.0 * flat.sum()  # stays connected to the denoiser even when every step is masked
             metrics = {"policy_loss": policy_loss.detach(),
                        **{k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in info.items()}}
             if kls and kls[0] is not None:

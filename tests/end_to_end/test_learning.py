@@ -76,7 +76,7 @@ def group_ppo_rows(tmp_path_factory):
 
 
 # The margins hold on every random stream measured, not only on the one tested: seeds 0-4 of this pair (one thread,
-# run_with_control(..., seed=k), for issue 20) gained +0.052, +0.062, +0.014, +0.045, +0.063 with the right sign and
+# run_with_control(..., seed=k)) gained +0.052, +0.062, +0.014, +0.045, +0.063 with the right sign and
 # -0.014, -0.042, -0.004, -0.041, -0.059 negated; the right run ended above its control by 0.066, 0.104, 0.018, 0.086,
 # 0.122. Another machine (another CPU's kernels) draws another stream: the margins leave room for the weakest seed.
 GAIN_MARGIN = 0.005  # the right run gains more than this, the negated one does not (seed 2: +0.014 and -0.004)

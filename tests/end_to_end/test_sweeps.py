@@ -4,7 +4,6 @@ applies to the config through ml_collections' config flag (the path scripts/trai
 import importlib.util
 import itertools
 import math
-import warnings
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ def defined_presets() -> set:
     spec = importlib.util.spec_from_file_location("config_base_for_sweeps", ROOT / "config" / "base.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return set(module.PRESETS)
+    return set(module.PRESETS) | set(module.RECIPES)
 
 
 def values_of(name: str, spec: dict) -> list:
@@ -99,7 +98,7 @@ def test_every_sweep_parameter_applies_and_validates(path, monkeypatch):
     grid = {name: values_of(name, spec) for name, spec in params.items()}
     combos = list(itertools.product(*grid.values()))
     assert len(combos) <= 500
-    checked, pending, skipped = 0, set(), 0
+    checked = 0
     for combo in combos:
         values = dict(zip(grid, combo))
         argv = agent_argv(sweep, values)
@@ -107,12 +106,7 @@ def test_every_sweep_parameter_applies_and_validates(path, monkeypatch):
         preset_arg = values.get("config") or command[command.index("--config") + 1]
         preset = preset_arg.rpartition(":")[2]
         assert preset_arg.startswith("config/base.py:"), preset_arg
-        if preset not in presets:  # presets arrive with issue 5; until then check the overrides on ddpo's
-            pending.add(preset)
-            if "config" in values:
-                skipped += 1
-                continue
-            argv = [a.replace(preset_arg, "config/base.py:ddpo") for a in argv]
+        assert preset in presets, f"{path.name} selects preset {preset!r}, which config/base.py does not define"
         config = parse_like_train_py(argv[2:])
         for name, value in values.items():
             if name == "config":
@@ -126,12 +120,7 @@ def test_every_sweep_parameter_applies_and_validates(path, monkeypatch):
         validate_config(config)
         check_algorithm_names(config)
         checked += 1
-    assert checked > 0
-    if pending:
-        warnings.warn(
-            f"{path.name}: presets {sorted(pending)} are not defined yet: overrides checked on ddpo's config, "
-            f"{skipped} of {len(combos)} runs that select such a preset not checked"
-        )
+    assert checked == len(combos)
 
 
 def test_config_flag_first_moves_only_the_preset():

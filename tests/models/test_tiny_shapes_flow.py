@@ -88,7 +88,7 @@ def test_training_noise_levels_follow_the_schedulers_shift():
 def test_quality_report_leaves_room_for_rl_and_the_shipped_models_stay_small():
     report = json.loads((TINY_SHAPES_FLOW_DIR / "pretrain_report.json").read_text())
     train, held = report["base_model_sample_accuracy_train"], report["base_model_sample_accuracy_held_out"]
-    assert 0.5 <= train["shape"] <= 0.85 and train["color"] > 0.9, train  # recognisable but imperfect (issue 16)
+    assert 0.5 <= train["shape"] <= 0.85 and train["color"] > 0.9, train  # recognisable but imperfect
     assert held["shape"] < train["shape"]
     size = sum(f.stat().st_size for d in (TINY_SHAPES_DIR, TINY_SHAPES_FLOW_DIR, CLASSIFIER_DIR)
                for f in d.rglob("*") if f.is_file())

@@ -132,7 +132,7 @@ def test_checkpoint_with_a_reference_adapter_loads_as_the_policy_for_evaluation(
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "evalref", **{
         "kl.reference_update_freq": 1, "export_lora": False, "save_freq": 1})
     trainer.run()
-    policy = {k: v.detach().clone() for k, v in trainer.accelerator.unwrap_model(trainer.unet).state_dict().items()
+    policy = {k: v.detach().clone() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()
               if ".reference." not in k}
     pipe = StableDiffusionPipeline.from_pretrained(tiny_model_dir)
     load_finetuned_weights(StableDiffusionFamily(pipe), tmp_path / "evalref" / "checkpoints" / "checkpoint_00000", run_config(base(), {"lora_rank": 4}))

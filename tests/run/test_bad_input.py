@@ -1,4 +1,4 @@
-"""Bad input stops a run with a message naming the culprit, before heavy work where possible (issue 7, item 4).
+"""Bad input stops a run with a message naming the culprit, before heavy work where possible.
 
 Covered elsewhere and counted with these: unknown preset, estimator and loss (test_config.py),
 config contradictions (test_config.py), reward outputs of the wrong type / shape / value

@@ -74,7 +74,7 @@ def test_command_line_overrides_apply():
     assert out.stdout.split() == ["0.0001", "7", "False", "/some/path"]
 
 
-def test_presets_keep_the_issue_names_and_defaults():
+def test_presets_keep_their_field_names_and_defaults():
     for name in PRESETS:
         config = get_config(name)
         for field in ("adv_estimator", "policy_loss", "loss_agg_mode"):

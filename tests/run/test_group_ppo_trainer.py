@@ -78,11 +78,11 @@ def test_reference_and_kl_controller_survive_a_checkpoint_round_trip(tiny_model_
     metrics = trainer.run()
     beta = trainer.kl.beta
     assert beta != trainer.config.kl.beta and metrics["ref/last_update_epoch"] == 0
-    unet = trainer.accelerator.unwrap_model(trainer.unet)
+    unet = trainer.accelerator.unwrap_model(trainer.model)
     distance = trainer.kl.reference.param_distance(unet)
     resumed = tiny_trainer("grpo", tiny_model_dir, tmp_path, "ref", resume_from=str(tmp_path / "ref"), **overrides)
     assert resumed.kl.beta == beta and resumed.kl.reference.last_update_epoch == 0
-    assert resumed.kl.reference.param_distance(resumed.accelerator.unwrap_model(resumed.unet)) == distance
+    assert resumed.kl.reference.param_distance(resumed.accelerator.unwrap_model(resumed.model)) == distance
     resumed.rollouts.close()
 
 

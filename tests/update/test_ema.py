@@ -93,8 +93,8 @@ def test_ema_state_and_ema_lora_export_round_trip_through_a_checkpoint(tiny_mode
     checkpoint = tmp_path / "run" / "checkpoints" / "checkpoint_00000"
     exported = load_file(str(checkpoint / "lora" / "pytorch_lora_weights.safetensors"))
     with ema.swapped_in():
-        trainer.family.save_lora(trainer.unet, tmp_path / "ema_lora")
-    trainer.family.save_lora(trainer.unet, tmp_path / "training_lora")
+        trainer.family.save_lora(trainer.model, tmp_path / "ema_lora")
+    trainer.family.save_lora(trainer.model, tmp_path / "training_lora")
     as_ema = load_file(str(tmp_path / "ema_lora" / "pytorch_lora_weights.safetensors"))
     as_training = load_file(str(tmp_path / "training_lora" / "pytorch_lora_weights.safetensors"))
     assert exported.keys() == as_ema.keys()
