@@ -81,7 +81,7 @@ class Trainer:
         )
         self.evaluation = None  # evaluation during training (eval_freq): the same on every process
         if config.get("eval_freq", 0):
-            self.evaluation = PeriodicEvaluation(config, self.accelerator, self.family, self.reward_fn,
+            self.evaluation = PeriodicEvaluation(config, self.accelerator, self.family, self.rollouts.reward_scorer,
                                                  self.rollouts.shards.gather)
         if self.ema is not None and config.train.get("ema_export", False):
             self.session.lora_weights = self.ema.swapped_in  # the exported LoRA holds the EMA weights
