@@ -27,6 +27,7 @@ import torch
 from _common import UNetTimer, add_common_args, current_rss_mib, machine, peak_rss_mib, setup_threads
 
 from config.base import get_config
+from ddpo_group.rollout.collect import RewardScorer
 from ddpo_group.timing import PHASES
 from ddpo_group.run.trainer import Trainer
 
@@ -78,7 +79,8 @@ def main(argv=None) -> dict:
             finally:
                 reward_compute[0] += time.perf_counter() - start
 
-        trainer.rollouts.reward_fn = timed_reward
+        # the sampling's reward calls only (the evaluation during training keeps its scorer)
+        trainer.rollouts.reward_scorer = RewardScorer(timed_reward, config.reward_fn)
         unet_timer = UNetTimer(trainer.pipe.unet, trainer.accelerator.device)
         trainer.accelerator.backward = unet_timer.wrap_backward(trainer.accelerator.backward)
         marks = []

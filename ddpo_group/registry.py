@@ -113,6 +113,23 @@ class Registry:
         return f"Registry({self.kind!r}, {self.names()})"
 
 
+def import_submodules(package: str, path, programs: tuple[str, ...] = ()) -> list[str]:
+    """Import every module (not subpackage) of ``package`` found on its ``path`` (``__path__``), in name order, so that
+    the decorators in them register what they define: a reward or a model family is one file dropped into
+    ddpo_group/rewards/ or ddpo_group/models/families/. The imported modules' full names are returned.
+
+    ``programs``: modules that are run with ``python -m`` and register nothing; they are left out, as runpy warns about
+    a module its package imported before running it. A module imports its optional dependencies (models, engines)
+    where it uses them, so that importing it needs none of them; an error while importing a module is raised as is."""
+    import pkgutil
+
+    names = [f"{package}.{info.name}" for info in pkgutil.iter_modules(path)
+             if not info.ispkg and info.name not in programs]
+    for name in names:
+        importlib.import_module(name)
+    return names
+
+
 def entry_point_names(group: str) -> list[str]:
     """Names of the installed entry points in ``group``."""
     return sorted(ep.name for ep in metadata.entry_points(group=group))

@@ -22,7 +22,7 @@ from ddpo_group.run.quiet import silence_known_noise  # noqa: E402
 silence_known_noise()  # before diffusers and transformers load
 
 from config.base import base  # noqa: E402
-from ddpo_group.evaluation import evaluate, format_report  # noqa: E402
+from ddpo_group.run.evaluation import evaluate, format_report  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -15,10 +15,11 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a source checkout too
 
+from ddpo_group.distributed import ProcessFailed  # noqa: E402
 from ddpo_group.errors import NonFiniteLossError, TrainingInterrupted  # noqa: E402
 from ddpo_group.run.cli import config_flag_first, parse_flags_or_exit  # noqa: E402
 from ddpo_group.run.cli_errors import FAILURE, PREFIX, USAGE_ERROR, exit_with, is_main_process  # noqa: E402
-from ddpo_group.run.process_failures import ProcessFailed, exit_launched_process, release_process_group  # noqa: E402
+from ddpo_group.run.process_failures import exit_launched_process, release_process_group  # noqa: E402
 from ddpo_group.run.quiet import one_bar_per_phase, silence_known_noise  # noqa: E402
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config", "base.py") + ":ddpo"

@@ -11,7 +11,7 @@ if "OMP_NUM_THREADS" not in os.environ:  # an explicit count is kept: the suite 
     torch.set_num_threads(min(2, torch.get_num_threads()))
 
 from ddpo_group.models.tiny_random import (  # noqa: E402
-    build_tiny_flux_pipeline, build_tiny_pipeline, build_tiny_sd3_pipeline, save_pipeline, save_tiny_pipeline,
+    build_tiny_flux_pipeline, build_tiny_pipeline, build_tiny_sd3_pipeline, save_pipeline,
 )
 
 
@@ -38,7 +38,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A tiny random Stable Diffusion checkpoint on disk, loaded through from_pretrained like a real one."""
-    return save_tiny_pipeline(tmp_path_factory.mktemp("tiny_sd") / "model")
+    return save_pipeline(build_tiny_pipeline(), tmp_path_factory.mktemp("tiny_sd") / "model")
 
 
 @pytest.fixture

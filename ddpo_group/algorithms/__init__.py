@@ -31,7 +31,6 @@ from .kl import (
     gaussian_kl,
     get_kl_controller,
     get_kl_kind,
-    kl_penalty,
     register_kl_kind,
     register_log_ratio_kl,
 )

@@ -38,12 +38,10 @@ from ddpo_group.registry import Registry
 
 @dataclass(frozen=True)
 class KLKind:
-    """A KL estimate of two step outputs; ``of_log_ratio`` is its function of d = l_theta - l_ref (None: needs the
-    step means)."""
+    """A KL estimate of two step outputs."""
 
     name: str
     fn: Callable
-    of_log_ratio: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
 
     def __call__(self, policy, reference, reduce: str = "mean") -> torch.Tensor:
         return self.fn(policy, reference, reduce)
@@ -52,10 +50,10 @@ class KLKind:
 KL_KIND_REGISTRY = Registry("KL kind (kl.kind)")
 
 
-def register_kl_kind(*names: str, of_log_ratio=None):
+def register_kl_kind(*names: str):
     """Decorator registering ``fn(policy_step, reference_step, reduce) -> KL [N]`` under each of ``names``."""
     def decorator(fn: Callable) -> KLKind:
-        kind = KLKind(names[0], fn, of_log_ratio)
+        kind = KLKind(names[0], fn)
         for name in names:
             KL_KIND_REGISTRY.register(name)(kind)
         return kind
@@ -65,7 +63,7 @@ def register_kl_kind(*names: str, of_log_ratio=None):
 def register_log_ratio_kl(*names: str):
     """Decorator registering a log-prob estimator ``fn(d) -> [N]`` (d = l_theta - l_ref) under each of ``names``."""
     def decorator(fn: Callable) -> KLKind:
-        return register_kl_kind(*names, of_log_ratio=fn)(
+        return register_kl_kind(*names)(
             lambda policy, reference, reduce="mean": fn(policy.log_prob - reference.log_prob))
     return decorator
 
@@ -130,14 +128,6 @@ def k3(d: torch.Tensor) -> torch.Tensor:
 def get_kl_kind(name: str) -> KLKind:
     """The KL kind registered under ``name``; ValueError listing the registered ones."""
     return KL_KIND_REGISTRY.get(name)
-
-
-def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "k1") -> torch.Tensor:
-    """Elementwise KL estimate of a log-prob kind from log-probs, d = log_prob - ref_log_prob (module docstring)."""
-    spec = get_kl_kind(kind)
-    if spec.of_log_ratio is None:
-        raise ValueError(f"KL kind {kind!r} needs the step means: call it on the two step outputs")
-    return spec.of_log_ratio(log_prob - ref_log_prob)
 
 
 KL_CONTROLLER_REGISTRY = Registry("KL controller (kl.controller)")

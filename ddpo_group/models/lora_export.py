@@ -5,8 +5,10 @@
 
 The adapter's peft state dict is converted to diffusers' key names (peft's ``get_peft_model_state_dict`` +
 diffusers' ``convert_state_dict_to_diffusers``) and written with the family's pipeline class's
-``save_lora_weights`` (``pytorch_lora_weights.safetensors``; models/families/base.py), with the adapter's
-LoraConfig as metadata so rank and alpha (the scale alpha / r) survive the round trip.
+``save_lora_weights`` (``pytorch_lora_weights.safetensors``), with the adapter's LoraConfig as metadata so rank and
+alpha (the scale alpha / r) survive the round trip. The family writes it (``ModelFamily.save_lora``,
+models/families/base.py: its pipeline class and the keyword of its trained module); this module holds what every
+family shares and what the readers of an export need, and imports no family.
 """
 
 from __future__ import annotations
@@ -22,20 +24,6 @@ def unwrap(model):
     while hasattr(model, "module"):
         model = model.module
     return getattr(model, "_orig_mod", model)
-
-
-def has_lora(model) -> bool:
-    return bool(getattr(unwrap(model), "peft_config", None))
-
-
-def save_lora(model, directory: str | os.PathLike, family=None, adapter_name: str = "default") -> Path:
-    """Write ``model``'s LoRA adapter to ``directory`` in the diffusers format of ``family`` (default: Stable
-    Diffusion's UNet); returns the directory."""
-    if family is None:
-        from ddpo_group.models.families.sd import StableDiffusionFamily
-
-        family = StableDiffusionFamily
-    return family.save_lora(model, directory, adapter_name)
 
 
 def is_lora_dir(path: str | os.PathLike) -> bool:

@@ -40,11 +40,6 @@ def build_tiny_pipeline(seed: int = 0, prediction_type: str = "epsilon", max_len
     )
 
 
-def save_tiny_pipeline(path, **kwargs) -> str:
-    build_tiny_pipeline(**kwargs).save_pretrained(str(path))
-    return str(path)
-
-
 # ----------------------------------------------------------------------------- flow-matching families (SD3, FLUX)
 def t5_tokenizer(max_length: int = 16):
     """A T5-style fast tokenizer built locally: a Unigram model over characters, '</s>' appended, '<pad>' padding."""

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ddpo_group.rewards import RewardFn, check_rewards, get_reward_factory
+from ddpo_group.rewards.base import RewardFn, check_rewards, get_reward_factory
 
 
 def _as_dict(value):

@@ -24,49 +24,55 @@ from ddpo_group.timing import NULL_TIMER
 MAX_ISOLATION_CALLS = 16  # single-image reward calls made to find the images a raising reward fails on
 
 
-def score_images(reward_fn, reward_name: str, images, prompts: list[str], metadata: list[dict]) -> tuple[torch.Tensor, dict]:
-    """(rewards [B] float64, checked; info) of one batch; any error names the reward function.
+class RewardScorer:
+    """A reward function called on batches of images: (rewards [B] float64, checked; info), any error naming the
+    reward function.
 
-    When the reward function raises, it is called again on each image alone (at most
-    MAX_ISOLATION_CALLS of them) and the message lists the indices and prompts it fails on.
+    When the reward function raises, it is called again on each image alone (at most MAX_ISOLATION_CALLS of them) and
+    the message lists the indices and prompts it fails on. When it runs out of device memory (a reward model on the
+    GPU), the batch is halved, for this call and every later one: ``chunk``, the images per call after such an error,
+    stays for the run (the RolloutCollector owns the run's scorer; the evaluation during training shares it).
     """
-    chunk = REWARD_CHUNK.get(str(reward_name))
-    if chunk is not None and chunk < len(prompts):  # an earlier call ran out of device memory at a larger batch
-        return score_in_parts(reward_fn, reward_name, images, prompts, metadata, chunk)
-    try:
-        out = reward_fn(images, prompts, metadata)
-    except torch.OutOfMemoryError:  # a reward model on the GPU: halve the batch, for this call and the later ones
-        if len(prompts) == 1:
-            raise
-        torch.cuda.empty_cache()
-        REWARD_CHUNK[str(reward_name)] = max(1, len(prompts) // 2)  # a combination's name is its {name: weight}
-        return score_images(reward_fn, reward_name, images, prompts, metadata)
-    except Exception as error:
-        raise RuntimeError(
-            f"reward function {reward_name!r} raised {type(error).__name__}: {error} "
-            f"({failing_images(reward_fn, images, prompts, metadata)})"
-        ) from error
-    if not isinstance(out, tuple) or len(out) != 2:
-        raise TypeError(
-            f"reward function {reward_name!r} returned {type(out).__name__}; expected a (rewards, info) pair "
-            f"with {len(prompts)} rewards"
-        )
-    rewards, info = out
-    return check_rewards(rewards, len(prompts), reward_name), info or {}
 
+    def __init__(self, reward_fn, reward_name: str):
+        self.reward_fn, self.reward_name = reward_fn, reward_name  # a combination's name is its {name: weight}
+        self.chunk: int | None = None  # images per reward call after an out-of-memory error
 
-REWARD_CHUNK: dict[str, int] = {}  # images per reward call after an out-of-memory error, by str(reward_fn setting)
+    def __call__(self, images, prompts: list[str], metadata: list[dict]) -> tuple[torch.Tensor, dict]:
+        reward_fn, reward_name = self.reward_fn, self.reward_name
+        chunk = self.chunk
+        if chunk is not None and chunk < len(prompts):  # an earlier call ran out of device memory at a larger batch
+            return self.in_parts(images, prompts, metadata, chunk)
+        try:
+            out = reward_fn(images, prompts, metadata)
+        except torch.OutOfMemoryError:  # a reward model on the GPU: halve the batch, for this call and the later ones
+            if len(prompts) == 1:
+                raise
+            torch.cuda.empty_cache()
+            self.chunk = max(1, len(prompts) // 2)
+            return self(images, prompts, metadata)
+        except Exception as error:
+            raise RuntimeError(
+                f"reward function {reward_name!r} raised {type(error).__name__}: {error} "
+                f"({failing_images(reward_fn, images, prompts, metadata)})"
+            ) from error
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise TypeError(
+                f"reward function {reward_name!r} returned {type(out).__name__}; expected a (rewards, info) pair "
+                f"with {len(prompts)} rewards"
+            )
+        rewards, info = out
+        return check_rewards(rewards, len(prompts), reward_name), info or {}
 
-
-def score_in_parts(reward_fn, reward_name: str, images, prompts: list[str], metadata: list[dict], chunk: int):
-    """score_images over consecutive parts of ``chunk`` images: rewards concatenated, per-image info entries too."""
-    parts = [score_images(reward_fn, reward_name, images[i : i + chunk], prompts[i : i + chunk],
-                          metadata[i : i + chunk]) for i in range(0, len(prompts), chunk)]
-    info = {}
-    for key, first in parts[0][1].items():
-        per_image = isinstance(first, torch.Tensor) and first.dim() > 0 and len(first) == min(chunk, len(prompts))
-        info[key] = torch.cat([part[1][key] for part in parts]) if per_image else first
-    return torch.cat([part[0] for part in parts]), info
+    def in_parts(self, images, prompts: list[str], metadata: list[dict], chunk: int):
+        """The scores of consecutive parts of ``chunk`` images: rewards concatenated, per-image info entries too."""
+        parts = [self(images[i : i + chunk], prompts[i : i + chunk], metadata[i : i + chunk])
+                 for i in range(0, len(prompts), chunk)]
+        info = {}
+        for key, first in parts[0][1].items():
+            per_image = isinstance(first, torch.Tensor) and first.dim() > 0 and len(first) == min(chunk, len(prompts))
+            info[key] = torch.cat([part[1][key] for part in parts]) if per_image else first
+        return torch.cat([part[0] for part in parts]), info
 
 
 class TextEmbeddingCache:
@@ -122,8 +128,7 @@ def collect_rollouts(
     family,
     prompts: list[str],
     metadata: list[dict],
-    reward_fn,
-    reward_name: str,
+    score: RewardScorer,
     executor: Executor,
     sample_config,
     show_progress: bool = True,
@@ -137,7 +142,7 @@ def collect_rollouts(
     record_means: bool = False,
     tweedie_steps: list[int] | None = None,
 ) -> dict:
-    """Sample this process's prompts in ``num_batches_per_epoch`` batches with ``family`` and score them.
+    """Sample this process's prompts in ``num_batches_per_epoch`` batches with ``family`` and score them (``score``).
 
     Returns the batch record: prompts, metadata, the condition's tensors (``family.cond_keys``: prompt_embeds, ...),
     latents / next_latents [B, T, ...], log_probs [B, T], the per-step tensors (``family.step_keys``: timesteps,
@@ -186,13 +191,13 @@ def collect_rollouts(
         if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
             with timer.phase("critic"):
                 traj.values = critic.values(traj.latents[:, :-1], traj.timesteps, cond["prompt_embeds"], critic_x0)
-        futures.append(executor.submit(score_images, reward_fn, reward_name, traj.images, batch_prompts, batch_metadata))
+        futures.append(executor.submit(score, traj.images, batch_prompts, batch_metadata))
         tweedie = None
         if tweedie_steps is not None:
             with timer.phase("reward"):
                 tweedie = tweedie_values(
                     family, traj.pred_x0[:, tweedie_columns], tweedie_steps, sample_config.num_steps,
-                    lambda images, p, m: score_images(reward_fn, reward_name, images, p, m)[0],
+                    lambda images, p, m: score(images, p, m)[0],
                     batch_prompts, batch_metadata, dtype=next(iter(cond.values())).dtype,
                     decode_batch_size=int(sample_config.decode_batch_size))
         batches.append(
@@ -238,7 +243,7 @@ def _merge_infos(infos: list[dict]) -> dict:
 
 
 @torch.no_grad()
-def greedy_rewards(family, prompts: list[str], metadata: list[dict], keys: list[int], reward_fn, reward_name: str,
+def greedy_rewards(family, prompts: list[str], metadata: list[dict], keys: list[int], score: RewardScorer,
                    sample_config, seed: int, initial_noise: torch.Tensor | None = None) -> torch.Tensor:
     """ReMax's baseline: the reward [B] of one greedy (noise level 0) sample per distinct ``keys`` entry (prompt group).
 
@@ -262,6 +267,6 @@ def greedy_rewards(family, prompts: list[str], metadata: list[dict], keys: list[
             sample_config.guidance_scale, [0.0] * sample_config.num_steps, generator=generators, compute_log_prob=False,
             initial_noise=torch.stack([initial_noise[first[k]] for k in chunk]) if initial_noise is not None else None,
         )
-        values, _ = score_images(reward_fn, reward_name, traj.images, batch_prompts, [metadata[first[k]] for k in chunk])
+        values, _ = score(traj.images, batch_prompts, [metadata[first[k]] for k in chunk])
         rewards.update(zip(chunk, values.tolist()))
     return torch.tensor([rewards[k] for k in keys], dtype=torch.float64)

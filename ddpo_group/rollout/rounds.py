@@ -23,48 +23,15 @@ from ddpo_group.algorithms import (
     AdvantageInputs, AdvantageOutput, component_metrics, component_normalized_sum, get_policy_loss,
     zero_variance_group_filter,
 )
+from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards.combine import component_label
-from ddpo_group.rollout.collect import TextEmbeddingCache, collect_rollouts, greedy_rewards
+from ddpo_group.rollout.collect import RewardScorer, TextEmbeddingCache, collect_rollouts, greedy_rewards
 from ddpo_group.rollout.snapshot import SamplingSnapshot
 from ddpo_group.rollout.tweedie import valued_steps
-from ddpo_group.run.process_failures import check_peers
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
 from ddpo_group.timing import NULL_TIMER
 from ddpo_group.update.memory_fit import CPU_PAIRS_PER_FORWARD, configured_pairs
-
-
-class ProcessShards:
-    """The global round of samples and each process's slice of it."""
-
-    def __init__(self, accelerator, local: int):
-        self.accelerator = accelerator
-        self.local = local  # samples per process per round
-
-    @property
-    def mine(self) -> slice:
-        rank = self.accelerator.process_index
-        return slice(rank * self.local, (rank + 1) * self.local)
-
-    @property
-    def total(self) -> int:
-        return self.local * self.accelerator.num_processes
-
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Concatenate a per-process tensor over processes, in process order, on the CPU (ProcessFailed when another
-        process failed instead of meeting this gather: run/process_failures.py)."""
-        check_peers(self.accelerator)
-        return self.accelerator.gather(tensor.contiguous().to(self.accelerator.device)).cpu()
-
-    def local_rows(self, tensor: torch.Tensor) -> torch.Tensor:
-        """This process's rows of a tensor over the gathered round, on its device as float32."""
-        return tensor[self.mine].float().to(self.accelerator.device)
-
-    def any(self, flag: bool) -> bool:
-        """True when ``flag`` is true on any process (every process must take the same branch)."""
-        if self.accelerator.num_processes == 1:
-            return bool(flag)
-        return bool(self.gather(torch.tensor([1.0 if flag else 0.0])).max() > 0)
 
 
 @dataclass
@@ -165,6 +132,8 @@ class RolloutCollector:
         single = [(component_label(str(config.reward_fn)), 1.0)]
         self.reward_components = list(getattr(reward_fn, "components", None) or single)
         self.executor = ThreadPoolExecutor(max_workers=2)  # reward calls run while the next batch samples
+        # the reward calls; after an out-of-memory error the batch size that fits is kept for the run
+        self.reward_scorer = RewardScorer(reward_fn, config.reward_fn)
         # the rollout policy's step means are recorded only for a loss that needs them (a latent-sized tensor a step)
         self.record_means = get_policy_loss(config.algorithm.policy_loss).needs_old_means
         # GROUP_PPO's Tweedie values: the steps whose one-step prediction is scored (rollout/tweedie.py)
@@ -204,7 +173,7 @@ class RolloutCollector:
             initial_noise = group_initial_noise(seed, groups[mine], self.family.latent_shape(), accelerator.device)
         with accelerator.autocast():  # the precision the training forward recomputes log-probs in
             batch = collect_rollouts(
-                self.family, prompts[mine], metadata[mine], self.reward_fn, config.reward_fn, self.executor,
+                self.family, prompts[mine], metadata[mine], self.reward_scorer, self.executor,
                 config.sample, show_progress=accelerator.is_local_main_process,
                 desc=f"epoch {epoch}: sampling", generators=sample_generators(seed, mine, accelerator.device),
                 critic=self.critic, should_stop=self.should_stop, timer=self.timer, initial_noise=initial_noise,
@@ -227,7 +196,7 @@ class RolloutCollector:
         if self.estimator.needs_greedy_rewards:
             with self.timer.phase("sampling"):  # greedy samples and their rewards
                 extra["greedy_rewards"] = greedy_rewards(
-                    self.family, batch["prompts"], batch["metadata"], groups, self.reward_fn, config.reward_fn,
+                    self.family, batch["prompts"], batch["metadata"], groups, self.reward_scorer,
                     config.sample, seed=config.seed * 1_000_003 + epoch, initial_noise=initial_noise,
                 )
         if self.kl is not None and self.kl.in_reward:

@@ -42,7 +42,6 @@ import numpy as np
 import torch
 
 from ddpo_group.errors import ConfigError
-from ddpo_group.rollout.collect import score_images
 from ddpo_group.sampling.trajectories import rows_of, sample_trajectories
 
 EVAL_SEED_OFFSET = 7_919  # the prompt draw's seed is seed + this: apart from the training prompt sampler (seed)
@@ -84,7 +83,7 @@ def eval_prompts(config) -> tuple[list[str], list[dict]]:
             raise ConfigError(f"eval_prompt_file={path!r} is not a file holding prompts (one prompt per line)")
         lines = list(dict.fromkeys(lines))
         return lines, [{} for _ in lines]
-    from ddpo_group.evaluation import draw_prompts
+    from ddpo_group.run.evaluation import draw_prompts
 
     prompts, metadata = draw_prompts(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), int(config.eval_num_prompts),
                                      config.seed + EVAL_SEED_OFFSET)
@@ -116,11 +115,12 @@ class EvalResult:
 class PeriodicEvaluation:
     """The fixed evaluation of a run (module docstring). ``run(epoch)`` on every process at the same epochs."""
 
-    def __init__(self, config, accelerator, family, reward_fn, gather):
-        """``gather(tensor)`` concatenates a per-process tensor over the processes in process order
-        (rollout/rounds.py's ProcessShards.gather)."""
-        self.config, self.accelerator, self.family, self.reward_fn, self.gather = (
-            config, accelerator, family, reward_fn, gather)
+    def __init__(self, config, accelerator, family, reward_scorer, gather):
+        """``reward_scorer`` (rollout/collect.py's RewardScorer) scores a batch of images: the sampling's own, so a
+        batch size halved after an out-of-memory error holds for both. ``gather(tensor)`` concatenates a per-process
+        tensor over the processes in process order (ddpo_group/distributed.py's ProcessShards.gather)."""
+        self.config, self.accelerator, self.family, self.reward_scorer, self.gather = (
+            config, accelerator, family, reward_scorer, gather)
         self.freq, self.num_epochs = int(config.eval_freq), int(config.num_epochs)
         self.prompts, self.metadata = eval_prompts(config)
         self.num_seeds = int(config.eval_num_seeds)
@@ -202,9 +202,8 @@ class PeriodicEvaluation:
                 compute_log_prob=False, initial_noise=noise[start : start + len(chunk)].to(device),
                 decode_batch_size=int(sample.decode_batch_size),
             )
-            values, info = score_images(self.reward_fn, self.config.reward_fn, traj.images,
-                                        [self.prompts[i] for i in prompt_index],
-                                        [dict(self.metadata[i]) for i in prompt_index])
+            values, info = self.reward_scorer(traj.images, [self.prompts[i] for i in prompt_index],
+                                              [dict(self.metadata[i]) for i in prompt_index])
             rewards.append(values)
             infos.append(per_image(info, len(chunk)))
             images.append((traj.images.float().clamp(0, 1) * 255).round().to(torch.uint8).cpu())

@@ -5,11 +5,11 @@ gradient all-reduce. When one process raises (a reward function that fails, a no
 the others would wait in their next collective forever. Two mechanisms bound that wait:
 
 * a status exchange before each of our collectives (``ProcessShards.gather``, the stop agreement): every process first
-  all-reduces a failure flag (``check_peers``). A process whose epoch raised meets the others there once, with flag 1
-  (``share_failure``, where the error leaves the epoch loop). Then every process knows which processes failed and why:
-  the healthy ones raise ``ProcessFailed`` naming them and their errors, a failed one raises its own error. Every
-  process stops with the same exit code (run/cli_errors.py: FAILURE), no checkpoint is written, the last complete one
-  is kept.
+  all-reduces a failure flag (``check_peers``, ddpo_group/distributed.py). A process whose epoch raised meets the
+  others there once, with flag 1 (``share_failure``, where the error leaves the epoch loop). Then every process knows
+  which processes failed and why: the healthy ones raise ``ProcessFailed`` naming them and their errors, a failed one
+  raises its own error. Every process stops with the same exit code (run/cli_errors.py: FAILURE), no checkpoint is
+  written, the last complete one is kept.
 * a timeout on the process group (``collective_timeout_s``, through accelerate's InitProcessGroupKwargs): a collective
   the exchange does not guard (the gradient all-reduce inside backward, a checkpoint barrier) or a process that hangs
   ends in an error after that many seconds instead of never.
@@ -23,26 +23,9 @@ from __future__ import annotations
 
 import datetime
 
+from ddpo_group.distributed import ProcessFailed, ProcessLost, exchange_failures
 from ddpo_group.errors import EpochAbandoned, TrainingInterrupted
 
-
-
-class ProcessFailed(RuntimeError):
-    """Raised on the healthy processes when others failed; ``failures``: [(process index, error message)]."""
-
-    def __init__(self, failures: list[tuple[int, str]]):
-        self.failures = failures
-        if len(failures) == 1:
-            rank, text = failures[0]
-            message = f"process {rank} failed: {text}"
-        else:
-            message = f"processes {', '.join(str(r) for r, _ in failures)} failed: " + \
-                      "; ".join(f"process {r}: {text}" for r, text in failures)
-        super().__init__(message + " (every process stopped)")
-
-
-class ProcessLost(RuntimeError):
-    """Another process never reached a collective: it died, or it hung past ``collective_timeout_s``."""
 
 
 def process_group_kwargs(config):
@@ -51,20 +34,6 @@ def process_group_kwargs(config):
 
     seconds = config.collective_timeout_s
     return InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=seconds))
-
-
-def check_peers(accelerator) -> None:
-    """Before a collective, on every process: raise ProcessFailed if another process failed (a no-op alone)."""
-    if accelerator.num_processes > 1:
-        try:
-            failures = _exchange(accelerator, None)
-        except RuntimeError as error:  # torch.distributed's errors: a timeout, a peer's closed connection
-            raise ProcessLost(
-                "another process did not reach this point: it died, or it hung past collective_timeout_s (raise it for "
-                f"a slow reward or checkpoint); its own output says why. torch.distributed: {error}"
-            ) from error
-        if failures:
-            raise ProcessFailed(failures)
 
 
 def share_failure(accelerator, error: BaseException) -> None:
@@ -79,7 +48,7 @@ def share_failure(accelerator, error: BaseException) -> None:
     from ddpo_group.run.cli_errors import describe
 
     try:
-        _exchange(accelerator, describe(error))
+        exchange_failures(accelerator, describe(error))
     except Exception:  # the others are gone too (their process died): the caller raises ``error`` all the same
         pass
 
@@ -120,17 +89,3 @@ def exit_launched_process(stop: SystemExit) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code or 0)
-
-
-def _exchange(accelerator, message: str | None) -> list[tuple[int, str]]:
-    """The failures of every process, [(index, message)]: one all-reduced flag; the messages only when it is set."""
-    import torch  # here: scripts/train.py imports this module before the command line is known good
-    import torch.distributed as dist
-
-    flag = torch.tensor([0 if message is None else 1], dtype=torch.int64, device=accelerator.device)
-    dist.all_reduce(flag)
-    if int(flag) == 0:
-        return []
-    messages = [None] * accelerator.num_processes
-    dist.all_gather_object(messages, message)
-    return [(rank, text) for rank, text in enumerate(messages) if text is not None]

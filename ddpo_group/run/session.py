@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ddpo_group.distributed import check_peers
 from ddpo_group.errors import EpochAbandoned, NonFiniteLossError, TrainingInterrupted, signal_name
 from ddpo_group.run.checkpointing import (
     TrainingState,
@@ -40,7 +41,7 @@ from ddpo_group.run.checkpointing import (
 from ddpo_group.run.epoch_logger import EVAL_LOG, resolve_wandb_mode
 from ddpo_group.run.interrupts import StopRequest
 from ddpo_group.run.metrics_log import read_metrics, rewind_metrics
-from ddpo_group.run.process_failures import check_peers, share_failure
+from ddpo_group.run.process_failures import share_failure
 from ddpo_group.run.resume_check import check_resume, write_state_fields
 from ddpo_group.run.summary import format_summary
 from ddpo_group.timing import NULL_TIMER

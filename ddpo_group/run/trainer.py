@@ -81,7 +81,7 @@ class Trainer:
         )
         self.evaluation = None  # evaluation during training (eval_freq): the same on every process
         if config.eval_freq:
-            self.evaluation = PeriodicEvaluation(config, self.accelerator, self.family, self.reward_fn,
+            self.evaluation = PeriodicEvaluation(config, self.accelerator, self.family, self.rollouts.reward_scorer,
                                                  self.rollouts.shards.gather)
         export_ema = self.ema is not None and config.train.ema_export  # the exported LoRA holds the EMA weights
         self.session.attach(self.accelerator, self.model, self.family, self.checkpointed_state(), self.timer,

@@ -24,8 +24,3 @@ def stochastic_steps(sample_config) -> torch.Tensor:
     """[T] bool of the sampling config: its SDE window (``sample.sde_window_start``/``_size``) or every step."""
     return sde_window_mask(sample_config.num_steps, int(sample_config.sde_window_start),
                            int(sample_config.sde_window_size))
-
-
-def step_etas(eta: float, stochastic: torch.Tensor) -> list[float]:
-    """The noise level of each step: ``eta`` where ``stochastic`` [T] is true, 0 (a deterministic step) elsewhere."""
-    return [eta if inside else 0.0 for inside in stochastic.tolist()]

@@ -10,10 +10,11 @@ from accelerate import Accelerator
 from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator, get_policy_loss
 from ddpo_group.errors import ConfigError
 from ddpo_group.run.config_checks import validate_config
-from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, sample_with_logprob
+from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy import PolicyUpdater
 from ddpo_group.models.tiny_random import build_tiny_pipeline
+from sd_helpers import sd_trajectories
 from tolerances import reordered_sum_atol
 from trainer_helpers import tiny_config, tiny_trainer
 
@@ -118,8 +119,8 @@ def test_a_file_policy_loss_with_a_matrix_takes_the_chunked_update(plugin_files)
         module = __import__(get_policy_loss(config.algorithm.policy_loss).fn.__module__)
         module.MATRIX_CALLS.clear()
         embeds = encode_prompts(pipe, ["a cat", "a dog"])
-        traj = sample_with_logprob(pipe, embeds, neg.expand(2, -1, -1), 3, 1.0, 1.0, decode=False,
-                                   generator=torch.Generator().manual_seed(0))
+        traj = sd_trajectories(pipe, embeds, neg.expand(2, -1, -1), 3, 1.0, 1.0, decode=False,
+                               generator=torch.Generator().manual_seed(0))
         batch = {"prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
                  "log_probs": traj.log_probs, "timesteps": traj.timesteps, "advantages": torch.tensor([[1.0], [-2.0]]).expand(2, 3)}
         pipe.unet.zero_grad()

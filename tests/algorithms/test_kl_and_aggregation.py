@@ -1,6 +1,7 @@
 """Aggregation modes, Gaussian KL, log-prob KL estimators, KL controllers, value loss."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from ddpo_group.algorithms import (
     clipped_value_loss,
     gaussian_kl,
     get_kl_controller,
-    kl_penalty,
+    get_kl_kind,
 )
 
 D = torch.float64
@@ -98,6 +99,11 @@ def test_gaussian_kl_matches_torch_distributions(N, dims, seed, reduce, std_kind
 
 
 # ------------------------------------------------------------------------------ log-prob KL
+def kl_penalty(log_prob, ref_log_prob, kind):
+    """The KL kind ``kind`` on two step outputs that differ in their log-probs only (as KLRegularizer calls it)."""
+    return get_kl_kind(kind)(SimpleNamespace(log_prob=log_prob), SimpleNamespace(log_prob=ref_log_prob))
+
+
 def test_kl_penalty_kinds():
     lp = torch.tensor([math.log(2.0), 0.0], dtype=D)
     ref = torch.zeros(2, dtype=D)

@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from config.base import base
-from ddpo_group.evaluation import (
+from ddpo_group.run.evaluation import (
     build_report, draw_prompts, format_report, prompt_seeds, load_finetuned_weights, resolve_finetuned, run_config, stats,
 )
 from ddpo_group.models.families.sd import StableDiffusionFamily
@@ -160,7 +160,7 @@ def test_checkpoint_without_lora_export_loads_its_weights(tiny_model_dir, tmp_pa
     from peft import LoraConfig
     from safetensors.torch import save_file
 
-    from ddpo_group.evaluation import find_run_config
+    from ddpo_group.run.evaluation import find_run_config
 
     load = lambda: StableDiffusionPipeline.from_pretrained(tiny_model_dir, safety_checker=None,  # noqa: E731
                                                            requires_safety_checker=False)

@@ -122,7 +122,7 @@ def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(name,
 
     # scripts/evaluate.py's comparison on the run: the family's pipeline, the run's resolution and token count
     from config.base import base
-    from ddpo_group.evaluation import evaluate
+    from ddpo_group.run.evaluation import evaluate
 
     report = evaluate(str(tmp_path / "lora"), base(), num_prompts=2, num_seeds=2, batch_size=4, show_progress=False)
     assert report["family"] == name and report["loaded"].startswith("lora:") and report["num_steps"] == 4

@@ -5,7 +5,7 @@ import torch
 from diffusers import StableDiffusionPipeline
 from peft import LoraConfig
 
-from ddpo_group.models.lora_export import LORA_WEIGHT_NAME, has_lora, is_lora_dir, save_lora
+from ddpo_group.models.lora_export import LORA_WEIGHT_NAME, is_lora_dir
 from ddpo_group.models.families.sd import StableDiffusionFamily
 
 
@@ -31,8 +31,8 @@ def test_exported_lora_reproduces_the_fine_tuned_samples(tiny_model_dir, tmp_pat
         for name, param in tuned.unet.named_parameters():
             if "lora_" in name:
                 param.add_(torch.randn_like(param) * 0.3)
-    assert has_lora(tuned.unet)
-    out = save_lora(tuned.unet, tmp_path / "lora")
+    assert tuned.unet.peft_config
+    out = StableDiffusionFamily.save_lora(tuned.unet, tmp_path / "lora")  # what a run writes (run/session.py)
     assert is_lora_dir(out) and (out / LORA_WEIGHT_NAME).stat().st_size > 0
 
     base = load(tiny_model_dir)
@@ -45,4 +45,4 @@ def test_exported_lora_reproduces_the_fine_tuned_samples(tiny_model_dir, tmp_pat
 
 def test_export_without_adapter_fails_clearly(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="no LoRA adapter 'default'"):
-        save_lora(load(tiny_model_dir).unet, tmp_path / "lora")
+        StableDiffusionFamily.save_lora(load(tiny_model_dir).unet, tmp_path / "lora")

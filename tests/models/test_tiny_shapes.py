@@ -105,11 +105,12 @@ def test_offline_load_and_output_shapes(tiny_shapes_pipe, monkeypatch):
     out = pipe(["a red circle on a blue background"] * 2, num_inference_steps=2, output_type="pt",
                generator=torch.Generator().manual_seed(0)).images
     assert out.shape == (2, 3, shapes.RESOLUTION, shapes.RESOLUTION)
-    from ddpo_group.models.families.sd import encode_prompts, sample_with_logprob
+    from ddpo_group.models.families.sd import encode_prompts
+    from sd_helpers import sd_trajectories
 
     embeds = encode_prompts(pipe, ["a red circle on a blue background"] * 3)
-    traj = sample_with_logprob(pipe, embeds, encode_prompts(pipe, [""] * 3), 4, 5.0, 1.0,
-                               generator=torch.Generator().manual_seed(0))
+    traj = sd_trajectories(pipe, embeds, encode_prompts(pipe, [""] * 3), 4, 5.0, 1.0,
+                           generator=torch.Generator().manual_seed(0))
     assert traj.latents.shape == (3, 5, 4, 8, 8) and traj.log_probs.shape == (3, 4)
     assert traj.images.shape == (3, 3, shapes.RESOLUTION, shapes.RESOLUTION)
 

@@ -111,9 +111,9 @@ def test_kl_is_zero_at_the_first_step_and_positive_after_updates(tiny_model_dir,
     # one train batch = one optimizer step per call of train_epoch
     config, accelerator = trainer.config, trainer.accelerator
     prompts, metadata, groups = trainer.prompt_sampler.sample_epoch(1, 4)
-    from ddpo_group.rollout.collect import collect_rollouts
+    from ddpo_group.rollout.collect import RewardScorer, collect_rollouts
 
-    batch = collect_rollouts(trainer.family, prompts, metadata, trainer.reward_fn, config.reward_fn,
+    batch = collect_rollouts(trainer.family, prompts, metadata, RewardScorer(trainer.reward_fn, config.reward_fn),
                              trainer.rollouts.executor, config.sample, show_progress=False)
     batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5], device=batch["log_probs"].device)[:, None].expand(4, 4).clone()
     first = trainer.updater.train_epoch(batch, show_progress=False)
@@ -127,7 +127,7 @@ def test_checkpoint_with_a_reference_adapter_loads_as_the_policy_for_evaluation(
     from diffusers import StableDiffusionPipeline
 
     from config.base import base
-    from ddpo_group.evaluation import load_finetuned_weights, run_config
+    from ddpo_group.run.evaluation import load_finetuned_weights, run_config
 
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "evalref", **{
         "kl.reference_update_freq": 1, "export_lora": False, "save_freq": 1})

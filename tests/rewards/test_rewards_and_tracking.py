@@ -87,11 +87,11 @@ def test_epoch_prompts_are_groups_of_copies_identical_on_every_process():
     assert groups != sorted(groups)  # shuffled, so a group's copies spread over processes and batches
 
 
-def test_score_images_names_the_reward_on_errors_and_checks_the_output():
+def test_reward_scorer_names_the_reward_on_errors_and_checks_the_output():
     import pytest
     import torch
 
-    from ddpo_group.rollout.collect import score_images
+    from ddpo_group.rollout.collect import RewardScorer
 
     images = torch.zeros(2, 3, 4, 4)
 
@@ -99,8 +99,8 @@ def test_score_images_names_the_reward_on_errors_and_checks_the_output():
         raise KeyError("missing attribute")
 
     with pytest.raises(RuntimeError, match="reward function 'broken' raised KeyError"):
-        score_images(broken, "broken", images, ["a", "b"], [{}, {}])
+        RewardScorer(broken, "broken")(images, ["a", "b"], [{}, {}])
     with pytest.raises(ValueError, match=r"'short' returned shape \(1,\) for 2 images"):
-        score_images(lambda *_: ([1.0], {}), "short", images, ["a", "b"], [{}, {}])
-    rewards, info = score_images(lambda *_: ([1, 2], None), "ok", images, ["a", "b"], [{}, {}])
+        RewardScorer(lambda *_: ([1.0], {}), "short")(images, ["a", "b"], [{}, {}])
+    rewards, info = RewardScorer(lambda *_: ([1, 2], None), "ok")(images, ["a", "b"], [{}, {}])
     assert rewards.dtype == torch.float64 and rewards.tolist() == [1.0, 2.0] and info == {}

@@ -67,8 +67,9 @@ def test_same_initial_noise_shares_x_T_within_each_group_only(tiny_model_dir, tm
 
 
 def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir, tmp_path):
-    from ddpo_group.rollout.collect import score_images
-    from ddpo_group.models.families.sd import encode_prompts, sample_with_logprob
+    from ddpo_group.rollout.collect import RewardScorer
+    from ddpo_group.models.families.sd import encode_prompts
+    from sd_helpers import sd_trajectories
 
     # on the CPU: the baseline is recomputed in another batch and compared to float precision (a GPU's kernels
     # depend on the batch size, and the JPEG reward turns the smallest pixel change into whole bytes)
@@ -78,11 +79,11 @@ def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir,
     batch, config = round0.batch, trainer.config
     x_T = batch["latents"][:, 0]  # the DDIM scheduler's init_noise_sigma is 1
     with torch.no_grad():
-        greedy = sample_with_logprob(
+        greedy = sd_trajectories(
             trainer.pipe, encode_prompts(trainer.pipe, batch["prompts"]), trainer.family.negative_condition()["prompt_embeds"].expand(8, -1, -1),
             config.sample.num_steps, config.sample.guidance_scale, eta=0.0, compute_log_prob=False, initial_noise=x_T,
         )
-    want, _ = score_images(trainer.reward_fn, config.reward_fn, greedy.images, batch["prompts"], batch["metadata"])
+    want, _ = RewardScorer(trainer.reward_fn, config.reward_fn)(greedy.images, batch["prompts"], batch["metadata"])
     torch.testing.assert_close(round0.gathered["greedy_rewards"], want)
     trainer.rollouts.close()
 

@@ -151,7 +151,7 @@ def test_bad_reward_outputs_stop_the_first_epoch_with_the_reward_named(reward, e
 
 
 def test_failing_images_are_the_ones_the_reward_raises_on():
-    from ddpo_group.rollout.collect import score_images
+    from ddpo_group.rollout.collect import RewardScorer
 
     def picky(images, prompts, metadata):
         if any(p.startswith("bad") for p in prompts):
@@ -160,10 +160,10 @@ def test_failing_images_are_the_ones_the_reward_raises_on():
 
     prompts = ["ok", "bad 1", "ok", "bad 3"]
     with pytest.raises(RuntimeError, match=r"batch indices \[1, 3\] of the batch of 4 images, prompts \['bad 1', 'bad 3'\]"):
-        score_images(picky, "picky", torch.zeros(4, 3, 2, 2), prompts, [{}] * 4)
+        RewardScorer(picky, "picky")(torch.zeros(4, 3, 2, 2), prompts, [{}] * 4)
     with pytest.raises(RuntimeError, match=r"on the whole batch of the batch of 2 images but on no single image"):
-        score_images(lambda i, p, m: 1 / 0 if len(p) > 1 else ([0.0], {}), "batchy", torch.zeros(2, 3, 2, 2),
-                     ["a", "b"], [{}] * 2)
+        RewardScorer(lambda i, p, m: 1 / 0 if len(p) > 1 else ([0.0], {}), "batchy")(torch.zeros(2, 3, 2, 2),
+                                                                                  ["a", "b"], [{}] * 2)
 
 
 def test_long_prompts_warn_once_and_are_truncated(tiny_pipe, monkeypatch):

@@ -14,6 +14,7 @@ import torch
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 from ddpo_group.errors import ConfigError
+from ddpo_group.rollout.collect import RewardScorer
 from ddpo_group.run.config_checks import validate_config
 from ddpo_group.run.periodic_eval import PeriodicEvaluation
 from ddpo_group.run.summary import format_summary
@@ -41,7 +42,7 @@ def test_the_evaluation_repeats_exactly_and_uses_no_training_randomness(family, 
         scored.append(images.clone())
         return trainer.reward_fn(images, prompts, metadata)
 
-    evaluation.reward_fn = greedy_reward
+    evaluation.reward_scorer = RewardScorer(greedy_reward, trainer.config.reward_fn)
     weights = [p.detach().clone() for p in trainer.params]
     timesteps = trainer.family.schedule(trainer.config.sample.num_steps, "cpu")["timesteps"].clone()
     before = rng_states()

@@ -3,20 +3,31 @@ import torch
 from ml_collections import ConfigDict
 
 from ddpo_group.sampling.ddim import check_trainable_schedule, ddim_step_with_logprob, step_std
-from ddpo_group.models.families.sd import (
-    StableDiffusionFamily, encode_prompts, guided_model_output, sample_with_logprob, step_log_prob,
-)
-from ddpo_group.sampling.trajectories import TransitionScorer
+from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, guided_model_output
+from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
 from ddpo_group.models.tiny_random import build_tiny_pipeline
 
 PROMPTS = ["a red circle on a blue background", "a green square", "x", "a yellow star on a black background"]
+
+
+def sample(pipe, embeds, neg, steps, guidance_scale, noise_levels, **kwargs):
+    """Stable Diffusion trajectories as the rollouts sample them (sampling/trajectories.py with the family)."""
+    return sample_trajectories(StableDiffusionFamily(pipe), pipe.unet, {"prompt_embeds": embeds},
+                               {"prompt_embeds": neg}, steps, guidance_scale, noise_levels, **kwargs)
+
+
+def score(pipe, traj, embeds, rows, steps, guidance_scale, eta):
+    """The step output of the recorded transitions (rows, steps) of ``traj``, as training scores them."""
+    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], "timesteps": traj.timesteps,
+             "prompt_embeds": embeds}
+    return TransitionScorer(StableDiffusionFamily(pipe), guidance_scale, eta)(pipe.unet, batch, rows, steps)
 
 
 def _sample(pipe, guidance_scale, eta=1.0, steps=5, seed=0):
     embeds = encode_prompts(pipe, PROMPTS)
     neg = encode_prompts(pipe, [""] * len(PROMPTS))
     gen = torch.Generator().manual_seed(seed)
-    return embeds, neg, sample_with_logprob(pipe, embeds, neg, steps, guidance_scale, eta, generator=gen)
+    return embeds, neg, sample(pipe, embeds, neg, steps, guidance_scale, [eta] * steps, generator=gen)
 
 
 @pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction", "sample"])
@@ -62,10 +73,7 @@ def test_recorded_log_probs_have_gaussian_density_along_trajectory(tiny_pipe):
     assert float(traj.images.min()) >= 0.0 and float(traj.images.max()) <= 1.0
     # recompute each step's mean independently and check the density under torch's Normal
     for n in range(T):
-        out = step_log_prob(
-            tiny_pipe.unet, tiny_pipe.scheduler, traj.latents[:, n], traj.latents[:, n + 1], traj.timesteps[:, n],
-            embeds, neg, 4.0, 1.0,
-        )
+        out = score(tiny_pipe, traj, embeds, torch.arange(B), torch.full((B,), n), 4.0, 1.0)
         normal = torch.distributions.Normal(out.mean, out.std.view(-1, 1, 1, 1))
         expected = normal.log_prob(traj.latents[:, n + 1]).mean(dim=(1, 2, 3))
         torch.testing.assert_close(traj.log_probs[:, n], expected, rtol=1e-4, atol=1e-4)
@@ -79,10 +87,7 @@ def test_recomputed_log_probs_give_ratio_one_batched_over_pairs(tiny_pipe, guida
     idx_b = torch.arange(B).repeat_interleave(T)
     idx_t = torch.arange(T).repeat(B)
     with torch.no_grad():
-        out = step_log_prob(
-            tiny_pipe.unet, tiny_pipe.scheduler, traj.latents[idx_b, idx_t], traj.latents[idx_b, idx_t + 1],
-            traj.timesteps[idx_b, idx_t], embeds[idx_b], neg[idx_b], guidance_scale, 1.0,
-        )
+        out = score(tiny_pipe, traj, embeds, idx_b, idx_t, guidance_scale, 1.0)
     ratio = torch.exp(out.log_prob.view(B, T) - traj.log_probs)
     torch.testing.assert_close(ratio, torch.ones(B, T), rtol=0, atol=2e-4)
 
@@ -108,7 +113,7 @@ def test_eta_zero_has_no_log_prob(tiny_pipe):
     # greedy sampling (ReMax's baseline) works without log-probs and matches diffusers at eta = 0
     embeds, neg = encode_prompts(tiny_pipe, PROMPTS), encode_prompts(tiny_pipe, [""] * len(PROMPTS))
     gen = torch.Generator().manual_seed(3)
-    traj = sample_with_logprob(tiny_pipe, embeds, neg, 5, 5.0, 0.0, generator=gen, compute_log_prob=False)
+    traj = sample(tiny_pipe, embeds, neg, 5, 5.0, [0.0] * 5, generator=gen, compute_log_prob=False)
     ref = tiny_pipe(PROMPTS, num_inference_steps=5, guidance_scale=5.0, eta=0.0,
                     generator=torch.Generator().manual_seed(3), output_type="pt").images
     torch.testing.assert_close(traj.images, ref, rtol=1e-4, atol=1e-4)
@@ -124,26 +129,29 @@ def test_schedule_with_zero_final_sigma_is_rejected():
 
 
 def test_sde_window_steps_outside_are_deterministic_ddim_without_log_prob(tiny_pipe):
-    from ddpo_group.sampling.window import sde_window_mask, step_etas, stochastic_steps
+    from ddpo_group.sampling.window import sde_window_mask, stochastic_steps
+
+    def noise_levels(eta, start, size):  # the family's noise level of each step (what the rollouts sample with)
+        return StableDiffusionFamily(tiny_pipe).noise_levels(
+            ConfigDict({"num_steps": 5, "eta": eta, "sde_window_start": start, "sde_window_size": size}))
 
     assert sde_window_mask(5, 0, 0).tolist() == [True] * 5
-    assert step_etas(0.7, sde_window_mask(5, 1, 2)) == [0.0, 0.7, 0.7, 0.0, 0.0]
+    assert noise_levels(0.7, 1, 2) == [0.0, 0.7, 0.7, 0.0, 0.0]
     assert stochastic_steps(ConfigDict({"num_steps": 4, "sde_window_start": 2, "sde_window_size": 1})).tolist() == [
         False, False, True, False]
     embeds, neg = encode_prompts(tiny_pipe, PROMPTS), encode_prompts(tiny_pipe, [""] * len(PROMPTS))
     x_T = torch.randn(len(PROMPTS), 4, 8, 8, generator=torch.Generator().manual_seed(0))
 
-    def sample(eta, seed):
-        return sample_with_logprob(tiny_pipe, embeds, neg, 5, 5.0, eta, generator=torch.Generator().manual_seed(seed),
-                                   initial_noise=x_T)
+    def sample_window(etas, seed):
+        return sample(tiny_pipe, embeds, neg, 5, 5.0, etas, generator=torch.Generator().manual_seed(seed),
+                      initial_noise=x_T)
 
-    window_etas = step_etas(1.0, sde_window_mask(5, 1, 2))
-    windowed, other_noise = sample(window_etas, 0), sample(window_etas, 1)
+    window_etas = noise_levels(1.0, 1, 2)
+    windowed, other_noise = sample_window(window_etas, 0), sample_window(window_etas, 1)
     # log-probs only inside the window; there they are the Gaussian step densities (ratio one on recomputation)
     assert (windowed.log_probs[:, [0, 3, 4]] == 0).all() and (windowed.log_probs[:, 1:3] != 0).all()
     for n in (1, 2):
-        out = step_log_prob(tiny_pipe.unet, tiny_pipe.scheduler, windowed.latents[:, n], windowed.latents[:, n + 1],
-                            windowed.timesteps[:, n], embeds, neg, 5.0, 1.0)
+        out = score(tiny_pipe, windowed, embeds, torch.arange(len(PROMPTS)), torch.full((len(PROMPTS),), n), 5.0, 1.0)
         torch.testing.assert_close(out.log_prob, windowed.log_probs[:, n], rtol=0, atol=2e-4)
     # step 0 is the deterministic DDIM step whatever the noise; the window's noise makes the samples differ after it
     torch.testing.assert_close(windowed.latents[:, 1], other_noise.latents[:, 1], rtol=0, atol=0)
@@ -154,10 +162,11 @@ def test_sde_window_steps_outside_are_deterministic_ddim_without_log_prob(tiny_p
                                     compute_log_prob=False)
     torch.testing.assert_close(greedy.prev_sample, windowed.latents[:, 4], rtol=1e-5, atol=1e-5)
     # a window of every step is the plain sampler, bit for bit
-    every_step = step_etas(1.0, sde_window_mask(5, 0, 5))
-    torch.testing.assert_close(sample(every_step, 3).latents, sample(1.0, 3).latents, rtol=0, atol=0)
+    every_step = noise_levels(1.0, 0, 5)
+    torch.testing.assert_close(sample_window(every_step, 3).latents, sample_window([1.0] * 5, 3).latents,
+                               rtol=0, atol=0)
     with pytest.raises(ValueError, match="deterministic"):
-        sample_with_logprob(tiny_pipe, embeds, neg, 5, 5.0, [0.0] * 5)
+        sample(tiny_pipe, embeds, neg, 5, 5.0, [0.0] * 5)
     # the trainable-schedule check asks sigma > 0 of the window's steps only
     check_trainable_schedule(tiny_pipe.scheduler, 5, 1.0, sde_window_mask(5, 1, 2))
 
@@ -166,8 +175,8 @@ def test_log_prob_reduce_sum_scales_the_recorded_log_probs_and_the_ratio_exponen
     """sample.log_prob_reduce reaches the step log-prob while sampling and when transitions are scored for training:
     with "sum" every log-prob, and so every log-ratio l_new - l_old, is D = C * h * w times the "mean" one."""
     embeds, neg = encode_prompts(tiny_pipe, PROMPTS[:2]), encode_prompts(tiny_pipe, [""])
-    traj = {reduce: sample_with_logprob(tiny_pipe, embeds, neg.expand(2, -1, -1), 4, 5.0, 1.0, decode=False,
-                                        generator=torch.Generator().manual_seed(3), log_prob_reduce=reduce)
+    traj = {reduce: sample(tiny_pipe, embeds, neg.expand(2, -1, -1), 4, 5.0, [1.0] * 4, decode=False,
+                           generator=torch.Generator().manual_seed(3), log_prob_reduce=reduce)
             for reduce in ("mean", "sum")}
     dims = 4 * 8 * 8
     assert torch.equal(traj["mean"].latents, traj["sum"].latents)

@@ -6,7 +6,7 @@ import torch
 
 from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
-from ddpo_group.rollout.collect import REWARD_CHUNK, score_images
+from ddpo_group.rollout.collect import RewardScorer
 from ddpo_group.sampling.trajectories import decode_latents
 from ddpo_group.update.memory_fit import (
     CPU_PAIRS_PER_FORWARD, DeviceOutOfMemory, configured_pairs, names_the_setting, probe_batch,
@@ -76,11 +76,14 @@ def test_a_reward_that_runs_out_of_memory_is_called_on_halves_with_per_image_inf
         return images.double().sum(dim=1), {"doubled": 2 * images.double().sum(dim=1), "model": "m"}
 
     images = torch.arange(5.0)[:, None]
-    REWARD_CHUNK.pop("oom_test", None)
-    rewards, info = score_images(reward, "oom_test", images, list("abcde"), [{}] * 5)
+    score = RewardScorer(reward, "oom_test")
+    rewards, info = score(images, list("abcde"), [{}] * 5)
     torch.testing.assert_close(rewards, torch.arange(5.0, dtype=torch.float64))
     torch.testing.assert_close(info["doubled"], 2 * torch.arange(5.0, dtype=torch.float64))
-    assert info["model"] == "m" and calls == [5, 2, 2, 1] and REWARD_CHUNK.pop("oom_test") == 2
+    assert info["model"] == "m" and calls == [5, 2, 2, 1] and score.chunk == 2
+    calls.clear()  # the scorer remembers the size that fits: no failed attempt the second time
+    torch.testing.assert_close(score(images, list("abcde"), [{}] * 5)[0], rewards)
+    assert calls == [2, 2, 1] and RewardScorer(reward, "oom_test").chunk is None  # another scorer starts afresh
 
 
 # ------------------------------------------------------------------------------------------------ on a GPU

@@ -13,11 +13,12 @@ from ddpo_group.algorithms import FixedKLController
 from ddpo_group.models.policy import build_policy
 from ddpo_group.reference.regularizer import KLRegularizer
 from ddpo_group.rollout.collect import encode_unique
-from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, sample_with_logprob
+from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy import PolicyUpdater
 from ddpo_group.timing import PhaseTimer
 from ddpo_group.models.tiny_random import build_tiny_pipeline
+from sd_helpers import sd_trajectories
 from trainer_helpers import tiny_config
 
 
@@ -71,8 +72,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
             for p in params:
                 p.add_(0.05 * torch.randn_like(p))
         embeds, neg = encode_prompts(pipe, ["a cat", "a dog", "a cow"]), encode_prompts(pipe, [""])
-        traj = sample_with_logprob(pipe, embeds, neg.expand(3, -1, -1), 3, 5.0, 1.0,
-                                   generator=torch.Generator().manual_seed(1), decode=False)
+        traj = sd_trajectories(pipe, embeds, neg.expand(3, -1, -1), 3, 5.0, 1.0,
+                               generator=torch.Generator().manual_seed(1), decode=False)
         batch = {"prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
                  "log_probs": traj.log_probs, "timesteps": traj.timesteps, "advantages": torch.randn(3, 3)}
         grads.append(_lora_grads(config, batch, neg, pipe, params))
@@ -91,8 +92,8 @@ def test_reference_forward_only_when_beta_positive():
     pipe = build_tiny_pipeline()
     config = tiny_config("grpo", "unused", "unused", **{"sample.num_steps": 2, "kl.beta": 0.0})
     embeds, neg = encode_prompts(pipe, ["a cat", "a dog"]), encode_prompts(pipe, [""])
-    traj = sample_with_logprob(pipe, embeds, neg.expand(2, -1, -1), 2, 5.0, 1.0, decode=False,
-                               generator=torch.Generator().manual_seed(0))
+    traj = sd_trajectories(pipe, embeds, neg.expand(2, -1, -1), 2, 5.0, 1.0, decode=False,
+                           generator=torch.Generator().manual_seed(0))
     batch = {"prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
              "log_probs": traj.log_probs, "timesteps": traj.timesteps, "advantages": torch.ones(2, 2)}
     params = list(pipe.unet.parameters())

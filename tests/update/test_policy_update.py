@@ -6,9 +6,10 @@ from accelerate import Accelerator
 
 from config.base import get_config
 from ddpo_group.update.policy import PolicyUpdater, random_step_mask
-from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, sample_with_logprob, step_log_prob
+from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.models.tiny_random import build_tiny_pipeline
+from sd_helpers import sd_step_output, sd_trajectories
 from tolerances import reordered_sum_atol
 
 
@@ -28,7 +29,7 @@ def test_chunked_gradient_equals_per_timestep_loop(pairs_per_forward, guidance):
     config.train.pairs_per_forward, config.train.clip_range = pairs_per_forward, 0.2
     prompts = ["a cat", "a dog", "a cow"]
     embeds, neg = encode_prompts(pipe, prompts), encode_prompts(pipe, [""])
-    traj = sample_with_logprob(pipe, embeds, neg.expand(3, -1, -1), 4, guidance, 1.0, generator=torch.Generator().manual_seed(1))
+    traj = sd_trajectories(pipe, embeds, neg.expand(3, -1, -1), 4, guidance, 1.0, generator=torch.Generator().manual_seed(1))
     batch = {
         "prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
         "log_probs": traj.log_probs, "timesteps": traj.timesteps,
@@ -54,8 +55,8 @@ def test_chunked_gradient_equals_per_timestep_loop(pairs_per_forward, guidance):
         if m.sum() == 0:
             continue
         r = rows
-        out = step_log_prob(unet, pipe.scheduler, batch["latents"][r, n], batch["next_latents"][r, n],
-                            batch["timesteps"][r, n], embeds[r], neg.expand(3, -1, -1), guidance, 1.0)
+        out = sd_step_output(pipe, unet, batch["latents"][r, n], batch["next_latents"][r, n],
+                             batch["timesteps"][r, n], embeds[r], neg.expand(3, -1, -1), guidance, 1.0)
         ratio = torch.exp(out.log_prob - batch["log_probs"][r, n])
         adv = batch["advantages"][r, n]
         loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
@@ -90,7 +91,7 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     params = [p for p in unet.parameters() if p.requires_grad]
     prompts = ["a cat", "a dog", "a cow"]
     embeds, neg = encode_prompts(pipe, prompts), encode_prompts(pipe, [""])
-    traj = sample_with_logprob(pipe, embeds, neg.expand(3, -1, -1), 4, 5.0, 1.0, generator=torch.Generator().manual_seed(1))
+    traj = sd_trajectories(pipe, embeds, neg.expand(3, -1, -1), 4, 5.0, 1.0, generator=torch.Generator().manual_seed(1))
     batch = {
         "prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
         "log_probs": traj.log_probs, "timesteps": traj.timesteps,
@@ -118,9 +119,9 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     r, n = step_mask.nonzero(as_tuple=True)
     args = (batch["latents"][rows[r], n], batch["next_latents"][rows[r], n], batch["timesteps"][rows[r], n],
             embeds[rows[r]], neg.expand(len(r), -1, -1), 5.0, 1.0)
-    out = step_log_prob(unet, pipe.scheduler, *args)
+    out = sd_step_output(pipe, unet, *args)
     with torch.no_grad(), reference.applied(unet) as reference_unet:
-        reference_out = step_log_prob(reference_unet, pipe.scheduler, *args)
+        reference_out = sd_step_output(pipe, reference_unet, *args)
     kl = get_kl_kind(kl_type)(out, reference_out)
     old = batch["log_probs"][rows]
     lp = old.clone().index_put((r, n), out.log_prob)

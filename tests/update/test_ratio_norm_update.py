@@ -86,18 +86,19 @@ def test_an_epoch_with_ratio_norm_trains(name, family_model_dirs, tmp_path):
 
 
 def test_only_a_loss_that_needs_them_records_the_step_means(tiny_model_dir, tmp_path):
-    from ddpo_group.rollout.collect import collect_rollouts
+    from ddpo_group.rollout.collect import RewardScorer, collect_rollouts
     from concurrent.futures import ThreadPoolExecutor
 
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path)
     assert not trainer.rollouts.record_means
     config = trainer.config
+    score = RewardScorer(trainer.reward_fn, config.reward_fn)
     with ThreadPoolExecutor(1) as executor:
-        batch = collect_rollouts(trainer.family, ["a cat"] * 8, [{}] * 8, trainer.reward_fn, config.reward_fn,
-                                 executor, config.sample, show_progress=False)
+        batch = collect_rollouts(trainer.family, ["a cat"] * 8, [{}] * 8, score, executor, config.sample,
+                                 show_progress=False)
         assert "step_means" not in batch
-        batch = collect_rollouts(trainer.family, ["a cat"] * 8, [{}] * 8, trainer.reward_fn, config.reward_fn,
-                                 executor, config.sample, show_progress=False, record_means=True)
+        batch = collect_rollouts(trainer.family, ["a cat"] * 8, [{}] * 8, score, executor, config.sample,
+                                 show_progress=False, record_means=True)
     assert batch["step_means"].shape == batch["next_latents"].shape
 
 

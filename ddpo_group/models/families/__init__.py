@@ -1,8 +1,8 @@
 """Model families, one file each: Stable Diffusion 1.x/2.x (sd.py), SD3 / SD3.5 (sd3.py), FLUX.1 (flux.py).
 
 The family of a model is read from the pipeline class its ``model_index.json`` names (a local directory or a hub
-id), or set with ``pretrained.family``. Adding a family is one file: a ``ModelFamily`` subclass (base.py)
-registered with ``@register_family(name, PipelineClass)``.
+id), or set with ``pretrained.family``. Adding a family is one file in this folder: a ``ModelFamily`` subclass
+(base.py) registered with ``@register_family(name, PipelineClass)``; every module here is imported with the package.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import os
 
-from ddpo_group.registry import Registry
+from ddpo_group.models.paths import locate
+from ddpo_group.registry import Registry, import_submodules
 
 FAMILY_REGISTRY = Registry("model family (pretrained.family)")
 _BY_PIPELINE_CLASS: dict[str, str] = {}
@@ -43,8 +44,6 @@ def family_name(model: str, chosen: str = "", path: str | None = None, local: bo
         FAMILY_REGISTRY.get(chosen)  # a clear error for an unknown name
         return chosen
     if path is None:
-        from ddpo_group.models import locate
-
         path, local = locate(model)
     class_name = pipeline_class_name(path, local)
     if class_name not in _BY_PIPELINE_CLASS:
@@ -60,4 +59,5 @@ def get_family(name: str):
     return FAMILY_REGISTRY.get(name)
 
 
-from ddpo_group.models.families import flux, sd, sd3  # noqa: E402,F401  (registers the families)
+# every module of the package, each registering its family (``@register_family``): adding a family is one file here
+FAMILY_MODULES = import_submodules(__name__, __path__)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ddpo_group.models.lora_export import unwrap
 from ddpo_group.sampling.window import stochastic_steps
 
 
@@ -150,8 +151,6 @@ class ModelFamily:
         """Write ``model``'s LoRA adapter in diffusers format (``Pipeline.load_lora_weights`` loads it)."""
         from diffusers.utils import convert_state_dict_to_diffusers
         from peft.utils import get_peft_model_state_dict
-
-        from ddpo_group.models.lora_export import unwrap
 
         model = unwrap(model)
         if adapter_name not in getattr(model, "peft_config", {}):

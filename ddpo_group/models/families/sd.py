@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
 
 import torch
 from diffusers import DDIMScheduler, StableDiffusionPipeline
@@ -20,7 +19,6 @@ from diffusers.utils.torch_utils import randn_tensor
 from ddpo_group.models.families import register_family
 from ddpo_group.models.families.base import ModelFamily
 from ddpo_group.sampling.ddim import check_trainable_schedule, ddim_step_with_logprob
-from ddpo_group.sampling.trajectories import Trajectories, sample_trajectories
 
 
 def ensure_ddim(pipe: StableDiffusionPipeline) -> StableDiffusionPipeline:
@@ -94,15 +92,6 @@ def decode_latents(pipe: StableDiffusionPipeline, latents: torch.Tensor) -> torc
     return pipe.image_processor.postprocess(image, output_type="pt", do_denormalize=[True] * image.shape[0]).float()
 
 
-def step_log_prob(unet, scheduler: DDIMScheduler, latents, next_latents, timesteps, prompt_embeds, negative_prompt_embeds,
-                  guidance_scale: float, eta: float, reduce: str = "mean"):
-    """Log-prob of recorded transitions x_n -> x_{n+1} under ``unet``, for N flattened (sample, step) pairs
-    (inputs [N, ...], one timestep per row, one guided forward); the StepOutput with gradients through the UNet."""
-    model_output = guided_model_output(unet, latents, timesteps, prompt_embeds, negative_prompt_embeds, guidance_scale)
-    return ddim_step_with_logprob(scheduler, model_output, timesteps, latents, eta, prev_sample=next_latents,
-                                  reduce=reduce)
-
-
 @register_family("sd", StableDiffusionPipeline)
 class StableDiffusionFamily(ModelFamily):
     model_attribute = "unet"
@@ -170,36 +159,3 @@ class StableDiffusionFamily(ModelFamily):
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         return {"eta": float(sample_config.eta)}
-
-
-@torch.no_grad()
-def sample_with_logprob(
-    pipe: StableDiffusionPipeline,
-    prompt_embeds: torch.Tensor,
-    negative_prompt_embeds: torch.Tensor | None,
-    num_inference_steps: int,
-    guidance_scale: float,
-    eta: float | Sequence[float],
-    generator: torch.Generator | list[torch.Generator] | None = None,
-    unet=None,
-    decode: bool = True,
-    progress: bool = False,
-    compute_log_prob: bool = True,
-    initial_noise: torch.Tensor | None = None,
-    log_prob_reduce: str = "mean",
-) -> Trajectories:
-    """Stable Diffusion trajectories from text embeddings (sampling/trajectories.py with this family).
-
-    ``unet`` overrides ``pipe.unet``; ``eta`` is one value or one per step (an SDE window); a step with eta = 0 is
-    deterministic and records log-prob 0. All-zero eta (greedy) needs ``compute_log_prob=False``.
-    """
-    family = StableDiffusionFamily(pipe)
-    etas = [float(eta)] * num_inference_steps if isinstance(eta, (int, float)) else [float(e) for e in eta]
-    if len(etas) != num_inference_steps:
-        raise ValueError(f"eta has {len(etas)} values for {num_inference_steps} steps")
-    negative = None if negative_prompt_embeds is None else {"prompt_embeds": negative_prompt_embeds}
-    return sample_trajectories(
-        family, unet if unet is not None else pipe.unet, {"prompt_embeds": prompt_embeds}, negative, num_inference_steps,
-        guidance_scale, etas, generator=generator, decode=decode, progress=progress, compute_log_prob=compute_log_prob,
-        initial_noise=initial_noise, log_prob_reduce=log_prob_reduce,
-    )
