@@ -1,10 +1,10 @@
 """An epoch's rollouts: sampling rounds over all processes, the estimator's inputs, advantages, DAPO's dynamic
 sampling.
 
-A round is P prompts x group_size copies spread over the processes. Each process samples and scores its
-slice (collect.py), the rewards (and critic values, greedy baselines, KL step rewards) are gathered, the
-estimator computes the advantages on the whole round (so every prompt group is complete), and each process
-keeps its own rows. With ``algorithm.multi_reward_mix="advantage_aggr"`` each component of a weighted combination
+A round is P prompts x group_size copies spread over the processes. ``RolloutCollector.collect``: each process
+samples and scores its slice (collect.py), and the rewards (and critic values, greedy baselines, KL step rewards,
+reward info) are gathered. ``RolloutCollector.estimate``: the estimator computes the advantages on each whole round
+(so every prompt group is complete), and each process keeps its own rows. With ``algorithm.multi_reward_mix="advantage_aggr"`` each component of a weighted combination
 is gathered too and normalised within its prompt group before the weighted sum the estimator gets
 (algorithms/multi_reward.py). With ``algorithm.filter_groups`` (DAPO), groups whose rewards are all equal are dropped
 and further rounds are sampled until every process holds a full batch of kept rows, or
@@ -36,25 +36,30 @@ from ddpo_group.update.memory_fit import CPU_PAIRS_PER_FORWARD, configured_pairs
 
 @dataclass
 class Round:
-    """One sampling round: this process's batch record (with advantages), the estimator's output on the gathered
-    round, the gathered per-sample tensors, which groups have reward variance, and the per-component advantage
-    metrics (adv/<component>/*) under multi_reward_mix="advantage_aggr"."""
+    """One sampling round: this process's batch record, the gathered per-sample tensors (the rewards, what the
+    estimator reads, each reward_info entry as ``reward_info/<key>``), the rewards the estimator normalises, which
+    groups have reward variance, and the per-component advantage metrics (adv/<component>/*) under
+    multi_reward_mix="advantage_aggr". ``RolloutCollector.estimate_round`` adds the estimator's output ``out`` and
+    the batch's advantages."""
 
     batch: dict
-    out: AdvantageOutput
     gathered: dict
+    estimator_rewards: torch.Tensor  # [B_global] the weighted sum, or the normalised sum S under advantage_aggr
+    prompts: list  # [B_global]
     groups: list  # [B_global] the prompt group of each sample
     keep: torch.Tensor  # [B_global] bool; all True without filter_groups
     dropped_share: float
     num_groups: int
     reward_queries: int  # reward evaluations of the round (ReMax's greedy samples included)
     component_metrics: dict = field(default_factory=dict)
+    out: AdvantageOutput | None = None  # the estimator's output on the round (estimate_round)
 
 
 @dataclass
 class EpochRollouts:
     rounds: list
     batch: dict  # the rows this process trains on (pooled from the rounds under dynamic sampling)
+    batch_fill: float | None = None  # dynamic sampling: the share of kept rows in every process's batch
 
     @property
     def rewards(self) -> torch.Tensor:
@@ -118,7 +123,8 @@ class RolloutCollector:
     (prompt sampler, stat tracker, random generators) is restored."""
 
     def __init__(self, config, accelerator, family, reward_fn, prompt_sampler, stat_tracker, estimator, controller=None,
-                 critic=None, kl=None, scorer=None, should_stop=lambda: False, timer=NULL_TIMER, chunk_size=None):
+                 critic=None, kl=None, scorer=None, should_stop=lambda: False, timer=NULL_TIMER, chunk_size=None,
+                 shards=None):
         self.config, self.accelerator, self.family, self.reward_fn = config, accelerator, family, reward_fn
         self.prompt_sampler, self.stat_tracker = prompt_sampler, stat_tracker
         self.estimator, self.controller, self.critic = estimator, controller, critic
@@ -127,7 +133,8 @@ class RolloutCollector:
         # (sample, step) pairs per forward of the rollout KL: the training chunk (train.pairs_per_forward, "auto" too)
         self.chunk_size = chunk_size or (lambda batch: configured_pairs(config.train.pairs_per_forward)
                                              or CPU_PAIRS_PER_FORWARD)
-        self.shards = ProcessShards(accelerator, config.sample.batch_size * config.sample.num_batches_per_epoch)
+        # the round's slices and gathers (the trainer's; a collector alone makes its own)
+        self.shards = shards or ProcessShards(accelerator, config.sample.batch_size * config.sample.num_batches_per_epoch)
         # (label, weight) of each reward component: a combination's, or the single reward itself with weight 1
         single = [(component_label(str(config.reward_fn)), 1.0)]
         self.reward_components = list(getattr(reward_fn, "components", None) or single)
@@ -143,8 +150,8 @@ class RolloutCollector:
         cache_size = int(config.sample.text_embedding_cache)
         self.text_cache = TextEmbeddingCache(cache_size) if cache_size > 0 else None
 
-    def collect(self, epoch: int) -> EpochRollouts:
-        """The epoch's rounds (one, or more under dynamic sampling) and the batch this process trains on."""
+    def collect(self, epoch: int) -> list[Round]:
+        """The epoch's rounds (one, or more under dynamic sampling), sampled, scored and gathered."""
         snapshot = SamplingSnapshot(self.prompt_sampler, self.stat_tracker)
         try:
             rounds = [self.sample_round(epoch, 0)]
@@ -156,13 +163,21 @@ class RolloutCollector:
         except EpochAbandoned:
             snapshot.restore()
             raise
+        return rounds
+
+    def estimate(self, rounds: list[Round]) -> EpochRollouts:
+        """The advantages of every round (in order), and the batch this process trains on (pooled from the rounds'
+        kept rows under dynamic sampling)."""
+        for r in rounds:
+            self.estimate_round(r)
         if not self.config.algorithm.filter_groups:
             return EpochRollouts(rounds, rounds[0].batch)
         keeps = [self.shards.local_rows(r.keep).bool() for r in rounds]
-        return EpochRollouts(rounds, pool_rows([r.batch for r in rounds], keeps, self.shards.local))
+        batch = pool_rows([r.batch for r in rounds], keeps, self.shards.local)
+        return EpochRollouts(rounds, batch, batch_fill=float(self.shards.gather(batch["row_mask"]).mean()))
 
     def sample_round(self, epoch: int, round_index: int) -> Round:
-        """Sample one round, score it, gather it and compute its advantages (module docstring)."""
+        """Sample one round, score it and gather it (module docstring)."""
         config, shards, accelerator = self.config, self.shards, self.accelerator
         group_size = config.train.group_size
         prompts, metadata, groups = self.prompt_sampler.sample_epoch(shards.total // group_size, group_size)
@@ -180,8 +195,7 @@ class RolloutCollector:
                 text_cache=self.text_cache, record_means=self.record_means, tweedie_steps=self.tweedie_steps,
             )
             extra = self.estimator_extras(epoch, batch, groups[mine], initial_noise)
-        with self.timer.phase("advantage"):
-            return self.advantages(batch, extra, prompts, groups)
+        return self.gather_round(batch, extra, prompts, groups)
 
     def estimator_extras(self, epoch: int, batch: dict, groups: list[int], initial_noise=None) -> dict:
         """Per-sample inputs the estimator declares it needs: critic values, ReMax's greedy rewards, KL step rewards.
@@ -206,23 +220,14 @@ class RolloutCollector:
             extra["step_kl"], extra["step_rewards"] = kl, self.kl.step_rewards(kl)
         return extra
 
-    def advantages(self, batch: dict, extra: dict, prompts: list[str], groups: list[int]) -> Round:
-        """Gather the round, compute the advantages on it; each process keeps its own rows."""
+    def gather_round(self, batch: dict, extra: dict, prompts: list[str], groups: list[int]) -> Round:
+        """Gather the round's rewards, what the estimator reads and the reward info over the processes."""
         config, shards = self.config, self.shards
         gathered = {key: shards.gather(value) for key, value in {"rewards": batch["rewards"], **extra}.items()}
+        gathered.update({f"reward_info/{key}": shards.gather(value) for key, value in batch["reward_info"].items()})
         rewards, metrics = gathered["rewards"], {}  # what the estimator normalises: the weighted sum by default
         if config.algorithm.multi_reward_mix == "advantage_aggr":
             rewards, metrics = self.component_advantages(batch, gathered["rewards"], groups)
-        out = estimate_advantages(
-            self.estimator, config, rewards, torch.tensor(groups), prompts, batch["log_probs"].shape[1],
-            self.stat_tracker, values=gathered.get("values"), step_rewards=gathered.get("step_rewards"),
-            greedy_rewards=gathered.get("greedy_rewards"), controller=self.controller,
-            tweedie_values=gathered.get("tweedie_values"),
-        )
-        batch["advantages"] = shards.local_rows(out.advantages)
-        if self.critic is not None:
-            targets, mask = self.estimator.critic_regression(out)
-            batch["critic_targets"], batch["critic_mask"] = shards.local_rows(targets), shards.local_rows(mask)
         # a group is dropped when what the estimator got is constant in it (under advantage_aggr: every component is)
         keep, dropped_share = zero_variance_group_filter(rewards.double(), torch.as_tensor(groups))
         if not config.algorithm.filter_groups:
@@ -232,8 +237,25 @@ class RolloutCollector:
             queries += int(shards.gather(torch.tensor([len(set(groups[shards.mine]))])).sum())
         if self.tweedie_steps:  # so are the one-step predictions GROUP_PPO's Tweedie values score
             queries += len(groups) * len(self.tweedie_steps)
-        return Round(batch=batch, out=out, gathered=gathered, groups=list(groups), keep=keep, dropped_share=dropped_share,
-                     num_groups=len(set(groups)), reward_queries=queries, component_metrics=metrics)
+        return Round(batch=batch, gathered=gathered, estimator_rewards=rewards, prompts=list(prompts),
+                     groups=list(groups), keep=keep, dropped_share=dropped_share, num_groups=len(set(groups)),
+                     reward_queries=queries, component_metrics=metrics)
+
+    def estimate_round(self, r: Round) -> Round:
+        """The estimator on the whole gathered round (every prompt group complete); each process keeps its rows of the
+        advantages (and of the critic's targets and mask)."""
+        gathered, shards = r.gathered, self.shards
+        r.out = estimate_advantages(
+            self.estimator, self.config, r.estimator_rewards, torch.tensor(r.groups), r.prompts,
+            r.batch["log_probs"].shape[1], self.stat_tracker, values=gathered.get("values"),
+            step_rewards=gathered.get("step_rewards"), greedy_rewards=gathered.get("greedy_rewards"),
+            controller=self.controller, tweedie_values=gathered.get("tweedie_values"),
+        )
+        r.batch["advantages"] = shards.local_rows(r.out.advantages)
+        if self.critic is not None:
+            targets, mask = self.estimator.critic_regression(r.out)
+            r.batch["critic_targets"], r.batch["critic_mask"] = shards.local_rows(targets), shards.local_rows(mask)
+        return r
 
     def component_advantages(self, batch: dict, rewards: torch.Tensor, groups) -> tuple[torch.Tensor, dict]:
         """GDPO's decoupled normalisation on the gathered round: (S [B_global], adv/<component>/* metrics), with

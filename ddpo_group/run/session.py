@@ -22,13 +22,13 @@ import os
 import shutil
 import signal
 import uuid
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
 
 from ddpo_group.distributed import check_peers
-from ddpo_group.errors import EpochAbandoned, NonFiniteLossError, TrainingInterrupted, signal_name
+from ddpo_group.errors import NonFiniteLossError, TrainingInterrupted, signal_name
 from ddpo_group.run.checkpointing import (
     TrainingState,
     checkpoint_dir,
@@ -48,7 +48,8 @@ from ddpo_group.timing import NULL_TIMER
 
 
 class RunSession:
-    """Start (``__init__``, then ``attach``), the epoch loop (``run_epochs``) and the end (``finish``) of a run."""
+    """Start (``__init__``, then ``attach``), the epoch loop's context (``running``, ``remaining_epochs``,
+    ``end_of_epoch``) and the end (``finish``) of a run."""
 
     def __init__(self, config):
         """Everything that can be checked without a model, before any loads: a bad resume fails in seconds."""
@@ -66,7 +67,7 @@ class RunSession:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         self.resume_warnings = check_resume(self.resume_path, config, world) if self.resume_path else []
         self.state = TrainingState()
-        self.stop = StopRequest()  # installed by run_epochs: Ctrl-C / SIGTERM
+        self.stop = StopRequest()  # installed by running(): Ctrl-C / SIGTERM
         self.saved_epoch = None  # the epoch of the checkpoint last written or resumed from
         self.accelerator = None
         self.model = self.family = None  # the policy model (accelerate-wrapped) and its family, for the LoRA export
@@ -133,11 +134,16 @@ class RunSession:
             )
 
     # ------------------------------------------------------------------ the loop
-    def run_epochs(self, train_epoch, close) -> dict:
-        """Call ``train_epoch(epoch)`` for the remaining epochs under the stop signals, checkpointing when due.
+    def remaining_epochs(self) -> range:
+        """The epochs still to train: after the resumed checkpoint's, up to num_epochs - 1."""
+        return range(self.state.epoch + 1, self.config.num_epochs)
 
-        ``close()`` is called on any way out but the normal end (it cancels the reward workers)."""
-        config, metrics = self.config, {}
+    @contextmanager
+    def running(self, close):
+        """The epoch loop's context: Ctrl-C / SIGTERM while sampling drops the epoch, while updating finishes it, then
+        checkpoint and stop (``end_of_epoch``); any error is shared with the other processes (they stop at their next
+        collective), ``close()`` cancels the reward workers, the trackers flush what was logged."""
+        config = self.config
         threads = f" x {torch.get_num_threads()} CPU thread(s)" if self.accelerator.device.type == "cpu" else ""
         self.print(
             f"training {config.pretrained.model} with {config.algorithm.adv_estimator} for epochs "
@@ -149,15 +155,8 @@ class RunSession:
                        f"{config.num_epochs}; raise num_epochs to train further")
         stop = self.stop = StopRequest(self.resume_hint())
         try:
-            # Ctrl-C / SIGTERM while sampling: drop the epoch; while training: finish it; then checkpoint and stop
             with stop.installed():
-                for epoch in range(self.state.epoch + 1, config.num_epochs):
-                    try:
-                        metrics = train_epoch(epoch)
-                    except EpochAbandoned:
-                        raise self.stopped_in_sampling(epoch) from None
-                    self.state.epoch = epoch
-                    self.end_of_epoch(epoch)
+                yield
         except BaseException as error:
             share_failure(self.accelerator, error)  # the other processes stop at their next collective
             close()
@@ -165,10 +164,10 @@ class RunSession:
                 tracker.finish()
             self.discard_unstarted_run()
             raise
-        return metrics
 
     def end_of_epoch(self, epoch: int) -> None:
-        """Checkpoint when due; after a stop signal, checkpoint and raise TrainingInterrupted."""
+        """``epoch`` finished: checkpoint when due; after a stop signal, checkpoint and raise TrainingInterrupted."""
+        self.state.epoch = epoch
         config = self.config
         stopping = self.stop_agreed()
         last = epoch == config.num_epochs - 1

@@ -1,15 +1,17 @@
-"""The training loop. ``Trainer.train_epoch`` is one epoch, read top to bottom:
+"""The training loop. ``Trainer.run`` is the epoch loop; ``Trainer.train_epoch`` is one epoch, read top to bottom:
 
-    1. collect rollouts: sample P prompts x G copies with log-probs, score them, gather the round over the
-       processes and compute the advantages on it (rollout/rounds.py);
-    2. update the policy on the (sample, step) pairs (update/policy.py), then the critic (update/critic.py);
-    3. after the epoch: the KL term's controller and reference (reference/regularizer.py), the estimator's
+    1. sample and score: P prompts x G copies with log-probs, their rewards and what the estimator reads, gathered
+       over the processes (rollout/rounds.py, rollout/collect.py);
+    2. advantages: the estimator on each whole round; each process keeps its rows (algorithms/advantages.py);
+    3. update the policy on the (sample, step) pairs (update/policy.py);
+    4. update the critic (update/critic.py);
+    5. after the epoch: the KL term's controller and reference (reference/regularizer.py), the estimator's
        controller (GROUP_PPO's tau), the EMA's metrics (update/ema.py; the EMA itself moves after optimizer steps);
-    4. evaluate when due: fixed prompts x fixed noise, deterministic sampler (run/periodic_eval.py); also before the
+    6. evaluate when due: fixed prompts x fixed noise, deterministic sampler (run/periodic_eval.py); also before the
        first update;
-    5. log (run/epoch_metrics.py, run/throughput.py, run/epoch_logger.py).
+    7. log (run/epoch_metrics.py, run/throughput.py, run/epoch_logger.py).
 
-``Trainer.run`` runs the epochs inside the run's session (run/session.py: signals, resume, checkpoints, summary).
+The run's session (run/session.py) keeps it survivable around the loop: signals, resume, checkpoints, summary.
 ``Trainer.__init__`` builds every piece from the config, in an order that keeps the random streams of a resumed
 run identical to an uninterrupted one.
 """
@@ -26,7 +28,8 @@ from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 
 from ddpo_group.algorithms import get_adv_estimator
 from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
-from ddpo_group.errors import ConfigError, NonFiniteLossError
+from ddpo_group.distributed import ProcessShards
+from ddpo_group.errors import ConfigError, EpochAbandoned, NonFiniteLossError
 from ddpo_group.models.policy import build_policy, lora_config, make_optimizer
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
@@ -74,15 +77,17 @@ class Trainer:
         self._timer_mark = self.timer.snapshot()
         self.build_model(config)
         self.build_algorithm(config)
+        # the epoch's samples over the processes: each process's slice, and the gathers the loop calls
+        self.shards = ProcessShards(self.accelerator, config.sample.batch_size * config.sample.num_batches_per_epoch)
         self.rollouts = RolloutCollector(
             config, self.accelerator, self.family, self.reward_fn, self.prompt_sampler, self.stat_tracker, self.estimator,
             self.estimator_controller, self.critic, self.kl, self.scorer, should_stop=self.session.stop_agreed,
-            timer=self.timer, chunk_size=lambda batch: self.updater.chunk_size(batch),
+            timer=self.timer, chunk_size=lambda batch: self.updater.chunk_size(batch), shards=self.shards,
         )
         self.evaluation = None  # evaluation during training (eval_freq): the same on every process
         if config.eval_freq:
             self.evaluation = PeriodicEvaluation(config, self.accelerator, self.family, self.rollouts.reward_scorer,
-                                                 self.rollouts.shards.gather)
+                                                 self.shards.gather)
         export_ema = self.ema is not None and config.train.ema_export  # the exported LoRA holds the EMA weights
         self.session.attach(self.accelerator, self.model, self.family, self.checkpointed_state(), self.timer,
                             lora_weights=self.ema.swapped_in if export_ema else nullcontext)
@@ -160,7 +165,14 @@ class Trainer:
     # ------------------------------------------------------------------ the run
     def run(self) -> dict:
         """Every remaining epoch, then the LoRA export and the summary."""
-        metrics = self.session.run_epochs(self.train_epoch, close=lambda: self.rollouts.close(wait=False))
+        metrics = {}
+        with self.session.running(close=lambda: self.rollouts.close(wait=False)):  # signals; a failure stops all
+            for epoch in self.session.remaining_epochs():
+                try:
+                    metrics = self.train_epoch(epoch)
+                except EpochAbandoned:  # a stop signal while sampling: the epoch is dropped before any update
+                    raise self.session.stopped_in_sampling(epoch) from None
+                self.session.end_of_epoch(epoch)  # the checkpoint when due; a stop signal stops here
         self.session.finish(close=self.rollouts.close)
         return metrics
 
@@ -171,12 +183,15 @@ class Trainer:
         self.model.eval()
         if epoch == 0 and self.evaluation is not None:  # the "before" of the run summary
             self.evaluate(-1)
-        # 1. collect rollouts: trajectories, rewards, advantages (a stop signal here drops the epoch)
+        # 1. sample and score: trajectories, rewards, gathered over the processes (a stop signal drops the epoch)
         with names_the_setting("sampling", f"sample.batch_size={self.config.sample.batch_size}"):
-            rollouts = self.rollouts.collect(epoch)
+            rounds = self.rollouts.collect(epoch)
+        # 2. advantages: the estimator on each whole round; each process keeps its rows
+        with self.timer.phase("advantage"):
+            rollouts = self.rollouts.estimate(rounds)
         batch = rollouts.batch
-        # 2. update the policy, then the critic
         try:
+            # 3. update the policy
             if self.critic_warming_up(epoch):  # the critic learns the policy's values before the policy moves
                 train = {"optimizer_steps": 0, "pairs": 0}
             else:
@@ -184,6 +199,7 @@ class Trainer:
                     train = self.updater.train_epoch(batch, show_progress=self.accelerator.is_local_main_process)
             self.state.global_step += train.pop("optimizer_steps")
             pairs = train.pop("pairs")
+            # 4. update the critic
             critic = {}
             if self.critic is not None:
                 with self.timer.phase("critic"):
@@ -191,13 +207,12 @@ class Trainer:
                     critic = self.critic.train_epoch(batch, batch["critic_targets"], mask, self.config.train.batch_size)
         except NonFiniteLossError as error:
             raise self.session.non_finite_loss(error, epoch) from error
-        # 3. after the epoch: the KL coefficient and the reference, the estimator's controller
+        # 5. after the epoch: the KL coefficient and the reference, the estimator's controller
         after = self.after_epoch(epoch, rollouts, train)
-        # 4. evaluate when due (after the update, so the checkpoint that follows holds the evaluated weights)
+        # 6. evaluate when due (after the update, so the checkpoint that follows holds the evaluated weights)
         evaluation = self.evaluate(epoch) if self.evaluation is not None and self.evaluation.due(epoch) else {}
-        # 5. log
-        metrics = epoch_metrics(epoch, self.state.global_step, rollouts, train, critic, after, self.rollouts.shards,
-                                self.config.algorithm.filter_groups)
+        # 7. log
+        metrics = epoch_metrics(epoch, self.state.global_step, rollouts, train, critic, after)
         metrics.update(evaluation)
         metrics.update(self.timing(start))
         metrics.update(self.throughput.metrics(rollouts.reward_queries, pairs, metrics["time/sampling"],
@@ -222,10 +237,9 @@ class Trainer:
         """The updates that follow the policy's: beta and the reference, the estimator's controller."""
         metrics = {}
         if self.kl is not None:
-            loss_kl = self.rollouts.shards.gather(torch.tensor([train.get("kl", 0.0)]))
+            loss_kl = self.shards.gather(torch.tensor([train.get("kl", 0.0)]))  # every process's KL in the loss
             metrics.update(self.kl.after_epoch(self.accelerator.unwrap_model(self.model), epoch,
-                                               rollouts.gathered("step_kl"), loss_kl,
-                                               self.rollouts.shards.total))
+                                               rollouts.gathered("step_kl"), loss_kl, self.shards.total))
         if self.estimator_controller is not None:  # fit of the critic over the kept targets of every round
             with self.timer.phase("advantage"):
                 self.estimator_controller.update(*self.rollouts.critic_fit(rollouts.rounds))

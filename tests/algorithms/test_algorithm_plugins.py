@@ -68,7 +68,7 @@ def test_a_file_estimator_with_a_parameter_trains_one_epoch(plugin_files, tiny_m
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "plugin", **{
         "algorithm.adv_estimator": spec, "algorithm.adv_estimator_kwargs": {"scale": 2.5}, "train.adv_clip_max": 1e9})
     module = __import__(estimator.fn.__module__)
-    round0 = trainer.rollouts.sample_round(0, 0)
+    round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
     assert module.CALLS == [2.5]  # the keyword from adv_estimator_kwargs
     rewards, g = round0.gathered["rewards"], torch.tensor(round0.groups)
     mean = torch.stack([rewards[g == k].mean() for k in range(int(g.max()) + 1)])

@@ -47,7 +47,7 @@ def test_trainer_drops_constant_groups_and_samples_more(tiny_model_dir, tmp_path
 def test_same_initial_noise_shares_x_T_within_each_group_only(tiny_model_dir, tmp_path):
     def initial_latents(same: bool):
         trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, f"noise_{same}", **{"sample.same_initial_noise": same})
-        batch = trainer.rollouts.sample_round(0, 0).batch
+        batch = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0)).batch
         trainer.rollouts.close()
         return batch
 
@@ -75,7 +75,7 @@ def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir,
     # depend on the batch size, and the JPEG reward turns the smallest pixel change into whole bytes)
     trainer = tiny_trainer("remax", tiny_model_dir, tmp_path, "remax_noise", **{"sample.same_initial_noise": True,
                                                                                "device": "cpu"})
-    round0 = trainer.rollouts.sample_round(0, 0)
+    round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
     batch, config = round0.batch, trainer.config
     x_T = batch["latents"][:, 0]  # the DDIM scheduler's init_noise_sigma is 1
     with torch.no_grad():
@@ -94,7 +94,7 @@ def test_sde_window_samples_and_trains_only_its_steps(preset, tiny_model_dir, tm
 
     trainer = tiny_trainer(preset, tiny_model_dir, tmp_path, "window", **{
         "sample.sde_window_start": 1, "sample.sde_window_size": 2})
-    round0 = trainer.rollouts.sample_round(0, 0)
+    round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
     batch = round0.batch
     assert (batch["log_probs"][:, [0, 3]] == 0).all() and (batch["log_probs"][:, 1:3] != 0).all()
     if preset == "reinforce_pp":  # KL in the reward: deterministic steps are no action, so no KL

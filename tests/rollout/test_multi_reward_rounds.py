@@ -61,7 +61,7 @@ def test_one_epoch_logs_each_components_advantages(tiny_model_dir, tmp_path):
     metrics = trainer.run()
     (logged,) = [json.loads(line) for line in (tmp_path / "gdpo" / "metrics.jsonl").read_text().splitlines()]
 
-    round0 = rounds[0].rounds[0]
+    round0 = rounds[0][0]
     batch, groups = round0.batch, torch.tensor(round0.groups)
     info = batch["reward_info"]
     jpeg, shapes = info["jpeg_compressibility"], info["shapes_alignment"]
@@ -89,7 +89,7 @@ def test_one_epoch_logs_each_components_advantages(tiny_model_dir, tmp_path):
 def test_default_logs_no_component_advantages(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "sum", **{
         "prompt_fn": "tiny_shapes", "reward_fn": COMBINATION, "kl.beta": 0.0, "kl.use_reference_model": False})
-    round0 = trainer.rollouts.sample_round(0, 0)
+    round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
     trainer.rollouts.close()
     assert round0.component_metrics == {}
     R, groups = round0.gathered["rewards"], torch.tensor(round0.groups)

@@ -39,7 +39,7 @@ def test_tweedie_values_are_the_reward_of_the_decoded_one_step_prediction(family
                               "sample.sde_window_size": 3, **FAMILY_OVERRIDES[family_name]})
     family = trainer.family
     assert trainer.rollouts.tweedie_steps == [1, 2]  # window [0, 3): x_1, x_2 valued; x_3 is followed by no noise
-    rollouts = trainer.rollouts.collect(0)
+    rollouts = trainer.rollouts.estimate(trainer.rollouts.collect(0))
     batch = rollouts.batch
     values, rewards = batch["tweedie_values"], batch["rewards"]
     B = len(rewards)

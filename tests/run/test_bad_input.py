@@ -240,7 +240,7 @@ def test_a_non_finite_loss_stops_naming_epoch_and_step_and_keeps_the_last_checkp
     assert f"--config.resume_from={tmp_path / 'run'}" in message
     assert complete_checkpoints(tmp_path / "run" / "checkpoints") == [checkpoint]
     if where == "policy":  # stopped before backward: the weights in memory never saw the NaN
-        unet = trainer.accelerator.unwrap_model(trainer.unet)
+        unet = trainer.accelerator.unwrap_model(trainer.model)
         assert all(torch.isfinite(p).all() for p in unet.parameters())
 
     resumed = tiny_trainer(preset, tiny_model_dir, tmp_path, num_epochs=3, save_freq=1,

@@ -89,7 +89,7 @@ def test_reference_and_kl_controller_survive_a_checkpoint_round_trip(tiny_model_
 def test_a_fixed_tau_of_zero_is_allowed_without_adaptation_and_makes_every_step_its_own_group(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "tau0", **{
         "group_ppo.variance_threshold": 0.0, "group_ppo.adaptive_threshold": False})
-    round0 = trainer.rollouts.sample_round(0, 0)
+    round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
     assert trainer.estimator_controller.tau == 0.0 and round0.out.metrics["group/tau"] == 0.0
     assert round0.out.metrics["group/mean_len"] == 1.0  # K = T endpoints: tau = 0 cuts at every step
     trainer.rollouts.close()

@@ -58,8 +58,8 @@ def test_model_flops_count_cfg_rows_and_the_reference_forward(tiny_model_dir, tm
     """F_image = num_steps * one guided forward (CFG: twice an unguided one); the reference forward adds one
     forward with the training guidance; gradients and random streams are left as they were."""
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path)
-    batch = trainer.rollouts.collect(0).batch
-    model, params, steps = trainer.accelerator.unwrap_model(trainer.unet), trainer.params, trainer.config.sample.num_steps
+    batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
+    model, params, steps = trainer.accelerator.unwrap_model(trainer.model), trainer.params, trainer.config.sample.num_steps
     grads = [torch.full_like(p, 0.5) for p in params]
     for p, g in zip(params, grads):
         p.grad = g

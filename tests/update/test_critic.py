@@ -100,7 +100,7 @@ def test_batched_values_equal_the_per_step_values():
 
 def test_sampling_records_critic_values_for_every_step(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "values")
-    round0 = trainer.rollouts.sample_round(0, 0)
+    round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
     values = round0.batch["values"]
     assert values.shape == (8, 4)
     with torch.no_grad():
@@ -118,7 +118,7 @@ def test_a_critic_reading_x0_hat_gets_every_steps_prediction_while_sampling_and_
     sqrt(a_t), so at the last step (a_t near 1) it is close to the final latent, and at the first far from it."""
     trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "x0", **{"critic.input": "latent_x0"})
     assert trainer.critic.reads_x0
-    b = trainer.rollouts.sample_round(0, 0).batch
+    b = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0)).batch
     assert b["pred_x0"].shape == b["latents"].shape  # [8, 4, C, h, w]: every pre-step latent's prediction
     with torch.no_grad():
         want = trainer.critic.module(b["latents"][:, 2], b["timesteps"][:, 2], b["prompt_embeds"], b["pred_x0"][:, 2])
@@ -136,7 +136,7 @@ def test_a_critic_reading_x0_hat_gets_every_steps_prediction_while_sampling_and_
 def test_kl_in_reward_is_zero_for_the_initial_policy_and_positive_after_it_moves(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("reinforce_pp", tiny_model_dir, tmp_path, "klr")
     assert trainer.kl.in_reward and not trainer.updater.uses_reference  # KL in the reward, not also in the loss
-    round0 = trainer.rollouts.sample_round(0, 0)
+    round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
     assert torch.equal(round0.gathered["step_rewards"], torch.zeros(8, 4))
     with torch.no_grad():
         for p in trainer.updater.params:

@@ -120,7 +120,7 @@ def test_auto_pairs_fit_a_memory_cap_and_are_kept_in_the_checkpoint(tiny_sd3_dir
     device, total = trainer.accelerator.device, torch.cuda.get_device_properties(0).total_memory
     from ddpo_group.update.memory_fit import PairsPerForward
 
-    rollouts = trainer.rollouts.collect(0)
+    rollouts = trainer.rollouts.estimate(trainer.rollouts.collect(0))
     trainer.updater.model.train()
     peaks = [PairsPerForward._peak(trainer.pairs_per_forward, trainer.updater, rollouts.batch, k,
                                    trainer.family.stochastic_steps(trainer.config.sample)) for k in (1, 2)]
