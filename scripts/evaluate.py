@@ -25,24 +25,40 @@ from config.base import base  # noqa: E402
 from ddpo_group.run.evaluation import evaluate, format_report  # noqa: E402
 
 
+class _WithDefaults(argparse.HelpFormatter):
+    """Each option's help with its default; an option that defaults to the run's config says so in its help."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, argparse.SUPPRESS) or action.required:
+            return action.help
+        return f"{action.help} (default: %(default)s)"
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--finetuned", required=True, help="run dir, checkpoint dir or diffusers LoRA dir")
-    p.add_argument("--base_model", default=None, help="base model (default: the run's pretrained.model)")
-    p.add_argument("--num_prompts", type=int, default=8)
-    p.add_argument("--num_seeds", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0, help="first seed; each prompt row takes seeds seed .. seed + num_seeds - 1, "
-                   "a prompt drawn again (a prompt set smaller than --num_prompts is cycled) the next num_seeds")
-    p.add_argument("--prompt_fn", default=None)
-    p.add_argument("--prompt_fn_kwargs", type=json.loads, default=None, help="JSON")
-    p.add_argument("--reward_fn", default=None, help="name, module:factory, or JSON {name: weight}")
-    p.add_argument("--reward_fn_kwargs", type=json.loads, default=None, help="JSON")
-    p.add_argument("--num_steps", type=int, default=None)
-    p.add_argument("--guidance_scale", type=float, default=None)
-    p.add_argument("--eta", type=float, default=None)
-    p.add_argument("--batch_size", type=int, default=8)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_WithDefaults)
+    p.add_argument("--finetuned", required=True, help="a run directory (its latest checkpoint), a checkpoint "
+                   "directory or a diffusers LoRA directory")
+    p.add_argument("--base_model", default=None, help="the base model (default: the run's pretrained.model)")
+    p.add_argument("--num_prompts", type=int, default=8, help="prompts drawn from the prompt function")
+    p.add_argument("--num_seeds", type=int, default=2, help="initial noises per prompt (n = prompts x seeds pairs)")
+    p.add_argument("--seed", type=int, default=0, help="first seed; each prompt row takes seeds seed .. seed + "
+                   "num_seeds - 1, a prompt drawn again (a prompt set smaller than --num_prompts is cycled) the next "
+                   "num_seeds")
+    p.add_argument("--prompt_fn", default=None, help="prompt function (default: the run's prompt_fn)")
+    p.add_argument("--prompt_fn_kwargs", type=json.loads, default=None,
+                   help="its keywords as JSON (default: the run's prompt_fn_kwargs)")
+    p.add_argument("--reward_fn", default=None, help="a reward name, module:factory, or JSON {name: weight} (default: the "
+                   "run's reward_fn)")
+    p.add_argument("--reward_fn_kwargs", type=json.loads, default=None,
+                   help="the factory's keywords as JSON (default: the run's reward_fn_kwargs)")
+    p.add_argument("--num_steps", type=int, default=None, help="sampling steps (default: the run's sample.eval_num_steps, "
+                   "or sample.num_steps)")
+    p.add_argument("--guidance_scale", type=float, default=None, help="guidance (default: the run's sample.guidance_scale)")
+    p.add_argument("--eta", type=float, default=None, help="DDIM's eta for Stable Diffusion (default: the run's "
+                   "sample.eta); the flow families sample with their pipeline's deterministic sampler")
+    p.add_argument("--batch_size", type=int, default=8, help="images per pipeline call")
     p.add_argument("--out", default=None, help="output directory (default: <run dir>/evaluation)")
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None, help="cuda or cpu (default: the GPU when there is one)")
     return p.parse_args(argv)
 
 

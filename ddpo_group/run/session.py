@@ -19,8 +19,10 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shlex
 import shutil
 import signal
+import sys
 import uuid
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -248,8 +250,19 @@ class RunSession:
         )
 
     def resume_hint(self) -> str:
-        return (f"Resume with the same command plus --config.resume_from={self.run_dir} "
-                "(it continues from the latest complete checkpoint).")
+        return f"Resume with: {self.resume_command()} (it continues from the latest complete checkpoint)."
+
+    def resume_command(self) -> str:
+        """The command that resumes this run, to paste: this process's command line (scripts/train.py) without its
+        resume_from, plus ``--config.resume_from=<run dir>``; a run started from Python gets the preset's command."""
+        argv = list(sys.argv)
+        if argv and Path(argv[0]).name == "train.py":
+            program, args = argv[0], [a for a in argv[1:] if not a.startswith("--config.resume_from")]
+        else:
+            program, args = "scripts/train.py", [f"--config=config/base.py:{self.config.get('preset', 'ddpo')}"]
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        launcher = ["accelerate", "launch", "--num_processes", str(world)] if world > 1 else ["python"]
+        return shlex.join([*launcher, program, *args, f"--config.resume_from={self.run_dir}"])
 
     def last_checkpoint_note(self) -> str:
         """Which checkpoint a stopped run keeps, the epochs that run again on resume, and the resume command."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -111,11 +112,16 @@ def test_a_reward_failure_after_some_epochs_names_the_kept_checkpoint_and_the_re
         out, FAILURE,
         "raised ValueError: the scoring service refused call 6",
         f"The last complete checkpoint, {run / 'checkpoints' / 'checkpoint_00001'} (epoch 1), is kept. "
-        "Epoch 2 finished after it and runs again on resume. Resume with the same command plus "
-        f"--config.resume_from={run} ",
+        "Epoch 2 finished after it and runs again on resume. Resume with: python scripts/train.py --config "
+        "config/base.py:ddpo ",
     )
-    # the command it names works: the run continues at epoch 2 and finishes
-    resumed = train(tiny_args(tiny_model_dir, tmp_path) + [f"--config.resume_from={run}"])
+    # the command it prints works as pasted: the run continues at epoch 2 and finishes
+    (line,) = [line for line in out.stderr.splitlines() if "Resume with: " in line]
+    pasted = shlex.split(line.split("Resume with: ")[1].split(" (it continues")[0])
+    assert pasted[:2] == ["python", "scripts/train.py"] and pasted[-1] == f"--config.resume_from={run}"
+    assert tiny_args(tiny_model_dir, tmp_path)[0] in pasted  # the overrides given are in it
+    resumed = subprocess.run([sys.executable, *pasted[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env=environment())
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout and "for epochs 2..3" in resumed.stdout
 
@@ -158,8 +164,8 @@ def test_ctrl_c_stops_cleanly_with_130_the_checkpoint_and_the_resume_command(tin
     run = tmp_path / "run"
     assert_reported(out, 128 + signal.SIGINT,
                     "[ddpo_group] training stopped by SIGINT while sampling epoch 2; the epoch was dropped",
-                    f"checkpoint {run / 'checkpoints' / 'checkpoint_00001'} (epoch 1). Resume with the same "
-                    f"command plus --config.resume_from={run}", lines=1)
+                    f"checkpoint {run / 'checkpoints' / 'checkpoint_00001'} (epoch 1). Resume with: python "
+                    "scripts/train.py --config config/base.py:ddpo", lines=1)
 
 
 # ---------------------------------------------------------------- under accelerate launch
