@@ -28,11 +28,21 @@ def get_reward_factory(name: str) -> Callable[..., RewardFn]:
 
     def build(**kwargs) -> RewardFn:
         try:
-            inspect.signature(factory).bind(**kwargs)
+            signature = inspect.signature(factory)
+            if "images" in signature.parameters and "images" not in kwargs:
+                raise ValueError(
+                    f"reward_fn {name!r} is a reward function fn(images, prompts, metadata); reward_fn names its "
+                    "factory, a function that takes the reward_fn_kwargs and returns the reward function:\n"
+                    f"    def make_{getattr(factory, '__name__', 'reward')}(**kwargs):\n"
+                    "        return lambda images, prompts, metadata: (rewards, info)\n"
+                    "(docs/rewards.md)")
+            signature.bind(**kwargs)
         except TypeError as error:
             raise TypeError(f"reward_fn {name!r} does not accept reward_fn_kwargs {kwargs}: {error}") from None
-        except ValueError:  # no introspectable signature: let the call decide
-            pass
+        except ValueError as error:
+            if str(error).startswith("reward_fn "):
+                raise
+            pass  # no introspectable signature: let the call decide
         return factory(**kwargs)
 
     return build

@@ -192,3 +192,17 @@ def test_checkpoint_without_lora_export_loads_its_weights(tiny_model_dir, tmp_pa
         expected = tuned.unet(x, 10, encoder_hidden_states=text).sample
         torch.testing.assert_close(loaded.unet(x, 10, encoder_hidden_states=text).sample, expected)
         assert (load().unet(x, 10, encoder_hidden_states=text).sample - expected).abs().max() > 1e-4
+
+
+def test_evaluate_help_gives_every_option_its_meaning_and_default():
+    out = subprocess.run([sys.executable, "scripts/evaluate.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    text = " ".join(out.split()).split("options:", 1)[1]  # the option list, after the usage line
+    for option, shown in (("--num_prompts", "(default: 8)"), ("--num_seeds", "(default: 2)"),
+                          ("--batch_size", "(default: 8)"), ("--seed", "(default: 0)"),
+                          ("--reward_fn", "(default: the run's reward_fn)"),
+                          ("--num_steps", "(default: the run's sample.eval_num_steps, or sample.num_steps)")):
+        assert option in text and shown in text.split(f"{option} {option.upper()[2:]}", 1)[1].split(" --")[0], option
+    options = [word for word in out.split() if word.startswith("--") and word.isascii()]
+    assert {"--finetuned", "--base_model", "--eta", "--guidance_scale", "--out", "--device"} <= set(options)
+    assert "(default: None)" not in text

@@ -210,3 +210,19 @@ def test_entry_point_of_an_installed_distribution(tmp_path, monkeypatch):
     rewards, _ = make_reward_fn("tiny_index_reward", offset=0.5)(torch.zeros(3, 3, 2, 2), ["a"] * 3, [{}] * 3)
     assert rewards.tolist() == [0.5, 1.5, 2.5]
     assert PromptSampler("tiny_pkg_prompt").sample(2)[0] == ["from a package"] * 2
+
+
+def test_a_reward_function_given_where_its_factory_belongs_is_named_with_the_factory_shape(tmp_path):
+    from ddpo_group.rewards import make_reward_fn
+
+    plugin = tmp_path / "plain.py"
+    plugin.write_text("def my_reward(images, prompts, metadata):\n    return [0.0] * len(images), {}\n")
+    with pytest.raises(ValueError) as raised:
+        make_reward_fn(f"{plugin}:my_reward")
+    message = str(raised.value)
+    assert f"reward_fn '{plugin}:my_reward' is a reward function fn(images, prompts, metadata)" in message
+    assert "names its factory" in message and "def make_my_reward(**kwargs):" in message
+    # its factory is accepted
+    factory = tmp_path / "factory.py"
+    factory.write_text("def make(**kwargs):\n    return lambda images, prompts, metadata: ([0.5] * len(images), {})\n")
+    assert callable(make_reward_fn(f"{factory}:make"))
