@@ -1,6 +1,7 @@
 """A short training run's local artefacts, its LoRA exports, and scripts/evaluate.py on it."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -202,7 +203,8 @@ def test_evaluate_help_gives_every_option_its_meaning_and_default():
                           ("--batch_size", "(default: 8)"), ("--seed", "(default: 0)"),
                           ("--reward_fn", "(default: the run's reward_fn)"),
                           ("--num_steps", "(default: the run's sample.eval_num_steps, or sample.num_steps)")):
-        assert option in text and shown in text.split(f"{option} {option.upper()[2:]}", 1)[1].split(" --")[0], option
+        block = re.search(re.escape(f"{option} {option.upper()[2:]} ") + r"(.*?)(?= --[a-z_]+ [A-Z_]+ |$)", text)
+        assert block and shown in block.group(1), (option, block and block.group(1))
     options = [word for word in out.split() if word.startswith("--") and word.isascii()]
     assert {"--finetuned", "--base_model", "--eta", "--guidance_scale", "--out", "--device"} <= set(options)
     assert "(default: None)" not in text
