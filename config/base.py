@@ -293,10 +293,10 @@ def group_ppo() -> ml_collections.ConfigDict:
     config = base()
     config.algorithm.adv_estimator = "group_ppo"
     config.train.group_size = 8
-    # GROUP_PPO.md makes it optional; dividing by the group std learns faster on the default task (README)
+    # GROUP_PPO.md makes it optional; dividing by the group std learns faster on the default task (docs/group_ppo.md)
     config.train.scale_rewards = True
     # the critic learns each sample's deviation from its group's mean reward: an untrained critic gives grpo's
-    # advantages instead of noise (README, GROUP_PPO and the critic: the study of the value sources)
+    # advantages instead of noise (docs/group_ppo.md: the study of the value sources)
     config.group_ppo.value_source = "residual_critic"
     return config
 

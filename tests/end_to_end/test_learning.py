@@ -3,7 +3,7 @@
 noises, deterministic sampler); with group_ppo's advantages negated the same evaluation does not rise and ends below
 the right run's, so the gain is the algorithm's, not the evaluation's. On the CPU (device=cpu, also on a GPU machine);
 the margins were chosen on five seeds, five random streams (below).
-3 seeds of every preset's default run are the learning proof (README, bench/compare_algorithms.py).
+3 seeds of every preset's default run are the learning proof (docs/learning_proof.md, bench/compare_algorithms.py).
 
 A run and its negated control run at the same time, in two spawned processes of one torch thread each (as the
 learning proof's runs): on two cores that takes about the time of one run at two threads, and the result does not
@@ -89,7 +89,7 @@ def test_the_default_configuration_raises_the_fixed_evaluation(group_ppo_rows):
     row = group_ppo_rows["right"]
     # measured (seed 0, one thread, the learning proof's runs): 0.8245 before; after 20 epochs ddpo 0.8805 (+0.056),
     # grpo 0.8678 (+0.043), group_ppo 0.8762 (+0.052); the full 40 epochs gain at least +0.05 on every seed of the
-    # proof (README, The learning proof).
+    # proof (docs/learning_proof.md).
     assert row["before"] < 0.85
     assert row["after"] - row["before"] > GAIN_MARGIN, row["evaluations"]
 
@@ -117,12 +117,12 @@ def flow_rows(tmp_path_factory):
 @pytest.mark.skipif(not embedded_model_available("tiny-shapes-flow"), reason="the embedded flow model is not installed")
 @pytest.mark.parametrize("negated", [False, True], ids=["grpo", "grpo_negated"])
 def test_grpo_raises_the_flow_models_fixed_evaluation_and_the_flipped_sign_does_not(negated, flow_rows):
-    """GRPO with Flow-SDE steps on tiny-shapes-flow (the README's command, 10 epochs): the fixed evaluation rises by
+    """GRPO with Flow-SDE steps on tiny-shapes-flow (the grpo_flow recipe, 10 epochs): the fixed evaluation rises by
     more than MARGIN; with the advantages negated it does not (a sign error in a flow step would fail here)."""
     row = flow_rows["negated" if negated else "right"]
     gain = row["after"] - row["before"]
     # measured (seed 0, CPU, 2 threads, 30 s a run): 0.7752 -> +0.027 with the right sign, -0.015 negated;
-    # the learning proof's 40-epoch runs gain +0.06 to +0.18 (README, The embedded flow model)
+    # the learning proof's 40-epoch runs gain +0.06 to +0.18 (docs/learning_proof.md)
     if negated:
         assert gain < FLOW_MARGIN, row["evaluations"]
     else:

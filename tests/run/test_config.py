@@ -85,7 +85,7 @@ def test_presets_keep_their_field_names_and_defaults():
                       "in_reward", "controller", "target", "horizon"):
             assert field in config.kl
         assert config.pretrained.model == "tiny-shapes" and config.reward_fn == "shapes_alignment"
-        # the default task (README, Quick start): the embedded model's four hardest captions, a 2-step SDE window of
+        # the default task (README.md, Quick start): the embedded model's four hardest captions, a 2-step SDE window of
         # 10 steps, evaluated every 10 epochs
         assert config.prompt_fn == "tiny_shapes_hard" and len(config.prompt_fn_kwargs) == 0
         assert (config.sample.num_steps, config.sample.sde_window_start, config.sample.sde_window_size) == (10, 0, 2)

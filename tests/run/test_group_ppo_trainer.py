@@ -38,7 +38,7 @@ def test_critic_mask_is_the_endpoint_mask():
 def test_group_max_size_one_equals_ppo_gae_on_the_same_rollout():
     rewards, values, groups, prompts = rollout()
     for lam in (1.0, 0.9, 0.0):
-        # the limit holds for the plain critic's values without std scaling (the preset uses neither: README)
+        # the limit holds for the plain critic's values without std scaling (the preset uses neither: docs/group_ppo.md)
         group = tiny_config("group_ppo", "unused", "unused", **{
             "group_ppo.max_segment_steps": 1, "group_ppo.gae_lambda": lam, "train.adv_clip_max": 1e9,
             "group_ppo.value_source": "critic", "train.scale_rewards": False})
