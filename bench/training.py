@@ -90,7 +90,7 @@ def ddpo_pytorch_epoch(batch, unet, scheduler, optimizer, params, accelerator, n
                     uncond, text = noise_pred.chunk(2)
                     noise_pred = uncond + config.sample.guidance_scale * (text - uncond)
                     step = ddim_step_with_logprob(scheduler, noise_pred, sample["timesteps"][:, j], sample["latents"][:, j],
-                                                  config.sample.eta, prev_sample=sample["next_latents"][:, j])
+                                                  config.sample.eta, next_latents=sample["next_latents"][:, j])
                 advantages = torch.clamp(sample["advantages"][:, j], -t.adv_clip_max, t.adv_clip_max)
                 ratio = torch.exp(step.log_prob - sample["log_probs"][:, j])
                 unclipped = -advantages * ratio

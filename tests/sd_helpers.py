@@ -25,4 +25,4 @@ def sd_step_output(pipe, unet, latents, next_latents, timesteps, prompt_embeds, 
     step = {"timesteps": timesteps}
     output = family.model_output(unet, latents, step, {"prompt_embeds": prompt_embeds},
                                  {"prompt_embeds": negative_prompt_embeds}, guidance_scale)
-    return family.step(output, latents, step, eta, prev_sample=next_latents, reduce=reduce)
+    return family.step(output, latents, step, eta, next_latents=next_latents, reduce=reduce)

@@ -9,7 +9,8 @@ One index convention for a trajectory, everywhere in the package (ALGORITHMS.md'
     x0_hat(x_n)          the clean latent the denoiser predicts at x_n (``pred_x0``): a prediction, never a
                          trajectory state (the hat says so)
 
-Per-step tensors are [B, T] (``log_probs``, ``timesteps``, values V(x_n)); the latents are [B, T+1, ...]. The
-schedulers of diffusers count their timesteps down and call x_{n+1} the "previous sample" of x_n; the step functions
-keep that keyword (``prev_sample``) where they mirror a diffusers scheduler's ``step``.
+Per-step tensors are [B, T] (``log_probs``, ``timesteps``, values V(x_n)); the latents are [B, T+1, ...], a batch
+record's ``latents`` / ``next_latents`` [B, T, ...] are x_n / x_{n+1} of each step, and a step's output holds
+``next_latents`` too. The schedulers of diffusers count their timesteps down and call x_{n+1} the "previous sample"
+(``prev_sample``) of x_n: here it is ``next_latents`` everywhere.
 """

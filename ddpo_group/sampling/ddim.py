@@ -108,7 +108,7 @@ def ddim_step_with_logprob(
     timestep: torch.Tensor | int,
     sample: torch.Tensor,
     eta: float,
-    prev_sample: torch.Tensor | None = None,
+    next_latents: torch.Tensor | None = None,
     generator: torch.Generator | list[torch.Generator] | None = None,
     compute_log_prob: bool = True,
     reduce: str = "mean",
@@ -119,7 +119,7 @@ def ddim_step_with_logprob(
     Indices: n counts the denoising steps of a trajectory, x_0 the initial noise .. x_T the final latent
     (sampling/trajectories.py). The scheduler counts its timesteps t down, so step n goes from timestep t = t_n to
     t_prev = t - num_train_timesteps // num_inference_steps, and diffusers calls x_{n+1} the "previous sample" (of
-    x_t): ``sample`` is x_n, ``prev_sample`` x_{n+1}. Equation numbers are those of the DDIM paper (Song, Meng and
+    x_t): ``sample`` is x_n, ``next_latents`` x_{n+1} (diffusers' ``prev_sample``). Equation numbers are those of the DDIM paper (Song, Meng and
     Ermon, 2020, arXiv:2010.02502), whose alpha_t is diffusers' alphas_cumprod, written ab_t here:
 
         (1) ab_t, ab_prev                                    alphas_cumprod at t and t_prev (final_alpha_cumprod past 0)
@@ -133,7 +133,7 @@ def ddim_step_with_logprob(
         (7) step_length = flow_time(ab_t) - flow_time(ab_prev) > 0              the step's length in flow time
 
     ``timestep`` is one timestep for the whole batch or a [N] tensor (one per row), so flattened (sample, step) pairs
-    are evaluated in one call. With ``prev_sample`` given, no noise is drawn and its log-probability is returned (the
+    are evaluated in one call. With ``next_latents`` given, no noise is drawn and its log-probability is returned (the
     training-time recomputation). All of it runs in float32 whatever the model's dtype.
     """
     sample = sample.float()
@@ -155,20 +155,20 @@ def ddim_step_with_logprob(
     ).clamp(min=0).sqrt() * eps
 
     # 5. the next latent: the mean plus sigma_n z (or the given one, to re-score a recorded transition)
-    if prev_sample is None:
+    if next_latents is None:
         if eta > 0:
             noise = randn_tensor(model_output.shape, generator=generator, device=model_output.device, dtype=model_output.dtype)
-            prev_sample = mean + std_b * noise
+            next_latents = mean + std_b * noise
         else:
-            prev_sample = mean
-    prev_sample = prev_sample.float()
+            next_latents = mean
+    next_latents = next_latents.float()
 
     # 6. its log-probability under N(mu_n, sigma_n^2 I)
     log_prob = None
     if compute_log_prob:
         if eta <= 0:
             raise ValueError(f"eta={eta}: a DDIM step with eta = 0 is deterministic and has no log-probability")
-        log_prob = gaussian_log_prob(prev_sample, mean, std, reduce)
+        log_prob = gaussian_log_prob(next_latents, mean, std, reduce)
     # 7. the step's length in flow time (GRPO-Guard's weight, algorithms/policy_losses.py)
-    return DDIMStepOutput(prev_sample=prev_sample, log_prob=log_prob, mean=mean, std=std,
+    return DDIMStepOutput(next_latents=next_latents, log_prob=log_prob, mean=mean, std=std,
                           step_length=flow_time(alpha_prod_t) - flow_time(alpha_prod_prev), pred_x0=x0)

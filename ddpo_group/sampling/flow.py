@@ -88,7 +88,7 @@ def flow_step_with_logprob(
     sigma: torch.Tensor | float,
     next_sigma: torch.Tensor | float,
     noise_level: float,
-    prev_sample: torch.Tensor | None = None,
+    next_latents: torch.Tensor | None = None,
     generator: torch.Generator | list[torch.Generator] | None = None,
     compute_log_prob: bool = True,
     reduce: str = "mean",
@@ -96,7 +96,7 @@ def flow_step_with_logprob(
     """One flow-matching step x_s -> x_{s_next} as a Gaussian (module docstring).
 
     ``sigma`` / ``next_sigma`` are one value for the batch or [N] (flattened (sample, step) pairs). With
-    ``prev_sample`` given, no noise is drawn and its log-probability is returned (the training-time recomputation).
+    ``next_latents`` given, no noise is drawn and its log-probability is returned (the training-time recomputation).
     """
     x, v = sample.float(), model_output.float()
     s, s_next = _rows(sigma, x), _rows(next_sigma, x)
@@ -105,20 +105,20 @@ def flow_step_with_logprob(
         std = torch.as_tensor(std, dtype=torch.float32, device=x.device).expand(x.shape[0])
     else:  # the pipeline's Euler step, as FlowMatchEulerDiscreteScheduler.step computes it
         mean, std = x + _per_row(s_next - s, x) * v, torch.zeros(x.shape[0], device=x.device)
-    if prev_sample is None:
+    if next_latents is None:
         if noise_level > 0:
             noise = randn_tensor(x.shape, generator=generator, device=x.device, dtype=x.dtype)
-            prev_sample = mean + _per_row(std, x) * noise
+            next_latents = mean + _per_row(std, x) * noise
         else:
-            prev_sample = mean
-    prev_sample = prev_sample.float()
+            next_latents = mean
+    next_latents = next_latents.float()
     log_prob = None
     if compute_log_prob:
         if not bool((std > 0).all()):
             raise ValueError(f"{sde_type} step with noise_level={noise_level} has std 0 (a deterministic step): it has "
                              "no log-probability")
-        log_prob = gaussian_log_prob(prev_sample, mean, std, reduce)
-    return StepOutput(prev_sample=prev_sample, log_prob=log_prob, mean=mean, std=std, step_length=s - s_next,
+        log_prob = gaussian_log_prob(next_latents, mean, std, reduce)
+    return StepOutput(next_latents=next_latents, log_prob=log_prob, mean=mean, std=std, step_length=s - s_next,
                       pred_x0=x - _per_row(s, x) * v)  # x_s = (1 - s) x0 + s eps and v = eps - x0
 
 

@@ -24,7 +24,7 @@ REDUCTIONS = ("mean", "sum")
 
 @dataclass
 class StepOutput:
-    prev_sample: torch.Tensor  # x_{n+1}, [N, ...] (float32)
+    next_latents: torch.Tensor  # x_{n+1}, [N, ...] (float32)
     log_prob: torch.Tensor | None  # l_n, [N]; None when not requested
     mean: torch.Tensor  # mu_n, [N, ...]
     std: torch.Tensor  # sigma_n, [N]
@@ -47,8 +47,8 @@ def reduce_latent_dims(x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
     raise ValueError(f"reduce={reduce!r} is not a log-prob reduction; use one of {REDUCTIONS}")
 
 
-def gaussian_log_prob(prev_sample: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
-    """l [N] of ``prev_sample`` under N(mean, std^2) (std [N]), no gradient through the sample."""
+def gaussian_log_prob(next_latents: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
+    """l [N] of ``next_latents`` under N(mean, std^2) (std [N]), no gradient through the sample."""
     std_b = per_row(std, mean)
-    log_density = -((prev_sample.detach() - mean) ** 2) / (2 * std_b**2) - torch.log(std_b) - LOG_SQRT_2PI
+    log_density = -((next_latents.detach() - mean) ** 2) / (2 * std_b**2) - torch.log(std_b) - LOG_SQRT_2PI
     return reduce_latent_dims(log_density, reduce)

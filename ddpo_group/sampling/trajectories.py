@@ -85,8 +85,8 @@ def sample_trajectories(
         stochastic = noise_levels[n] > 0
         out = family.step(output, latents, step, noise_levels[n], generator=generator,
                           compute_log_prob=compute_log_prob and stochastic, reduce=log_prob_reduce)
-        latents = out.prev_sample.to(dtype)
-        all_latents.append(out.prev_sample)
+        latents = out.next_latents.to(dtype)
+        all_latents.append(out.next_latents)
         if record_means:
             means.append(out.mean)
         if record_x0 and n in record_x0:
@@ -128,7 +128,7 @@ class TransitionScorer:
     for flattened (sample, step) pairs, with the guidance, noise level and log-prob reduction of the rollout:
 
         scorer(model, batch, rows, steps) = family.step(family.model_output(model, x_n, step_n, cond, ...), x_n,
-                                                        step_n, noise, prev_sample=x_{n+1})
+                                                        step_n, noise, next_latents=x_{n+1})
 
     The policy update, the KL to the reference and the KL in the reward all score transitions through it.
     """
@@ -157,5 +157,5 @@ class TransitionScorer:
         cond = {key: batch[key][rows] for key in family.cond_keys}
         latents = batch["latents"][rows, steps]
         output = family.model_output(model, latents, step, cond, self.negative_condition, self.guidance_scale)
-        return family.step(output, latents, step, self.noise_level, prev_sample=batch["next_latents"][rows, steps],
+        return family.step(output, latents, step, self.noise_level, next_latents=batch["next_latents"][rows, steps],
                            reduce=self.reduce)

@@ -41,14 +41,14 @@ def test_mean_std_and_log_prob_against_a_float64_hand_computation(kind, s, s_nex
     torch.testing.assert_close(out.mean.double(), mean, rtol=1e-5, atol=1e-5)  # float32 step math
     torch.testing.assert_close(out.std.double(), torch.full((3,), std, dtype=D), rtol=1e-6, atol=0)
     # the sampled next latent's log-probability is the Gaussian density of it, mean over the latent dims
-    density = torch.distributions.Normal(out.mean.double(), std).log_prob(out.prev_sample.double()).mean(dim=(1, 2, 3))
+    density = torch.distributions.Normal(out.mean.double(), std).log_prob(out.next_latents.double()).mean(dim=(1, 2, 3))
     torch.testing.assert_close(out.log_prob.double(), density, rtol=1e-5, atol=1e-5)
     # the recorded transition scored again gives the same log-probability (the training-time recomputation)
     again = flow_step_with_logprob(kind, v.float(), x.float(), torch.full((3,), s), torch.full((3,), s_next), a,
-                                   prev_sample=out.prev_sample)
+                                   next_latents=out.next_latents)
     assert torch.equal(again.log_prob, out.log_prob)
     # "sum" reduces over the 144 latent dims: the mean times 144
-    summed = flow_step_with_logprob(kind, v.float(), x.float(), s, s_next, a, prev_sample=out.prev_sample, reduce="sum")
+    summed = flow_step_with_logprob(kind, v.float(), x.float(), s, s_next, a, next_latents=out.next_latents, reduce="sum")
     torch.testing.assert_close(summed.log_prob, out.log_prob * 144, rtol=1e-5, atol=1e-3)
 
 
@@ -72,7 +72,7 @@ def test_noise_level_zero_is_diffusers_euler_step_bitwise(kind):
         theirs = scheduler.step(v, t, theirs, return_dict=False)[0]
         out = flow_step_with_logprob(kind, v, ours, scheduler.sigmas[n], scheduler.sigmas[n + 1], 0.0,
                                      compute_log_prob=False)
-        ours = out.prev_sample
+        ours = out.next_latents
         assert torch.equal(ours, theirs), (kind, n)
         assert bool((out.std == 0).all())
     x = ours
@@ -96,7 +96,7 @@ def test_cps_last_step_is_deterministic_and_the_family_leaves_it_out_of_the_wind
     from ddpo_group.models.families.flow import FlowMatchingFamily
 
     out = flow_step_with_logprob("cps", torch.zeros(1, 4), torch.ones(1, 4), 0.2, 0.0, 0.8, compute_log_prob=False)
-    assert float(out.std) == 0.0 and torch.equal(out.prev_sample, out.mean)
+    assert float(out.std) == 0.0 and torch.equal(out.next_latents, out.mean)
     sample = ConfigDict({"num_steps": 4, "sde_type": "cps", "noise_level": 0.8, "sde_window_start": 0,
                          "sde_window_size": 0})
     family = FlowMatchingFamily(pipe=None)

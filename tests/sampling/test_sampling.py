@@ -41,7 +41,7 @@ def test_log_prob_is_gaussian_density_of_step(prediction_type):
     t = scheduler.timesteps[4]
     out = ddim_step_with_logprob(scheduler, model_output, t, sample, eta=0.7)
     normal = torch.distributions.Normal(out.mean, out.std.view(-1, 1, 1, 1))
-    expected = normal.log_prob(out.prev_sample).mean(dim=(1, 2, 3))
+    expected = normal.log_prob(out.next_latents).mean(dim=(1, 2, 3))
     torch.testing.assert_close(out.log_prob, expected, rtol=1e-5, atol=1e-5)
     # sigma from the closed form in ALGORITHMS.md
     ab = scheduler.alphas_cumprod
@@ -49,7 +49,7 @@ def test_log_prob_is_gaussian_density_of_step(prediction_type):
     sigma = 0.7 * ((1 - ab_prev) / (1 - ab_t) * (1 - ab_t / ab_prev)).sqrt()
     torch.testing.assert_close(out.std, sigma.expand(3).float())
     # the sum reduction is the mean times the number of latent dims
-    summed = ddim_step_with_logprob(scheduler, model_output, t, sample, 0.7, prev_sample=out.prev_sample, reduce="sum")
+    summed = ddim_step_with_logprob(scheduler, model_output, t, sample, 0.7, next_latents=out.next_latents, reduce="sum")
     torch.testing.assert_close(summed.log_prob, expected * 4 * 8 * 8, rtol=1e-5, atol=1e-3)
 
 
@@ -62,7 +62,7 @@ def test_step_matches_diffusers_ddim_step():
     for t in scheduler.timesteps:
         ours = ddim_step_with_logprob(scheduler, model_output, t, sample, 1.0, generator=torch.Generator().manual_seed(3))
         ref = scheduler.step(model_output, t, sample, eta=1.0, generator=torch.Generator().manual_seed(3)).prev_sample
-        torch.testing.assert_close(ours.prev_sample, ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ours.next_latents, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_recorded_log_probs_have_gaussian_density_along_trajectory(tiny_pipe):
@@ -160,7 +160,7 @@ def test_sde_window_steps_outside_are_deterministic_ddim_without_log_prob(tiny_p
         output = guided_model_output(tiny_pipe.unet, windowed.latents[:, 3], windowed.timesteps[:, 3], embeds, neg, 5.0)
     greedy = ddim_step_with_logprob(tiny_pipe.scheduler, output, windowed.timesteps[:, 3], windowed.latents[:, 3], 0.0,
                                     compute_log_prob=False)
-    torch.testing.assert_close(greedy.prev_sample, windowed.latents[:, 4], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(greedy.next_latents, windowed.latents[:, 4], rtol=1e-5, atol=1e-5)
     # a window of every step is the plain sampler, bit for bit
     every_step = noise_levels(1.0, 0, 5)
     torch.testing.assert_close(sample_window(every_step, 3).latents, sample_window([1.0] * 5, 3).latents,

@@ -108,7 +108,7 @@ class ModelFamily:
     def model_output(self, model, latents, step: dict, cond: dict, negative: dict, guidance_scale: float):
         raise NotImplementedError
 
-    def step(self, model_output, latents, step: dict, noise_level: float, prev_sample=None, generator=None,
+    def step(self, model_output, latents, step: dict, noise_level: float, next_latents=None, generator=None,
              compute_log_prob: bool = True, reduce: str = "mean"):
         raise NotImplementedError
 

@@ -64,10 +64,10 @@ class FlowMatchingFamily(ModelFamily):
         sigmas = scheduler.sigmas.to(device)
         return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
 
-    def step(self, model_output, latents, step, noise_level, prev_sample=None, generator=None, compute_log_prob=True,
+    def step(self, model_output, latents, step, noise_level, next_latents=None, generator=None, compute_log_prob=True,
              reduce="mean"):
         return flow_step_with_logprob(self.sde_type, model_output, latents, step["sigmas"], step["next_sigmas"],
-                                      noise_level, prev_sample=prev_sample, generator=generator,
+                                      noise_level, next_latents=next_latents, generator=generator,
                                       compute_log_prob=compute_log_prob, reduce=reduce)
 
     def deterministic_steps(self, sample_config) -> torch.Tensor:

@@ -131,10 +131,10 @@ class StableDiffusionFamily(ModelFamily):
         return guided_model_output(model, latents, step["timesteps"], cond["prompt_embeds"], negative_embeds,
                                    guidance_scale)
 
-    def step(self, model_output, latents, step, noise_level, prev_sample=None, generator=None, compute_log_prob=True,
+    def step(self, model_output, latents, step, noise_level, next_latents=None, generator=None, compute_log_prob=True,
              reduce="mean"):
         return ddim_step_with_logprob(self.pipe.scheduler, model_output, step["timesteps"], latents, noise_level,
-                                      prev_sample=prev_sample, generator=generator, compute_log_prob=compute_log_prob,
+                                      next_latents=next_latents, generator=generator, compute_log_prob=compute_log_prob,
                                       reduce=reduce)
 
     def decode(self, latents):
