@@ -6,7 +6,7 @@ Both contenders train the same LoRA policy (the default config: LoRA rank 4, CFG
 train.batch_size samples per optimizer step) on the same recorded trajectories and advantages, with the
 same number of gradient contributions ((sample, step) pairs) and optimizer steps:
 
-* ours: ``PolicyUpdater.train_epoch`` (ddpo_group/update/policy.py): every train batch's trained pairs
+* ours: ``PolicyUpdater.train_epoch`` (ddpo_group/update/policy_update.py): every train batch's trained pairs
   flattened into the batch dimension, ``train.pairs_per_forward`` pairs per guided UNet forward;
 * reference: the loop as ddpo-pytorch writes it (scripts/train.py there), written out below: for each
   train batch of samples, one timestep at a time (each sample its own permuted step), CFG as a doubled
@@ -35,8 +35,8 @@ from accelerate import Accelerator
 from _common import UNetTimer, add_common_args, machine, median_ratio, setup_threads, side_by_side, sync
 
 from config.base import get_config
-from ddpo_group.models.policy import build_policy, make_optimizer
-from ddpo_group.update.policy import PolicyUpdater
+from ddpo_group.models.trainable import build_policy, make_optimizer
+from ddpo_group.update.policy_update import PolicyUpdater
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.sampling.ddim import ddim_step_with_logprob
 from ddpo_group.models.tiny_random import TINY_BUILDERS, save_pipeline

@@ -21,7 +21,7 @@ import torch
 from _common import add_common_args, machine, setup_threads, side_by_side
 
 from config.base import get_config
-from ddpo_group.models.policy import build_policy
+from ddpo_group.models.trainable import build_policy
 from ddpo_group.models.families.sd import latent_shape
 
 

@@ -59,7 +59,7 @@ def base() -> ml_collections.ConfigDict:
     # and evaluates on 40)
     sample.eval_num_steps = 0
     sample.eta = 1.0  # DDIM's noise (Stable Diffusion 1.x/2.x): 0 deterministic, 1 DDPM-like
-    # flow-matching families (SD3, FLUX): the stochastic step and its noise level a (sampling/flow.py):
+    # flow-matching families (SD3, FLUX): the stochastic step and its noise level a (sampling/flow_steps.py):
     # "flow_sde" (Flow-GRPO; a = 0.7 for SD3.5, 0.9 for FLUX), "cps" (coefficients-preserving), "dance_sde" (DanceGRPO, 0.3)
     sample.sde_type = "flow_sde"
     sample.noise_level = 0.7  # the flow-matching step's noise level a (0 would make every step deterministic)

@@ -8,7 +8,7 @@ fields: DDIM's eta, the flow SDE, guidance in the training forward), the advanta
 from __future__ import annotations
 
 from ddpo_group.errors import ConfigError
-from ddpo_group.models.policy import DTYPES
+from ddpo_group.models.trainable import DTYPES
 from ddpo_group.sampling.gaussian import REDUCTIONS
 from ddpo_group.update.memory_fit import configured_pairs
 

@@ -73,7 +73,7 @@ def load_finetuned_weights(family, checkpoint: Path, config) -> None:
     ``config``: the run's (its LoRA rank and alpha)."""
     from safetensors.torch import load_file
 
-    from ddpo_group.models.policy import lora_config
+    from ddpo_group.models.trainable import lora_config
 
     files = sorted(checkpoint.glob("model*.safetensors"))
     if not files:

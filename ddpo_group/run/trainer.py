@@ -3,7 +3,7 @@
     1. sample and score: P prompts x G copies with log-probs, their rewards and what the estimator reads, gathered
        over the processes (rollout/rounds.py, rollout/collect.py);
     2. advantages: the estimator on each whole round; each process keeps its rows (algorithms/advantages.py);
-    3. update the policy on the (sample, step) pairs (update/policy.py);
+    3. update the policy on the (sample, step) pairs (update/policy_update.py);
     4. update the critic (update/critic.py);
     5. after the epoch: the KL term's controller and reference (reference/regularizer.py), the estimator's
        controller (GROUP_PPO's tau), the EMA's metrics (update/ema.py; the EMA itself moves after optimizer steps);
@@ -30,7 +30,7 @@ from ddpo_group.algorithms import get_adv_estimator
 from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import ConfigError, EpochAbandoned, NonFiniteLossError
-from ddpo_group.models.policy import build_policy, lora_config, make_optimizer
+from ddpo_group.models.trainable import build_policy, lora_config, make_optimizer
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
 from ddpo_group.rewards import make_reward_fn
@@ -49,7 +49,7 @@ from ddpo_group.timing import PHASES, PhaseTimer
 from ddpo_group.update.critic import Critic
 from ddpo_group.update.ema import EMAWeights
 from ddpo_group.update.memory_fit import PairsPerForward, names_the_setting
-from ddpo_group.update.policy import PolicyUpdater
+from ddpo_group.update.policy_update import PolicyUpdater
 
 
 class Trainer:

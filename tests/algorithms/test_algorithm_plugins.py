@@ -12,7 +12,7 @@ from ddpo_group.errors import ConfigError
 from ddpo_group.run.config_checks import validate_config
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
-from ddpo_group.update.policy import PolicyUpdater
+from ddpo_group.update.policy_update import PolicyUpdater
 from ddpo_group.models.tiny_random import build_tiny_pipeline
 from sd_helpers import sd_trajectories
 from tolerances import reordered_sum_atol

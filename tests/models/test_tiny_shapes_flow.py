@@ -13,7 +13,7 @@ from diffusers import StableDiffusion3Pipeline
 from ddpo_group.models import (CLASSIFIER_DIR, TINY_SHAPES_DIR, TINY_SHAPES_FLOW, TINY_SHAPES_FLOW_DIR,
                                TINY_SHAPES_FLOW_T5_TOKENS, default_max_sequence_length, load_family)
 from ddpo_group.models import shapes_data as shapes
-from ddpo_group.models.families.flow import sequence_length
+from ddpo_group.models.families.flow_matching import sequence_length
 from ml_collections import ConfigDict
 
 ROOT = Path(__file__).resolve().parents[2]

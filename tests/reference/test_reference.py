@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ddpo_group.models.families.sd import StableDiffusionFamily
-from ddpo_group.models.policy import lora_config
+from ddpo_group.models.trainable import lora_config
 from ddpo_group.reference.model import POLICY_ADAPTER, REFERENCE_ADAPTER, ReferenceModel, _lora_layers
 from ddpo_group.models.tiny_random import build_tiny_pipeline
 from tolerances import EPS32

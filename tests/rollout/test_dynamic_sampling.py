@@ -90,7 +90,7 @@ def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir,
 
 @pytest.mark.parametrize("preset", ["grpo", "reinforce_pp"])
 def test_sde_window_samples_and_trains_only_its_steps(preset, tiny_model_dir, tmp_path, monkeypatch):
-    import ddpo_group.update.policy as policy_update
+    import ddpo_group.update.policy_update as policy_update
 
     trainer = tiny_trainer(preset, tiny_model_dir, tmp_path, "window", **{
         "sample.sde_window_start": 1, "sample.sde_window_size": 2})

@@ -7,7 +7,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from ddpo_group.sampling.flow import SDE_REGISTRY, flow_step_with_logprob
+from ddpo_group.sampling.flow_steps import SDE_REGISTRY, flow_step_with_logprob
 
 D = torch.float64
 
@@ -93,7 +93,7 @@ def test_the_sdes_are_the_euler_step_in_expectation_as_the_noise_vanishes():
 def test_cps_last_step_is_deterministic_and_the_family_leaves_it_out_of_the_window():
     from ml_collections import ConfigDict
 
-    from ddpo_group.models.families.flow import FlowMatchingFamily
+    from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 
     out = flow_step_with_logprob("cps", torch.zeros(1, 4), torch.ones(1, 4), 0.2, 0.0, 0.8, compute_log_prob=False)
     assert float(out.std) == 0.0 and torch.equal(out.next_latents, out.mean)

@@ -10,12 +10,12 @@ import torch
 from accelerate import Accelerator
 
 from ddpo_group.algorithms import FixedKLController
-from ddpo_group.models.policy import build_policy
+from ddpo_group.models.trainable import build_policy
 from ddpo_group.reference.regularizer import KLRegularizer
 from ddpo_group.rollout.collect import encode_unique
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
-from ddpo_group.update.policy import PolicyUpdater
+from ddpo_group.update.policy_update import PolicyUpdater
 from ddpo_group.timing import PhaseTimer
 from ddpo_group.models.tiny_random import build_tiny_pipeline
 from sd_helpers import sd_trajectories

@@ -5,7 +5,7 @@ import torch
 from accelerate import Accelerator
 
 from config.base import get_config
-from ddpo_group.update.policy import PolicyUpdater, random_step_mask
+from ddpo_group.update.policy_update import PolicyUpdater, random_step_mask
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.models.tiny_random import build_tiny_pipeline
@@ -75,7 +75,7 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     """policy loss + beta * agg(KL): chunk-wise backward (vanilla) or gathered log-probs (gspo, geo_mean) equal the
     registered loss on the whole batch's [b, T] matrix, whatever pairs_per_forward."""
     from ddpo_group.algorithms import FixedKLController, agg_loss, get_kl_kind, get_policy_loss
-    from ddpo_group.models.policy import lora_config
+    from ddpo_group.models.trainable import lora_config
     from ddpo_group.reference.model import ReferenceModel
     from ddpo_group.reference.regularizer import KLRegularizer
 
@@ -138,7 +138,7 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
 
 
 def test_random_step_mask_chooses_only_the_sde_windows_steps():
-    from ddpo_group.update.policy import random_step_mask
+    from ddpo_group.update.policy_update import random_step_mask
     from ddpo_group.sampling.window import sde_window_mask
 
     window = sde_window_mask(10, 2, 4)  # steps 2..5

@@ -110,7 +110,7 @@ def test_the_chunked_ratio_norm_gradient_is_independent_of_the_chunk_size():
     from config.base import get_config
     from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
     from ddpo_group.models.tiny_random import build_tiny_pipeline
-    from ddpo_group.update.policy import PolicyUpdater
+    from ddpo_group.update.policy_update import PolicyUpdater
 
     torch.manual_seed(0)
     pipe = build_tiny_pipeline()

@@ -12,7 +12,7 @@ pipeline and says:
   ``schedule(num_steps)`` -> row-broadcastable per-step tensors (``step_keys``: timesteps, sigmas), stored per
   sample and step in the batch record (the rollout's values are the ones training reads, never reconstructed);
 * the model: ``model_output`` (with guidance as the pipeline does it), ``step`` (the stochastic step with its
-  log-probability, sampling/ddim.py or sampling/flow.py), ``decode``;
+  log-probability, sampling/ddim.py or sampling/flow_steps.py), ``decode``;
 * the config it reads (``noise_field``: ``sample.eta`` or ``sample.noise_level``; the guidance of the training
   forward; its own contradictions), and the LoRA export in diffusers format.
 """

@@ -7,7 +7,7 @@
     output      v = transformer(x, t / 1000, guidance = w (FLUX.1-dev's guidance embedding), pooled, prompt_embeds,
                 txt_ids, img_ids): the guidance scale enters sampling and training alike, so ``train.cfg`` has no
                 effect (there is no unconditional forward)
-    step        flow matching (models/families/flow.py, sampling/flow.py)
+    step        flow matching (models/families/flow_matching.py, sampling/flow_steps.py)
     decode      unpack, then the VAE with latents / scaling_factor + shift_factor
 """
 
@@ -19,7 +19,7 @@ from diffusers import FluxPipeline
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
 from ddpo_group.models.families import register_family
-from ddpo_group.models.families.flow import FlowMatchingFamily
+from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 
 
 @register_family("flux", FluxPipeline)

@@ -6,7 +6,7 @@
     latents     [B, 16, H/8, W/8], x_T = N(0, I) (``prepare_latents``: the pipeline's draw)
     output      v = transformer(x, t in 0..1000, prompt_embeds, pooled), classifier-free guidance as one batched
                 forward: v = v_uncond + w (v_cond - v_uncond)              (w <= 1: no guidance)
-    step        flow matching (models/families/flow.py, sampling/flow.py)
+    step        flow matching (models/families/flow_matching.py, sampling/flow_steps.py)
     decode      VAE with latents / scaling_factor + shift_factor
 """
 
@@ -17,7 +17,7 @@ from diffusers import StableDiffusion3Pipeline
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
 
 from ddpo_group.models.families import register_family
-from ddpo_group.models.families.flow import FlowMatchingFamily
+from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 
 
 @register_family("sd3", StableDiffusion3Pipeline)

@@ -3,7 +3,7 @@
     schedule    the pipeline's own: FlowMatchEulerDiscreteScheduler.set_timesteps with the pipeline's sigmas and
                 shift (``schedule_kwargs``); recorded per step: timesteps (0..1000, what the transformer reads),
                 sigmas s and next_sigmas s_next (what the step reads; never reconstructed from the timesteps)
-    step        sampling/flow.py: ``sample.sde_type`` (flow_sde, cps, dance_sde) at ``sample.noise_level``; at noise
+    step        sampling/flow_steps.py: ``sample.sde_type`` (flow_sde, cps, dance_sde) at ``sample.noise_level``; at noise
                 level 0 the pipeline's Euler step x + v (s_next - s)
     images      ``sample.resolution`` pixels square (0: the pipeline's default)
 """
@@ -16,7 +16,7 @@ import torch
 
 from ddpo_group.models.families.base import ModelFamily
 from ddpo_group.models.families.sd import warn_long_prompts
-from ddpo_group.sampling.flow import SDE_REGISTRY, flow_step_with_logprob
+from ddpo_group.sampling.flow_steps import SDE_REGISTRY, flow_step_with_logprob
 
 
 def sequence_length(pretrained) -> int | None:
