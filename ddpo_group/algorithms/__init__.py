@@ -38,11 +38,11 @@ from .value_loss import clipped_value_loss, value_loss_matrix
 from .filters import zero_variance_group_filter
 from .multi_reward import MULTI_REWARD_MIXES, component_metrics, component_normalized_sum
 from .group_ppo import (
-    GroupEndpoints,
+    SegmentEndpoints,
     GroupPPOResult,
     GroupThresholdController,
     critic_endpoint_mask_and_targets,
-    find_group_endpoints,
+    find_segment_endpoints,
     group_metrics,
     group_ppo_advantages,
     post_step_values,

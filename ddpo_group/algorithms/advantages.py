@@ -477,14 +477,14 @@ def gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, gae_lambda: float
                   check=_group_ppo_checks, optional_inputs=_group_ppo_inputs)
 def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, max_segment_steps: int = 16,
                         numerical_floor: float = 1e-6, gae_lambda: float = 1.0, norm_adv_by_std: bool = False,
-                        critic_lam: Optional[float] = None, group_weight_by_mask: bool = False,
+                        critic_lam: Optional[float] = None, segment_weight_by_mask: bool = False,
                         value_source: str = "critic", value_blend: float = 0.5, **_) -> AdvantageOutput:
     """GROUP_PPO (GROUP_PPO.md; formulas in group_ppo.py): dynamic segments of steps, the segment
     advantage A_k = sum_{j >= k} lambda^(j-k) Delta_j (lambda = gae_lambda) broadcast to its steps (optionally
     / (std_g(R) + numerical_floor), 0 for a group whose rewards are all equal), never whitened. tau comes from the
     GroupThresholdController each epoch. Fills endpoint_mask / critic_targets (pre-step indexing,
-    K-1 per trajectory), returns = critic_targets, extras step_endpoints / group_id.
-    Endpoints do not depend on the step mask unless group_weight_by_mask=True.
+    K-1 per trajectory), returns = critic_targets, extras step_endpoints / segment_id.
+    Endpoints do not depend on the step mask unless segment_weight_by_mask=True.
     value_source, the endpoint values V (b_g: the group's mean reward, f: the critic's output, Q: tweedie_values):
         "critic"           V = f
         "residual_critic"  V = b_g + f       (f learns the deviation from the group mean; at f = 0 this is grpo)
@@ -506,12 +506,12 @@ def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, max_segment_s
     sr = None if inputs.step_rewards is None else torch.as_tensor(inputs.step_rewards, device=R.device).detach().double()
     res = group_ppo_advantages(
         V, R, gi, tau=tau, max_segment_steps=max_segment_steps, eps=numerical_floor, lam=gae_lambda, norm_adv_by_std=norm_adv_by_std,
-        step_mask=m, step_rewards=sr, critic_lam=critic_lam, weight_by_mask=group_weight_by_mask,
+        step_mask=m, step_rewards=sr, critic_lam=critic_lam, weight_by_mask=segment_weight_by_mask,
         residual=value_source in RESIDUAL_VALUE_SOURCES,
     )
     metrics = {**res.metrics, **_group_metrics(R, gi, P, std)}
     dtype = inputs.rewards.dtype if torch.as_tensor(inputs.rewards).is_floating_point() else torch.float32
     return AdvantageOutput(
         res.advantages, res.critic_targets, metrics, endpoint_mask=res.endpoint_mask.to(dtype),
-        critic_targets=res.critic_targets.to(dtype), extras={"step_endpoints": res.step_endpoints, "group_id": res.group_id},
+        critic_targets=res.critic_targets.to(dtype), extras={"step_endpoints": res.step_endpoints, "segment_id": res.segment_id},
     )

@@ -1,4 +1,7 @@
-"""GROUP_PPO: dynamic grouping of denoising steps (GROUP_PPO.md), as pure tensor functions.
+"""GROUP_PPO: the denoising steps cut into segments (GROUP_PPO.md), as pure tensor functions.
+
+Vocabulary: a (prompt) group is the G samples of one prompt; a segment is a run of consecutive denoising steps of
+one trajectory, ended by its endpoint (GROUP_PPO.md says "group of steps"; the metrics keep its group/* names).
 
 Conventions (B samples, T steps, step n = 0 noisiest):
 
@@ -6,23 +9,23 @@ Conventions (B samples, T steps, step n = 0 noisiest):
 * Post-step values u [B, T]: u[:, n] = values[:, n + 1] for n <= T-2, u[:, T-1] = R,
   and u_{-1} = b_g (mean reward of the sample's prompt group).
 * TD deltas (gamma = 1): delta[:, n] = u_n - u_{n-1} (+ step_rewards[:, n], KL in reward).
-* Candidate group [a, n]: A_bar_i = sum_{m=a..n} delta_{i,m} (= u_n - u_{a-1} without step
+* Candidate segment [a, n]: A_bar_i = sum_{m=a..n} delta_{i,m} (= u_n - u_{a-1} without step
   rewards), r_grpo = sum_i W_i(a,n) A_bar_i^2, r_ppo = sum_i sum_m w_{i,m} delta_{i,m}^2 with
   W_i(a, n) = sum_{m=a..n} w_{i,m}; rho = (r_grpo + eps) / (r_ppo + eps). With uniform
   weights (the default) W = n - a + 1, exactly GROUP_PPO.md section 2.
-* Groups k = 0..K-1 (0-based here) cover (e_{k-1}, e_k], e_{-1} = -1, e_{K-1} = T-1.
-  Delta_k = sum of delta over group k, A_k = sum_{j>=k} lam^(j-k) Delta_j, broadcast to the
-  steps of group k; optionally divided by std_g(R) + eps (Bessel-corrected std, the same as
-  grpo, so that the one-group limit equals grpo exactly; a group with std_g <= eps, whose rewards are
+* Segments k = 0..K-1 (0-based here) cover (e_{k-1}, e_k], e_{-1} = -1, e_{K-1} = T-1.
+  Delta_k = sum of delta over segment k, A_k = sum_{j>=k} lam^(j-k) Delta_j, broadcast to the
+  steps of segment k; optionally divided by std_g(R) + eps (Bessel-corrected std, the same as
+  grpo, so that the one-segment limit equals grpo exactly; a group with std_g <= eps, whose rewards are
   all equal, gets 0 as in grpo). Never mean-shifted or whitened.
 
-Step mask and grouping: the endpoints are computed over the FULL trajectory of T steps,
+Step mask and segments: the endpoints are computed over the FULL trajectory of T steps,
 independent of the step mask (the critic values exist for every step, and the mask drawn by
 timestep_fraction may change between inner epochs, so a step's advantage must not depend on
 which other steps happen to be trained). The mask only zeroes the advantages of untrained
-steps. ``find_group_endpoints(..., step_mask=m)`` optionally uses the mask as the per-step
+steps. ``find_segment_endpoints(..., step_mask=m)`` optionally uses the mask as the per-step
 weights w of section 2 (only trained steps count in both variance sums); the estimator does
-that only with ``group_weight_by_mask=True``.
+that only with ``segment_weight_by_mask=True``.
 
 Critic (section 5), in the PRE-step indexing of ``values`` so that the trainer treats it like
 gae (regress V(latents[:, n], timesteps[:, n]) on targets[:, n] under the mask): the critic
@@ -65,23 +68,23 @@ def td_deltas(u: torch.Tensor, start_value: torch.Tensor, step_rewards: Optional
 
 
 @dataclass
-class GroupEndpoints:
-    """Result of find_group_endpoints (all per sample; samples of one prompt share them).
+class SegmentEndpoints:
+    """Result of find_segment_endpoints (all per sample; samples of one prompt share them).
 
-    is_endpoint [B, T] bool: step n ends a group (the last step T-1 always does).
-    group_id [B, T] long: 0-based index k of the group containing step n.
-    num_groups [B] long: K.
+    is_endpoint [B, T] bool: step n ends a segment (the last step T-1 always does).
+    segment_id [B, T] long: 0-based index k of the segment containing step n.
+    num_segments [B] long: K.
     rho_at_cut [C] float64: rho(a, n) of each variance cut (one entry per prompt group and cut;
         forced cuts at max_segment_steps and the final endpoint are not included).
     """
 
     is_endpoint: torch.Tensor
-    group_id: torch.Tensor
-    num_groups: torch.Tensor
+    segment_id: torch.Tensor
+    num_segments: torch.Tensor
     rho_at_cut: torch.Tensor
 
 
-def find_group_endpoints(
+def find_segment_endpoints(
     u: Optional[torch.Tensor],
     delta: torch.Tensor,
     tau: float,
@@ -89,7 +92,7 @@ def find_group_endpoints(
     eps: float = 1e-6,
     step_mask: Optional[torch.Tensor] = None,
     group_index: Optional[torch.Tensor] = None,
-) -> GroupEndpoints:
+) -> SegmentEndpoints:
     """Algorithm 2 of GROUP_PPO.md, vectorised over prompt groups (a loop over T only).
 
         a = 0
@@ -157,15 +160,15 @@ def find_group_endpoints(
         wsum = torch.where(close_i, torch.zeros_like(wsum_new), wsum_new)
     is_endpoint = is_end[gi]
     ends = is_endpoint.long()
-    group_id = torch.cumsum(ends, dim=1) - ends
+    segment_id = torch.cumsum(ends, dim=1) - ends
     rho_vals = rho_cut[~torch.isnan(rho_cut)]
-    return GroupEndpoints(is_endpoint, group_id, ends.sum(dim=1), rho_vals)
+    return SegmentEndpoints(is_endpoint, segment_id, ends.sum(dim=1), rho_vals)
 
 
 def segment_advantages(delta: torch.Tensor, is_endpoint: torch.Tensor, lam: float) -> torch.Tensor:
-    """Per-step broadcast group advantages [B, T] (no scaling).
+    """Per-step broadcast segment advantages [B, T] (no scaling).
 
-    Delta_k = sum_{n in group k} delta_n,  A_k = sum_{j >= k} lam^(j-k) Delta_j,  adv[:, n] = A_{k(n)}.
+    Delta_k = sum_{n in segment k} delta_n,  A_k = sum_{j >= k} lam^(j-k) Delta_j,  adv[:, n] = A_{k(n)}.
     """
     if delta.shape != is_endpoint.shape:
         raise ValueError("delta and is_endpoint must have the same shape")
@@ -207,10 +210,10 @@ def group_metrics(
     """group/* metrics (floats).
 
     group/tau: the threshold used; group/num_endpoints: mean K per trajectory; group/mean_len:
-    mean length of a group (steps / groups over all trajectories); group/max_len;
-    group/compression_ratio: 1 - (groups holding at least one trained step) / (trained steps),
+    mean length of a segment (steps / segments over all trajectories); group/max_len;
+    group/compression_ratio: 1 - (segments holding at least one trained step) / (trained steps),
     i.e. the share of trained steps that share their advantage with an earlier trained step of
-    their group (0 when every step is its own group, 1 - 1/T for one group and a full mask);
+    their segment (0 when every step is its own segment, 1 - 1/T for one segment and a full mask);
     group/rho_at_cut: mean rho of the variance cuts (NaN when there was none);
     group/num_variance_cuts: their number per prompt group-epoch total.
     """
@@ -242,11 +245,11 @@ def group_metrics(
 # ------------------------------------------------------------------------------- full estimator
 @dataclass
 class GroupPPOResult:
-    advantages: torch.Tensor        # [B, T] broadcast group advantages (unmasked, unclipped, maybe std-scaled)
+    advantages: torch.Tensor        # [B, T] broadcast segment advantages (unmasked, unclipped, maybe std-scaled)
     endpoint_mask: torch.Tensor     # [B, T] float, pre-step indexing (critic loss mask)
     critic_targets: torch.Tensor    # [B, T], pre-step indexing, 0 outside endpoint_mask
     step_endpoints: torch.Tensor    # [B, T] bool, step indexing (is step n an endpoint)
-    group_id: torch.Tensor          # [B, T] long
+    segment_id: torch.Tensor          # [B, T] long
     u: torch.Tensor                 # [B, T] post-step values
     delta: torch.Tensor             # [B, T] TD deltas
     metrics: Dict[str, float] = field(default_factory=dict)
@@ -270,7 +273,7 @@ def group_ppo_advantages(
     """GROUP_PPO advantages and critic targets from pre-step values [B, T] and rewards [B].
 
     u from post_step_values, b_g = group mean of R, delta from td_deltas, endpoints from
-    find_group_endpoints (pooled per prompt group), A from segment_advantages(lam), divided by
+    find_segment_endpoints (pooled per prompt group), A from segment_advantages(lam), divided by
     std_g(R) + eps if norm_adv_by_std; critic mask/targets with critic_lam (default: lam),
     never std-scaled. Computed in float64; returned in float64.
 
@@ -294,7 +297,7 @@ def group_ppo_advantages(
     u = post_step_values(V, R)
     sr = None if step_rewards is None else step_rewards.detach().double()
     delta = td_deltas(u, b, sr)
-    ep = find_group_endpoints(u, delta, tau, max_segment_steps, eps,
+    ep = find_segment_endpoints(u, delta, tau, max_segment_steps, eps,
                               step_mask=step_mask if weight_by_mask else None, group_index=gi)
     adv = segment_advantages(delta, ep.is_endpoint, lam)
     if norm_adv_by_std:  # a group whose rewards are all equal gets 0, as grpo's (R - mean_g) does, not x / eps
@@ -306,7 +309,7 @@ def group_ppo_advantages(
         targets = torch.where(mask > 0, targets - b[:, None], targets)
     metrics = group_metrics(ep.is_endpoint, step_mask, tau, ep.rho_at_cut)
     metrics["group/num_critic_targets"] = float(mask.sum(dim=1).mean()) if B else 0.0
-    return GroupPPOResult(adv, mask, targets, ep.is_endpoint, ep.group_id, u, delta, metrics)
+    return GroupPPOResult(adv, mask, targets, ep.is_endpoint, ep.segment_id, u, delta, metrics)
 
 
 # ------------------------------------------------------------------------------- controller
@@ -326,8 +329,8 @@ class GroupThresholdController:
 
     The initial tau: with adaptation on it must lie in [min_tau, max_tau] (ValueError otherwise,
     never a silent clamp). With adaptive=False tau is fixed at any value >= 0 and the range is not
-    used: tau = 0 makes every step its own group (GAE with lambda = lam on group-mean-based
-    deltas), tau = inf one group per trajectory (grpo / Dr.GRPO); EV is still measured for logging.
+    used: tau = 0 makes every step its own segment (GAE with lambda = lam on group-mean-based
+    deltas), tau = inf one segment per trajectory (grpo / Dr.GRPO); EV is still measured for logging.
     """
 
     def __init__(self, tau: float = 1.0, lr: float = 0.01, min_tau: float = 0.1, max_tau: float = 10.0,
@@ -359,7 +362,7 @@ class GroupThresholdController:
             elif not min_tau <= tau <= max_tau:
                 errors.append(f"{n['tau']}={tau} lies outside [{n['min_tau']}, {n['max_tau']}] = [{min_tau}, "
                               f"{max_tau}], the range the adaptive threshold moves in: set it inside, or set "
-                              f"{n['adaptive']}=False to keep tau fixed at any value >= 0 (0: every step its own group)")
+                              f"{n['adaptive']}=False to keep tau fixed at any value >= 0 (0: every step its own segment)")
         return errors
 
     @classmethod
@@ -420,7 +423,7 @@ class GroupThresholdController:
         get = lambda key: metrics.get(key, float("nan"))  # noqa: E731
         return (
             f"GROUP_PPO epoch {epoch}: {get('group/num_endpoints'):.1f} endpoints per trajectory "
-            f"(mean group length {get('group/mean_len'):.2f} steps), compression ratio "
+            f"(mean segment length {get('group/mean_len'):.2f} steps), compression ratio "
             f"{get('group/compression_ratio'):.2f}, tau {get('group/tau'):.3f} -> {get('group/next_tau'):.3f}, critic "
             f"explained variance {get('group/critic_ev'):.3f}, value loss {get('critic/value_loss'):.4f}, reward "
             f"{get('reward_mean'):.4f}"

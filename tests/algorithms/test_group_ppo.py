@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from ddpo_group.algorithms import (
     AdvantageInputs,
     GroupThresholdController,
-    find_group_endpoints,
+    find_segment_endpoints,
     get_adv_estimator,
     group_metrics,
     group_ppo_advantages,
@@ -271,7 +271,7 @@ def test_lambda_limits(prob):
         prev_end[:, n] = torch.where(ends[:, n - 1] == 1, torch.full_like(prev_end[:, n], n - 1), prev_end[:, n - 1])
     expected = R[:, None] - u_ext.gather(1, prev_end + 1)
     torch.testing.assert_close(r1.advantages, expected, rtol=1e-9, atol=1e-12)
-    assert torch.equal(start_idx, r1.group_id)
+    assert torch.equal(start_idx, r1.segment_id)
     # lam_c = 1: every critic target is R
     assert torch.allclose(r1.critic_targets[r1.endpoint_mask > 0], R[:, None].expand_as(u)[r1.endpoint_mask > 0])
 
@@ -309,16 +309,16 @@ def test_find_group_endpoints_api_and_errors():
     R = R1
     u = post_step_values(V1, R)
     delta = td_deltas(u, torch.full((2,), 0.5, dtype=D))
-    ep = find_group_endpoints(u, delta, 3.0, 16, EPS, group_index=GI1)
-    assert ep.is_endpoint.tolist() == [[False, True, True]] * 2 and ep.num_groups.tolist() == [2, 2]
-    assert ep.group_id.tolist() == [[0, 0, 1]] * 2
+    ep = find_segment_endpoints(u, delta, 3.0, 16, EPS, group_index=GI1)
+    assert ep.is_endpoint.tolist() == [[False, True, True]] * 2 and ep.num_segments.tolist() == [2, 2]
+    assert ep.segment_id.tolist() == [[0, 0, 1]] * 2
     # without group_index every row is its own group: sample 0 alone has the same rho here
-    ep1 = find_group_endpoints(None, delta, 3.0, 16, EPS)
+    ep1 = find_segment_endpoints(None, delta, 3.0, 16, EPS)
     assert ep1.is_endpoint.tolist() == ep.is_endpoint.tolist()
     for bad in (dict(tau=-1.0), dict(max_segment_steps=0), dict(eps=0.0)):
         kw = dict(tau=1.0, max_segment_steps=4, eps=EPS) | bad
         with pytest.raises(ValueError):
-            find_group_endpoints(u, delta, **kw)
+            find_segment_endpoints(u, delta, **kw)
     with pytest.raises(ValueError, match="values"):
         get_adv_estimator("group_ppo")(AdvantageInputs(R, torch.ones(2, 3), GI1))
 
