@@ -4,8 +4,9 @@
     python bench/sampling.py --family sd3 [--resolution 32]     # a tiny random SD3 (or flux) built from config
 
 Same model, prompts, number of steps, batch, guidance, output decoded to images in both: Stable Diffusion with
-DDIM at eta (1); the flow families (SD3, FLUX) with their pipeline's deterministic Euler sampler, ours at noise
-level 0 (the pipeline has no SDE; our stochastic steps cost the same: a few elementwise operations). The two contenders run interleaved (the order alternates every round) so that contention on a
+DDIM at its noise level (eta 1); the flow families (SD3, FLUX) with their pipeline's deterministic Euler sampler,
+ours at noise level 0 (the pipeline has no SDE; our stochastic steps cost the same: a few elementwise operations).
+The two contenders run interleaved (the order alternates every round) so that contention on a
 shared machine hits both alike; prints the median over rounds of the per-round wall-time ratio
 ours / diffusers (target: at most 1.05) and checks that both produce the same images. A last,
 instrumented call of each splits its time into the models (text encoder, UNet, VAE decoder, from
@@ -46,7 +47,8 @@ def parse_args(argv=None):
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--guidance", type=float, default=5.0)
-    parser.add_argument("--eta", type=float, default=1.0)
+    parser.add_argument("--noise_level", type=float, default=None, help="DDIM's eta (Stable Diffusion; default: the "
+                        "family's standard level, 1)")
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     add_common_args(parser)
@@ -64,8 +66,8 @@ def main(argv=None) -> dict:
 
 def run(args, model: str) -> dict:
     dtype = DTYPES[args.dtype]
-    config = ConfigDict({"sample": {"resolution": args.resolution, "sde_type": "flow_sde", "noise_level": 0.0,
-                                    "eta": args.eta},
+    config = ConfigDict({"sample": {"resolution": args.resolution, "sde_type": "flow_sde",
+                                    "noise_level": args.noise_level},
                          "pretrained": {"max_sequence_length": args.max_sequence_length}})
     family = load_family(model, torch_dtype=dtype, family="" if args.model else args.family, config=config)
     pipe = family.pipe.to(args.device)
@@ -73,7 +75,7 @@ def run(args, model: str) -> dict:
     prompts, _ = PromptSampler(args.prompt_fn, seed=0).sample(args.images)
     kwargs = dict(num_inference_steps=args.steps, guidance_scale=args.guidance,
                   **family.pipeline_kwargs(config.sample, config.pretrained))
-    noise = args.eta if family.noise_field == "eta" else 0.0  # the pipeline's own sampler: DDIM(eta) or Euler
+    noise = kwargs.get("eta", 0.0)  # the pipeline's own sampler: DDIM at its eta, or the deterministic Euler step
     results = {}
 
     @torch.no_grad()
@@ -95,7 +97,7 @@ def run(args, model: str) -> dict:
     max_diff = float((results["ours"].float() - results["diffusers"].float()).abs().max())
     t_diff, t_ours = statistics.median(times["diffusers"]), statistics.median(times["ours"])
     print(f"machine: {machine(args.device)}; device {args.device}, dtype {args.dtype}")
-    sampler = f"DDIM eta {args.eta}" if family.noise_field == "eta" else "Euler (noise level 0)"
+    sampler = f"DDIM eta {noise}" if "eta" in kwargs else "Euler (noise level 0)"
     print(f"{family.name} ({model}): {args.images} images, {args.steps} steps of {sampler}, guidance {args.guidance}, "
           f"decoded; {args.repeats} interleaved rounds")
     print(f"  diffusers {type(pipe).__name__}.__call__: median {t_diff:7.3f} s")

@@ -63,8 +63,9 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
-def ddpo_pytorch_epoch(batch, unet, scheduler, optimizer, params, accelerator, negative, config, timer=None):
-    """The reference: ddpo-pytorch's training loop (one timestep of a train batch of samples at a time)."""
+def ddpo_pytorch_epoch(batch, unet, scheduler, optimizer, params, accelerator, negative, config, eta, timer=None):
+    """The reference: ddpo-pytorch's training loop (one timestep of a train batch of samples at a time); ``eta``:
+    DDIM's."""
     t = config.train
     num_samples, num_steps = batch["log_probs"].shape
     k = max(1, int(num_steps * t.timestep_fraction))
@@ -90,7 +91,7 @@ def ddpo_pytorch_epoch(batch, unet, scheduler, optimizer, params, accelerator, n
                     uncond, text = noise_pred.chunk(2)
                     noise_pred = uncond + config.sample.guidance_scale * (text - uncond)
                     step = ddim_step_with_logprob(scheduler, noise_pred, sample["timesteps"][:, j], sample["latents"][:, j],
-                                                  config.sample.eta, next_latents=sample["next_latents"][:, j])
+                                                  eta, next_latents=sample["next_latents"][:, j])
                 advantages = torch.clamp(sample["advantages"][:, j], -t.adv_clip_max, t.adv_clip_max)
                 ratio = torch.exp(step.log_prob - sample["log_probs"][:, j])
                 unclipped = -advantages * ratio
@@ -167,7 +168,8 @@ def run(args, model: str) -> dict:
     contenders = {"ours": lambda: updater.train_epoch(next_batch("ours"), show_progress=False)}
     if not args.no_reference_loop and updater.scorer.family.name == "sd":  # the reference loop calls a UNet
         contenders["ddpo-pytorch loop"] = lambda: ddpo_pytorch_epoch(
-            next_batch("reference"), unet, pipe.scheduler, optimizer, params, accelerator, negative, config)
+            next_batch("reference"), unet, pipe.scheduler, optimizer, params, accelerator, negative, config,
+            updater.scorer.family.noise_level(config.sample))
     times = side_by_side(contenders, args.repeats, args.device)
 
     # the instrumented run: share of the training phase inside the UNet's forward and backward

@@ -58,11 +58,13 @@ def base() -> ml_collections.ConfigDict:
     # steps of the deterministic evaluation (eval_freq) and of scripts/evaluate.py; 0: num_steps (Flow-GRPO trains on 10
     # and evaluates on 40)
     sample.eval_num_steps = 0
-    sample.eta = 1.0  # DDIM's noise (Stable Diffusion 1.x/2.x): 0 deterministic, 1 DDPM-like
-    # flow-matching families (SD3, FLUX): the stochastic step and its noise level a (sampling/flow_steps.py):
-    # "flow_sde" (Flow-GRPO; a = 0.7 for SD3.5, 0.9 for FLUX), "cps" (coefficients-preserving), "dance_sde" (DanceGRPO, 0.3)
+    # the stochastic steps' noise level (0 would make every step deterministic): DDIM's eta on Stable Diffusion 1.x/2.x
+    # (1: DDPM-like, ddpo-pytorch's), the flow step's a on SD3 and FLUX (Flow-GRPO: 0.7 for SD3.5, 0.9 for FLUX);
+    # None: the family's standard level, 1.0 on Stable Diffusion and 0.7 on the flow-matching families
+    sample.noise_level = ml_collections.config_dict.placeholder(float)
+    # flow-matching families (SD3, FLUX): the stochastic step (sampling/flow_steps.py): "flow_sde" (Flow-GRPO), "cps"
+    # (coefficients-preserving), "dance_sde" (DanceGRPO, with noise_level 0.3)
     sample.sde_type = "flow_sde"
-    sample.noise_level = 0.7  # the flow-matching step's noise level a (0 would make every step deterministic)
     sample.resolution = 0  # image height and width in pixels (flow-matching families); 0: the pipeline's default
     # memory of large models: text embeddings of this many prompts kept on the CPU (each prompt then meets the text
     # encoders once; 0: encode every round)
@@ -73,7 +75,7 @@ def base() -> ml_collections.ConfigDict:
     sample.num_batches_per_epoch = 2  # sampling batches per process per epoch
     sample.log_prob_reduce = "mean"  # over latent dims; "sum" needs a much smaller clip range
     sample.same_initial_noise = False  # the copies of a prompt share x_T and differ by their step noise only
-    # SDE window (Flow-GRPO-Fast): only steps [start, start + size) are stochastic (eta) and trained; the others are
+    # SDE window (Flow-GRPO-Fast): only steps [start, start + size) are stochastic and trained; the others are
     # deterministic DDIM steps. Size 0: every step. Early steps decide the composition, so a small early window
     # concentrates the credit of the reward on few steps (and trains size / num_steps of the pairs).
     # Default: the first 2 of 10 steps, where the embedded model decides the shape (docs/learning_proof.md).
@@ -201,14 +203,14 @@ def base() -> ml_collections.ConfigDict:
 
     # ---- evaluation during training (ddpo_group/run/periodic_eval.py) ----
     # every eval_freq epochs (0: off), and then also before the first update and after the last epoch: the same prompts
-    # from the same initial noise with the deterministic sampler (eta / noise level 0, sample.eval_num_steps); eval/* in
+    # from the same initial noise with the deterministic sampler (noise level 0, sample.eval_num_steps); eval/* in
     # the metrics, eval.jsonl, samples/eval_*.png; the run summary's before -> after is this evaluation's
     config.eval_freq = 10
     config.eval_num_prompts = 8  # distinct prompts drawn once from prompt_fn by a generator seeded by seed (its own)
     config.eval_num_seeds = 8  # initial noises per prompt (noise j is the same for every prompt)
     config.eval_prompt_file = ""  # a text file, one prompt a line: evaluate these instead of the drawn ones
     config.eval_group_by = ""  # a prompt metadata key (tiny_shapes: "shape", "color", ...) to group eval/ by; "": prompt
-    config.eval_train_sampler = False  # also evaluate with the training sampler (eta / noise level, SDE window)
+    config.eval_train_sampler = False  # also evaluate with the training sampler (noise level, SDE window)
 
     # ---- logging ----
     config.wandb = wandb = ml_collections.ConfigDict()
@@ -275,7 +277,7 @@ def reinforce_pp() -> ml_collections.ConfigDict:
 
 
 def remax() -> ml_collections.ConfigDict:
-    """ReMax: R - R_greedy, the reward of a greedy (eta = 0) sample of the same prompt."""
+    """ReMax: R - R_greedy, the reward of a greedy (noise level 0) sample of the same prompt."""
     config = base()
     config.algorithm.adv_estimator = "remax"
     return config

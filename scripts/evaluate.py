@@ -22,6 +22,7 @@ from ddpo_group.run.quiet import silence_known_noise  # noqa: E402
 silence_known_noise()  # before diffusers and transformers load
 
 from config.base import base  # noqa: E402
+from ddpo_group.run.cli_errors import USAGE_ERROR, exit_with  # noqa: E402
 from ddpo_group.run.evaluation import evaluate, format_report  # noqa: E402
 
 
@@ -54,8 +55,9 @@ def parse_args(argv=None):
     p.add_argument("--num_steps", type=int, default=None, help="sampling steps (default: the run's sample.eval_num_steps, "
                    "or sample.num_steps)")
     p.add_argument("--guidance_scale", type=float, default=None, help="guidance (default: the run's sample.guidance_scale)")
-    p.add_argument("--eta", type=float, default=None, help="DDIM's eta for Stable Diffusion (default: the run's "
-                   "sample.eta); the flow families sample with their pipeline's deterministic sampler")
+    p.add_argument("--noise_level", type=float, default=None, help="DDIM's eta for Stable Diffusion (default: the "
+                   "run's sample.noise_level); the flow families sample with their pipeline's deterministic sampler")
+    p.add_argument("--eta", type=float, default=None, help=argparse.SUPPRESS)  # --noise_level's former name
     p.add_argument("--batch_size", type=int, default=8, help="images per pipeline call")
     p.add_argument("--out", default=None, help="output directory (default: <run dir>/evaluation)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: the GPU when there is one)")
@@ -64,15 +66,22 @@ def parse_args(argv=None):
 
 def main(argv=None):
     a = parse_args(argv)
+    if a.eta is not None:
+        print("--eta is now --noise_level; the old name is accepted for one release (use --noise_level)",
+              file=sys.stderr)
+        a.noise_level = a.eta if a.noise_level is None else a.noise_level
     for name in ("num_prompts", "num_seeds", "batch_size"):
         if getattr(a, name) < 1:
             raise SystemExit(f"--{name}={getattr(a, name)} must be >= 1")
-    report = evaluate(
-        a.finetuned, base(), base_model=a.base_model, num_prompts=a.num_prompts, num_seeds=a.num_seeds, seed=a.seed,
-        prompt_fn=a.prompt_fn, prompt_fn_kwargs=a.prompt_fn_kwargs, reward_fn=a.reward_fn,
-        reward_fn_kwargs=a.reward_fn_kwargs, num_steps=a.num_steps, guidance_scale=a.guidance_scale, eta=a.eta,
-        batch_size=a.batch_size, out_dir=a.out, device=a.device,
-    )
+    try:
+        report = evaluate(
+            a.finetuned, base(), base_model=a.base_model, num_prompts=a.num_prompts, num_seeds=a.num_seeds,
+            seed=a.seed, prompt_fn=a.prompt_fn, prompt_fn_kwargs=a.prompt_fn_kwargs, reward_fn=a.reward_fn,
+            reward_fn_kwargs=a.reward_fn_kwargs, num_steps=a.num_steps, guidance_scale=a.guidance_scale,
+            noise_level=a.noise_level, batch_size=a.batch_size, out_dir=a.out, device=a.device,
+        )
+    except (FileNotFoundError, ValueError) as error:  # a path or a value of the command line: its one message
+        exit_with(error, USAGE_ERROR)
     print(format_report(report))
 
 

@@ -477,7 +477,7 @@ def gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, gae_lambda: float
                   check=_group_ppo_checks, optional_inputs=_group_ppo_inputs)
 def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, max_segment_steps: int = 16,
                         numerical_floor: float = 1e-6, gae_lambda: float = 1.0, norm_adv_by_std: bool = False,
-                        critic_lam: Optional[float] = None, segment_weight_by_mask: bool = False,
+                        critic_gae_lambda: Optional[float] = None, segment_weight_by_mask: bool = False,
                         value_source: str = "critic", value_blend: float = 0.5, **_) -> AdvantageOutput:
     """GROUP_PPO (GROUP_PPO.md; formulas in group_ppo.py): dynamic segments of steps, the segment
     advantage A_k = sum_{j >= k} lambda^(j-k) Delta_j (lambda = gae_lambda) broadcast to its steps (optionally
@@ -505,8 +505,9 @@ def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, max_segment_s
         V = Q if value_source == "tweedie" else value_blend * (Q - mean[gi][:, None]) + (1 - value_blend) * V
     sr = None if inputs.step_rewards is None else torch.as_tensor(inputs.step_rewards, device=R.device).detach().double()
     res = group_ppo_advantages(
-        V, R, gi, tau=tau, max_segment_steps=max_segment_steps, eps=numerical_floor, lam=gae_lambda, norm_adv_by_std=norm_adv_by_std,
-        step_mask=m, step_rewards=sr, critic_lam=critic_lam, weight_by_mask=segment_weight_by_mask,
+        V, R, gi, tau=tau, max_segment_steps=max_segment_steps, numerical_floor=numerical_floor, gae_lambda=gae_lambda,
+        norm_adv_by_std=norm_adv_by_std, step_mask=m, step_rewards=sr, critic_gae_lambda=critic_gae_lambda,
+        weight_by_mask=segment_weight_by_mask,
         residual=value_source in RESIDUAL_VALUE_SOURCES,
     )
     metrics = {**res.metrics, **_group_metrics(R, gi, P, std)}

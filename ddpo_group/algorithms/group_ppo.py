@@ -9,12 +9,13 @@ Conventions (B samples, T steps, step n = 0 noisiest):
 * Post-step values u [B, T]: u[:, n] = values[:, n + 1] for n <= T-2, u[:, T-1] = R,
   and u_{-1} = b_g (mean reward of the sample's prompt group).
 * TD deltas (gamma = 1): delta[:, n] = u_n - u_{n-1} (+ step_rewards[:, n], KL in reward).
+* Symbols: lambda = ``gae_lambda`` (group_ppo.gae_lambda), eps = ``numerical_floor`` (group_ppo.numerical_floor).
 * Candidate segment [a, n]: A_bar_i = sum_{m=a..n} delta_{i,m} (= u_n - u_{a-1} without step
   rewards), r_grpo = sum_i W_i(a,n) A_bar_i^2, r_ppo = sum_i sum_m w_{i,m} delta_{i,m}^2 with
   W_i(a, n) = sum_{m=a..n} w_{i,m}; rho = (r_grpo + eps) / (r_ppo + eps). With uniform
   weights (the default) W = n - a + 1, exactly GROUP_PPO.md section 2.
 * Segments k = 0..K-1 (0-based here) cover (e_{k-1}, e_k], e_{-1} = -1, e_{K-1} = T-1.
-  Delta_k = sum of delta over segment k, A_k = sum_{j>=k} lam^(j-k) Delta_j, broadcast to the
+  Delta_k = sum of delta over segment k, A_k = sum_{j>=k} lambda^(j-k) Delta_j, broadcast to the
   steps of segment k; optionally divided by std_g(R) + eps (Bessel-corrected std, the same as
   grpo, so that the one-segment limit equals grpo exactly; a group with std_g <= eps, whose rewards are
   all equal, gets 0 as in grpo). Never mean-shifted or whitened.
@@ -89,7 +90,7 @@ def find_segment_endpoints(
     delta: torch.Tensor,
     tau: float,
     max_segment_steps: int,
-    eps: float = 1e-6,
+    numerical_floor: float = 1e-6,
     step_mask: Optional[torch.Tensor] = None,
     group_index: Optional[torch.Tensor] = None,
 ) -> SegmentEndpoints:
@@ -104,7 +105,7 @@ def find_segment_endpoints(
     A_bar is computed from cumulative sums of ``delta`` (identical to u_n - u_{a-1} when
     delta = diff(u), and including the step rewards when KL is in the reward); ``u`` is only
     checked for shape and may be None. ``step_mask`` given = per-step weights w (module
-    docstring); None = uniform weights. eps must be > 0 (then tau = 0 cuts at every step).
+    docstring); None = uniform weights. numerical_floor must be > 0 (then tau = 0 cuts at every step).
     """
     if delta.dim() != 2:
         raise ValueError(f"delta must be [B, T], got shape {tuple(delta.shape)}")
@@ -114,8 +115,8 @@ def find_segment_endpoints(
         raise ValueError(f"max_segment_steps must be >= 1, got {max_segment_steps}")
     if not (tau >= 0):
         raise ValueError(f"tau must be >= 0, got {tau}")
-    if not (eps > 0):
-        raise ValueError(f"eps must be > 0, got {eps}")
+    if not (numerical_floor > 0):
+        raise ValueError(f"numerical_floor must be > 0, got {numerical_floor}")
     B, T = delta.shape
     device = delta.device
     d = delta.detach().double()
@@ -143,7 +144,7 @@ def find_segment_endpoints(
         wsum_new = wsum + w[:, n]
         r_grpo = group_sum(wsum_new * abar ** 2, gi, P)
         r_ppo = group_sum(ppo_new, gi, P)
-        rho = (r_grpo + eps) / (r_ppo + eps)
+        rho = (r_grpo + numerical_floor) / (r_ppo + numerical_floor)
         cut = (a < n) & (rho > tau)
         if n > 0:
             is_end[:, n - 1] |= cut
@@ -165,10 +166,10 @@ def find_segment_endpoints(
     return SegmentEndpoints(is_endpoint, segment_id, ends.sum(dim=1), rho_vals)
 
 
-def segment_advantages(delta: torch.Tensor, is_endpoint: torch.Tensor, lam: float) -> torch.Tensor:
+def segment_advantages(delta: torch.Tensor, is_endpoint: torch.Tensor, gae_lambda: float) -> torch.Tensor:
     """Per-step broadcast segment advantages [B, T] (no scaling).
 
-    Delta_k = sum_{n in segment k} delta_n,  A_k = sum_{j >= k} lam^(j-k) Delta_j,  adv[:, n] = A_{k(n)}.
+    Delta_k = sum_{n in segment k} delta_n,  A_k = sum_{j >= k} lambda^(j-k) Delta_j,  adv[:, n] = A_{k(n)}.
     """
     if delta.shape != is_endpoint.shape:
         raise ValueError("delta and is_endpoint must have the same shape")
@@ -181,19 +182,20 @@ def segment_advantages(delta: torch.Tensor, is_endpoint: torch.Tensor, lam: floa
     A = torch.zeros_like(seg)
     run = torch.zeros(B, dtype=delta.dtype, device=delta.device)
     for k in range(T - 1, -1, -1):
-        run = seg[:, k] + lam * run
+        run = seg[:, k] + gae_lambda * run
         A[:, k] = run
     return A.gather(1, gid)
 
 
-def critic_endpoint_mask_and_targets(u: torch.Tensor, delta: torch.Tensor, is_endpoint: torch.Tensor, critic_lam: float):
+def critic_endpoint_mask_and_targets(u: torch.Tensor, delta: torch.Tensor, is_endpoint: torch.Tensor,
+                                     critic_gae_lambda: float):
     """(endpoint_mask [B, T] float, critic_targets [B, T]) in PRE-step indexing (module docstring).
 
     mask[:, n] = is_endpoint[:, n-1] for n >= 1 (the last endpoint T-1 has no column: its
-    value is the reward); targets[:, n] = u[:, n-1] + A^{(critic_lam)}[:, n] there, 0 elsewhere.
+    value is the reward); targets[:, n] = u[:, n-1] + A^{(critic_gae_lambda)}[:, n] there, 0 elsewhere.
     """
     B, T = u.shape
-    adv_c = segment_advantages(delta, is_endpoint, critic_lam)
+    adv_c = segment_advantages(delta, is_endpoint, critic_gae_lambda)
     mask = torch.zeros(B, T, dtype=torch.bool, device=u.device)
     mask[:, 1:] = is_endpoint[:, :-1]
     u_prev = torch.cat([torch.zeros(B, 1, dtype=u.dtype, device=u.device), u[:, :-1]], dim=1)
@@ -261,20 +263,20 @@ def group_ppo_advantages(
     group_index: torch.Tensor,
     tau: float = 1.0,
     max_segment_steps: int = 16,
-    eps: float = 1e-6,
-    lam: float = 1.0,
+    numerical_floor: float = 1e-6,
+    gae_lambda: float = 1.0,
     norm_adv_by_std: bool = False,
     step_mask: Optional[torch.Tensor] = None,
     step_rewards: Optional[torch.Tensor] = None,
-    critic_lam: Optional[float] = None,
+    critic_gae_lambda: Optional[float] = None,
     weight_by_mask: bool = False,
     residual: bool = False,
 ) -> GroupPPOResult:
     """GROUP_PPO advantages and critic targets from pre-step values [B, T] and rewards [B].
 
     u from post_step_values, b_g = group mean of R, delta from td_deltas, endpoints from
-    find_segment_endpoints (pooled per prompt group), A from segment_advantages(lam), divided by
-    std_g(R) + eps if norm_adv_by_std; critic mask/targets with critic_lam (default: lam),
+    find_segment_endpoints (pooled per prompt group), A from segment_advantages(gae_lambda), divided by
+    std_g(R) + numerical_floor if norm_adv_by_std; critic mask/targets with critic_gae_lambda (default: gae_lambda),
     never std-scaled. Computed in float64; returned in float64.
 
     ``residual``: the values are deviations from the prompt group's mean reward, V(x_n) = b_g + values[:, n], and
@@ -297,14 +299,14 @@ def group_ppo_advantages(
     u = post_step_values(V, R)
     sr = None if step_rewards is None else step_rewards.detach().double()
     delta = td_deltas(u, b, sr)
-    ep = find_segment_endpoints(u, delta, tau, max_segment_steps, eps,
+    ep = find_segment_endpoints(u, delta, tau, max_segment_steps, numerical_floor,
                               step_mask=step_mask if weight_by_mask else None, group_index=gi)
-    adv = segment_advantages(delta, ep.is_endpoint, lam)
-    if norm_adv_by_std:  # a group whose rewards are all equal gets 0, as grpo's (R - mean_g) does, not x / eps
+    adv = segment_advantages(delta, ep.is_endpoint, gae_lambda)
+    if norm_adv_by_std:  # a group whose rewards are all equal gets 0, as grpo's (R - mean_g) does, not x / floor
         scale = std[gi][:, None]
-        adv = torch.where(scale > eps, adv / (scale + eps), torch.zeros_like(adv))
-    c_lam = lam if critic_lam is None else critic_lam
-    mask, targets = critic_endpoint_mask_and_targets(u, delta, ep.is_endpoint, c_lam)
+        adv = torch.where(scale > numerical_floor, adv / (scale + numerical_floor), torch.zeros_like(adv))
+    critic_lambda = gae_lambda if critic_gae_lambda is None else critic_gae_lambda
+    mask, targets = critic_endpoint_mask_and_targets(u, delta, ep.is_endpoint, critic_lambda)
     if residual:
         targets = torch.where(mask > 0, targets - b[:, None], targets)
     metrics = group_metrics(ep.is_endpoint, step_mask, tau, ep.rho_at_cut)
@@ -329,7 +331,7 @@ class GroupThresholdController:
 
     The initial tau: with adaptation on it must lie in [min_tau, max_tau] (ValueError otherwise,
     never a silent clamp). With adaptive=False tau is fixed at any value >= 0 and the range is not
-    used: tau = 0 makes every step its own segment (GAE with lambda = lam on group-mean-based
+    used: tau = 0 makes every step its own segment (GAE with lambda = gae_lambda on group-mean-based
     deltas), tau = inf one segment per trajectory (grpo / Dr.GRPO); EV is still measured for logging.
     """
 

@@ -1,7 +1,7 @@
 """Base vs fine-tuned evaluation: the same prompts and seeds through both models, every configured reward.
 
 Used by ``scripts/evaluate.py``. Image (prompt i, seed s) of either model starts from the noise
-of ``torch.Generator().manual_seed(s)`` and uses the same DDIM eta noise, so the two images of
+of ``torch.Generator().manual_seed(s)`` and uses the same step noise, so the two images of
 a pair differ only by the model. Prompt i takes seeds seed + k M .. seed + k M + M - 1, k the number
 of earlier rows with the same prompt (a prompt set smaller than N is cycled), so the n = N x M images
 are all distinct and the interval below is not narrowed by copies. Statistics over the n images:
@@ -190,13 +190,13 @@ def comparison_grid(base_images, tuned_images, prompts, seeds, base_rewards, tun
 def evaluate(finetuned: str, defaults, base_model: str | None = None, num_prompts: int = 8, num_seeds: int = 2, seed: int = 0,
              prompt_fn: str | None = None, prompt_fn_kwargs: dict | None = None, reward_fn=None,
              reward_fn_kwargs: dict | None = None, num_steps: int | None = None, guidance_scale: float | None = None,
-             eta: float | None = None, batch_size: int = 8, out_dir: str | None = None, device: str | None = None,
+             noise_level: float | None = None, batch_size: int = 8, out_dir: str | None = None, device: str | None = None,
              show_progress: bool = True) -> dict:
     """Sample both models on the same prompts x seeds, score them, write report.json and grid.png; return the report.
 
     Unset arguments come from the fine-tuned run's config.json (found above ``finetuned``) merged onto ``defaults``
     (config/base.py's ``base()``): the model and its family, prompts, rewards, ``sample.eval_num_steps`` (or
-    ``num_steps``), the guidance, DDIM's eta (Stable Diffusion; the flow families sample with their pipeline's
+    ``num_steps``), the guidance, the noise level (DDIM's eta on Stable Diffusion; the flow families sample with their pipeline's
     deterministic Euler sampler), the resolution.
     """
     from ddpo_group.models import load_family
@@ -210,8 +210,8 @@ def evaluate(finetuned: str, defaults, base_model: str | None = None, num_prompt
     reward_fn_kwargs = reward_fn_kwargs if reward_fn_kwargs is not None else config.reward_fn_kwargs.to_dict()
     num_steps = num_steps or config.sample.eval_num_steps or config.sample.num_steps
     guidance_scale = guidance_scale if guidance_scale is not None else config.sample.guidance_scale
-    if eta is not None:
-        config.sample.eta = eta
+    if noise_level is not None:
+        config.sample.noise_level = noise_level
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     kind, source = resolve_finetuned(finetuned)
     out_dir = Path(out_dir) if out_dir else (run_dir or Path.cwd()) / "evaluation"

@@ -9,8 +9,8 @@ everything but the weights fixed, so its change is the training's:
 * noise: ``eval_num_seeds`` initial noises x_T per prompt; noise j (the same for every prompt)
   is ``torch.randn`` of a CPU generator seeded by ``noise_seed(seed, j)``, so every evaluation starts from the same
   x_T on any device and process count;
-* sampler: the deterministic one (noise level 0 / DDIM eta 0 on every step) with ``sample.eval_num_steps`` steps (0:
-  ``sample.num_steps``); with ``eval_train_sampler`` also the training sampler (its eta / noise level, SDE window and
+* sampler: the deterministic one (noise level 0 on every step) with ``sample.eval_num_steps`` steps (0:
+  ``sample.num_steps``); with ``eval_train_sampler`` also the training sampler (its noise level, SDE window and
   ``sample.num_steps``), whose step noise of row r comes from a generator seeded by ``step_seed(seed, r)``, fresh at
   every evaluation.
 

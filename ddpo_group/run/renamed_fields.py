@@ -27,7 +27,12 @@ RENAMED = {
     "group_params.group_epsilon": "group_ppo.numerical_floor",
     "group_params.lam": "group_ppo.gae_lambda",
     "compile_unet": "compile_denoiser",
+    "sample.eta": "sample.noise_level",
 }
+# a former field that replaces its new name's value in a saved config: a run saved before sample.eta and
+# sample.noise_level became one field recorded both, DDIM's eta (what the pipeline's sampler reads, the evaluation
+# of a Stable Diffusion run) and the flow step's level (unread there: the flow pipelines sample deterministically)
+REPLACES_SAVED = {"sample.eta"}
 RENAMED_SECTIONS = {"group_params": "group_ppo"}  # every other field of the section keeps its name
 
 
@@ -75,5 +80,9 @@ def translate_saved(config: dict) -> dict:
             continue
         value = holder.pop(old_field)
         new_section, _, new_field = new.rpartition(".")
-        (out.setdefault(new_section, {}) if new_section else out).setdefault(new_field, value)
+        holder = out.setdefault(new_section, {}) if new_section else out
+        if old in REPLACES_SAVED:
+            holder[new_field] = value
+        else:
+            holder.setdefault(new_field, value)
     return out

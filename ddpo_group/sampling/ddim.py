@@ -1,6 +1,8 @@
 """The DDIM step as a Gaussian policy: next latent, its log-probability, the step's mean and std.
 
-All step math runs in float32 whatever the model's dtype (ALGORITHMS.md, "Sampler step").
+The paper's eta (η, the DDIM paper's eq. (16)) keeps its symbol here: it is the run's ``sample.noise_level`` on Stable
+Diffusion (0: deterministic DDIM, 1: DDPM-like). All step math runs in float32 whatever the model's dtype
+(ALGORITHMS.md, "Sampler step").
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ def check_trainable_schedule(scheduler: DDIMScheduler, num_steps: int, eta: floa
                              ) -> None:
     """Every trainable step (default: all) must have sigma > 0, or its log-probability does not exist."""
     if eta <= 0:
-        raise ValueError(f"sample.eta={eta}: the DDIM step needs eta > 0 to have a log-probability for training")
+        raise ValueError(f"sample.noise_level={eta}: the DDIM step needs eta > 0 to have a log-probability for training")
     scheduler.set_timesteps(num_steps)
     stds = step_std(scheduler, scheduler.timesteps, eta)
     if trainable is not None:

@@ -128,7 +128,7 @@ def problem(draw):
 @given(problem(), st.booleans())
 def test_vectorised_matches_loop_reference(prob, weighted):
     R, V, gi, tau, max_size, lam, mask = prob
-    res = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, eps=EPS, lam=lam,
+    res = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, numerical_floor=EPS, gae_lambda=lam,
                                step_mask=mask, weight_by_mask=weighted)
     u = post_step_values(V, R)
     b = [float(R[gi == gi[i]].mean()) for i in range(len(R))]
@@ -257,12 +257,12 @@ def test_lambda_limits(prob):
     R, V, gi, tau, max_size, _, _ = prob
     b = torch.stack([R[gi == g].mean() for g in gi])
     u = post_step_values(V, R)
-    # lam = 0: the group advantages (one per group, read at the endpoints) telescope to R - b_g
-    r0 = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, lam=0.0)
+    # gae_lambda = 0: the group advantages (one per group, read at the endpoints) telescope to R - b_g
+    r0 = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, gae_lambda=0.0)
     per_traj = (r0.advantages * r0.step_endpoints).sum(dim=1)
     torch.testing.assert_close(per_traj, R - b, rtol=1e-9, atol=1e-12)
-    # lam = 1: A = R - u_start, u_start = u at the endpoint before the group (b_g for the first group)
-    r1 = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, lam=1.0)
+    # gae_lambda = 1: A = R - u_start, u_start = u at the endpoint before the group (b_g for the first group)
+    r1 = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, gae_lambda=1.0)
     u_ext = torch.cat([b[:, None], u], dim=1)  # u_ext[:, e + 1] = u_e
     ends = r1.step_endpoints.long()
     start_idx = torch.cumsum(torch.cat([torch.zeros_like(ends[:, :1]), ends[:, :-1]], 1), 1)  # group id
@@ -315,8 +315,8 @@ def test_find_group_endpoints_api_and_errors():
     # without group_index every row is its own group: sample 0 alone has the same rho here
     ep1 = find_segment_endpoints(None, delta, 3.0, 16, EPS)
     assert ep1.is_endpoint.tolist() == ep.is_endpoint.tolist()
-    for bad in (dict(tau=-1.0), dict(max_segment_steps=0), dict(eps=0.0)):
-        kw = dict(tau=1.0, max_segment_steps=4, eps=EPS) | bad
+    for bad in (dict(tau=-1.0), dict(max_segment_steps=0), dict(numerical_floor=0.0)):
+        kw = dict(tau=1.0, max_segment_steps=4, numerical_floor=EPS) | bad
         with pytest.raises(ValueError):
             find_segment_endpoints(u, delta, **kw)
     with pytest.raises(ValueError, match="values"):

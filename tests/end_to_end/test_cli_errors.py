@@ -92,8 +92,8 @@ def test_the_traceback_switch_prints_the_traceback_above_the_message():
 
 @pytest.mark.slow
 def test_contradictions_and_a_missing_model_are_usage_errors(tmp_path):
-    out = train(["--config.sample.eta=0", "--config.train.batch_size=7", f"--config.logdir={tmp_path}"])
-    assert_reported(out, USAGE_ERROR, "[ddpo_group] error: invalid config:", "sample.eta=0.0 must be > 0",
+    out = train(["--config.sample.noise_level=0", "--config.train.batch_size=7", f"--config.logdir={tmp_path}"])
+    assert_reported(out, USAGE_ERROR, "[ddpo_group] error: invalid config:", "sample.noise_level=0.0 must be > 0",
                     "train.batch_size=7 must divide the samples per process per epoch", lines=4)
     missing = tmp_path / "no_such_model"
     out = train([f"--config.pretrained.model={missing}", f"--config.logdir={tmp_path}"])

@@ -206,5 +206,15 @@ def test_evaluate_help_gives_every_option_its_meaning_and_default():
         block = re.search(re.escape(f"{option} {option.upper()[2:]} ") + r"(.*?)(?= --[a-z_]+ [A-Z_]+ |$)", text)
         assert block and shown in block.group(1), (option, block and block.group(1))
     options = [word for word in out.split() if word.startswith("--") and word.isascii()]
-    assert {"--finetuned", "--base_model", "--eta", "--guidance_scale", "--out", "--device"} <= set(options)
+    assert {"--finetuned", "--base_model", "--noise_level", "--guidance_scale", "--out", "--device"} <= set(options)
     assert "(default: None)" not in text
+
+
+def test_evaluate_names_a_missing_model_in_one_line_and_takes_eta_under_its_new_name(tmp_path):
+    missing = tmp_path / "no_run"
+    out = subprocess.run([sys.executable, "scripts/evaluate.py", "--finetuned", str(missing), "--eta", "0.5"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "--eta is now --noise_level" in out.stderr
+    assert f"[ddpo_group] error: fine-tuned model '{missing}' does not exist" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -26,8 +26,8 @@ def test_unknown_preset_lists_valid_ones():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"sample.eta": 0.0}, r"sample.eta=0.0 must be > 0"),
-        ({"sample.eta": -1.0}, r"sample.eta=-1.0"),
+        ({"sample.noise_level": 0.0}, r"sample.noise_level=0.0 must be > 0"),
+        ({"sample.noise_level": -1.0}, r"sample.noise_level=-1.0"),
         ({"train.timestep_fraction": 0.0}, r"train.timestep_fraction=0.0 must be in \(0, 1\]"),
         ({"train.timestep_fraction": 1.5}, r"train.timestep_fraction=1.5"),
         ({"train.batch_size": 5}, r"train.batch_size=5 must divide .* = 32"),
@@ -51,11 +51,11 @@ def test_contradictions_fail_naming_the_fields(overrides, message):
 
 def test_every_error_is_reported_at_once():
     config = get_config("ddpo")
-    config.sample.eta = 0.0
+    config.sample.noise_level = 0.0
     config.train.timestep_fraction = 2.0
     with pytest.raises(ConfigError) as info:
         validate_config(config)
-    assert "sample.eta" in str(info.value) and "train.timestep_fraction" in str(info.value)
+    assert "sample.noise_level" in str(info.value) and "train.timestep_fraction" in str(info.value)
 
 
 def test_command_line_overrides_apply():
@@ -146,20 +146,23 @@ def test_a_field_under_its_former_name_is_renamed_with_a_message_naming_the_new_
         "from ddpo_group.run.cli import parse_flags_or_exit;"
         "c = config_flags.DEFINE_config_file('config');"
         "parse_flags_or_exit(sys.argv);"
-        "print(c.value.train.clip_range, c.value.kl.beta, c.value.group_ppo.max_segment_steps, c.value.preset)"
+        "print(c.value.train.clip_range, c.value.kl.beta, c.value.group_ppo.max_segment_steps,"
+        "c.value.sample.noise_level, c.value.preset)"
     )
     for flags, message in ((["--config.train.clip_range=0.2", "--config.kl.beta=0.5",
-                             "--config.group_ppo.max_segment_steps=3"], ""),
+                             "--config.group_ppo.max_segment_steps=3", "--config.sample.noise_level=0.5"], ""),
                            (["--config.train.epsilon=0.2", "--config.train.beta=0.5",
-                             "--config.group_params.group_max_size=3"], "train.epsilon is now train.clip_range")):
+                             "--config.group_params.group_max_size=3", "--config.sample.eta=0.5"],
+                            "train.epsilon is now train.clip_range")):
         out = subprocess.run([sys.executable, "-c", code, "--config=config/base.py:grpo", *flags],
                              cwd=ROOT, capture_output=True, text=True, check=True)
-        assert out.stdout.split() == ["0.2", "0.5", "3", "grpo"]
+        assert out.stdout.split() == ["0.2", "0.5", "3", "0.5", "grpo"]
         assert message in out.stderr
         if message:  # every former name is named with its new one, once
             assert "train.beta is now kl.beta" in out.stderr
             assert "group_params.group_max_size is now group_ppo.max_segment_steps" in out.stderr
-            assert out.stderr.count("is now") == 3
+            assert "sample.eta is now sample.noise_level" in out.stderr
+            assert out.stderr.count("is now") == 4
         else:
             assert "is now" not in out.stderr
 
@@ -175,6 +178,22 @@ def test_a_saved_config_under_former_names_is_read_with_the_current_ones():
                    "algorithm": {"adv_estimator": "grpo"}, "kl": {"beta": 0.1, "kind": "k3"},
                    "group_ppo": {"gae_lambda": 0.9, "value_source": "tweedie"}, "compile_denoiser": True}
     assert saved["train"]["beta"] == 0.1  # the input is left as it was
+    # a run saved with both noise fields: DDIM's eta is the level its evaluation samples with
+    assert translate_saved({"sample": {"eta": 0.5, "noise_level": 0.7}}) == {"sample": {"noise_level": 0.5}}
+
+
+def test_an_unset_noise_level_is_the_familys_standard_one():
+    from ml_collections import ConfigDict
+
+    from ddpo_group.models.families.flow_matching import FlowMatchingFamily
+    from ddpo_group.models.families.sd import StableDiffusionFamily
+
+    assert get_config("ddpo").sample.noise_level is None
+    unset, set_ = ConfigDict({"noise_level": None}), ConfigDict({"noise_level": 0.3})
+    assert StableDiffusionFamily.noise_level(unset) == 1.0  # DDPO's eta
+    assert FlowMatchingFamily.noise_level(unset) == 0.7  # Flow-GRPO's level on SD3.5
+    assert StableDiffusionFamily.noise_level(set_) == FlowMatchingFamily.noise_level(set_) == 0.3
+    assert get_config("flow_grpo_flux").sample.noise_level == 0.9
 
 
 def test_the_flow_model_on_the_sd_models_task_is_warned_about_and_its_recipe_is_not():

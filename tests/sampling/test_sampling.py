@@ -133,7 +133,7 @@ def test_sde_window_steps_outside_are_deterministic_ddim_without_log_prob(tiny_p
 
     def noise_levels(eta, start, size):  # the family's noise level of each step (what the rollouts sample with)
         return StableDiffusionFamily(tiny_pipe).noise_levels(
-            ConfigDict({"num_steps": 5, "eta": eta, "sde_window_start": start, "sde_window_size": size}))
+            ConfigDict({"num_steps": 5, "noise_level": eta, "sde_window_start": start, "sde_window_size": size}))
 
     assert sde_window_mask(5, 0, 0).tolist() == [True] * 5
     assert noise_levels(0.7, 1, 2) == [0.0, 0.7, 0.7, 0.0, 0.0]

@@ -13,8 +13,8 @@ pipeline and says:
   sample and step in the batch record (the rollout's values are the ones training reads, never reconstructed);
 * the model: ``model_output`` (with guidance as the pipeline does it), ``step`` (the stochastic step with its
   log-probability, sampling/ddim.py or sampling/flow_steps.py), ``decode``;
-* the config it reads (``noise_field``: ``sample.eta`` or ``sample.noise_level``; the guidance of the training
-  forward; its own contradictions), and the LoRA export in diffusers format.
+* the config it reads (``sample.noise_level``, its ``standard_noise_level`` when unset; the guidance of the
+  training forward; its own contradictions), and the LoRA export in diffusers format.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class ModelFamily:
     lora_key_conversion = True  # convert peft's LoRA key names to diffusers' (as diffusers' own training scripts do)
     cond_keys: tuple = ("prompt_embeds",)  # the condition's row-indexed tensors (batch record keys)
     step_keys: tuple = ("timesteps",)  # the per-step tensors of the batch record, [B, T]
-    noise_field = "eta"  # the sample.* field with the stochastic steps' noise level
+    standard_noise_level: float  # the stochastic steps' noise level when sample.noise_level is None
 
     def __init__(self, pipe, config=None):
         self.pipe = pipe
@@ -117,8 +117,11 @@ class ModelFamily:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ what it reads from the config
-    def noise_level(self, sample_config) -> float:
-        return float(sample_config[self.noise_field])
+    @classmethod
+    def noise_level(cls, sample_config) -> float:
+        """The stochastic steps' noise level: ``sample.noise_level``, or the family's standard one when it is None."""
+        level = sample_config.noise_level
+        return cls.standard_noise_level if level is None else float(level)
 
     def training_guidance(self, config) -> float:
         """The guidance scale of the training forward: the sampling one when guidance is in the forward (train.cfg)."""

@@ -33,7 +33,7 @@ class FlowMatchingFamily(ModelFamily):
     lora_layers_argument = "transformer_lora_layers"
     lora_key_conversion = False  # diffusers' SD3 / FLUX LoRA scripts save peft's state dict as it is
     step_keys = ("timesteps", "sigmas", "next_sigmas")
-    noise_field = "noise_level"
+    standard_noise_level = 0.7  # Flow-GRPO's on SD3.5
     # the attention projections of the joint (image + text) blocks: Flow-GRPO's and DanceGRPO's LoRA targets
     lora_target_modules = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
                            "attn.add_v_proj", "attn.to_add_out")
@@ -87,7 +87,7 @@ class FlowMatchingFamily(ModelFamily):
         s, errors = config.sample, []
         if s.sde_type not in SDE_REGISTRY:
             errors.append(f"sample.sde_type={s.sde_type!r} must be one of {SDE_REGISTRY.names()}")
-        if not s.noise_level > 0:
+        if not cls.noise_level(s) > 0:
             errors.append(f"sample.noise_level={s.noise_level} must be > 0: with 0 every step is the "
                           "deterministic Euler step and has no log-probability")
         if s.resolution < 0:

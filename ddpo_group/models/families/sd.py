@@ -5,7 +5,7 @@
     schedule    the DDIM timesteps (the step reads the previous timestep from the scheduler)
     output      eps (or v) with classifier-free guidance as one batched forward:
                 out = out_uncond + w (out_cond - out_uncond)          (w <= 1: no guidance)
-    step        DDIM with eta (``sample.eta``) as a Gaussian policy (sampling/ddim.py)
+    step        DDIM with eta = ``sample.noise_level`` as a Gaussian policy (sampling/ddim.py)
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class StableDiffusionFamily(ModelFamily):
     lora_layers_argument = "unet_lora_layers"
     cond_keys = ("prompt_embeds",)
     step_keys = ("timesteps",)
-    noise_field = "eta"
+    standard_noise_level = 1.0  # DDIM's eta = 1 (DDPM-like), ddpo-pytorch's
 
     def __init__(self, pipe, config=None):
         super().__init__(ensure_ddim(pipe), config)
@@ -141,15 +141,15 @@ class StableDiffusionFamily(ModelFamily):
         return decode_latents(self.pipe, latents)
 
     def check_trainable(self, sample_config) -> None:
-        check_trainable_schedule(self.pipe.scheduler, sample_config.num_steps, sample_config.eta,
+        check_trainable_schedule(self.pipe.scheduler, sample_config.num_steps, self.noise_level(sample_config),
                                  self.stochastic_steps(sample_config))
 
     @classmethod
     def config_errors(cls, config) -> list[str]:
         s, t, errors = config.sample, config.train, []
-        if not s.eta > 0:
-            errors.append(f"sample.eta={s.eta} must be > 0: with eta = 0 the DDIM step is deterministic and has no "
-                          "log-probability")
+        if not cls.noise_level(s) > 0:
+            errors.append(f"sample.noise_level={s.noise_level} must be > 0: with 0 (DDIM's eta) the DDIM step is "
+                          "deterministic and has no log-probability")
         if bool(t.cfg) != (s.guidance_scale > 1.0):
             errors.append(
                 f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: the training forward must use "
@@ -158,4 +158,4 @@ class StableDiffusionFamily(ModelFamily):
         return errors
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
-        return {"eta": float(sample_config.eta)}
+        return {"eta": self.noise_level(sample_config)}  # DDIM's eta is the noise level
