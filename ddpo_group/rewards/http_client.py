@@ -207,6 +207,8 @@ class RewardClient:
                 chunks.append(chunk)
                 if time.monotonic() > deadline:
                     raise TimeoutError("the answer was still incomplete at the timeout")
+            if response.length:  # the connection closed before the Content-Length bytes came
+                raise http.client.IncompleteRead(b"".join(chunks), response.length)
             return b"".join(chunks), response.headers.get("Content-Type")
 
     def silent(self) -> str:

@@ -196,6 +196,22 @@ def test_a_server_dying_mid_request_is_retried(serve):
     rewards, _ = fn(torch.rand(2, 3, 4, 4), ["a", "b"], [{}, {}])
     assert rewards.tolist() == [7.0, 7.0] and len(handler.attempts) == 2
 
+    def cut_once(attempt, handler, body):
+        if attempt == 0:  # killed in the middle of its answer: 20 of the 100 bytes announced
+            handler.send_response(200)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Length", "100")
+            handler.end_headers()
+            handler.wfile.write(b'{"rewards": [1.0, 2.0')
+            handler.close_connection = True
+            return
+        ok(attempt, handler, body)
+
+    handler = scripted(cut_once)
+    fn = make_reward_fn("http", url=serve(handler).url, retries=1, retry_backoff=0.01, timeout=2)
+    rewards, _ = fn(torch.rand(2, 3, 4, 4), ["a", "b"], [{}, {}])
+    assert rewards.tolist() == [7.0, 7.0] and len(handler.attempts) == 2
+
     always = scripted(lambda attempt, handler, body: setattr(handler, "close_connection", True))
     served = serve(always)
     fn = make_reward_fn("http", url=served.url, retries=2, retry_backoff=0.01, timeout=2)
