@@ -168,7 +168,10 @@ class RewardClient:
             try:
                 answer, content_type = self.exchange(request)
             except urllib.error.HTTPError as error:
-                detail = error.read()[:500].decode("utf-8", "replace")
+                try:
+                    detail = error.read()[:500].decode("utf-8", "replace")
+                except (OSError, http.client.HTTPException) as unread:  # the error's body cut short or late
+                    detail = f"(its body unread: {type(unread).__name__})"
                 failure, transient = f"HTTP {error.code} ({error.reason}): {detail}", error.code >= 500
                 refused = error.code in (401, 403)
                 if refused:
