@@ -19,6 +19,11 @@ REWARD_REGISTRY = Registry("reward_fn", entry_point_group=REWARD_ENTRY_POINT_GRO
 register_reward = REWARD_REGISTRY.register
 
 
+class RewardUnavailable(RuntimeError):
+    """The reward could not be computed for a reason outside the images (its server down, silent or failing, its
+    token refused): scoring the images one at a time would only repeat the failure and its waits."""
+
+
 def get_reward_factory(name: str) -> Callable[..., RewardFn]:
     """The factory named by ``name``: registered name, "module:factory" path or ``ddpo_group.rewards`` entry point.
 

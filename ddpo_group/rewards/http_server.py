@@ -10,27 +10,43 @@ or serve any reward the trainer knows::
     python -m ddpo_group.rewards.http_server --reward_fn aesthetic --kwargs '{"clip_model_path": "...", "head_path": "..."}'
 
 and train with ``--config.reward_fn=http --config.reward_fn_kwargs='{"url": "http://HOST:8000"}'``.
+
+With a shared token (``make_server(..., token=...)``; the command line reads the environment variable
+``DDPO_REWARD_TOKEN``, never an argument), a request without ``Authorization: Bearer <token>`` gets HTTP 401;
+the trainer sends the token of its own ``DDPO_REWARD_TOKEN``. The token is not printed or logged.
 """
 
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
-from ddpo_group.rewards.http_client import FORMATS, decode, encode, format_of, png_to_images
+from ddpo_group.rewards.http_client import (
+    FORMATS, TOKEN_ENV, decode, encode, format_of, png_to_images, token_from_environment,
+)
 
 
-def make_handler(reward_fn):
-    """A request handler class answering POSTs with ``reward_fn(images, prompts, metadata)``."""
+def make_handler(reward_fn, token: str | None = None):
+    """A request handler class answering POSTs with ``reward_fn(images, prompts, metadata)``; with ``token``, only
+    those that carry it (``Authorization: Bearer <token>``), the others with HTTP 401."""
 
     lock = threading.Lock()  # one batch at a time through the model
+    expected = f"Bearer {token}".encode() if token else None
 
     class RewardHandler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 (http.server's naming)
+            if expected is not None:
+                given = (self.headers.get("Authorization") or "").encode()
+                if not hmac.compare_digest(given, expected):
+                    self.rfile.read(int(self.headers.get("Content-Length", 0)))  # read, so the client gets the answer
+                    body = {"error": f"missing or wrong bearer token (the server's {TOKEN_ENV})"}
+                    self._answer(401, json.dumps(body).encode(), "json", {"WWW-Authenticate": "Bearer"})
+                    return
             try:
                 fmt = format_of(self.headers.get("Content-Type"))
                 request = decode(self.rfile.read(int(self.headers.get("Content-Length", 0))), fmt)
@@ -48,8 +64,10 @@ def make_handler(reward_fn):
             except Exception as error:
                 self._answer(500, json.dumps({"error": f"{type(error).__name__}: {error}"}).encode(), "json")
 
-        def _answer(self, code: int, body: bytes, fmt: str):
+        def _answer(self, code: int, body: bytes, fmt: str, headers: dict | None = None):
             self.send_response(code)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", FORMATS[fmt])
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -69,9 +87,20 @@ def _to_list(value):
     return list(value)
 
 
-def make_server(reward_fn, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
-    """An HTTP server (not yet serving) for ``reward_fn``; port 0 picks a free port (``server.server_port``)."""
-    return ThreadingHTTPServer((host, port), make_handler(reward_fn))
+def make_server(reward_fn, host: str = "127.0.0.1", port: int = 8000, token: str | None = None) -> ThreadingHTTPServer:
+    """An HTTP server (not yet serving) for ``reward_fn``; port 0 picks a free port (``server.server_port``).
+    With ``token``, requests must carry ``Authorization: Bearer <token>`` (HTTP 401 otherwise)."""
+    return ThreadingHTTPServer((host, port), make_handler(reward_fn, token))
+
+
+def serve(reward_fn, what: str, host: str, port: int) -> None:
+    """Serve ``reward_fn`` until stopped, requiring the token of ``DDPO_REWARD_TOKEN`` when it is set; the line
+    printed at the start says what is served, where, and whether a token is required (never which)."""
+    token = token_from_environment()
+    server = make_server(reward_fn, host, port, token)
+    guard = f"requests need the token of ${TOKEN_ENV}" if token else f"no token: set {TOKEN_ENV} to require one"
+    print(f"serving {what} on http://{host}:{server.server_port} ({guard})", flush=True)
+    server.serve_forever()
 
 
 def main(argv=None):
@@ -83,9 +112,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from ddpo_group.rewards import make_reward_fn
 
-    server = make_server(make_reward_fn(args.reward_fn, **json.loads(args.kwargs)), args.host, args.port)
-    print(f"serving reward {args.reward_fn!r} on http://{args.host}:{server.server_port}", flush=True)
-    server.serve_forever()
+    serve(make_reward_fn(args.reward_fn, **json.loads(args.kwargs)), f"reward {args.reward_fn!r}", args.host, args.port)
 
 
 if __name__ == "__main__":

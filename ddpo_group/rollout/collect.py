@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ddpo_group.errors import EpochAbandoned
-from ddpo_group.rewards import check_rewards
+from ddpo_group.rewards import RewardUnavailable, check_rewards
 from ddpo_group.rollout.tweedie import tweedie_values, with_rewards
 from ddpo_group.sampling.trajectories import rows_of, sample_trajectories
 from ddpo_group.timing import NULL_TIMER
@@ -29,7 +29,8 @@ class RewardScorer:
     reward function.
 
     When the reward function raises, it is called again on each image alone (at most MAX_ISOLATION_CALLS of them) and
-    the message lists the indices and prompts it fails on. When it runs out of device memory (a reward model on the
+    the message lists the indices and prompts it fails on; not when it raises RewardUnavailable (a reward server
+    that is down), whose cause is not in the images. When it runs out of device memory (a reward model on the
     GPU), the batch is halved, for this call and every later one: ``chunk``, the images per call after such an error,
     stays for the run (the RolloutCollector owns the run's scorer; the evaluation during training shares it).
     """
@@ -51,6 +52,8 @@ class RewardScorer:
             torch.cuda.empty_cache()
             self.chunk = max(1, len(prompts) // 2)
             return self(images, prompts, metadata)
+        except RewardUnavailable as error:  # not the images' fault: scoring them one by one would wait again
+            raise RuntimeError(f"reward function {reward_name!r} raised {type(error).__name__}: {error}") from error
         except Exception as error:
             raise RuntimeError(
                 f"reward function {reward_name!r} raised {type(error).__name__}: {error} "

@@ -8,8 +8,10 @@ accelerate's own launcher adds on top.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import select
 import shlex
 import signal
 import subprocess
@@ -28,7 +30,8 @@ PLUGINS = ROOT / "tests" / "plugins"
 
 def environment(**extra) -> dict:
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    for name in ("DDPO_GROUP_TRACEBACK", "FAIL_REWARD_AT", "NAN_LOSS_FROM_CALL", "HANG_REWARD_AT"):
+    for name in ("DDPO_GROUP_TRACEBACK", "FAIL_REWARD_AT", "NAN_LOSS_FROM_CALL", "HANG_REWARD_AT", "DIE_REWARD_AT",
+                 "DDPO_REWARD_TOKEN"):
         env.pop(name, None)
     env.update(extra)
     return env
@@ -144,6 +147,65 @@ def test_a_failure_in_the_first_epoch_leaves_no_run_directory(tiny_model_dir, tm
     assert_reported(out, FAILURE, "refused call 0",
                     f"No epoch had finished, so the run directory {tmp_path / 'run'} was removed")
     assert not (tmp_path / "run").exists()
+
+
+def start_reward_server(port: int, env: dict) -> tuple[subprocess.Popen, str]:
+    """``python -m ddpo_group.rewards.http_server`` serving tests/plugins/dying_reward.py on ``port`` (0: any), and
+    the first line it prints, once it serves."""
+    command = [sys.executable, "-m", "ddpo_group.rewards.http_server", "--reward_fn",
+               f"{PLUGINS / 'dying_reward.py'}:make", "--port", str(port)]
+    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready, _, _ = select.select([server.stdout], [], [], 120)
+    line = server.stdout.readline() if ready else ""
+    if not line.startswith("serving "):
+        server.kill()
+        raise AssertionError(f"the reward server did not start: {line!r} {server.communicate()[1][-3000:]}")
+    return server, line
+
+
+@pytest.mark.slow
+def test_an_http_reward_server_killed_mid_run_stops_the_run_which_resumes_once_it_is_back(tiny_model_dir, tmp_path):
+    token = "tok-e2e-7d41c9"
+    server, line = start_reward_server(0, environment(DDPO_REWARD_TOKEN=token, DIE_REWARD_AT="4"))
+    try:
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+) ", line).group(1))
+        assert "requests need the token of $DDPO_REWARD_TOKEN" in line and token not in line
+        url = f"http://127.0.0.1:{port}/score"
+        kwargs = json.dumps({"url": url, "retries": 2, "retry_backoff": 0.2, "timeout": 5})
+        args = tiny_args(tiny_model_dir, tmp_path, reward_fn="http", reward_fn_kwargs=kwargs)
+        # calls 0-1 epoch 0, 2-3 epoch 1 (checkpointed: save_freq 2); the server dies inside call 4 (epoch 2)
+        started = time.monotonic()
+        out = train(args, environment(DDPO_REWARD_TOKEN=token))
+        assert server.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        server.kill()
+    run = tmp_path / "run"
+    tail = assert_reported(
+        out, FAILURE,
+        f"reward function 'http' raised RewardServerUnavailable: reward server {url}: 3 attempts failed over ",
+        "not reachable", "is it running?",
+        f"The last complete checkpoint, {run / 'checkpoints' / 'checkpoint_00001'} (epoch 1), is kept.",
+    )
+    seconds = float(re.search(r"3 attempts failed over (\S+) s", tail).group(1))
+    assert 0.6 <= seconds < 5, tail  # the two backoffs (0.2 + 0.4 s); the refused attempts do not wait for the timeout
+    assert "raised on batch indices" not in tail and "on no single image" not in tail  # not asked image by image
+    assert time.monotonic() - started < 240
+    for text in (out.stdout, out.stderr, (run / "config.json").read_text()):
+        assert token not in text
+    assert json.loads((run / "config.json").read_text())["reward_fn_kwargs"] == json.loads(kwargs)
+
+    # the server back on its port: the pasted resume command finishes the run
+    (resume_line,) = [line for line in out.stderr.splitlines() if "Resume with: " in line]
+    pasted = shlex.split(resume_line.split("Resume with: ")[1].split(" (it continues")[0])
+    server, _ = start_reward_server(port, environment(DDPO_REWARD_TOKEN=token))
+    try:
+        resumed = subprocess.run([sys.executable, *pasted[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                                 env=environment(DDPO_REWARD_TOKEN=token))
+    finally:
+        server.kill()
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout and "for epochs 2..3" in resumed.stdout
+    assert "checkpoint_00003" in [p.name for p in (run / "checkpoints").iterdir()]
 
 
 # ---------------------------------------------------------------- interrupts

@@ -7,5 +7,7 @@
 
 Each builds a reward function ``fn(images, prompts, metadata) -> (rewards, info)`` and serves it
 with :func:`ddpo_group.rewards.http_server.make_server`, so the trainer's HTTP client
-(:mod:`ddpo_group.rewards.http_client`, whose docstring has the protocol) talks to it unchanged.
+(:mod:`ddpo_group.rewards.http_client`, whose docstring has the protocol) talks to it unchanged. Their command
+lines serve through :func:`ddpo_group.rewards.http_server.serve`: with ``DDPO_REWARD_TOKEN`` set, only requests
+carrying that token are answered.
 """

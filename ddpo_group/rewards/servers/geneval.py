@@ -141,7 +141,7 @@ def geneval_prompts(rng: random.Random | None = None, path: str = ""):
 
 
 def main(argv=None):
-    from ddpo_group.rewards.http_server import make_server
+    from ddpo_group.rewards.http_server import serve
 
     parser = argparse.ArgumentParser(description="Serve GenEval as a ddpo_group reward server (run in GenEval's env).")
     parser.add_argument("--geneval_dir", required=True, help="root of a GenEval checkout")
@@ -153,9 +153,7 @@ def main(argv=None):
     parser.add_argument("--port", type=int, default=8002)
     args = parser.parse_args(argv)
     geneval = load_geneval(args.geneval_dir, args.detector_dir, args.model_config, json.loads(args.options))
-    server = make_server(make_geneval_reward(geneval, args.reward), args.host, args.port)
-    print(f"GenEval ({args.reward}) on http://{args.host}:{server.server_port}", flush=True)
-    server.serve_forever()
+    serve(make_geneval_reward(geneval, args.reward), f"GenEval ({args.reward})", args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -143,7 +143,7 @@ def make_vlm_reward(judge: OpenAIJudge):
 
 
 def main(argv=None):
-    from ddpo_group.rewards.http_server import make_server
+    from ddpo_group.rewards.http_server import serve
 
     parser = argparse.ArgumentParser(description="Serve an OpenAI-compatible VLM judge as a ddpo_group reward server.")
     parser.add_argument("--base_url", required=True, help="the endpoint, e.g. http://127.0.0.1:8000/v1")
@@ -160,9 +160,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     judge = OpenAIJudge(args.base_url, args.model, mode=args.mode, question=args.question, max_score=args.max_score,
                         api_key=args.api_key, timeout=args.timeout, max_workers=args.max_workers, fallback=args.fallback)
-    server = make_server(make_vlm_reward(judge), args.host, args.port)
-    print(f"VLM judge ({args.model}, {args.mode}) on http://{args.host}:{server.server_port}", flush=True)
-    server.serve_forever()
+    serve(make_vlm_reward(judge), f"VLM judge ({args.model}, {args.mode})", args.host, args.port)
 
 
 if __name__ == "__main__":
