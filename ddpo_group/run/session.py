@@ -260,7 +260,7 @@ class RunSession:
         )
 
     def resume_hint(self) -> str:
-        return f"Resume with: {self.resume_command()} (it continues from the latest complete checkpoint)."
+        return f"Resume with: {self.resume_command()} (it continues from the newest checkpoint that verifies)."
 
     def resume_command(self, target: Path | None = None) -> str:
         """The command that resumes this run, to paste: this process's command line (scripts/train.py) without its
