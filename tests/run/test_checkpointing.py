@@ -222,7 +222,10 @@ def test_the_training_state_is_plain_data_and_loads_back_as_saved(tmp_path):
               "stats": {"a cat/dog": [0.5, 1.5]}, "flag": True, "np": np.float64(0.25), "half": torch.ones(2).half()}
     save_pieces(tmp_path, [Piece(nested)])
     assert sorted(p.name for p in tmp_path.iterdir()) == [STATE_JSON, STATE_TENSORS]
-    json.loads((tmp_path / STATE_JSON).read_text())  # strict JSON: no NaN token, no pickle anywhere
+    def non_json(token):
+        raise AssertionError(f"{token} is not JSON")
+
+    json.loads((tmp_path / STATE_JSON).read_text(), parse_constant=non_json)  # strict JSON: no NaN / Infinity token
     loaded = Piece(None)
     load_pieces(tmp_path, [loaded])
     back = loaded.state
