@@ -35,7 +35,7 @@ def base() -> ml_collections.ConfigDict:
     # several processes: a collective that waits longer than this (a process hung or died) stops every process with an
     # error instead of leaving them blocked (ddpo_group/run/process_failures.py)
     config.collective_timeout_s = 1800
-    config.resume_from = ""  # a checkpoint directory or a run directory (its latest checkpoint); "": a new run
+    config.resume_from = ""  # a checkpoint directory or a run directory (its newest checkpoint that verifies); "": a new run
     config.use_lora = True  # train LoRA adapters (peft); False: the whole denoiser
     config.lora_rank = 4  # LoRA rank r
     config.lora_alpha = 0  # LoRA scale alpha / rank; 0: alpha = rank (Flow-GRPO's recipes use rank 32, alpha 64)

@@ -9,6 +9,11 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message names the fields and what is allowed."""
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed (incomplete, changed on disk, pickled, or not this run's); the message
+    names the file and what to do instead."""
+
+
 class NonFiniteLossError(FloatingPointError):
     """A loss (policy, KL or critic) became NaN or infinite; raised before the optimizer step it would feed.
 

@@ -1,9 +1,15 @@
-"""Checkpoints through accelerate's save_state/load_state, written to a temporary directory then renamed.
+"""Checkpoints: written to a temporary directory then renamed, proven by a manifest, loaded without unpickling.
 
-Layout: ``<run_dir>/checkpoints/checkpoint_<epoch:05d>/``; a directory is complete once it holds
-``COMPLETE`` (written last, before the rename), and only complete ones are resumed from or kept.
-A crash at any point of a save leaves every complete checkpoint written before it, and at worst
-a hidden ``.tmp_*`` / ``.replaced_*`` / ``.deleting_*`` directory that the next save clears up.
+Layout: ``<run_dir>/checkpoints/checkpoint_<epoch:05d>/`` holds accelerate's state (weights as safetensors, the
+optimizer, the random states), the training state's pieces (run/state_files.py: safetensors + JSON), the files
+``extra`` adds, ``COMPLETE`` and, written last, ``MANIFEST.json`` (run/manifest.py: size and sha256 of every file).
+Only complete ones are resumed from or kept. A crash at any point of a save leaves every complete checkpoint written
+before it, and at worst a hidden ``.tmp_*`` / ``.replaced_*`` / ``.deleting_*`` directory that the next save clears up.
+
+A resume loads nothing from a checkpoint before it verifies: complete, no pickled training state (loading a pickle can
+run any code it holds; ``scripts/convert_checkpoint.py`` converts one you trust), every file as its manifest says.
+accelerate's own files load with ``weights_only=True``. A run directory resumes from its newest checkpoint that
+verifies; each newer one is named with the reason it was skipped.
 """
 
 from __future__ import annotations
@@ -14,8 +20,14 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from ddpo_group.errors import CheckpointError
+from ddpo_group.run.manifest import manifest_problem, write_manifest
+from ddpo_group.run.state_files import load_pieces, save_pieces, write_states
+
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d+)$")
 COMPLETE_MARKER = "COMPLETE"
+PICKLED_STATE = "custom_checkpoint_*.pkl"  # accelerate's register_for_checkpointing files: never loaded
+CONVERT_COMMAND = "python scripts/convert_checkpoint.py {checkpoint}"
 
 
 class TrainingState:
@@ -52,21 +64,119 @@ def complete_checkpoints(checkpoint_root: str | os.PathLike) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def resolve_resume_path(resume_from: str) -> Path:
-    """A checkpoint directory, or a run directory whose latest complete checkpoint is taken."""
+def checkpoint_problem(checkpoint: Path) -> str | None:
+    """None when ``checkpoint`` can be loaded safely, else why not, naming the first file at fault."""
+    if not (checkpoint / COMPLETE_MARKER).exists():
+        return f"{checkpoint} is incomplete: it has no {COMPLETE_MARKER} marker (its save did not finish)"
+    pickled = sorted(checkpoint.glob(PICKLED_STATE))
+    if pickled:
+        return (f"{pickled[0]} is a pickle, and loading a pickle can run any code it holds, so it is not loaded; "
+                f"if you trust this checkpoint, convert it with: {CONVERT_COMMAND.format(checkpoint=checkpoint)}")
+    return manifest_problem(checkpoint)
+
+
+def _epoch(path: Path) -> int | None:
+    match = CHECKPOINT_PATTERN.match(path.name)
+    return int(match.group(1)) if match else None
+
+
+def _candidates(root: Path) -> list[Path]:
+    """Directories named like checkpoints under ``root`` (complete or not), newest epoch first."""
+    if not root.is_dir():
+        return []
+    found = [(_epoch(p), p) for p in root.iterdir() if p.is_dir() and _epoch(p) is not None]
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def fallback_hint(checkpoint: Path, next_step: Callable[[Path], str]) -> str:
+    """What to do when ``checkpoint`` cannot be resumed: resume from the newest earlier checkpoint that verifies
+    (``next_step(path)``: the command to paste), or start a new run."""
+    epoch = _epoch(checkpoint)
+    for earlier in _candidates(checkpoint.parent) if epoch is not None else []:
+        if _epoch(earlier) < epoch and checkpoint_problem(earlier) is None:
+            return f"resume from {earlier.name}, the newest earlier checkpoint that verifies: {next_step(earlier)}"
+    return "no earlier checkpoint of this run verifies: start a new run (another run_name, no resume_from)"
+
+
+def resolve_resume_path(resume_from: str, next_step: Callable[[Path], str] = lambda path: f"--config.resume_from="
+                        f"{path}") -> tuple[Path, list[str]]:
+    """The checkpoint to resume and what was skipped on the way: ``resume_from`` is a checkpoint directory (it must
+    verify), or a run directory whose newest checkpoint that verifies is taken (each newer one skipped, with why).
+    A CheckpointError names the file at fault and the next step (``next_step(path)``: how to resume from ``path``)."""
     path = Path(resume_from).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"resume_from={resume_from!r} does not exist")
-    if (path / COMPLETE_MARKER).exists():
-        return path
+    if (path / COMPLETE_MARKER).exists() or _epoch(path) is not None:
+        problem = checkpoint_problem(path)
+        if problem is not None:
+            raise CheckpointError(f"resume_from={resume_from!r} cannot be resumed: {problem}. "
+                                  f"{fallback_hint(path, next_step)}")
+        return path, []
+    skipped = []
     for root in (path / "checkpoints", path):
-        checkpoints = complete_checkpoints(root)
-        if checkpoints:
-            return checkpoints[-1]
+        for checkpoint in _candidates(root):
+            problem = checkpoint_problem(checkpoint)
+            if problem is None:
+                return checkpoint, skipped
+            skipped.append(f"skipped {checkpoint.name}: {problem}")
+        if skipped:
+            raise CheckpointError(f"resume_from={resume_from!r}: no checkpoint verifies:\n  - "
+                                  + "\n  - ".join(skipped) + "\nstart a new run (another run_name, no resume_from)")
     raise FileNotFoundError(
         f"resume_from={resume_from!r} is neither a complete checkpoint nor a run directory holding one "
         f"(looked for checkpoints/checkpoint_<epoch>/{COMPLETE_MARKER})"
     )
+
+
+def load_checkpoint(accelerator, checkpoint: Path, pieces: list) -> None:
+    """Load a verified checkpoint: accelerate's state (``weights_only=True``: plain data only), then ``pieces``
+    (run/state_files.py). A CheckpointError names the checkpoint or file that does not load."""
+    from accelerate.utils import load
+
+    random_states = checkpoint / f"random_states_{accelerator.process_index}.pkl"
+    if random_states.exists():  # accelerate only logs a failure to load them: the resume would not be exact
+        try:
+            load(random_states)
+        except Exception as error:
+            raise CheckpointError(f"{random_states} does not load as plain data ({type(error).__name__}: "
+                                  f"{error})") from None
+    try:
+        accelerator.load_state(str(checkpoint), load_kwargs={"weights_only": True})
+    except Exception as error:
+        culprit = _first_unloadable(checkpoint, load) or checkpoint  # torch's error does not name the file
+        raise CheckpointError(f"{culprit}: accelerate cannot load it ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0] if str(error) else ''})") from error
+    load_pieces(checkpoint, pieces)
+
+
+def _first_unloadable(checkpoint: Path, load) -> Path | None:
+    """The first of accelerate's torch-saved files in ``checkpoint`` that does not load as plain data (after a
+    failed load only: it reads them all again)."""
+    for path in sorted([*checkpoint.glob("*.bin"), *checkpoint.glob("*.pkl")]):
+        try:
+            load(path, map_location="cpu")
+        except Exception:
+            return path
+    return None
+
+
+def convert_pickled_checkpoint(checkpoint: Path) -> list[Path]:
+    """Rewrite a trusted checkpoint's pickled training state (accelerate's ``custom_checkpoint_<i>.pkl``, unpickled
+    here: run only on a checkpoint you trust) as the training-state files, remove the pickles and write the
+    manifest. Returns the pickles converted."""
+    import torch
+
+    checkpoint = Path(checkpoint)
+    if not (checkpoint / COMPLETE_MARKER).exists():
+        raise CheckpointError(f"{checkpoint} is not a complete checkpoint (no {COMPLETE_MARKER}): nothing to convert")
+    pickled = sorted(checkpoint.glob(PICKLED_STATE), key=lambda p: int(re.sub(r"\D", "", p.name)))
+    if not pickled:
+        raise CheckpointError(f"{checkpoint} holds no {PICKLED_STATE}: nothing to convert")
+    write_states(checkpoint, [(None, torch.load(path, map_location="cpu", weights_only=False)) for path in pickled])
+    for path in pickled:
+        path.unlink()
+    write_manifest(checkpoint)
+    return pickled
 
 
 def run_dir_of_checkpoint(checkpoint: Path) -> Path:
@@ -99,9 +209,11 @@ def checkpoint_dir(checkpoint_root: str | os.PathLike, epoch: int) -> Path:
 
 
 def save_checkpoint(
-    accelerator, checkpoint_root: str | os.PathLike, epoch: int, keep: int, extra: Callable[[Path], None] | None = None
+    accelerator, checkpoint_root: str | os.PathLike, epoch: int, keep: int, pieces: list = (),
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Save the accelerate state for ``epoch`` atomically; keep the newest ``keep`` complete checkpoints.
+    """Save the accelerate state and ``pieces`` (objects with ``state_dict``) for ``epoch`` atomically, with its
+    manifest; keep the newest ``keep`` complete checkpoints.
 
     ``extra(directory)`` (main process) adds files to the checkpoint before it is marked complete
     (e.g. the diffusers-format LoRA in ``lora/``).
@@ -116,9 +228,11 @@ def save_checkpoint(
     accelerator.save_state(str(tmp))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        save_pieces(tmp, list(pieces))
         if extra is not None:
             extra(tmp)
         (tmp / COMPLETE_MARKER).write_text(f"epoch {epoch}\n")
+        write_manifest(tmp)  # last: it proves every file written before it
         if final.exists():  # the same epoch saved again: move the old one aside, never leave neither
             stale = root / f".replaced_{final.name}"
             shutil.rmtree(stale, ignore_errors=True)

@@ -52,7 +52,7 @@ def resolve_finetuned(path: str | Path) -> tuple[str, Path]:
         return "lora", path
     if is_lora_dir(path / "lora") and not (path / "checkpoints").is_dir():
         return "lora", path / "lora"
-    checkpoint = resolve_resume_path(str(path))
+    checkpoint, _ = resolve_resume_path(str(path))  # the newest that verifies (run/checkpointing.py)
     if is_lora_dir(checkpoint / "lora"):
         return "lora", checkpoint / "lora"
     return "weights", checkpoint

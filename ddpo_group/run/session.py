@@ -30,12 +30,14 @@ from pathlib import Path
 import torch
 
 from ddpo_group.distributed import check_peers
-from ddpo_group.errors import NonFiniteLossError, TrainingInterrupted, signal_name
+from ddpo_group.errors import CheckpointError, NonFiniteLossError, TrainingInterrupted, signal_name
 from ddpo_group.run.checkpointing import (
     TrainingState,
     checkpoint_dir,
     complete_checkpoints,
+    fallback_hint,
     later_checkpoints,
+    load_checkpoint,
     resolve_resume_path,
     run_dir_of_checkpoint,
     save_checkpoint,
@@ -56,7 +58,12 @@ class RunSession:
     def __init__(self, config):
         """Everything that can be checked without a model, before any loads: a bad resume fails in seconds."""
         self.config = config
-        self.resume_path = resolve_resume_path(config.resume_from) if config.resume_from else None
+        self.accelerator = None
+        self.resume_path = None
+        if config.resume_from:  # verified before anything loads; newer checkpoints that fail to verify are skipped
+            self.resume_path, skipped = resolve_resume_path(config.resume_from, next_step=self.resume_command)
+            for note in skipped:
+                self.print(f"warning: {note}")
         if self.resume_path is not None:
             self.run_dir = run_dir_of_checkpoint(self.resume_path)
         else:
@@ -71,7 +78,7 @@ class RunSession:
         self.state = TrainingState()
         self.stop = StopRequest()  # installed by running(): Ctrl-C / SIGTERM
         self.saved_epoch = None  # the epoch of the checkpoint last written or resumed from
-        self.accelerator = None
+        self.pieces = []  # the training state's pieces a checkpoint holds besides accelerate's (attach)
         self.model = self.family = None  # the policy model (accelerate-wrapped) and its family, for the LoRA export
         self.timer = NULL_TIMER
         self.lora_weights = nullcontext  # a context in which the model holds the weights to export (attach)
@@ -86,9 +93,12 @@ class RunSession:
             self.print(self.wandb_note)
         for warning in self.resume_warnings:
             self.print(f"warning: {warning}")
-        accelerator.register_for_checkpointing(*stateful)
+        self.pieces = list(stateful)
         if self.resume_path is not None:
-            accelerator.load_state(str(self.resume_path))
+            try:
+                load_checkpoint(accelerator, self.resume_path, self.pieces)
+            except CheckpointError as error:
+                raise CheckpointError(f"{error}. {fallback_hint(self.resume_path, self.resume_command)}") from error
             self.print(f"resumed from {self.resume_path} (finished epoch {self.state.epoch})")
             self.saved_epoch = self.state.epoch
             self._forget_later_epochs()
@@ -200,7 +210,7 @@ class RunSession:
 
         with self.timer.phase("checkpoint"):
             path = save_checkpoint(self.accelerator, self.run_dir / "checkpoints", epoch,
-                                   self.config.num_checkpoint_limit, extra=extra)
+                                   self.config.num_checkpoint_limit, pieces=self.pieces, extra=extra)
         self.saved_epoch = epoch
         self.print(f"saved {path}")
         return path
@@ -250,11 +260,12 @@ class RunSession:
         )
 
     def resume_hint(self) -> str:
-        return f"Resume with: {self.resume_command()} (it continues from the latest complete checkpoint)."
+        return f"Resume with: {self.resume_command()} (it continues from the newest checkpoint that verifies)."
 
-    def resume_command(self) -> str:
+    def resume_command(self, target: Path | None = None) -> str:
         """The command that resumes this run, to paste: this process's command line (scripts/train.py) without its
-        resume_from, plus ``--config.resume_from=<run dir>``; a run started from Python gets the preset's command."""
+        resume_from, plus ``--config.resume_from=<target>`` (the run directory unless given); a run started from
+        Python gets the preset's command."""
         argv = list(sys.argv)
         if argv and Path(argv[0]).name == "train.py":
             program, args = argv[0], [a for a in argv[1:] if not a.startswith("--config.resume_from")]
@@ -262,7 +273,7 @@ class RunSession:
             program, args = "scripts/train.py", [f"--config=config/base.py:{self.config.get('preset', 'ddpo')}"]
         world = int(os.environ.get("WORLD_SIZE", "1"))
         launcher = ["accelerate", "launch", "--num_processes", str(world)] if world > 1 else ["python"]
-        return shlex.join([*launcher, program, *args, f"--config.resume_from={self.run_dir}"])
+        return shlex.join([*launcher, program, *args, f"--config.resume_from={target or self.run_dir}"])
 
     def last_checkpoint_note(self) -> str:
         """Which checkpoint a stopped run keeps, the epochs that run again on resume, and the resume command."""
@@ -313,5 +324,7 @@ class RunSession:
         return text
 
     def print(self, message: str) -> None:
-        if self.accelerator is None or self.accelerator.is_main_process:
+        """On the main process (before the accelerator exists: the launcher's rank 0)."""
+        main = os.environ.get("RANK", "0") == "0" if self.accelerator is None else self.accelerator.is_main_process
+        if main:
             print(f"[ddpo_group] {message}", flush=True)

@@ -16,6 +16,7 @@ from ddpo_group.run.evaluation import (
 )
 from ddpo_group.models.families.sd import StableDiffusionFamily
 from ddpo_group.run.image_grid import MARGIN, caption_font, line_height
+from ddpo_group.run.manifest import write_manifest
 from ddpo_group.run.metrics_log import read_metrics
 from ddpo_group.run.plots import plot_reward_curve
 from ddpo_group.run.summary import format_summary
@@ -178,6 +179,7 @@ def test_checkpoint_without_lora_export_loads_its_weights(tiny_model_dir, tmp_pa
     checkpoint.mkdir(parents=True)
     (checkpoint / "COMPLETE").write_text("epoch 3\n")
     save_file({k: v.contiguous() for k, v in tuned.unet.state_dict().items()}, str(checkpoint / "model.safetensors"))
+    write_manifest(checkpoint)  # what every save writes last: the evaluation verifies it
     config = {"pretrained": {"model": tiny_model_dir}, "sample": {}, "reward_fn": "jpeg_compressibility", "lora_rank": 2}
     (run / "config.json").write_text(json.dumps(config))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "not a run config"}))

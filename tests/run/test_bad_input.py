@@ -18,11 +18,13 @@ import torch
 import ddpo_group.run.trainer as trainer_module
 from ddpo_group.run.checkpointing import complete_checkpoints
 from ddpo_group.run.config_checks import ConfigError
-from ddpo_group.errors import NonFiniteLossError
+from ddpo_group.errors import CheckpointError, NonFiniteLossError
 from ddpo_group.models import load_pipeline
 from ddpo_group.models.families import sd as pipeline_module
 from ddpo_group.models.families.sd import encode_prompts
-from trainer_helpers import tiny_config, tiny_trainer
+from ddpo_group.run.manifest import write_manifest
+from ddpo_group.run.state_files import STATE_JSON
+from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 PLUGINS = textwrap.dedent(
     """
@@ -282,3 +284,52 @@ def test_resuming_with_a_config_whose_state_differs_names_the_fields_before_the_
     assert resumed.state.epoch == 0
     assert f"warning: pretrained.model is {str(moved)!r}; the checkpoint was trained from" in capsys.readouterr().out
     resumed.rollouts.close()
+
+
+def test_a_checkpoint_of_another_preset_or_model_family_is_refused_by_name(tiny_model_dir, tiny_sd3_dir, tmp_path,
+                                                                           monkeypatch):
+    tiny_trainer("ddpo", tiny_model_dir, tmp_path, save_freq=1).run()
+    no_model_load(monkeypatch)
+    run = str(tmp_path / "run")
+    with pytest.raises(ConfigError) as caught:
+        tiny_trainer("group_ppo", tiny_model_dir, tmp_path, num_epochs=2, resume_from=run)
+    assert "  - algorithm.adv_estimator: checkpoint 'ddpo', config 'group_ppo'\n" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        tiny_trainer("ddpo", tiny_sd3_dir, tmp_path, num_epochs=2, resume_from=run, **FAMILY_OVERRIDES["sd3"])
+    assert "  - model family: checkpoint 'sd', config 'sd3'\n" in str(caught.value)
+
+
+def test_a_resume_skips_a_checkpoint_that_fails_to_verify_and_each_error_gives_the_command_to_paste(
+        tiny_model_dir, tmp_path, capsys):
+    tiny_trainer("ddpo", tiny_model_dir, tmp_path, num_epochs=2, save_freq=1).run()
+    root = tmp_path / "run" / "checkpoints"
+    weights = root / "checkpoint_00001" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-10] ^= 0xFF  # one weight changed on disk: same size, other contents
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+
+    resumed = tiny_trainer("ddpo", tiny_model_dir, tmp_path, num_epochs=3, resume_from=str(tmp_path / "run"))
+    out = capsys.readouterr().out
+    assert f"warning: skipped checkpoint_00001: {weights} does not match its sha256 in MANIFEST.json" in out
+    assert f"resumed from {root / 'checkpoint_00000'} (finished epoch 0)" in out and resumed.state.epoch == 0
+    resumed.rollouts.close()
+
+    previous = root / "checkpoint_00000"
+    command = f"python scripts/train.py --config=config/base.py:ddpo --config.resume_from={previous}"
+    with pytest.raises(CheckpointError) as caught:  # that checkpoint named: refused before the model loads
+        tiny_trainer("ddpo", tiny_model_dir, tmp_path, num_epochs=3, resume_from=str(weights.parent))
+    assert str(caught.value).endswith(f"resume from checkpoint_00000, the newest earlier checkpoint that verifies: "
+                                      f"{command}")
+
+    # verified, yet not this run's state: the load error names the file and gives the same next step
+    state_file = weights.parent / STATE_JSON
+    state_file.write_text(json.dumps({"pieces": []}))
+    data[-10] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    write_manifest(weights.parent)
+    with pytest.raises(CheckpointError) as caught:
+        tiny_trainer("ddpo", tiny_model_dir, tmp_path, num_epochs=3, resume_from=str(weights.parent))
+    message = str(caught.value)
+    assert message.startswith(f"{state_file} holds the pieces []; this run has ['PromptSampler', 'TrainingState', ")
+    assert message.endswith(f"resume from checkpoint_00000, the newest earlier checkpoint that verifies: {command}")

@@ -1,42 +1,55 @@
+import json
+import math
 import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import numpy as np
 
 import pytest
 import torch
 from accelerate import Accelerator
 
+from ddpo_group.errors import CheckpointError
 from ddpo_group.run.checkpointing import (
     TrainingState,
     clear_leftovers,
     complete_checkpoints,
     later_checkpoints,
+    load_checkpoint,
     resolve_resume_path,
     save_checkpoint,
 )
+from ddpo_group.run.manifest import write_manifest
+from ddpo_group.run.state_files import STATE_JSON, STATE_TENSORS, load_pieces, save_pieces
 
 
 def test_rotation_keeps_newest_complete_and_resume_finds_latest(tmp_path):
     accelerator = Accelerator(cpu=True)
     model = accelerator.prepare(torch.nn.Linear(2, 2))
     state = TrainingState()
-    accelerator.register_for_checkpointing(state)
     root = tmp_path / "run" / "checkpoints"
     for epoch in range(4):
         state.epoch, state.global_step = epoch, 10 * epoch
-        save_checkpoint(accelerator, root, epoch, keep=2)
+        save_checkpoint(accelerator, root, epoch, keep=2, pieces=[state])
     assert [p.name for p in complete_checkpoints(root)] == ["checkpoint_00002", "checkpoint_00003"]
     assert not list(root.glob(".tmp_*"))
 
     # a crash mid-save leaves a temporary directory (and possibly an unmarked one): never resumed from
     (root / ".tmp_checkpoint_00004").mkdir()
     (root / "checkpoint_00005").mkdir()
-    assert resolve_resume_path(str(tmp_path / "run")).name == "checkpoint_00003"
-    assert resolve_resume_path(str(root / "checkpoint_00002")).name == "checkpoint_00002"
+    resumed, skipped = resolve_resume_path(str(tmp_path / "run"))
+    assert resumed.name == "checkpoint_00003"
+    assert skipped == [f"skipped checkpoint_00005: {root / 'checkpoint_00005'} is incomplete: it has no COMPLETE "
+                       "marker (its save did not finish)"]
+    assert resolve_resume_path(str(root / "checkpoint_00002")) == (root / "checkpoint_00002", [])
 
     with torch.no_grad():
         model.weight.zero_()
-    accelerator.load_state(str(resolve_resume_path(str(tmp_path / "run"))))
+    load_checkpoint(accelerator, resumed, [state])
     assert state.epoch == 3 and state.global_step == 30
     assert model.weight.abs().sum() > 0
 
@@ -52,7 +65,6 @@ def linear_state(tmp_path):
     accelerator = Accelerator(cpu=True)
     model = accelerator.prepare(torch.nn.Linear(2, 2))
     state = TrainingState()
-    accelerator.register_for_checkpointing(state)
     return accelerator, model, state, tmp_path / "run" / "checkpoints"
 
 
@@ -74,7 +86,7 @@ def test_a_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path, m
     with torch.no_grad():
         model.weight.fill_(1.0)
     state.epoch, state.global_step = 0, 5
-    save_checkpoint(accelerator, root, 0, keep=1)
+    save_checkpoint(accelerator, root, 0, keep=1, pieces=[state])
 
     with torch.no_grad():
         model.weight.fill_(2.0)
@@ -92,22 +104,22 @@ def test_a_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path, m
 
         monkeypatch.setattr(os, "replace", replace)
     with pytest.raises((OSError, RuntimeError)):
-        save_checkpoint(accelerator, root, 1, keep=1, extra=extra)
+        save_checkpoint(accelerator, root, 1, keep=1, pieces=[state], extra=extra)
     monkeypatch.undo()
 
     # keep=1 did not delete epoch 0: the failed save never completed
     assert [p.name for p in complete_checkpoints(root)] == ["checkpoint_00000"]
-    resumed = resolve_resume_path(str(root.parent))
-    assert resumed.name == "checkpoint_00000"
+    resumed, skipped = resolve_resume_path(str(root.parent))
+    assert resumed.name == "checkpoint_00000" and skipped == []
     with torch.no_grad():
         model.weight.zero_()
-    accelerator.load_state(str(resumed))
+    load_checkpoint(accelerator, resumed, [state])
     assert state.epoch == 0 and state.global_step == 5
     assert torch.equal(model.weight, torch.ones(2, 2))
 
     # the next save clears the leftovers and rotates normally
     state.epoch = 1
-    save_checkpoint(accelerator, root, 1, keep=1)
+    save_checkpoint(accelerator, root, 1, keep=1, pieces=[state])
     assert [p.name for p in complete_checkpoints(root)] == ["checkpoint_00001"]
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint_00001"]
 
@@ -116,14 +128,14 @@ def test_resaving_an_epoch_restores_the_old_one_if_interrupted_and_rotation_keep
     accelerator, model, state, root = linear_state(tmp_path)
     for epoch in range(4):
         state.epoch = epoch
-        save_checkpoint(accelerator, root, epoch, keep=5)
+        save_checkpoint(accelerator, root, epoch, keep=5, pieces=[state])
     # a resume from epoch 1 saves epoch 2 again while checkpoint_00003 (an abandoned attempt) exists; keep=1
     state.epoch, state.global_step = 2, 77
-    save_checkpoint(accelerator, root, 2, keep=1)
+    save_checkpoint(accelerator, root, 2, keep=1, pieces=[state])
     names = [p.name for p in complete_checkpoints(root)]
     assert names == ["checkpoint_00002", "checkpoint_00003"]  # never the checkpoint just written
     assert later_checkpoints(root / "checkpoint_00002") == [root / "checkpoint_00003"]
-    accelerator.load_state(str(root / "checkpoint_00002"))
+    load_checkpoint(accelerator, root / "checkpoint_00002", [state])
     assert state.global_step == 77
 
     # a crash between moving the old epoch-2 checkpoint aside and renaming the new one into place
@@ -138,19 +150,19 @@ def test_resaving_an_epoch_restores_the_old_one_if_interrupted_and_rotation_keep
     monkeypatch.setattr(os, "replace", replace)
     state.global_step = 88
     with pytest.raises(OSError):
-        save_checkpoint(accelerator, root, 2, keep=5)
+        save_checkpoint(accelerator, root, 2, keep=5, pieces=[state])
     monkeypatch.undo()
     assert calls == [".replaced_checkpoint_00002", "checkpoint_00002"]
     assert not (root / "checkpoint_00002").exists()  # hidden aside, not lost:
     clear_leftovers(root)
     assert [p.name for p in complete_checkpoints(root)] == ["checkpoint_00002", "checkpoint_00003"]
-    accelerator.load_state(str(root / "checkpoint_00002"))
+    load_checkpoint(accelerator, root / "checkpoint_00002", [state])
     assert state.global_step == 77
 
 
 def test_a_crash_while_rotating_never_leaves_a_half_deleted_complete_checkpoint(tmp_path, monkeypatch):
     accelerator, model, state, root = linear_state(tmp_path)
-    save_checkpoint(accelerator, root, 0, keep=1)
+    save_checkpoint(accelerator, root, 0, keep=1, pieces=[state])
     real_rmtree = shutil.rmtree
 
     def rmtree(path, *args, **kwargs):
@@ -161,7 +173,182 @@ def test_a_crash_while_rotating_never_leaves_a_half_deleted_complete_checkpoint(
 
     monkeypatch.setattr(shutil, "rmtree", rmtree)
     with pytest.raises(OSError):
-        save_checkpoint(accelerator, root, 1, keep=1)
+        save_checkpoint(accelerator, root, 1, keep=1, pieces=[state])
     monkeypatch.undo()
     assert [p.name for p in complete_checkpoints(root)] == ["checkpoint_00001"]
-    assert resolve_resume_path(str(root.parent)).name == "checkpoint_00001"
+    assert resolve_resume_path(str(root.parent))[0].name == "checkpoint_00001"
+
+
+# ---------------------------------------------------------------------------------------- no code from data
+
+
+class RunsCode:
+    """A pickle that, once unpickled, creates ``marker`` (any command would run the same way)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def trained_state(tmp_path, epochs: int = 2):
+    """A prepared model and optimizer after one step, the run's counters, and checkpoints of ``epochs`` epochs."""
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=0.1))
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    state, root = TrainingState(), tmp_path / "run" / "checkpoints"
+    for epoch in range(epochs):
+        state.epoch, state.global_step, state.wandb_run_id = epoch, 10 + epoch, "abc"
+        save_checkpoint(accelerator, root, epoch, keep=5, pieces=[state])
+    return accelerator, model, state, root
+
+
+def test_the_training_state_is_plain_data_and_loads_back_as_saved(tmp_path):
+    class Piece:
+        def __init__(self, state):
+            self.state = state
+
+        def state_dict(self):
+            return self.state
+
+        def load_state_dict(self, state):
+            self.state = state
+
+    nested = {"rng": (3, (1, 2, 3), None), "state": {0: {"step": torch.tensor(4.0), "avg": torch.arange(6).view(2, 3)}},
+              "groups": [{"betas": (0.9, 0.999), "params": [0, 1]}], "tau": float("nan"), "inf": float("-inf"),
+              "stats": {"a cat/dog": [0.5, 1.5]}, "flag": True, "np": np.float64(0.25), "half": torch.ones(2).half()}
+    save_pieces(tmp_path, [Piece(nested)])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [STATE_JSON, STATE_TENSORS]
+    def non_json(token):
+        raise AssertionError(f"{token} is not JSON")
+
+    json.loads((tmp_path / STATE_JSON).read_text(), parse_constant=non_json)  # strict JSON: no NaN / Infinity token
+    loaded = Piece(None)
+    load_pieces(tmp_path, [loaded])
+    back = loaded.state
+    assert back["rng"] == (3, (1, 2, 3), None) and type(back["rng"][1]) is tuple
+    assert list(back["state"]) == [0] and torch.equal(back["state"][0]["avg"], torch.arange(6).view(2, 3))
+    assert back["state"][0]["step"].shape == () and float(back["state"][0]["step"]) == 4.0
+    assert back["groups"] == [{"betas": (0.9, 0.999), "params": [0, 1]}]
+    assert math.isnan(back["tau"]) and back["inf"] == float("-inf") and back["flag"] is True and back["np"] == 0.25
+    assert back["stats"] == {"a cat/dog": [0.5, 1.5]} and back["half"].dtype == torch.float16
+
+    with pytest.raises(CheckpointError, match=r"training_state.json holds the pieces \['Piece'\]; this run has "
+                                              r"\['TrainingState'\]"):
+        load_pieces(tmp_path, [TrainingState()])
+    with pytest.raises(TypeError, match="the state of Piece holds a set at '0/bad'"):
+        save_pieces(tmp_path, [Piece({"bad": {1, 2}})])
+
+
+@pytest.mark.parametrize("planted", ["custom_checkpoint_0.pkl", "optimizer.bin", "random_states_0.pkl"])
+def test_a_pickle_that_runs_code_is_never_unpickled(tmp_path, planted):
+    accelerator, model, state, root = trained_state(tmp_path, epochs=1)
+    checkpoint, marker = root / "checkpoint_00000", tmp_path / "pwned"
+    torch.save(RunsCode(marker), checkpoint / planted)
+    write_manifest(checkpoint)  # whoever planted it can write a matching manifest too
+
+    if planted.startswith("custom_checkpoint"):  # refused by name, before anything loads
+        with pytest.raises(CheckpointError) as refused:
+            resolve_resume_path(str(checkpoint))
+        message = str(refused.value)
+        assert f"{checkpoint / planted} is a pickle, and loading a pickle can run any code it holds" in message
+        assert f"convert it with: python scripts/convert_checkpoint.py {checkpoint}" in message
+        assert "\n" not in message
+    else:  # accelerate's own files load as plain data only (weights_only=True)
+        assert resolve_resume_path(str(checkpoint)) == (checkpoint, [])
+        with pytest.raises(CheckpointError) as refused:
+            load_checkpoint(accelerator, checkpoint, [TrainingState()])
+        assert str(refused.value).startswith(f"{checkpoint / planted}")  # accelerate's error does not name it
+    assert not marker.exists()
+
+
+def test_a_trusted_pickled_checkpoint_converts_with_one_command_and_resumes(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    state = TrainingState()
+    state.epoch, state.global_step, state.sizes = 4, 40, {"train.pairs_per_forward": 6}
+    accelerator.register_for_checkpointing(state)  # the pickled layout: accelerate's custom_checkpoint_0.pkl
+    checkpoint = tmp_path / "run" / "checkpoints" / "checkpoint_00004"
+    accelerator.save_state(str(checkpoint))
+    (checkpoint / "COMPLETE").write_text("epoch 4\n")
+    with pytest.raises(CheckpointError, match="custom_checkpoint_0.pkl is a pickle"):
+        resolve_resume_path(str(tmp_path / "run"))
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "convert_checkpoint.py"
+    done = subprocess.run([sys.executable, str(script), str(checkpoint)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"resume with --config.resume_from={checkpoint}" in done.stdout
+    assert [p.name for p in checkpoint.glob("*.pkl")] == ["random_states_0.pkl"]  # accelerate's: plain data
+    assert resolve_resume_path(str(tmp_path / "run")) == (checkpoint, [])
+    resumed = TrainingState()
+    load_checkpoint(Accelerator(cpu=True), checkpoint, [resumed])
+    assert resumed.state_dict() == {"epoch": 4, "global_step": 40, "wandb_run_id": "",
+                                    "sizes": {"train.pairs_per_forward": 6}}
+
+
+# ---------------------------------------------------------------------------------------- checkpoints that prove themselves
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+DAMAGES = {  # damage -> (file, what the verification says)
+    "truncated weights": ("model.safetensors", truncate, r"model.safetensors has \d+ bytes, MANIFEST.json says \d+"),
+    "missing optimizer": ("optimizer.bin", Path.unlink, r"optimizer.bin is missing \(listed in MANIFEST.json\)"),
+    "flipped byte": ("training_state.safetensors", flip_a_byte,
+                     r"training_state.safetensors does not match its sha256 in MANIFEST.json"),
+    "missing manifest": ("MANIFEST.json", Path.unlink, r"MANIFEST.json is missing \(every save writes it last\)"),
+    "added file": ("extra.bin", lambda p: p.write_bytes(b"x"), r"extra.bin is not listed in MANIFEST.json"),
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_checkpoint_is_named_and_the_run_falls_back_to_the_previous_one(tmp_path, damage):
+    accelerator, model, state, root = trained_state(tmp_path)
+    name, harm, says = DAMAGES[damage]
+    newest, previous = root / "checkpoint_00001", root / "checkpoint_00000"
+    harm(newest / name)
+
+    with pytest.raises(CheckpointError) as refused:  # that checkpoint, named: refused before anything loads
+        resolve_resume_path(str(newest))
+    message = str(refused.value)
+    assert re.search(says, message) and str(newest / name) in message
+    assert message.endswith(f"resume from checkpoint_00000, the newest earlier checkpoint that verifies: "
+                            f"--config.resume_from={previous}")
+
+    resumed, skipped = resolve_resume_path(str(root.parent))  # the run: its newest checkpoint that verifies
+    assert resumed == previous
+    assert len(skipped) == 1 and skipped[0].startswith(f"skipped checkpoint_00001: {newest / name}")
+    with torch.no_grad():
+        model.weight.zero_()
+    load_checkpoint(accelerator, resumed, [state])
+    assert state.epoch == 0 and state.global_step == 10 and model.weight.abs().sum() > 0
+
+
+def test_an_empty_checkpoint_directory_is_skipped_or_refused_by_name(tmp_path):
+    accelerator, model, state, root = trained_state(tmp_path, epochs=1)
+    empty = root / "checkpoint_00001"
+    empty.mkdir()
+    assert resolve_resume_path(str(root.parent)) == (
+        root / "checkpoint_00000", [f"skipped checkpoint_00001: {empty} is incomplete: it has no COMPLETE marker "
+                                    "(its save did not finish)"])
+    with pytest.raises(CheckpointError, match=re.escape(f"{empty} is incomplete")):
+        resolve_resume_path(str(empty))
+    for checkpoint in (root / "checkpoint_00000", empty):  # nothing verifies: a new run is the next step
+        shutil.rmtree(checkpoint)
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match=r"no checkpoint verifies:\n  - skipped checkpoint_00001: .*\nstart a new "
+                                              r"run \(another run_name, no resume_from\)"):
+        resolve_resume_path(str(root.parent))
+    with pytest.raises(CheckpointError, match="no earlier checkpoint of this run verifies: start a new run"):
+        resolve_resume_path(str(empty))

@@ -25,7 +25,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from accelerate.utils import load
 from safetensors.torch import load_file
+
+from ddpo_group.run.state_files import STATE_JSON, read_states
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_REWARD = f"{ROOT / 'tests' / 'plugins' / 'hang_reward.py'}:make"
@@ -94,14 +97,17 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def load_everything(checkpoint: Path) -> dict:
-    """Every file of a checkpoint, loaded: safetensors as tensors, accelerate's .bin/.pkl through torch.load."""
+    """Every file of a checkpoint, loaded: safetensors as tensors, the training state's pieces, accelerate's .bin/.pkl
+    with weights_only=True (MANIFEST.json differs by the wandb run id in the training state, compared apart)."""
     out = {}
     for path in sorted(checkpoint.rglob("*")):
         name = str(path.relative_to(checkpoint))
-        if path.suffix == ".safetensors":
+        if path.name == STATE_JSON:
+            out[name] = read_states(checkpoint)
+        elif path.suffix == ".safetensors":
             out[name] = load_file(str(path))
         elif path.suffix in (".bin", ".pkl"):
-            out[name] = torch.load(path, weights_only=False)
+            out[name] = load(path)  # accelerate's loader: weights_only=True
     return out
 
 
@@ -132,9 +138,8 @@ def comparable(record: dict) -> dict:
 
 
 def wandb_run_id(checkpoint: Path) -> str:
-    for path in checkpoint.glob("custom_checkpoint_*.pkl"):
-        state = torch.load(path, weights_only=False)
-        if isinstance(state, dict) and "wandb_run_id" in state:
+    for name, state in read_states(checkpoint):
+        if name == "TrainingState":
             return state["wandb_run_id"]
     raise AssertionError(f"no wandb_run_id in {checkpoint}")
 

@@ -54,7 +54,7 @@ def test_after_an_epoch_everything_is_kept_and_the_note_says_what_runs_again(tin
     assert trainer.session.last_checkpoint_note() == (
         f"The last complete checkpoint, {run / 'checkpoints' / 'checkpoint_00001'} (epoch 1), is kept. Epoch 2 "
         f"finished after it and runs again on resume. Resume with: python scripts/train.py "
-        f"--config=config/base.py:ddpo --config.resume_from={run} (it continues from the latest complete checkpoint).")
+        f"--config=config/base.py:ddpo --config.resume_from={run} (it continues from the newest checkpoint that verifies).")
 
     # a resumed run that fails at once keeps the directory it resumed
     resumed = tiny_trainer("ddpo", tiny_model_dir, tmp_path, num_epochs=5, save_freq=2, resume_from=str(run))

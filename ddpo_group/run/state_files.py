@@ -1,0 +1,134 @@
+"""The training state's pieces as two files of a checkpoint: their tensors in ``training_state.safetensors``, all else
+in ``training_state.json``. Nothing is pickled, so loading a checkpoint runs no code it holds.
+
+The pieces are what the trainer lists (the prompt sampler, the counters, the stat tracker, the critic's optimizer, the
+KL term's controller and reference, the estimator's controller, the EMA), each saved as its ``state_dict()``: a tree
+of dicts, lists, tuples, strings, numbers, booleans, None and tensors. In the JSON every container is an object with
+one key that says what it was, so the tree loads back as it was saved (a tuple stays a tuple, an optimizer state's int
+keys stay ints, NaN stays NaN):
+
+=====================================  ====================================================
+``{"dict": {key: value, ...}}``        a dict whose keys are all strings
+``{"items": [[key, value], ...]}``     any other dict (keys are numbers or strings)
+``{"tuple": [...]}``, a JSON list      a tuple, a list
+``{"tensor": "<key>"}``                a tensor, stored under ``<key>`` in the safetensors
+``{"float": "nan" | "inf" | "-inf"}``  a float that JSON cannot write
+=====================================  ====================================================
+
+``training_state.json`` is ``{"pieces": [{"name": <type of the piece>, "state": <tree>}, ...]}`` in the trainer's
+order; a converted checkpoint's pieces have no name (``null``: their order is all a pickle of them recorded).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ddpo_group.errors import CheckpointError
+
+STATE_JSON = "training_state.json"
+STATE_TENSORS = "training_state.safetensors"
+
+
+def save_pieces(directory: Path, pieces: list) -> None:
+    """Write each piece's ``state_dict()`` to ``directory`` (the training-state files)."""
+    write_states(directory, [(type(piece).__name__, piece.state_dict()) for piece in pieces])
+
+
+def write_states(directory: Path, states: list[tuple[str | None, dict]]) -> None:
+    """Write named state dicts (name None: unknown) to ``directory``'s training-state files."""
+    tensors: dict[str, torch.Tensor] = {}
+    pieces = [{"name": name, "state": _encode(state, f"{index}", tensors, name or f"piece {index}")}
+              for index, (name, state) in enumerate(states)]
+    save_file(tensors, str(Path(directory) / STATE_TENSORS))
+    (Path(directory) / STATE_JSON).write_text(json.dumps({"pieces": pieces}, allow_nan=False) + "\n")
+
+
+def read_states(directory: Path) -> list[tuple[str | None, object]]:
+    """The (name, state dict) of each piece in ``directory``'s training-state files; a CheckpointError names the
+    file that cannot be read."""
+    directory = Path(directory)
+    json_path, tensors_path = directory / STATE_JSON, directory / STATE_TENSORS
+    for path in (json_path, tensors_path):
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing: the checkpoint holds no training state")
+    try:
+        tensors = load_file(str(tensors_path), device="cpu")
+    except (SafetensorError, OSError) as error:
+        raise CheckpointError(f"{tensors_path} cannot be read as safetensors ({error})") from None
+    try:
+        saved = json.loads(json_path.read_text())["pieces"]
+        return [(entry["name"], _decode(entry["state"], tensors)) for entry in saved]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{json_path} is not a training-state file ({type(error).__name__}: {error})") from None
+
+
+def load_pieces(directory: Path, pieces: list) -> None:
+    """Load the training-state files of ``directory`` into ``pieces`` (the objects the trainer lists, in its order);
+    a CheckpointError names the file and the piece that does not fit."""
+    saved = read_states(directory)
+    names = [type(piece).__name__ for piece in pieces]
+    saved_names = [name for name, _ in saved]
+    if len(saved) != len(pieces) or any(s is not None and s != n for s, n in zip(saved_names, names)):
+        raise CheckpointError(f"{Path(directory) / STATE_JSON} holds the pieces {saved_names}; this run has {names} "
+                              "(another config's checkpoint: its state_fields.json says which)")
+    for piece, name, (_, state) in zip(pieces, names, saved):
+        try:
+            piece.load_state_dict(state)
+        except Exception as error:
+            raise CheckpointError(f"{Path(directory) / STATE_JSON}: the state of {name} does not load "
+                                  f"({type(error).__name__}: {error})") from error
+
+
+def _encode(value, key: str, tensors: dict, where: str):
+    """``value`` as JSON, its tensors added to ``tensors`` under their path from the piece (``where``: for errors)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"float": repr(value)}
+    if isinstance(value, np.generic):  # a numpy scalar is stored as the Python number it equals
+        return _encode(value.item(), key, tensors, where)
+    if isinstance(value, torch.Tensor):
+        name, copies = key, 0
+        while name in tensors:  # a dict key holding "/" can repeat another's path
+            copies += 1
+            name = f"{key}#{copies}"
+        tensors[name] = value.detach().to("cpu", copy=True).contiguous()  # a copy: no storage shared with another
+        return {"tensor": name}
+    if isinstance(value, (list, tuple)):
+        items = [_encode(v, f"{key}/{i}", tensors, where) for i, v in enumerate(value)]
+        return {"tuple": items} if isinstance(value, tuple) else items
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value):
+            return {"dict": {k: _encode(v, f"{key}/{k}", tensors, where) for k, v in value.items()}}
+        if all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in value):
+            return {"items": [[k, _encode(v, f"{key}/{k}", tensors, where)] for k, v in value.items()]}
+    raise TypeError(f"the state of {where} holds a {type(value).__name__} at {key!r}; a checkpoint stores "
+                    "tensors, numbers, strings, booleans, None, lists, tuples and dicts (string or int keys)")
+
+
+def _decode(value, tensors: dict):
+    if isinstance(value, list):
+        return [_decode(v, tensors) for v in value]
+    if not isinstance(value, dict):
+        return value
+    (kind, content), = value.items()
+    if kind == "dict":
+        return {k: _decode(v, tensors) for k, v in content.items()}
+    if kind == "items":
+        return {k: _decode(v, tensors) for k, v in content}
+    if kind == "tuple":
+        return tuple(_decode(v, tensors) for v in content)
+    if kind == "tensor":
+        if content not in tensors:
+            raise KeyError(f"tensor {content!r} is not in {STATE_TENSORS}")
+        return tensors[content]
+    if kind == "float":
+        return float(content)
+    raise ValueError(f"unknown entry {kind!r}")
