@@ -1,6 +1,6 @@
 """Compare a fine-tuned model with its base model on the same prompts and seeds.
 
-    python scripts/evaluate.py --finetuned logs/<run>            # latest checkpoint of a run
+    python scripts/evaluate.py --finetuned logs/<run>            # the newest checkpoint of a run that verifies
     python scripts/evaluate.py --finetuned logs/<run>/lora --base_model stable-diffusion-v1-5/stable-diffusion-v1-5 \
         --num_prompts 16 --num_seeds 4 --reward_fn '{"aesthetic": 1.0}' --reward_fn_kwargs '{...}'
 
@@ -37,8 +37,8 @@ class _WithDefaults(argparse.HelpFormatter):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_WithDefaults)
-    p.add_argument("--finetuned", required=True, help="a run directory (its latest checkpoint), a checkpoint "
-                   "directory or a diffusers LoRA directory")
+    p.add_argument("--finetuned", required=True, help="a run directory (its newest checkpoint that verifies), a "
+                   "checkpoint directory or a diffusers LoRA directory")
     p.add_argument("--base_model", default=None, help="the base model (default: the run's pretrained.model)")
     p.add_argument("--num_prompts", type=int, default=8, help="prompts drawn from the prompt function")
     p.add_argument("--num_seeds", type=int, default=2, help="initial noises per prompt (n = prompts x seeds pairs)")

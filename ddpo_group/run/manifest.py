@@ -20,8 +20,11 @@ def _files(directory: Path) -> list[str]:
 
 
 def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_manifest(directory: Path) -> None:
