@@ -43,17 +43,26 @@ from config.base import PRESETS, get_config  # noqa: E402
 from ddpo_group.algorithms import get_adv_estimator  # noqa: E402
 from ddpo_group.run.epoch_logger import EVAL_LOG  # noqa: E402
 from ddpo_group.run.metrics_log import read_metrics  # noqa: E402
+from ddpo_group.run.renamed_fields import new_name, notice  # noqa: E402
 from ddpo_group.rollout.tweedie import valued_steps  # noqa: E402
 from ddpo_group.run.trainer import Trainer  # noqa: E402
 from ddpo_group.sampling.window import stochastic_steps  # noqa: E402
 
 
 def set_field(config, key: str, raw: str) -> None:
+    """``config``'s field ``key`` (a former name is renamed, saying so) set from the text ``raw`` as its type."""
+    if (renamed := new_name(key)) is not None:
+        print(notice(key, renamed), file=sys.stderr)
+        key = renamed
     section, _, field = key.rpartition(".")
     target = config
     for part in section.split(".") if section else []:
+        if part not in target:
+            raise SystemExit(f"{key}={raw}: config has no section {part!r}")
         target = target[part]
-    current = target[field] if field in target else ""  # a new key (e.g. a prompt_fn_kwargs entry): a string
+    if field not in target and not section.endswith("_kwargs"):
+        raise SystemExit(f"{key}={raw}: config has no field {key!r} (docs/configuration.md lists them)")
+    current = target[field] if field in target else ""  # a new key of a *_kwargs section: a string
     if isinstance(current, bool):
         value = raw.lower() in ("1", "true", "yes")
     elif isinstance(current, int):

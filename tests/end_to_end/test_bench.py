@@ -136,3 +136,18 @@ def test_moving_average_of_the_plotted_curves():
     want = torch.tensor([[1.0, 2.0, 3.0, 5.0], [0.0, 0.0, 4 / 3, 8 / 3]], dtype=torch.float64)
     torch.testing.assert_close(moving_average(values, 3), want)
     torch.testing.assert_close(moving_average(values, 1), values)
+
+
+def test_a_study_override_takes_former_names_and_refuses_unknown_fields(capsys):
+    import compare_algorithms
+    from config.base import get_config
+
+    config = get_config("group_ppo")
+    compare_algorithms.set_field(config, "group_params.value_source", "tweedie")  # a recorded study's spelling
+    compare_algorithms.set_field(config, "sample.eta", "0.5")
+    assert (config.group_ppo.value_source, config.sample.noise_level) == ("tweedie", 0.5)
+    assert "sample.eta is now sample.noise_level" in capsys.readouterr().err
+    compare_algorithms.set_field(config, "prompt_fn_kwargs.split", "train")  # a *_kwargs section takes new keys
+    assert config.prompt_fn_kwargs.split == "train"
+    with pytest.raises(SystemExit, match=r"sample.etta=0.5: config has no field 'sample.etta'"):
+        compare_algorithms.set_field(config, "sample.etta", "0.5")
