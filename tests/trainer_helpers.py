@@ -20,6 +20,7 @@ TINY = {
 # what a tiny flow-matching model needs: 32 px images, 16 T5 tokens; FLUX.1-dev's guidance is an embedding (no CFG)
 FAMILY_OVERRIDES = {
     "sd": {},
+    "sdxl": {},
     "sd3": {"sample.resolution": 32, "pretrained.max_sequence_length": 16},
     "flux": {"sample.resolution": 32, "pretrained.max_sequence_length": 16, "sample.guidance_scale": 3.5,
              "train.cfg": False},

@@ -20,11 +20,7 @@ def build_tiny_pipeline(seed: int = 0, prediction_type: str = "epsilon", max_len
             num_attention_heads=4, max_position_embeddings=max_length, bos_token_id=0, eos_token_id=1, pad_token_id=1,
         )
     )
-    vae = AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
-        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), block_out_channels=(8, 16),
-        layers_per_block=1, latent_channels=4, norm_num_groups=4, sample_size=16,
-    )
+    vae = _sd_vae()
     unet = UNet2DConditionModel(
         sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(16, 32),
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
@@ -38,6 +34,36 @@ def build_tiny_pipeline(seed: int = 0, prediction_type: str = "epsilon", max_len
         vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet, scheduler=scheduler,
         safety_checker=None, feature_extractor=None, requires_safety_checker=False,
     )
+
+
+def _sd_vae():
+    return AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), block_out_channels=(8, 16),
+        layers_per_block=1, latent_channels=4, norm_num_groups=4, sample_size=16,
+    )
+
+
+def build_tiny_sdxl_pipeline(seed: int = 0):
+    """SDXL at about the size of diffusers' own pipeline tests: a UNet with the "text_time" added embedding (pooled
+    text embedding and the six size ids), CLIP-L-like and CLIP-G-like text encoders (the second with projection),
+    the Stable Diffusion VAE above, DDIM with SDXL's betas; 16 px images (8x8 latents)."""
+    from diffusers import StableDiffusionXLPipeline
+
+    torch.manual_seed(seed)
+    unet = UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(16, 32),
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"), up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=(2, 4), use_linear_projection=True, cross_attention_dim=64, norm_num_groups=8,
+        addition_embed_type="text_time", addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=6 * 8 + 32,  # six size ids of 8 + the pooled projection (32)
+    )
+    tokenizer, text_encoder = _clip(projection=False)
+    tokenizer_2, text_encoder_2 = _clip(projection=True)
+    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
+                              set_alpha_to_one=False, steps_offset=1, timestep_spacing="leading")
+    return StableDiffusionXLPipeline(vae=_sd_vae(), text_encoder=text_encoder, text_encoder_2=text_encoder_2,
+                                     tokenizer=tokenizer, tokenizer_2=tokenizer_2, unet=unet, scheduler=scheduler)
 
 
 # ----------------------------------------------------------------------------- flow-matching families (SD3, FLUX)
@@ -121,4 +147,5 @@ def save_pipeline(pipe, path) -> str:
     return str(path)
 
 
-TINY_BUILDERS = {"sd": build_tiny_pipeline, "sd3": build_tiny_sd3_pipeline, "flux": build_tiny_flux_pipeline}
+TINY_BUILDERS = {"sd": build_tiny_pipeline, "sdxl": build_tiny_sdxl_pipeline, "sd3": build_tiny_sd3_pipeline,
+                 "flux": build_tiny_flux_pipeline}

@@ -1,11 +1,11 @@
-"""The model-family seam on tiny SD3 and FLUX pipelines built from config: detection, the sampler against the
+"""The model-family seam on tiny SDXL, SD3 and FLUX pipelines built from config: detection, the sampler against the
 pipeline's own call, log-prob recomputation, LoRA export and loading, every preset for an epoch."""
 
 import json
 
 import pytest
 import torch
-from diffusers import FluxPipeline, StableDiffusion3Pipeline
+from diffusers import FluxPipeline, StableDiffusion3Pipeline, StableDiffusionXLPipeline
 
 from config.base import PRESETS
 from ddpo_group.models import load_family
@@ -30,8 +30,8 @@ def test_the_family_is_read_from_model_index_or_set(family_model_dirs, tmp_path)
         assert family_name(directory) == name
     assert family_name("tiny-shapes") == "sd"
     assert family_name(family_model_dirs["sd3"], "flux") == "flux"  # the override wins
-    with pytest.raises(ValueError, match=r"unknown model family \(pretrained.family\) 'sdxl'"):
-        family_name("tiny-shapes", "sdxl")
+    with pytest.raises(ValueError, match=r"unknown model family \(pretrained.family\) 'kandinsky'"):
+        family_name("tiny-shapes", "kandinsky")
     (tmp_path / "model_index.json").write_text(json.dumps({"_class_name": "KandinskyPipeline"}))
     with pytest.raises(ValueError, match="is a KandinskyPipeline, which no model family handles"):
         family_name(str(tmp_path))
@@ -71,7 +71,105 @@ def test_sd3_with_t5_reproduces_its_pipeline(tmp_path):
     assert torch.equal(traj.images, want)
 
 
-@pytest.mark.parametrize("name", ["sd3", "flux"])
+@pytest.mark.parametrize("noise_level, guidance, resolution, zeros", [
+    (0.0, 5.0, 0, True), (0.0, 5.0, 32, False), (1.0, 5.0, 0, True), (0.5, 1.0, 32, True),
+])
+def test_sdxl_sampler_reproduces_the_pipelines_own_call(noise_level, guidance, resolution, zeros, tiny_sdxl_dir):
+    """Same generators, DDIM with eta = the noise level: the pipeline's images exactly, at its default size and at
+    ``sample.resolution`` (the size ids follow it). The unconditional condition is zeros when the pipeline's
+    force_zeros_for_empty_prompt is set (SDXL base's), else the encoded empty prompt, as the pipeline does (which
+    encodes it as a batch of B empty prompts, so ours is too for the bitwise comparison)."""
+    family, config = family_of("sdxl", tiny_sdxl_dir, **{"sample.resolution": resolution,
+                                                          "sample.noise_level": noise_level})
+    assert isinstance(family.pipe, StableDiffusionXLPipeline) and family.name == "sdxl"
+    family.pipe.register_to_config(force_zeros_for_empty_prompt=zeros)
+    family.pipe.set_progress_bar_config(disable=True)
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    assert kwargs == {"eta": noise_level, **({"height": 32, "width": 32} if resolution else {})}
+    want = family.pipe(PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
+                       output_type="pt", **kwargs).images
+    negative = family.negative_condition()
+    assert bool((negative["pooled_prompt_embeds"] == 0).all()) == zeros
+    if not zeros:
+        batched = family.encode([""] * 4)
+        for key in family.cond_keys:
+            torch.testing.assert_close(negative[key].expand_as(batched[key]), batched[key], rtol=1e-5, atol=1e-5)
+        negative = batched
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), negative, 4, guidance,
+                               [noise_level] * 4, generator=generators(4), compute_log_prob=False)
+    side = resolution or 16  # the tiny UNet's 8x8 latents, a VAE scale factor of 2
+    assert traj.images.shape == (4, 3, side, side) and traj.latents.shape == (4, 5, 4, side // 2, side // 2)
+    assert torch.equal(traj.images, want)
+
+
+def test_sdxl_text_encoders_run_where_they_are_and_a_float16_vae_decodes_in_float32(tiny_sdxl_dir):
+    """pretrained.text_encoder_device: build_policy places both text encoders by name; the prompts meet them on their
+    device and the embeddings move to the UNet's (here the UNet on the meta device, the encoders on the CPU). A float16
+    VAE with force_upcast decodes in float32, as the pipeline does, and is float16 again afterwards."""
+    from ddpo_group.models.trainable import TEXT_ENCODERS
+
+    family, _ = family_of("sdxl", tiny_sdxl_dir)
+    encoders = [name for name, module in family.pipe.components.items() if name.startswith("text_encoder")]
+    assert encoders == ["text_encoder", "text_encoder_2"] and set(encoders) <= set(TEXT_ENCODERS)
+    on_cpu = family.encode(PROMPTS)
+    assert on_cpu["prompt_embeds"].shape == (4, 16, 64) and on_cpu["pooled_prompt_embeds"].shape == (4, 32)
+
+    latents = torch.randn(2, *family.latent_shape(), generator=torch.Generator().manual_seed(0))
+    vae = family.pipe.vae
+    torch.nn.Module.to(vae, dtype=torch.float16)
+    assert vae.config.force_upcast
+    images = family.decode(latents.half())
+    assert vae.dtype == torch.float16 and images.dtype == torch.float32
+    vae.register_to_config(force_upcast=False)  # a float16 decode gives other images: the check below can fail
+    assert float((family.decode(latents.half()) - images).abs().max()) > 1e-4
+    torch.nn.Module.to(vae, dtype=torch.float32)  # the float16 weights and latents, upcast: what the decode ran
+    assert torch.equal(images, family.decode(latents.half().float()))
+
+    torch.nn.Module.to(family.pipe.unet, "meta")
+    cond = family.encode(PROMPTS)
+    assert family.pipe.text_encoder_2.device.type == "cpu"
+    assert {key: (value.device.type, value.shape) for key, value in cond.items()} == {
+        key: ("meta", value.shape) for key, value in on_cpu.items()}
+
+
+def test_sdxl_trains_a_grpo_epoch_and_its_lora_loads_in_the_pipeline(tiny_sdxl_dir, tmp_path):
+    """grpo on the saved tiny SDXL: the LoRA weights change; the diffusers-format export loads with
+    StableDiffusionXLPipeline.load_lora_weights and its images are the trained model's (on the CPU, to float
+    precision); scripts/evaluate.py's comparison runs on the run."""
+    trainer = tiny_trainer("grpo", tiny_sdxl_dir, tmp_path, "lora", device="cpu")
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    assert trainer.family.name == "sdxl" and metrics["global_step"] == 2
+    changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    assert changed > len(before) // 2, f"only {changed} of {len(before)} trained tensors changed"
+    for key in ("adv/mean", "train/policy_loss", "train/grad_norm", "train/ratio_max"):
+        assert torch.isfinite(torch.tensor(metrics[key])), (key, metrics[key])
+
+    lora = tmp_path / "lora" / "lora"
+    assert (lora / "pytorch_lora_weights.safetensors").exists()
+    base = StableDiffusionXLPipeline.from_pretrained(tiny_sdxl_dir)
+    base.set_progress_bar_config(disable=True)
+    guidance = trainer.config.sample.guidance_scale
+    call = dict(num_inference_steps=4, guidance_scale=guidance, output_type="pt")
+    base_images = base(PROMPTS, generator=generators(4), **call).images
+    base.load_lora_weights(str(lora))
+    loaded = base(PROMPTS, generator=generators(4), **call).images
+    family = trainer.family
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4,
+                                  guidance, [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
+    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+
+    from config.base import base as base_config
+    from ddpo_group.run.evaluation import evaluate
+
+    report = evaluate(str(tmp_path / "lora"), base_config(), num_prompts=2, num_seeds=2, batch_size=4,
+                      show_progress=False)
+    assert report["family"] == "sdxl" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
+    assert report["rewards"]["reward"]["difference"]["std"] > 0
+
+
+@pytest.mark.parametrize("name", ["sdxl", "sd3", "flux"])
 def test_the_first_training_forwards_ratio_is_one(name, family_model_dirs):
     """Scoring the recorded transitions again under the sampling policy gives back the recorded log-probs:
     bitwise when the training forward's batch is the sampling batch; otherwise the float32 kernels of another
@@ -176,7 +274,7 @@ def test_every_preset_trains_an_epoch_on_each_flow_family(name, preset, family_m
         assert metrics["ref/kl"] >= 0 and "ref/param_distance" in metrics
 
 
-@pytest.mark.parametrize("name", ["sd", "flux"])
+@pytest.mark.parametrize("name", ["sd", "sdxl", "flux"])
 def test_cached_text_embeddings_and_chunked_decoding_change_nothing(name, family_model_dirs):
     """A prompt is encoded alone into the cache: the same embedding whatever it was batched with; the VAE decodes
     3 images at a time: the same images as all at once (to float32 rounding of other batch sizes)."""
