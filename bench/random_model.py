@@ -3,12 +3,16 @@ and throughput on when the real weights are not at hand.
 
     python bench/random_model.py --shape sd15 --out /tmp/sd15     # Stable Diffusion 1.5's shapes, 512 px
     python bench/random_model.py --shape sd35m --out /tmp/sd35m   # SD 3.5 Medium's transformer, CLIP-L/G, no T5
+    python bench/random_model.py --shape sdxl --out /tmp/sdxl     # SDXL base's UNet, CLIP-L and CLIP-G, 1024 px
 
 sd15: UNet 860M (320/640/1280/1280 channels, cross-attention 768), VAE 84M, a CLIP-L-sized text encoder (12 layers,
 768 wide) with the locally built byte-level tokenizer, DDIM. sd35m: SD3Transformer2DModel of SD 3.5 Medium (24 MMDiT-X
 layers, 24 heads of 64, dual attention in layers 0-12, RMS q/k norm, 2.5B), CLIP-L and CLIP-G text encoders with
 projection, the 16-channel SD3 VAE, no T5 (the pipeline then feeds zeros for its tokens, as with
-``text_encoder_3=None``). Weights are saved in bfloat16.
+``text_encoder_3=None``). sdxl: SDXL base's UNet (320/640/1280 channels, 1/2/10 transformer layers, cross-attention
+2048, the "text_time" added embedding; 2.6B), a CLIP-L-sized and a CLIP-G-sized text encoder (the second with
+projection), the SD VAE with SDXL's scaling factor, DDIM (SDXL base ships Euler; the sdxl family swaps it for DDIM).
+Weights are saved in bfloat16.
 """
 
 from __future__ import annotations
@@ -64,7 +68,26 @@ def build_sd35m():
     )
 
 
-BUILDERS = {"sd15": build_sd15, "sd35m": build_sd35m}
+def build_sdxl():
+    from diffusers import StableDiffusionXLPipeline
+
+    unet = UNet2DConditionModel(  # the rest: UNet2DConditionModel's defaults, as SDXL base's config
+        sample_size=128, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"), block_out_channels=(320, 640, 1280),
+        transformer_layers_per_block=(1, 2, 10), attention_head_dim=(5, 10, 20), use_linear_projection=True,
+        cross_attention_dim=2048, addition_embed_type="text_time", addition_time_embed_dim=256,
+        projection_class_embeddings_input_dim=2816,  # six size ids of 256 + CLIP-G's pooled 1280
+    )
+    tokenizer, text_encoder = clip_text(768, 12, 12, projection=False)
+    tokenizer_2, text_encoder_2 = clip_text(1280, 32, 20, projection=True)
+    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
+                              set_alpha_to_one=False, steps_offset=1, timestep_spacing="leading")
+    return StableDiffusionXLPipeline(vae=vae(4, scaling_factor=0.13025), text_encoder=text_encoder,
+                                     text_encoder_2=text_encoder_2, tokenizer=tokenizer, tokenizer_2=tokenizer_2,
+                                     unet=unet, scheduler=scheduler)
+
+
+BUILDERS = {"sd15": build_sd15, "sd35m": build_sd35m, "sdxl": build_sdxl}
 
 
 def main(argv=None) -> None:

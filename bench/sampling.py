@@ -4,8 +4,9 @@
     python bench/sampling.py --family sd3 [--resolution 32]     # a tiny random SD3 (or flux) built from config
 
 Same model, prompts, number of steps, batch, guidance, output decoded to images in both: Stable Diffusion with
-DDIM at its noise level (eta 1); the flow families (SD3, FLUX) with their pipeline's deterministic Euler sampler,
-ours at noise level 0 (the pipeline has no SDE; our stochastic steps cost the same: a few elementwise operations).
+DDIM at its noise level (eta 1; SDXL alike); the flow families (SD3, FLUX) with their pipeline's deterministic
+Euler sampler, ours at noise level 0 (the pipeline has no SDE; our stochastic steps cost the same: a few
+elementwise operations).
 The two contenders run interleaved (the order alternates every round) so that contention on a
 shared machine hits both alike; prints the median over rounds of the per-round wall-time ratio
 ours / diffusers (target: at most 1.05) and checks that both produce the same images. A last,
@@ -41,7 +42,8 @@ def parse_args(argv=None):
     parser.add_argument("--family", choices=sorted(TINY_BUILDERS), default="sd",
                         help="without --model: the embedded tiny-shapes model (sd), or a tiny random model built from config")
     parser.add_argument("--model", default="", help="a local diffusers directory or hub id (default: see --family)")
-    parser.add_argument("--resolution", type=int, default=32, help="pixels, flow families (SD: the model's size)")
+    parser.add_argument("--resolution", type=int, default=32,
+                        help="pixels, SDXL and the flow families (SD: the model's size)")
     parser.add_argument("--max-sequence-length", type=int, default=16, help="T5 tokens, flow families")
     parser.add_argument("--prompt-fn", default="tiny_shapes")
     parser.add_argument("--images", type=int, default=64)
@@ -86,7 +88,9 @@ def run(args, model: str) -> dict:
     @torch.no_grad()
     def ours():
         generator = torch.Generator(args.device).manual_seed(0)
-        negative = family.encode([""] * len(prompts))  # the pipeline encodes its negative prompt batched too
+        negative = family.negative_condition()  # SDXL base's is zeros (force_zeros_for_empty_prompt), used as it is
+        if any(bool(value.any()) for value in negative.values()):  # the pipeline encodes its empty prompt batched
+            negative = family.encode([""] * len(prompts))
         results["ours"] = sample_trajectories(family, family.model, family.encode(prompts), negative, args.steps,
                                               args.guidance, [noise] * args.steps, generator=generator,
                                               compute_log_prob=noise > 0).images

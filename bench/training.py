@@ -49,7 +49,7 @@ def parse_args(argv=None):
                         help="without --model: tiny-shapes (sd) or a tiny random SD3 / FLUX built from config; the "
                              "ddpo-pytorch loop exists for Stable Diffusion's UNet only")
     parser.add_argument("--model", default="")
-    parser.add_argument("--resolution", type=int, default=32, help="pixels, flow families")
+    parser.add_argument("--resolution", type=int, default=32, help="pixels, SDXL and the flow families")
     parser.add_argument("--prompt-fn", default="tiny_shapes")
     parser.add_argument("--samples", type=int, default=32, help="samples per epoch (default: 16 x 2 batches)")
     parser.add_argument("--steps", type=int, default=20)

@@ -88,8 +88,8 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             )[0]
             uncond, conditional = out.chunk(2)
             return uncond + guidance_scale * (conditional - uncond)
-        return model(latents, t, encoder_hidden_states=embeds,
-                     added_cond_kwargs={"text_embeds": pooled, "time_ids": time_ids.expand(n, -1)}, return_dict=False)[0]
+        return model(latents, t, encoder_hidden_states=embeds, return_dict=False,
+                     added_cond_kwargs={"text_embeds": pooled, "time_ids": time_ids.expand(n, -1)})[0]
 
     @torch.no_grad()
     def decode(self, latents):
