@@ -48,7 +48,7 @@ def base() -> ml_collections.ConfigDict:
     config.pretrained = pretrained = ml_collections.ConfigDict()
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
-    pretrained.family = ""  # "sd", "sd3" or "flux"; "": from the pipeline class in the model's model_index.json
+    pretrained.family = ""  # "sd", "sdxl", "sd3" or "flux"; "": from the pipeline class in the model's model_index.json
     pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
 
@@ -59,13 +59,13 @@ def base() -> ml_collections.ConfigDict:
     # and evaluates on 40)
     sample.eval_num_steps = 0
     # the stochastic steps' noise level (0 would make every step deterministic): DDIM's eta on Stable Diffusion 1.x/2.x
-    # (1: DDPM-like, ddpo-pytorch's), the flow step's a on SD3 and FLUX (Flow-GRPO: 0.7 for SD3.5, 0.9 for FLUX);
-    # None: the family's standard level, 1.0 on Stable Diffusion and 0.7 on the flow-matching families
+    # and SDXL (1: DDPM-like, ddpo-pytorch's), the flow step's a on SD3 and FLUX (Flow-GRPO: 0.7 for SD3.5, 0.9 for
+    # FLUX); None: the family's standard level, 1.0 on Stable Diffusion (SDXL too) and 0.7 on the flow-matching families
     sample.noise_level = ml_collections.config_dict.placeholder(float)
     # flow-matching families (SD3, FLUX): the stochastic step (sampling/flow_steps.py): "flow_sde" (Flow-GRPO), "cps"
     # (coefficients-preserving), "dance_sde" (DanceGRPO, with noise_level 0.3)
     sample.sde_type = "flow_sde"
-    sample.resolution = 0  # image height and width in pixels (flow-matching families); 0: the pipeline's default
+    sample.resolution = 0  # image height and width in pixels (SDXL, SD3, FLUX); 0: the pipeline's default
     # memory of large models: text embeddings of this many prompts kept on the CPU (each prompt then meets the text
     # encoders once; 0: encode every round)
     sample.text_embedding_cache = 0
