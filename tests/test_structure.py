@@ -156,7 +156,7 @@ def test_the_reward_and_family_packages_import_every_module_they_hold():
         assert defined_here and set(defined_here.values()) <= set(modules), defined_here
     assert {"jpeg_compressibility", "aesthetic", "http", "clipscore", "hpsv2", "ocr", "pickscore",
             "shapes_alignment"} <= set(rewards.REWARD_REGISTRY.names())
-    assert {"sd", "sd3", "flux"} <= set(families.FAMILY_REGISTRY.names())
+    assert {"sd", "sdxl", "sd3", "flux"} <= set(families.FAMILY_REGISTRY.names())
 
 
 @pytest.fixture

@@ -89,19 +89,19 @@ def test_training_bench_runs_and_prints_speedup_and_unet_share(tiny_model_dir, c
     assert "pairs/s" in printed and "speed-up ours / ddpo-pytorch" in printed and "denoiser share" in printed
 
 
-@pytest.mark.parametrize("family", ["sd3", "flux"])
-def test_the_benches_run_a_tiny_flow_family_built_from_config(family, capsys):
+@pytest.mark.parametrize("family", ["sdxl", "sd3", "flux"])
+def test_the_benches_run_a_tiny_family_built_from_config(family, capsys):
     import sampling
     import training
 
     out = sampling.main(["--family", family, "--prompt-fn", "simple_animals", "--images", "2", "--steps", "2",
                          "--repeats", "1", "--device", "cpu", "--threads", "0"])
-    assert out["ratio"] > 0 and out["max_image_diff"] == 0  # the pipeline's own Euler sampler, bitwise
+    assert out["ratio"] > 0 and out["max_image_diff"] == 0  # the pipeline's own sampler (DDIM, Euler), bitwise
     trained = training.main(["--family", family, "--prompt-fn", "simple_animals", "--samples", "4", "--steps", "2",
                              "--batch-size", "2", "--pairs-per-forward", "4", "--repeats", "1", "--device", "cpu",
                              "--threads", "0"])
     printed = capsys.readouterr().out
-    assert trained["pairs"] == 8 and "speedup" not in trained  # no ddpo-pytorch loop for a transformer
+    assert trained["pairs"] == 8 and "speedup" not in trained  # the ddpo-pytorch loop is SD 1.x's only
     assert f"{family} (" in printed and "pairs/s" in printed
 
 

@@ -1,4 +1,4 @@
-"""Model families, one file each: Stable Diffusion 1.x/2.x (sd.py), SD3 / SD3.5 (sd3.py), FLUX.1 (flux.py).
+"""Model families, one file each in this folder (``FAMILY_REGISTRY.names()`` lists them; docs/model_families.md).
 
 The family of a model is read from the pipeline class its ``model_index.json`` names (a local directory or a hub
 id), or set with ``pretrained.family``. Adding a family is one file in this folder: a ``ModelFamily`` subclass
