@@ -2,8 +2,9 @@
 when the disk is full.
 
 A full disk reaches Python in several forms: an OSError with ENOSPC (or EDQUOT, a quota) from Python's own writes, an
-error whose text says "No space left on device" (safetensors), or a bare "file write failed" (torch.save, which keeps
-no errno); for the last, the free space left on the file's filesystem tells.
+error whose text says "No space left on device" (safetensors), or a RuntimeError that keeps no errno (torch.save:
+"[enforce fail at inline_container.cc:672] . unexpected pos ..."); for the last, the free space left on the file's
+filesystem tells.
 """
 
 from __future__ import annotations
