@@ -5,6 +5,8 @@ optimizer, the random states), the training state's pieces (run/state_files.py: 
 ``extra`` adds, ``COMPLETE`` and, written last, ``MANIFEST.json`` (run/manifest.py: size and sha256 of every file).
 Only complete ones are resumed from or kept. A crash at any point of a save leaves every complete checkpoint written
 before it, and at worst a hidden ``.tmp_*`` / ``.replaced_*`` / ``.deleting_*`` directory that the next save clears up.
+A file that cannot be written (a full disk) stops the save with a WriteError naming it; the unfinished checkpoint is
+removed at once.
 
 A resume loads nothing from a checkpoint before it verifies: complete, no pickled training state (loading a pickle can
 run any code it holds; ``scripts/convert_checkpoint.py`` converts one you trust), every file as its manifest says.
@@ -23,6 +25,7 @@ from typing import Callable
 from ddpo_group.errors import CheckpointError
 from ddpo_group.run.manifest import manifest_problem, write_manifest
 from ddpo_group.run.state_files import load_pieces, save_pieces, write_states
+from ddpo_group.run.write_errors import WriteError, writing
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d+)$")
 COMPLETE_MARKER = "COMPLETE"
@@ -225,14 +228,23 @@ def save_checkpoint(
         root.mkdir(parents=True, exist_ok=True)
         clear_leftovers(root)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
+    try:
+        with writing(tmp, "accelerate's state: the weights, the optimizer, the random states"):
+            accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            save_pieces(tmp, list(pieces))
+            if extra is not None:
+                with writing(tmp, "the files the run adds to a checkpoint"):
+                    extra(tmp)
+            with writing(tmp / COMPLETE_MARKER, "the marker of a complete checkpoint"):
+                (tmp / COMPLETE_MARKER).write_text(f"epoch {epoch}\n")
+            write_manifest(tmp)  # last: it proves every file written before it
+    except WriteError as error:  # a full disk: the unfinished checkpoint goes, every complete one stays
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise WriteError(f"{error}; {final.name} was not saved (its unfinished files are removed)") from error
     if accelerator.is_main_process:
-        save_pieces(tmp, list(pieces))
-        if extra is not None:
-            extra(tmp)
-        (tmp / COMPLETE_MARKER).write_text(f"epoch {epoch}\n")
-        write_manifest(tmp)  # last: it proves every file written before it
         if final.exists():  # the same epoch saved again: move the old one aside, never leave neither
             stale = root / f".replaced_{final.name}"
             shutil.rmtree(stale, ignore_errors=True)

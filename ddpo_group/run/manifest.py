@@ -10,6 +10,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from ddpo_group.run.write_errors import writing
+
 MANIFEST = "MANIFEST.json"
 
 
@@ -32,7 +34,8 @@ def write_manifest(directory: Path) -> None:
     directory = Path(directory)
     files = {name: {"size": (directory / name).stat().st_size, "sha256": _sha256(directory / name)}
              for name in _files(directory)}
-    (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1) + "\n")
+    with writing(directory / MANIFEST, "the checkpoint's manifest"):
+        (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1) + "\n")
 
 
 def manifest_problem(directory: Path) -> str | None:

@@ -1,22 +1,41 @@
 """The run's local metrics log, ``<run_dir>/metrics.jsonl``: one JSON object per epoch, appended after it.
 
-A SIGKILL can leave a half-written last line, and the epochs logged after the last checkpoint
-are run again after a resume; :func:`rewind_metrics` drops both, so that the log matches the
-checkpoint the run continues from and every epoch appears once.
+A SIGKILL can leave a half-written last line (reading skips it, the next line starts a line of its own), and the
+epochs logged after the last checkpoint are run again after a resume; :func:`rewind_metrics` drops both, so that the
+log matches the checkpoint the run continues from and every epoch appears once. A full disk leaves the log as it was.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from contextlib import suppress
 from pathlib import Path
+
+from ddpo_group.run.write_errors import WriteError, describe_write_error
 
 
 def append_metrics(path: str | os.PathLike, record: dict) -> None:
-    """Append one epoch's metrics as a line (flushed: a later SIGKILL does not lose it)."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
+    """Append one epoch's metrics as a line, written through at once (a later SIGKILL does not lose it). A line cut
+    by a kill is ended first, so the record is a line of its own. A write that fails (a full disk) takes back what
+    it wrote and raises a WriteError naming the file."""
+    path = Path(path)
+    line = (json.dumps(record) + "\n").encode()
+    with open(path, "a+b", buffering=0) as f:  # unbuffered: each write reaches the file or fails here
+        start = f.seek(0, os.SEEK_END)
+        if start:
+            f.seek(start - 1)
+            if f.read(1) != b"\n":
+                line = b"\n" + line
+        try:
+            rest = memoryview(line)
+            while rest:  # a write may take part of the line
+                rest = rest[f.write(rest):]
+        except OSError as error:
+            with suppress(OSError):
+                f.truncate(start)
+            what = f"the metrics of epoch {record.get('epoch')}"
+            raise WriteError(f"{describe_write_error(error, path, what)}; the line is not added") from error
 
 
 def read_metric_lines(path: str | os.PathLike) -> list[dict]:

@@ -46,8 +46,9 @@ from ddpo_group.run.epoch_logger import EVAL_LOG, resolve_wandb_mode
 from ddpo_group.run.interrupts import StopRequest
 from ddpo_group.run.metrics_log import read_metrics, rewind_metrics
 from ddpo_group.run.process_failures import share_failure
-from ddpo_group.run.resume_check import check_resume, write_state_fields
+from ddpo_group.run.resume_check import STATE_FIELDS_FILE, check_resume, write_state_fields
 from ddpo_group.run.summary import format_summary
+from ddpo_group.run.write_errors import writing
 from ddpo_group.timing import NULL_TIMER
 
 
@@ -107,7 +108,8 @@ class RunSession:
         config = self.config
         if accelerator.is_main_process:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str))
+            with writing(self.run_dir / "config.json", "the run's config"):
+                (self.run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, default=str))
         if self.wandb_mode != "disabled":
             try:
                 self._init_trackers()
@@ -203,9 +205,10 @@ class RunSession:
     def save(self, epoch: int) -> Path:
         """Write the checkpoint of finished epoch ``epoch`` (atomic; rotation keeps num_checkpoint_limit)."""
         def extra(directory: Path) -> None:  # main process, before the checkpoint is marked complete
-            write_state_fields(directory, self.config, self.accelerator.num_processes)
+            with writing(directory / STATE_FIELDS_FILE, "the config fields a resume checks"):
+                write_state_fields(directory, self.config, self.accelerator.num_processes)
             if self.exports_lora:
-                with self.lora_weights():
+                with self.lora_weights(), writing(directory / "lora", "the LoRA in diffusers format"):
                     self.family.save_lora(self.model, directory / "lora")
 
         with self.timer.phase("checkpoint"):
@@ -219,7 +222,7 @@ class RunSession:
         """After the last epoch: the LoRA export, the trackers closed, ``close()`` (the reward workers), the summary."""
         with self.timer.phase("checkpoint"):
             if self.exports_lora and self.accelerator.is_main_process:
-                with self.lora_weights():
+                with self.lora_weights(), writing(self.run_dir / "lora", "the LoRA in diffusers format"):
                     path = self.family.save_lora(self.model, self.run_dir / "lora")
                 self.print(f"LoRA (diffusers format) in {path}")
             self.accelerator.wait_for_everyone()
@@ -319,7 +322,8 @@ class RunSession:
             "last checkpoint": checkpoints[-1] if checkpoints else None, "LoRA (diffusers)": run / "lora",
         }
         text = format_summary(read_metrics(run / "metrics.jsonl"), paths, read_metrics(run / EVAL_LOG))
-        (run / "summary.txt").write_text(text + "\n")
+        with writing(run / "summary.txt", "the run's summary"):
+            (run / "summary.txt").write_text(text + "\n")
         print(text, flush=True)
         return text
 

@@ -31,6 +31,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ddpo_group.errors import CheckpointError
+from ddpo_group.run.write_errors import writing
 
 STATE_JSON = "training_state.json"
 STATE_TENSORS = "training_state.safetensors"
@@ -46,8 +47,10 @@ def write_states(directory: Path, states: list[tuple[str | None, dict]]) -> None
     tensors: dict[str, torch.Tensor] = {}
     pieces = [{"name": name, "state": _encode(state, f"{index}", tensors, name or f"piece {index}")}
               for index, (name, state) in enumerate(states)]
-    save_file(tensors, str(Path(directory) / STATE_TENSORS))
-    (Path(directory) / STATE_JSON).write_text(json.dumps({"pieces": pieces}, allow_nan=False) + "\n")
+    with writing(Path(directory) / STATE_TENSORS, "the training state's tensors"):
+        save_file(tensors, str(Path(directory) / STATE_TENSORS))
+    with writing(Path(directory) / STATE_JSON, "the training state"):
+        (Path(directory) / STATE_JSON).write_text(json.dumps({"pieces": pieces}, allow_nan=False) + "\n")
 
 
 def read_states(directory: Path) -> list[tuple[str | None, object]]:
