@@ -1,10 +1,10 @@
 """Scale-out runs on the CPU, each checkpointed after epoch 0, resumed for epoch 1 and compared with a run of both
 epochs that was never stopped (the same weights, optimizer state, training state and metrics, bit for bit):
 
-* FSDP2 full fine-tuning of the tiny SD3 and FLUX transformers under the shipped ``fsdp_sd3.yaml`` /
+* FSDP2 full fine-tuning of the tiny SD3 (float32) and FLUX (bf16) transformers under the shipped ``fsdp_sd3.yaml`` /
   ``fsdp_flux.yaml``, 2 gloo processes (the files' GPU fields overridden: ``--num_processes 2`` and
   ``ACCELERATE_USE_CPU``, tests/launch_helpers.py); the checkpoint holds the sharded model and optimizer
-  (torch.distributed.checkpoint, one file per process), not a gathered copy;
+  (torch.distributed.checkpoint, one file per process), not a gathered copy; one epoch gives DDP's weights;
 * 2 machines on one: two ``accelerate launch --config_file multi_node.yaml`` commands, machine ranks 0 and 1, one
   process each, meeting at 127.0.0.1 (LoRA on the tiny SD model).
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from launch_helpers import ACCELERATE_CONFIGS, ROOT, accelerate_command, free_port, launch_environment, needs_cpu
 from resume_helpers import assert_identical, comparable, load_everything, read_metrics
@@ -98,11 +99,12 @@ def stopped_and_resumed_equals_uninterrupted(launch, model_dir: str, tmp_path: P
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config_name, family", [("fsdp_sd3.yaml", "sd3"), ("fsdp_flux.yaml", "flux")])
-def test_fsdp_full_fine_tuning_on_the_cpu_resumes_exactly(config_name, family, family_model_dirs, tmp_path):
+@pytest.mark.parametrize("config_name, family, precision", [("fsdp_sd3.yaml", "sd3", "no"),
+                                                             ("fsdp_flux.yaml", "flux", "bf16")])  # flow_grpo_flux's
+def test_fsdp_full_fine_tuning_on_the_cpu_resumes_exactly(config_name, family, precision, family_model_dirs, tmp_path):
     launch = lambda args, log: fsdp_launch(config_name, args, log)  # noqa: E731
     reference, _ = stopped_and_resumed_equals_uninterrupted(launch, family_model_dirs[family], tmp_path, **FULL,
-                                                            **FAMILY_OVERRIDES[family])
+                                                            **FAMILY_OVERRIDES[family], mixed_precision=precision)
     checkpoint = reference / "checkpoints" / "checkpoint_00001"
     for name in SHARDED:  # sharded: one file per process, no gathered copy of the weights
         assert sorted(p.name for p in (checkpoint / name).iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
@@ -112,6 +114,31 @@ def test_fsdp_full_fine_tuning_on_the_cpu_resumes_exactly(config_name, family, f
     after = load_everything(checkpoint)["pytorch_model_fsdp_0"]["model"]
     assert sorted(before) == sorted(after) and any(k.startswith("transformer_blocks.0.") for k in after)
     assert any(not torch.equal(before[k], after[k]) for k in after)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config_name, family", [("fsdp_sd3.yaml", "sd3"), ("fsdp_flux.yaml", "flux")])
+def test_fsdp_on_the_cpu_trains_the_weights_ddp_trains(config_name, family, family_model_dirs, tmp_path):
+    """The sharded forwards and backwards give DDP's update (within the order of the sums): FSDP's hooks gather every
+    block's weights where they are used and reduce every gradient (torch warns that FLUX's single blocks return views,
+    which an in-place op would let escape the backward's gather)."""
+    model_dir = family_model_dirs[family]
+    args = train_args(model_dir, tmp_path, "fsdp", 1, **FULL, **FAMILY_OVERRIDES[family])
+    fsdp = fsdp_launch(config_name, args, tmp_path / "fsdp.log")
+    command, env = accelerate_command(2, ACCELERATE_CONFIGS / "multi_gpu.yaml")
+    command += ["--main_process_port", str(free_port())]
+    args = train_args(model_dir, tmp_path, "ddp", 1, **FULL, **FAMILY_OVERRIDES[family])
+    ddp = [start(command + args, launch_environment(**env), tmp_path / "ddp.log")]
+    finish(fsdp, tmp_path / "fsdp.log")
+    finish(ddp, tmp_path / "ddp.log")
+    checkpoint = "checkpoints/checkpoint_00000"
+    sharded = load_everything(tmp_path / "fsdp" / checkpoint)["pytorch_model_fsdp_0"]["model"]
+    replicated = load_file(str(tmp_path / "ddp" / checkpoint / "model.safetensors"))
+    initial = load_file(str(Path(model_dir) / "transformer" / "diffusion_pytorch_model.safetensors"))
+    assert sorted(sharded) == sorted(replicated) == sorted(initial)
+    moved = max((replicated[k] - initial[k]).abs().max().item() for k in initial)
+    apart = max((sharded[k] - replicated[k]).abs().max().item() for k in initial)
+    assert moved > 1e-5 and apart < 1e-6, (moved, apart)  # an Adam step of lr 1e-4; float32 sums in another order
 
 
 @pytest.mark.slow
