@@ -10,8 +10,9 @@ removed at once.
 
 A resume loads nothing from a checkpoint before it verifies: complete, no pickled training state (loading a pickle can
 run any code it holds; ``scripts/convert_checkpoint.py`` converts one you trust), every file as its manifest says.
-accelerate's own files load with ``weights_only=True``. A run directory resumes from its newest checkpoint that
-verifies; each newer one is named with the reason it was skipped.
+accelerate's own files load with ``weights_only=True``; the sharded state of an FSDP checkpoint, which
+torch.distributed.checkpoint would unpickle, is read as plain data first (run/sharded_state.py). A run directory
+resumes from its newest checkpoint that verifies; each newer one is named with the reason it was skipped.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Callable
 
 from ddpo_group.errors import CheckpointError
 from ddpo_group.run.manifest import manifest_problem, write_manifest
+from ddpo_group.run.sharded_state import sharded_state_problem
 from ddpo_group.run.state_files import load_pieces, save_pieces, write_states
 from ddpo_group.run.write_errors import WriteError, writing
 
@@ -75,7 +77,7 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
     if pickled:
         return (f"{pickled[0]} is a pickle, and loading a pickle can run any code it holds, so it is not loaded; "
                 f"if you trust this checkpoint, convert it with: {CONVERT_COMMAND.format(checkpoint=checkpoint)}")
-    return manifest_problem(checkpoint)
+    return manifest_problem(checkpoint) or sharded_state_problem(checkpoint)  # the files verified, then FSDP's
 
 
 def _epoch(path: Path) -> int | None:

@@ -36,6 +36,7 @@ from ddpo_group.reference.regularizer import KLRegularizer
 from ddpo_group.rewards import make_reward_fn
 from ddpo_group.rollout.rounds import RolloutCollector
 from ddpo_group.run.config_checks import config_warnings, validate_config
+from ddpo_group.run.cpu_fsdp import enable_fsdp_on_cpu
 from ddpo_group.run.epoch_logger import EpochLogger
 from ddpo_group.run.epoch_metrics import epoch_metrics
 from ddpo_group.run.periodic_eval import PeriodicEvaluation
@@ -101,7 +102,7 @@ class Trainer:
         processes = int(os.environ.get("WORLD_SIZE", "1"))
         if config.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device='cuda' but torch sees no CUDA GPU; use device='' (the GPU when there is one)")
-        return Accelerator(
+        accelerator = Accelerator(
             # the CPU when asked for; several processes without CUDA: accelerate uses gloo only when asked for the CPU
             cpu=config.device == "cpu" or (processes > 1 and not torch.cuda.is_available()),
             mixed_precision=config.mixed_precision,
@@ -110,6 +111,8 @@ class Trainer:
             project_config=ProjectConfiguration(project_dir=str(session.run_dir)),
             kwargs_handlers=[process_group_kwargs(config)],  # collective_timeout_s (run/process_failures.py)
         )
+        enable_fsdp_on_cpu(accelerator, config.mixed_precision)  # an FSDP launch on the CPU shards too
+        return accelerator
 
     def build_model(self, config) -> None:
         """The model family (its pipeline), the trainable parameters, the KL term's reference (it adds an adapter to

@@ -1,7 +1,7 @@
 """The accelerate config files of config/accelerate/: every one loads with accelerate's own loader and says what its
-name says; the ones that can run here run a tiny training job (2 gloo processes for the multi-GPU one: see
-tests/launch_helpers.py for why through ACCELERATE_USE_CPU and not --cpu). FSDP cannot run here: accelerate supports
-it on GPUs only (a MULTI_CPU state never becomes FSDP), so its files are checked as loaded."""
+name says; single_gpu.yaml and multi_gpu.yaml run a tiny training job (2 gloo processes for the multi-GPU one: see
+tests/launch_helpers.py for why through ACCELERATE_USE_CPU and not --cpu). The FSDP files and multi_node.yaml run whole
+runs with a checkpoint and an exact resume in tests/run/test_scale_out.py."""
 
 from __future__ import annotations
 

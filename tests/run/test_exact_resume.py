@@ -14,7 +14,6 @@ the critic on packed latents).
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -22,13 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
-from accelerate.utils import load
-from safetensors.torch import load_file
 
-from ddpo_group.run.state_files import STATE_JSON, read_states
+from ddpo_group.run.state_files import read_states
+from resume_helpers import assert_identical, comparable, load_everything, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_REWARD = f"{ROOT / 'tests' / 'plugins' / 'hang_reward.py'}:make"
@@ -90,51 +86,6 @@ def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout: float = 
         assert process.poll() is None, f"training ended before {path.name}:\n{log.read_text()[-5000:]}"
         assert time.monotonic() < deadline, f"no {path} after {timeout}s"
         time.sleep(0.05)
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-
-
-def load_everything(checkpoint: Path) -> dict:
-    """Every file of a checkpoint, loaded: safetensors as tensors, the training state's pieces, accelerate's .bin/.pkl
-    with weights_only=True (MANIFEST.json differs by the wandb run id in the training state, compared apart)."""
-    out = {}
-    for path in sorted(checkpoint.rglob("*")):
-        name = str(path.relative_to(checkpoint))
-        if path.name == STATE_JSON:
-            out[name] = read_states(checkpoint)
-        elif path.suffix == ".safetensors":
-            out[name] = load_file(str(path))
-        elif path.suffix in (".bin", ".pkl"):
-            out[name] = load(path)  # accelerate's loader: weights_only=True
-    return out
-
-
-def assert_identical(a, b, where: str = "") -> None:
-    """Bitwise equality of nested checkpoint contents (tensors, arrays, containers, numbers; NaN equals NaN)."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and sorted(a, key=str) == sorted(b, key=str), where
-        for key in a:
-            if key != "wandb_run_id":  # a fresh id per run, by design; compared separately
-                assert_identical(a[key], b[key], f"{where}/{key}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_identical(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))), where
-    elif isinstance(a, np.ndarray):
-        assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), where
-    elif isinstance(a, float) and math.isnan(a):
-        assert isinstance(b, float) and math.isnan(b), where
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
-
-def comparable(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not k.startswith(("time/", "perf/"))}  # wall-clock timings differ
 
 
 def wandb_run_id(checkpoint: Path) -> str:
