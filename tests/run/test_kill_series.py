@@ -21,7 +21,8 @@ import pytest
 
 from ddpo_group.run.checkpointing import CHECKPOINT_PATTERN, checkpoint_problem, complete_checkpoints
 from ddpo_group.run.metrics_log import read_metrics
-from test_exact_resume import assert_identical, comparable, environment, finish, load_everything, start, train_command
+from resume_helpers import assert_identical, comparable, load_everything
+from test_exact_resume import environment, finish, start, train_command
 
 WRITE_FAULTS = f"{Path(__file__).resolve().parents[1] / 'plugins' / 'write_faults.py'}:make"
 KILLS, EPOCHS, SEED = 10, 6, 2024
