@@ -93,3 +93,34 @@ def test_a_process_that_hangs_stops_the_others_after_the_collective_timeout(tiny
     # start-up, epoch 0, then 15 s of waiting (measured: 24 s in all)
     assert main.seconds < 15 + BOUND and hung.returncode == -9
     print({"rank 0 seconds": round(main.seconds, 1)})
+
+
+@pytest.mark.slow
+def test_a_reward_server_killed_mid_run_stops_both_processes_and_the_run_resumes_once_it_is_back(tiny_model_dir,
+                                                                                                   tmp_path):
+    import json
+    import re
+
+    from test_cli_errors import environment, start_reward_server
+
+    # 4 requests an epoch (2 processes x 2 batches): the server dies inside request 4, epoch 1's first
+    server, line = start_reward_server(0, environment(DIE_REWARD_AT="4"))
+    try:
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+) ", line).group(1))
+        url = f"http://127.0.0.1:{port}/score"
+        http = {"reward_fn": "http",
+                "reward_fn_kwargs": json.dumps({"url": url, "retries": 1, "retry_backoff": 0.2, "timeout": 5})}
+        workers = start_workers(worker_args(tiny_model_dir, tmp_path, **http), 2, tmp_path / "logs",
+                                launch_environment(), timeout=TIMEOUT)
+        assert server.wait(timeout=10) == -9  # SIGKILL: gone mid-request
+    finally:
+        server.kill()
+    assert_every_worker_stopped(workers, f"reward server {url}: 2 attempts failed over ", "(epoch 0), is kept")
+    for worker in workers:  # each process asked the dead server itself, or stopped with the one that did
+        assert f"reward server {url}" in worker.stderr, worker.stderr[-3000:]
+    print({f"rank {w.rank} seconds": round(w.seconds, 1) for w in workers})
+    server, _ = start_reward_server(port, environment())
+    try:
+        resume_one_epoch(tiny_model_dir, tmp_path, tmp_path / "logs_resume", **http)
+    finally:
+        server.kill()
