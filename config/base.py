@@ -17,6 +17,7 @@ def base() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
 
     # ---- run ----
+    config.preset = ""  # the preset's name (get_config sets it); "": a config built from base() by hand
     config.run_name = ""  # the run directory's name under logdir; "": "<preset>_<timestamp>"
     config.seed = 42  # seeds the prompts, the noise of every round, the weights' initialisation and the evaluation
     config.logdir = "logs"  # where run directories are created

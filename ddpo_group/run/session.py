@@ -42,6 +42,7 @@ from ddpo_group.run.checkpointing import (
     run_dir_of_checkpoint,
     save_checkpoint,
 )
+from ddpo_group.run.cli_errors import is_main_process
 from ddpo_group.run.epoch_logger import EVAL_LOG, resolve_wandb_mode
 from ddpo_group.run.interrupts import StopRequest
 from ddpo_group.run.metrics_log import read_metrics, rewind_metrics
@@ -68,7 +69,7 @@ class RunSession:
         if self.resume_path is not None:
             self.run_dir = run_dir_of_checkpoint(self.resume_path)
         else:
-            name = config.run_name or f"{config.get('preset', 'run')}_{datetime.datetime.now():%Y%m%d_%H%M%S}"
+            name = config.run_name or f"{config.preset or 'run'}_{datetime.datetime.now():%Y%m%d_%H%M%S}"
             self.run_dir = Path(config.logdir) / name
         # this attempt creates the run directory: it may remove it again if no epoch finishes
         self.creates_run_dir = self.resume_path is None and not self.run_dir.exists()
@@ -273,7 +274,8 @@ class RunSession:
         if argv and Path(argv[0]).name == "train.py":
             program, args = argv[0], [a for a in argv[1:] if not a.startswith("--config.resume_from")]
         else:
-            program, args = "scripts/train.py", [f"--config=config/base.py:{self.config.get('preset', 'ddpo')}"]
+            preset = f":{self.config.preset}" if self.config.preset else ""  # none: the script's default preset
+            program, args = "scripts/train.py", [f"--config=config/base.py{preset}"]
         world = int(os.environ.get("WORLD_SIZE", "1"))
         launcher = ["accelerate", "launch", "--num_processes", str(world)] if world > 1 else ["python"]
         return shlex.join([*launcher, program, *args, f"--config.resume_from={target or self.run_dir}"])
@@ -329,6 +331,5 @@ class RunSession:
 
     def print(self, message: str) -> None:
         """On the main process (before the accelerator exists: the launcher's rank 0)."""
-        main = os.environ.get("RANK", "0") == "0" if self.accelerator is None else self.accelerator.is_main_process
-        if main:
+        if is_main_process() if self.accelerator is None else self.accelerator.is_main_process:
             print(f"[ddpo_group] {message}", flush=True)

@@ -123,6 +123,24 @@ class ModelFamily:
         level = sample_config.noise_level
         return cls.standard_noise_level if level is None else float(level)
 
+    @property
+    def resolution(self) -> int:
+        """Image height = width in pixels, for the families that read ``sample.resolution``: it, or the pipeline's
+        default."""
+        chosen = int(self.config.sample.resolution) if self.config is not None else 0
+        return chosen or self.pipe.default_sample_size * self.pipe.vae_scale_factor
+
+    @staticmethod
+    def resolution_errors(sample_config) -> list[str]:
+        resolution = sample_config.resolution
+        return [f"sample.resolution={resolution} must be >= 0 (0: the pipeline's default)"] if resolution < 0 else []
+
+    @staticmethod
+    def size_kwargs(sample_config) -> dict:
+        """The pipeline's ``height`` and ``width`` for ``sample.resolution`` (none at 0: the pipeline's default)."""
+        resolution = int(sample_config.resolution)
+        return {"height": resolution, "width": resolution} if resolution else {}
+
     def training_guidance(self, config) -> float:
         """The guidance scale of the training forward: the sampling one when guidance is in the forward (train.cfg)."""
         return config.sample.guidance_scale if config.train.cfg else 1.0

@@ -39,12 +39,6 @@ class FlowMatchingFamily(ModelFamily):
                            "attn.add_v_proj", "attn.to_add_out")
 
     @property
-    def resolution(self) -> int:
-        """Image height = width in pixels: ``sample.resolution``, or the pipeline's default."""
-        chosen = int(self.config.sample.resolution) if self.config is not None else 0
-        return chosen or self.pipe.default_sample_size * self.pipe.vae_scale_factor
-
-    @property
     def max_sequence_length(self) -> int | None:
         """T5 tokens per prompt: ``pretrained.max_sequence_length``, else the model's default (the embedded flow
         model's), else None (the pipeline's default)."""
@@ -90,16 +84,11 @@ class FlowMatchingFamily(ModelFamily):
         if not cls.noise_level(s) > 0:
             errors.append(f"sample.noise_level={s.noise_level} must be > 0: with 0 every step is the "
                           "deterministic Euler step and has no log-probability")
-        if s.resolution < 0:
-            errors.append(f"sample.resolution={s.resolution} must be >= 0 (0: the pipeline's default)")
-        return errors
+        return errors + cls.resolution_errors(s)
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """The pipeline's own sampler is the deterministic Euler one (noise level 0): only the size and the tokens."""
-        kwargs = {}
-        resolution = int(sample_config.resolution)
-        if resolution:
-            kwargs.update(height=resolution, width=resolution)
+        kwargs = self.size_kwargs(sample_config)
         tokens = sequence_length(pretrained)
         if tokens:
             kwargs["max_sequence_length"] = tokens

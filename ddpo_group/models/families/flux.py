@@ -49,10 +49,10 @@ class FluxFamily(FlowMatchingFamily):
 
     def schedule_kwargs(self, num_steps: int) -> dict:
         config = self.pipe.scheduler.config
-        sigmas = None if config.get("use_flow_sigmas", False) else np.linspace(1.0, 1 / num_steps, num_steps)
-        mu = calculate_shift(self.latent_shape()[0], config.get("base_image_seq_len", 256),
-                             config.get("max_image_seq_len", 4096), config.get("base_shift", 0.5),
-                             config.get("max_shift", 1.15))
+        # the scheduler's config holds every field (diffusers registers each with its default)
+        sigmas = None if config.get("use_flow_sigmas") else np.linspace(1.0, 1 / num_steps, num_steps)
+        mu = calculate_shift(self.latent_shape()[0], config.base_image_seq_len, config.max_image_seq_len,
+                             config.base_shift, config.max_shift)
         return {"sigmas": sigmas, "mu": mu}
 
     def schedule(self, num_steps: int, device) -> dict:

@@ -63,26 +63,35 @@ def encode_prompts(pipe: StableDiffusionPipeline, prompts: list[str], device=Non
     return pipe.text_encoder(ids)[0]
 
 
-def guided_model_output(unet, latents, timesteps, prompt_embeds, negative_prompt_embeds, guidance_scale: float):
+def guided_model_output(unet, latents, timesteps, prompt_embeds, negative_prompt_embeds, guidance_scale: float,
+                        added_cond: dict | None = None, negative_added_cond: dict | None = None):
     """UNet output with classifier-free guidance done as one batched forward.
 
         out = out_uncond + w * (out_cond - out_uncond)     (no guidance when w <= 1 or no negatives)
 
-    ``timesteps`` is a scalar or one per row, so flattened (sample, step) pairs share one call.
+    ``timesteps`` is a scalar or one per row, so flattened (sample, step) pairs share one call. ``added_cond`` /
+    ``negative_added_cond``: the UNet's ``added_cond_kwargs`` of the rows and of their negatives (SDXL's pooled text
+    embedding and size ids), row-indexed tensors.
     """
     timesteps = torch.as_tensor(timesteps, device=latents.device)
     if timesteps.ndim == 0:
         timesteps = timesteps.expand(latents.shape[0])
     if guidance_scale > 1.0 and negative_prompt_embeds is not None:
+        extra = {}
+        if added_cond is not None:
+            extra["added_cond_kwargs"] = {key: torch.cat([negative_added_cond[key], value])
+                                          for key, value in added_cond.items()}
         out = unet(
             torch.cat([latents, latents]),
             torch.cat([timesteps, timesteps]),
             encoder_hidden_states=torch.cat([negative_prompt_embeds, prompt_embeds]),
             return_dict=False,
+            **extra,
         )[0]
         uncond, cond = out.chunk(2)
         return uncond + guidance_scale * (cond - uncond)
-    return unet(latents, timesteps, encoder_hidden_states=prompt_embeds, return_dict=False)[0]
+    extra = {} if added_cond is None else {"added_cond_kwargs": added_cond}
+    return unet(latents, timesteps, encoder_hidden_states=prompt_embeds, return_dict=False, **extra)[0]
 
 
 @torch.no_grad()

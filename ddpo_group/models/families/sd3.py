@@ -41,11 +41,11 @@ class StableDiffusion3Family(FlowMatchingFamily):
 
     def schedule_kwargs(self, num_steps: int) -> dict:
         config = self.pipe.scheduler.config
-        if not config.get("use_dynamic_shifting", None):
+        if not config.use_dynamic_shifting:  # the scheduler's config holds every field (with diffusers' defaults)
             return {}
         tokens = (self.latent_shape()[1] // self.pipe.transformer.config.patch_size) ** 2
-        return {"mu": calculate_shift(tokens, config.get("base_image_seq_len", 256), config.get("max_image_seq_len", 4096),
-                                      config.get("base_shift", 0.5), config.get("max_shift", 1.16))}
+        return {"mu": calculate_shift(tokens, config.base_image_seq_len, config.max_image_seq_len, config.base_shift,
+                                      config.max_shift)}
 
     def model_output(self, model, latents, step, cond, negative, guidance_scale):
         n = latents.shape[0]

@@ -22,7 +22,7 @@ from diffusers import StableDiffusionXLPipeline
 
 from ddpo_group.models.families import register_family
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
-from ddpo_group.models.families.sd import StableDiffusionFamily
+from ddpo_group.models.families.sd import StableDiffusionFamily, guided_model_output
 
 
 @register_family("sdxl", StableDiffusionXLPipeline)
@@ -39,12 +39,6 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
     def load_pipeline(cls, path, local, revision, dtype_kwargs):
         # ModelFamily's loading (no safety checker to drop); __init__ swaps the scheduler for DDIM
         return super(StableDiffusionFamily, cls).load_pipeline(path, local, revision, dtype_kwargs)
-
-    @property
-    def resolution(self) -> int:
-        """Image height = width in pixels: ``sample.resolution``, or the pipeline's default."""
-        chosen = int(self.config.sample.resolution) if self.config is not None else 0
-        return chosen or self.pipe.default_sample_size * self.pipe.vae_scale_factor
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict:
@@ -74,22 +68,14 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
 
     def model_output(self, model, latents, step, cond, negative, guidance_scale):
         n = latents.shape[0]
-        t = torch.as_tensor(step["timesteps"], device=latents.device)
-        t = t.expand(n) if t.ndim == 0 else t
-        embeds, pooled = cond["prompt_embeds"], cond["pooled_prompt_embeds"]
-        time_ids = self.time_ids(pooled)
-        if guidance_scale > 1.0 and negative is not None:
-            out = model(
-                torch.cat([latents, latents]), torch.cat([t, t]),
-                encoder_hidden_states=torch.cat([negative["prompt_embeds"].expand(n, -1, -1), embeds]),
-                added_cond_kwargs={"text_embeds": torch.cat([negative["pooled_prompt_embeds"].expand(n, -1), pooled]),
-                                   "time_ids": time_ids.expand(2 * n, -1)},
-                return_dict=False,
-            )[0]
-            uncond, conditional = out.chunk(2)
-            return uncond + guidance_scale * (conditional - uncond)
-        return model(latents, t, encoder_hidden_states=embeds, return_dict=False,
-                     added_cond_kwargs={"text_embeds": pooled, "time_ids": time_ids.expand(n, -1)})[0]
+        pooled = cond["pooled_prompt_embeds"]
+        time_ids = self.time_ids(pooled).expand(n, -1)
+        negative_embeds = negative_added = None
+        if negative is not None:
+            negative_embeds = negative["prompt_embeds"].expand(n, -1, -1)
+            negative_added = {"text_embeds": negative["pooled_prompt_embeds"].expand(n, -1), "time_ids": time_ids}
+        return guided_model_output(model, latents, step["timesteps"], cond["prompt_embeds"], negative_embeds,
+                                   guidance_scale, {"text_embeds": pooled, "time_ids": time_ids}, negative_added)
 
     @torch.no_grad()
     def decode(self, latents):
@@ -116,14 +102,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
 
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        errors = super().config_errors(config)
-        if config.sample.resolution < 0:
-            errors.append(f"sample.resolution={config.sample.resolution} must be >= 0 (0: the pipeline's default)")
-        return errors
+        return super().config_errors(config) + cls.resolution_errors(config.sample)
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
-        kwargs = super().pipeline_kwargs(sample_config, pretrained)  # DDIM's eta
-        resolution = int(sample_config.resolution)
-        if resolution:
-            kwargs.update(height=resolution, width=resolution)
-        return kwargs
+        return {**super().pipeline_kwargs(sample_config, pretrained), **self.size_kwargs(sample_config)}  # and the eta
