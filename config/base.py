@@ -49,8 +49,8 @@ def base() -> ml_collections.ConfigDict:
     config.pretrained = pretrained = ml_collections.ConfigDict()
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
-    pretrained.family = ""  # "sd", "sdxl", "sd3" or "flux"; "": from the pipeline class in the model's model_index.json
-    pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
+    pretrained.family = ""  # "sd", "sdxl", "sd3", "flux" or "zimage"; "": from model_index.json's pipeline class
+    pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX (Qwen3: Z-Image) prompts; 0: the pipeline's default (256, 512)
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
 
     # ---- sampling (the rollouts) ----
@@ -82,6 +82,10 @@ def base() -> ml_collections.ConfigDict:
     # Default: the first 2 of 10 steps, where the embedded model decides the shape (docs/learning_proof.md).
     sample.sde_window_start = 0  # the window's first step
     sample.sde_window_size = 2  # the window's number of steps (0: every step is stochastic and trained)
+    # Z-Image's guidance options (its pipeline's cfg_normalization and cfg_truncation; Z-Image guides with
+    # u_c + w (u_c - u_uncond), so its sample.guidance_scale = 0 is no guidance)
+    sample.cfg_normalization = 0.0  # > 0: the guided output's norm capped at this multiple of the conditional one's
+    sample.cfg_truncation = 1.0  # no guidance on the steps with (1000 - t) / 1000 above it (1: guidance on every step)
 
     # ---- training (the policy update) ----
     config.train = train = ml_collections.ConfigDict()

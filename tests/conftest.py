@@ -65,5 +65,14 @@ def tiny_sdxl_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def family_model_dirs(tiny_model_dir, tiny_sdxl_dir, tiny_sd3_dir, tiny_flux_dir):
-    return {"sd": tiny_model_dir, "sdxl": tiny_sdxl_dir, "sd3": tiny_sd3_dir, "flux": tiny_flux_dir}
+def tiny_zimage_dir(tmp_path_factory):
+    """A tiny random Z-Image checkpoint (a Qwen3 text encoder, a locally built tokenizer with its chat template)."""
+    from ddpo_group.models.tiny_random import build_tiny_zimage_pipeline
+
+    return save_pipeline(build_tiny_zimage_pipeline(), tmp_path_factory.mktemp("tiny_zimage") / "model")
+
+
+@pytest.fixture(scope="session")
+def family_model_dirs(tiny_model_dir, tiny_sdxl_dir, tiny_sd3_dir, tiny_flux_dir, tiny_zimage_dir):
+    return {"sd": tiny_model_dir, "sdxl": tiny_sdxl_dir, "sd3": tiny_sd3_dir, "flux": tiny_flux_dir,
+            "zimage": tiny_zimage_dir}

@@ -149,3 +149,65 @@ def save_pipeline(pipe, path) -> str:
 
 TINY_BUILDERS = {"sd": build_tiny_pipeline, "sdxl": build_tiny_sdxl_pipeline, "sd3": build_tiny_sd3_pipeline,
                  "flux": build_tiny_flux_pipeline}
+
+# ----------------------------------------------------------------------------- Z-Image (a Qwen3 text encoder)
+# Qwen3's chat template for what Z-Image's ``encode_prompt`` asks (one user message, the assistant's turn opened,
+# ``enable_thinking=True``: no empty think block); a system message or ``enable_thinking=False`` as Qwen3's does
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
+
+
+def qwen_tokenizer(max_length: int = 512):
+    """A Qwen2/Qwen3-style byte-level BPE tokenizer built locally: the 256 byte symbols (no merges, so any text
+    tokenizes, one token a byte), Qwen's special tokens ('<|endoftext|>' pads, right side) and Qwen3's chat template."""
+    from transformers import Qwen2Tokenizer
+
+    from ddpo_group.models.tokenizer import bytes_to_unicode
+
+    vocab = {symbol: i for i, symbol in enumerate(bytes_to_unicode().values())}
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=max_length, padding_side="right")
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS[1:])})
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_zimage_pipeline(seed: int = 0):
+    """Z-Image at the size of diffusers' own pipeline test: a ZImageTransformer2DModel of width 32 (2 layers, 1
+    refiner layer), a 2-layer Qwen3 text encoder of width 16 with the tokenizer above, the 16-channel VAE of that test,
+    Z-Image-Turbo's scheduler (shift 3, no dynamic shifting); 32 px images (16x16 latents: 64 tokens of 2x2 patches)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    torch.manual_seed(seed)
+    transformer = ZImageTransformer2DModel(
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2,
+        n_kv_heads=2, norm_eps=1e-5, qk_norm=True, cap_feat_dim=16, rope_theta=256.0, t_scale=1000.0,
+        axes_dims=[8, 4, 4], axes_lens=[256, 32, 32],
+    )
+    with torch.no_grad():  # torch.empty in the constructor: fixed values, as diffusers' test does
+        transformer.x_pad_token.copy_(torch.ones_like(transformer.x_pad_token))
+        transformer.cap_pad_token.copy_(torch.ones_like(transformer.cap_pad_token))
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), block_out_channels=(32, 64), layers_per_block=1,
+        latent_channels=16, norm_num_groups=32, sample_size=32, scaling_factor=0.3611, shift_factor=0.1159,
+    )
+    tokenizer = qwen_tokenizer()
+    text_encoder = Qwen3Model(Qwen3Config(
+        hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        head_dim=8, vocab_size=len(tokenizer), max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+    ))
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
+    return ZImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                          transformer=transformer)
+
+
+TINY_BUILDERS["zimage"] = build_tiny_zimage_pipeline

@@ -1,0 +1,99 @@
+"""Z-Image on its tiny random pipeline (a Qwen3 text encoder with a locally built tokenizer and chat template): the
+condition against the pipeline's own ``encode_prompt``, the sampler against its own ``__call__`` with and without
+guidance and with its guidance options, the config it reads, the text encoder on its own device."""
+
+import pytest
+import torch
+from diffusers import ZImagePipeline
+
+from ddpo_group.sampling.trajectories import sample_trajectories
+from test_families import PROMPTS, family_of, generators
+
+
+def test_the_condition_is_the_pipelines_list_of_embeddings(tiny_zimage_dir):
+    """encode_prompt's per-prompt [l_i, D] embeddings (the chat-templated prompt's tokens) stored left-aligned and
+    zero-padded to pretrained.max_sequence_length, with their lengths; the model's list is exactly the pipeline's."""
+    family, _ = family_of("zimage", tiny_zimage_dir)
+    assert family.name == "zimage" and isinstance(family.pipe, ZImagePipeline)
+    cond = family.encode(PROMPTS)
+    want, _ = family.pipe.encode_prompt(list(PROMPTS), device="cpu", do_classifier_free_guidance=False,
+                                        max_sequence_length=64)
+    # the chat template adds 19 tokens ("<|im_start|>user\n" ... "<|im_start|>assistant\n"), one token a byte here
+    assert cond["prompt_lengths"].tolist() == [19 + len(p) for p in PROMPTS] == [len(e) for e in want]
+    assert cond["prompt_embeds"].shape == (4, 64, 16) and cond["prompt_lengths"].dtype == torch.long
+    for got, expected, length in zip(family.embeds_list(cond, 4), want, cond["prompt_lengths"]):
+        assert torch.equal(got, expected)
+    assert all(float(row[length:].abs().sum()) == 0 for row, length in zip(cond["prompt_embeds"], cond["prompt_lengths"]))
+    negative = family.negative_condition()
+    assert negative["prompt_lengths"].tolist() == [19]
+    assert [e.shape for e in family.embeds_list(negative, 3)] == [(19, 16)] * 3
+
+
+@pytest.mark.parametrize("guidance, options", [
+    (0.0, {}),  # Z-Image-Turbo's way: no unconditional forward
+    (3.0, {}),
+    (3.0, {"sample.cfg_truncation": 0.2}),  # no guidance on the last 2 of 4 steps ((1000 - t) / 1000 = 0.25, 0.5)
+    (3.0, {"sample.cfg_normalization": 1.0}),
+])
+def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, options, tiny_zimage_dir):
+    """Same generators, the deterministic Euler sampler, the family's pipeline keywords: the pipeline's images
+    exactly (its negative prompt is encoded as a batch of B empty prompts, so ours is too)."""
+    family, config = family_of("zimage", tiny_zimage_dir, **{"sample.guidance_scale": guidance,
+                                                              "train.cfg": guidance > 0, **options})
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    assert kwargs == {"height": 32, "width": 32, "max_sequence_length": 64,
+                      "cfg_normalization": options.get("sample.cfg_normalization", 0.0),
+                      "cfg_truncation": options.get("sample.cfg_truncation", 1.0)}
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(list(PROMPTS), num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
+                       output_type="pt", **kwargs).images
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4), 4, guidance,
+                               [0.0] * 4, generator=generators(4), compute_log_prob=False)
+    assert traj.images.shape == (4, 3, 32, 32) and traj.latents.shape == (4, 5, 16, 16, 16)
+    assert torch.equal(traj.images, want)
+    assert torch.equal(traj.steps["next_sigmas"][:, -1], torch.zeros(4))
+    if options:  # the options changed the images, so the check above can fail
+        plain = family.pipe(list(PROMPTS), num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
+                            output_type="pt", height=32, width=32, max_sequence_length=64).images
+        assert float((plain - want).abs().max()) > 1e-4
+
+
+def test_the_schedule_is_the_pipelines(tiny_zimage_dir):
+    """linspace(1, 1/T, T) shifted by the scheduler's shift 3 (Z-Image-Turbo's), timesteps 1000 s."""
+    family, _ = family_of("zimage", tiny_zimage_dir)
+    schedule = family.schedule(4, "cpu")
+    s = torch.linspace(1.0, 0.25, 4)
+    torch.testing.assert_close(schedule["sigmas"], 3 * s / (1 + 2 * s))
+    torch.testing.assert_close(schedule["timesteps"], 1000 * schedule["sigmas"])
+    assert schedule["next_sigmas"][-1] == 0
+
+
+def test_the_config_it_reads_is_checked(tiny_zimage_dir):
+    from ddpo_group.models.families.zimage import ZImageFamily
+
+    family, config = family_of("zimage", tiny_zimage_dir)
+    assert ZImageFamily.config_errors(config) == []
+    config.train.cfg = False
+    assert "train.cfg=False contradicts sample.guidance_scale=3.0" in ZImageFamily.config_errors(config)[0]
+    assert family.training_guidance(config) == 0.0  # Z-Image's "no guidance"
+    config.sample.guidance_scale, config.sample.cfg_truncation, config.sample.cfg_normalization = 0.0, 1.5, -1.0
+    assert ZImageFamily.config_errors(config) == [
+        "sample.cfg_normalization=-1.0 must be >= 0 (0: off)",
+        "sample.cfg_truncation=1.5 must be in [0, 1] (1: guidance on every step)",
+    ]
+
+
+def test_the_text_encoder_runs_where_it_is(tiny_zimage_dir):
+    """pretrained.text_encoder_device: the prompts meet Qwen3 on its device and the embeddings move to the
+    transformer's (here the transformer on the meta device, the text encoder on the CPU)."""
+    from ddpo_group.models.trainable import TEXT_ENCODERS
+
+    family, _ = family_of("zimage", tiny_zimage_dir)
+    assert [name for name in family.pipe.components if name.startswith("text_encoder")] == ["text_encoder"]
+    assert "text_encoder" in TEXT_ENCODERS
+    on_cpu = family.encode(PROMPTS)
+    torch.nn.Module.to(family.pipe.transformer, "meta")
+    cond = family.encode(PROMPTS)
+    assert family.pipe.text_encoder.device.type == "cpu"
+    assert {key: (value.device.type, value.shape) for key, value in cond.items()} == {
+        key: ("meta", value.shape) for key, value in on_cpu.items()}
