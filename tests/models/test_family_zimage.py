@@ -97,3 +97,38 @@ def test_the_text_encoder_runs_where_it_is(tiny_zimage_dir):
     assert family.pipe.text_encoder.device.type == "cpu"
     assert {key: (value.device.type, value.shape) for key, value in cond.items()} == {
         key: ("meta", value.shape) for key, value in on_cpu.items()}
+
+
+def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(tiny_zimage_dir, tmp_path):
+    """grpo with guidance on the saved tiny Z-Image: the diffusers-format LoRA export loads with
+    ZImagePipeline.load_lora_weights and its images are the trained model's (on the CPU, to float precision);
+    scripts/evaluate.py's comparison runs on the run with the family's pipeline keywords."""
+    from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+    trainer = tiny_trainer("grpo", tiny_zimage_dir, tmp_path, "lora", **FAMILY_OVERRIDES["zimage"], device="cpu")
+    trainer.run()
+    lora = tmp_path / "lora" / "lora"
+    assert (lora / "pytorch_lora_weights.safetensors").exists()
+    base = ZImagePipeline.from_pretrained(tiny_zimage_dir)
+    base.set_progress_bar_config(disable=True)
+    config = trainer.config
+    guidance = config.sample.guidance_scale
+    call = dict(num_inference_steps=4, guidance_scale=guidance, output_type="pt",
+                **trainer.family.pipeline_kwargs(config.sample, config.pretrained))
+    base_images = base(list(PROMPTS), generator=generators(4), **call).images
+    base.load_lora_weights(str(lora))
+    loaded = base(list(PROMPTS), generator=generators(4), **call).images
+    family = trainer.family
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4), 4, guidance,
+                                  [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
+    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+
+    from config.base import base as base_config
+    from ddpo_group.run.evaluation import evaluate
+
+    report = evaluate(str(tmp_path / "lora"), base_config(), num_prompts=2, num_seeds=2, batch_size=4,
+                      show_progress=False)
+    assert report["family"] == "zimage" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
+    difference = report["rewards"]["reward"]["difference"]
+    assert difference["n"] == 4 and difference["std"] > 0  # the fine-tuned images differ from the base ones
