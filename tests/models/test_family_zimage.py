@@ -132,3 +132,30 @@ def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(tiny_
     assert report["family"] == "zimage" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
     difference = report["rewards"]["reward"]["difference"]
     assert difference["n"] == 4 and difference["std"] > 0  # the fine-tuned images differ from the base ones
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["flow_factory_zimage", "flow_factory_zimage_turbo"])
+def test_the_flow_factory_recipes_run_on_the_tiny_model(recipe, tiny_zimage_dir, tmp_path):
+    """Flow-Factory's Z-Image settings (their model replaced by the tiny one, their sizes by tiny ones), with the
+    text-embedding cache, chunked decoding and gradient checkpointing: an epoch trains."""
+    from config.base import get_config
+    from ddpo_group.models.families.zimage import ZImageFamily
+    from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+    published = get_config(recipe)
+    assert ZImageFamily.config_errors(published) == []
+    assert (published.train.group_size, published.sample.resolution, published.sample.noise_level) == (16, 512, 0.7)
+    overrides = {**FAMILY_OVERRIDES["zimage"], "sample.text_embedding_cache": 16, "sample.decode_batch_size": 3,
+                 "sample.num_steps": 4, "sample.sde_window_size": 3, "train.pairs_per_forward": 4,
+                 "train.gradient_checkpointing": True, "mixed_precision": "no",
+                 "sample.guidance_scale": published.sample.guidance_scale, "train.cfg": published.train.cfg}
+    trainer = tiny_trainer(recipe, tiny_zimage_dir, tmp_path, recipe, **overrides)
+    config = trainer.config
+    assert (config.use_lora, config.train.group_size) == (recipe == "flow_factory_zimage", 4)
+    if config.use_lora:
+        assert (config.lora_rank, config.lora_alpha) == (64, 128)
+    assert trainer.family.name == "zimage" and trainer.family.model.is_gradient_checkpointing
+    metrics = trainer.run()
+    assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    assert len(trainer.rollouts.text_cache.entries) > 0  # every prompt met the text encoder once
