@@ -4,6 +4,7 @@ and throughput on when the real weights are not at hand.
     python bench/random_model.py --shape sd15 --out /tmp/sd15     # Stable Diffusion 1.5's shapes, 512 px
     python bench/random_model.py --shape sd35m --out /tmp/sd35m   # SD 3.5 Medium's transformer, CLIP-L/G, no T5
     python bench/random_model.py --shape sdxl --out /tmp/sdxl     # SDXL base's UNet, CLIP-L and CLIP-G, 1024 px
+    python bench/random_model.py --shape zimage --out /tmp/zimage # Z-Image's 6B transformer, Qwen3-4B, FLUX VAE
 
 sd15: UNet 860M (320/640/1280/1280 channels, cross-attention 768), VAE 84M, a CLIP-L-sized text encoder (12 layers,
 768 wide) with the locally built byte-level tokenizer, DDIM. sd35m: SD3Transformer2DModel of SD 3.5 Medium (24 MMDiT-X
@@ -88,6 +89,30 @@ def build_sdxl():
 
 
 BUILDERS = {"sd15": build_sd15, "sd35m": build_sd35m, "sdxl": build_sdxl}
+
+
+def build_zimage():
+    """Z-Image(-Turbo)'s shapes: ZImageTransformer2DModel at its defaults (dim 3840, 30 layers and 2 + 2 refiner layers,
+    30 heads, caption width 2560: 6.2B), a Qwen3-4B-sized text encoder (36 layers, 2560 wide, 32 query / 8 key-value
+    heads of 128, vocabulary 151936: 4.0B) with the locally built byte-level Qwen tokenizer and chat template, the
+    16-channel FLUX VAE with Z-Image's scaling and shift, Z-Image-Turbo's scheduler (shift 3)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    from ddpo_group.models.tiny_random import qwen_tokenizer
+
+    text_encoder = Qwen3Model(Qwen3Config(
+        vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0, tie_word_embeddings=True,
+    ))
+    return ZImagePipeline(
+        transformer=ZImageTransformer2DModel(), text_encoder=text_encoder, tokenizer=qwen_tokenizer(),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False),
+        vae=vae(16, scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False),
+    )
+
+
+BUILDERS["zimage"] = build_zimage
 
 
 def main(argv=None) -> None:

@@ -159,3 +159,23 @@ def test_the_flow_factory_recipes_run_on_the_tiny_model(recipe, tiny_zimage_dir,
     metrics = trainer.run()
     assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
     assert len(trainer.rollouts.text_cache.entries) > 0  # every prompt met the text encoder once
+
+
+def test_the_bench_shape_has_the_real_models_sizes():
+    """bench/random_model.py --shape zimage, built on the meta device (no memory): Z-Image's 6.2B transformer reading
+    the 2560-wide hidden states of a 4.0B Qwen3-4B-sized text encoder; the zimage family drives it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from random_model import BUILDERS
+
+    with torch.device("meta"):
+        pipe = BUILDERS["zimage"]()
+    billions = {name: round(sum(p.numel() for p in module.parameters()) / 1e9, 2)
+                for name, module in pipe.components.items() if isinstance(module, torch.nn.Module)}
+    assert billions == {"vae": 0.08, "text_encoder": 4.02, "transformer": 6.15}
+    assert pipe.transformer.config.cap_feat_dim == pipe.text_encoder.config.hidden_size == 2560
+    from ddpo_group.models.families import get_family
+
+    assert isinstance(pipe, get_family("zimage").pipeline_class)
