@@ -58,6 +58,34 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, options, t
         assert float((plain - want).abs().max()) > 1e-4
 
 
+@pytest.mark.parametrize("options", [
+    {"sample.guidance_scale": 0.0, "train.cfg": False},  # Z-Image-Turbo's: the conditional forward only
+    {"sample.cfg_truncation": 0.2, "sample.cfg_normalization": 1.0},  # steps 2 and 3 unguided, the rest capped
+])
+def test_the_first_training_forwards_ratio_is_one_with_the_guidance_options(options, tiny_zimage_dir):
+    """As test_families.py's test: the recorded log-probs come back bitwise in the sampling batch, and to within 1e-6
+    in the ratio when a training chunk mixes steps (with cfg_truncation, guided and unguided rows share one doubled
+    forward where sampling ran the conditional one alone)."""
+    from ddpo_group.sampling.trajectories import TransitionScorer
+
+    family, config = family_of("zimage", tiny_zimage_dir, **options)
+    sample = config.sample
+    cond = family.encode(PROMPTS)
+    traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4, sample.guidance_scale,
+                               family.noise_levels(sample), generator=generators(4))
+    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
+    scorer = TransitionScorer.from_config(config, family)
+    with torch.no_grad():
+        for n in range(4):
+            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
+            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
+        rows, steps = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
+        for chunk in (1, 3, 16):
+            out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
+                             for c in torch.split(torch.arange(16), chunk)])
+            assert float((torch.exp(out - traj.log_probs[rows, steps]) - 1).abs().max()) < 1e-6, chunk
+
+
 def test_the_schedule_is_the_pipelines(tiny_zimage_dir):
     """linspace(1, 1/T, T) shifted by the scheduler's shift 3 (Z-Image-Turbo's), timesteps 1000 s."""
     family, _ = family_of("zimage", tiny_zimage_dir)
