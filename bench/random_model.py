@@ -103,7 +103,8 @@ def build_zimage():
 
     text_encoder = Qwen3Model(Qwen3Config(
         vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0, tie_word_embeddings=True,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0,
+        tie_word_embeddings=True,
     ))
     return ZImagePipeline(
         transformer=ZImageTransformer2DModel(), text_encoder=text_encoder, tokenizer=qwen_tokenizer(),

@@ -50,7 +50,7 @@ def base() -> ml_collections.ConfigDict:
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
     pretrained.family = ""  # "sd", "sdxl", "sd3", "flux" or "zimage"; "": from model_index.json's pipeline class
-    pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX (Qwen3: Z-Image) prompts; 0: the pipeline's default (256, 512)
+    pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
 
     # ---- sampling (the rollouts) ----
@@ -381,7 +381,8 @@ def flow_factory_zimage_common(model: str) -> ml_collections.ConfigDict:
     examples/grpo/full/z_image_turbo/default.yaml): group 16, 512 px, Flow-SDE at noise level 0.7, clip 1e-4, advantages
     clipped at 5, no KL, the PickScore reward, bf16. Where ours differs: Flow-Factory makes one step of 1..3 stochastic
     (drawn at random), here the window is those 3 steps; their prompts are Pick-a-Pic's captions (dataset/pickscore),
-    which are not shipped: simple_animals here (prompt_fn="from_file" with prompt_fn_kwargs.path reads a captions file)."""
+    which are not shipped: simple_animals here (prompt_fn="from_file" with prompt_fn_kwargs.path reads a captions
+    file)."""
     config = grpo()
     config.pretrained.model = model
     # Qwen3 tokens: only a prompt's own tokens reach the transformer, so this cuts nothing but captions over ~100 tokens

@@ -23,10 +23,14 @@ def test_the_condition_is_the_pipelines_list_of_embeddings(tiny_zimage_dir):
     assert cond["prompt_embeds"].shape == (4, 64, 16) and cond["prompt_lengths"].dtype == torch.long
     for got, expected, length in zip(family.embeds_list(cond, 4), want, cond["prompt_lengths"]):
         assert torch.equal(got, expected)
-    assert all(float(row[length:].abs().sum()) == 0 for row, length in zip(cond["prompt_embeds"], cond["prompt_lengths"]))
+    for row, length in zip(cond["prompt_embeds"], cond["prompt_lengths"]):
+        assert float(row[length:].abs().sum()) == 0
     negative = family.negative_condition()
     assert negative["prompt_lengths"].tolist() == [19]
     assert [e.shape for e in family.embeds_list(negative, 3)] == [(19, 16)] * 3
+    short, _ = family_of("zimage", tiny_zimage_dir, **{"pretrained.max_sequence_length": 24})
+    with pytest.warns(UserWarning, match="prompt 'a red circle' .* fills all 24 tokens"):
+        assert short.encode(PROMPTS)["prompt_lengths"].tolist() == [24, 24, 24, 20]
 
 
 @pytest.mark.parametrize("guidance, options", [

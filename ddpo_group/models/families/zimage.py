@@ -14,7 +14,7 @@
                 float32: u = u_c + w (u_c - u_uncond) with w = ``sample.guidance_scale`` (no guidance at w = 0, not 1:
                 Z-Image-Turbo samples with w = 0), the conditional and unconditional inputs as one list of 2B;
                 ``sample.cfg_truncation`` c: w = 0 on the steps where (1000 - t) / 1000 > c (c = 1: every step guided);
-                ``sample.cfg_normalization`` r > 0: u scaled down to ||u|| = r ||u_c|| (norm over each sample) when above
+                ``sample.cfg_normalization`` r > 0: u scaled down to ||u|| = r ||u_c|| when above (norms per sample)
     step        flow matching (models/families/flow_matching.py, sampling/flow_steps.py)
     decode      VAE with latents / scaling_factor + shift_factor
 """
@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 from diffusers import ZImagePipeline
@@ -42,6 +43,8 @@ class ZImageFamily(FlowMatchingFamily):
     lora_target_modules = ("attention.to_q", "attention.to_k", "attention.to_v", "attention.to_out.0",
                            "feed_forward.w1", "feed_forward.w2", "feed_forward.w3")
 
+    _truncation_warned = False
+
     @property
     def tokens(self) -> int:
         """L: the prompt_embeds width in tokens (``pretrained.max_sequence_length``, else the pipeline's 512)."""
@@ -52,6 +55,12 @@ class ZImageFamily(FlowMatchingFamily):
         embeds = self.encode_quietly(list(prompts), do_classifier_free_guidance=False,
                                      max_sequence_length=self.tokens)[0]
         lengths = torch.tensor([len(e) for e in embeds], dtype=torch.long)
+        if bool((lengths == self.tokens).any()) and not self._truncation_warned:
+            self._truncation_warned = True
+            prompt = prompts[int((lengths == self.tokens).nonzero()[0])]
+            warnings.warn(f"prompt {prompt!r} (and any other that long) fills all {self.tokens} tokens "
+                          "(pretrained.max_sequence_length) with its chat template: it is truncated, as the pipeline "
+                          "truncates it; this warning is shown once", UserWarning, stacklevel=2)
         padded = embeds[0].new_zeros(len(embeds), self.tokens, embeds[0].shape[-1])
         for i, e in enumerate(embeds):
             padded[i, : len(e)] = e
@@ -110,7 +119,8 @@ class ZImageFamily(FlowMatchingFamily):
         # per row: the guidance scale of its step (cfg_truncation turns it off late in sampling)
         scales = torch.full((n,), float(guidance_scale), device=latents.device)
         if self.cfg_truncation <= 1:
-            late = ((1000 - t.float()) / 1000).double() > self.cfg_truncation  # compared as the pipeline's Python floats
+            # compared in float64, as the pipeline compares its Python floats
+            late = ((1000 - t.float()) / 1000).double() > self.cfg_truncation
             scales = torch.where(late, 0.0, scales)
         x = list(latents.unsqueeze(2).unbind(0))
         if negative is None or not bool((scales > 0).any()):
