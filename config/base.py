@@ -82,8 +82,8 @@ def base() -> ml_collections.ConfigDict:
     # Default: the first 2 of 10 steps, where the embedded model decides the shape (docs/learning_proof.md).
     sample.sde_window_start = 0  # the window's first step
     sample.sde_window_size = 2  # the window's number of steps (0: every step is stochastic and trained)
-    # Z-Image's guidance options (its pipeline's cfg_normalization and cfg_truncation; Z-Image guides with
-    # u_c + w (u_c - u_uncond), so its sample.guidance_scale = 0 is no guidance)
+    # Z-Image only: its pipeline's options of these names (Z-Image guides with u_c + w (u_c - u_uncond), so there
+    # sample.guidance_scale = 0 is no guidance)
     sample.cfg_normalization = 0.0  # > 0: the guided output's norm capped at this multiple of the conditional one's
     sample.cfg_truncation = 1.0  # no guidance on the steps with (1000 - t) / 1000 above it (1: guidance on every step)
 
