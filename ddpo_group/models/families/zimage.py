@@ -37,7 +37,7 @@ PIPELINE_MAX_SEQUENCE_LENGTH = inspect.signature(ZImagePipeline.encode_prompt).p
 
 @register_family("zimage", ZImagePipeline)
 class ZImageFamily(FlowMatchingFamily):
-    cond_keys = ("prompt_embeds", "prompt_lengths")
+    cond_keys = ("prompt_embeds", "prompt_lengths")  # embeds first: the sampler reads the batch and dtype from it
     # the attention projections and the SwiGLU feed-forward of every block (refiners included; image and text tokens
     # share them): Flow-Factory's default Z-Image LoRA targets (src/flow_factory/models/z_image/z_image.py)
     lora_target_modules = ("attention.to_q", "attention.to_k", "attention.to_v", "attention.to_out.0",
