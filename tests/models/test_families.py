@@ -173,8 +173,8 @@ def test_sdxl_trains_a_grpo_epoch_and_its_lora_loads_in_the_pipeline(tiny_sdxl_d
 def test_the_first_training_forwards_ratio_is_one(name, family_model_dirs):
     """Scoring the recorded transitions again under the sampling policy gives back the recorded log-probs:
     bitwise when the training forward's batch is the sampling batch; otherwise the float32 kernels of another
-    batch size round differently, by at most a few ulps (measured up to 2.4e-7 in the log-prob on this CPU), so the
-    ratio is 1 to within 1e-6, a hundredth of the default clip range 1e-4."""
+    batch size round differently, by at most a few ulps (measured up to 1.3e-6 in the ratio on this CPU, SDXL with one
+    thread), so the ratio is 1 to within 3e-6, a thirtieth of the default clip range 1e-4."""
     family, config = family_of(name, family_model_dirs[name], sde_window_size=0)
     sample = config.sample
     cond = family.encode(PROMPTS)
@@ -192,7 +192,7 @@ def test_the_first_training_forwards_ratio_is_one(name, family_model_dirs):
             out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
                              for c in torch.split(torch.arange(16), chunk)])
             ratio = torch.exp(out - traj.log_probs[rows, steps])
-            assert float((ratio - 1).abs().max()) < 1e-6, chunk
+            assert float((ratio - 1).abs().max()) < 3e-6, chunk
 
 
 @pytest.mark.parametrize("name", ["sd3", "flux"])
