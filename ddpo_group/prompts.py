@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from ddpo_group.errors import ConfigError
+from ddpo_group.models.source_images import SOURCE_IMAGE_KEY
 from ddpo_group.registry import Registry, keyword_errors
 
 PROMPT_ENTRY_POINT_GROUP = "ddpo_group.prompts"
@@ -116,7 +117,7 @@ def _file_lines(path: str, mtime: float) -> tuple[str, ...]:
 
 
 # the keys of a .jsonl row the loader reads; every other key is free metadata, passed to the reward functions
-JSONL_PROMPT_KEY, JSONL_NEGATIVE_KEY, JSONL_IMAGE_KEY = "prompt", "negative_prompt", "image"
+JSONL_PROMPT_KEY, JSONL_NEGATIVE_KEY = "prompt", "negative_prompt"  # and SOURCE_IMAGE_KEY, "image"
 
 
 @lru_cache(maxsize=16)
@@ -145,8 +146,8 @@ def _jsonl_rows(path: str, mtime: float) -> tuple[tuple[str, dict], ...]:
                 f"{where}: field {JSONL_NEGATIVE_KEY!r} is not supported yet: the negative condition is one per run "
                 "(every family encodes the empty prompt once); remove the field"
             )
-        if JSONL_IMAGE_KEY in row:
-            row[JSONL_IMAGE_KEY] = _image_paths(row[JSONL_IMAGE_KEY], folder, where)
+        if SOURCE_IMAGE_KEY in row:
+            row[SOURCE_IMAGE_KEY] = _image_paths(row[SOURCE_IMAGE_KEY], folder, where)
         rows.append((prompt.strip(), row))
     if not rows:
         raise ValueError(f"prompt_fn from_file: {path!r} holds no row (one JSON object per non-empty line)")
@@ -157,31 +158,15 @@ def _image_paths(value, folder: Path, where: str) -> str | list[str]:
     """``image`` of a .jsonl row (a path relative to the file, or a list of them) as absolute paths, each checked."""
     paths = value if isinstance(value, list) else [value]
     if not paths or not all(isinstance(item, str) and item for item in paths):
-        raise ValueError(f"{where}: field {JSONL_IMAGE_KEY!r} is {value!r}; it must be a path relative to the file "
+        raise ValueError(f"{where}: field {SOURCE_IMAGE_KEY!r} is {value!r}; it must be a path relative to the file "
                          "or a non-empty list of them")
     resolved = []
     for item in paths:
         file = (folder / item).expanduser().resolve()
         if not file.is_file():
-            raise FileNotFoundError(f"{where}: field {JSONL_IMAGE_KEY!r}: {item!r} ({file}) does not exist")
+            raise FileNotFoundError(f"{where}: field {SOURCE_IMAGE_KEY!r}: {item!r} ({file}) does not exist")
         resolved.append(str(file))
     return resolved if isinstance(value, list) else resolved[0]
-
-
-def source_images(metadata: dict) -> list:
-    """The source images of a prompt's metadata (``metadata["image"]``: one absolute path or a list of them, as a
-    .jsonl prompt file gives them), loaded as RGB PIL images; [] when it has none."""
-    from PIL import Image
-
-    value = metadata.get(JSONL_IMAGE_KEY) if metadata else None
-    if value is None:
-        return []
-    paths = value if isinstance(value, (list, tuple)) else [value]
-    images = []
-    for path in paths:
-        with Image.open(path) as image:
-            images.append(image.convert("RGB"))
-    return images
 
 
 @register_prompt_fn("from_file")

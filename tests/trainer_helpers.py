@@ -25,6 +25,7 @@ FAMILY_OVERRIDES = {
     "flux": {"sample.resolution": 32, "pretrained.max_sequence_length": 16, "sample.guidance_scale": 3.5,
              "train.cfg": False},
 }
+FAMILY_OVERRIDES["flux_kontext"] = FAMILY_OVERRIDES["flux"]  # FLUX.1's, with source images from a .jsonl prompt file
 
 
 def tiny_config(preset: str, model_dir: str, logdir, run_name: str = "run", **overrides):

@@ -5,7 +5,8 @@ import json
 import pytest
 from PIL import Image
 
-from ddpo_group.prompts import PromptSampler, source_images
+from ddpo_group.models.source_images import source_images
+from ddpo_group.prompts import PromptSampler
 
 
 def write_rows(path, rows):
