@@ -58,7 +58,11 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, tiny_flux_
     assert kwargs == {"height": 32, "width": 32, "max_area": 1024, "_auto_resize": False, "max_sequence_length": 16}
     family.pipe.set_progress_bar_config(disable=True)
     call = dict(num_inference_steps=4, guidance_scale=guidance, output_type="pt", **kwargs)
-    want = family.pipe(prompt=prompts, image=Image.open(source), generator=generators(2), **call).images
+    rows = family.pipeline_row_kwargs(metadata)
+    assert [image.size for image in rows["image"]] == [(32, 32)] * 2
+    want = family.pipe(prompt=prompts, generator=generators(2), **rows, **call).images
+    assert torch.equal(want, family.pipe(prompt=prompts, image=Image.open(source), generator=generators(2),
+                                         **call).images)  # a source of the sampled size is used as it is
     cond = family.condition(prompts, metadata)
     assert cond["image_latents"].shape == (2, 64, 16) and cond["image_ids"].shape == (2, 64, 3)
     assert torch.equal(cond["image_ids"][:, :, 0], torch.ones(2, 64))  # the image tokens' first coordinate is 1
@@ -71,6 +75,15 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, tiny_flux_
     assert torch.equal(plain.images, text_only)
     assert float((text_only - want).abs().max()) > 1e-3  # the source image changes the images
     assert Path(path).exists()
+    # a source of another size and shape is resized to the sampled size, by the family and for the pipeline alike
+    Image.open(source).resize((40, 24)).save(tmp_path / "wide.png")
+    metadata = [{"image": str(tmp_path / "wide.png")}] * 2
+    want = family.pipe(prompt=prompts, generator=generators(2), **family.pipeline_row_kwargs(metadata), **call).images
+    traj = sample_trajectories(family, family.model, family.condition(prompts, metadata), family.negative_condition(),
+                               4, guidance, [0.0] * 4, generator=generators(2), compute_log_prob=False)
+    assert torch.equal(traj.images, want)
+    with pytest.raises(ValueError, match="cannot mix rows with and without a source image"):
+        family.pipeline_row_kwargs([metadata[0], {}])
 
 
 def test_the_first_training_forwards_ratio_is_one(tiny_flux_kontext_dir, tmp_path):
@@ -162,6 +175,16 @@ def test_an_editing_dataset_trains_an_epoch_and_the_lora_loads_in_the_pipeline(t
                                   generator=generators(2), compute_log_prob=False).images
     assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+
+    # scripts/evaluate.py's comparison on the run: the pipeline gets each prompt's source image
+    from config.base import base
+    from ddpo_group.run.evaluation import evaluate
+
+    report = evaluate(str(tmp_path / "edits"), base(), num_prompts=2, num_seeds=2, batch_size=4, show_progress=False,
+                      device="cpu")
+    assert report["family"] == "flux_kontext" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
+    difference = report["rewards"]["reward"]["difference"]
+    assert difference["n"] == 4 and difference["std"] > 0
 
 
 @pytest.mark.slow

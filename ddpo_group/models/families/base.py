@@ -228,3 +228,8 @@ class ModelFamily:
         """Extra keywords of the pipeline's own ``__call__`` (evaluation) for images like the sampler's, from the run's
         ``sample`` and ``pretrained`` config sections."""
         return {}
+
+    def pipeline_row_kwargs(self, metadata: list[dict]) -> dict:
+        """Keywords of the pipeline's own ``__call__`` for a call's rows (their metadata) beyond the prompts: an
+        editing family's source images; none for a text-only family."""
+        return {}

@@ -31,7 +31,7 @@ from diffusers.pipelines.flux.pipeline_flux_kontext import retrieve_latents
 from ddpo_group.models.families import register_family
 from ddpo_group.models.families.flux import FluxFamily
 from ddpo_group.sampling.trajectories import concatenate_rows
-from ddpo_group.models.source_images import source_images
+from ddpo_group.models.source_images import SOURCE_IMAGE_KEY, source_images
 
 
 @register_family("flux_kontext", FluxKontextPipeline)
@@ -45,12 +45,34 @@ class FluxKontextFamily(FluxFamily):
         metadata = metadata if metadata is not None else [{}] * len(prompts)
         rows = []
         for i, (prompt, meta) in enumerate(zip(prompts, metadata)):
-            images = source_images(meta)
-            if len(images) > 1:
-                raise ValueError(f"flux_kontext edits one source image per prompt; prompt {prompt!r} has "
-                                 f"{len(images)} ({meta['image']})")
-            rows.append({**{k: v[i : i + 1] for k, v in text.items()}, **self.encode_image(images[0] if images else None)})
+            rows.append({**{k: v[i : i + 1] for k, v in text.items()}, **self.encode_image(self.source(prompt, meta))})
         return concatenate_rows(rows, prompts, self.device)
+
+    def source(self, prompt: str, metadata: dict):
+        """The source image of a prompt (PIL) resized to the sampled size as the pipeline resizes it, or None."""
+        images = source_images(metadata)
+        if len(images) > 1:
+            raise ValueError(f"flux_kontext edits one source image per prompt; prompt {prompt!r} has {len(images)} "
+                             f"({metadata[SOURCE_IMAGE_KEY]})")
+        if not images:
+            return None
+        size = self.source_size()
+        return self.pipe.image_processor.resize(images[0], size, size)
+
+    def source_size(self) -> int:
+        """The source images' height = width: the resolution, down to the pipeline's multiple (vae_scale_factor * 2)."""
+        multiple = self.pipe.vae_scale_factor * 2
+        return self.resolution // multiple * multiple
+
+    def pipeline_row_kwargs(self, metadata: list[dict]) -> dict:
+        """The rows' source images, at the sampled size (``_auto_resize=False`` keeps them so): the pipeline encodes
+        them as ``condition`` does; none for text-only rows (a call cannot mix the two)."""
+        images = [self.source("", meta) for meta in metadata]
+        if all(image is None for image in images):
+            return {}
+        if any(image is None for image in images):
+            raise ValueError("flux_kontext: a pipeline call cannot mix rows with and without a source image")
+        return {"image": images}
 
     def encode(self, prompts: list[str]) -> dict:
         """The text condition with no image tokens (the negative condition; text-to-image rows)."""
@@ -59,17 +81,16 @@ class FluxKontextFamily(FluxFamily):
 
     @torch.no_grad()
     def encode_image(self, image, rows: int = 1) -> dict:
-        """image_latents [rows, L_img, C] and image_ids [rows, L_img, 3] of one source image (a PIL image), as the
-        pipeline's ``__call__`` (image processor at the sampled size) and ``prepare_latents`` make them; L_img = 0
-        without an image."""
+        """image_latents [rows, L_img, C] and image_ids [rows, L_img, 3] of one source image (a PIL image at the sampled
+        size, ``source``), as the pipeline's ``__call__`` (its image processor) and ``prepare_latents`` make them;
+        L_img = 0 without an image."""
         pipe, device = self.pipe, self.device
         dtype = pipe.transformer.dtype
         channels = pipe.transformer.config.in_channels
         if image is None:
             return {"image_latents": torch.zeros(rows, 0, channels, device=device, dtype=dtype),
                     "image_ids": torch.zeros(rows, 0, 3, device=device, dtype=dtype)}
-        size = self.resolution // (pipe.vae_scale_factor * 2) * (pipe.vae_scale_factor * 2)
-        pixels = pipe.image_processor.preprocess(pipe.image_processor.resize(image, size, size), size, size)
+        pixels = pipe.image_processor.preprocess(image, self.source_size(), self.source_size())
         pixels = pixels.to(device=pipe.vae.device, dtype=dtype)
         latents = retrieve_latents(pipe.vae.encode(pixels.to(pipe.vae.dtype)), sample_mode="argmax").to(device)
         latents = (latents - pipe.vae.config.shift_factor) * pipe.vae.config.scaling_factor
