@@ -198,3 +198,49 @@ def test_every_preset_trains_an_epoch_on_the_edits(preset, tiny_flux_kontext_dir
     assert changed > len(before) // 2, f"{preset}: only {changed} of {len(before)} trained tensors changed"
     for key in ("adv/mean", "train/policy_loss", "train/grad_norm", "train/ratio_max"):
         assert torch.isfinite(torch.tensor(metrics[key])), (key, metrics[key])
+
+
+def test_the_bench_shape_is_flux_kontext_at_its_real_size():
+    """bench/random_model.py --shape flux_kontext, built on the meta device (no memory): FLUX.1's 11.9B transformer
+    and a T5-XXL-sized encoder; a fraction of the blocks keeps the widths."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    try:
+        import random_model
+    finally:
+        sys.path.pop(0)
+
+    def billions(pipe, name):
+        return sum(p.numel() for p in getattr(pipe, name).parameters()) / 1e9
+
+    with torch.device("meta"):
+        full = random_model.BUILDERS["flux_kontext"]()
+        part = random_model.build_flux_kontext(blocks=0.05)
+    assert isinstance(full, FluxKontextPipeline)
+    assert billions(full, "transformer") == pytest.approx(11.90, abs=0.01)
+    assert billions(full, "text_encoder_2") == pytest.approx(4.76, abs=0.01)
+    assert (len(part.transformer.transformer_blocks), len(part.transformer.single_transformer_blocks)) == (1, 2)
+    assert part.transformer.config.num_attention_heads == 24 and part.text_encoder_2.config.d_model == 4096
+
+
+@pytest.mark.slow
+def test_the_flow_factory_kontext_recipe_runs_on_the_tiny_model(tiny_flux_kontext_dir, tmp_path):
+    """Flow-Factory's published Kontext settings (their model replaced by the tiny one, their sizes by tiny ones,
+    their PickScore by the edit reward plugin, which downloads nothing), with the memory options: the cache of
+    (prompt, source image) conditions, chunked decoding, gradient checkpointing, the text encoders on the CPU."""
+    from config.base import get_config
+
+    recipe = get_config("flow_factory_flux_kontext")
+    assert (recipe.lora_rank, recipe.lora_alpha, recipe.train.group_size, recipe.sample.guidance_scale) == (
+        64, 128, 16, 2.5)
+    overrides = {"sample.text_embedding_cache": 16, "sample.decode_batch_size": 3, "sample.num_steps": 3,
+                 "sample.resolution": 32, "pretrained.max_sequence_length": 16, "train.pairs_per_forward": 4,
+                 "train.gradient_checkpointing": True, "mixed_precision": "no", "train.gradient_accumulation_steps": 1,
+                 "pretrained.text_encoder_device": "cpu", "device": "cpu"}
+    trainer = train_edits(tiny_flux_kontext_dir, "flow_factory_flux_kontext", tmp_path, "recipe", **overrides)
+    assert trainer.family.name == "flux_kontext" and trainer.family.model.is_gradient_checkpointing
+    metrics = trainer.run()
+    assert metrics["global_step"] >= 1 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    keys = list(trainer.rollouts.text_cache.entries)
+    assert keys and all(isinstance(key, tuple) and key[1].endswith(".png") for key in keys)
