@@ -190,7 +190,9 @@ def test_an_editing_dataset_trains_an_epoch_and_the_lora_loads_in_the_pipeline(t
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_trains_an_epoch_on_the_edits(preset, tiny_flux_kontext_dir, tmp_path):
-    trainer = train_edits(tiny_flux_kontext_dir, preset, tmp_path, f"kontext_{preset}")
+    from test_families import FLOW_OPTIONS  # the options the other flow families train each preset with
+
+    trainer = train_edits(tiny_flux_kontext_dir, preset, tmp_path, f"kontext_{preset}", **FLOW_OPTIONS.get(preset, {}))
     before = [p.detach().clone() for p in trainer.updater.params]
     metrics = trainer.run()
     assert trainer.family.name == "flux_kontext" and metrics["global_step"] == 2

@@ -18,8 +18,9 @@
     decode      FLUX.1's: unpack, then the VAE with latents / scaling_factor + shift_factor
 
 The pipeline's own ``__call__`` gives the same images at noise level 0 with ``pipeline_kwargs`` (height = width =
-the resolution, ``max_area`` = its square, ``_auto_resize=False``: the source image kept at its size, which is the
-resolution when the source is that size; Kontext's own default snaps the source to one of its preferred ~1 MP sizes).
+the resolution, ``max_area`` = its square, ``_auto_resize=False``, which keeps the source at its size; Kontext's
+default snaps it to one of its preferred ~1 MP sizes) and ``pipeline_row_kwargs`` (the rows' sources, resized to
+the resolution as ``condition`` resizes them).
 """
 
 from __future__ import annotations
