@@ -25,6 +25,9 @@ FAMILY_OVERRIDES = {
     "flux": {"sample.resolution": 32, "pretrained.max_sequence_length": 16, "sample.guidance_scale": 3.5,
              "train.cfg": False},
 }
+# FLUX.2 [klein]: 32 Qwen3 tokens hold the chat template around a short prompt; the tiny model is step-distilled (no CFG)
+FAMILY_OVERRIDES["flux2"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 32,
+                             "sample.guidance_scale": 1.0, "train.cfg": False}
 
 
 def tiny_config(preset: str, model_dir: str, logdir, run_name: str = "run", **overrides):

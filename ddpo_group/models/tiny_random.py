@@ -149,3 +149,65 @@ def save_pipeline(pipe, path) -> str:
 
 TINY_BUILDERS = {"sd": build_tiny_pipeline, "sdxl": build_tiny_sdxl_pipeline, "sd3": build_tiny_sd3_pipeline,
                  "flux": build_tiny_flux_pipeline}
+
+
+# ----------------------------------------------------------------------------- FLUX.2 [klein] (flux2)
+# Qwen3's chat template for one user message (no tools, no history): what Flux2KleinPipeline renders with
+# add_generation_prompt=True and enable_thinking=False (the empty think block)
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and "
+    "enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
+
+
+def qwen_tokenizer(max_length: int = 512):
+    """A Qwen2-style byte-level BPE tokenizer built locally: the 256 byte symbols (no merges), Qwen's special tokens
+    ('<|endoftext|>' pads, '<|im_end|>' ends a turn) and Qwen3's chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import Qwen2TokenizerFast
+
+    from ddpo_group.models.tokenizer import bytes_to_unicode
+
+    backend = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(bytes_to_unicode().values())}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    return Qwen2TokenizerFast(tokenizer_object=backend, unk_token=None, bos_token=None, eos_token="<|im_end|>",
+                              pad_token="<|endoftext|>", chat_template=QWEN3_CHAT_TEMPLATE, model_max_length=max_length,
+                              additional_special_tokens=["<|im_start|>", "<|im_end|>", "<think>", "</think>"])
+
+
+def build_tiny_flux2_pipeline(seed: int = 0, is_distilled: bool = True):
+    """FLUX.2 [klein] at about the size of diffusers' own pipeline test: a Flux2Transformer2DModel with one double and
+    one single block on 4-D position ids, a Qwen3 text encoder of 27 layers (the pipeline stacks the hidden states of
+    layers 9, 18 and 27: 3 x 16 = the transformer's 48-wide text input), a 4-channel AutoencoderKLFlux2 (16-channel
+    packed tokens) whose batch-norm statistics are random (the real ones are not the identity), the dynamic shift.
+    ``is_distilled``: klein's step-distilled models (no CFG); False: the base models (CFG with the empty prompt)."""
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
+                                          timestep_guidance_channels=256, axes_dims_rope=[4, 4, 4, 4],
+                                          guidance_embeds=False)
+    tokenizer = qwen_tokenizer()
+    text_encoder = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=16, num_hidden_layers=27, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=True))
+    vae = AutoencoderKLFlux2(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                             up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
+                             latent_channels=4, norm_num_groups=4, sample_size=32, use_quant_conv=False,
+                             use_post_quant_conv=False)
+    with torch.no_grad():
+        vae.bn.running_mean.copy_(0.1 * torch.randn_like(vae.bn.running_mean))
+        vae.bn.running_var.copy_(0.5 + torch.rand_like(vae.bn.running_var))
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                                base_image_seq_len=256, max_image_seq_len=4096,
+                                                time_shift_type="exponential")
+    return Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                              transformer=transformer, is_distilled=is_distilled)
+
+
+TINY_BUILDERS["flux2"] = build_tiny_flux2_pipeline

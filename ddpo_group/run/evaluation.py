@@ -121,8 +121,8 @@ def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: i
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
         generators = [torch.Generator(device="cpu").manual_seed(s) for _, s in chunk]
-        images = pipe(
-            [p for p, _ in chunk], num_inference_steps=num_steps, guidance_scale=guidance_scale,
+        images = pipe(  # prompt by keyword: FLUX.2's pipelines take an image first
+            prompt=[p for p, _ in chunk], num_inference_steps=num_steps, guidance_scale=guidance_scale,
             generator=generators, output_type="pt", **pipeline_kwargs,
         ).images
         out.append(images.float().cpu())
