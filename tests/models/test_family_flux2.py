@@ -140,3 +140,49 @@ def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(tiny_
                       show_progress=False)
     assert report["family"] == "flux2" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
     assert report["rewards"]["reward"]["difference"]["std"] > 0
+
+
+@pytest.mark.slow
+def test_the_flow_factory_recipe_runs_on_the_tiny_model(tiny_flux2_dir, tmp_path):
+    """Flow-Factory's FLUX.2 [klein] settings (their model replaced by the tiny one, their sizes by tiny ones, the
+    reward by one that downloads nothing): the Flow-SDE window on step 1 of 4, no CFG, EMA, LoRA 64 / 128."""
+    overrides = {**FAMILY_OVERRIDES["flux2"], "sample.text_embedding_cache": 16, "sample.decode_batch_size": 3,
+                 "train.pairs_per_forward": 4, "train.gradient_checkpointing": True, "mixed_precision": "no",
+                 "sample.sde_window_start": 1, "sample.sde_window_size": 1, "train.gradient_accumulation_steps": 1}
+    trainer = tiny_trainer("flow_factory_flux2_klein", tiny_flux2_dir, tmp_path, "recipe", **overrides)
+    config = trainer.config
+    assert (config.lora_rank, config.lora_alpha, config.sample.num_steps, config.sample.noise_level) == (64, 128, 4, 0.5)
+    assert config.train.ema and config.sample.guidance_scale == 1.0 and not config.train.cfg
+    assert trainer.family.name == "flux2" and trainer.family.model.is_gradient_checkpointing
+    assert trainer.family.stochastic_steps(config.sample).tolist() == [False, True, False, False]
+    metrics = trainer.run()
+    assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    assert len(trainer.rollouts.text_cache.entries) > 0
+
+
+def test_the_full_size_bench_shape_composes():
+    """bench/random_model.py --shape flux2_klein4b, built on the meta device (no memory): klein 4B's 3.9B transformer
+    and 4.0B Qwen3, whose stacked layers are the transformer's 7680-wide text input; a 1024 px image is 4096 tokens of
+    128 channels, decoded through the VAE's batch norm and 2x2 unpatchify to 32 x 128 x 128 latents."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from random_model import BUILDERS
+
+    from ddpo_group.models.families.flux2 import Flux2Family
+
+    with torch.device("meta"):
+        pipe = BUILDERS["flux2_klein4b"]()
+    millions = {name: round(sum(p.numel() for p in getattr(pipe, name).parameters()) / 1e6)
+                for name in ("transformer", "text_encoder", "vae")}
+    assert millions == {"transformer": 3876, "text_encoder": 4022, "vae": 84}
+    family = Flux2Family(pipe)
+    assert family.resolution == 1024 and family.latent_shape() == (4096, 128)
+    x = torch.empty(1, 4096, 128, device="meta")
+    embeds = torch.empty(1, 512, 3 * pipe.text_encoder.config.hidden_size, device="meta")
+    step = {key: values[0] for key, values in family.schedule(4, "cpu").items()}
+    assert family.model_output(pipe.transformer, x, step, {"prompt_embeds": embeds}, None, 1.0).shape == x.shape
+    latents = family.decode_latents(x)
+    assert latents.shape == (1, 32, 128, 128)
+    assert pipe.vae.decode(latents, return_dict=False)[0].shape == (1, 3, 1024, 1024)

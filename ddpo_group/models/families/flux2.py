@@ -13,7 +13,7 @@
                 guidance as two forwards, v = v_uncond + w (v_cond - v_uncond) for w > 1, the unconditional input the
                 encoded empty prompt
     step        flow matching (models/families/flow_matching.py, sampling/flow_steps.py)
-    decode      unpack by the image ids, undo the VAE's batch norm (x * sqrt(running_var + eps) + running_mean, per
+    decode      unpack (the image ids' row-major grid), undo the VAE's batch norm (x * sqrt(running_var + eps) + running_mean, per
                 patchified channel), unpatchify 2x2, the VAE decoder
 """
 
@@ -87,7 +87,8 @@ class Flux2Family(FlowMatchingFamily):
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """Packed latents -> the VAE's latents [B, C, H/s, W/s] (unpacked, batch norm undone, unpatchified)."""
         pipe, vae = self.pipe, self.pipe.vae
-        latents = pipe._unpack_latents_with_ids(latents, self.image_ids(latents.shape[0], latents.device))
+        side = self._grid() // 2  # the image ids are the row-major grid: the pipeline's scatter by ids is this reshape
+        latents = latents.reshape(latents.shape[0], side, side, -1).permute(0, 3, 1, 2).contiguous()
         mean = vae.bn.running_mean.view(1, -1, 1, 1).to(latents.device, latents.dtype)
         std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(latents.device,
                                                                                                latents.dtype)
