@@ -73,6 +73,14 @@ def tiny_flux2_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def family_model_dirs(tiny_model_dir, tiny_sdxl_dir, tiny_sd3_dir, tiny_flux_dir, tiny_flux2_dir):
+def tiny_flux2_dev_dir(tmp_path_factory):
+    """A tiny random FLUX.2 [dev] checkpoint (Mistral3 text encoder, guidance embedding) on disk."""
+    from ddpo_group.models.tiny_random import build_tiny_flux2_dev_pipeline
+
+    return save_pipeline(build_tiny_flux2_dev_pipeline(), tmp_path_factory.mktemp("tiny_flux2_dev") / "model")
+
+
+@pytest.fixture(scope="session")
+def family_model_dirs(tiny_model_dir, tiny_sdxl_dir, tiny_sd3_dir, tiny_flux_dir, tiny_flux2_dir, tiny_flux2_dev_dir):
     return {"sd": tiny_model_dir, "sdxl": tiny_sdxl_dir, "sd3": tiny_sd3_dir, "flux": tiny_flux_dir,
-            "flux2": tiny_flux2_dir}
+            "flux2": tiny_flux2_dir, "flux2_dev": tiny_flux2_dev_dir}

@@ -211,3 +211,63 @@ def build_tiny_flux2_pipeline(seed: int = 0, is_distilled: bool = True):
 
 
 TINY_BUILDERS["flux2"] = build_tiny_flux2_pipeline
+
+
+# FLUX.2 [dev]: Mistral Small 3.1's chat template for text-only turns (content a string or a list of text parts):
+# what Flux2Pipeline renders (a system turn with its SYSTEM_MESSAGE, then the user turn; no generation prompt)
+MISTRAL3_CHAT_TEMPLATE = (
+    "{{- bos_token }}{%- for message in messages %}{%- if message['content'] is string %}"
+    "{%- set text = message['content'] %}{%- else %}{%- set text = message['content'] | selectattr('type', 'equalto', "
+    "'text') | map(attribute='text') | join('') %}{%- endif %}{%- if message['role'] == 'system' %}"
+    "{{- '[SYSTEM_PROMPT]' + text + '[/SYSTEM_PROMPT]' }}{%- elif message['role'] == 'user' %}"
+    "{{- '[INST]' + text + '[/INST]' }}{%- else %}{{- text + eos_token }}{%- endif %}{%- endfor %}"
+)
+
+
+def mistral_tokenizer(max_length: int = 512):
+    """A Mistral-style byte-level BPE tokenizer built locally (the 256 byte symbols, Mistral's control tokens) with
+    Mistral Small 3.1's text chat template. FLUX.2-dev ships a PixtralProcessor around its tokenizer; the processor
+    needs torchvision, so the tiny dev pipeline's ``tokenizer`` is the tokenizer itself: for text the two render the
+    same template and tokenize the same string (the pipeline only calls ``apply_chat_template``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from ddpo_group.models.tokenizer import bytes_to_unicode
+
+    backend = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(bytes_to_unicode().values())}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+        model_max_length=max_length, chat_template=MISTRAL3_CHAT_TEMPLATE,
+        additional_special_tokens=["[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[IMG]", "[IMG_BREAK]",
+                                   "[IMG_END]"])
+
+
+def build_tiny_flux2_dev_pipeline(seed: int = 0):
+    """FLUX.2 [dev] at about the size of diffusers' own pipeline test: the klein transformer above with the guidance
+    embedding, a Mistral3ForConditionalGeneration whose language model has 30 layers (the pipeline stacks layers 10,
+    20 and 30: 3 x 16 wide) and a one-layer Pixtral vision tower (unused by text-to-image), ``mistral_tokenizer``, the
+    FLUX.2 VAE and scheduler above."""
+    from diffusers import Flux2Pipeline, Flux2Transformer2DModel
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    klein = build_tiny_flux2_pipeline(seed)
+    torch.manual_seed(seed)
+    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
+                                          timestep_guidance_channels=256, axes_dims_rope=[4, 4, 4, 4],
+                                          guidance_embeds=True)
+    tokenizer = mistral_tokenizer()
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+           "pad_token_id": tokenizer.pad_token_id}
+    text_encoder = Mistral3ForConditionalGeneration(Mistral3Config(
+        text_config={"model_type": "mistral", "vocab_size": len(tokenizer), "hidden_size": 16, "intermediate_size": 37,
+                     "max_position_embeddings": 512, "num_attention_heads": 4, "num_hidden_layers": 30,
+                     "num_key_value_heads": 2, "head_dim": 4, "rms_norm_eps": 1e-5, "sliding_window": None, **ids},
+        vision_config={"model_type": "pixtral", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 4,
+                       "intermediate_size": 37, "image_size": 32, "patch_size": 8, "num_channels": 3},
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"), vision_feature_layer=-1, **ids))
+    return Flux2Pipeline(scheduler=klein.scheduler, vae=klein.vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                         transformer=transformer)
+TINY_BUILDERS["flux2_dev"] = build_tiny_flux2_dev_pipeline

@@ -1,10 +1,11 @@
-"""FLUX.2 [klein] (models/families/flux2.py) on the tiny random pipeline: the sampler against Flux2KleinPipeline's own
-call (step-distilled: no guidance; base: CFG with the empty prompt), the Qwen3 condition, the text encoder on its own
-device, the base model's CFG ratio, the LoRA export loaded by the pipeline, the Flow-Factory recipe."""
+"""FLUX.2 [klein] and [dev] (models/families/flux2.py) on the tiny random pipelines: the sampler against
+Flux2KleinPipeline's own call (step-distilled: no guidance; base: CFG with the empty prompt) and Flux2Pipeline's (the
+guidance embedding), the Qwen3 / Mistral3 conditions, the text encoder on its own device, the base model's CFG ratio,
+the LoRA export loaded by the pipelines, the Flow-Factory recipe, the full-size bench shape."""
 
 import pytest
 import torch
-from diffusers import Flux2KleinPipeline
+from diffusers import Flux2KleinPipeline, Flux2Pipeline
 
 from ddpo_group.models import load_family
 from ddpo_group.models.tiny_random import QWEN3_CHAT_TEMPLATE
@@ -69,6 +70,41 @@ def test_the_condition_is_qwen3_layers_9_18_27_of_the_chat_template(tiny_flux2_d
     torch.testing.assert_close(embeds[1], torch.cat([hidden[9][0], hidden[18][0], hidden[27][0]], dim=-1))
 
 
+def test_flux2_dev_reproduces_its_pipeline_with_the_guidance_embedding(tiny_flux2_dev_dir):
+    """FLUX.2 [dev]: the guidance scale enters every forward as an embedding (sampling and training alike: train.cfg has
+    no effect); the condition is Mistral3's layers 10, 20, 30 of the prompt after BFL's system message."""
+    from diffusers.pipelines.flux2.system_messages import SYSTEM_MESSAGE
+
+    config = tiny_config("grpo", tiny_flux2_dev_dir, "unused", **FAMILY_OVERRIDES["flux2_dev"])
+    family = load_family(tiny_flux2_dev_dir, config=config)
+    assert isinstance(family.pipe, Flux2Pipeline) and family.name == "flux2_dev"
+    family.pipe.set_progress_bar_config(disable=True)
+    assert family.config_errors(config) == [] and family.training_guidance(config) == 4.0  # train.cfg=False
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    assert kwargs == {"height": 32, "width": 32, "max_sequence_length": 256}
+    cond = family.encode(PROMPTS)
+    images = {}
+    for guidance in (1.0, 4.0):
+        want = family.pipe(prompt=PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
+                           output_type="pt", **kwargs).images
+        traj = sample_trajectories(family, family.model, cond, None, 4, guidance, [0.0] * 4, generator=generators(4),
+                                   compute_log_prob=False)
+        assert torch.equal(traj.images, want), guidance
+        images[guidance] = want
+    assert float((images[4.0] - images[1.0]).abs().max()) > 1e-3
+
+    tokenizer = family.pipe.tokenizer
+    messages = [{"role": "system", "content": [{"type": "text", "text": SYSTEM_MESSAGE}]},
+                {"role": "user", "content": [{"type": "text", "text": "a cat"}]}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert text == f"<s>[SYSTEM_PROMPT]{SYSTEM_MESSAGE}[/SYSTEM_PROMPT][INST]a cat[/INST]"
+    inputs = tokenizer(text, add_special_tokens=False, padding="max_length", max_length=256, return_tensors="pt")
+    with torch.no_grad():
+        hidden = family.pipe.text_encoder(**inputs, output_hidden_states=True).hidden_states
+    assert len(hidden) == 31 and cond["prompt_embeds"].shape == (4, 256, 48)
+    torch.testing.assert_close(cond["prompt_embeds"][1], torch.cat([hidden[10][0], hidden[20][0], hidden[30][0]], -1))
+
+
 def test_the_text_encoder_runs_where_it_is(tiny_flux2_dir):
     """pretrained.text_encoder_device: the prompts meet the Qwen3 encoder on its device; the embeddings move to the
     transformer's (here on the meta device)."""
@@ -109,27 +145,30 @@ def test_the_base_models_cfg_training_forward_gives_ratio_one(tiny_flux2_dir):
     assert "train.cfg=False contradicts sample.guidance_scale=4.0" in family.config_errors(config)[0]
 
 
-def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(tiny_flux2_dir, tmp_path):
+@pytest.mark.parametrize("name", ["flux2", "flux2_dev"])
+def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(name, family_model_dirs, tmp_path):
     """grpo with LoRA on the joint blocks' attention and the single blocks' fused projection: the diffusers-format
-    export loads with Flux2KleinPipeline.load_lora_weights and samples the trained model's images (CPU, float
+    export loads with the pipeline's load_lora_weights and samples the trained model's images (CPU, float
     precision); scripts/evaluate.py's comparison runs on the run with the family's pipeline_kwargs."""
-    trainer = tiny_trainer("grpo", tiny_flux2_dir, tmp_path, "lora", **FAMILY_OVERRIDES["flux2"], device="cpu")
+    model_dir = family_model_dirs[name]
+    trainer = tiny_trainer("grpo", model_dir, tmp_path, "lora", **FAMILY_OVERRIDES[name], device="cpu")
     trainer.run()
     adapted = {name.split(".lora_A")[0] for name, _ in trainer.family.model.named_parameters() if ".lora_A" in name}
     assert "single_transformer_blocks.0.attn.to_qkv_mlp_proj" in adapted
     assert "transformer_blocks.0.attn.add_q_proj" in adapted
     lora = tmp_path / "lora" / "lora"
     assert (lora / "pytorch_lora_weights.safetensors").exists()
-    base = Flux2KleinPipeline.from_pretrained(tiny_flux2_dir)
+    base = {"flux2": Flux2KleinPipeline, "flux2_dev": Flux2Pipeline}[name].from_pretrained(model_dir)
     base.set_progress_bar_config(disable=True)
-    call = dict(num_inference_steps=4, guidance_scale=1.0, height=32, width=32, max_sequence_length=32,
-                output_type="pt")
+    guidance = trainer.config.sample.guidance_scale
+    call = dict(num_inference_steps=4, guidance_scale=guidance, output_type="pt",
+                **trainer.family.pipeline_kwargs(trainer.config.sample, trainer.config.pretrained))
     base_images = base(prompt=PROMPTS, generator=generators(4), **call).images
     base.load_lora_weights(str(lora))
     loaded = base(prompt=PROMPTS, generator=generators(4), **call).images
     family = trainer.family
-    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4, 1.0,
-                                  [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4,
+                                  guidance, [0.0] * 4, generator=generators(4), compute_log_prob=False).images
     assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
 
@@ -138,7 +177,7 @@ def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(tiny_
 
     report = evaluate(str(tmp_path / "lora"), base_config(), num_prompts=2, num_seeds=2, batch_size=4,
                       show_progress=False)
-    assert report["family"] == "flux2" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
+    assert report["family"] == name and report["loaded"].startswith("lora:") and report["num_steps"] == 4
     assert report["rewards"]["reward"]["difference"]["std"] > 0
 
 

@@ -15,13 +15,18 @@
     step        flow matching (models/families/flow_matching.py, sampling/flow_steps.py)
     decode      unpack (the image ids' row-major grid), undo the VAE's batch norm (x * sqrt(running_var + eps) + running_mean, per
                 patchified channel), unpatchify 2x2, the VAE decoder
+
+FLUX.2 [dev] (``Flux2Pipeline``, family ``flux2_dev``) differs in two places only: the condition is the Mistral Small 3.1
+(Mistral3) hidden states of layers 10, 20 and 30 of the prompt after BFL's system message (Mistral's chat template), and
+the guidance scale is an embedding input of every forward, v = transformer(x, t / 1000, guidance = w, ...), as FLUX.1-dev's
+(no CFG, so ``train.cfg`` has no effect).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from diffusers import Flux2KleinPipeline
+from diffusers import Flux2KleinPipeline, Flux2Pipeline
 from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
 
 from ddpo_group.models.families import register_family
@@ -33,6 +38,7 @@ from ddpo_group.models.families.flux import FluxFamily
 class Flux2Family(FlowMatchingFamily):
     # the joint blocks' attention projections (FLUX.1's targets) and the single blocks' fused QKV + MLP input projection
     lora_target_modules = FlowMatchingFamily.lora_target_modules + ("attn.to_qkv_mlp_proj",)
+    guidance_embedded = False  # FLUX.2-dev: the guidance scale is an input of every forward (no CFG)
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict:
@@ -68,8 +74,14 @@ class Flux2Family(FlowMatchingFamily):
         """Whether a guidance scale > 1 means CFG: the base models; the distilled ones ignore the scale."""
         return not self.pipe.config.is_distilled
 
-    def _forward(self, model, latents, t, embeds):
-        return model(hidden_states=latents, timestep=t / 1000, guidance=None, encoder_hidden_states=embeds,
+    def training_guidance(self, config) -> float:
+        return config.sample.guidance_scale if self.guidance_embedded else super().training_guidance(config)
+
+    def _forward(self, model, latents, t, embeds, guidance_scale):
+        guidance = None
+        if self.guidance_embedded:  # the pipeline's float32 guidance, whatever the latents' dtype
+            guidance = torch.full([1], guidance_scale, device=latents.device, dtype=torch.float32).expand(len(latents))
+        return model(hidden_states=latents, timestep=t / 1000, guidance=guidance, encoder_hidden_states=embeds,
                      txt_ids=self.pipe._prepare_text_ids(embeds).to(embeds.device),
                      img_ids=self.image_ids(latents.shape[0], latents.device), return_dict=False)[0]
 
@@ -77,10 +89,10 @@ class Flux2Family(FlowMatchingFamily):
         n = latents.shape[0]
         t = torch.as_tensor(step["timesteps"], device=latents.device)
         t = (t.expand(n) if t.ndim == 0 else t).to(latents.dtype)
-        out = self._forward(model, latents, t, cond["prompt_embeds"])
+        out = self._forward(model, latents, t, cond["prompt_embeds"], guidance_scale)
         if guidance_scale > 1.0 and self.classifier_free and negative is not None:
             # two forwards, as the pipeline does (not one doubled batch: other float rounding)
-            uncond = self._forward(model, latents, t, negative["prompt_embeds"].expand(n, -1, -1))
+            uncond = self._forward(model, latents, t, negative["prompt_embeds"].expand(n, -1, -1), guidance_scale)
             out = uncond + guidance_scale * (out - uncond)
         return out
 
@@ -103,10 +115,19 @@ class Flux2Family(FlowMatchingFamily):
     @classmethod
     def config_errors(cls, config) -> list[str]:
         s, t, errors = config.sample, config.train, super().config_errors(config)
-        if bool(t.cfg) != (s.guidance_scale > 1.0):
+        if not cls.guidance_embedded and bool(t.cfg) != (s.guidance_scale > 1.0):
             errors.append(
                 f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: the training forward must use "
                 "guidance exactly when sampling did (guidance_scale > 1; the distilled klein models ignore both), or "
                 "the recomputed log-probs are off-policy"
             )
         return errors
+
+
+@register_family("flux2_dev", Flux2Pipeline)
+class Flux2DevFamily(Flux2Family):
+    """FLUX.2 [dev]: the klein family's latents, schedule, step and decode; Mistral3's condition (the pipeline's own
+    ``encode_prompt``, the same call) and the guidance embedding (module docstring)."""
+
+    guidance_embedded = True
+    classifier_free = False
