@@ -49,7 +49,7 @@ def base() -> ml_collections.ConfigDict:
     config.pretrained = pretrained = ml_collections.ConfigDict()
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
-    pretrained.family = ""  # "sd", "sdxl", "sd3", "flux" or "flux2"; "": from the pipeline class in the model's model_index.json
+    pretrained.family = ""  # "sd", "sdxl", "sd3", "flux", "flux2" or "flux2_dev"; "": from the pipeline class in the model's model_index.json
     pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
 

@@ -137,7 +137,8 @@ def test_the_base_models_cfg_training_forward_gives_ratio_one(tiny_flux2_dir):
             assert torch.equal(scorer(family.model, batch, torch.arange(4), torch.full((4,), n)).log_prob,
                                traj.log_probs[:, n]), n
         rows, steps = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
-        out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob for c in torch.split(torch.arange(16), 3)])
+        out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
+                         for c in torch.split(torch.arange(16), 3)])
         assert float((torch.exp(out - traj.log_probs[rows, steps]) - 1).abs().max()) < 1e-6
         unguided = TransitionScorer(family, 1.0, scorer.noise_level)(family.model, batch, rows, steps).log_prob
         assert float((unguided - traj.log_probs[rows, steps]).abs().max()) > 1e-4  # the guidance is in the forward

@@ -13,13 +13,13 @@
                 guidance as two forwards, v = v_uncond + w (v_cond - v_uncond) for w > 1, the unconditional input the
                 encoded empty prompt
     step        flow matching (models/families/flow_matching.py, sampling/flow_steps.py)
-    decode      unpack (the image ids' row-major grid), undo the VAE's batch norm (x * sqrt(running_var + eps) + running_mean, per
-                patchified channel), unpatchify 2x2, the VAE decoder
+    decode      unpack (the image ids' row-major grid), undo the VAE's batch norm, x * sqrt(running_var + eps) +
+                running_mean per patchified channel, unpatchify 2x2, the VAE decoder
 
-FLUX.2 [dev] (``Flux2Pipeline``, family ``flux2_dev``) differs in two places only: the condition is the Mistral Small 3.1
-(Mistral3) hidden states of layers 10, 20 and 30 of the prompt after BFL's system message (Mistral's chat template), and
-the guidance scale is an embedding input of every forward, v = transformer(x, t / 1000, guidance = w, ...), as FLUX.1-dev's
-(no CFG, so ``train.cfg`` has no effect).
+FLUX.2 [dev] (``Flux2Pipeline``, family ``flux2_dev``) differs in two places only: the condition is the Mistral Small
+3.1 (Mistral3) hidden states of layers 10, 20 and 30 of the prompt after BFL's system message (Mistral's chat template),
+and the guidance scale is an embedding input of every forward, v = transformer(x, t / 1000, guidance = w, ...), as
+FLUX.1-dev's (no CFG, so ``train.cfg`` has no effect).
 """
 
 from __future__ import annotations
