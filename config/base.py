@@ -405,6 +405,19 @@ def flow_factory_flux2_klein() -> ml_collections.ConfigDict:
     config.save_freq = 20
     return config
 
+
+def flow_factory_flux2_klein_base() -> ml_collections.ConfigDict:
+    """Flow-Factory's GRPO recipe on FLUX.2 [klein] base 9B (not distilled), X-GenGroup/Flow-Factory
+    examples/grpo/lora/flux2_klein_base/default.yaml (commit 5f6cda1a): the klein recipe's settings but 8 rollout steps
+    (28 to evaluate), CFG 4 with the empty prompt in sampling and training, noise level 0.7 (their one SDE step is
+    drawn from steps {1, 2, 3}; here the window is step 1)."""
+    config = flow_factory_flux2_klein()
+    config.pretrained.model = "black-forest-labs/FLUX.2-klein-base-9B"
+    config.sample.num_steps, config.sample.eval_num_steps = 8, 28
+    config.sample.guidance_scale, config.train.cfg = 4.0, True
+    config.sample.noise_level = 0.7
+    return config
+
 PRESETS = {
     "ddpo": ddpo, "grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "grpo_passk": grpo_passk,
     "reinforce_pp": reinforce_pp, "remax": remax, "ppo_gae": ppo_gae, "group_ppo": group_ppo,
@@ -414,6 +427,7 @@ PRESETS = {
 RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow,
            "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux}
 RECIPES["flow_factory_flux2_klein"] = flow_factory_flux2_klein  # FLUX.2 [klein] (flux2)
+RECIPES["flow_factory_flux2_klein_base"] = flow_factory_flux2_klein_base
 
 
 def get_config(name: str = "ddpo") -> ml_collections.ConfigDict:

@@ -75,8 +75,8 @@ def assert_reported(out, code: int, *expected: str, lines: int = 3) -> str:
 def test_an_unknown_preset_names_the_valid_ones():
     out = train([], preset="nope")
     assert_reported(out, USAGE_ERROR, "[ddpo_group] error: flag --config=config/base.py:nope: unknown preset 'nope'; "
-                                      "valid presets: ddpo, dr_grpo, flow_factory_flux2_klein, flow_grpo_flux, "
-                                      "flow_grpo_sd35, group_ppo")
+                                      "valid presets: ddpo, dr_grpo, flow_factory_flux2_klein, "
+                                      "flow_factory_flux2_klein_base, flow_grpo_flux, flow_grpo_sd35, group_ppo")
 
 
 def test_an_unknown_field_names_the_override_and_the_suggestion():

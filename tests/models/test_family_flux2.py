@@ -183,18 +183,28 @@ def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(name,
 
 
 @pytest.mark.slow
-def test_the_flow_factory_recipe_runs_on_the_tiny_model(tiny_flux2_dir, tmp_path):
+@pytest.mark.parametrize("recipe, distilled, steps, level, guidance", [
+    ("flow_factory_flux2_klein", True, 4, 0.5, 1.0), ("flow_factory_flux2_klein_base", False, 8, 0.7, 4.0)])
+def test_the_flow_factory_recipes_run_on_the_tiny_model(recipe, distilled, steps, level, guidance, tiny_flux2_dir,
+                                                        tmp_path):
     """Flow-Factory's FLUX.2 [klein] settings (their model replaced by the tiny one, their sizes by tiny ones, the
-    reward by one that downloads nothing): the Flow-SDE window on step 1 of 4, no CFG, EMA, LoRA 64 / 128."""
-    overrides = {**FAMILY_OVERRIDES["flux2"], "sample.text_embedding_cache": 16, "sample.decode_batch_size": 3,
-                 "train.pairs_per_forward": 4, "train.gradient_checkpointing": True, "mixed_precision": "no",
-                 "sample.sde_window_start": 1, "sample.sde_window_size": 1, "train.gradient_accumulation_steps": 1}
-    trainer = tiny_trainer("flow_factory_flux2_klein", tiny_flux2_dir, tmp_path, "recipe", **overrides)
+    reward by one that downloads nothing): the Flow-SDE window on step 1, EMA, LoRA 64 / 128; the distilled model
+    without guidance, the base model with CFG 4 in sampling and training (the tiny model's is_distilled set to match)."""
+    from ddpo_group.models.tiny_random import build_tiny_flux2_pipeline, save_pipeline
+
+    model_dir = tiny_flux2_dir if distilled else save_pipeline(build_tiny_flux2_pipeline(is_distilled=False),
+                                                               tmp_path / "base")
+    overrides = {"sample.resolution": 32, "pretrained.max_sequence_length": 32, "sample.num_steps": steps,
+                 "sample.text_embedding_cache": 16, "sample.decode_batch_size": 3, "train.pairs_per_forward": 4,
+                 "train.gradient_checkpointing": True, "mixed_precision": "no", "train.gradient_accumulation_steps": 1,
+                 "sample.sde_window_start": 1, "sample.sde_window_size": 1}  # the recipe's (the tiny config's is 0)
+    trainer = tiny_trainer(recipe, model_dir, tmp_path, "recipe", **overrides)
     config = trainer.config
-    assert (config.lora_rank, config.lora_alpha, config.sample.num_steps, config.sample.noise_level) == (64, 128, 4, 0.5)
-    assert config.train.ema and config.sample.guidance_scale == 1.0 and not config.train.cfg
+    assert (config.lora_rank, config.lora_alpha, config.sample.noise_level) == (64, 128, level)
+    assert config.train.ema and config.sample.guidance_scale == guidance and config.train.cfg == (not distilled)
     assert trainer.family.name == "flux2" and trainer.family.model.is_gradient_checkpointing
-    assert trainer.family.stochastic_steps(config.sample).tolist() == [False, True, False, False]
+    assert trainer.family.classifier_free == (not distilled)
+    assert trainer.family.stochastic_steps(config.sample).tolist() == [False, True] + [False] * (steps - 2)
     metrics = trainer.run()
     assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
     assert len(trainer.rollouts.text_cache.entries) > 0
