@@ -6,6 +6,7 @@ and throughput on when the real weights are not at hand.
     python bench/random_model.py --shape sdxl --out /tmp/sdxl     # SDXL base's UNet, CLIP-L and CLIP-G, 1024 px
     python bench/random_model.py --shape zimage --out /tmp/zimage # Z-Image's 6B transformer, Qwen3-4B, FLUX VAE
     python bench/random_model.py --shape flux_kontext --out /tmp/kontext  # FLUX.1 Kontext [dev]: 11.9B + T5-XXL (34 GB)
+    python bench/random_model.py --shape flux2_klein4b --out /tmp/klein4b  # FLUX.2 [klein] 4B, Qwen3-4B, FLUX.2 VAE
 
 sd15: UNet 860M (320/640/1280/1280 channels, cross-attention 768), VAE 84M, a CLIP-L-sized text encoder (12 layers,
 768 wide) with the locally built byte-level tokenizer, DDIM. sd35m: SD3Transformer2DModel of SD 3.5 Medium (24 MMDiT-X
@@ -147,6 +148,37 @@ def build_flux_kontext(blocks: float = 1.0):
 
 
 BUILDERS["flux_kontext"] = build_flux_kontext
+
+
+def build_flux2_klein4b(double_blocks: int = 5, single_blocks: int = 20, text_layers: int = 36):
+    """FLUX.2 [klein] 4B (step-distilled): Flux2Transformer2DModel with 5 double and 20 single blocks of 24 heads of 128
+    (3.9B), a Qwen3-4B-sized text encoder (36 layers, 2560 wide, 32 / 8 heads of 128, 151936 embeddings; layers 9, 18,
+    27 stacked: the 7680-wide text input) with the locally built byte-level tokenizer, the 32-channel FLUX.2 VAE, the
+    dynamic shift; fewer blocks or text layers give a stated fraction (at least 27 text layers)."""
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from ddpo_group.models.tiny_random import qwen_tokenizer
+
+    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=128, num_layers=double_blocks,
+                                          num_single_layers=single_blocks, attention_head_dim=128,
+                                          num_attention_heads=24, joint_attention_dim=7680, timestep_guidance_channels=256,
+                                          mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6,
+                                          guidance_embeds=False)
+    tokenizer = qwen_tokenizer()
+    text_encoder = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=text_layers,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000}, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id))
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                                base_image_seq_len=256, max_image_seq_len=4096,
+                                                time_shift_type="exponential")
+    return Flux2KleinPipeline(scheduler=scheduler, vae=AutoencoderKLFlux2(), text_encoder=text_encoder,
+                              tokenizer=tokenizer, transformer=transformer, is_distilled=True)
+
+
+BUILDERS["flux2_klein4b"] = build_flux2_klein4b
 
 
 def main(argv=None) -> None:

@@ -49,7 +49,8 @@ def base() -> ml_collections.ConfigDict:
     config.pretrained = pretrained = ml_collections.ConfigDict()
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
-    # "sd", "sdxl", "sd3", "flux", "zimage" or "flux_kontext"; "": from model_index.json's pipeline class
+    # "sd", "sdxl", "sd3", "flux", "zimage", "flux_kontext", "flux2" or "flux2_dev"; "": from model_index.json's
+    # pipeline class
     pretrained.family = ""
     pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
@@ -464,6 +465,52 @@ def flow_factory_flux_kontext() -> ml_collections.ConfigDict:
     return config
 
 
+def flow_factory_flux2_klein() -> ml_collections.ConfigDict:
+    """Flow-Factory's GRPO recipe on FLUX.2 [klein] 9B (step-distilled), X-GenGroup/Flow-Factory
+    examples/grpo/lora/flux2_klein/default.yaml (commit 5f6cda1a): LoRA rank 64 / alpha 128, 384 px, 4 rollout steps
+    (10 to evaluate), guidance 1 (the distilled model has no CFG), Flow-SDE at noise level 0.5 on one step, group 16,
+    clip 1e-4, advantages clipped at 5, no KL, lr 3e-4, EMA 0.9, bf16, PickScore. Differences: their one SDE step is
+    drawn from steps {1, 2} per rollout, here the window is step 1; they evaluate at 1024 px, here at the training
+    resolution; their prompts (a ShareGPT-4o image-caption set) are not shipped: simple_animals stands in."""
+    config = grpo()
+    config.pretrained.model = "black-forest-labs/FLUX.2-klein-9B"
+    config.mixed_precision = "bf16"
+    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
+    config.sample.resolution = 384
+    config.sample.num_steps, config.sample.eval_num_steps = 4, 10
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.sample.sde_type, config.sample.noise_level = "flow_sde", 0.5
+    config.sample.sde_window_start, config.sample.sde_window_size = 1, 1
+    # 48 prompts x 16 copies per epoch over 8 GPUs: 96 images per process, 2 optimizer steps of 48
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 16, 6
+    config.train.group_size = 16
+    config.train.batch_size, config.train.gradient_accumulation_steps = 16, 3
+    config.train.learning_rate = 3e-4
+    config.train.clip_range = 1e-4
+    config.train.adv_clip_max = 5.0
+    config.train.ema, config.train.ema_decay = True, 0.9
+    config.train.ema_update_interval = 8  # theirs: every 4 epochs of 2 optimizer steps
+    config.kl.beta, config.kl.use_reference_model = 0.0, False
+    config.prompt_fn = "simple_animals"
+    config.reward_fn = "pickscore"
+    config.eval_freq = 20
+    config.save_freq = 20
+    return config
+
+
+def flow_factory_flux2_klein_base() -> ml_collections.ConfigDict:
+    """Flow-Factory's GRPO recipe on FLUX.2 [klein] base 9B (not distilled), X-GenGroup/Flow-Factory
+    examples/grpo/lora/flux2_klein_base/default.yaml (commit 5f6cda1a): the klein recipe's settings but 8 rollout steps
+    (28 to evaluate), CFG 4 with the empty prompt in sampling and training, noise level 0.7 (their one SDE step is
+    drawn from steps {1, 2, 3}; here the window is step 1)."""
+    config = flow_factory_flux2_klein()
+    config.pretrained.model = "black-forest-labs/FLUX.2-klein-base-9B"
+    config.sample.num_steps, config.sample.eval_num_steps = 8, 28
+    config.sample.guidance_scale, config.train.cfg = 4.0, True
+    config.sample.noise_level = 0.7
+    return config
+
+
 PRESETS = {
     "ddpo": ddpo, "grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "grpo_passk": grpo_passk,
     "reinforce_pp": reinforce_pp, "remax": remax, "ppo_gae": ppo_gae, "group_ppo": group_ppo,
@@ -474,6 +521,8 @@ RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow,
            "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux}
 RECIPES.update(flow_factory_zimage=flow_factory_zimage, flow_factory_zimage_turbo=flow_factory_zimage_turbo)
 RECIPES["flow_factory_flux_kontext"] = flow_factory_flux_kontext
+RECIPES["flow_factory_flux2_klein"] = flow_factory_flux2_klein  # FLUX.2 [klein] (flux2)
+RECIPES["flow_factory_flux2_klein_base"] = flow_factory_flux2_klein_base
 
 
 def get_config(name: str = "ddpo") -> ml_collections.ConfigDict:

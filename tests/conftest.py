@@ -10,10 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if "OMP_NUM_THREADS" not in os.environ:  # an explicit count is kept: the suite must pass with 1, 2 and 4 threads
     torch.set_num_threads(min(2, torch.get_num_threads()))
 
-from ddpo_group.models.tiny_random import (  # noqa: E402
-    build_tiny_flux_kontext_pipeline, build_tiny_flux_pipeline, build_tiny_pipeline, build_tiny_sd3_pipeline,
-    build_tiny_sdxl_pipeline, save_pipeline,
-)
+from ddpo_group.models.tiny_random import TINY_BUILDERS, build_tiny_pipeline, save_pipeline  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -36,10 +33,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+class TinyModelDirs(dict):
+    """{family: directory} of the tiny random pipelines of models/tiny_random.py's TINY_BUILDERS, each built and saved
+    like a checkpoint the first time a test asks for it (a new family needs no fixture here)."""
+
+    def __init__(self, tmp_path_factory):
+        super().__init__()
+        self.tmp_path_factory = tmp_path_factory
+
+    def __missing__(self, name: str) -> str:
+        self[name] = save_pipeline(TINY_BUILDERS[name](), self.tmp_path_factory.mktemp(f"tiny_{name}") / "model")
+        return self[name]
+
+
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """A tiny random Stable Diffusion checkpoint on disk, loaded through from_pretrained like a real one."""
-    return save_pipeline(build_tiny_pipeline(), tmp_path_factory.mktemp("tiny_sd") / "model")
+def family_model_dirs(tmp_path_factory):
+    return TinyModelDirs(tmp_path_factory)
 
 
 @pytest.fixture
@@ -48,39 +57,48 @@ def tiny_pipe():
 
 
 @pytest.fixture(scope="session")
-def tiny_sd3_dir(tmp_path_factory):
+def tiny_model_dir(family_model_dirs):
+    """A tiny random Stable Diffusion checkpoint on disk, loaded through from_pretrained like a real one."""
+    return family_model_dirs["sd"]
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3_dir(family_model_dirs):
     """A tiny random SD3 checkpoint (no T5) on disk."""
-    return save_pipeline(build_tiny_sd3_pipeline(), tmp_path_factory.mktemp("tiny_sd3") / "model")
+    return family_model_dirs["sd3"]
 
 
 @pytest.fixture(scope="session")
-def tiny_flux_dir(tmp_path_factory):
+def tiny_flux_dir(family_model_dirs):
     """A tiny random FLUX.1-dev-style checkpoint (guidance embedding) on disk."""
-    return save_pipeline(build_tiny_flux_pipeline(), tmp_path_factory.mktemp("tiny_flux") / "model")
+    return family_model_dirs["flux"]
 
 
 @pytest.fixture(scope="session")
-def tiny_sdxl_dir(tmp_path_factory):
+def tiny_sdxl_dir(family_model_dirs):
     """A tiny random Stable Diffusion XL checkpoint (two text encoders, the "text_time" added embedding) on disk."""
-    return save_pipeline(build_tiny_sdxl_pipeline(), tmp_path_factory.mktemp("tiny_sdxl") / "model")
+    return family_model_dirs["sdxl"]
 
 
 @pytest.fixture(scope="session")
-def tiny_zimage_dir(tmp_path_factory):
+def tiny_zimage_dir(family_model_dirs):
     """A tiny random Z-Image checkpoint (a Qwen3 text encoder, a locally built tokenizer with its chat template)."""
-    from ddpo_group.models.tiny_random import build_tiny_zimage_pipeline
-
-    return save_pipeline(build_tiny_zimage_pipeline(), tmp_path_factory.mktemp("tiny_zimage") / "model")
+    return family_model_dirs["zimage"]
 
 
 @pytest.fixture(scope="session")
-def tiny_flux_kontext_dir(tmp_path_factory):
+def tiny_flux_kontext_dir(family_model_dirs):
     """A tiny random FLUX.1 Kontext checkpoint (the tiny FLUX.1's components) on disk."""
-    return save_pipeline(build_tiny_flux_kontext_pipeline(), tmp_path_factory.mktemp("tiny_flux_kontext") / "model")
+    return family_model_dirs["flux_kontext"]
 
 
 @pytest.fixture(scope="session")
-def family_model_dirs(tiny_model_dir, tiny_sdxl_dir, tiny_sd3_dir, tiny_flux_dir, tiny_zimage_dir,
-                      tiny_flux_kontext_dir):
-    return {"sd": tiny_model_dir, "sdxl": tiny_sdxl_dir, "sd3": tiny_sd3_dir, "flux": tiny_flux_dir,
-            "zimage": tiny_zimage_dir, "flux_kontext": tiny_flux_kontext_dir}
+def tiny_flux2_dir(family_model_dirs):
+    """A tiny random FLUX.2 [klein] checkpoint (step-distilled, like klein-4B / 9B) on disk."""
+    return family_model_dirs["flux2"]
+
+
+@pytest.fixture(scope="session")
+def tiny_flux2_dev_dir(family_model_dirs):
+    """A tiny random FLUX.2 [dev] checkpoint (Mistral3 text encoder, guidance embedding) on disk."""
+    return family_model_dirs["flux2_dev"]

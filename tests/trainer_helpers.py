@@ -29,6 +29,12 @@ FAMILY_OVERRIDES = {
 FAMILY_OVERRIDES["zimage"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 64,
                               "sample.guidance_scale": 3.0, "train.cfg": True}
 FAMILY_OVERRIDES["flux_kontext"] = FAMILY_OVERRIDES["flux"]  # FLUX.1's, with source images from a .jsonl prompt file
+# FLUX.2 [klein]: 32 Qwen3 tokens hold the chat template around a short prompt; the tiny model is step-distilled (no CFG)
+FAMILY_OVERRIDES["flux2"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 32,
+                             "sample.guidance_scale": 1.0, "train.cfg": False}
+# FLUX.2 [dev]: BFL's system message alone is ~170 byte tokens of the tiny tokenizer; the guidance is an embedding
+FAMILY_OVERRIDES["flux2_dev"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 256,
+                                 "sample.guidance_scale": 4.0, "train.cfg": False}
 
 
 def tiny_config(preset: str, model_dir: str, logdir, run_name: str = "run", **overrides):

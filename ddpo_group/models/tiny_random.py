@@ -158,34 +158,33 @@ def save_pipeline(pipe, path) -> str:
 TINY_BUILDERS = {"sd": build_tiny_pipeline, "sdxl": build_tiny_sdxl_pipeline, "sd3": build_tiny_sd3_pipeline,
                  "flux": build_tiny_flux_pipeline}
 
-# ----------------------------------------------------------------------------- Z-Image (a Qwen3 text encoder)
-# Qwen3's chat template for what Z-Image's ``encode_prompt`` asks (one user message, the assistant's turn opened,
-# ``enable_thinking=True``: no empty think block); a system message or ``enable_thinking=False`` as Qwen3's does
+# ----------------------------------------------------------------------------- Qwen tokenizers (Z-Image, FLUX.2 klein)
+# Qwen3's chat template for one user message (no tools, no history): what Z-Image's and FLUX.2 klein's encode_prompt
+# render (add_generation_prompt=True; enable_thinking=False adds the empty think block, as klein asks)
 QWEN3_CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
-    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
-    "{%- endif %}"
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and "
+    "enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
 )
-QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 
 
 def qwen_tokenizer(max_length: int = 512):
-    """A Qwen2/Qwen3-style byte-level BPE tokenizer built locally: the 256 byte symbols (no merges, so any text
-    tokenizes, one token a byte), Qwen's special tokens ('<|endoftext|>' pads, right side) and Qwen3's chat template."""
-    from transformers import Qwen2Tokenizer
+    """A Qwen2-style byte-level BPE tokenizer built locally: the 256 byte symbols (no merges), Qwen's special tokens
+    ('<|endoftext|>' pads, '<|im_end|>' ends a turn) and Qwen3's chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import Qwen2TokenizerFast
 
     from ddpo_group.models.tokenizer import bytes_to_unicode
 
-    vocab = {symbol: i for i, symbol in enumerate(bytes_to_unicode().values())}
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=max_length, padding_side="right")
-    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS[1:])})
-    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
-    return tokenizer
+    backend = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(bytes_to_unicode().values())}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    return Qwen2TokenizerFast(tokenizer_object=backend, unk_token=None, bos_token=None, eos_token="<|im_end|>",
+                              pad_token="<|endoftext|>", chat_template=QWEN3_CHAT_TEMPLATE, model_max_length=max_length,
+                              additional_special_tokens=["<|im_start|>", "<|im_end|>", "<think>", "</think>"])
 
 
+# ----------------------------------------------------------------------------- Z-Image (a Qwen3 text encoder)
 def build_tiny_zimage_pipeline(seed: int = 0):
     """Z-Image at the size of diffusers' own pipeline test: a ZImageTransformer2DModel of width 32 (2 layers, 1
     refiner layer), a 2-layer Qwen3 text encoder of width 16 with the tokenizer above, the 16-channel VAE of that test,
@@ -220,3 +219,99 @@ def build_tiny_zimage_pipeline(seed: int = 0):
 
 TINY_BUILDERS["zimage"] = build_tiny_zimage_pipeline
 TINY_BUILDERS["flux_kontext"] = build_tiny_flux_kontext_pipeline
+
+# ----------------------------------------------------------------------------- FLUX.2 [klein] (flux2)
+def build_tiny_flux2_pipeline(seed: int = 0, is_distilled: bool = True):
+    """FLUX.2 [klein] at about the size of diffusers' own pipeline test: a Flux2Transformer2DModel with one double and
+    one single block on 4-D position ids, a Qwen3 text encoder of 27 layers (the pipeline stacks the hidden states of
+    layers 9, 18 and 27: 3 x 16 = the transformer's 48-wide text input), a 4-channel AutoencoderKLFlux2 (16-channel
+    packed tokens) whose batch-norm statistics are random (the real ones are not the identity), the dynamic shift.
+    ``is_distilled``: klein's step-distilled models (no CFG); False: the base models (CFG with the empty prompt)."""
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
+                                          timestep_guidance_channels=256, axes_dims_rope=[4, 4, 4, 4],
+                                          guidance_embeds=False)
+    tokenizer = qwen_tokenizer()
+    text_encoder = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=16, num_hidden_layers=27, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=True))
+    vae = AutoencoderKLFlux2(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                             up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
+                             latent_channels=4, norm_num_groups=4, sample_size=32, use_quant_conv=False,
+                             use_post_quant_conv=False)
+    with torch.no_grad():
+        vae.bn.running_mean.copy_(0.1 * torch.randn_like(vae.bn.running_mean))
+        vae.bn.running_var.copy_(0.5 + torch.rand_like(vae.bn.running_var))
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                                base_image_seq_len=256, max_image_seq_len=4096,
+                                                time_shift_type="exponential")
+    return Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                              transformer=transformer, is_distilled=is_distilled)
+
+
+TINY_BUILDERS["flux2"] = build_tiny_flux2_pipeline
+
+
+# FLUX.2 [dev]: Mistral Small 3.1's chat template for text-only turns (content a string or a list of text parts):
+# what Flux2Pipeline renders (a system turn with its SYSTEM_MESSAGE, then the user turn; no generation prompt)
+MISTRAL3_CHAT_TEMPLATE = (
+    "{{- bos_token }}{%- for message in messages %}{%- if message['content'] is string %}"
+    "{%- set text = message['content'] %}{%- else %}{%- set text = message['content'] | selectattr('type', 'equalto', "
+    "'text') | map(attribute='text') | join('') %}{%- endif %}{%- if message['role'] == 'system' %}"
+    "{{- '[SYSTEM_PROMPT]' + text + '[/SYSTEM_PROMPT]' }}{%- elif message['role'] == 'user' %}"
+    "{{- '[INST]' + text + '[/INST]' }}{%- else %}{{- text + eos_token }}{%- endif %}{%- endfor %}"
+)
+
+
+def mistral_tokenizer(max_length: int = 512):
+    """A Mistral-style byte-level BPE tokenizer built locally (the 256 byte symbols, Mistral's control tokens) with
+    Mistral Small 3.1's text chat template. FLUX.2-dev ships a PixtralProcessor around its tokenizer; the processor
+    needs torchvision, so the tiny dev pipeline's ``tokenizer`` is the tokenizer itself: for text the two render the
+    same template and tokenize the same string (the pipeline only calls ``apply_chat_template``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from ddpo_group.models.tokenizer import bytes_to_unicode
+
+    backend = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(bytes_to_unicode().values())}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+        model_max_length=max_length, chat_template=MISTRAL3_CHAT_TEMPLATE,
+        additional_special_tokens=["[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[IMG]", "[IMG_BREAK]",
+                                   "[IMG_END]"])
+
+
+def build_tiny_flux2_dev_pipeline(seed: int = 0):
+    """FLUX.2 [dev] at about the size of diffusers' own pipeline test: the klein transformer above with the guidance
+    embedding, a Mistral3ForConditionalGeneration whose language model has 30 layers (the pipeline stacks layers 10,
+    20 and 30: 3 x 16 wide) and a one-layer Pixtral vision tower (unused by text-to-image), ``mistral_tokenizer``, the
+    FLUX.2 VAE and scheduler above."""
+    from diffusers import Flux2Pipeline, Flux2Transformer2DModel
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+
+    klein = build_tiny_flux2_pipeline(seed)
+    torch.manual_seed(seed)
+    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=48,
+                                          timestep_guidance_channels=256, axes_dims_rope=[4, 4, 4, 4],
+                                          guidance_embeds=True)
+    tokenizer = mistral_tokenizer()
+    ids = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+           "pad_token_id": tokenizer.pad_token_id}
+    text_encoder = Mistral3ForConditionalGeneration(Mistral3Config(
+        text_config={"model_type": "mistral", "vocab_size": len(tokenizer), "hidden_size": 16, "intermediate_size": 37,
+                     "max_position_embeddings": 512, "num_attention_heads": 4, "num_hidden_layers": 30,
+                     "num_key_value_heads": 2, "head_dim": 4, "rms_norm_eps": 1e-5, "sliding_window": None, **ids},
+        vision_config={"model_type": "pixtral", "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 4,
+                       "intermediate_size": 37, "image_size": 32, "patch_size": 8, "num_channels": 3},
+        image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"), vision_feature_layer=-1, **ids))
+    return Flux2Pipeline(scheduler=klein.scheduler, vae=klein.vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                         transformer=transformer)
+TINY_BUILDERS["flux2_dev"] = build_tiny_flux2_dev_pipeline

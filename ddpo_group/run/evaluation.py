@@ -125,7 +125,7 @@ def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: i
         chunk = pairs[start : start + batch_size]
         generators = [torch.Generator(device="cpu").manual_seed(s) for _, s, _ in chunk]
         rows = row_kwargs([m for _, _, m in chunk]) if row_kwargs is not None else {}
-        images = pipe(
+        images = pipe(  # prompt by keyword: FLUX.2's and Kontext's pipelines take an image first
             prompt=[p for p, _, _ in chunk], num_inference_steps=num_steps, guidance_scale=guidance_scale,
             generator=generators, output_type="pt", **rows, **pipeline_kwargs,
         ).images

@@ -74,8 +74,12 @@ def assert_reported(out, code: int, *expected: str, lines: int = 3) -> str:
 # ---------------------------------------------------------------- usage errors: the run does not start
 def test_an_unknown_preset_names_the_valid_ones():
     out = train([], preset="nope")
+    from config.base import PRESETS, RECIPES
+
+    valid = ", ".join(sorted({**PRESETS, **RECIPES}))
+    assert len(valid.split(", ")) > 12  # the presets and the recipes
     assert_reported(out, USAGE_ERROR, "[ddpo_group] error: flag --config=config/base.py:nope: unknown preset 'nope'; "
-                                      "valid presets: ddpo, dr_grpo, flow_grpo_flux, flow_grpo_sd35, group_ppo")
+                                      f"valid presets: {valid}")
 
 
 def test_an_unknown_field_names_the_override_and_the_suggestion():
