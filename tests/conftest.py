@@ -13,6 +13,7 @@ if "OMP_NUM_THREADS" not in os.environ:  # an explicit count is kept: the suite 
 from ddpo_group.models.tiny_random import (  # noqa: E402
     build_tiny_flux_pipeline, build_tiny_pipeline, build_tiny_sd3_pipeline, build_tiny_sdxl_pipeline, save_pipeline,
 )
+from ddpo_group.models.tiny_random import build_tiny_wan_pipeline  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -65,5 +66,12 @@ def tiny_sdxl_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def family_model_dirs(tiny_model_dir, tiny_sdxl_dir, tiny_sd3_dir, tiny_flux_dir):
-    return {"sd": tiny_model_dir, "sdxl": tiny_sdxl_dir, "sd3": tiny_sd3_dir, "flux": tiny_flux_dir}
+def tiny_wan_dir(tmp_path_factory):
+    """A tiny random Wan2.1 text-to-video checkpoint (UMT5, the released models' UniPC scheduler) on disk."""
+    return save_pipeline(build_tiny_wan_pipeline(), tmp_path_factory.mktemp("tiny_wan") / "model")
+
+
+@pytest.fixture(scope="session")
+def family_model_dirs(tiny_model_dir, tiny_sdxl_dir, tiny_sd3_dir, tiny_flux_dir, tiny_wan_dir):
+    return {"sd": tiny_model_dir, "sdxl": tiny_sdxl_dir, "sd3": tiny_sd3_dir, "flux": tiny_flux_dir,
+            "wan": tiny_wan_dir}

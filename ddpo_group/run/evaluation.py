@@ -115,16 +115,17 @@ def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: i
                   progress: tqdm | None = None, **pipeline_kwargs) -> torch.Tensor:
     """Images [N * M, 3, H, W] in [0, 1], prompt-major: index i * M + j is prompt i with its seed ``seeds[i][j]``, from
     the pipeline's own ``__call__`` (its standard sampler; ``pipeline_kwargs``: the family's, e.g. DDIM's eta, the
-    resolution)."""
+    resolution); a video pipeline's frames [N * M, F, 3, H, W]."""
     pairs = [(p, s) for p, row in zip(prompts, seeds) for s in row]
     out = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
         generators = [torch.Generator(device="cpu").manual_seed(s) for _, s in chunk]
-        images = pipe(
+        result = pipe(
             [p for p, _ in chunk], num_inference_steps=num_steps, guidance_scale=guidance_scale,
             generator=generators, output_type="pt", **pipeline_kwargs,
-        ).images
+        )
+        images = result.frames if hasattr(result, "frames") else result.images  # video: frames
         out.append(images.float().cpu())
         if progress is not None:
             progress.update(1)

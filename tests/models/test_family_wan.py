@@ -1,0 +1,139 @@
+"""The Wan text-to-video family on a tiny random WanPipeline (5 frames of 16 x 16 px): the sampler against the
+pipeline's own call, the unsupported two-expert Wan2.2, the config it reads, the text encoder's own device, the LoRA
+export loaded by the pipeline, evaluate() on a video run, the Flow-Factory recipe."""
+
+import pytest
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler, WanPipeline
+
+from ddpo_group.models.families.wan import WanFamily
+from ddpo_group.sampling.trajectories import sample_trajectories
+from test_families import PROMPTS, family_of, generators
+from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+
+@pytest.mark.parametrize("guidance", [5.0, 1.0])
+def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, tiny_wan_dir):
+    """The saved model has the released models' UniPC scheduler; the family replaces it by the flow Euler scheduler
+    of the same shift (3), so the pipeline's own __call__ takes the Euler steps our sampler takes at noise level 0:
+    same generators, the same frames bitwise, with the negative prompt's guidance and without."""
+    assert WanPipeline.load_config(tiny_wan_dir)["scheduler"][1] == "UniPCMultistepScheduler"
+    family, config = family_of("wan", tiny_wan_dir, **{"sample.guidance_scale": guidance})
+    assert isinstance(family.pipe.scheduler, FlowMatchEulerDiscreteScheduler)
+    assert family.pipe.scheduler.config.shift == 3.0
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    assert kwargs == {"height": 16, "width": 16, "num_frames": 5, "max_sequence_length": 16}
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
+                       output_type="pt", **kwargs).frames
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4, guidance,
+                               [0.0] * 4, generator=generators(4), compute_log_prob=False)
+    assert traj.images.shape == (4, 5, 3, 16, 16) and traj.latents.shape == (4, 5, 16, 2, 2, 2)
+    assert torch.equal(traj.images, want)
+    assert float(traj.images.std()) > 0.01  # not a constant video
+
+
+def test_the_scheduler_swap_keeps_the_shift():
+    from ddpo_group.models.families.wan import euler_scheduler
+
+    unipc = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0)
+    euler = euler_scheduler(unipc)
+    assert isinstance(euler, FlowMatchEulerDiscreteScheduler) and euler.config.shift == 5.0
+    assert euler_scheduler(euler) is euler
+    euler.set_timesteps(4)
+    def shift(s):
+        return 5.0 * s / (1 + 4.0 * s)
+
+    sigmas = torch.linspace(1.0, shift(1 / 1000), 4, dtype=torch.float64)  # diffusers': down to its shifted minimum
+    shifted = shift(sigmas)
+    torch.testing.assert_close(euler.sigmas[:-1].double(), shifted, rtol=1e-6, atol=1e-6)
+
+
+def test_two_experts_are_refused_with_what_is_supported(tiny_wan_dir):
+    pipe = WanPipeline.from_pretrained(tiny_wan_dir)
+    two = WanPipeline(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, scheduler=pipe.scheduler,
+                      transformer=pipe.transformer, transformer_2=pipe.transformer, boundary_ratio=0.875)
+    with pytest.raises(ValueError, match=r"two experts \(transformer_2, boundary_ratio=0.875\).*Wan2.2-T2V-A14B.*"
+                                         r"supported are Wan2.1-T2V-1.3B"):
+        WanFamily(two)
+
+
+def test_config_errors_and_sizes(tiny_wan_dir):
+
+    family, config = family_of("wan", tiny_wan_dir, **{"sample.num_frames": 4})
+    assert any("sample.num_frames=4 must be 4 k + 1" in e for e in WanFamily.config_errors(config))
+    with pytest.raises(ValueError, match="sample.num_frames=4 must be 1 more than a multiple of 4"):
+        family.latent_shape()
+    family, config = family_of("wan", tiny_wan_dir, **{"sample.resolution": 24})
+    with pytest.raises(ValueError, match="sample.resolution=24 must be a multiple of 16"):
+        family.latent_shape()
+    family, config = family_of("wan", tiny_wan_dir, **{"sample.resolution": 32, "sample.num_frames": 9})
+    assert WanFamily.config_errors(config) == [] and family.latent_shape() == (16, 3, 4, 4)
+    family, config = family_of("wan", tiny_wan_dir, **{"sample.resolution": 0, "sample.num_frames": 0})
+    assert family.latent_shape() == (16, 21, 60, 104)  # the pipeline's 81 frames of 480 x 832
+
+
+def test_the_text_encoder_runs_where_it_is(tiny_wan_dir):
+    """pretrained.text_encoder_device: the prompts meet UMT5 on its device, the embeddings move to the transformer's
+    (here the meta device)."""
+    family, _ = family_of("wan", tiny_wan_dir)
+    on_cpu = family.encode(PROMPTS)
+    assert on_cpu["prompt_embeds"].shape == (4, 16, 32)
+    tokens = len(family.pipe.tokenizer("x").input_ids)  # "x" and "</s>": zeros after the prompt's tokens
+    assert float(on_cpu["prompt_embeds"][3, tokens:].abs().sum()) == 0
+    assert bool((on_cpu["prompt_embeds"][3, :tokens].abs().sum(-1) > 0).all())
+    torch.nn.Module.to(family.pipe.transformer, "meta")
+    cond = family.encode(PROMPTS)
+    assert family.pipe.text_encoder.device.type == "cpu" and cond["prompt_embeds"].device.type == "meta"
+
+
+def test_exported_lora_loads_in_the_pipeline_and_evaluate_runs_on_the_video_run(tiny_wan_dir, tmp_path):
+    # on the CPU: the pipeline's frames and ours are compared to float precision
+    trainer = tiny_trainer("grpo", tiny_wan_dir, tmp_path, "lora", **FAMILY_OVERRIDES["wan"], device="cpu",
+                           log_images_every=1)
+    trainer.run()
+    lora = tmp_path / "lora" / "lora"
+    assert (lora / "pytorch_lora_weights.safetensors").exists()
+    base = WanPipeline.from_pretrained(tiny_wan_dir)
+    base.scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)  # the family's Euler scheduler
+    base.set_progress_bar_config(disable=True)
+    guidance = trainer.config.sample.guidance_scale
+    call = dict(num_inference_steps=4, guidance_scale=guidance, height=16, width=16, num_frames=5,
+                max_sequence_length=16, output_type="pt")
+    base_frames = base(PROMPTS, generator=generators(4), **call).frames
+    base.load_lora_weights(str(lora))
+    loaded = base(PROMPTS, generator=generators(4), **call).frames
+    family = trainer.family
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4,
+                                  guidance, [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    assert float((trained - base_frames).abs().max()) > 1e-4  # training moved the model, so the check can fail
+    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+
+    from PIL import Image
+
+    from config.base import base as base_config
+    from ddpo_group.run.evaluation import evaluate
+
+    report = evaluate(str(tmp_path / "lora"), base_config(), num_prompts=2, num_seeds=2, batch_size=4,
+                      show_progress=False)
+    assert report["family"] == "wan" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
+    difference = report["rewards"]["reward"]["difference"]
+    assert difference["n"] == 4 and difference["std"] > 0
+    grid = Image.open(tmp_path / "lora" / "evaluation" / "grid.png")
+    assert grid.width == 4 * 5 * 16 * 6  # 2 x 2 videos a row, each a strip of 5 frames of 16 px upscaled 6 times
+
+
+@pytest.mark.slow
+def test_the_flow_factory_wan_recipe_runs_on_the_tiny_model(tiny_wan_dir, tmp_path):
+    """Flow-Factory's Wan2.1 LoRA recipe (its model replaced by the tiny one, its sizes by tiny ones)."""
+    overrides = {**FAMILY_OVERRIDES["wan"], "sample.text_embedding_cache": 16, "sample.decode_batch_size": 3,
+                 "sample.num_steps": 3, "train.pairs_per_forward": 4, "train.gradient_checkpointing": True,
+                 "mixed_precision": "no", "sample.sde_window_size": 0}
+    trainer = tiny_trainer("flow_factory_wan21", tiny_wan_dir, tmp_path, "recipe", **overrides)
+    config = trainer.config
+    assert (config.lora_rank, config.lora_alpha, config.train.group_size) == (64, 128, 4)  # group 16 in the recipe
+    assert config.sample.noise_level == 0.9 and config.sample.guidance_scale == 5.0 and config.train.cfg
+    assert trainer.family.name == "wan" and trainer.family.model.is_gradient_checkpointing
+    metrics = trainer.run()
+    assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    assert len(trainer.rollouts.text_cache.entries) > 0
