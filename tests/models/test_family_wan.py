@@ -137,3 +137,21 @@ def test_the_flow_factory_wan_recipe_runs_on_the_tiny_model(tiny_wan_dir, tmp_pa
     metrics = trainer.run()
     assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
     assert len(trainer.rollouts.text_cache.entries) > 0
+
+
+def test_the_full_size_bench_shape_builds():
+    """bench/random_model.py --shape wan13b, built on the meta device (no memory, no weights): Wan2.1-T2V-1.3B's
+    parameter counts, and the family reads its sizes."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+    from random_model import build_wan13b
+
+    with torch.device("meta"):
+        pipe = build_wan13b()
+    millions = {name: sum(p.numel() for p in module.parameters()) / 1e6 for name, module in pipe.components.items()
+                if isinstance(module, torch.nn.Module)}
+    assert 1410 < millions["transformer"] < 1430 and 120 < millions["vae"] < 135  # 1.42B, 127M
+    assert 5600 < millions["text_encoder"] < 5750  # UMT5-XXL's encoder
+    assert WanFamily(pipe).latent_shape() == (16, 21, 60, 104)  # 81 frames of 480 x 832
