@@ -90,8 +90,11 @@ def test_the_text_encoder_runs_where_it_is(tiny_wan_dir):
 def test_exported_lora_loads_in_the_pipeline_and_evaluate_runs_on_the_video_run(tiny_wan_dir, tmp_path):
     # on the CPU: the pipeline's frames and ours are compared to float precision
     trainer = tiny_trainer("grpo", tiny_wan_dir, tmp_path, "lora", **FAMILY_OVERRIDES["wan"], device="cpu",
-                           log_images_every=1)
-    trainer.run()
+                           log_images_every=1, eval_freq=1)
+    metrics = trainer.run()
+    assert metrics["eval/num_images"] > 0 and metrics["eval/reward_std"] > 0  # the evaluation during training
+    for grid in ("epoch_00000", "eval_before", "eval_epoch_00000"):  # frame strips of the samples and evaluations
+        assert (tmp_path / "lora" / "samples" / f"{grid}.png").exists()
     lora = tmp_path / "lora" / "lora"
     assert (lora / "pytorch_lora_weights.safetensors").exists()
     base = WanPipeline.from_pretrained(tiny_wan_dir)
