@@ -158,3 +158,22 @@ def test_the_full_size_bench_shape_builds():
     assert 1410 < millions["transformer"] < 1430 and 120 < millions["vae"] < 135  # 1.42B, 127M
     assert 5600 < millions["text_encoder"] < 5750  # UMT5-XXL's encoder
     assert WanFamily(pipe).latent_shape() == (16, 21, 60, 104)  # 81 frames of 480 x 832
+
+
+def test_per_token_timesteps_of_wan22_ti2v_reproduce_the_pipeline(tmp_path):
+    """Wan2.2-TI2V-5B's pipeline has expand_timesteps: the transformer reads t per latent token (text-to-video: every
+    token at t). The tiny model with that flag, 32 px: the pipeline's frames bitwise at noise level 0."""
+    from ddpo_group.models.tiny_random import build_tiny_wan_pipeline, save_pipeline
+
+    pipe = build_tiny_wan_pipeline()
+    pipe.register_to_config(expand_timesteps=True)
+    family, config = family_of("wan", save_pipeline(pipe, tmp_path / "ti2v"), **{"sample.resolution": 32})
+    assert family.pipe.config.expand_timesteps
+    latents = torch.zeros(2, *family.latent_shape())
+    assert family.timestep(torch.tensor(500.0), latents).shape == (2, 2 * 2 * 2)  # F' (h / 2) (w / 2) tokens
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(PROMPTS, num_inference_steps=3, guidance_scale=5.0, generator=generators(4), output_type="pt",
+                       **family.pipeline_kwargs(config.sample, config.pretrained)).frames
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 3, 5.0,
+                               [0.0] * 3, generator=generators(4), compute_log_prob=False)
+    assert traj.images.shape == (4, 5, 3, 32, 32) and torch.equal(traj.images, want)
