@@ -142,11 +142,12 @@ def build_tiny_flux_pipeline(seed: int = 0, guidance_embeds: bool = True):
                         tokenizer=tokenizer, text_encoder_2=_t5_encoder(), tokenizer_2=t5_tokenizer())
 
 
-def build_tiny_wan_pipeline(seed: int = 0):
+def build_tiny_wan_pipeline(seed: int = 0, boundary_ratio: float | None = None):
     """Wan2.1 text-to-video at the size of diffusers' own pipeline test: a WanTransformer3DModel with two layers
     (patches 1 x 2 x 2), a tiny AutoencoderKLWan (16 latent channels; time / 4, space / 8), a tiny UMT5 encoder and the
     T5-style tokenizer; the released models' UniPC scheduler (flow_shift 3), which the family replaces by the flow
-    Euler one of that shift. 5 frames of 16 x 16 px: latents [16, 2, 2, 2]."""
+    Euler one of that shift. 5 frames of 16 x 16 px: latents [16, 2, 2, 2]. With ``boundary_ratio``: Wan2.2-T2V-A14B's
+    layout, a second transformer (the low-noise expert ``transformer_2``) for the steps with t < boundary_ratio 1000."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
@@ -155,13 +156,16 @@ def build_tiny_wan_pipeline(seed: int = 0):
                            temperal_downsample=[False, True, True])
     text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=40, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
                                                relative_attention_num_buckets=8)).eval()
-    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
-                                        in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32,
-                                        num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-                                        rope_max_seq_len=32)
+    def transformer():
+        return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+                                     in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32,
+                                     num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+                                     rope_max_seq_len=32)
+
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
     return WanPipeline(tokenizer=t5_tokenizer(), text_encoder=text_encoder, vae=vae, scheduler=scheduler,
-                       transformer=transformer)
+                       transformer=transformer(), transformer_2=transformer() if boundary_ratio is not None else None,
+                       boundary_ratio=boundary_ratio)
 
 
 def save_pipeline(pipe, path) -> str:

@@ -49,13 +49,82 @@ def test_the_scheduler_swap_keeps_the_shift():
     torch.testing.assert_close(euler.sigmas[:-1].double(), shifted, rtol=1e-6, atol=1e-6)
 
 
-def test_two_experts_are_refused_with_what_is_supported(tiny_wan_dir):
+@pytest.fixture(scope="module")
+def tiny_wan22_dir(tmp_path_factory):
+    """Wan2.2-T2V-A14B's layout, tiny: two experts switched at boundary_ratio 0.8 (t >= 800: transformer)."""
+    from ddpo_group.models.tiny_random import build_tiny_wan_pipeline, save_pipeline
+
+    return save_pipeline(build_tiny_wan_pipeline(boundary_ratio=0.8), tmp_path_factory.mktemp("wan22") / "model")
+
+
+def test_two_experts_sample_as_the_pipeline_and_only_the_high_noise_steps_are_trained(tiny_wan22_dir):
+    """The high-noise expert (transformer) is the trained model; the low-noise steps (t < 800) run on the frozen
+    transformer_2 and are deterministic; at noise level 0 the pipeline's own frames bitwise."""
+    family, config = family_of("wan", tiny_wan22_dir, **{"sample.sde_window_size": 0})
+    assert family.model is family.pipe.transformer and family.boundary == 800.0
+    timesteps = family.schedule(4, "cpu")["timesteps"]
+    assert (timesteps >= 800).tolist() == [True, True, False, False]  # shift 3: 1000, 858, 602, 9 (rounded)
+    assert family.stochastic_steps(config.sample).tolist() == [True, True, False, False]
+    assert family.noise_levels(config.sample) == [0.7, 0.7, 0.0, 0.0]
+    family.pipe.set_progress_bar_config(disable=True)
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    want = family.pipe(PROMPTS, num_inference_steps=4, guidance_scale=5.0, generator=generators(4), output_type="pt",
+                       **kwargs).frames
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4, 5.0,
+                               [0.0] * 4, generator=generators(4), compute_log_prob=False)
+    assert torch.equal(traj.images, want)
+    one = sample_trajectories(family, family.pipe.transformer_2, family.encode(PROMPTS), family.negative_condition(),
+                              4, 5.0, [0.0] * 4, generator=generators(4), compute_log_prob=False)
+    assert not torch.equal(one.images, want)  # the experts differ: the switch is what makes the frames equal
+    # rows of both experts in one training forward: each row as its expert computes it alone
+    latents = traj.latents[:, 1]
+    mixed = {"timesteps": torch.tensor([857.0, 602.0, 857.0, 602.0])}
+    cond = family.encode(PROMPTS)
+    out = family.model_output(family.model, latents, mixed, cond, family.negative_condition(), 5.0)
+    for row, t in enumerate(mixed["timesteps"].tolist()):
+        alone = family.model_output(family.model, latents[row : row + 1], {"timesteps": torch.tensor(t)},
+                                    {"prompt_embeds": cond["prompt_embeds"][row : row + 1]},
+                                    family.negative_condition(), 5.0)
+        torch.testing.assert_close(out[row : row + 1], alone, rtol=1e-4, atol=1e-5)  # other batch sizes round apart
+
+    family, config = family_of("wan", tiny_wan22_dir, **{"sample.sde_window_start": 2, "sample.sde_window_size": 2})
+    with pytest.raises(ValueError, match=r"no stochastic step is the trained \(high-noise\) expert's: of "
+                                         r"sample.num_steps=4 steps, the first 2 have t >= 800"):
+        family.check_trainable(config.sample)
+
+
+def test_an_a14b_like_model_trains_its_high_noise_expert_and_its_lora_loads(tiny_wan22_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_wan22_dir, tmp_path, "wan22", **FAMILY_OVERRIDES["wan"], device="cpu")
+    low = {k: v.clone() for k, v in trainer.family.pipe.transformer_2.state_dict().items()}
+    metrics = trainer.run()
+    assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    assert all(torch.equal(v, trainer.family.pipe.transformer_2.state_dict()[k]) for k, v in low.items())
+    base = WanPipeline.from_pretrained(tiny_wan22_dir)
+    base.scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
+    base.set_progress_bar_config(disable=True)
+    call = dict(num_inference_steps=4, guidance_scale=5.0, height=16, width=16, num_frames=5, max_sequence_length=16,
+                output_type="pt")
+    base_frames = base(PROMPTS, generator=generators(4), **call).frames
+    base.load_lora_weights(str(tmp_path / "wan22" / "lora"))  # into transformer, the high-noise expert
+    loaded = base(PROMPTS, generator=generators(4), **call).frames
+    family = trainer.family
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4, 5.0,
+                                  [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    assert float((trained - base_frames).abs().max()) > 1e-4  # training moved the model, so the check can fail
+    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+
+
+def test_a_pipeline_without_its_trained_transformer_is_refused(tiny_wan_dir):
     pipe = WanPipeline.from_pretrained(tiny_wan_dir)
-    two = WanPipeline(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, scheduler=pipe.scheduler,
-                      transformer=pipe.transformer, transformer_2=pipe.transformer, boundary_ratio=0.875)
-    with pytest.raises(ValueError, match=r"two experts \(transformer_2, boundary_ratio=0.875\).*Wan2.2-T2V-A14B.*"
-                                         r"supported are Wan2.1-T2V-1.3B"):
-        WanFamily(two)
+    half = WanPipeline(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, scheduler=pipe.scheduler,
+                       transformer=pipe.transformer, transformer_2=pipe.transformer, boundary_ratio=None)
+    with pytest.raises(ValueError, match=r"transformer_2=WanTransformer3DModel and boundary_ratio=None: two experts "
+                                         r"need both .*supported: Wan2.1-T2V-1.3B"):
+        WanFamily(half)
+    alone = WanPipeline(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, scheduler=pipe.scheduler,
+                        transformer=None, transformer_2=pipe.transformer, boundary_ratio=0.9)
+    with pytest.raises(ValueError, match=r"no transformer \(only transformer_2\)"):
+        WanFamily(alone)
 
 
 def test_config_errors_and_sizes(tiny_wan_dir):

@@ -18,9 +18,12 @@
     decode      z / (1 / latents_std) + latents_mean (per channel, the VAE's config), AutoencoderKLWan.decode, then
                 frames [B, F, 3, H, W] in [0, 1] (the video processor's): rewards score them (rewards/base.py)
 
-Wan2.2-T2V-A14B (a second transformer ``transformer_2`` for the low-noise steps, switched at ``boundary_ratio``) is
-not supported: the seam trains one denoiser, and which expert a LoRA trains is a choice this family does not make;
-loading one raises an error naming what is supported.
+Wan2.2-T2V-A14B has two experts: ``transformer`` takes the high-noise steps (t >= boundary_ratio * 1000) and
+``transformer_2`` the low-noise ones, each with the same guidance (the pipeline's ``guidance_scale_2`` default). The
+trained model (and its LoRA, loaded by ``load_lora_weights`` into ``transformer``) is the high-noise expert, which
+lays out the video, as the early SDE windows of Flow-GRPO-Fast do; the low-noise expert stays frozen and its steps
+are deterministic Euler steps (``deterministic_steps``), so every stochastic, trained step is the trained expert's.
+A pipeline with ``transformer_2`` only is refused with what is supported.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
 from ddpo_group.models.families import register_family
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
+from ddpo_group.sampling.trajectories import rows_of
 
-SUPPORTED = ("Wan2.1-T2V-1.3B, Wan2.1-T2V-14B and Wan2.2-TI2V-5B (their -Diffusers repositories: one transformer); "
-             "not Wan2.2-T2V-A14B, whose transformer_2 takes the low-noise steps")
+SUPPORTED = ("Wan2.1-T2V-1.3B, Wan2.1-T2V-14B, Wan2.2-TI2V-5B (one transformer) and Wan2.2-T2V-A14B (transformer "
+             "trained, transformer_2 frozen)")
 DEFAULT_FLOW_SHIFT = 3.0  # diffusers' WanPipeline example: 3.0 for 480p (5.0 for 720p)
 
 
@@ -44,11 +48,20 @@ class WanFamily(FlowMatchingFamily):
                            "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")
 
     def __init__(self, pipe, config=None):
-        if getattr(pipe, "transformer_2", None) is not None or pipe.config.boundary_ratio is not None:
-            raise ValueError(
-                f"this WanPipeline has two experts (transformer_2, boundary_ratio={pipe.config.boundary_ratio}), as "
-                f"Wan2.2-T2V-A14B has; the wan family trains one transformer: supported are {SUPPORTED}")
+        if pipe.transformer is None:
+            raise ValueError(f"this WanPipeline has no transformer (only transformer_2); the wan family trains the "
+                             f"transformer of {SUPPORTED}")
+        if (pipe.transformer_2 is None) != (pipe.config.boundary_ratio is None):
+            raise ValueError(f"this WanPipeline has transformer_2={type(pipe.transformer_2).__name__} and boundary_ratio="
+                             f"{pipe.config.boundary_ratio}: two experts need both (Wan2.2-T2V-A14B); supported: "
+                             f"{SUPPORTED}")
         super().__init__(pipe, config)
+
+    @property
+    def boundary(self) -> float | None:
+        """The timestep from which down the low-noise expert ``transformer_2`` denoises (None: one transformer)."""
+        ratio = self.pipe.config.boundary_ratio
+        return None if ratio is None else ratio * self.pipe.scheduler.config.num_train_timesteps
 
     @classmethod
     def load_pipeline(cls, path, local, revision, dtype_kwargs):
@@ -106,8 +119,23 @@ class WanFamily(FlowMatchingFamily):
         return t[:, None].expand(n, tokens)
 
     def model_output(self, model, latents, step, cond, negative, guidance_scale):
+        t = torch.as_tensor(step["timesteps"], device=latents.device)
+        if self.boundary is not None:  # two experts: the low-noise steps' rows go to the frozen transformer_2
+            low = t.expand(latents.shape[0]) < self.boundary
+            if bool(low.all()):
+                model = self.pipe.transformer_2
+            elif bool(low.any()):
+                out = torch.empty_like(latents, dtype=torch.float32)
+                for rows, expert in ((low, self.pipe.transformer_2), (~low, model)):
+                    out[rows] = self.guided(expert, latents[rows], t.expand(len(low))[rows], rows_of(cond, rows),
+                                            negative, guidance_scale).float()
+                return out
+        return self.guided(model, latents, t, cond, negative, guidance_scale)
+
+    def guided(self, model, latents, t, cond, negative, guidance_scale):
+        """One expert's velocity with guidance, as the pipeline computes it."""
         n = latents.shape[0]
-        t = self.timestep(torch.as_tensor(step["timesteps"], device=latents.device), latents)
+        t = self.timestep(t, latents)
         x = latents.to(self.pipe.transformer.dtype)
         conditional = model(hidden_states=x, timestep=t, encoder_hidden_states=cond["prompt_embeds"],
                             return_dict=False)[0]
@@ -127,6 +155,24 @@ class WanFamily(FlowMatchingFamily):
             latents.device, latents.dtype)
         video = vae.decode(latents / inverse_std + mean, return_dict=False)[0]
         return self.pipe.video_processor.postprocess_video(video, output_type="pt").float()
+
+    # ------------------------------------------------------------------ which steps are trained
+    def deterministic_steps(self, sample_config) -> torch.Tensor:
+        """The flow families' (cps's last step), and with two experts the low-noise expert's steps (t < boundary)."""
+        steps = super().deterministic_steps(sample_config)
+        if self.boundary is not None:
+            steps |= self.schedule(sample_config.num_steps, "cpu")["timesteps"].cpu() < self.boundary
+        return steps
+
+    def check_trainable(self, sample_config) -> None:
+        if self.boundary is not None and not self.stochastic_steps(sample_config).any():
+            high = int((self.schedule(sample_config.num_steps, "cpu")["timesteps"] >= self.boundary).sum())
+            raise ValueError(
+                f"no stochastic step is the trained (high-noise) expert's: of sample.num_steps={sample_config.num_steps} "
+                f"steps, the first {high} have t >= {self.boundary:g} (boundary_ratio "
+                f"{self.pipe.config.boundary_ratio}); put the SDE window (sample.sde_window_start="
+                f"{sample_config.sde_window_start}, sde_window_size={sample_config.sde_window_size}) on them")
+        super().check_trainable(sample_config)
 
     # ------------------------------------------------------------------ config
     @classmethod
