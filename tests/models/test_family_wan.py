@@ -12,17 +12,21 @@ from test_families import PROMPTS, family_of, generators
 from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
-@pytest.mark.parametrize("guidance", [5.0, 1.0])
-def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, tiny_wan_dir):
+@pytest.mark.parametrize("guidance, negative", [(5.0, ""), (5.0, "blurred, static"), (1.0, "")])
+def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, negative, tiny_wan_dir):
     """The saved model has the released models' UniPC scheduler; the family replaces it by the flow Euler scheduler
     of the same shift (3), so the pipeline's own __call__ takes the Euler steps our sampler takes at noise level 0:
-    same generators, the same frames bitwise, with the negative prompt's guidance and without."""
+    same generators, the same frames bitwise, with guidance (the empty negative prompt or sample.negative_prompt)
+    and without."""
     assert WanPipeline.load_config(tiny_wan_dir)["scheduler"][1] == "UniPCMultistepScheduler"
-    family, config = family_of("wan", tiny_wan_dir, **{"sample.guidance_scale": guidance})
+    family, config = family_of("wan", tiny_wan_dir, **{"sample.guidance_scale": guidance,
+                                                        "sample.negative_prompt": negative})
     assert isinstance(family.pipe.scheduler, FlowMatchEulerDiscreteScheduler)
     assert family.pipe.scheduler.config.shift == 3.0
     kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
-    assert kwargs == {"height": 16, "width": 16, "num_frames": 5, "max_sequence_length": 16}
+    assert kwargs == {"height": 16, "width": 16, "num_frames": 5, "max_sequence_length": 16,
+                      **({"negative_prompt": negative} if negative else {})}
+    assert torch.equal(family.negative_condition()["prompt_embeds"], family.encode([negative])["prompt_embeds"])
     family.pipe.set_progress_bar_config(disable=True)
     want = family.pipe(PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
                        output_type="pt", **kwargs).frames
