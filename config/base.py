@@ -70,7 +70,7 @@ def base() -> ml_collections.ConfigDict:
     # video families (Wan): frames per video, 4 k + 1 (5, 33, 81); 0: the pipeline's default (81)
     sample.num_frames = 0
     # video families (Wan): the negative prompt, the unconditional branch of classifier-free guidance; "": the empty
-    # prompt (the pipeline's default; Wan's authors recommend a long list of defects, e.g. "blurred details, static")
+    # prompt (the pipeline's default; diffusers' WanPipeline example lists defects: "blurred details, static, ...")
     sample.negative_prompt = ""
     # memory of large models: text embeddings of this many prompts kept on the CPU (each prompt then meets the text
     # encoders once; 0: encode every round)

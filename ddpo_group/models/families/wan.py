@@ -7,11 +7,12 @@
     latents     [B, C, F', H/s, W/s] with a time axis: F' = (F - 1) / 4 + 1 latent frames of F = ``sample.num_frames``
                 video frames (the VAE's temporal factor 4), s the VAE's spatial factor (8; 16 on Wan2.2-TI2V-5B);
                 x_T = N(0, I) (``prepare_latents``: the pipeline's draw, float32)
-    schedule    FlowMatchEulerDiscreteScheduler with the model's flow shift: sigmas 1 .. 1/T shifted,
-                s' = shift s / (1 + (shift - 1) s), then 0; timesteps 1000 s'. The released models ship a UniPC
-                multistep scheduler (flow_shift 3.0 for 480p): ``load_pipeline`` replaces it by the flow Euler one with
-                the same shift, as Flow-GRPO-style Wan trainers (Flow-Factory, DanceGRPO) do, so the pipeline's own
-                ``__call__`` (evaluation) and our sampler at noise level 0 take the same Euler steps
+    schedule    FlowMatchEulerDiscreteScheduler with the model's flow shift: T sigmas evenly from 1 down to the
+                shifted 1/1000, each shifted, s' = shift s / (1 + (shift - 1) s), then 0; timesteps 1000 s'. The
+                released models ship a UniPC multistep scheduler (flow_shift 3.0 for 480p): ``load_pipeline`` replaces
+                it by the flow Euler one with the same shift (Flow-Factory's Wan recipes sample their flow SDE with
+                ``flow_shift: 3.0``), so the pipeline's own ``__call__`` (evaluation) and our sampler at noise level 0
+                take the same Euler steps, bitwise
     output      v = transformer(x, t, prompt_embeds) (t per sample; per latent token on Wan2.2-TI2V-5B,
                 ``expand_timesteps``); classifier-free guidance as the pipeline does it, two forwards (conditional,
                 then unconditional): v = v_uncond + w (v_cond - v_uncond)                    (w <= 1: no guidance)
