@@ -55,8 +55,8 @@ CRITIC_INPUTS = ("latent", "latent_x0")
 
 class ValueNetwork(nn.Module):
     def __init__(self, latent_shape: tuple | int, text_dim: int, hidden_dim: int = 64, with_x0: bool = False):
-        """``latent_shape``: one latent's shape, (C, h, w), a video's (C, F', h, w) or packed (L, D) (an int: C). ``with_x0``: the input holds
-        x0_hat(x_n) too, stacked on the channel (token feature) axis."""
+        """``latent_shape``: one latent's shape, (C, h, w), a video's (C, F', h, w) or packed (L, D) (an int: C).
+        ``with_x0``: the input holds x0_hat(x_n) too, stacked on the channel (token feature) axis."""
         super().__init__()
         self.hidden_dim = hidden_dim
         self.with_x0 = with_x0
