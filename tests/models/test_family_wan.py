@@ -97,6 +97,24 @@ def test_two_experts_sample_as_the_pipeline_and_only_the_high_noise_steps_are_tr
         family.check_trainable(config.sample)
 
 
+def test_two_experts_recorded_log_probs_equal_a_re_score(tiny_wan22_dir):
+    """The trained (high-noise) steps scored again under the sampling policy: the recorded log-probs, bitwise in the
+    sampling batch; the low-noise steps record none (deterministic)."""
+    from ddpo_group.sampling.trajectories import TransitionScorer
+
+    family, config = family_of("wan", tiny_wan22_dir, **{"sample.sde_window_size": 0})
+    cond = family.encode(PROMPTS)
+    traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4, 5.0,
+                               family.noise_levels(config.sample), generator=generators(4))
+    assert bool((traj.log_probs[:, :2] != 0).all()) and bool((traj.log_probs[:, 2:] == 0).all())
+    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
+    scorer = TransitionScorer.from_config(config, family)
+    with torch.no_grad():
+        for n in range(2):
+            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
+            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
+
+
 def test_an_a14b_like_model_trains_its_high_noise_expert_and_its_lora_loads(tiny_wan22_dir, tmp_path):
     trainer = tiny_trainer("grpo", tiny_wan22_dir, tmp_path, "wan22", **FAMILY_OVERRIDES["wan"], device="cpu")
     low = {k: v.clone() for k, v in trainer.family.pipe.transformer_2.state_dict().items()}
