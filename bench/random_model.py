@@ -7,6 +7,7 @@ and throughput on when the real weights are not at hand.
     python bench/random_model.py --shape zimage --out /tmp/zimage # Z-Image's 6B transformer, Qwen3-4B, FLUX VAE
     python bench/random_model.py --shape flux_kontext --out /tmp/kontext  # FLUX.1 Kontext [dev]: 11.9B + T5-XXL (34 GB)
     python bench/random_model.py --shape flux2_klein4b --out /tmp/klein4b  # FLUX.2 [klein] 4B, Qwen3-4B, FLUX.2 VAE
+    python bench/random_model.py --shape wan13b --out /tmp/wan    # Wan2.1-T2V-1.3B's transformer, VAE and UMT5-XXL
 
 sd15: UNet 860M (320/640/1280/1280 channels, cross-attention 768), VAE 84M, a CLIP-L-sized text encoder (12 layers,
 768 wide) with the locally built byte-level tokenizer, DDIM. sd35m: SD3Transformer2DModel of SD 3.5 Medium (24 MMDiT-X
@@ -15,6 +16,7 @@ projection, the 16-channel SD3 VAE, no T5 (the pipeline then feeds zeros for its
 ``text_encoder_3=None``). sdxl: SDXL base's UNet (320/640/1280 channels, 1/2/10 transformer layers, cross-attention
 2048, the "text_time" added embedding; 2.6B), a CLIP-L-sized and a CLIP-G-sized text encoder (the second with
 projection), the SD VAE with SDXL's scaling factor, DDIM (SDXL base ships Euler; the sdxl family swaps it for DDIM).
+wan13b: Wan2.1-T2V-1.3B (``build_wan13b``: the transformer 1.4B, the Wan VAE, a UMT5-XXL-sized encoder 5.7B).
 Weights are saved in bfloat16.
 """
 
@@ -90,7 +92,30 @@ def build_sdxl():
                                      unet=unet, scheduler=scheduler)
 
 
-BUILDERS = {"sd15": build_sd15, "sd35m": build_sd35m, "sdxl": build_sdxl}
+def build_wan13b(text_layers: int = 24):
+    """Wan2.1-T2V-1.3B: its WanTransformer3DModel (30 layers, 12 heads of 128, FFN 8960, text width 4096), the
+    Wan2.1 VAE (AutoencoderKLWan's defaults are its config), a UMT5-XXL-shaped encoder (24 layers of 4096, 64 heads,
+    FFN 10240, the 256384-token vocabulary; ``text_layers`` fewer to save memory) with the locally built T5-style
+    tokenizer, the released UniPC scheduler (flow_shift 3; the wan family swaps in the flow Euler one)."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from ddpo_group.models.tiny_random import t5_tokenizer
+
+    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128,
+                                        in_channels=16, out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960,
+                                        num_layers=30, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
+                                        rope_max_seq_len=1024)
+    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240,
+                                               num_layers=text_layers, num_heads=64, feed_forward_proj="gated-gelu",
+                                               relative_attention_num_buckets=32))
+    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
+        scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    return WanPipeline(tokenizer=t5_tokenizer(max_length=512), text_encoder=text_encoder, vae=AutoencoderKLWan(),
+                       scheduler=scheduler, transformer=transformer)
+
+
+BUILDERS = {"sd15": build_sd15, "sd35m": build_sd35m, "sdxl": build_sdxl, "wan13b": build_wan13b}
 
 
 def build_zimage():

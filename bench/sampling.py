@@ -42,6 +42,7 @@ def parse_args(argv=None):
     parser.add_argument("--family", choices=sorted(TINY_BUILDERS), default="sd",
                         help="without --model: the embedded tiny-shapes model (sd), or a tiny random model built from config")
     parser.add_argument("--model", default="", help="a local diffusers directory or hub id (default: see --family)")
+    parser.add_argument("--num-frames", type=int, default=5, help="frames per video of a video family (wan)")
     parser.add_argument("--resolution", type=int, default=32,
                         help="pixels, SDXL and the flow families (SD: the model's size)")
     parser.add_argument("--max-sequence-length", type=int, default=16, help="T5 tokens, flow families")
@@ -68,7 +69,7 @@ def main(argv=None) -> dict:
 
 def run(args, model: str) -> dict:
     dtype = DTYPES[args.dtype]
-    config = ConfigDict({"sample": {"resolution": args.resolution, "sde_type": "flow_sde",
+    config = ConfigDict({"sample": {"resolution": args.resolution, "num_frames": args.num_frames, "sde_type": "flow_sde",
                                     "noise_level": args.noise_level,
                                     "cfg_normalization": 0.0, "cfg_truncation": 1.0},  # Z-Image's: off
                          "pretrained": {"max_sequence_length": args.max_sequence_length}})
@@ -84,7 +85,8 @@ def run(args, model: str) -> dict:
     @torch.no_grad()
     def diffusers_call():
         generator = torch.Generator(args.device).manual_seed(0)
-        results["diffusers"] = pipe(prompts, output_type="pt", generator=generator, **kwargs).images
+        out = pipe(prompts, output_type="pt", generator=generator, **kwargs)
+        results["diffusers"] = out.frames if hasattr(out, "frames") else out.images  # video: frames
 
     @torch.no_grad()
     def ours():

@@ -49,6 +49,7 @@ def parse_args(argv=None):
                         help="without --model: tiny-shapes (sd) or a tiny random SD3 / FLUX built from config; the "
                              "ddpo-pytorch loop exists for Stable Diffusion's UNet only")
     parser.add_argument("--model", default="")
+    parser.add_argument("--num-frames", type=int, default=5, help="frames per video of a video family (wan)")
     parser.add_argument("--resolution", type=int, default=32, help="pixels, SDXL and the flow families")
     parser.add_argument("--prompt-fn", default="tiny_shapes")
     parser.add_argument("--samples", type=int, default=32, help="samples per epoch (default: 16 x 2 batches)")
@@ -112,6 +113,7 @@ def build(args, model: str):
     config = get_config("group_ppo")
     config.pretrained.model = model
     config.sample.resolution, config.pretrained.max_sequence_length = args.resolution, 16
+    config.sample.num_frames = args.num_frames
     if args.family == "flux":  # FLUX.1-dev's guidance is an embedding: no unconditional forward
         config.sample.guidance_scale, config.train.cfg = 3.5, False
     config.mixed_precision = args.mixed_precision

@@ -49,8 +49,8 @@ def base() -> ml_collections.ConfigDict:
     config.pretrained = pretrained = ml_collections.ConfigDict()
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
-    # "sd", "sdxl", "sd3", "flux", "zimage", "flux_kontext", "flux2" or "flux2_dev"; "": from model_index.json's
-    # pipeline class
+    # "sd", "sdxl", "sd3", "flux", "zimage", "flux_kontext", "flux2", "flux2_dev" or "wan"; "": from
+    # model_index.json's pipeline class
     pretrained.family = ""
     pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
@@ -68,7 +68,12 @@ def base() -> ml_collections.ConfigDict:
     # flow-matching families (SD3, FLUX): the stochastic step (sampling/flow_steps.py): "flow_sde" (Flow-GRPO), "cps"
     # (coefficients-preserving), "dance_sde" (DanceGRPO, with noise_level 0.3)
     sample.sde_type = "flow_sde"
-    sample.resolution = 0  # image height and width in pixels (SDXL, SD3, FLUX); 0: the pipeline's default
+    sample.resolution = 0  # image height and width in pixels (SDXL, SD3, FLUX; Wan: each frame's); 0: the pipeline's default
+    # video families (Wan): frames per video, 4 k + 1 (5, 33, 81); 0: the pipeline's default (81)
+    sample.num_frames = 0
+    # video families (Wan): the negative prompt, the unconditional branch of classifier-free guidance; "": the empty
+    # prompt (the pipeline's default; diffusers' WanPipeline example lists defects: "blurred details, static, ...")
+    sample.negative_prompt = ""
     # memory of large models: text embeddings of this many prompts kept on the CPU (each prompt then meets the text
     # encoders once; 0: encode every round)
     sample.text_embedding_cache = 0
@@ -511,6 +516,40 @@ def flow_factory_flux2_klein_base() -> ml_collections.ConfigDict:
     return config
 
 
+def flow_factory_wan21() -> ml_collections.ConfigDict:
+    """Flow-Factory's GRPO LoRA recipe for Wan2.1 text-to-video (github:X-GenGroup/Flow-Factory,
+    examples/grpo/lora/wan21/t2v.yaml, commit 5f6cda1a; Flow-GRPO publishes no Wan recipe): Wan2.1-T2V-14B, LoRA
+    rank 64 / alpha 128, bf16, 5 frames of 256 px, 10 Flow-SDE steps at noise level 0.9 (28 to evaluate), CFG 5.0 in
+    sampling and training, group 16, clip 1e-4, advantages clipped to 5, no KL, lr 1e-4, weight decay 1e-4, EMA 0.9
+    every 4 steps, one video per process at a time; the flow shift is the model's scheduler's (3.0 for 480p).
+    Differences: Flow-Factory trains one SDE step drawn from steps 1-3 each time, here the window is steps 1-3;
+    its rewards are CLIP text alignment (1.0) and PickScore (0.5) on the PickScore prompts, here the same rewards
+    (their models download) with advantages normalised per reward ("gdpo") on the embedded animal prompts
+    (--config.prompt_fn=from_file with the PickScore prompt list for theirs)."""
+    config = grpo()
+    config.pretrained.model = "Wan-AI/Wan2.1-T2V-14B-Diffusers"
+    config.mixed_precision = "bf16"
+    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
+    config.sample.resolution, config.sample.num_frames = 256, 5
+    config.sample.num_steps, config.sample.eval_num_steps = 10, 28
+    config.sample.sde_type, config.sample.noise_level = "flow_sde", 0.9
+    config.sample.sde_window_start, config.sample.sde_window_size = 1, 3
+    config.sample.guidance_scale, config.train.cfg = 5.0, True
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 1, 16
+    config.sample.text_embedding_cache = 1024  # UMT5 meets each prompt once
+    config.train.group_size = 16
+    config.train.batch_size = 1
+    config.train.learning_rate, config.train.adam_weight_decay, config.train.max_grad_norm = 1e-4, 1e-4, 1.0
+    config.train.clip_range, config.train.adv_clip_max = 1e-4, 5.0
+    config.train.ema, config.train.ema_decay, config.train.ema_update_interval = True, 0.9, 4
+    config.kl.beta, config.kl.use_reference_model = 0.0, False
+    config.prompt_fn = "simple_animals"
+    config.reward_fn = {"clipscore": 1.0, "pickscore": 0.5}
+    config.algorithm.multi_reward_mix, config.algorithm.global_std = "advantage_aggr", True  # GDPO: the batch std
+    config.save_freq, config.eval_freq = 20, 20
+    return config
+
+
 PRESETS = {
     "ddpo": ddpo, "grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "grpo_passk": grpo_passk,
     "reinforce_pp": reinforce_pp, "remax": remax, "ppo_gae": ppo_gae, "group_ppo": group_ppo,
@@ -518,11 +557,10 @@ PRESETS = {
 # recipes: the embedded flow model's task, and the published recipes on the models people train (their weights
 # download from the hub)
 RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow,
-           "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux}
-RECIPES.update(flow_factory_zimage=flow_factory_zimage, flow_factory_zimage_turbo=flow_factory_zimage_turbo)
-RECIPES["flow_factory_flux_kontext"] = flow_factory_flux_kontext
-RECIPES["flow_factory_flux2_klein"] = flow_factory_flux2_klein  # FLUX.2 [klein] (flux2)
-RECIPES["flow_factory_flux2_klein_base"] = flow_factory_flux2_klein_base
+           "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux,
+           "flow_factory_zimage": flow_factory_zimage, "flow_factory_zimage_turbo": flow_factory_zimage_turbo,
+           "flow_factory_flux_kontext": flow_factory_flux_kontext, "flow_factory_flux2_klein": flow_factory_flux2_klein,
+           "flow_factory_flux2_klein_base": flow_factory_flux2_klein_base, "flow_factory_wan21": flow_factory_wan21}
 
 
 def get_config(name: str = "ddpo") -> ml_collections.ConfigDict:

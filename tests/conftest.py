@@ -102,3 +102,9 @@ def tiny_flux2_dir(family_model_dirs):
 def tiny_flux2_dev_dir(family_model_dirs):
     """A tiny random FLUX.2 [dev] checkpoint (Mistral3 text encoder, guidance embedding) on disk."""
     return family_model_dirs["flux2_dev"]
+
+
+@pytest.fixture(scope="session")
+def tiny_wan_dir(family_model_dirs):
+    """A tiny random Wan2.1 text-to-video checkpoint (UMT5, the released models' UniPC scheduler) on disk."""
+    return family_model_dirs["wan"]

@@ -24,6 +24,8 @@ FAMILY_OVERRIDES = {
     "sd3": {"sample.resolution": 32, "pretrained.max_sequence_length": 16},
     "flux": {"sample.resolution": 32, "pretrained.max_sequence_length": 16, "sample.guidance_scale": 3.5,
              "train.cfg": False},
+    # Wan: 5 frames of 16 x 16 px (latents [16, 2, 2, 2]), 16 UMT5 tokens
+    "wan": {"sample.resolution": 16, "sample.num_frames": 5, "pretrained.max_sequence_length": 16},
 }
 # Z-Image: 32 px, 64 Qwen3 tokens (a prompt takes 19 + its bytes), its guidance u_c + w (u_c - u_uncond)
 FAMILY_OVERRIDES["zimage"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 64,

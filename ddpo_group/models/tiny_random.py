@@ -150,13 +150,39 @@ def build_tiny_flux_kontext_pipeline(seed: int = 0, guidance_embeds: bool = True
     return FluxKontextPipeline(**build_tiny_flux_pipeline(seed, guidance_embeds).components)
 
 
+def build_tiny_wan_pipeline(seed: int = 0, boundary_ratio: float | None = None):
+    """Wan2.1 text-to-video at the size of diffusers' own pipeline test: a WanTransformer3DModel with two layers
+    (patches 1 x 2 x 2), a tiny AutoencoderKLWan (16 latent channels; time / 4, space / 8), a tiny UMT5 encoder and the
+    T5-style tokenizer; the released models' UniPC scheduler (flow_shift 3), which the family replaces by the flow
+    Euler one of that shift. 5 frames of 16 x 16 px: latents [16, 2, 2, 2]. With ``boundary_ratio``: Wan2.2-T2V-A14B's
+    layout, a second transformer (the low-noise expert ``transformer_2``) for the steps with t < boundary_ratio 1000."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(seed)
+    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True])
+    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=40, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                                               relative_attention_num_buckets=8)).eval()
+    def transformer():
+        return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+                                     in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32,
+                                     num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+                                     rope_max_seq_len=32)
+
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    return WanPipeline(tokenizer=t5_tokenizer(), text_encoder=text_encoder, vae=vae, scheduler=scheduler,
+                       transformer=transformer(), transformer_2=transformer() if boundary_ratio is not None else None,
+                       boundary_ratio=boundary_ratio)
+
+
 def save_pipeline(pipe, path) -> str:
     pipe.save_pretrained(str(path))
     return str(path)
 
 
 TINY_BUILDERS = {"sd": build_tiny_pipeline, "sdxl": build_tiny_sdxl_pipeline, "sd3": build_tiny_sd3_pipeline,
-                 "flux": build_tiny_flux_pipeline}
+                 "flux": build_tiny_flux_pipeline, "wan": build_tiny_wan_pipeline}
 
 # ----------------------------------------------------------------------------- Qwen tokenizers (Z-Image, FLUX.2 klein)
 # Qwen3's chat template for one user message (no tools, no history): what Z-Image's and FLUX.2 klein's encode_prompt
@@ -314,4 +340,6 @@ def build_tiny_flux2_dev_pipeline(seed: int = 0):
         image_token_index=tokenizer.convert_tokens_to_ids("[IMG]"), vision_feature_layer=-1, **ids))
     return Flux2Pipeline(scheduler=klein.scheduler, vae=klein.vae, text_encoder=text_encoder, tokenizer=tokenizer,
                          transformer=transformer)
+
+
 TINY_BUILDERS["flux2_dev"] = build_tiny_flux2_dev_pipeline

@@ -5,6 +5,12 @@ Contract: a factory ``make(**kwargs)`` loads whatever it needs once and returns
 [B, 3, H, W] in [0, 1], ``prompts`` a list of B strings, ``metadata`` a list of B dicts,
 ``rewards`` B numbers and ``info`` a dict of extra per-sample values to log.
 
+Videos (a video family such as Wan decodes frames [B, F, 3, H, W]): a reward function is an image reward
+unless it has the attribute ``takes_videos = True`` (set by its factory: ``fn.takes_videos = True``). An image
+reward receives the frames flattened, [B * F, 3, H, W], prompts and metadata repeated per frame, and its
+per-frame rewards are averaged per video; a video reward receives [B, F, 3, H, W] (``rewards/base.py``'s
+``scores_frames``; tests/plugins/video_reward.py is an example).
+
 A factory is found by registered name, by ``"package.module:factory"`` (or
 ``"/path/file.py:factory"``), or as an entry point of group ``ddpo_group.rewards``
 (see :mod:`ddpo_group.registry`). ``config.reward_fn`` is one such name, or a weighted

@@ -48,9 +48,50 @@ def get_reward_factory(name: str) -> Callable[..., RewardFn]:
             if str(error).startswith("reward_fn "):
                 raise
             pass  # no introspectable signature: let the call decide
-        return factory(**kwargs)
+        return scores_frames(factory(**kwargs), name)
 
     return build
+
+
+# ----------------------------------------------------------------------------- videos (the video families, e.g. Wan)
+VIDEO_ATTRIBUTE = "takes_videos"  # set True on a reward function that scores whole videos [B, F, 3, H, W]
+
+
+def scores_frames(reward_fn: RewardFn, name: str) -> RewardFn:
+    """``reward_fn`` as it scores videos: a video family's ``decode`` gives frames [B, F, 3, H, W]. A reward function
+    with ``takes_videos = True`` (an attribute its factory sets) receives them as they are; any other is an image
+    reward and receives the frames flattened [B * F, 3, H, W], each prompt and metadata repeated F times, and its
+    per-frame rewards (and per-frame tensors of its info) are averaged per video. Images [B, 3, H, W] pass through."""
+    takes_videos = bool(getattr(reward_fn, VIDEO_ATTRIBUTE, False))
+
+    def scored(images, prompts, metadata):
+        dims = getattr(images, "ndim", None)
+        if takes_videos and dims == 4:
+            raise ValueError(f"reward function {name!r} takes videos [B, F, 3, H, W] ({VIDEO_ATTRIBUTE}=True); "
+                             f"this model makes images of shape {tuple(images.shape)}")
+        if takes_videos or dims != 5:
+            return reward_fn(images, prompts, metadata)
+        b, f = images.shape[:2]
+        rewards, info = reward_fn(images.flatten(0, 1), [p for p in prompts for _ in range(f)],
+                                  [m for m in metadata for _ in range(f)])
+        rewards = check_rewards(rewards, b * f, name).view(b, f).mean(1)
+        return rewards, {key: per_video_mean(value, b, f) for key, value in (info or {}).items()}
+
+    scored.__dict__.update(reward_fn.__dict__)
+    scored.__wrapped__ = reward_fn
+    return scored
+
+
+def per_video_mean(value, videos: int, frames: int):
+    """An info entry of B * F per-frame numbers -> its mean per video [B]; anything else as it is."""
+    if isinstance(value, (list, tuple, np.ndarray)) and len(value) == videos * frames:
+        try:
+            value = torch.as_tensor(np.asarray(value, dtype=np.float64))
+        except (TypeError, ValueError):
+            return value
+    if isinstance(value, torch.Tensor) and value.ndim >= 1 and value.shape[0] == videos * frames:
+        return value.double().reshape(videos, frames, *value.shape[1:]).mean(1)
+    return value
 
 
 def check_rewards(rewards, batch_size: int, name: str) -> torch.Tensor:

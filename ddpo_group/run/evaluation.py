@@ -117,7 +117,7 @@ def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: i
     """Images [N * M, 3, H, W] in [0, 1], prompt-major: index i * M + j is prompt i with its seed ``seeds[i][j]``, from
     the pipeline's own ``__call__`` (its standard sampler; ``pipeline_kwargs``: the family's, e.g. DDIM's eta, the
     resolution; ``row_kwargs(metadata of a call's rows)``: the keywords of those rows, ``family.pipeline_row_kwargs``,
-    e.g. an editing family's source images)."""
+    e.g. an editing family's source images); a video pipeline's frames [N * M, F, 3, H, W]."""
     metadata = metadata if metadata is not None else [{}] * len(prompts)
     pairs = [(p, s, m) for p, row, m in zip(prompts, seeds, metadata) for s in row]
     out = []
@@ -125,10 +125,11 @@ def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: i
         chunk = pairs[start : start + batch_size]
         generators = [torch.Generator(device="cpu").manual_seed(s) for _, s, _ in chunk]
         rows = row_kwargs([m for _, _, m in chunk]) if row_kwargs is not None else {}
-        images = pipe(  # prompt by keyword: FLUX.2's and Kontext's pipelines take an image first
+        result = pipe(  # prompt by keyword: FLUX.2's and Kontext's pipelines take an image first
             prompt=[p for p, _, _ in chunk], num_inference_steps=num_steps, guidance_scale=guidance_scale,
             generator=generators, output_type="pt", **rows, **pipeline_kwargs,
-        ).images
+        )
+        images = result.frames if hasattr(result, "frames") else result.images  # video: frames
         out.append(images.float().cpu())
         if progress is not None:
             progress.update(1)

@@ -61,10 +61,14 @@ def caption_lines(caption: str, width: int, font: ImageFont.ImageFont | None = N
 
 def image_grid(images: torch.Tensor, captions: list[str], columns: int = 8, min_tile: int = MIN_TILE) -> Image.Image:
     """Images [B, 3, H, W] in [0, 1] tiled in a grid (small images upscaled by an integer factor toward ``min_tile``
-    px; a tile is at least MIN_TILE px wide), each over its whole caption."""
+    px; a tile is at least MIN_TILE px wide), each over its whole caption. Videos [B, F, 3, H, W] (a video family's
+    frames) are shown as frame strips: a tile holds a video's F frames left to right."""
+    frame_w = images.shape[-1]
+    if images.ndim == 5:  # frames side by side: [B, 3, H, F W]
+        images = torch.cat(images.unbind(1), dim=-1)
     arrays = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
     b, h, w = arrays.shape[:3]
-    scale = max(1, min_tile // w)
+    scale = max(1, min_tile // frame_w)
     tile_w, tile_h = max(w * scale, MIN_TILE), h * scale
     font = caption_font()
     wrapped = [caption_lines(caption, tile_w - 2 * MARGIN, font) for caption in captions[:b]]

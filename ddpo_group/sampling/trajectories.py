@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 @dataclass
 class Trajectories:
-    images: torch.Tensor | None  # [B, 3, H, W] in [0, 1], float32
+    images: torch.Tensor | None  # [B, 3, H, W] in [0, 1], float32 (a video family's frames: [B, F, 3, H, W])
     latents: torch.Tensor  # [B, T+1, ...]: x_0 (noise) .. x_T (final latent)
     log_probs: torch.Tensor  # [B, T]
     steps: dict = field(default_factory=dict)  # the family's per-step tensors ("timesteps", "sigmas", ...), [B, T]

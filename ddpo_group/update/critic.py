@@ -55,8 +55,8 @@ CRITIC_INPUTS = ("latent", "latent_x0")
 
 class ValueNetwork(nn.Module):
     def __init__(self, latent_shape: tuple | int, text_dim: int, hidden_dim: int = 64, with_x0: bool = False):
-        """``latent_shape``: one latent's shape, (C, h, w) or packed (L, D) (an int: C). ``with_x0``: the input holds
-        x0_hat(x_n) too, stacked on the channel (token feature) axis."""
+        """``latent_shape``: one latent's shape, (C, h, w), a video's (C, F', h, w) or packed (L, D) (an int: C).
+        ``with_x0``: the input holds x0_hat(x_n) too, stacked on the channel (token feature) axis."""
         super().__init__()
         self.hidden_dim = hidden_dim
         self.with_x0 = with_x0
@@ -66,11 +66,12 @@ class ValueNetwork(nn.Module):
         channels = (shape[1] if packed else shape[0]) * (2 if with_x0 else 1)
         if packed:
             self.latent = TokenFeatures(channels, hidden_dim)
-        else:
+        else:  # image latents (C, h, w): 2D convolutions; video latents (C, F', h, w): 3D ones
+            conv, pool = (nn.Conv3d, nn.AdaptiveAvgPool3d) if len(shape) == 4 else (nn.Conv2d, nn.AdaptiveAvgPool2d)
             self.latent = nn.Sequential(
-                nn.Conv2d(channels, hidden_dim, 3, padding=1), nn.SiLU(),
-                nn.Conv2d(hidden_dim, hidden_dim, 3, stride=2, padding=1), nn.SiLU(),
-                nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                conv(channels, hidden_dim, 3, padding=1), nn.SiLU(),
+                conv(hidden_dim, hidden_dim, 3, stride=2, padding=1), nn.SiLU(),
+                pool(1), nn.Flatten(),
             )
         self.time = nn.Sequential(nn.Linear(2 * (hidden_dim // 2), hidden_dim), nn.SiLU())
         self.text = nn.Linear(text_dim, hidden_dim)

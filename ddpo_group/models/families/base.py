@@ -148,7 +148,8 @@ class ModelFamily:
         raise NotImplementedError
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Final latents -> images [B, 3, H, W] in [0, 1] (float32)."""
+        """Final latents -> images [B, 3, H, W] in [0, 1] (float32); a video family's frames [B, F, 3, H, W] (the rewards
+        score them: rewards/base.py's ``scores_frames``; the grids show frame strips)."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ what it reads from the config
