@@ -25,6 +25,8 @@ FAMILY_OVERRIDES = {
     "flux": {"sample.resolution": 32, "pretrained.max_sequence_length": 16, "sample.guidance_scale": 3.5,
              "train.cfg": False},
 }
+# Qwen-Image: 32 px images, prompts of at most 32 text tokens (the default guidance 5.0 is its true CFG)
+FAMILY_OVERRIDES["qwenimage"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 32}
 
 
 def tiny_config(preset: str, model_dir: str, logdir, run_name: str = "run", **overrides):

@@ -149,3 +149,72 @@ def save_pipeline(pipe, path) -> str:
 
 TINY_BUILDERS = {"sd": build_tiny_pipeline, "sdxl": build_tiny_sdxl_pipeline, "sd3": build_tiny_sd3_pipeline,
                  "flux": build_tiny_flux_pipeline}
+
+
+# ----------------------------------------------------------------------------- Qwen-Image
+QWEN_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+
+
+def qwen_tokenizer(template: str):
+    """A Qwen2 tokenizer built locally: byte-level BPE (Qwen2's own pre-tokenizer and decoder) whose merges are learned
+    on ``template`` (the pipeline's prompt template), so the template's words are single tokens as in Qwen's vocabulary
+    (the pipeline drops the template's first tokens by count); '<|endoftext|>' pads; the chat tokens are special."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import Qwen2Tokenizer
+
+    text = template.replace("{}", "\n")
+    for token in QWEN_SPECIAL_TOKENS:  # special tokens split the text: the words after them start without a space
+        text = text.replace(token, "\n")
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=["<|endoftext|>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator([text] * 2, trainer)  # each word twice: merged to one token
+    model = json.loads(backend.to_str())["model"]
+    tokenizer = Qwen2Tokenizer(vocab=model["vocab"], merges=[tuple(pair) for pair in model["merges"]])
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS)})
+    return tokenizer
+
+
+def build_tiny_qwenimage_pipeline(seed: int = 0):
+    """Qwen-Image at the size of diffusers' own pipeline tests: a QwenImageTransformer2DModel with two blocks on packed
+    16-channel tokens of a 4-channel AutoencoderKLQwenImage (latents_mean / latents_std not the identity, so the decode's
+    de-normalization is exercised), a two-layer Qwen2.5-VL text encoder and the local tokenizer above; the scheduler
+    is Qwen-Image's (dynamic shifting, exponential time shift, shift_terminal 0.02)."""
+    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
+                           QwenImageTransformer2DModel)
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+                                              attention_head_dim=16, num_attention_heads=3, joint_attention_dim=16,
+                                              guidance_embeds=False, axes_dims_rope=(8, 4, 4))
+    vae = AutoencoderKLQwenImage(base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
+                                 temperal_downsample=[False, True], latents_mean=[0.1, -0.2, 0.05, 0.3],
+                                 latents_std=[1.5, 0.8, 2.0, 1.2])
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        base_image_seq_len=256, base_shift=0.5, max_image_seq_len=8192, max_shift=0.9, shift=1.0,
+        shift_terminal=0.02, time_shift_type="exponential", use_dynamic_shifting=True,
+    )
+    # the pipeline sets its prompt template in __init__: read it from a pipeline without components
+    template = QwenImagePipeline(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None,
+                                 transformer=None).prompt_template_encode
+    tokenizer = qwen_tokenizer(template)
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen2_5_VLConfig(
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "rope_theta": 1000000.0,
+                     "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+                     "vocab_size": len(tokenizer)},
+        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
+        hidden_size=16, vocab_size=len(tokenizer), vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"), image_token_id=ids("<|image_pad|>"),
+        vision_token_id=ids("<|image_pad|>"),
+    )
+    text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
+    return QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                             transformer=transformer)
+
+TINY_BUILDERS["qwenimage"] = build_tiny_qwenimage_pipeline

@@ -1,0 +1,110 @@
+"""The Qwen-Image family on a tiny QwenImagePipeline built from config: the sampler against the pipeline's own call
+(true CFG with its norm rescale, and without), the padded condition and its mask, the text encoder on its own
+device, the LoRA export loaded by the pipeline, the Flow-GRPO recipe, the full-size bench shape."""
+
+import pytest
+import torch
+from diffusers import QwenImagePipeline
+
+from ddpo_group.models.families.qwenimage import QwenImageFamily
+from ddpo_group.sampling.trajectories import sample_trajectories
+from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+
+PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
+
+
+def family_of(model_dir, preset="grpo", **overrides):
+    from ddpo_group.models import load_family
+
+    config = tiny_config(preset, model_dir, "unused", **{**FAMILY_OVERRIDES["qwenimage"], **overrides})
+    return load_family(model_dir, config=config), config
+
+
+def generators(n, offset=0):
+    return [torch.Generator().manual_seed(offset + i) for i in range(n)]
+
+
+@pytest.mark.parametrize("guidance", [4.0, 1.0])
+def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, tiny_qwenimage_dir):
+    """Same generators, the deterministic Euler sampler: the pipeline's images exactly, with true CFG (its negative
+    prompt " " encoded once and broadcast, as the pipeline does with a string negative prompt) and without; the
+    family's pipeline_kwargs are the keywords of that call."""
+    family, config = family_of(tiny_qwenimage_dir, **{"sample.guidance_scale": guidance, "train.cfg": guidance > 1})
+    assert isinstance(family.pipe, QwenImagePipeline) and isinstance(family, QwenImageFamily)
+    assert family.config_errors(config) == []
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    assert kwargs == {"height": 32, "width": 32, "max_sequence_length": 32, "true_cfg_scale": guidance,
+                      **({"negative_prompt": " "} if guidance > 1 else {})}
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(PROMPTS, num_inference_steps=4, generator=generators(4), output_type="pt", **kwargs).images
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4, guidance,
+                               [0.0] * 4, generator=generators(4), compute_log_prob=False)
+    assert torch.equal(traj.images, want)
+    assert traj.latents.shape == (4, 5, 16, 16)  # 32 px, VAE factor 4: an 8x8 latent packed into 4x4 tokens of 4 x 4
+    assert torch.equal(traj.steps["next_sigmas"][:, -1], torch.zeros(4))
+
+
+def test_the_condition_is_the_pipelines_padded_with_its_mask(tiny_qwenimage_dir):
+    """encode: the pipeline's encode_prompt (template tokens dropped, variable length) zero-padded to
+    pretrained.max_sequence_length with the mask; the forward's inputs are the pipeline's again (trimmed to the rows'
+    longest, mask None when all are tokens); the template's 34 dropped tokens are the system prompt and the user turn's
+    start, so the first kept token is the prompt's."""
+    family, _ = family_of(tiny_qwenimage_dir)
+    tokenizer = family.pipe.tokenizer
+    template = family.pipe.prompt_template_encode
+    ids = tokenizer(template.format("a cat")).input_ids
+    start = family.pipe.prompt_template_encode_start_idx
+    assert tokenizer.convert_ids_to_tokens(ids[start - 3:start + 1]) == ["<|im_start|>", "user", "\u010a", "a"]
+    cond = family.encode(PROMPTS)
+    lengths = cond["prompt_embeds_mask"].sum(dim=1)
+    assert cond["prompt_embeds"].shape == (4, 32, 16) and lengths.tolist() == [15, 10, 21, 6]
+    # the prompt's tokens then the template's last 5 (<|im_end|>, \n, <|im_start|>, assistant, \n)
+    assert lengths.tolist() == [len(tokenizer(prompt).input_ids) + 5 for prompt in PROMPTS]
+    want, want_mask = family.pipe.encode_prompt(PROMPTS, max_sequence_length=32)
+    embeds, mask = family.text_inputs(cond["prompt_embeds"], cond["prompt_embeds_mask"])
+    assert torch.equal(embeds, want) and torch.equal(mask, want_mask)
+    assert float(cond["prompt_embeds"][2, 21:].abs().sum()) == 0 and float(cond["prompt_embeds"][2, 20].abs().sum()) > 0
+    alone = family.encode(["x"])
+    embeds, mask = family.text_inputs(alone["prompt_embeds"], alone["prompt_embeds_mask"])
+    assert embeds.shape == (1, 6, 16) and mask is None  # encode_prompt drops an all-ones mask
+    truncated = family_of(tiny_qwenimage_dir, **{"pretrained.max_sequence_length": 8})[0].encode(PROMPTS)
+    assert truncated["prompt_embeds"].shape == (4, 8, 16)
+    assert truncated["prompt_embeds_mask"].sum(dim=1).tolist() == [8, 8, 8, 6]  # cut at 8 tokens
+
+
+def test_true_cfg_is_the_pipelines_norm_preserving_combination():
+    cond = torch.tensor([[[3.0, 4.0]]])
+    uncond = torch.tensor([[[1.0, 0.0]]])
+    out = QwenImageFamily.true_cfg(cond, uncond, 2.0)  # 2 * (3, 4) - (1, 0) = (5, 8), rescaled to norm 5
+    torch.testing.assert_close(out, torch.tensor([[[5.0, 8.0]]]) * 5 / (89 ** 0.5))
+
+
+def test_config_errors_name_the_bad_values(tiny_qwenimage_dir):
+    _, config = family_of(tiny_qwenimage_dir, **{"sample.guidance_scale": 4.0, "train.cfg": False,
+                                                 "pretrained.max_sequence_length": 2048})
+    errors = QwenImageFamily.config_errors(config)
+    assert len(errors) == 2 and "train.cfg=False contradicts sample.guidance_scale=4.0" in errors[0]
+    assert "pretrained.max_sequence_length=2048 must be in [0, 1024]" in errors[1]
+
+
+def test_a_guidance_distilled_transformer_is_refused(tiny_qwenimage_dir):
+    pipe = QwenImagePipeline.from_pretrained(tiny_qwenimage_dir)
+    pipe.transformer.register_to_config(guidance_embeds=True)
+    with pytest.raises(ValueError, match="guidance_embeds=True"):
+        QwenImageFamily(pipe)
+
+
+def test_the_text_encoder_runs_where_it_is(tiny_qwenimage_dir):
+    """pretrained.text_encoder_device: the prompts meet the text encoder on its device and the embeddings (and mask)
+    move to the transformer's (here on the meta device, the encoder on the CPU)."""
+    from ddpo_group.models.trainable import TEXT_ENCODERS
+
+    family, _ = family_of(tiny_qwenimage_dir)
+    assert [name for name in family.pipe.components if name.startswith("text_encoder")] == ["text_encoder"]
+    assert "text_encoder" in TEXT_ENCODERS
+    on_cpu = family.encode(PROMPTS)
+    torch.nn.Module.to(family.pipe.transformer, "meta")
+    cond = family.encode(PROMPTS)
+    assert family.pipe.text_encoder.device.type == "cpu"
+    assert {key: (value.device.type, value.shape) for key, value in cond.items()} == {
+        key: ("meta", value.shape) for key, value in on_cpu.items()}
