@@ -108,3 +108,58 @@ def test_the_text_encoder_runs_where_it_is(tiny_qwenimage_dir):
     assert family.pipe.text_encoder.device.type == "cpu"
     assert {key: (value.device.type, value.shape) for key, value in cond.items()} == {
         key: ("meta", value.shape) for key, value in on_cpu.items()}
+
+
+def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(tiny_qwenimage_dir, tmp_path):
+    """grpo with true CFG on the CPU: the LoRA weights (attention and MLPs) change; the diffusers-format export loads
+    with QwenImagePipeline.load_lora_weights and, called with the family's pipeline_kwargs, gives the trained model's
+    images (to float precision); scripts/evaluate.py's comparison runs on the run."""
+    trainer = tiny_trainer("grpo", tiny_qwenimage_dir, tmp_path, "lora", **FAMILY_OVERRIDES["qwenimage"], device="cpu")
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    assert trainer.family.name == "qwenimage" and metrics["global_step"] == 2
+    changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    assert changed > len(before) // 2, f"only {changed} of {len(before)} trained tensors changed"
+    names = [name for name, p in trainer.family.model.named_parameters() if p.requires_grad]
+    assert any("img_mlp.net.2.lora_A" in name for name in names) and any("attn.to_q.lora_B" in name for name in names)
+    lora = tmp_path / "lora" / "lora"
+    assert (lora / "pytorch_lora_weights.safetensors").exists()
+
+    config, family = trainer.config, trainer.family
+    guidance = config.sample.guidance_scale
+    assert guidance > 1 and config.train.cfg  # the default 5.0: true CFG in sampling and training
+    base = QwenImagePipeline.from_pretrained(tiny_qwenimage_dir)
+    base.set_progress_bar_config(disable=True)
+    call = dict(num_inference_steps=4, output_type="pt", **family.pipeline_kwargs(config.sample, config.pretrained))
+    base_images = base(PROMPTS, generator=generators(4), **call).images
+    base.load_lora_weights(str(lora))
+    loaded = base(PROMPTS, generator=generators(4), **call).images
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4,
+                                  guidance, [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
+    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+
+    from config.base import base as base_config
+    from ddpo_group.run.evaluation import evaluate
+
+    report = evaluate(str(tmp_path / "lora"), base_config(), num_prompts=2, num_seeds=2, batch_size=4,
+                      show_progress=False)
+    assert report["family"] == "qwenimage" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
+    assert report["rewards"]["reward"]["difference"]["std"] > 0
+
+
+@pytest.mark.slow
+def test_the_flow_grpo_recipe_runs_on_the_tiny_model(tiny_qwenimage_dir, tmp_path):
+    """Flow-GRPO's Qwen-Image settings (their model replaced by the tiny one, their sizes by tiny ones), with the
+    text-embedding cache, chunked decoding and gradient checkpointing."""
+    overrides = {**FAMILY_OVERRIDES["qwenimage"], "sample.text_embedding_cache": 16, "sample.decode_batch_size": 3,
+                 "sample.num_steps": 3, "train.pairs_per_forward": 4, "mixed_precision": "no"}
+    trainer = tiny_trainer("flow_grpo_qwenimage", tiny_qwenimage_dir, tmp_path, "recipe", **overrides)
+    config = trainer.config
+    assert (config.lora_rank, config.lora_alpha, config.train.group_size) == (64, 128, 4)  # group 16 in the recipe
+    assert (config.sample.guidance_scale, config.train.cfg, config.sample.noise_level) == (4.0, True, 1.2)
+    assert trainer.family.name == "qwenimage" and trainer.family.model.is_gradient_checkpointing
+    metrics = trainer.run()
+    assert metrics["global_step"] == 1  # 8 samples, train batches of 4, 2 accumulated per optimizer step
+    assert torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    assert len(trainer.rollouts.text_cache.entries) > 0  # every prompt met the text encoder once
