@@ -50,8 +50,8 @@ def base() -> ml_collections.ConfigDict:
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
     pretrained.family = ""  # "sd", "sdxl", "sd3", "flux", "qwenimage"; "": from the pipeline class in model_index.json
+    # Qwen-Image: its Qwen2.5-VL tokens, at most 1024, each prompt's stored padded to this count; 0: 512
     pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
-    # (Qwen-Image: the Qwen2.5-VL tokens of a prompt, at most 1024, each condition stored padded to this count; 0: 512)
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
 
     # ---- sampling (the rollouts) ----
@@ -72,8 +72,8 @@ def base() -> ml_collections.ConfigDict:
     # encoders once; 0: encode every round)
     sample.text_embedding_cache = 0
     sample.decode_batch_size = 0  # images decoded by the VAE at a time (0: a whole batch)
+    # Qwen-Image: the pipeline's true_cfg_scale, with the negative prompt " " and its norm-preserving rescale
     sample.guidance_scale = 5.0  # classifier-free guidance scale (FLUX.1-dev: the guidance embedding)
-    # (Qwen-Image: the pipeline's true_cfg_scale, with the negative prompt " " and its norm-preserving rescale)
     sample.batch_size = 16  # images sampled at a time, per process
     sample.num_batches_per_epoch = 2  # sampling batches per process per epoch
     sample.log_prob_reduce = "mean"  # over latent dims; "sum" needs a much smaller clip range

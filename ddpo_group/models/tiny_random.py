@@ -178,13 +178,22 @@ def qwen_tokenizer(template: str):
     return tokenizer
 
 
+def qwenimage_scheduler():
+    """Qwen-Image's scheduler config (Qwen/Qwen-Image's scheduler_config.json, as published): dynamic shifting from
+    256 to 8192 image tokens (mu from 0.5 to 0.9), an exponential time shift, the last sigma stretched to 0.02."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=8192, max_shift=0.9,
+                                           shift=1.0, shift_terminal=0.02, time_shift_type="exponential",
+                                           use_dynamic_shifting=True)
+
+
 def build_tiny_qwenimage_pipeline(seed: int = 0):
     """Qwen-Image at the size of diffusers' own pipeline tests: a QwenImageTransformer2DModel with two blocks on packed
     16-channel tokens of a 4-channel AutoencoderKLQwenImage (latents_mean / latents_std not the identity, so the decode's
     de-normalization is exercised), a two-layer Qwen2.5-VL text encoder and the local tokenizer above; the scheduler
     is Qwen-Image's (dynamic shifting, exponential time shift, shift_terminal 0.02)."""
-    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
-                           QwenImageTransformer2DModel)
+    from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     torch.manual_seed(seed)
@@ -194,10 +203,7 @@ def build_tiny_qwenimage_pipeline(seed: int = 0):
     vae = AutoencoderKLQwenImage(base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
                                  temperal_downsample=[False, True], latents_mean=[0.1, -0.2, 0.05, 0.3],
                                  latents_std=[1.5, 0.8, 2.0, 1.2])
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        base_image_seq_len=256, base_shift=0.5, max_image_seq_len=8192, max_shift=0.9, shift=1.0,
-        shift_terminal=0.02, time_shift_type="exponential", use_dynamic_shifting=True,
-    )
+    scheduler = qwenimage_scheduler()
     # the pipeline sets its prompt template in __init__: read it from a pipeline without components
     template = QwenImagePipeline(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None,
                                  transformer=None).prompt_template_encode

@@ -163,3 +163,22 @@ def test_the_flow_grpo_recipe_runs_on_the_tiny_model(tiny_qwenimage_dir, tmp_pat
     assert metrics["global_step"] == 1  # 8 samples, train batches of 4, 2 accumulated per optimizer step
     assert torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
     assert len(trainer.rollouts.text_cache.entries) > 0  # every prompt met the text encoder once
+
+
+def test_the_bench_shape_is_qwen_images_full_size():
+    """bench/random_model.py --shape qwenimage, built on the meta device (no memory): the published sizes, Qwen-Image's
+    20.4B transformer and Qwen2.5-VL-7B's 8.29B; and the family's condition and latents at that size (1024 px: 4096
+    packed tokens of 64)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from random_model import BUILDERS
+
+    with torch.device("meta"):
+        pipe = BUILDERS["qwenimage"]()
+    counts = {name: sum(p.numel() for p in getattr(pipe, name).parameters()) for name in ("transformer", "text_encoder")}
+    assert counts == {"transformer": 20_430_401_088, "text_encoder": 8_292_166_656}
+    family = QwenImageFamily(pipe)
+    assert family.resolution == 1024 and family.latent_shape() == (4096, 64) and family.text_length == 512
+    assert family.schedule_kwargs(10)["mu"] == pytest.approx(0.5 + 0.4 * (4096 - 256) / (8192 - 256))
