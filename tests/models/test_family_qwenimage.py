@@ -67,7 +67,9 @@ def test_the_condition_is_the_pipelines_padded_with_its_mask(tiny_qwenimage_dir)
     alone = family.encode(["x"])
     embeds, mask = family.text_inputs(alone["prompt_embeds"], alone["prompt_embeds_mask"])
     assert embeds.shape == (1, 6, 16) and mask is None  # encode_prompt drops an all-ones mask
-    truncated = family_of(tiny_qwenimage_dir, **{"pretrained.max_sequence_length": 8})[0].encode(PROMPTS)
+    short = family_of(tiny_qwenimage_dir, **{"pretrained.max_sequence_length": 8})[0]
+    with pytest.warns(UserWarning, match="prompt 'a red circle' has 15 text tokens .* more than the 8 kept"):
+        truncated = short.encode(PROMPTS)
     assert truncated["prompt_embeds"].shape == (4, 8, 16)
     assert truncated["prompt_embeds_mask"].sum(dim=1).tolist() == [8, 8, 8, 6]  # cut at 8 tokens
 

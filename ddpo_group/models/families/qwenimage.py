@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import numpy as np
 import torch
@@ -46,6 +47,7 @@ class QwenImageFamily(FlowMatchingFamily):
 
     def __init__(self, pipe, config=None):
         super().__init__(pipe, config)
+        self._truncation_warned = False
         if pipe.transformer.config.guidance_embeds:
             raise ValueError("this Qwen-Image transformer has guidance_embeds=True (a guidance-distilled checkpoint): "
                              "diffusers' QwenImageTransformer2DModel has no guidance embedding to run it; the qwenimage "
@@ -67,8 +69,23 @@ class QwenImageFamily(FlowMatchingFamily):
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict:
+        self.warn_truncated(prompts)
         embeds, mask = self.encode_quietly(prompts, max_sequence_length=self.text_length)
         return self.padded_condition(embeds, mask)
+
+    def warn_truncated(self, prompts: list[str]) -> None:
+        """Warn once when a prompt has more tokens than ``text_length`` (the pipeline keeps its first ones silently)."""
+        if self._truncation_warned:
+            return
+        pipe = self.pipe
+        texts = [pipe.prompt_template_encode.format(prompt) for prompt in prompts]
+        counts = [len(ids) - pipe.prompt_template_encode_start_idx for ids in pipe.tokenizer(texts).input_ids]
+        long = [i for i, count in enumerate(counts) if count > self.text_length]
+        if long:
+            self._truncation_warned = True
+            warnings.warn(f"prompt {prompts[long[0]]!r} has {counts[long[0]]} text tokens (with the template's last "
+                          f"ones), more than the {self.text_length} kept (pretrained.max_sequence_length): it and any "
+                          "longer prompt are truncated; this warning is shown once", UserWarning, stacklevel=3)
 
     def padded_condition(self, embeds: torch.Tensor, mask: torch.Tensor | None) -> dict:
         """The pipeline's (prompt_embeds [B, l, D], mask [B, l] or None: all tokens) -> the record's condition, zero
