@@ -41,7 +41,7 @@ MAX_SEQUENCE_LENGTH = 1024  # the pipeline's limit (check_inputs)
 class QwenImageFamily(FlowMatchingFamily):
     cond_keys = ("prompt_embeds", "prompt_embeds_mask")
     negative_prompt = " "  # the unconditional prompt of true CFG (Flow-GRPO's negative_prompt=[" "] * B)
-    # the joint blocks' attention projections and both streams' MLPs: Flow-GRPO's targets on Qwen-Image
+    # the joint blocks' attention projections and both streams' MLPs: Flow-GRPO's (scripts/train_qwenimage_edit_plus.py)
     lora_target_modules = FlowMatchingFamily.lora_target_modules + (
         "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
 
