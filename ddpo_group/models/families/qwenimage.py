@@ -62,11 +62,6 @@ class QwenImageFamily(FlowMatchingFamily):
             return chosen
         return inspect.signature(type(self.pipe).__call__).parameters["max_sequence_length"].default
 
-    def negative_condition(self) -> dict:
-        if self._negative is None:
-            self._negative = self.encode([self.negative_prompt])
-        return self._negative
-
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict:
         self.warn_truncated(prompts)
