@@ -4,6 +4,7 @@ and throughput on when the real weights are not at hand.
     python bench/random_model.py --shape sd15 --out /tmp/sd15     # Stable Diffusion 1.5's shapes, 512 px
     python bench/random_model.py --shape sd35m --out /tmp/sd35m   # SD 3.5 Medium's transformer, CLIP-L/G, no T5
     python bench/random_model.py --shape sdxl --out /tmp/sdxl     # SDXL base's UNet, CLIP-L and CLIP-G, 1024 px
+    python bench/random_model.py --shape zimage --out /tmp/zimage # Z-Image's 6B transformer, Qwen3-4B, FLUX VAE
     python bench/random_model.py --shape qwenimage --out /tmp/qwen  # Qwen-Image (20.4B) and Qwen2.5-VL-7B: ~57 GB
 
 sd15: UNet 860M (320/640/1280/1280 channels, cross-attention 768), VAE 84M, a CLIP-L-sized text encoder (12 layers,
@@ -91,12 +92,38 @@ def build_sdxl():
 BUILDERS = {"sd15": build_sd15, "sd35m": build_sd35m, "sdxl": build_sdxl}
 
 
+def build_zimage():
+    """Z-Image(-Turbo)'s shapes: ZImageTransformer2DModel at its defaults (dim 3840, 30 layers and 2 + 2 refiner layers,
+    30 heads, caption width 2560: 6.2B), a Qwen3-4B-sized text encoder (36 layers, 2560 wide, 32 query / 8 key-value
+    heads of 128, vocabulary 151936: 4.0B) with the locally built byte-level Qwen tokenizer and chat template, the
+    16-channel FLUX VAE with Z-Image's scaling and shift, Z-Image-Turbo's scheduler (shift 3)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    from ddpo_group.models.tiny_random import qwen_tokenizer
+
+    text_encoder = Qwen3Model(Qwen3Config(
+        vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0,
+        tie_word_embeddings=True,
+    ))
+    return ZImagePipeline(
+        transformer=ZImageTransformer2DModel(), text_encoder=text_encoder, tokenizer=qwen_tokenizer(),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False),
+        vae=vae(16, scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False),
+    )
+
+
+BUILDERS["zimage"] = build_zimage
+
+
 def build_qwenimage(layers: int = 60):
     """Qwen-Image: its QwenImageTransformer2DModel (60 MMDiT blocks of 24 heads of 128 on 64-channel packed tokens,
     text width 3584; 20.4B; ``layers`` fewer for a fraction), Qwen2.5-VL-7B as its text encoder (28 layers of 3584,
     28 heads with 4 key-value heads, and the 32-block vision tower the pipeline loads but does not run; 8.3B) with the
-    locally built Qwen2 tokenizer (token ids below its small vocabulary), the 16-channel AutoencoderKLQwenImage (its
-    defaults are Qwen-Image's: latents_mean / latents_std), Qwen-Image's scheduler."""
+    locally built Qwen tokenizer, merges learned on the prompt template (its token ids below its small vocabulary),
+    the 16-channel AutoencoderKLQwenImage (its defaults are Qwen-Image's latents_mean / latents_std), Qwen-Image's
+    scheduler."""
     from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
@@ -117,7 +144,7 @@ def build_qwenimage(layers: int = 60):
                        "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31]},
         vocab_size=152064, hidden_size=3584, tie_word_embeddings=False,
     )
-    return QwenImagePipeline(scheduler=scheduler, vae=AutoencoderKLQwenImage(), tokenizer=qwen_tokenizer(template),
+    return QwenImagePipeline(scheduler=scheduler, vae=AutoencoderKLQwenImage(), tokenizer=qwen_tokenizer(template=template),
                              text_encoder=Qwen2_5_VLForConditionalGeneration(config), transformer=transformer)
 
 

@@ -69,7 +69,8 @@ def main(argv=None) -> dict:
 def run(args, model: str) -> dict:
     dtype = DTYPES[args.dtype]
     config = ConfigDict({"sample": {"resolution": args.resolution, "sde_type": "flow_sde",
-                                    "noise_level": args.noise_level, "guidance_scale": args.guidance},
+                                    "noise_level": args.noise_level, "guidance_scale": args.guidance,
+                                    "cfg_normalization": 0.0, "cfg_truncation": 1.0},  # Z-Image's: off
                          "pretrained": {"max_sequence_length": args.max_sequence_length}})
     family = load_family(model, torch_dtype=dtype, family="" if args.model else args.family, config=config)
     pipe = family.pipe.to(args.device)

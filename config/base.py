@@ -49,7 +49,7 @@ def base() -> ml_collections.ConfigDict:
     config.pretrained = pretrained = ml_collections.ConfigDict()
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
-    pretrained.family = ""  # "sd", "sdxl", "sd3", "flux", "qwenimage"; "": from the pipeline class in model_index.json
+    pretrained.family = ""  # "sd", "sdxl", "sd3", "flux", "zimage" or "qwenimage"; "": model_index.json's pipeline class
     # Qwen-Image: its Qwen2.5-VL tokens, at most 1024, each prompt's stored padded to this count; 0: 512
     pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
@@ -84,6 +84,10 @@ def base() -> ml_collections.ConfigDict:
     # Default: the first 2 of 10 steps, where the embedded model decides the shape (docs/learning_proof.md).
     sample.sde_window_start = 0  # the window's first step
     sample.sde_window_size = 2  # the window's number of steps (0: every step is stochastic and trained)
+    # Z-Image only: its pipeline's options of these names (Z-Image guides with u_c + w (u_c - u_uncond), so there
+    # sample.guidance_scale = 0 is no guidance)
+    sample.cfg_normalization = 0.0  # > 0: the guided output's norm capped at this multiple of the conditional one's
+    sample.cfg_truncation = 1.0  # no guidance on the steps with (1000 - t) / 1000 above it (1: guidance on every step)
 
     # ---- training (the policy update) ----
     config.train = train = ml_collections.ConfigDict()
@@ -400,6 +404,58 @@ def flow_grpo_qwenimage() -> ml_collections.ConfigDict:
     return config
 
 
+def flow_factory_zimage_common(model: str) -> ml_collections.ConfigDict:
+    """Flow-Factory's GRPO settings for Z-Image (X-GenGroup/Flow-Factory, examples/grpo/lora/z_image/default.yaml and
+    examples/grpo/full/z_image_turbo/default.yaml): group 16, 512 px, Flow-SDE at noise level 0.7, clip 1e-4, advantages
+    clipped at 5, no KL, the PickScore reward, bf16. Where ours differs: Flow-Factory makes one step of 1..3 stochastic
+    (drawn at random), here the window is those 3 steps; their prompts are Pick-a-Pic's captions (dataset/pickscore),
+    which are not shipped: simple_animals here (prompt_fn="from_file" with prompt_fn_kwargs.path reads a captions
+    file)."""
+    config = grpo()
+    config.pretrained.model = model
+    # Qwen3 tokens: only a prompt's own tokens reach the transformer, so this cuts nothing but captions over ~100 tokens
+    config.pretrained.max_sequence_length = 128
+    config.mixed_precision = "bf16"
+    config.sample.resolution = 512
+    config.sample.sde_type, config.sample.noise_level = "flow_sde", 0.7
+    config.sample.sde_window_start, config.sample.sde_window_size = 1, 3
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 8, 2  # 16 images per process: whole groups
+    config.sample.text_embedding_cache = 4096  # Qwen3 meets each caption once
+    config.train.group_size = 16
+    config.train.batch_size = 8
+    config.train.clip_range = 1e-4
+    config.train.adv_clip_max = 5.0
+    config.kl.beta = 0.0
+    config.kl.use_reference_model = False
+    config.prompt_fn = "simple_animals"
+    config.reward_fn = "pickscore"
+    config.num_epochs = 500
+    config.save_freq = 40
+    return config
+
+
+def flow_factory_zimage() -> ml_collections.ConfigDict:
+    """Flow-Factory's GRPO on Z-Image (the base model): LoRA rank 64 / alpha 128, lr 3e-4, 10 rollout steps (40 to
+    evaluate), classifier-free guidance 4.0 (Z-Image's u_c + w (u_c - u_uncond)) in sampling and training."""
+    config = flow_factory_zimage_common("Tongyi-MAI/Z-Image")
+    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
+    config.train.learning_rate = 3e-4
+    config.sample.num_steps, config.sample.eval_num_steps = 10, 40
+    config.sample.guidance_scale, config.train.cfg = 4.0, True
+    return config
+
+
+def flow_factory_zimage_turbo() -> ml_collections.ConfigDict:
+    """Flow-Factory's GRPO on Z-Image-Turbo: full fine-tuning at lr 1e-5, 6 rollout steps (10 to evaluate), no guidance
+    (guidance_scale 0, as the model card samples it)."""
+    config = flow_factory_zimage_common("Tongyi-MAI/Z-Image-Turbo")
+    config.use_lora = False
+    config.train.learning_rate = 1e-5
+    config.sample.num_steps, config.sample.eval_num_steps = 6, 10
+    config.sample.guidance_scale, config.train.cfg = 0.0, False
+    return config
+
+
 PRESETS = {
     "ddpo": ddpo, "grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "grpo_passk": grpo_passk,
     "reinforce_pp": reinforce_pp, "remax": remax, "ppo_gae": ppo_gae, "group_ppo": group_ppo,
@@ -408,6 +464,7 @@ PRESETS = {
 # download from the hub)
 RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow,
            "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux}
+RECIPES.update(flow_factory_zimage=flow_factory_zimage, flow_factory_zimage_turbo=flow_factory_zimage_turbo)
 RECIPES["flow_grpo_qwenimage"] = flow_grpo_qwenimage
 
 

@@ -13,7 +13,6 @@ if "OMP_NUM_THREADS" not in os.environ:  # an explicit count is kept: the suite 
 from ddpo_group.models.tiny_random import (  # noqa: E402
     build_tiny_flux_pipeline, build_tiny_pipeline, build_tiny_sd3_pipeline, build_tiny_sdxl_pipeline, save_pipeline,
 )
-from ddpo_group.models.tiny_random import build_tiny_qwenimage_pipeline  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -66,12 +65,22 @@ def tiny_sdxl_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_zimage_dir(tmp_path_factory):
+    """A tiny random Z-Image checkpoint (a Qwen3 text encoder, a locally built tokenizer with its chat template)."""
+    from ddpo_group.models.tiny_random import build_tiny_zimage_pipeline
+
+    return save_pipeline(build_tiny_zimage_pipeline(), tmp_path_factory.mktemp("tiny_zimage") / "model")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwenimage_dir(tmp_path_factory):
     """A tiny random Qwen-Image checkpoint (a Qwen2.5-VL text encoder, a locally built Qwen2 tokenizer) on disk."""
+    from ddpo_group.models.tiny_random import build_tiny_qwenimage_pipeline
+
     return save_pipeline(build_tiny_qwenimage_pipeline(), tmp_path_factory.mktemp("tiny_qwenimage") / "model")
 
 
 @pytest.fixture(scope="session")
-def family_model_dirs(tiny_model_dir, tiny_sdxl_dir, tiny_sd3_dir, tiny_flux_dir, tiny_qwenimage_dir):
+def family_model_dirs(tiny_model_dir, tiny_sdxl_dir, tiny_sd3_dir, tiny_flux_dir, tiny_zimage_dir, tiny_qwenimage_dir):
     return {"sd": tiny_model_dir, "sdxl": tiny_sdxl_dir, "sd3": tiny_sd3_dir, "flux": tiny_flux_dir,
-            "qwenimage": tiny_qwenimage_dir}
+            "zimage": tiny_zimage_dir, "qwenimage": tiny_qwenimage_dir}

@@ -150,34 +150,92 @@ def save_pipeline(pipe, path) -> str:
 TINY_BUILDERS = {"sd": build_tiny_pipeline, "sdxl": build_tiny_sdxl_pipeline, "sd3": build_tiny_sd3_pipeline,
                  "flux": build_tiny_flux_pipeline}
 
+# ----------------------------------------------------------------------------- Z-Image (a Qwen3 text encoder)
+# Qwen3's chat template for what Z-Image's ``encode_prompt`` asks (one user message, the assistant's turn opened,
+# ``enable_thinking=True``: no empty think block); a system message or ``enable_thinking=False`` as Qwen3's does
+QWEN3_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 
-# ----------------------------------------------------------------------------- Qwen-Image
-QWEN_SPECIAL_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
+
+def qwen_tokenizer(max_length: int = 512, template: str = ""):
+    """A Qwen2/Qwen3-style byte-level BPE tokenizer built locally: the 256 byte symbols (no merges, so any text
+    tokenizes, one token a byte), Qwen's special tokens ('<|endoftext|>' pads, right side) and Qwen3's chat template.
+    With a ``template`` (a pipeline's prompt template), BPE merges learned on its words make each of them one token, as
+    in Qwen's vocabulary (Qwen-Image drops its template's first tokens by count)."""
+    from transformers import Qwen2Tokenizer
+
+    from ddpo_group.models.tokenizer import bytes_to_unicode
+
+    vocab = {symbol: i for i, symbol in enumerate(bytes_to_unicode().values())}
+    merges = template_merges(template) if template else []
+    for left, right in merges:
+        vocab.setdefault(left + right, len(vocab))
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, model_max_length=max_length, padding_side="right")
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS[1:])})
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    return tokenizer
 
 
-def qwen_tokenizer(template: str):
-    """A Qwen2 tokenizer built locally: byte-level BPE (Qwen2's own pre-tokenizer and decoder) whose merges are learned
-    on ``template`` (the pipeline's prompt template), so the template's words are single tokens as in Qwen's vocabulary
-    (the pipeline drops the template's first tokens by count); '<|endoftext|>' pads; the chat tokens are special."""
+def template_merges(template: str) -> list[tuple[str, str]]:
+    """Byte-level BPE merges (``tokenizers``' trainer) that make each word of ``template`` one token."""
     import json
 
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import Qwen2Tokenizer
 
     text = template.replace("{}", "\n")
     for token in QWEN_SPECIAL_TOKENS:  # special tokens split the text: the words after them start without a space
         text = text.replace(token, "\n")
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=1000, special_tokens=["<|endoftext|>"], show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=1000, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     backend.train_from_iterator([text] * 2, trainer)  # each word twice: merged to one token
-    model = json.loads(backend.to_str())["model"]
-    tokenizer = Qwen2Tokenizer(vocab=model["vocab"], merges=[tuple(pair) for pair in model["merges"]])
-    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS)})
-    return tokenizer
+    return [tuple(pair) for pair in json.loads(backend.to_str())["model"]["merges"]]
 
 
+def build_tiny_zimage_pipeline(seed: int = 0):
+    """Z-Image at the size of diffusers' own pipeline test: a ZImageTransformer2DModel of width 32 (2 layers, 1
+    refiner layer), a 2-layer Qwen3 text encoder of width 16 with the tokenizer above, the 16-channel VAE of that test,
+    Z-Image-Turbo's scheduler (shift 3, no dynamic shifting); 32 px images (16x16 latents: 64 tokens of 2x2 patches)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    torch.manual_seed(seed)
+    transformer = ZImageTransformer2DModel(
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2,
+        n_kv_heads=2, norm_eps=1e-5, qk_norm=True, cap_feat_dim=16, rope_theta=256.0, t_scale=1000.0,
+        axes_dims=[8, 4, 4], axes_lens=[256, 32, 32],
+    )
+    with torch.no_grad():  # torch.empty in the constructor: fixed values, as diffusers' test does
+        transformer.x_pad_token.copy_(torch.ones_like(transformer.x_pad_token))
+        transformer.cap_pad_token.copy_(torch.ones_like(transformer.cap_pad_token))
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D", "DownEncoderBlock2D"),
+        up_block_types=("UpDecoderBlock2D", "UpDecoderBlock2D"), block_out_channels=(32, 64), layers_per_block=1,
+        latent_channels=16, norm_num_groups=32, sample_size=32, scaling_factor=0.3611, shift_factor=0.1159,
+    )
+    tokenizer = qwen_tokenizer()
+    text_encoder = Qwen3Model(Qwen3Config(
+        hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+        head_dim=8, vocab_size=len(tokenizer), max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+    ))
+    scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=False)
+    return ZImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                          transformer=transformer)
+
+
+TINY_BUILDERS["zimage"] = build_tiny_zimage_pipeline
+
+
+# ----------------------------------------------------------------------------- Qwen-Image
 def qwenimage_scheduler():
     """Qwen-Image's scheduler config (Qwen/Qwen-Image's scheduler_config.json, as published): dynamic shifting from
     256 to 8192 image tokens (mu from 0.5 to 0.9), an exponential time shift, the last sigma stretched to 0.02."""
@@ -191,8 +249,9 @@ def qwenimage_scheduler():
 def build_tiny_qwenimage_pipeline(seed: int = 0):
     """Qwen-Image at the size of diffusers' own pipeline tests: a QwenImageTransformer2DModel with two blocks on packed
     16-channel tokens of a 4-channel AutoencoderKLQwenImage (latents_mean / latents_std not the identity, so the decode's
-    de-normalization is exercised), a two-layer Qwen2.5-VL text encoder and the local tokenizer above; the scheduler
-    is Qwen-Image's (dynamic shifting, exponential time shift, shift_terminal 0.02)."""
+    de-normalization is exercised), a two-layer Qwen2.5-VL text encoder, ``qwen_tokenizer`` with merges learned on
+    the pipeline's prompt template, Qwen-Image's scheduler (dynamic shifting, exponential time shift, shift_terminal
+    0.02)."""
     from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
@@ -207,7 +266,7 @@ def build_tiny_qwenimage_pipeline(seed: int = 0):
     # the pipeline sets its prompt template in __init__: read it from a pipeline without components
     template = QwenImagePipeline(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None,
                                  transformer=None).prompt_template_encode
-    tokenizer = qwen_tokenizer(template)
+    tokenizer = qwen_tokenizer(template=template)
     ids = tokenizer.convert_tokens_to_ids
     config = Qwen2_5_VLConfig(
         text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
@@ -216,12 +275,11 @@ def build_tiny_qwenimage_pipeline(seed: int = 0):
                      "vocab_size": len(tokenizer), "bos_token_id": ids("<|endoftext|>"),
                      "eos_token_id": ids("<|im_end|>")},
         vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
-        hidden_size=16, vocab_size=len(tokenizer), vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"), image_token_id=ids("<|image_pad|>"),
-        vision_token_id=ids("<|image_pad|>"),
+        hidden_size=16, vocab_size=len(tokenizer),  # the vision token ids: Qwen's, outside this vocabulary (text only)
     )
     text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
     return QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                              transformer=transformer)
+
 
 TINY_BUILDERS["qwenimage"] = build_tiny_qwenimage_pipeline

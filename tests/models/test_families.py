@@ -169,12 +169,12 @@ def test_sdxl_trains_a_grpo_epoch_and_its_lora_loads_in_the_pipeline(tiny_sdxl_d
     assert report["rewards"]["reward"]["difference"]["std"] > 0
 
 
-@pytest.mark.parametrize("name", ["sdxl", "sd3", "flux", "qwenimage"])
+@pytest.mark.parametrize("name", ["sdxl", "sd3", "flux", "zimage", "qwenimage"])
 def test_the_first_training_forwards_ratio_is_one(name, family_model_dirs):
     """Scoring the recorded transitions again under the sampling policy gives back the recorded log-probs:
     bitwise when the training forward's batch is the sampling batch; otherwise the float32 kernels of another
-    batch size round differently, by at most a few ulps (measured up to 2.4e-7 in the log-prob on this CPU), so the
-    ratio is 1 to within 1e-6, a hundredth of the default clip range 1e-4."""
+    batch size round differently, by at most a few ulps (measured up to 1.3e-6 in the ratio on this CPU, SDXL with one
+    thread), so the ratio is 1 to within 3e-6, a thirtieth of the default clip range 1e-4."""
     family, config = family_of(name, family_model_dirs[name], sde_window_size=0)
     sample = config.sample
     cond = family.encode(PROMPTS)
@@ -192,7 +192,7 @@ def test_the_first_training_forwards_ratio_is_one(name, family_model_dirs):
             out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
                              for c in torch.split(torch.arange(16), chunk)])
             ratio = torch.exp(out - traj.log_probs[rows, steps])
-            assert float((ratio - 1).abs().max()) < 1e-6, chunk
+            assert float((ratio - 1).abs().max()) < 3e-6, chunk
 
 
 @pytest.mark.parametrize("name", ["sd3", "flux"])
@@ -256,7 +256,7 @@ def test_the_flow_grpo_recipes_run_on_the_tiny_models(recipe, name, family_model
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["sdxl", "sd3", "flux", "qwenimage"])
+@pytest.mark.parametrize("name", ["sdxl", "sd3", "flux", "zimage", "qwenimage"])
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_trains_an_epoch_on_each_family(name, preset, family_model_dirs, tmp_path):
     flow_step = ("sample.sde_type", "sample.noise_level")  # the flow step's kind and its level (DanceGRPO's 0.3)
@@ -277,7 +277,7 @@ def test_every_preset_trains_an_epoch_on_each_family(name, preset, family_model_
         assert metrics["ref/kl"] >= 0 and "ref/param_distance" in metrics
 
 
-@pytest.mark.parametrize("name", ["sd", "sdxl", "flux", "qwenimage"])
+@pytest.mark.parametrize("name", ["sd", "sdxl", "flux", "zimage", "qwenimage"])
 def test_cached_text_embeddings_and_chunked_decoding_change_nothing(name, family_model_dirs):
     """A prompt is encoded alone into the cache: the same embedding whatever it was batched with; the VAE decodes
     3 images at a time: the same images as all at once (to float32 rounding of other batch sizes)."""

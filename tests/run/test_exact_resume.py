@@ -8,7 +8,8 @@ SIGTERM drops epoch 3, checkpoints epoch 2 and exits 143. Either way the resumed
 the same bytes (and the same logged metrics) as a run that was never interrupted. ddpo and
 group_ppo (critic, group-threshold controller) train LoRA; grpo trains the full UNet with a KL term
 to a frozen reference copy; group_ppo@flux trains LoRA on the tiny FLUX model (flow-matching SDE steps,
-the critic on packed latents).
+the critic on packed latents); grpo@zimage trains the whole tiny Z-Image transformer with guidance (its list inputs,
+the Qwen3 condition stored with its lengths) and a KL to a frozen copy.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def runs_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux",
+@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux", "grpo@zimage",
                                     pytest.param("grpo+cuda", marks=pytest.mark.cuda),
                                     pytest.param("group_ppo+cuda", marks=pytest.mark.cuda)])
 def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(preset, family_model_dirs, runs_dir):

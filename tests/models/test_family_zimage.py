@@ -1,0 +1,213 @@
+"""Z-Image on its tiny random pipeline (a Qwen3 text encoder with a locally built tokenizer and chat template): the
+condition against the pipeline's own ``encode_prompt``, the sampler against its own ``__call__`` with and without
+guidance and with its guidance options, the config it reads, the text encoder on its own device."""
+
+import pytest
+import torch
+from diffusers import ZImagePipeline
+
+from ddpo_group.sampling.trajectories import sample_trajectories
+from test_families import PROMPTS, family_of, generators
+
+
+def test_the_condition_is_the_pipelines_list_of_embeddings(tiny_zimage_dir):
+    """encode_prompt's per-prompt [l_i, D] embeddings (the chat-templated prompt's tokens) stored left-aligned and
+    zero-padded to pretrained.max_sequence_length, with their lengths; the model's list is exactly the pipeline's."""
+    family, _ = family_of("zimage", tiny_zimage_dir)
+    assert family.name == "zimage" and isinstance(family.pipe, ZImagePipeline)
+    cond = family.encode(PROMPTS)
+    want, _ = family.pipe.encode_prompt(list(PROMPTS), device="cpu", do_classifier_free_guidance=False,
+                                        max_sequence_length=64)
+    # the chat template adds 19 tokens ("<|im_start|>user\n" ... "<|im_start|>assistant\n"), one token a byte here
+    assert cond["prompt_lengths"].tolist() == [19 + len(p) for p in PROMPTS] == [len(e) for e in want]
+    assert cond["prompt_embeds"].shape == (4, 64, 16) and cond["prompt_lengths"].dtype == torch.long
+    for got, expected, length in zip(family.embeds_list(cond, 4), want, cond["prompt_lengths"]):
+        assert torch.equal(got, expected)
+    for row, length in zip(cond["prompt_embeds"], cond["prompt_lengths"]):
+        assert float(row[length:].abs().sum()) == 0
+    negative = family.negative_condition()
+    assert negative["prompt_lengths"].tolist() == [19]
+    assert [e.shape for e in family.embeds_list(negative, 3)] == [(19, 16)] * 3
+    short, _ = family_of("zimage", tiny_zimage_dir, **{"pretrained.max_sequence_length": 24})
+    with pytest.warns(UserWarning, match="prompt 'a red circle' .* fills all 24 tokens"):
+        assert short.encode(PROMPTS)["prompt_lengths"].tolist() == [24, 24, 24, 20]
+
+
+@pytest.mark.parametrize("guidance, options", [
+    (0.0, {}),  # Z-Image-Turbo's way: no unconditional forward
+    (3.0, {}),
+    (3.0, {"sample.cfg_truncation": 0.2}),  # no guidance on the last 2 of 4 steps ((1000 - t) / 1000 = 0.25, 0.5)
+    (3.0, {"sample.cfg_normalization": 1.0}),
+])
+def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, options, tiny_zimage_dir):
+    """Same generators, the deterministic Euler sampler, the family's pipeline keywords: the pipeline's images
+    exactly (its negative prompt is encoded as a batch of B empty prompts, so ours is too)."""
+    family, config = family_of("zimage", tiny_zimage_dir, **{"sample.guidance_scale": guidance,
+                                                              "train.cfg": guidance > 0, **options})
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    assert kwargs == {"height": 32, "width": 32, "max_sequence_length": 64,
+                      "cfg_normalization": options.get("sample.cfg_normalization", 0.0),
+                      "cfg_truncation": options.get("sample.cfg_truncation", 1.0)}
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(list(PROMPTS), num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
+                       output_type="pt", **kwargs).images
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4), 4, guidance,
+                               [0.0] * 4, generator=generators(4), compute_log_prob=False)
+    assert traj.images.shape == (4, 3, 32, 32) and traj.latents.shape == (4, 5, 16, 16, 16)
+    assert torch.equal(traj.images, want)
+    assert torch.equal(traj.steps["next_sigmas"][:, -1], torch.zeros(4))
+    if options:  # the options changed the images, so the check above can fail
+        plain = family.pipe(list(PROMPTS), num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
+                            output_type="pt", height=32, width=32, max_sequence_length=64).images
+        assert float((plain - want).abs().max()) > 1e-4
+
+
+@pytest.mark.parametrize("options", [
+    {"sample.guidance_scale": 0.0, "train.cfg": False},  # Z-Image-Turbo's: the conditional forward only
+    {"sample.cfg_truncation": 0.2, "sample.cfg_normalization": 1.0},  # steps 2 and 3 unguided, the rest capped
+])
+def test_the_first_training_forwards_ratio_is_one_with_the_guidance_options(options, tiny_zimage_dir):
+    """As test_families.py's test: the recorded log-probs come back bitwise in the sampling batch, and to within 1e-6
+    in the ratio when a training chunk mixes steps (with cfg_truncation, guided and unguided rows share one doubled
+    forward where sampling ran the conditional one alone)."""
+    from ddpo_group.sampling.trajectories import TransitionScorer
+
+    family, config = family_of("zimage", tiny_zimage_dir, **options)
+    sample = config.sample
+    cond = family.encode(PROMPTS)
+    traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4, sample.guidance_scale,
+                               family.noise_levels(sample), generator=generators(4))
+    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
+    scorer = TransitionScorer.from_config(config, family)
+    with torch.no_grad():
+        for n in range(4):
+            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
+            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
+        rows, steps = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
+        for chunk in (1, 3, 16):
+            out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
+                             for c in torch.split(torch.arange(16), chunk)])
+            assert float((torch.exp(out - traj.log_probs[rows, steps]) - 1).abs().max()) < 1e-6, chunk
+
+
+def test_the_schedule_is_the_pipelines(tiny_zimage_dir):
+    """linspace(1, 1/T, T) shifted by the scheduler's shift 3 (Z-Image-Turbo's), timesteps 1000 s."""
+    family, _ = family_of("zimage", tiny_zimage_dir)
+    schedule = family.schedule(4, "cpu")
+    s = torch.linspace(1.0, 0.25, 4)
+    torch.testing.assert_close(schedule["sigmas"], 3 * s / (1 + 2 * s))
+    torch.testing.assert_close(schedule["timesteps"], 1000 * schedule["sigmas"])
+    assert schedule["next_sigmas"][-1] == 0
+
+
+def test_the_config_it_reads_is_checked(tiny_zimage_dir):
+    from ddpo_group.models.families.zimage import ZImageFamily
+
+    family, config = family_of("zimage", tiny_zimage_dir)
+    assert ZImageFamily.config_errors(config) == []
+    config.train.cfg = False
+    assert "train.cfg=False contradicts sample.guidance_scale=3.0" in ZImageFamily.config_errors(config)[0]
+    assert family.training_guidance(config) == 0.0  # Z-Image's "no guidance"
+    config.sample.guidance_scale, config.sample.cfg_truncation, config.sample.cfg_normalization = 0.0, 1.5, -1.0
+    assert ZImageFamily.config_errors(config) == [
+        "sample.cfg_normalization=-1.0 must be >= 0 (0: off)",
+        "sample.cfg_truncation=1.5 must be in [0, 1] (1: guidance on every step)",
+    ]
+
+
+def test_the_text_encoder_runs_where_it_is(tiny_zimage_dir):
+    """pretrained.text_encoder_device: the prompts meet Qwen3 on its device and the embeddings move to the
+    transformer's (here the transformer on the meta device, the text encoder on the CPU)."""
+    from ddpo_group.models.trainable import TEXT_ENCODERS
+
+    family, _ = family_of("zimage", tiny_zimage_dir)
+    assert [name for name in family.pipe.components if name.startswith("text_encoder")] == ["text_encoder"]
+    assert "text_encoder" in TEXT_ENCODERS
+    on_cpu = family.encode(PROMPTS)
+    torch.nn.Module.to(family.pipe.transformer, "meta")
+    cond = family.encode(PROMPTS)
+    assert family.pipe.text_encoder.device.type == "cpu"
+    assert {key: (value.device.type, value.shape) for key, value in cond.items()} == {
+        key: ("meta", value.shape) for key, value in on_cpu.items()}
+
+
+def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(tiny_zimage_dir, tmp_path):
+    """grpo with guidance on the saved tiny Z-Image: the diffusers-format LoRA export loads with
+    ZImagePipeline.load_lora_weights and its images are the trained model's (on the CPU, to float precision);
+    scripts/evaluate.py's comparison runs on the run with the family's pipeline keywords."""
+    from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+    trainer = tiny_trainer("grpo", tiny_zimage_dir, tmp_path, "lora", **FAMILY_OVERRIDES["zimage"], device="cpu")
+    trainer.run()
+    lora = tmp_path / "lora" / "lora"
+    assert (lora / "pytorch_lora_weights.safetensors").exists()
+    base = ZImagePipeline.from_pretrained(tiny_zimage_dir)
+    base.set_progress_bar_config(disable=True)
+    config = trainer.config
+    guidance = config.sample.guidance_scale
+    call = dict(num_inference_steps=4, guidance_scale=guidance, output_type="pt",
+                **trainer.family.pipeline_kwargs(config.sample, config.pretrained))
+    base_images = base(list(PROMPTS), generator=generators(4), **call).images
+    base.load_lora_weights(str(lora))
+    loaded = base(list(PROMPTS), generator=generators(4), **call).images
+    family = trainer.family
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4), 4, guidance,
+                                  [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
+    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+
+    from config.base import base as base_config
+    from ddpo_group.run.evaluation import evaluate
+
+    report = evaluate(str(tmp_path / "lora"), base_config(), num_prompts=2, num_seeds=2, batch_size=4,
+                      show_progress=False)
+    assert report["family"] == "zimage" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
+    difference = report["rewards"]["reward"]["difference"]
+    assert difference["n"] == 4 and difference["std"] > 0  # the fine-tuned images differ from the base ones
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["flow_factory_zimage", "flow_factory_zimage_turbo"])
+def test_the_flow_factory_recipes_run_on_the_tiny_model(recipe, tiny_zimage_dir, tmp_path):
+    """Flow-Factory's Z-Image settings (their model replaced by the tiny one, their sizes by tiny ones), with the
+    text-embedding cache, chunked decoding and gradient checkpointing: an epoch trains."""
+    from config.base import get_config
+    from ddpo_group.models.families.zimage import ZImageFamily
+    from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+    published = get_config(recipe)
+    assert ZImageFamily.config_errors(published) == []
+    assert (published.train.group_size, published.sample.resolution, published.sample.noise_level) == (16, 512, 0.7)
+    overrides = {**FAMILY_OVERRIDES["zimage"], "sample.text_embedding_cache": 16, "sample.decode_batch_size": 3,
+                 "sample.num_steps": 4, "sample.sde_window_size": 3, "train.pairs_per_forward": 4,
+                 "train.gradient_checkpointing": True, "mixed_precision": "no",
+                 "sample.guidance_scale": published.sample.guidance_scale, "train.cfg": published.train.cfg}
+    trainer = tiny_trainer(recipe, tiny_zimage_dir, tmp_path, recipe, **overrides)
+    config = trainer.config
+    assert (config.use_lora, config.train.group_size) == (recipe == "flow_factory_zimage", 4)
+    if config.use_lora:
+        assert (config.lora_rank, config.lora_alpha) == (64, 128)
+    assert trainer.family.name == "zimage" and trainer.family.model.is_gradient_checkpointing
+    metrics = trainer.run()
+    assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    assert len(trainer.rollouts.text_cache.entries) > 0  # every prompt met the text encoder once
+
+
+def test_the_bench_shape_has_the_real_models_sizes():
+    """bench/random_model.py --shape zimage, built on the meta device (no memory): Z-Image's 6.2B transformer reading
+    the 2560-wide hidden states of a 4.0B Qwen3-4B-sized text encoder; the zimage family drives it."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from random_model import BUILDERS
+
+    with torch.device("meta"):
+        pipe = BUILDERS["zimage"]()
+    billions = {name: round(sum(p.numel() for p in module.parameters()) / 1e9, 2)
+                for name, module in pipe.components.items() if isinstance(module, torch.nn.Module)}
+    assert billions == {"vae": 0.08, "text_encoder": 4.02, "transformer": 6.15}
+    assert pipe.transformer.config.cap_feat_dim == pipe.text_encoder.config.hidden_size == 2560
+    from ddpo_group.models.families import get_family
+
+    assert isinstance(pipe, get_family("zimage").pipeline_class)
