@@ -5,6 +5,7 @@ and throughput on when the real weights are not at hand.
     python bench/random_model.py --shape sd35m --out /tmp/sd35m   # SD 3.5 Medium's transformer, CLIP-L/G, no T5
     python bench/random_model.py --shape sdxl --out /tmp/sdxl     # SDXL base's UNet, CLIP-L and CLIP-G, 1024 px
     python bench/random_model.py --shape zimage --out /tmp/zimage # Z-Image's 6B transformer, Qwen3-4B, FLUX VAE
+    python bench/random_model.py --shape flux_kontext --out /tmp/kontext  # FLUX.1 Kontext [dev]: 11.9B + T5-XXL (34 GB)
     python bench/random_model.py --shape qwenimage --out /tmp/qwen  # Qwen-Image (20.4B) and Qwen2.5-VL-7B: ~57 GB
 
 sd15: UNet 860M (320/640/1280/1280 channels, cross-attention 768), VAE 84M, a CLIP-L-sized text encoder (12 layers,
@@ -117,6 +118,38 @@ def build_zimage():
 BUILDERS["zimage"] = build_zimage
 
 
+def build_flux_kontext(blocks: float = 1.0):
+    """FLUX.1 Kontext [dev]'s shapes: FluxTransformer2DModel with 19 double and 38 single blocks (24 heads of 128,
+    guidance embedding; 11.9B), CLIP-L, a T5-XXL-sized encoder (24 layers, 4096 wide, gated GELU; 4.8B) with the
+    locally built T5 tokenizer, the 16-channel FLUX VAE. ``blocks`` < 1 keeps that fraction of the transformer's and
+    T5's blocks (at least one each), widths unchanged."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxTransformer2DModel
+    from transformers import T5Config, T5EncoderModel
+
+    from ddpo_group.models.tiny_random import t5_tokenizer
+
+    def kept(n):
+        return max(1, round(n * blocks))
+
+    transformer = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=kept(19), num_single_layers=kept(38),
+                                         attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+                                         pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+    tokenizer, text_encoder = clip_text(768, 12, 12, projection=False)
+    t5 = T5EncoderModel(T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=kept(24), num_heads=64,
+                                 feed_forward_proj="gated-gelu", tie_word_embeddings=False))
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                                base_image_seq_len=256, max_image_seq_len=4096)
+    return FluxKontextPipeline(
+        scheduler=scheduler, vae=vae(16, shift_factor=0.1159, scaling_factor=0.3611, use_quant_conv=False,
+                                     use_post_quant_conv=False),
+        text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=t5, tokenizer_2=t5_tokenizer(512),
+        transformer=transformer,
+    )
+
+
+BUILDERS["flux_kontext"] = build_flux_kontext
+
+
 def build_qwenimage(layers: int = 60):
     """Qwen-Image: its QwenImageTransformer2DModel (60 MMDiT blocks of 24 heads of 128 on 64-channel packed tokens,
     text width 3584; 20.4B; ``layers`` fewer for a fraction), Qwen2.5-VL-7B as its text encoder (28 layers of 3584,
@@ -144,8 +177,9 @@ def build_qwenimage(layers: int = 60):
                        "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31]},
         vocab_size=152064, hidden_size=3584, tie_word_embeddings=False,
     )
-    return QwenImagePipeline(scheduler=scheduler, vae=AutoencoderKLQwenImage(), tokenizer=qwen_tokenizer(template=template),
-                             text_encoder=Qwen2_5_VLForConditionalGeneration(config), transformer=transformer)
+    return QwenImagePipeline(scheduler=scheduler, vae=AutoencoderKLQwenImage(), transformer=transformer,
+                             tokenizer=qwen_tokenizer(template=template),
+                             text_encoder=Qwen2_5_VLForConditionalGeneration(config))
 
 
 BUILDERS["qwenimage"] = build_qwenimage

@@ -49,7 +49,8 @@ def base() -> ml_collections.ConfigDict:
     config.pretrained = pretrained = ml_collections.ConfigDict()
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
-    pretrained.family = ""  # "sd", "sdxl", "sd3", "flux", "zimage" or "qwenimage"; "": model_index.json's pipeline class
+    # "sd", "sdxl", "sd3", "flux", "zimage", "flux_kontext" or "qwenimage"; "": from model_index.json's pipeline class
+    pretrained.family = ""
     # Qwen-Image: its Qwen2.5-VL tokens, at most 1024, each prompt's stored padded to this count; 0: 512
     pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
@@ -456,6 +457,41 @@ def flow_factory_zimage_turbo() -> ml_collections.ConfigDict:
     return config
 
 
+def flow_factory_flux_kontext() -> ml_collections.ConfigDict:
+    """Flow-Factory's GRPO LoRA recipe for FLUX.1 Kontext [dev] (github:X-GenGroup/Flow-Factory,
+    examples/grpo/lora/flux1_kontext/default.yaml at 5f6cda1): LoRA rank 64 / alpha 128, 384 px (the source images
+    too), 10 rollout steps (20 to evaluate), guidance 2.5 as FLUX's guidance embedding, Flow-SDE at noise level 0.9
+    with one stochastic step (theirs drawn from steps 1-3 each epoch, ours fixed at step 1), group 16, 48 prompts
+    per epoch over 8 processes, 2 optimizer steps per epoch, clip 1e-4, advantages clipped at 5, no KL, lr 3e-4,
+    EMA 0.9 every 4 steps, bf16, PickScore. Their evaluation samples at 512 px; ours at the training size. The
+    editing dataset is yours: a .jsonl prompt file (prompt_fn from_file, rows {"prompt", "image"}) in
+    prompt_fn_kwargs.path."""
+    config = grpo()
+    config.pretrained.model = "black-forest-labs/FLUX.1-Kontext-dev"
+    config.mixed_precision = "bf16"
+    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
+    config.sample.resolution = 384
+    config.sample.num_steps, config.sample.eval_num_steps = 10, 20
+    config.sample.guidance_scale, config.train.cfg = 2.5, False
+    config.sample.sde_type, config.sample.noise_level = "flow_sde", 0.9
+    config.sample.sde_window_start, config.sample.sde_window_size = 1, 1
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 8, 12  # 96 per process: 48 groups of 16 over 8
+    config.sample.text_embedding_cache = 4096  # T5 and the VAE meet each (prompt, source image) once
+    config.train.group_size = 16
+    config.train.batch_size, config.train.gradient_accumulation_steps = 8, 6  # 2 optimizer steps per epoch
+    config.train.learning_rate = 3e-4
+    config.train.clip_range = 1e-4
+    config.train.adv_clip_max = 5.0
+    config.train.ema, config.train.ema_decay, config.train.ema_update_interval = True, 0.9, 4
+    config.kl.beta = 0.0
+    config.kl.use_reference_model = False
+    config.prompt_fn = "from_file"
+    config.reward_fn = "pickscore"
+    config.num_epochs = 500
+    config.save_freq = 20
+    return config
+
+
 PRESETS = {
     "ddpo": ddpo, "grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "grpo_passk": grpo_passk,
     "reinforce_pp": reinforce_pp, "remax": remax, "ppo_gae": ppo_gae, "group_ppo": group_ppo,
@@ -465,6 +501,7 @@ PRESETS = {
 RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow,
            "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux}
 RECIPES.update(flow_factory_zimage=flow_factory_zimage, flow_factory_zimage_turbo=flow_factory_zimage_turbo)
+RECIPES["flow_factory_flux_kontext"] = flow_factory_flux_kontext
 RECIPES["flow_grpo_qwenimage"] = flow_grpo_qwenimage
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from ddpo_group.errors import ConfigError
+from ddpo_group.models.source_images import SOURCE_IMAGE_KEY
 from ddpo_group.registry import Registry, keyword_errors
 
 PROMPT_ENTRY_POINT_GROUP = "ddpo_group.prompts"
@@ -115,14 +116,80 @@ def _file_lines(path: str, mtime: float) -> tuple[str, ...]:
     return lines
 
 
+# the keys of a .jsonl row the loader reads; every other key is free metadata, passed to the reward functions
+JSONL_PROMPT_KEY, JSONL_NEGATIVE_KEY = "prompt", "negative_prompt"  # and SOURCE_IMAGE_KEY, "image"
+
+
+@lru_cache(maxsize=16)
+def _jsonl_rows(path: str, mtime: float) -> tuple[tuple[str, dict], ...]:
+    """The (prompt, metadata) rows of a .jsonl prompt file, checked; ``image`` paths made absolute (module
+    docstring of ``from_file``)."""
+    import json
+
+    rows, folder = [], Path(path).parent
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"prompt_fn from_file: {path}, line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: a row must be a JSON object such as {{\"prompt\": \"a cat\"}}, got "
+                             f"{type(row).__name__}")
+        prompt = row.pop(JSONL_PROMPT_KEY, None)
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"{where}: field {JSONL_PROMPT_KEY!r} is {prompt!r}; it is required, a non-empty string")
+        if JSONL_NEGATIVE_KEY in row:
+            raise ValueError(
+                f"{where}: field {JSONL_NEGATIVE_KEY!r} is not supported yet: the negative condition is one per run "
+                "(every family encodes the empty prompt once); remove the field"
+            )
+        if SOURCE_IMAGE_KEY in row:
+            row[SOURCE_IMAGE_KEY] = _image_paths(row[SOURCE_IMAGE_KEY], folder, where)
+        rows.append((prompt.strip(), row))
+    if not rows:
+        raise ValueError(f"prompt_fn from_file: {path!r} holds no row (one JSON object per non-empty line)")
+    return tuple(rows)
+
+
+def _image_paths(value, folder: Path, where: str) -> str | list[str]:
+    """``image`` of a .jsonl row (a path relative to the file, or a list of them) as absolute paths, each checked."""
+    paths = value if isinstance(value, list) else [value]
+    if not paths or not all(isinstance(item, str) and item for item in paths):
+        raise ValueError(f"{where}: field {SOURCE_IMAGE_KEY!r} is {value!r}; it must be a path relative to the file "
+                         "or a non-empty list of them")
+    resolved = []
+    for item in paths:
+        file = (folder / item).expanduser().resolve()
+        if not file.is_file():
+            raise FileNotFoundError(f"{where}: field {SOURCE_IMAGE_KEY!r}: {item!r} ({file}) does not exist")
+        resolved.append(str(file))
+    return resolved if isinstance(value, list) else resolved[0]
+
+
 @register_prompt_fn("from_file")
 def from_file(rng: random.Random | None = None, path: str = ""):
-    """A uniformly drawn line of the text file ``path`` (one prompt per line; blank lines skipped)."""
+    """A uniformly drawn row of the prompt file ``path``.
+
+    * ``.txt`` (any suffix but .jsonl): one prompt per line (blank lines skipped), metadata {}.
+    * ``.jsonl``: one JSON object per line: ``prompt`` (required), ``image`` (optional: the source image of an edit,
+      a path relative to the .jsonl file or a list of them; given to the model families that take images, e.g.
+      flux_kontext, and to the reward functions as ``metadata["image"]``, the absolute path(s)), any other key free
+      metadata for the reward functions (e.g. ``{"prompt": "...", "text": "STOP"}`` for the ocr reward). A per-row
+      ``negative_prompt`` is rejected for now (the negative condition is one per run). Errors name the file, the
+      line and the field.
+    """
     if not path:
-        raise ValueError("prompt_fn from_file needs prompt_fn_kwargs.path: a text file with one prompt per line")
+        raise ValueError("prompt_fn from_file needs prompt_fn_kwargs.path: a text file with one prompt per line "
+                         "or a .jsonl file with one {\"prompt\": ...} object per line")
     file = Path(path).expanduser()
     if not file.is_file():
         raise FileNotFoundError(f"prompt_fn from_file: path={path!r} does not exist")
+    if file.suffix == ".jsonl":
+        prompt, metadata = (rng or random).choice(_jsonl_rows(str(file.resolve()), file.stat().st_mtime))
+        return prompt, dict(metadata)
     return (rng or random).choice(_file_lines(str(file.resolve()), file.stat().st_mtime)), {}
 
 

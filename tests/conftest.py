@@ -11,7 +11,8 @@ if "OMP_NUM_THREADS" not in os.environ:  # an explicit count is kept: the suite 
     torch.set_num_threads(min(2, torch.get_num_threads()))
 
 from ddpo_group.models.tiny_random import (  # noqa: E402
-    build_tiny_flux_pipeline, build_tiny_pipeline, build_tiny_sd3_pipeline, build_tiny_sdxl_pipeline, save_pipeline,
+    build_tiny_flux_kontext_pipeline, build_tiny_flux_pipeline, build_tiny_pipeline, build_tiny_sd3_pipeline,
+    build_tiny_sdxl_pipeline, save_pipeline,
 )
 
 
@@ -73,6 +74,12 @@ def tiny_zimage_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_flux_kontext_dir(tmp_path_factory):
+    """A tiny random FLUX.1 Kontext checkpoint (the tiny FLUX.1's components) on disk."""
+    return save_pipeline(build_tiny_flux_kontext_pipeline(), tmp_path_factory.mktemp("tiny_flux_kontext") / "model")
+
+
+@pytest.fixture(scope="session")
 def tiny_qwenimage_dir(tmp_path_factory):
     """A tiny random Qwen-Image checkpoint (a Qwen2.5-VL text encoder, a locally built Qwen2 tokenizer) on disk."""
     from ddpo_group.models.tiny_random import build_tiny_qwenimage_pipeline
@@ -81,6 +88,7 @@ def tiny_qwenimage_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def family_model_dirs(tiny_model_dir, tiny_sdxl_dir, tiny_sd3_dir, tiny_flux_dir, tiny_zimage_dir, tiny_qwenimage_dir):
+def family_model_dirs(tiny_model_dir, tiny_sdxl_dir, tiny_sd3_dir, tiny_flux_dir, tiny_zimage_dir,
+                      tiny_flux_kontext_dir, tiny_qwenimage_dir):
     return {"sd": tiny_model_dir, "sdxl": tiny_sdxl_dir, "sd3": tiny_sd3_dir, "flux": tiny_flux_dir,
-            "zimage": tiny_zimage_dir, "qwenimage": tiny_qwenimage_dir}
+            "zimage": tiny_zimage_dir, "flux_kontext": tiny_flux_kontext_dir, "qwenimage": tiny_qwenimage_dir}

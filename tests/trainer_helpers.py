@@ -28,6 +28,7 @@ FAMILY_OVERRIDES = {
 # Z-Image: 32 px, 64 Qwen3 tokens (a prompt takes 19 + its bytes), its guidance u_c + w (u_c - u_uncond)
 FAMILY_OVERRIDES["zimage"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 64,
                               "sample.guidance_scale": 3.0, "train.cfg": True}
+FAMILY_OVERRIDES["flux_kontext"] = FAMILY_OVERRIDES["flux"]  # FLUX.1's, with source images from a .jsonl prompt file
 # Qwen-Image: 32 px images, prompts of at most 32 text tokens (the default guidance 5.0 is its true CFG)
 FAMILY_OVERRIDES["qwenimage"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 32}
 

@@ -142,6 +142,14 @@ def build_tiny_flux_pipeline(seed: int = 0, guidance_embeds: bool = True):
                         tokenizer=tokenizer, text_encoder_2=_t5_encoder(), tokenizer_2=t5_tokenizer())
 
 
+def build_tiny_flux_kontext_pipeline(seed: int = 0, guidance_embeds: bool = True):
+    """FLUX.1 Kontext: the tiny FLUX.1's components (``build_tiny_flux_pipeline``) in a FluxKontextPipeline, as
+    diffusers' own Kontext pipeline test builds it from the FLUX test's."""
+    from diffusers import FluxKontextPipeline
+
+    return FluxKontextPipeline(**build_tiny_flux_pipeline(seed, guidance_embeds).components)
+
+
 def save_pipeline(pipe, path) -> str:
     pipe.save_pretrained(str(path))
     return str(path)
@@ -233,6 +241,7 @@ def build_tiny_zimage_pipeline(seed: int = 0):
 
 
 TINY_BUILDERS["zimage"] = build_tiny_zimage_pipeline
+TINY_BUILDERS["flux_kontext"] = build_tiny_flux_kontext_pipeline
 
 
 # ----------------------------------------------------------------------------- Qwen-Image

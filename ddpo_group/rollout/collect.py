@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards import RewardUnavailable, check_rewards
 from ddpo_group.rollout.tweedie import tweedie_values, with_rewards
-from ddpo_group.sampling.trajectories import rows_of, sample_trajectories
+from ddpo_group.sampling.trajectories import concatenate_rows, rows_of, sample_trajectories
 from ddpo_group.timing import NULL_TIMER
 
 
@@ -79,35 +79,45 @@ class RewardScorer:
 
 
 class TextEmbeddingCache:
-    """The condition of the last ``size`` distinct prompts, on the CPU (least recently used ones dropped), so the
-    text encoders meet each prompt once. A prompt is encoded alone, so its entry does not depend on which prompts
-    were encoded with it (an exact resume, which starts with an empty cache, gets the same embeddings)."""
+    """The condition of the last ``size`` distinct prompts (with their source images, for a family that takes them:
+    keyed by ``family.condition_key``), on the CPU (least recently used ones dropped), so the text encoders meet each
+    prompt once. A prompt is encoded alone, so its entry does not depend on which prompts were encoded with it (an
+    exact resume, which starts with an empty cache, gets the same embeddings)."""
 
     def __init__(self, size: int):
         self.size = size
-        self.entries: OrderedDict[str, dict] = OrderedDict()
+        self.entries: OrderedDict = OrderedDict()
 
-    def condition(self, family, prompts: list[str]) -> dict:
-        for prompt in prompts:
-            if prompt in self.entries:
-                self.entries.move_to_end(prompt)
+    def condition(self, family, prompts: list[str], metadata: list[dict] | None = None) -> dict:
+        metadata = metadata if metadata is not None else [{}] * len(prompts)
+        keys = [family.condition_key(prompt, meta) for prompt, meta in zip(prompts, metadata)]
+        for key, prompt, meta in zip(keys, prompts, metadata):
+            if key in self.entries:
+                self.entries.move_to_end(key)
             else:
-                self.entries[prompt] = {k: v.cpu() for k, v in family.encode([prompt]).items()}
+                self.entries[key] = {k: v.cpu() for k, v in family.condition([prompt], [meta]).items()}
                 if len(self.entries) > self.size:
                     self.entries.popitem(last=False)
-        keys = self.entries[prompts[0]].keys()
-        return {k: torch.cat([self.entries[p][k] for p in prompts]).to(family.device) for k in keys}
+        return concatenate_rows([self.entries[key] for key in keys], prompts, family.device)
 
 
-def encode_unique(family, prompts: list[str], cache: TextEmbeddingCache | None = None) -> dict:
-    """The condition of ``prompts`` (row-indexed tensors), running the text encoders once per distinct prompt (once
-    per prompt over the run with a ``cache``)."""
-    unique = list(dict.fromkeys(prompts))
-    cond = cache.condition(family, unique) if cache is not None else family.encode(unique)
-    if len(unique) == len(prompts):
+def encode_unique(family, prompts: list[str], cache: TextEmbeddingCache | None = None,
+                  metadata: list[dict] | None = None) -> dict:
+    """The condition of ``prompts`` with their ``metadata`` (row-indexed tensors), running the encoders once per
+    distinct prompt (``family.condition_key``: with its source images for an editing family; once per prompt over the
+    run with a ``cache``)."""
+    metadata = metadata if metadata is not None else [{}] * len(prompts)
+    keys = [family.condition_key(prompt, meta) for prompt, meta in zip(prompts, metadata)]
+    first = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    unique_prompts, unique_metadata = [prompts[i] for i in first.values()], [metadata[i] for i in first.values()]
+    cond = cache.condition(family, unique_prompts, unique_metadata) if cache is not None \
+        else family.condition(unique_prompts, unique_metadata)
+    if len(first) == len(prompts):
         return cond
-    position = {prompt: i for i, prompt in enumerate(unique)}
-    rows = torch.tensor([position[p] for p in prompts], device=next(iter(cond.values())).device)
+    position = {key: i for i, key in enumerate(first)}
+    rows = torch.tensor([position[key] for key in keys], device=next(iter(cond.values())).device)
     return rows_of(cond, rows)
 
 
@@ -171,7 +181,7 @@ def collect_rollouts(
     tweedie_columns = None if tweedie_steps is None else [x0_steps.index(n) for n in tweedie_steps]  # of pred_x0
     noise_levels = family.noise_levels(sample_config)
     with timer.phase("sampling"):
-        all_cond = encode_unique(family, prompts, text_cache)
+        all_cond = encode_unique(family, prompts, text_cache, metadata)
     for i in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):
         if should_stop is not None and should_stop():
             for future in futures:
@@ -264,12 +274,13 @@ def greedy_rewards(family, prompts: list[str], metadata: list[dict], keys: list[
     for start in range(0, len(order), size):
         chunk = order[start : start + size]
         batch_prompts = [prompts[first[k]] for k in chunk]
+        batch_metadata = [metadata[first[k]] for k in chunk]
         generators = [torch.Generator(device=device).manual_seed(int(seed) * 1_000_003 + int(k)) for k in chunk]
         traj = sample_trajectories(
-            family, family.model, family.encode(batch_prompts), family.negative_condition(), sample_config.num_steps,
+            family, family.model, family.condition(batch_prompts, batch_metadata), family.negative_condition(), sample_config.num_steps,
             sample_config.guidance_scale, [0.0] * sample_config.num_steps, generator=generators, compute_log_prob=False,
             initial_noise=torch.stack([initial_noise[first[k]] for k in chunk]) if initial_noise is not None else None,
         )
-        values, _ = score(traj.images, batch_prompts, [metadata[first[k]] for k in chunk])
+        values, _ = score(traj.images, batch_prompts, batch_metadata)
         rewards.update(zip(chunk, values.tolist()))
     return torch.tensor([rewards[k] for k in keys], dtype=torch.float64)

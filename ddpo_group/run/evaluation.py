@@ -112,18 +112,22 @@ def prompt_seeds(prompts: list[str], seed: int, m: int) -> list[list[int]]:
 
 @torch.no_grad()
 def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: int, guidance_scale: float, batch_size: int,
-                  progress: tqdm | None = None, **pipeline_kwargs) -> torch.Tensor:
+                  progress: tqdm | None = None, metadata: list[dict] | None = None, row_kwargs=None,
+                  **pipeline_kwargs) -> torch.Tensor:
     """Images [N * M, 3, H, W] in [0, 1], prompt-major: index i * M + j is prompt i with its seed ``seeds[i][j]``, from
     the pipeline's own ``__call__`` (its standard sampler; ``pipeline_kwargs``: the family's, e.g. DDIM's eta, the
-    resolution)."""
-    pairs = [(p, s) for p, row in zip(prompts, seeds) for s in row]
+    resolution; ``row_kwargs(metadata of a call's rows)``: the keywords of those rows, ``family.pipeline_row_kwargs``,
+    e.g. an editing family's source images)."""
+    metadata = metadata if metadata is not None else [{}] * len(prompts)
+    pairs = [(p, s, m) for p, row, m in zip(prompts, seeds, metadata) for s in row]
     out = []
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start : start + batch_size]
-        generators = [torch.Generator(device="cpu").manual_seed(s) for _, s in chunk]
+        generators = [torch.Generator(device="cpu").manual_seed(s) for _, s, _ in chunk]
+        rows = row_kwargs([m for _, _, m in chunk]) if row_kwargs is not None else {}
         images = pipe(
-            [p for p, _ in chunk], num_inference_steps=num_steps, guidance_scale=guidance_scale,
-            generator=generators, output_type="pt", **pipeline_kwargs,
+            prompt=[p for p, _, _ in chunk], num_inference_steps=num_steps, guidance_scale=guidance_scale,
+            generator=generators, output_type="pt", **rows, **pipeline_kwargs,
         ).images
         out.append(images.float().cpu())
         if progress is not None:
@@ -226,13 +230,14 @@ def evaluate(finetuned: str, defaults, base_model: str | None = None, num_prompt
     batches = math.ceil(len(prompts) * num_seeds / batch_size)
     settings = dict(num_steps=num_steps, guidance_scale=guidance_scale, batch_size=batch_size,
                     **family.pipeline_kwargs(config.sample, config.pretrained))
+    rows = dict(metadata=metadata, row_kwargs=family.pipeline_row_kwargs)  # e.g. an editing family's source images
     with tqdm(total=2 * batches, desc="evaluate (base, then fine-tuned)", disable=not show_progress) as progress:
-        base_images = sample_images(pipe, prompts, seeds, progress=progress, **settings)
+        base_images = sample_images(pipe, prompts, seeds, progress=progress, **rows, **settings)
         if kind == "lora":
             pipe.load_lora_weights(str(source))
         else:
             load_finetuned_weights(family, source, config)
-        tuned_images = sample_images(pipe, prompts, seeds, progress=progress, **settings)
+        tuned_images = sample_images(pipe, prompts, seeds, progress=progress, **rows, **settings)
     metadata_all = [metadata[i] for i in range(len(prompts)) for _ in range(num_seeds)]
     prompts_all = [p for p in prompts for _ in range(num_seeds)]
     base_rewards = score(combined, base_images, prompts_all, metadata_all)

@@ -185,7 +185,7 @@ class PeriodicEvaluation:
         """(rewards [R] float64, components [R, C] float64, images [R, 3, H, W] uint8) of every row, gathered."""
         family, sample = self.family, self.config.sample
         if self._cond is None:
-            self._cond = family.encode(self.prompts)
+            self._cond = family.condition(self.prompts, self.metadata)
         rows = self.my_rows()
         device = self.accelerator.device
         noise = self.initial_noise(rows)

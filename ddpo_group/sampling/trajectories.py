@@ -40,6 +40,21 @@ def rows_of(cond: dict, rows) -> dict:
     return {key: value[rows] for key, value in cond.items()}
 
 
+def concatenate_rows(conditions: list[dict], prompts: list[str], device) -> dict:
+    """One condition of the rows of ``conditions`` (one per prompt); a clear error when their shapes differ (e.g.
+    prompts with and without a source image in one batch)."""
+    out = {}
+    for key in conditions[0]:
+        shapes = {tuple(c[key].shape[1:]) for c in conditions}
+        if len(shapes) > 1:
+            examples = {tuple(c[key].shape[1:]): p for c, p in zip(conditions, prompts)}
+            raise ValueError(f"the condition's {key!r} has different shapes for different prompts, {examples} (a "
+                             "prompt and its shape): rows with and without a source image, or source images the "
+                             "family encodes at different sizes, cannot share a batch")
+        out[key] = torch.cat([c[key] for c in conditions]).to(device)
+    return out
+
+
 @torch.no_grad()
 def sample_trajectories(
     family,

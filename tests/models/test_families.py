@@ -169,7 +169,7 @@ def test_sdxl_trains_a_grpo_epoch_and_its_lora_loads_in_the_pipeline(tiny_sdxl_d
     assert report["rewards"]["reward"]["difference"]["std"] > 0
 
 
-@pytest.mark.parametrize("name", ["sdxl", "sd3", "flux", "zimage", "qwenimage"])
+@pytest.mark.parametrize("name", ["sdxl", "sd3", "flux", "zimage", "flux_kontext", "qwenimage"])
 def test_the_first_training_forwards_ratio_is_one(name, family_model_dirs):
     """Scoring the recorded transitions again under the sampling policy gives back the recorded log-probs:
     bitwise when the training forward's batch is the sampling batch; otherwise the float32 kernels of another

@@ -7,7 +7,9 @@ pipeline and says:
 * what it is: the pipeline class (``model_index.json``'s ``_class_name``), the trained module
   (``model_attribute``: the UNet or the transformer) and its LoRA target modules;
 * the condition: ``encode(prompts)`` -> a dict of row-indexed tensors (``cond_keys``: text embeddings, pooled
-  embeddings), stored per sample in the batch record; the unconditional one is encoded once;
+  embeddings), stored per sample in the batch record; the unconditional one is encoded once; ``condition(prompts,
+  metadata)`` is what the loop calls: ``encode`` for text-only families, the prompts with their source images
+  (``metadata["image"]``) for an editing family (``takes_images``), whose ``condition_key`` then names both;
 * latents and the schedule: ``latent_shape``, ``initial_latents`` (the pipeline's own noise draw),
   ``schedule(num_steps)`` -> row-broadcastable per-step tensors (``step_keys``: timesteps, sigmas), stored per
   sample and step in the batch record (the rollout's values are the ones training reads, never reconstructed);
@@ -20,12 +22,26 @@ pipeline and says:
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
 
 from ddpo_group.models.lora_export import unwrap
+from ddpo_group.models.source_images import SOURCE_IMAGE_KEY
 from ddpo_group.sampling.window import stochastic_steps
+
+
+_IGNORED_IMAGES_WARNED: set[str] = set()  # the families that warned about ignored source images
+
+
+def warn_ignored_images(family: str) -> None:
+    """Warn once per family that it does not read the prompts' source images (``metadata["image"]``)."""
+    if family not in _IGNORED_IMAGES_WARNED:
+        _IGNORED_IMAGES_WARNED.add(family)
+        warnings.warn(f"model family {family!r} generates from the text only: the prompts' source images "
+                      "(metadata['image']) are ignored by the model (reward functions still get them); an editing "
+                      "family such as flux_kontext reads them. This warning is shown once", UserWarning, stacklevel=3)
 
 
 class ModelFamily:
@@ -70,6 +86,25 @@ class ModelFamily:
     # ------------------------------------------------------------------ text
     def encode(self, prompts: list[str]) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ the condition of prompts with their metadata
+    takes_images = False  # whether the condition reads each prompt's source images (metadata["image"]: editing)
+
+    def condition(self, prompts: list[str], metadata: list[dict] | None = None) -> dict[str, torch.Tensor]:
+        """The condition of ``prompts`` with their metadata (one dict per prompt, or None): ``encode(prompts)``; a
+        family that takes source images overrides this. A text-only family ignores ``metadata["image"]``, with a
+        warning the first time it meets one."""
+        if not self.takes_images and metadata and any(m.get(SOURCE_IMAGE_KEY) for m in metadata):
+            warn_ignored_images(self.name)
+        return self.encode(prompts)
+
+    def condition_key(self, prompt: str, metadata: dict | None = None):
+        """What the condition of one prompt depends on (the text-embedding cache's key): the prompt, and its source
+        image paths for a family that takes images."""
+        if not self.takes_images:
+            return prompt
+        images = (metadata or {}).get(SOURCE_IMAGE_KEY)
+        return prompt, tuple(images) if isinstance(images, (list, tuple)) else images
 
     def negative_condition(self) -> dict[str, torch.Tensor]:
         """The unconditional condition (``negative_prompt``: the empty prompt), one row, encoded once."""
@@ -193,4 +228,9 @@ class ModelFamily:
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """Extra keywords of the pipeline's own ``__call__`` (evaluation) for images like the sampler's, from the run's
         ``sample`` and ``pretrained`` config sections."""
+        return {}
+
+    def pipeline_row_kwargs(self, metadata: list[dict]) -> dict:
+        """Keywords of the pipeline's own ``__call__`` for a call's rows (their metadata) beyond the prompts: an
+        editing family's source images; none for a text-only family."""
         return {}
