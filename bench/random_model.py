@@ -8,6 +8,7 @@ and throughput on when the real weights are not at hand.
     python bench/random_model.py --shape flux_kontext --out /tmp/kontext  # FLUX.1 Kontext [dev]: 11.9B + T5-XXL (34 GB)
     python bench/random_model.py --shape flux2_klein4b --out /tmp/klein4b  # FLUX.2 [klein] 4B, Qwen3-4B, FLUX.2 VAE
     python bench/random_model.py --shape wan13b --out /tmp/wan    # Wan2.1-T2V-1.3B's transformer, VAE and UMT5-XXL
+    python bench/random_model.py --shape qwenimage --out /tmp/qwen  # Qwen-Image (20.4B) and Qwen2.5-VL-7B: ~57 GB
 
 sd15: UNet 860M (320/640/1280/1280 channels, cross-attention 768), VAE 84M, a CLIP-L-sized text encoder (12 layers,
 768 wide) with the locally built byte-level tokenizer, DDIM. sd35m: SD3Transformer2DModel of SD 3.5 Medium (24 MMDiT-X
@@ -204,6 +205,39 @@ def build_flux2_klein4b(double_blocks: int = 5, single_blocks: int = 20, text_la
 
 
 BUILDERS["flux2_klein4b"] = build_flux2_klein4b
+def build_qwenimage(layers: int = 60):
+    """Qwen-Image: its QwenImageTransformer2DModel (60 MMDiT blocks of 24 heads of 128 on 64-channel packed tokens,
+    text width 3584; 20.4B; ``layers`` fewer for a fraction), Qwen2.5-VL-7B as its text encoder (28 layers of 3584,
+    28 heads with 4 key-value heads, and the 32-block vision tower the pipeline loads but does not run; 8.3B) with the
+    locally built Qwen tokenizer, merges learned on the prompt template (its token ids below its small vocabulary),
+    the 16-channel AutoencoderKLQwenImage (its defaults are Qwen-Image's latents_mean / latents_std), Qwen-Image's
+    scheduler."""
+    from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from ddpo_group.models.tiny_random import qwen_tokenizer, qwenimage_scheduler
+
+    scheduler = qwenimage_scheduler()
+    template = QwenImagePipeline(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None,
+                                 transformer=None).prompt_template_encode
+    transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=layers,
+                                              attention_head_dim=128, num_attention_heads=24, joint_attention_dim=3584,
+                                              guidance_embeds=False, axes_dims_rope=(16, 56, 56))
+    config = Qwen2_5_VLConfig(
+        text_config={"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+                     "num_attention_heads": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
+                     "max_position_embeddings": 128000, "rope_theta": 1000000.0,
+                     "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}},
+        vision_config={"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                       "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31]},
+        vocab_size=152064, hidden_size=3584, tie_word_embeddings=False,
+    )
+    return QwenImagePipeline(scheduler=scheduler, vae=AutoencoderKLQwenImage(), transformer=transformer,
+                             tokenizer=qwen_tokenizer(template=template),
+                             text_encoder=Qwen2_5_VLForConditionalGeneration(config))
+
+
+BUILDERS["qwenimage"] = build_qwenimage
 
 
 def main(argv=None) -> None:

@@ -70,7 +70,7 @@ def main(argv=None) -> dict:
 def run(args, model: str) -> dict:
     dtype = DTYPES[args.dtype]
     config = ConfigDict({"sample": {"resolution": args.resolution, "num_frames": args.num_frames, "sde_type": "flow_sde",
-                                    "noise_level": args.noise_level,
+                                    "noise_level": args.noise_level, "guidance_scale": args.guidance,
                                     "cfg_normalization": 0.0, "cfg_truncation": 1.0},  # Z-Image's: off
                          "pretrained": {"max_sequence_length": args.max_sequence_length}})
     family = load_family(model, torch_dtype=dtype, family="" if args.model else args.family, config=config)
@@ -93,7 +93,7 @@ def run(args, model: str) -> dict:
         generator = torch.Generator(args.device).manual_seed(0)
         negative = family.negative_condition()  # SDXL base's is zeros (force_zeros_for_empty_prompt), used as it is
         if any(bool(value.any()) for value in negative.values()):  # the pipeline encodes its empty prompt batched
-            negative = family.encode([""] * len(prompts))
+            negative = family.encode([family.negative_prompt] * len(prompts))
         results["ours"] = sample_trajectories(family, family.model, family.encode(prompts), negative, args.steps,
                                               args.guidance, [noise] * args.steps, generator=generator,
                                               compute_log_prob=noise > 0).images

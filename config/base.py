@@ -49,9 +49,10 @@ def base() -> ml_collections.ConfigDict:
     config.pretrained = pretrained = ml_collections.ConfigDict()
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
-    # "sd", "sdxl", "sd3", "flux", "zimage", "flux_kontext", "flux2", "flux2_dev" or "wan"; "": from
+    # "sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux_kontext", "flux2", "flux2_dev" or "wan"; "": from
     # model_index.json's pipeline class
     pretrained.family = ""
+    # Qwen-Image: its Qwen2.5-VL tokens, at most 1024, each prompt's stored padded to this count; 0: 512
     pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
 
@@ -78,6 +79,7 @@ def base() -> ml_collections.ConfigDict:
     # encoders once; 0: encode every round)
     sample.text_embedding_cache = 0
     sample.decode_batch_size = 0  # images decoded by the VAE at a time (0: a whole batch)
+    # Qwen-Image: the pipeline's true_cfg_scale, with the negative prompt " " and its norm-preserving rescale
     sample.guidance_scale = 5.0  # classifier-free guidance scale (FLUX.1-dev: the guidance embedding)
     sample.batch_size = 16  # images sampled at a time, per process
     sample.num_batches_per_epoch = 2  # sampling batches per process per epoch
@@ -383,6 +385,32 @@ def flow_grpo_flux() -> ml_collections.ConfigDict:
     return config
 
 
+def flow_grpo_qwenimage() -> ml_collections.ConfigDict:
+    """Flow-GRPO on Qwen-Image (yifan123/flow_grpo, config/grpo.py ``pickscore_qwenimage``, commit 54809b5): 10 rollout
+    steps (50 to evaluate), true CFG 4 in sampling and training (negative prompt " "), noise level 1.2 on a 2-step SDE
+    window, groups of 16 sampled 4 at a time, 2 optimizer steps an epoch, no KL, bf16, gradient checkpointing; LoRA rank
+    64 / alpha 128 on the attention and MLPs (that repository's Qwen-Image-Edit-Plus script, its only Qwen-Image training
+    script in the index; the family's ``lora_target_modules``). Their reward is PickScore and their window starts at a
+    step drawn at random in [0, 5); here the OCR task of ``flow_grpo`` (no downloaded reward model) and the window at
+    the first steps. Qwen/Qwen-Image-2512 takes the same settings (``pretrained.model``)."""
+    config = flow_grpo("Qwen/Qwen-Image")
+    config.mixed_precision = "bf16"
+    config.lora_rank, config.lora_alpha = 64, 128
+    config.sample.num_steps, config.sample.eval_num_steps = 10, 50
+    config.sample.noise_level = 1.2
+    config.sample.sde_window_start, config.sample.sde_window_size = 0, 2
+    config.sample.guidance_scale, config.train.cfg = 4.0, True  # true_cfg_scale 4 (models/families/qwenimage.py)
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 4, 4  # 16 images per process: whole groups
+    config.train.group_size = 16
+    config.train.batch_size = 4
+    config.train.gradient_accumulation_steps = 2  # theirs: num_batches_per_epoch // 2
+    config.train.timestep_fraction = 1.0  # every step of the window
+    config.train.gradient_checkpointing = True  # their activation_checkpointing
+    config.kl.beta = 0.0
+    config.kl.use_reference_model = False
+    return config
+
+
 def flow_factory_zimage_common(model: str) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO settings for Z-Image (X-GenGroup/Flow-Factory, examples/grpo/lora/z_image/default.yaml and
     examples/grpo/full/z_image_turbo/default.yaml): group 16, 512 px, Flow-SDE at noise level 0.7, clip 1e-4, advantages
@@ -560,7 +588,8 @@ RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow,
            "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux,
            "flow_factory_zimage": flow_factory_zimage, "flow_factory_zimage_turbo": flow_factory_zimage_turbo,
            "flow_factory_flux_kontext": flow_factory_flux_kontext, "flow_factory_flux2_klein": flow_factory_flux2_klein,
-           "flow_factory_flux2_klein_base": flow_factory_flux2_klein_base, "flow_factory_wan21": flow_factory_wan21}
+           "flow_factory_flux2_klein_base": flow_factory_flux2_klein_base, "flow_factory_wan21": flow_factory_wan21,
+           "flow_grpo_qwenimage": flow_grpo_qwenimage}
 
 
 def get_config(name: str = "ddpo") -> ml_collections.ConfigDict:

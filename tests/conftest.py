@@ -108,3 +108,9 @@ def tiny_flux2_dev_dir(family_model_dirs):
 def tiny_wan_dir(family_model_dirs):
     """A tiny random Wan2.1 text-to-video checkpoint (UMT5, the released models' UniPC scheduler) on disk."""
     return family_model_dirs["wan"]
+
+
+@pytest.fixture(scope="session")
+def tiny_qwenimage_dir(family_model_dirs):
+    """A tiny random Qwen-Image checkpoint (a Qwen2.5-VL text encoder, a locally built Qwen2 tokenizer) on disk."""
+    return family_model_dirs["qwenimage"]

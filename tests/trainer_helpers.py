@@ -37,6 +37,8 @@ FAMILY_OVERRIDES["flux2"] = {"sample.resolution": 32, "pretrained.max_sequence_l
 # FLUX.2 [dev]: BFL's system message alone is ~170 byte tokens of the tiny tokenizer; the guidance is an embedding
 FAMILY_OVERRIDES["flux2_dev"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 256,
                                  "sample.guidance_scale": 4.0, "train.cfg": False}
+# Qwen-Image: 32 px images, prompts of at most 32 text tokens (the default guidance 5.0 is its true CFG)
+FAMILY_OVERRIDES["qwenimage"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 32}
 
 
 def tiny_config(preset: str, model_dir: str, logdir, run_name: str = "run", **overrides):

@@ -184,7 +184,7 @@ def save_pipeline(pipe, path) -> str:
 TINY_BUILDERS = {"sd": build_tiny_pipeline, "sdxl": build_tiny_sdxl_pipeline, "sd3": build_tiny_sd3_pipeline,
                  "flux": build_tiny_flux_pipeline, "wan": build_tiny_wan_pipeline}
 
-# ----------------------------------------------------------------------------- Qwen tokenizers (Z-Image, FLUX.2 klein)
+# --------------------------------------------------------------- Qwen tokenizers (Z-Image, FLUX.2 klein, Qwen-Image)
 # Qwen3's chat template for one user message (no tools, no history): what Z-Image's and FLUX.2 klein's encode_prompt
 # render (add_generation_prompt=True; enable_thinking=False adds the empty think block, as klein asks)
 QWEN3_CHAT_TEMPLATE = (
@@ -192,22 +192,45 @@ QWEN3_CHAT_TEMPLATE = (
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_thinking is defined and "
     "enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
 )
+QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 
 
-def qwen_tokenizer(max_length: int = 512):
-    """A Qwen2-style byte-level BPE tokenizer built locally: the 256 byte symbols (no merges), Qwen's special tokens
-    ('<|endoftext|>' pads, '<|im_end|>' ends a turn) and Qwen3's chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import Qwen2TokenizerFast
+def qwen_tokenizer(max_length: int = 512, template: str = ""):
+    """A Qwen2/Qwen3-style byte-level BPE tokenizer built locally: the 256 byte symbols (no merges, so any text
+    tokenizes, one token a byte), Qwen's special tokens ('<|endoftext|>' pads, right side) and Qwen3's chat template.
+    With a ``template`` (a pipeline's prompt template), BPE merges learned on its words make each of them one token, as
+    in Qwen's vocabulary (Qwen-Image drops its template's first tokens by count)."""
+    from transformers import Qwen2Tokenizer
 
     from ddpo_group.models.tokenizer import bytes_to_unicode
 
-    backend = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(bytes_to_unicode().values())}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    backend.decoder = decoders.ByteLevel()
-    return Qwen2TokenizerFast(tokenizer_object=backend, unk_token=None, bos_token=None, eos_token="<|im_end|>",
-                              pad_token="<|endoftext|>", chat_template=QWEN3_CHAT_TEMPLATE, model_max_length=max_length,
-                              additional_special_tokens=["<|im_start|>", "<|im_end|>", "<think>", "</think>"])
+    vocab = {symbol: i for i, symbol in enumerate(bytes_to_unicode().values())}
+    merges = template_merges(template) if template else []
+    for left, right in merges:
+        vocab.setdefault(left + right, len(vocab))
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=merges, model_max_length=max_length, padding_side="right")
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS[1:])})
+    tokenizer.chat_template = QWEN3_CHAT_TEMPLATE
+    return tokenizer
+
+
+def template_merges(template: str) -> list[tuple[str, str]]:
+    """Byte-level BPE merges (``tokenizers``' trainer) that make each word of ``template`` one token."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    text = template.replace("{}", "\n")
+    for token in QWEN_SPECIAL_TOKENS:  # special tokens split the text: the words after them start without a space
+        text = text.replace(token, "\n")
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=1000, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator([text] * 2, trainer)  # each word twice: merged to one token
+    return [tuple(pair) for pair in json.loads(backend.to_str())["model"]["merges"]]
+
+
 
 
 # ----------------------------------------------------------------------------- Z-Image (a Qwen3 text encoder)
@@ -343,3 +366,52 @@ def build_tiny_flux2_dev_pipeline(seed: int = 0):
 
 
 TINY_BUILDERS["flux2_dev"] = build_tiny_flux2_dev_pipeline
+
+# ----------------------------------------------------------------------------- Qwen-Image
+def qwenimage_scheduler():
+    """Qwen-Image's scheduler config (Qwen/Qwen-Image's scheduler_config.json, as published): dynamic shifting from
+    256 to 8192 image tokens (mu from 0.5 to 0.9), an exponential time shift, the last sigma stretched to 0.02."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=8192, max_shift=0.9,
+                                           shift=1.0, shift_terminal=0.02, time_shift_type="exponential",
+                                           use_dynamic_shifting=True)
+
+
+def build_tiny_qwenimage_pipeline(seed: int = 0):
+    """Qwen-Image at the size of diffusers' own pipeline tests: a QwenImageTransformer2DModel with two blocks on packed
+    16-channel tokens of a 4-channel AutoencoderKLQwenImage (latents_mean / latents_std not the identity, so the decode's
+    de-normalization is exercised), a two-layer Qwen2.5-VL text encoder, ``qwen_tokenizer`` with merges learned on
+    the pipeline's prompt template, Qwen-Image's scheduler (dynamic shifting, exponential time shift, shift_terminal
+    0.02)."""
+    from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
+                                              attention_head_dim=16, num_attention_heads=3, joint_attention_dim=16,
+                                              guidance_embeds=False, axes_dims_rope=(8, 4, 4))
+    vae = AutoencoderKLQwenImage(base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
+                                 temperal_downsample=[False, True], latents_mean=[0.1, -0.2, 0.05, 0.3],
+                                 latents_std=[1.5, 0.8, 2.0, 1.2])
+    scheduler = qwenimage_scheduler()
+    # the pipeline sets its prompt template in __init__: read it from a pipeline without components
+    template = QwenImagePipeline(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None,
+                                 transformer=None).prompt_template_encode
+    tokenizer = qwen_tokenizer(template=template)
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen2_5_VLConfig(
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "rope_theta": 1000000.0,
+                     "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+                     "vocab_size": len(tokenizer), "bos_token_id": ids("<|endoftext|>"),
+                     "eos_token_id": ids("<|im_end|>")},
+        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
+        hidden_size=16, vocab_size=len(tokenizer),  # the vision token ids: Qwen's, outside this vocabulary (text only)
+    )
+    text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
+    return QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                             transformer=transformer)
+
+
+TINY_BUILDERS["qwenimage"] = build_tiny_qwenimage_pipeline

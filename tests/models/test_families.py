@@ -170,7 +170,7 @@ def test_sdxl_trains_a_grpo_epoch_and_its_lora_loads_in_the_pipeline(tiny_sdxl_d
     assert report["rewards"]["reward"]["difference"]["std"] > 0
 
 
-@pytest.mark.parametrize("name", ["sdxl", "sd3", "flux", "zimage", "flux_kontext", "flux2", "flux2_dev", "wan"])
+@pytest.mark.parametrize("name", ["sdxl", "sd3", "flux", "zimage", "flux_kontext", "flux2", "flux2_dev", "wan", "qwenimage"])
 def test_the_first_training_forwards_ratio_is_one(name, family_model_dirs):
     """Scoring the recorded transitions again under the sampling policy gives back the recorded log-probs:
     bitwise when the training forward's batch is the sampling batch; otherwise the float32 kernels of another
@@ -257,7 +257,7 @@ def test_the_flow_grpo_recipes_run_on_the_tiny_models(recipe, name, family_model
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["sdxl", "sd3", "flux", "zimage", "flux2", "flux2_dev", "wan"])
+@pytest.mark.parametrize("name", ["sdxl", "sd3", "flux", "zimage", "flux2", "flux2_dev", "wan", "qwenimage"])
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_trains_an_epoch_on_each_family(name, preset, family_model_dirs, tmp_path):
     flow_step = ("sample.sde_type", "sample.noise_level")  # the flow step's kind and its level (DanceGRPO's 0.3)
@@ -278,7 +278,7 @@ def test_every_preset_trains_an_epoch_on_each_family(name, preset, family_model_
         assert metrics["ref/kl"] >= 0 and "ref/param_distance" in metrics
 
 
-@pytest.mark.parametrize("name", ["sd", "sdxl", "flux", "zimage", "flux2", "flux2_dev", "wan"])
+@pytest.mark.parametrize("name", ["sd", "sdxl", "flux", "zimage", "flux2", "flux2_dev", "wan", "qwenimage"])
 def test_cached_text_embeddings_and_chunked_decoding_change_nothing(name, family_model_dirs):
     """A prompt is encoded alone into the cache: the same embedding whatever it was batched with; the VAE decodes
     3 images at a time: the same images as all at once (to float32 rounding of other batch sizes)."""

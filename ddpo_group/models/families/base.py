@@ -54,6 +54,7 @@ class ModelFamily:
     cond_keys: tuple = ("prompt_embeds",)  # the condition's row-indexed tensors (batch record keys)
     step_keys: tuple = ("timesteps",)  # the per-step tensors of the batch record, [B, T]
     standard_noise_level: float  # the stochastic steps' noise level when sample.noise_level is None
+    negative_prompt = ""  # the unconditional prompt of classifier-free guidance
 
     def __init__(self, pipe, config=None):
         self.pipe = pipe
@@ -106,9 +107,9 @@ class ModelFamily:
         return prompt, tuple(images) if isinstance(images, (list, tuple)) else images
 
     def negative_condition(self) -> dict[str, torch.Tensor]:
-        """The unconditional condition (the empty prompt), one row, encoded once."""
+        """The unconditional condition (``negative_prompt``: the empty prompt), one row, encoded once."""
         if self._negative is None:
-            self._negative = self.encode([""])
+            self._negative = self.encode([self.negative_prompt])
         return self._negative
 
     @property

@@ -1,0 +1,186 @@
+"""The Qwen-Image family on a tiny QwenImagePipeline built from config: the sampler against the pipeline's own call
+(true CFG with its norm rescale, and without), the padded condition and its mask, the text encoder on its own
+device, the LoRA export loaded by the pipeline, the Flow-GRPO recipe, the full-size bench shape."""
+
+import pytest
+import torch
+from diffusers import QwenImagePipeline
+
+from ddpo_group.models.families.qwenimage import QwenImageFamily
+from ddpo_group.sampling.trajectories import sample_trajectories
+from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+
+PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
+
+
+def family_of(model_dir, preset="grpo", **overrides):
+    from ddpo_group.models import load_family
+
+    config = tiny_config(preset, model_dir, "unused", **{**FAMILY_OVERRIDES["qwenimage"], **overrides})
+    return load_family(model_dir, config=config), config
+
+
+def generators(n, offset=0):
+    return [torch.Generator().manual_seed(offset + i) for i in range(n)]
+
+
+@pytest.mark.parametrize("guidance", [4.0, 1.0])
+def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, tiny_qwenimage_dir):
+    """Same generators, the deterministic Euler sampler: the pipeline's images exactly, with true CFG (its negative
+    prompt " " encoded once and broadcast, as the pipeline does with a string negative prompt) and without; the
+    family's pipeline_kwargs are the keywords of that call."""
+    family, config = family_of(tiny_qwenimage_dir, **{"sample.guidance_scale": guidance, "train.cfg": guidance > 1})
+    assert isinstance(family.pipe, QwenImagePipeline) and isinstance(family, QwenImageFamily)
+    assert family.config_errors(config) == []
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    assert kwargs == {"height": 32, "width": 32, "max_sequence_length": 32, "true_cfg_scale": guidance,
+                      **({"negative_prompt": " "} if guidance > 1 else {})}
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(PROMPTS, num_inference_steps=4, generator=generators(4), output_type="pt", **kwargs).images
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4, guidance,
+                               [0.0] * 4, generator=generators(4), compute_log_prob=False)
+    assert torch.equal(traj.images, want)
+    assert traj.latents.shape == (4, 5, 16, 16)  # 32 px, VAE factor 4: an 8x8 latent packed into 4x4 tokens of 4 x 4
+    assert torch.equal(traj.steps["next_sigmas"][:, -1], torch.zeros(4))
+
+
+def test_the_condition_is_the_pipelines_padded_with_its_mask(tiny_qwenimage_dir):
+    """encode: the pipeline's encode_prompt (template tokens dropped, variable length) zero-padded to
+    pretrained.max_sequence_length with the mask; the forward's inputs are the pipeline's again (trimmed to the rows'
+    longest, mask None when all are tokens); the template's 34 dropped tokens are the system prompt and the user turn's
+    start, so the first kept token is the prompt's."""
+    family, _ = family_of(tiny_qwenimage_dir)
+    tokenizer = family.pipe.tokenizer
+    template = family.pipe.prompt_template_encode
+    ids = tokenizer(template.format("a cat")).input_ids
+    start = family.pipe.prompt_template_encode_start_idx
+    assert tokenizer.convert_ids_to_tokens(ids[start - 3:start + 1]) == ["<|im_start|>", "user", "\u010a", "a"]
+    cond = family.encode(PROMPTS)
+    lengths = cond["prompt_embeds_mask"].sum(dim=1)
+    assert cond["prompt_embeds"].shape == (4, 32, 16) and lengths.tolist() == [15, 10, 21, 6]
+    # the prompt's tokens then the template's last 5 (<|im_end|>, \n, <|im_start|>, assistant, \n)
+    assert lengths.tolist() == [len(tokenizer(prompt).input_ids) + 5 for prompt in PROMPTS]
+    want, want_mask = family.pipe.encode_prompt(PROMPTS, max_sequence_length=32)
+    embeds, mask = family.text_inputs(cond["prompt_embeds"], cond["prompt_embeds_mask"])
+    assert torch.equal(embeds, want) and torch.equal(mask, want_mask)
+    assert float(cond["prompt_embeds"][2, 21:].abs().sum()) == 0 and float(cond["prompt_embeds"][2, 20].abs().sum()) > 0
+    alone = family.encode(["x"])
+    embeds, mask = family.text_inputs(alone["prompt_embeds"], alone["prompt_embeds_mask"])
+    assert embeds.shape == (1, 6, 16) and mask is None  # encode_prompt drops an all-ones mask
+    short = family_of(tiny_qwenimage_dir, **{"pretrained.max_sequence_length": 8})[0]
+    with pytest.warns(UserWarning, match="prompt 'a red circle' has 15 text tokens .* more than the 8 kept"):
+        truncated = short.encode(PROMPTS)
+    assert truncated["prompt_embeds"].shape == (4, 8, 16)
+    assert truncated["prompt_embeds_mask"].sum(dim=1).tolist() == [8, 8, 8, 6]  # cut at 8 tokens
+
+
+def test_true_cfg_is_the_pipelines_norm_preserving_combination():
+    cond = torch.tensor([[[3.0, 4.0]]])
+    uncond = torch.tensor([[[1.0, 0.0]]])
+    out = QwenImageFamily.true_cfg(cond, uncond, 2.0)  # 2 * (3, 4) - (1, 0) = (5, 8), rescaled to norm 5
+    torch.testing.assert_close(out, torch.tensor([[[5.0, 8.0]]]) * 5 / (89 ** 0.5))
+
+
+def test_config_errors_name_the_bad_values(tiny_qwenimage_dir):
+    _, config = family_of(tiny_qwenimage_dir, **{"sample.guidance_scale": 4.0, "train.cfg": False,
+                                                 "pretrained.max_sequence_length": 2048})
+    errors = QwenImageFamily.config_errors(config)
+    assert len(errors) == 2 and "train.cfg=False contradicts sample.guidance_scale=4.0" in errors[0]
+    assert "pretrained.max_sequence_length=2048 must be in [0, 1024]" in errors[1]
+
+
+def test_a_guidance_distilled_transformer_is_refused(tiny_qwenimage_dir):
+    pipe = QwenImagePipeline.from_pretrained(tiny_qwenimage_dir)
+    pipe.transformer.register_to_config(guidance_embeds=True)
+    with pytest.raises(ValueError, match="guidance_embeds=True"):
+        QwenImageFamily(pipe)
+
+
+def test_the_text_encoder_runs_where_it_is(tiny_qwenimage_dir):
+    """pretrained.text_encoder_device: the prompts meet the text encoder on its device and the embeddings (and mask)
+    move to the transformer's (here on the meta device, the encoder on the CPU)."""
+    from ddpo_group.models.trainable import TEXT_ENCODERS
+
+    family, _ = family_of(tiny_qwenimage_dir)
+    assert [name for name in family.pipe.components if name.startswith("text_encoder")] == ["text_encoder"]
+    assert "text_encoder" in TEXT_ENCODERS
+    on_cpu = family.encode(PROMPTS)
+    torch.nn.Module.to(family.pipe.transformer, "meta")
+    cond = family.encode(PROMPTS)
+    assert family.pipe.text_encoder.device.type == "cpu"
+    assert {key: (value.device.type, value.shape) for key, value in cond.items()} == {
+        key: ("meta", value.shape) for key, value in on_cpu.items()}
+
+
+def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(tiny_qwenimage_dir, tmp_path):
+    """grpo with true CFG on the CPU: the LoRA weights (attention and MLPs) change; the diffusers-format export loads
+    with QwenImagePipeline.load_lora_weights and, called with the family's pipeline_kwargs, gives the trained model's
+    images (to float precision); scripts/evaluate.py's comparison runs on the run."""
+    trainer = tiny_trainer("grpo", tiny_qwenimage_dir, tmp_path, "lora", **FAMILY_OVERRIDES["qwenimage"], device="cpu")
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    assert trainer.family.name == "qwenimage" and metrics["global_step"] == 2
+    changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    assert changed > len(before) // 2, f"only {changed} of {len(before)} trained tensors changed"
+    names = [name for name, p in trainer.family.model.named_parameters() if p.requires_grad]
+    assert any("img_mlp.net.2.lora_A" in name for name in names) and any("attn.to_q.lora_B" in name for name in names)
+    lora = tmp_path / "lora" / "lora"
+    assert (lora / "pytorch_lora_weights.safetensors").exists()
+
+    config, family = trainer.config, trainer.family
+    guidance = config.sample.guidance_scale
+    assert guidance > 1 and config.train.cfg  # the default 5.0: true CFG in sampling and training
+    base = QwenImagePipeline.from_pretrained(tiny_qwenimage_dir)
+    base.set_progress_bar_config(disable=True)
+    call = dict(num_inference_steps=4, output_type="pt", **family.pipeline_kwargs(config.sample, config.pretrained))
+    base_images = base(PROMPTS, generator=generators(4), **call).images
+    base.load_lora_weights(str(lora))
+    loaded = base(PROMPTS, generator=generators(4), **call).images
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4,
+                                  guidance, [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
+    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+
+    from config.base import base as base_config
+    from ddpo_group.run.evaluation import evaluate
+
+    report = evaluate(str(tmp_path / "lora"), base_config(), num_prompts=2, num_seeds=2, batch_size=4,
+                      show_progress=False)
+    assert report["family"] == "qwenimage" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
+    assert report["rewards"]["reward"]["difference"]["std"] > 0
+
+
+@pytest.mark.slow
+def test_the_flow_grpo_recipe_runs_on_the_tiny_model(tiny_qwenimage_dir, tmp_path):
+    """Flow-GRPO's Qwen-Image settings (their model replaced by the tiny one, their sizes by tiny ones), with the
+    text-embedding cache, chunked decoding and gradient checkpointing."""
+    overrides = {**FAMILY_OVERRIDES["qwenimage"], "sample.text_embedding_cache": 16, "sample.decode_batch_size": 3,
+                 "sample.num_steps": 3, "train.pairs_per_forward": 4, "mixed_precision": "no"}
+    trainer = tiny_trainer("flow_grpo_qwenimage", tiny_qwenimage_dir, tmp_path, "recipe", **overrides)
+    config = trainer.config
+    assert (config.lora_rank, config.lora_alpha, config.train.group_size) == (64, 128, 4)  # group 16 in the recipe
+    assert (config.sample.guidance_scale, config.train.cfg, config.sample.noise_level) == (4.0, True, 1.2)
+    assert trainer.family.name == "qwenimage" and trainer.family.model.is_gradient_checkpointing
+    metrics = trainer.run()
+    assert metrics["global_step"] == 1  # 8 samples, train batches of 4, 2 accumulated per optimizer step
+    assert torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    assert len(trainer.rollouts.text_cache.entries) > 0  # every prompt met the text encoder once
+
+
+def test_the_bench_shape_is_qwen_images_full_size():
+    """bench/random_model.py --shape qwenimage, built on the meta device (no memory): the published sizes, Qwen-Image's
+    20.4B transformer and Qwen2.5-VL-7B's 8.29B; and the family's condition and latents at that size (1024 px: 4096
+    packed tokens of 64)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from random_model import BUILDERS
+
+    with torch.device("meta"):
+        pipe = BUILDERS["qwenimage"]()
+    counts = {name: sum(p.numel() for p in getattr(pipe, name).parameters()) for name in ("transformer", "text_encoder")}
+    assert counts == {"transformer": 20_430_401_088, "text_encoder": 8_292_166_656}
+    family = QwenImageFamily(pipe)
+    assert family.resolution == 1024 and family.latent_shape() == (4096, 64) and family.text_length == 512
+    assert family.schedule_kwargs(10)["mu"] == pytest.approx(0.5 + 0.4 * (4096 - 256) / (8192 - 256))
