@@ -52,8 +52,10 @@ def base() -> ml_collections.ConfigDict:
     # "sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux_kontext", "flux2", "flux2_dev" or "wan"; "": from
     # model_index.json's pipeline class
     pretrained.family = ""
-    # Qwen-Image: its Qwen2.5-VL tokens, at most 1024, each prompt's stored padded to this count; 0: 512
-    pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
+    # text tokens per prompt of the T5 / LLM text encoder (SD3, FLUX.1, Wan: T5; Z-Image, FLUX.2: Qwen3 / Mistral;
+    # Qwen-Image: Qwen2.5-VL, at most 1024), the stored embeddings padded to it; 0: the pipeline's default (SD3: 256,
+    # the others 512)
+    pretrained.max_sequence_length = 0
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
 
     # ---- sampling (the rollouts) ----
@@ -63,13 +65,16 @@ def base() -> ml_collections.ConfigDict:
     # and evaluates on 40)
     sample.eval_num_steps = 0
     # the stochastic steps' noise level (0 would make every step deterministic): DDIM's eta on Stable Diffusion 1.x/2.x
-    # and SDXL (1: DDPM-like, ddpo-pytorch's), the flow step's a on SD3 and FLUX (Flow-GRPO: 0.7 for SD3.5, 0.9 for
-    # FLUX); None: the family's standard level, 1.0 on Stable Diffusion (SDXL too) and 0.7 on the flow-matching families
+    # and SDXL (1: DDPM-like, ddpo-pytorch's), the flow step's a on the flow-matching families (every other one;
+    # Flow-GRPO: 0.7 for SD3.5, 0.9 for FLUX); None: the family's standard level, 1.0 on Stable Diffusion (SDXL too) and
+    # 0.7 on the flow-matching families
     sample.noise_level = ml_collections.config_dict.placeholder(float)
-    # flow-matching families (SD3, FLUX): the stochastic step (sampling/flow_steps.py): "flow_sde" (Flow-GRPO), "cps"
+    # flow-matching families (all but sd and sdxl): the stochastic step (sampling/flow_steps.py): "flow_sde" (Flow-GRPO), "cps"
     # (coefficients-preserving), "dance_sde" (DanceGRPO, with noise_level 0.3)
     sample.sde_type = "flow_sde"
-    sample.resolution = 0  # image height and width in pixels (SDXL, SD3, FLUX; Wan: each frame's); 0: the pipeline's default
+    # image height and width in pixels (every family but sd, whose UNet fixes it; Wan: each frame's); 0: the pipeline's
+    # default
+    sample.resolution = 0
     # video families (Wan): frames per video, 4 k + 1 (5, 33, 81); 0: the pipeline's default (81)
     sample.num_frames = 0
     # video families (Wan): the negative prompt, the unconditional branch of classifier-free guidance; "": the empty
@@ -79,8 +84,9 @@ def base() -> ml_collections.ConfigDict:
     # encoders once; 0: encode every round)
     sample.text_embedding_cache = 0
     sample.decode_batch_size = 0  # images decoded by the VAE at a time (0: a whole batch)
-    # Qwen-Image: the pipeline's true_cfg_scale, with the negative prompt " " and its norm-preserving rescale
-    sample.guidance_scale = 5.0  # classifier-free guidance scale (FLUX.1-dev: the guidance embedding)
+    # classifier-free guidance scale (<= 1: none; Z-Image: 0 is none; Qwen-Image: the pipeline's true_cfg_scale, with
+    # its norm-preserving rescale; FLUX.1-dev, FLUX.2-dev, Kontext: the guidance embedding; distilled FLUX.2 klein: none)
+    sample.guidance_scale = 5.0
     sample.batch_size = 16  # images sampled at a time, per process
     sample.num_batches_per_epoch = 2  # sampling batches per process per epoch
     sample.log_prob_reduce = "mean"  # over latent dims; "sum" needs a much smaller clip range
