@@ -54,6 +54,8 @@ class ModelFamily:
     cond_keys: tuple = ("prompt_embeds",)  # the condition's row-indexed tensors (batch record keys)
     step_keys: tuple = ("timesteps",)  # the per-step tensors of the batch record, [B, T]
     standard_noise_level: float  # the stochastic steps' noise level when sample.noise_level is None
+    no_guidance = 1.0  # the sample.guidance_scale that samples without classifier-free guidance (guided above it)
+    guidance_embedded = False  # the guidance scale is an input of every forward (FLUX.1-dev's embedding): no CFG
     negative_prompt = ""  # the unconditional prompt of classifier-free guidance
 
     def __init__(self, pipe, config=None):
@@ -179,8 +181,23 @@ class ModelFamily:
         return {"height": resolution, "width": resolution} if resolution else {}
 
     def training_guidance(self, config) -> float:
-        """The guidance scale of the training forward: the sampling one when guidance is in the forward (train.cfg)."""
-        return config.sample.guidance_scale if config.train.cfg else 1.0
+        """The guidance scale of the training forward: the sampling one when guidance is in the forward (train.cfg, or
+        an embedded guidance scale), else the family's ``no_guidance``."""
+        if self.guidance_embedded or config.train.cfg:
+            return config.sample.guidance_scale
+        return self.no_guidance
+
+    @classmethod
+    def guidance_errors(cls, config) -> list[str]:
+        """``train.cfg`` against ``sample.guidance_scale``: the training forward must guide exactly when sampling did
+        (guidance_scale > ``no_guidance``), or the recomputed log-probs are off-policy; an embedded guidance scale is
+        in every forward, so train.cfg has no effect there."""
+        s, t = config.sample, config.train
+        if cls.guidance_embedded or bool(t.cfg) == (s.guidance_scale > cls.no_guidance):
+            return []
+        return [f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: the {cls.name} family guides "
+                f"exactly when guidance_scale > {cls.no_guidance:g}, and the training forward must guide exactly when "
+                "sampling did, or the recomputed log-probs are off-policy"]
 
     def deterministic_steps(self, sample_config) -> torch.Tensor:
         """[T] bool: steps without noise at this noise level whatever the window (none by default)."""

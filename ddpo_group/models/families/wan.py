@@ -185,15 +185,11 @@ class WanFamily(FlowMatchingFamily):
     # ------------------------------------------------------------------ config
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        s, t, errors = config.sample, config.train, super().config_errors(config)
+        s, errors = config.sample, super().config_errors(config)
         if s.num_frames < 0 or (s.num_frames and (s.num_frames - 1) % 4):
             errors.append(f"sample.num_frames={s.num_frames} must be 4 k + 1 frames (Wan's VAE compresses time by 4), "
                           "e.g. 5, 33, 81; 0: the pipeline's 81")
-        if bool(t.cfg) != (s.guidance_scale > 1.0):
-            errors.append(
-                f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: the training forward must use "
-                "guidance exactly when sampling did (guidance_scale > 1), or the recomputed log-probs are off-policy")
-        return errors
+        return errors + cls.guidance_errors(config)
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """The size and tokens (flow_matching.py's), the frame count and the negative prompt."""
