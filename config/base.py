@@ -417,6 +417,26 @@ def flow_grpo_qwenimage() -> ml_collections.ConfigDict:
     return config
 
 
+def flow_factory(model: str) -> ml_collections.ConfigDict:
+    """What Flow-Factory's GRPO LoRA recipes share (github:X-GenGroup/Flow-Factory, examples/grpo/, commit 5f6cda1a):
+    LoRA rank 64 / alpha 128, bf16, Flow-SDE, groups of 16, lr 3e-4, clip 1e-4, advantages clipped at 5, no KL, the
+    PickScore reward. Their one stochastic step is drawn at random among the first steps of each rollout; here the
+    SDE window is fixed (each recipe says which). Their caption sets are not shipped: simple_animals stands in
+    (prompt_fn="from_file" with prompt_fn_kwargs.path reads yours)."""
+    config = grpo()
+    config.pretrained.model = model
+    config.mixed_precision = "bf16"
+    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
+    config.sample.sde_type = "flow_sde"
+    config.train.group_size = 16
+    config.train.learning_rate = 3e-4
+    config.train.clip_range, config.train.adv_clip_max = 1e-4, 5.0
+    config.kl.beta, config.kl.use_reference_model = 0.0, False
+    config.prompt_fn = "simple_animals"
+    config.reward_fn = "pickscore"
+    return config
+
+
 def flow_factory_zimage_common(model: str) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO settings for Z-Image (X-GenGroup/Flow-Factory, examples/grpo/lora/z_image/default.yaml and
     examples/grpo/full/z_image_turbo/default.yaml): group 16, 512 px, Flow-SDE at noise level 0.7, clip 1e-4, advantages
@@ -424,26 +444,16 @@ def flow_factory_zimage_common(model: str) -> ml_collections.ConfigDict:
     (drawn at random), here the window is those 3 steps; their prompts are Pick-a-Pic's captions (dataset/pickscore),
     which are not shipped: simple_animals here (prompt_fn="from_file" with prompt_fn_kwargs.path reads a captions
     file)."""
-    config = grpo()
-    config.pretrained.model = model
+    config = flow_factory(model)
     # Qwen3 tokens: only a prompt's own tokens reach the transformer, so this cuts nothing but captions over ~100 tokens
     config.pretrained.max_sequence_length = 128
-    config.mixed_precision = "bf16"
     config.sample.resolution = 512
-    config.sample.sde_type, config.sample.noise_level = "flow_sde", 0.7
+    config.sample.noise_level = 0.7
     config.sample.sde_window_start, config.sample.sde_window_size = 1, 3
     config.sample.batch_size, config.sample.num_batches_per_epoch = 8, 2  # 16 images per process: whole groups
     config.sample.text_embedding_cache = 4096  # Qwen3 meets each caption once
-    config.train.group_size = 16
     config.train.batch_size = 8
-    config.train.clip_range = 1e-4
-    config.train.adv_clip_max = 5.0
-    config.kl.beta = 0.0
-    config.kl.use_reference_model = False
-    config.prompt_fn = "simple_animals"
-    config.reward_fn = "pickscore"
-    config.num_epochs = 500
-    config.save_freq = 40
+    config.num_epochs, config.save_freq = 500, 40
     return config
 
 
@@ -451,8 +461,6 @@ def flow_factory_zimage() -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO on Z-Image (the base model): LoRA rank 64 / alpha 128, lr 3e-4, 10 rollout steps (40 to
     evaluate), classifier-free guidance 4.0 (Z-Image's u_c + w (u_c - u_uncond)) in sampling and training."""
     config = flow_factory_zimage_common("Tongyi-MAI/Z-Image")
-    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
-    config.train.learning_rate = 3e-4
     config.sample.num_steps, config.sample.eval_num_steps = 10, 40
     config.sample.guidance_scale, config.train.cfg = 4.0, True
     return config
@@ -478,29 +486,18 @@ def flow_factory_flux_kontext() -> ml_collections.ConfigDict:
     EMA 0.9 every 4 steps, bf16, PickScore. Their evaluation samples at 512 px; ours at the training size. The
     editing dataset is yours: a .jsonl prompt file (prompt_fn from_file, rows {"prompt", "image"}) in
     prompt_fn_kwargs.path."""
-    config = grpo()
-    config.pretrained.model = "black-forest-labs/FLUX.1-Kontext-dev"
-    config.mixed_precision = "bf16"
-    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
+    config = flow_factory("black-forest-labs/FLUX.1-Kontext-dev")
     config.sample.resolution = 384
     config.sample.num_steps, config.sample.eval_num_steps = 10, 20
     config.sample.guidance_scale, config.train.cfg = 2.5, False
-    config.sample.sde_type, config.sample.noise_level = "flow_sde", 0.9
+    config.sample.noise_level = 0.9
     config.sample.sde_window_start, config.sample.sde_window_size = 1, 1
     config.sample.batch_size, config.sample.num_batches_per_epoch = 8, 12  # 96 per process: 48 groups of 16 over 8
     config.sample.text_embedding_cache = 4096  # T5 and the VAE meet each (prompt, source image) once
-    config.train.group_size = 16
     config.train.batch_size, config.train.gradient_accumulation_steps = 8, 6  # 2 optimizer steps per epoch
-    config.train.learning_rate = 3e-4
-    config.train.clip_range = 1e-4
-    config.train.adv_clip_max = 5.0
     config.train.ema, config.train.ema_decay, config.train.ema_update_interval = True, 0.9, 4
-    config.kl.beta = 0.0
-    config.kl.use_reference_model = False
     config.prompt_fn = "from_file"
-    config.reward_fn = "pickscore"
-    config.num_epochs = 500
-    config.save_freq = 20
+    config.num_epochs, config.save_freq = 500, 20
     return config
 
 
@@ -511,27 +508,17 @@ def flow_factory_flux2_klein() -> ml_collections.ConfigDict:
     clip 1e-4, advantages clipped at 5, no KL, lr 3e-4, EMA 0.9, bf16, PickScore. Differences: their one SDE step is
     drawn from steps {1, 2} per rollout, here the window is step 1; they evaluate at 1024 px, here at the training
     resolution; their prompts (a ShareGPT-4o image-caption set) are not shipped: simple_animals stands in."""
-    config = grpo()
-    config.pretrained.model = "black-forest-labs/FLUX.2-klein-9B"
-    config.mixed_precision = "bf16"
-    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
+    config = flow_factory("black-forest-labs/FLUX.2-klein-9B")
     config.sample.resolution = 384
     config.sample.num_steps, config.sample.eval_num_steps = 4, 10
     config.sample.guidance_scale, config.train.cfg = 1.0, False
-    config.sample.sde_type, config.sample.noise_level = "flow_sde", 0.5
+    config.sample.noise_level = 0.5
     config.sample.sde_window_start, config.sample.sde_window_size = 1, 1
     # 48 prompts x 16 copies per epoch over 8 GPUs: 96 images per process, 2 optimizer steps of 48
     config.sample.batch_size, config.sample.num_batches_per_epoch = 16, 6
-    config.train.group_size = 16
     config.train.batch_size, config.train.gradient_accumulation_steps = 16, 3
-    config.train.learning_rate = 3e-4
-    config.train.clip_range = 1e-4
-    config.train.adv_clip_max = 5.0
     config.train.ema, config.train.ema_decay = True, 0.9
     config.train.ema_update_interval = 8  # theirs: every 4 epochs of 2 optimizer steps
-    config.kl.beta, config.kl.use_reference_model = 0.0, False
-    config.prompt_fn = "simple_animals"
-    config.reward_fn = "pickscore"
     config.eval_freq = 20
     config.save_freq = 20
     return config
@@ -560,24 +547,17 @@ def flow_factory_wan21() -> ml_collections.ConfigDict:
     its rewards are CLIP text alignment (1.0) and PickScore (0.5) on the PickScore prompts, here the same rewards
     (their models download) with advantages normalised per reward ("gdpo") on the embedded animal prompts
     (--config.prompt_fn=from_file with the PickScore prompt list for theirs)."""
-    config = grpo()
-    config.pretrained.model = "Wan-AI/Wan2.1-T2V-14B-Diffusers"
-    config.mixed_precision = "bf16"
-    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
+    config = flow_factory("Wan-AI/Wan2.1-T2V-14B-Diffusers")
     config.sample.resolution, config.sample.num_frames = 256, 5
     config.sample.num_steps, config.sample.eval_num_steps = 10, 28
-    config.sample.sde_type, config.sample.noise_level = "flow_sde", 0.9
+    config.sample.noise_level = 0.9
     config.sample.sde_window_start, config.sample.sde_window_size = 1, 3
     config.sample.guidance_scale, config.train.cfg = 5.0, True
     config.sample.batch_size, config.sample.num_batches_per_epoch = 1, 16
     config.sample.text_embedding_cache = 1024  # UMT5 meets each prompt once
-    config.train.group_size = 16
     config.train.batch_size = 1
     config.train.learning_rate, config.train.adam_weight_decay, config.train.max_grad_norm = 1e-4, 1e-4, 1.0
-    config.train.clip_range, config.train.adv_clip_max = 1e-4, 5.0
     config.train.ema, config.train.ema_decay, config.train.ema_update_interval = True, 0.9, 4
-    config.kl.beta, config.kl.use_reference_model = 0.0, False
-    config.prompt_fn = "simple_animals"
     config.reward_fn = {"clipscore": 1.0, "pickscore": 0.5}
     config.algorithm.multi_reward_mix, config.algorithm.global_std = "advantage_aggr", True  # GDPO: the batch std
     config.save_freq, config.eval_freq = 20, 20
