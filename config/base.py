@@ -75,6 +75,9 @@ def base() -> ml_collections.ConfigDict:
     sample.batch_size = 16  # images sampled at a time, per process
     sample.num_batches_per_epoch = 2  # sampling batches per process per epoch
     sample.log_prob_reduce = "mean"  # over latent dims; "sum" needs a much smaller clip range
+    # every step the family's deterministic step (noise level 0; the ODE solver of flow models) and no log-probs: only
+    # for a matching objective (algorithm.objective), which trains on the final samples
+    sample.deterministic = False
     sample.same_initial_noise = False  # the copies of a prompt share x_T and differ by their step noise only
     # SDE window (Flow-GRPO-Fast): only steps [start, start + size) are stochastic and trained; the others are
     # deterministic DDIM steps. Size 0: every step. Early steps decide the composition, so a small early window
@@ -138,6 +141,19 @@ def base() -> ml_collections.ConfigDict:
     # a registered name, or a plugin "package.module:function" / "/path/file.py:function" (docs/algorithms.md)
     algorithm.adv_estimator = "ddpo"
     algorithm.adv_estimator_kwargs = ml_collections.ConfigDict()  # keywords of the estimator (add to / override its own)
+    # what the update minimises (docs/algorithms.md): "policy_gradient" (algorithm.policy_loss over the recorded
+    # step log-probs), or a matching objective on the forward process of the final samples: "awm" (advantage weighted
+    # matching), "nft" (DiffusionNFT); or a plugin path, as adv_estimator (ddpo_group/algorithms/objectives.py)
+    algorithm.objective = "policy_gradient"
+    # keywords of the objective: awm's weighting ("uniform" or "t"); nft's beta (its guidance strength, > 0) and
+    # adaptive_weight (True: its adaptive loss weighting)
+    algorithm.objective_kwargs = ml_collections.ConfigDict()
+    # the old model of an objective that needs one (nft): after each epoch theta_old <- d theta_old + (1 - d) theta,
+    # with k optimizer steps so far d = 0 for k < flat steps, else min((k - flat) * ramp, max) (ddpo_group/update/
+    # old_model.py); 0, 0.001, 0.5 are DiffusionNFT's defaults
+    algorithm.old_decay_flat_steps = 0
+    algorithm.old_decay_ramp = 0.001  # the old model's decay added per optimizer step after the flat steps
+    algorithm.old_decay_max = 0.5  # the old model's largest decay (0: the old model is the policy after every epoch)
     algorithm.policy_loss = "vanilla"  # a registered name or a plugin path, as adv_estimator
     algorithm.policy_loss_kwargs = ml_collections.ConfigDict()  # keywords of the policy loss
     # how the per-(sample, step) losses are averaged: "step-mean", "traj-mean-step-mean", "traj-mean-step-sum",
@@ -327,6 +343,33 @@ def group_ppo_flow() -> ml_collections.ConfigDict:
     return on_flow_model(group_ppo())
 
 
+def matching(objective: str) -> ml_collections.ConfigDict:
+    """A matching objective on the embedded flow-matching model: GRPO's group advantages (group 8), rollouts with the
+    deterministic Euler solver (no SDE, no log-probs), every rollout step's time trained once per epoch."""
+    config = on_flow_model(grpo())
+    config.algorithm.objective = objective
+    config.sample.deterministic = True
+    config.kl.beta = 0.0
+    config.kl.use_reference_model = False
+    return config
+
+
+def awm() -> ml_collections.ConfigDict:
+    """AWM (advantage weighted matching, arXiv:2509.25050): the flow-matching loss of each sample weighted by its
+    group advantage, on the embedded flow model."""
+    return matching("awm")
+
+
+def nft() -> ml_collections.ConfigDict:
+    """DiffusionNFT (arXiv:2509.16117) on the embedded flow model, CFG-free as the paper trains it (guidance 1 in
+    sampling and training): implicit positive / negative policies around an old model that samples the rollouts,
+    beta 1, its adaptive loss weighting, the old model's decay min(0.001 k, 0.5) after k optimizer steps."""
+    config = matching("nft")
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 1.0, "adaptive_weight": True})
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    return config
+
+
 def flow_grpo(model: str) -> ml_collections.ConfigDict:
     """Flow-GRPO's published recipe on a flow-matching model: GRPO with group 24, 10 rollout steps (40 to evaluate),
     Flow-SDE, clip 1e-4, LoRA rank 32 / alpha 64, lr 3e-4, 512 px; the OCR (text rendering) task, which needs no
@@ -434,7 +477,7 @@ PRESETS = {
 }
 # recipes: the embedded flow model's task, and the published recipes on the models people train (their weights
 # download from the hub)
-RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow,
+RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm, "nft": nft,
            "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux}
 RECIPES.update(flow_factory_zimage=flow_factory_zimage, flow_factory_zimage_turbo=flow_factory_zimage_turbo)
 

@@ -71,4 +71,14 @@ from .policy_losses import (
     vanilla_loss_matrix,
 )
 
+from .objectives import (
+    OBJECTIVE_REGISTRY,
+    ObjectiveSpec,
+    flow_forward,
+    get_objective,
+    objective,
+    optimality_probability,
+    register_objective,
+)
+
 __all__ = [name for name in dir() if not name.startswith("_")]

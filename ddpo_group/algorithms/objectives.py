@@ -1,0 +1,217 @@
+"""Training objectives: what the update minimises, one decorated function each, chosen by ``algorithm.objective``.
+
+Two kinds:
+
+* ``policy_gradient`` (the default): the clipped policy gradients over the rollout's recorded step log-probs
+  (``algorithm.policy_loss`` picks the loss; update/policy_update.py). It needs a stochastic sampler.
+* **matching** objectives (``awm``, ``nft``): the rollout only has to produce final samples x0 (any solver; with
+  ``sample.deterministic`` the deterministic one, and no log-prob is recorded). The update noises x0 with the
+  forward process at drawn times and trains the denoiser with a weighted matching loss (update/matching_update.py).
+  Rewards, the stat tracker, group statistics and advantages are the policy gradient's: the matching loss reads
+  each sample's advantage A_i (the estimator's, clipped to ``train.adv_clip_max``).
+
+Forward process of the flow-matching families (SD3, FLUX, Z-Image; the rectified flow of Esser et al. 2024), with
+sigma s in [0, 1] (s = 1: pure noise) and eps ~ N(0, I)::
+
+    x_s = (1 - s) x0 + s eps,        target velocity u = eps - x0,        x0_hat(v) = x_s - s v
+
+A matching objective has the signature
+
+    fn(pred, target, advantages, sigma, old_pred=None, adv_clip_max=5.0, **kwargs) -> (loss [N], metrics)
+
+over N (sample, time) pairs: ``pred`` the policy's velocity v_theta(x_s, s, c) [N, ...] (with gradient), ``target`` u,
+``advantages`` A [N], ``sigma`` s [N], ``old_pred`` the old model's velocity (no gradient; for an objective that
+registers ``needs_old_model``). It ignores unknown keywords (the update passes ``algorithm.objective_kwargs``); the
+update averages ``loss`` over the train batch's pairs. A plugin (``algorithm.objective=/path/file.py:fn``) declares
+itself with ``@objective(...)``; a plain function is a matching objective that needs no old model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ddpo_group.registry import Registry
+
+POLICY_GRADIENT = "policy_gradient"
+MATCHING = "matching"
+KINDS = (POLICY_GRADIENT, MATCHING)
+ADAPTIVE_WEIGHT_FLOOR = 1e-5  # DiffusionNFT's floor of the adaptive weight (its released training script)
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """An objective: its kind, its loss (matching objectives) and what it needs; calling it runs the loss."""
+
+    name: str
+    kind: str
+    fn: Optional[Callable] = None  # a matching objective's per-pair loss (module docstring); None for policy_gradient
+    needs_old_model: bool = False  # the update keeps an old model (old_pred); rollouts sample with it
+    check: Optional[Callable] = None  # check(objective_kwargs: dict) -> list of config error messages
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"objective {self.name!r}: kind {self.kind!r} must be one of {KINDS}")
+        if self.kind == MATCHING and self.fn is None:
+            raise ValueError(f"matching objective {self.name!r} needs a loss function")
+
+    @property
+    def is_matching(self) -> bool:
+        return self.kind == MATCHING
+
+    def config_errors(self, kwargs: dict) -> list:
+        return list(self.check(dict(kwargs))) if self.check is not None else []
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+OBJECTIVE_REGISTRY = Registry("objective", entry_point_group="ddpo_group.objectives")
+
+
+def objective(needs_old_model: bool = False, check: Optional[Callable] = None) -> Callable:
+    """Decorator declaring a matching objective (a plugin) without registering a name."""
+    def decorator(fn: Callable) -> ObjectiveSpec:
+        return ObjectiveSpec(name=fn.__name__, kind=MATCHING, fn=fn, needs_old_model=needs_old_model, check=check)
+    return decorator
+
+
+def register_objective(name: str, kind: str = MATCHING, needs_old_model: bool = False,
+                       check: Optional[Callable] = None) -> Callable:
+    """Decorator registering an objective under ``name`` (fails if the name is taken)."""
+    def decorator(fn: Optional[Callable]) -> ObjectiveSpec:
+        spec = ObjectiveSpec(name=name, kind=kind, fn=fn, needs_old_model=needs_old_model, check=check)
+        return OBJECTIVE_REGISTRY.register(name)(spec)
+    return decorator
+
+
+def get_objective(spec: str) -> ObjectiveSpec:
+    """The objective a config names: registered name, ``module:function``, ``/path/file.py:function`` or entry point."""
+    return OBJECTIVE_REGISTRY.resolve_spec(spec, ObjectiveSpec,
+                                           lambda fn, name: ObjectiveSpec(name=name, kind=MATCHING, fn=fn))
+
+
+def flow_forward(x0: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The flow-matching forward process at sigma s [N]: (x_s = (1 - s) x0 + s eps, target u = eps - x0)."""
+    s = _per_row(sigma, x0)
+    return (1 - s) * x0 + s * noise, noise - x0
+
+
+def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return values.to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
+
+
+def _mean_dims(x: torch.Tensor) -> torch.Tensor:
+    return x.flatten(1).mean(dim=1)
+
+
+def _check_pairs(pred, target, advantages, sigma):
+    if pred.shape != target.shape:
+        raise ValueError(f"pred and target must have the same shape, got {tuple(pred.shape)} and {tuple(target.shape)}")
+    n = pred.shape[0]
+    if advantages.shape != (n,) or sigma.shape != (n,):
+        raise ValueError(f"advantages and sigma must be [{n}] (one per pair), got {tuple(advantages.shape)} and "
+                         f"{tuple(sigma.shape)}")
+
+
+register_objective(POLICY_GRADIENT, kind=POLICY_GRADIENT)(None)
+
+
+AWM_WEIGHTINGS = ("uniform", "t")
+
+
+def _awm_check(kwargs: dict) -> list:
+    if "weighting" not in kwargs or kwargs["weighting"] in AWM_WEIGHTINGS:  # absent: the function's default
+        return []
+    return [f"algorithm.objective_kwargs.weighting={kwargs['weighting']!r} must be one of {AWM_WEIGHTINGS}"]
+
+
+@register_objective("awm", check=_awm_check)
+def awm_loss(pred, target, advantages, sigma, weighting: str = "uniform", **_):
+    """Advantage Weighted Matching (Xue, Ge, Zhang, Li, Ma 2025, arXiv:2509.25050): the pretraining flow-matching loss
+    of each rollout sample, weighted by its advantage,
+
+        L(theta) = E_{c, x0 ~ pi_old(.|c), s, eps} [ A(x0, c) * w(s) * mean_dims || v_theta(x_s, s, c) - (eps - x0) ||^2 ]
+
+    (the paper's AWM objective, Sec. 4: DDPO's policy gradient is a noisy denoising score matching, Theorem 1, and AWM
+    replaces it with the matching loss of the forward process). w(s) = 1 (``weighting="uniform"``) or s (``"t"``,
+    Flow-Factory's option that weights the noisier times up). A > 0 pulls the velocity toward the sample's target,
+    A < 0 pushes it away; A = 0 gives a zero loss and a zero gradient. The KL term to a reference (the paper's
+    optional velocity penalty beta ||v_theta - v_ref||^2) is ``kl.beta`` with ``kl.use_reference_model``.
+
+    Returns the per-pair loss [N] and metrics (the unweighted matching error ``matching_error``).
+    """
+    _check_pairs(pred, target, advantages, sigma)
+    if weighting not in AWM_WEIGHTINGS:
+        raise ValueError(f"awm weighting {weighting!r} must be one of {AWM_WEIGHTINGS}")
+    error = _mean_dims((pred.float() - target.float()).pow(2))
+    w = sigma.float() if weighting == "t" else torch.ones_like(error)
+    loss = advantages.to(error.dtype) * w * error
+    return loss, {"matching_error": error.detach().mean()}
+
+
+def _nft_check(kwargs: dict) -> list:
+    if "beta" not in kwargs or (isinstance(kwargs["beta"], (int, float)) and kwargs["beta"] > 0):
+        return []
+    return [f"algorithm.objective_kwargs.beta={kwargs['beta']!r} must be > 0 (DiffusionNFT's guidance strength)"]
+
+
+def optimality_probability(advantages: torch.Tensor, adv_clip_max: float) -> torch.Tensor:
+    """DiffusionNFT's reward as an optimality probability: r = 1/2 + 1/2 clip(A / Z, -1, 1), with the normaliser
+    Z = ``adv_clip_max`` (the released training script's choice on group-normalised advantages)."""
+    if not adv_clip_max > 0:
+        raise ValueError(f"adv_clip_max={adv_clip_max} must be > 0")
+    return 0.5 + 0.5 * (advantages.float() / float(adv_clip_max)).clamp(-1.0, 1.0)
+
+
+@register_objective("nft", needs_old_model=True, check=_nft_check)
+def nft_loss(pred, target, advantages, sigma, old_pred=None, adv_clip_max: float = 5.0, beta: float = 1.0,
+             adaptive_weight: bool = True, **_):
+    """DiffusionNFT, negative-aware fine-tuning on the forward process (Zheng et al. 2025, arXiv:2509.16117, Sec. 3).
+
+    Implicit positive and negative policies around the old model's velocity v_old (no gradient):
+
+        v+ = (1 - beta) v_old + beta v_theta,        v- = (1 + beta) v_old - beta v_theta
+
+    and the reward as an optimality probability r = 1/2 + 1/2 clip(A / Z, -1, 1) (``optimality_probability``):
+
+        L(theta) = E_{c, x0 ~ pi_old, s, eps} [ r ||v+(x_s) - u||^2 + (1 - r) ||v-(x_s) - u||^2 ] / beta
+
+    with u = eps - x0. ``adaptive_weight`` (the paper's adaptive loss weighting, as released): each squared error is
+    taken on the x0 prediction x0_hat = x_s - s v and divided by sg(mean |x0_hat - x0|), floored at 1e-5; since
+    x0_hat - x0 = -s (v - u), that term is s * mean (v - u)^2 / sg(mean |v - u|). Without it, the plain velocity
+    errors mean (v+- - u)^2.
+
+    Limits (tests/algorithms/test_objectives.py): at v_theta = v_old (every update's start) the gradient with respect to
+    v_theta is 2 (2r - 1) (v_old - u) / D for every beta (without the adaptive weight), so A = 0 (r = 1/2) gives a zero
+    gradient; beta = 1 with r = 1 is plain flow matching on v_theta (supervised fine-tuning on the sample); as
+    beta -> 0 the gradient tends to that same advantage-weighted direction. The released script multiplies the loss by
+    ``adv_clip_max`` besides (a constant factor of the learning rate; not here).
+    """
+    _check_pairs(pred, target, advantages, sigma)
+    if old_pred is None:
+        raise ValueError("nft needs the old model's velocity (old_pred): the update keeps an old model for it")
+    if not beta > 0:
+        raise ValueError(f"nft beta={beta} must be > 0")
+    v, v_old, u = pred.float(), old_pred.float().detach(), target.float()
+    r = optimality_probability(advantages, adv_clip_max)
+    positive = (1 - beta) * v_old + beta * v
+    negative = (1 + beta) * v_old - beta * v
+
+    def error(velocity):
+        diff = velocity - u
+        squared = _mean_dims(diff.pow(2))
+        if not adaptive_weight:
+            return squared
+        s = sigma.float()
+        scale = (s * _mean_dims(diff.detach().abs())).clamp(min=ADAPTIVE_WEIGHT_FLOOR)
+        return s.pow(2) * squared / scale
+
+    positive_error, negative_error = error(positive), error(negative)
+    loss = (r * positive_error + (1 - r) * negative_error) / beta
+    metrics = {"optimality_mean": r.detach().mean(), "positive_error": positive_error.detach().mean(),
+               "negative_error": negative_error.detach().mean(),
+               "old_deviation": _mean_dims((v.detach() - v_old).pow(2)).mean()}
+    return loss, metrics

@@ -1,0 +1,136 @@
+"""The training phase of a matching objective (algorithms/objectives.py: awm, nft): the forward process on the rollout's
+final samples, a weighted matching loss.
+
+For each train batch, every sample i gets int(T * train.timestep_fraction) of the rollout schedule's times s_{i,n}
+(drawn without replacement from all T steps, DiffusionNFT's time sampling: its training times are the sampler's
+discretisation times), and each (sample, time) pair fresh noise eps:
+
+    x0 = the sample's final latent,   x_s = (1 - s) x0 + s eps,   u = eps - x0
+    loss = mean over the batch's pairs of  objective(v_theta(x_s, s, c), u, A_i, s, v_old)  [+ beta mean (v_theta - v_ref)^2]
+
+with v_theta the denoiser's velocity under the training guidance (``train.cfg``), A_i the sample's advantage, v_old the
+old model's velocity for an objective that needs it (update/old_model.py; it is mixed toward the policy after every
+epoch) and v_ref the KL reference's (``kl.beta`` > 0 with ``kl.use_reference_model``). The pairs run
+``train.pairs_per_forward`` at a time and each chunk is backpropagated at once (memory: one chunk's activations), as
+in the policy-gradient update, whose loop (inner epochs, train batches, the non-finite check, gradient accumulation)
+this one shares. Only the flow-matching families define the forward process here; the DDIM families do not yet.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import nullcontext
+
+import torch
+
+from ddpo_group.algorithms.objectives import flow_forward
+from ddpo_group.errors import ConfigError
+from ddpo_group.update.policy_update import PolicyUpdater
+
+
+class MatchingUpdater(PolicyUpdater):
+    """``train.num_inner_epochs`` passes of a matching objective over an epoch's final samples (module docstring).
+
+    ``objective``: an ObjectiveSpec of kind "matching"; ``old`` (update/old_model.OldModel) when it needs one;
+    ``step_count()``: the optimizer steps taken before this epoch (the old model's decay schedule reads it).
+    """
+
+    def __init__(self, config, accelerator, model, optimizer, trainable_params, family, objective, kl=None, old=None,
+                 pairs_per_forward=None, after_optimizer_step=None, step_count=lambda: 0, scorer=None):
+        if "sigmas" not in family.step_keys:
+            raise ConfigError(f"algorithm.objective={objective.name!r} trains on the flow-matching forward process, "
+                              f"which the {family.name!r} family does not have (its steps: {family.step_keys}); use "
+                              "a flow-matching model (sd3, flux, zimage, tiny-shapes-flow) or "
+                              "algorithm.objective='policy_gradient'")
+        if objective.needs_old_model and old is None:
+            raise ValueError(f"objective {objective.name!r} needs an old model")
+        super().__init__(config, accelerator, model, optimizer, trainable_params, scorer, kl=kl,
+                         pairs_per_forward=pairs_per_forward, after_optimizer_step=after_optimizer_step)
+        self.family, self.objective, self.old = family, objective, old
+        kwargs = config.algorithm.objective_kwargs
+        self.objective_kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
+        self.guidance_scale = family.training_guidance(config)
+        self.step_count = step_count
+
+    @property
+    def uses_reference(self) -> bool:
+        return self.kl is not None and self.kl.beta > 0
+
+    def trainable_steps(self) -> torch.Tensor:
+        """Every step of the rollout schedule: a matching objective draws its times among all of them."""
+        return torch.ones(self.config.sample.num_steps, dtype=torch.bool)
+
+    def rollout_policy(self):
+        """Context in which the rollouts are sampled: the old model's weights for an objective that has one
+        (DiffusionNFT samples with v_old), the policy's otherwise."""
+        if self.old is None:
+            return nullcontext()
+        return self.old.applied(self.accelerator.unwrap_model(self.model))
+
+    def train_epoch(self, batch: dict, show_progress: bool = True) -> dict:
+        """The policy update (PolicyUpdater.train_epoch's loop on this objective's loss), then the old model's
+        update."""
+        out = super().train_epoch(batch, show_progress)
+        if self.old is not None:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            self.old.update(unwrapped, self.step_count() + out["optimizer_steps"])
+            out.update(self.old.metrics(unwrapped))
+        return out
+
+    def accumulate_gradients(self, batch: dict, rows: torch.Tensor, step_mask: torch.Tensor,
+                             pairs_per_forward: int | None = None) -> dict:
+        """Backpropagate one train batch's matching loss (module docstring), chunk by chunk of (sample, time) pairs:
+        every pair weighs 1 / (the batch's pairs). Returns detached metrics."""
+        device = rows.device
+        pair_rows, pair_steps = step_mask.nonzero(as_tuple=True)
+        weight = 1.0 / max(int(pair_rows.numel()), 1)
+        if pair_rows.numel() == 0:  # every row padded: one zero-weight pair keeps the processes' backward calls in step
+            pair_rows = pair_steps = torch.zeros(1, dtype=torch.long, device=step_mask.device)
+            weight = 0.0
+        pair_rows, pair_steps = pair_rows.to(device, non_blocking=True), pair_steps.to(device, non_blocking=True)
+        size = pairs_per_forward or self.chunk_size(batch)
+        chunks = torch.split(torch.arange(pair_rows.numel(), device=device), size)
+        sums = defaultdict(float)
+        for k, chunk in enumerate(chunks):
+            r, n = rows[pair_rows[chunk]], pair_steps[chunk]
+            sync = nullcontext() if k == len(chunks) - 1 else self.accelerator.no_sync(self.model)
+            with sync, self.accelerator.autocast():
+                self._backward_pairs(batch, r, n, weight, len(chunk) * weight, sums)
+        return dict(sums)
+
+    def _backward_pairs(self, batch: dict, r: torch.Tensor, n: torch.Tensor, weight: float, share: float,
+                        sums) -> None:
+        family = self.family
+        cond = {key: batch[key][r] for key in family.cond_keys}
+        step = {key: batch[key][r, n] for key in family.step_keys}
+        x0 = batch["next_latents"][r, -1].float()  # the rollout's final latents
+        sigma = step["sigmas"].float()
+        x_s, target = flow_forward(x0, torch.randn_like(x0), sigma)
+        x_s = x_s.to(next(iter(cond.values())).dtype)
+        negative = family.negative_condition()
+
+        def velocity(model):
+            return family.model_output(model, x_s, step, cond, negative, self.guidance_scale)
+
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        old_pred = None
+        if self.old is not None:
+            with torch.no_grad(), self.old.applied(unwrapped) as old_model:
+                old_pred = velocity(old_model)
+        pred = velocity(self.model)
+        losses, info = self.objective(pred, target, batch["advantages"][r, 0].float(), sigma, old_pred=old_pred,
+                                      adv_clip_max=float(self.config.train.adv_clip_max), **self.objective_kwargs)
+        policy_loss = weight * losses.sum()
+        loss = policy_loss
+        if self.uses_reference:
+            with self.kl.timer.phase("reference"), torch.no_grad(), self.kl.reference.applied(unwrapped) as ref:
+                ref_pred = velocity(ref)
+            kl = (pred.float() - ref_pred.float()).pow(2).flatten(1).mean(dim=1)
+            kl_loss = weight * kl.sum()
+            loss = loss + self.kl.beta * kl_loss
+            sums["kl_loss"] += kl_loss.detach()
+            sums["kl"] += kl_loss.detach()
+        self.accelerator.backward(loss)
+        sums["policy_loss"] += policy_loss.detach()
+        for key, value in info.items():
+            sums[key] += share * (value.detach() if isinstance(value, torch.Tensor) else value)

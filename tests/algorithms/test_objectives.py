@@ -1,0 +1,118 @@
+"""The matching objectives (algorithms/objectives.py) against hand computations on small tensors, and their limits."""
+
+import pytest
+import torch
+
+from ddpo_group.algorithms import flow_forward, get_objective, optimality_probability, register_objective
+from ddpo_group.algorithms.objectives import OBJECTIVE_REGISTRY
+
+# two pairs, latents of 2 values each
+U = torch.tensor([[1.0, -1.0], [0.5, 0.5]])  # targets eps - x0
+V = torch.tensor([[0.0, 0.0], [1.0, 0.0]])  # policy velocities
+V_OLD = torch.tensor([[0.5, -0.5], [0.5, 0.0]])
+SIGMA = torch.tensor([0.5, 0.25])
+
+
+def test_flow_forward_by_hand():
+    x0, eps = torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 4.0]])
+    x_s, u = flow_forward(x0, eps, torch.tensor([0.25]))
+    assert x_s.tolist() == [[1.5, 1.0]]  # 0.75 x0 + 0.25 eps
+    assert u.tolist() == [[-2.0, 4.0]]
+
+
+def test_registry_and_kinds():
+    assert get_objective("policy_gradient").kind == "policy_gradient"
+    assert get_objective("awm").is_matching and not get_objective("awm").needs_old_model
+    assert get_objective("nft").needs_old_model
+    with pytest.raises(ValueError, match="unknown objective 'nope'"):
+        get_objective("nope")
+    with pytest.raises(ValueError, match="already registered"):
+        register_objective("awm")(lambda *a, **k: None)
+    assert "nft" in OBJECTIVE_REGISTRY
+
+
+def test_awm_by_hand():
+    a = torch.tensor([2.0, -1.0])
+    loss, info = get_objective("awm")(V, U, a, SIGMA)
+    # errors: mean((0-1)^2, (0+1)^2) = 1; mean((1-0.5)^2, (0-0.5)^2) = 0.25
+    assert torch.allclose(loss, torch.tensor([2.0, -0.25]))
+    assert float(info["matching_error"]) == pytest.approx(0.625)
+    loss_t, _ = get_objective("awm")(V, U, a, SIGMA, weighting="t")
+    assert torch.allclose(loss_t, torch.tensor([1.0, -0.0625]))
+
+
+def test_awm_zero_advantage_zero_gradient():
+    v = V.clone().requires_grad_(True)
+    loss, _ = get_objective("awm")(v, U, torch.zeros(2), SIGMA)
+    loss.sum().backward()
+    assert torch.equal(v.grad, torch.zeros_like(v))
+
+
+def test_optimality_probability():
+    r = optimality_probability(torch.tensor([-10.0, -2.5, 0.0, 5.0]), adv_clip_max=5.0)
+    assert r.tolist() == [0.0, 0.25, 0.5, 1.0]
+
+
+def test_nft_by_hand_without_adaptive_weight():
+    a = torch.tensor([2.5, -5.0])  # r = 0.75, 0
+    beta = 0.5
+    loss, info = get_objective("nft")(V, U, a, SIGMA, old_pred=V_OLD, adv_clip_max=5.0, beta=beta,
+                                      adaptive_weight=False)
+    pos = (1 - beta) * V_OLD + beta * V  # [[0.25, -0.25], [0.75, 0]]
+    neg = (1 + beta) * V_OLD - beta * V  # [[0.75, -0.75], [0.25, 0]]
+    # pair 0: pos err mean(0.75^2, 0.75^2) = 0.5625; neg err mean(0.25^2, 0.25^2) = 0.0625
+    # pair 1: pos err mean(0.25^2, 0.5^2) = 0.15625; neg err mean(0.25^2, 0.5^2) = 0.15625
+    assert torch.allclose(pos, torch.tensor([[0.25, -0.25], [0.75, 0.0]]))
+    assert torch.allclose(neg, torch.tensor([[0.75, -0.75], [0.25, 0.0]]))
+    expected = torch.tensor([(0.75 * 0.5625 + 0.25 * 0.0625) / beta, 0.15625 / beta])
+    assert torch.allclose(loss, expected)
+    assert float(info["optimality_mean"]) == pytest.approx(0.375)
+
+
+def test_nft_adaptive_weight_by_hand():
+    # one pair, beta 1, r = 1: the positive term only, v+ = v: s^2 mean((v-u)^2) / (s mean|v-u|)
+    v, u, s = torch.tensor([[0.0, 2.0]]), torch.tensor([[1.0, 0.0]]), torch.tensor([0.5])
+    loss, _ = get_objective("nft")(v, u, torch.tensor([5.0]), s, old_pred=torch.zeros(1, 2), adv_clip_max=5.0)
+    assert float(loss) == pytest.approx(0.25 * 2.5 / (0.5 * 1.5))
+
+
+def test_nft_beta_one_positive_is_flow_matching():
+    """beta = 1, r = 1: v+ = v_theta, the loss is the plain matching error whatever v_old."""
+    loss, _ = get_objective("nft")(V, U, torch.full((2,), 5.0), SIGMA, old_pred=V_OLD * 7, beta=1.0,
+                                   adaptive_weight=False)
+    assert torch.allclose(loss, torch.tensor([1.0, 0.25]))
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.1, 1e-4])
+def test_nft_gradient_at_the_old_model(beta):
+    """At v_theta = v_old the gradient is 2 (2r - 1) (v_old - u) / D for every beta: zero for A = 0 (r = 1/2)."""
+    a = torch.tensor([2.5, 0.0])  # r = 0.75, 0.5
+    v = V_OLD.clone().requires_grad_(True)
+    loss, _ = get_objective("nft")(v, U, a, SIGMA, old_pred=V_OLD, adv_clip_max=5.0, beta=beta, adaptive_weight=False)
+    loss.sum().backward()
+    r = torch.tensor([0.75, 0.5])[:, None]
+    expected = 2 * (2 * r - 1) * (V_OLD - U) / 2
+    assert torch.allclose(v.grad, expected, atol=1e-5)
+    assert torch.equal(v.grad[1], torch.zeros(2))
+
+
+def test_nft_small_beta_limit():
+    """Away from v_old, as beta -> 0 the gradient tends to the one at v_old (2 (2r - 1) (v_old - u) / D)."""
+    a = torch.tensor([2.5, -2.5])
+    r = torch.tensor([0.75, 0.25])[:, None]
+    v = V.clone().requires_grad_(True)
+    loss, _ = get_objective("nft")(v, U, a, SIGMA, old_pred=V_OLD, adv_clip_max=5.0, beta=1e-6, adaptive_weight=False)
+    loss.sum().backward()
+    assert torch.allclose(v.grad, 2 * (2 * r - 1) * (V_OLD - U) / 2, atol=1e-4)
+
+
+def test_nft_errors_name_the_values():
+    with pytest.raises(ValueError, match="old_pred"):
+        get_objective("nft")(V, U, torch.zeros(2), SIGMA)
+    with pytest.raises(ValueError, match="beta=0"):
+        get_objective("nft")(V, U, torch.zeros(2), SIGMA, old_pred=V_OLD, beta=0)
+    assert get_objective("nft").config_errors({"beta": -1}) == [
+        "algorithm.objective_kwargs.beta=-1 must be > 0 (DiffusionNFT's guidance strength)"]
+    assert "weighting='x'" in get_objective("awm").config_errors({"weighting": "x"})[0]
+    with pytest.raises(ValueError, match=r"advantages and sigma must be \[2\]"):
+        get_objective("awm")(V, U, torch.zeros(3), SIGMA)

@@ -1,0 +1,60 @@
+"""The matching objectives' update (update/matching_update.py) and the old model (update/old_model.py) in the trainer,
+on the tiny random SD3 model; the presets on the embedded flow model."""
+
+import pytest
+import torch
+
+from ddpo_group.errors import ConfigError
+from ddpo_group.update.old_model import OLD_ADAPTER, old_decay
+from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+
+def matching_overrides(**extra):
+    return {**FAMILY_OVERRIDES["sd3"], "sample.deterministic": True, "kl.beta": 0.0, "kl.use_reference_model": False,
+            **extra}
+
+
+def lora_weights(model, adapter):
+    return [p.detach().clone() for name, p in model.named_parameters() if f".{adapter}." in name]
+
+
+def test_old_decay_schedule():
+    assert [old_decay(k, 0, 0.001, 0.5) for k in (0, 10, 1000)] == [0.0, 0.01, 0.5]
+    assert [old_decay(k, 75, 0.0075, 0.999) for k in (10, 75, 85, 10_000)] == [0.0, 0.0, pytest.approx(0.075), 0.999]
+
+
+@pytest.mark.parametrize("objective", ["awm", "nft"])
+def test_one_epoch_trains_on_final_samples(objective, tiny_sd3_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, objective, **matching_overrides(**{
+        "algorithm.objective": objective, "algorithm.old_decay_ramp": 0.25}))
+    before = [p.detach().clone() for p in trainer.updater.params]
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    policy_before = lora_weights(model, "default")
+    metrics = trainer.run()
+    assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    assert metrics["perf/pairs_trained"] == 8 * 4  # every sample at its 4 rollout times (timestep_fraction 1)
+    if objective == "nft":
+        # after 2 optimizer steps d = min(2 * 0.25, 0.5) = 0.5: old = 0.5 old_0 + 0.5 theta, old_0 the initial policy
+        assert metrics["train/old_decay"] == 0.5
+        policy, old = lora_weights(model, "default"), lora_weights(model, OLD_ADAPTER)
+        assert len(old) == len(policy) == len(policy_before) > 0
+        for o, p0, p1 in zip(old, policy_before, policy):
+            assert torch.allclose(o, 0.5 * p0 + 0.5 * p1, atol=1e-7)
+        assert metrics["train/old_param_distance"] > 0
+
+
+def test_a_ddim_family_is_refused(tiny_model_dir, tmp_path):
+    with pytest.raises(ConfigError, match="flow-matching forward process"):
+        tiny_trainer("grpo", tiny_model_dir, tmp_path, "sd", **{"algorithm.objective": "awm",
+                                                               "sample.deterministic": True})
+
+
+def test_config_contradictions_are_named(tiny_sd3_dir, tmp_path):
+    with pytest.raises(ConfigError, match="sample.deterministic=True samples without log-probs"):
+        tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "pg", **matching_overrides())
+    with pytest.raises(ConfigError, match="algorithm.adv_estimator='gae' gives per-step advantages"):
+        tiny_trainer("ppo_gae", tiny_sd3_dir, tmp_path, "gae", **matching_overrides(**{"algorithm.objective": "awm"}))
+    with pytest.raises(ConfigError, match=r"algorithm.old_decay_max=1.0 must be in \[0, 1\)"):
+        tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "max", **matching_overrides(**{
+            "algorithm.objective": "nft", "algorithm.old_decay_max": 1}))
