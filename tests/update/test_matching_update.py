@@ -58,3 +58,22 @@ def test_config_contradictions_are_named(tiny_sd3_dir, tmp_path):
     with pytest.raises(ConfigError, match=r"algorithm.old_decay_max=1.0 must be in \[0, 1\)"):
         tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "max", **matching_overrides(**{
             "algorithm.objective": "nft", "algorithm.old_decay_max": 1}))
+
+
+@pytest.mark.parametrize("preset", ["awm", "nft"])
+def test_preset_trains_an_epoch_on_the_embedded_flow_model(preset, tmp_path):
+    from ddpo_group.models import load_pipeline
+
+    try:
+        load_pipeline("tiny-shapes-flow")
+    except Exception as error:  # an install without the embedded models
+        pytest.skip(f"the embedded tiny-shapes-flow model is not installed ({error})")
+    trainer = tiny_trainer(preset, "tiny-shapes-flow", tmp_path, preset, **{
+        "prompt_fn": "tiny_shapes_flow_hard", "reward_fn": "shapes_alignment", "sample.num_steps": 4,
+        "train.learning_rate": 1.5e-3})
+    assert trainer.config.sample.deterministic and trainer.config.algorithm.objective == preset
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    assert trainer.family.name == "sd3" and metrics["global_step"] == 2
+    assert torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
