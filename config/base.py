@@ -145,8 +145,8 @@ def base() -> ml_collections.ConfigDict:
     # step log-probs), or a matching objective on the forward process of the final samples: "awm" (advantage weighted
     # matching), "nft" (DiffusionNFT); or a plugin path, as adv_estimator (ddpo_group/algorithms/objectives.py)
     algorithm.objective = "policy_gradient"
-    # keywords of the objective: awm's weighting ("uniform" or "t"); nft's beta (its guidance strength, > 0) and
-    # adaptive_weight (True: its adaptive loss weighting)
+    # keywords of the objective: awm's weighting ("uniform", "t" or "ghuber") and ghuber_power; nft's beta (its guidance
+    # strength, > 0) and adaptive_weight (True: its adaptive loss weighting)
     algorithm.objective_kwargs = ml_collections.ConfigDict()
     # the old model of an objective that needs one (nft): after each epoch theta_old <- d theta_old + (1 - d) theta,
     # with k optimizer steps so far d = 0 for k < flat steps, else min((k - flat) * ramp, max) (ddpo_group/update/
@@ -419,6 +419,41 @@ def flow_grpo_flux() -> ml_collections.ConfigDict:
     return config
 
 
+def nft_sd35() -> ml_collections.ConfigDict:
+    """DiffusionNFT's published recipe on Stable Diffusion 3.5 Medium (NVlabs/DiffusionNFT config/nft.py, its OCR task):
+    CFG-free (guidance 1 in sampling and training), deterministic rollouts of 10 steps (40 to evaluate; the paper's
+    dpm2 solver is the Euler one here), beta 0.1, the old model's decay min(0.0075 (k - 75), 0.999) after 75 steps,
+    KL 1e-4 to the base model, group 24, LoRA rank 32 / alpha 64, lr 3e-4, 512 px, fp16. Its script also multiplies
+    the loss by adv_clip_max (5): the learning rate here is the same, the loss 5 times smaller."""
+    config = flow_grpo("stabilityai/stable-diffusion-3.5-medium")
+    config.mixed_precision = "fp16"
+    config.algorithm.objective = "nft"
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 0.1, "adaptive_weight": True})
+    config.algorithm.old_decay_flat_steps, config.algorithm.old_decay_ramp = 75, 0.0075
+    config.algorithm.old_decay_max = 0.999
+    config.sample.deterministic = True
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.kl.beta, config.kl.use_reference_model = 1e-4, True
+    return config
+
+
+def awm_sd35() -> ml_collections.ConfigDict:
+    """AWM's published settings on Stable Diffusion 3.5 Medium (scxue/advantage_weighted_matching config/dgx_awm.py,
+    its GenEval recipe, on the OCR task here: GenEval's detector is not shipped): CFG-free, deterministic rollouts of
+    14 steps (40 to evaluate), the generalised Huber weighting (p = 0.25), KL 1e-3 to the base model, group 24, lr 3e-4,
+    512 px, fp16. Not reproduced: its EMA-model KL, its time shift 3 on the training times (here the rollout
+    schedule's), its advantage scale 1 / adv_clip_max (the loss here is 5 times larger)."""
+    config = flow_grpo("stabilityai/stable-diffusion-3.5-medium")
+    config.mixed_precision = "fp16"
+    config.algorithm.objective = "awm"
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"weighting": "ghuber", "ghuber_power": 0.25})
+    config.sample.deterministic = True
+    config.sample.num_steps, config.sample.eval_num_steps = 14, 40
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.kl.beta, config.kl.use_reference_model = 1e-3, True
+    return config
+
+
 def flow_factory_zimage_common(model: str) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO settings for Z-Image (X-GenGroup/Flow-Factory, examples/grpo/lora/z_image/default.yaml and
     examples/grpo/full/z_image_turbo/default.yaml): group 16, 512 px, Flow-SDE at noise level 0.7, clip 1e-4, advantages
@@ -480,6 +515,7 @@ PRESETS = {
 RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm, "nft": nft,
            "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux}
 RECIPES.update(flow_factory_zimage=flow_factory_zimage, flow_factory_zimage_turbo=flow_factory_zimage_turbo)
+RECIPES.update(nft_sd35=nft_sd35, awm_sd35=awm_sd35)
 
 
 def get_config(name: str = "ddpo") -> ml_collections.ConfigDict:

@@ -119,36 +119,52 @@ def _check_pairs(pred, target, advantages, sigma):
 register_objective(POLICY_GRADIENT, kind=POLICY_GRADIENT)(None)
 
 
-AWM_WEIGHTINGS = ("uniform", "t")
+AWM_WEIGHTINGS = ("uniform", "t", "ghuber")
+GHUBER_EPS = 1e-10  # the released AWM script's epsilon of the generalised Huber weighting
 
 
 def _awm_check(kwargs: dict) -> list:
-    if "weighting" not in kwargs or kwargs["weighting"] in AWM_WEIGHTINGS:  # absent: the function's default
-        return []
-    return [f"algorithm.objective_kwargs.weighting={kwargs['weighting']!r} must be one of {AWM_WEIGHTINGS}"]
+    errors = []
+    if "weighting" in kwargs and kwargs["weighting"] not in AWM_WEIGHTINGS:  # absent: the function's default
+        errors.append(f"algorithm.objective_kwargs.weighting={kwargs['weighting']!r} must be one of {AWM_WEIGHTINGS}")
+    if "ghuber_power" in kwargs and not (isinstance(kwargs["ghuber_power"], (int, float)) and kwargs["ghuber_power"] > 0):
+        errors.append(f"algorithm.objective_kwargs.ghuber_power={kwargs['ghuber_power']!r} must be > 0")
+    return errors
+
+
+def awm_weighted_error(error: torch.Tensor, sigma: torch.Tensor, weighting: str, ghuber_power: float) -> torch.Tensor:
+    """phi(l, s) of AWM's loss on the per-pair matching error l: l ("uniform"), s l ("t"), or the generalised Huber
+    s ((l + e)^p - e^p) / p ("ghuber", p = ``ghuber_power``, e = 1e-10), the released script's options."""
+    if weighting == "uniform":
+        return error
+    if weighting == "t":
+        return sigma * error
+    if weighting == "ghuber":
+        p = float(ghuber_power)
+        return sigma * ((error + GHUBER_EPS).pow(p) - GHUBER_EPS ** p) / p
+    raise ValueError(f"awm weighting {weighting!r} must be one of {AWM_WEIGHTINGS}")
 
 
 @register_objective("awm", check=_awm_check)
-def awm_loss(pred, target, advantages, sigma, weighting: str = "uniform", **_):
+def awm_loss(pred, target, advantages, sigma, weighting: str = "uniform", ghuber_power: float = 0.25, **_):
     """Advantage Weighted Matching (Xue, Ge, Zhang, Li, Ma 2025, arXiv:2509.25050): the pretraining flow-matching loss
     of each rollout sample, weighted by its advantage,
 
-        L(theta) = E_{c, x0 ~ pi_old(.|c), s, eps} [ A(x0, c) * w(s) * mean_dims || v_theta(x_s, s, c) - (eps - x0) ||^2 ]
+        L(theta) = E_{c, x0 ~ pi_old(.|c), s, eps} [ A(x0, c) * phi(l, s) ],   l = mean_dims || v_theta(x_s, s, c) - (eps - x0) ||^2
 
-    (the paper's AWM objective, Sec. 4: DDPO's policy gradient is a noisy denoising score matching, Theorem 1, and AWM
-    replaces it with the matching loss of the forward process). w(s) = 1 (``weighting="uniform"``) or s (``"t"``,
-    Flow-Factory's option that weights the noisier times up). A > 0 pulls the velocity toward the sample's target,
-    A < 0 pushes it away; A = 0 gives a zero loss and a zero gradient. The KL term to a reference (the paper's
-    optional velocity penalty beta ||v_theta - v_ref||^2) is ``kl.beta`` with ``kl.use_reference_model``.
+    (the paper's AWM objective: DDPO's policy gradient is a noisy denoising score matching, its Theorem 1, and AWM
+    replaces it with the matching loss of the forward process). phi (``awm_weighted_error``) is l, s l or the
+    generalised Huber of l. A > 0 pulls the velocity toward the sample's target, A < 0 pushes it away; A = 0 gives a
+    zero loss and a zero gradient. The released script writes it as a PPO ratio exp(-phi + sg(phi)) of the first pass
+    (on-policy: the same gradient, -A grad(-phi)) and scales A by advantage_max / adv_clip_max (1 / 5 in its recipe). The
+    KL term to a reference (its velocity penalty beta mean (v_theta - v_ref)^2) is ``kl.beta`` with
+    ``kl.use_reference_model``.
 
     Returns the per-pair loss [N] and metrics (the unweighted matching error ``matching_error``).
     """
     _check_pairs(pred, target, advantages, sigma)
-    if weighting not in AWM_WEIGHTINGS:
-        raise ValueError(f"awm weighting {weighting!r} must be one of {AWM_WEIGHTINGS}")
     error = _mean_dims((pred.float() - target.float()).pow(2))
-    w = sigma.float() if weighting == "t" else torch.ones_like(error)
-    loss = advantages.to(error.dtype) * w * error
+    loss = advantages.to(error.dtype) * awm_weighted_error(error, sigma.float(), weighting, ghuber_power)
     return loss, {"matching_error": error.detach().mean()}
 
 

@@ -39,6 +39,9 @@ def test_awm_by_hand():
     assert float(info["matching_error"]) == pytest.approx(0.625)
     loss_t, _ = get_objective("awm")(V, U, a, SIGMA, weighting="t")
     assert torch.allclose(loss_t, torch.tensor([1.0, -0.0625]))
+    # ghuber, p = 0.5: s (sqrt(l + 1e-10) - 1e-5) / 0.5: pair 0: 0.5 (1 - 1e-5) / 0.5; pair 1: 0.25 (0.5 - 1e-5) / 0.5
+    loss_g, _ = get_objective("awm")(V, U, a, SIGMA, weighting="ghuber", ghuber_power=0.5)
+    assert torch.allclose(loss_g, torch.tensor([2 * (1 - 1e-5), -(0.5 - 1e-5) / 2]), atol=1e-6)
 
 
 def test_awm_zero_advantage_zero_gradient():
@@ -114,5 +117,9 @@ def test_nft_errors_name_the_values():
     assert get_objective("nft").config_errors({"beta": -1}) == [
         "algorithm.objective_kwargs.beta=-1 must be > 0 (DiffusionNFT's guidance strength)"]
     assert "weighting='x'" in get_objective("awm").config_errors({"weighting": "x"})[0]
+    assert get_objective("awm").config_errors({"ghuber_power": 0}) == [
+        "algorithm.objective_kwargs.ghuber_power=0 must be > 0"]
+    with pytest.raises(ValueError, match="awm weighting 'x'"):
+        get_objective("awm")(V, U, torch.zeros(2), SIGMA, weighting="x")
     with pytest.raises(ValueError, match=r"advantages and sigma must be \[2\]"):
         get_objective("awm")(V, U, torch.zeros(3), SIGMA)

@@ -97,3 +97,23 @@ def test_nft_resume_is_exact(tiny_sd3_dir, tmp_path):
         a = lora_weights(whole.accelerator.unwrap_model(whole.model), adapter)
         b = lora_weights(resumed.accelerator.unwrap_model(resumed.model), adapter)
         assert all(torch.equal(x, y) for x, y in zip(a, b)), adapter
+
+
+def test_presets_and_published_recipes():
+    from config.base import RECIPES, get_config
+    from ddpo_group.run.config_checks import validate_config
+
+    for name in ("awm", "nft"):
+        config = get_config(name)
+        validate_config(config)  # the embedded model: no download
+        assert (config.algorithm.objective, config.sample.deterministic, config.pretrained.model) == (
+            name, True, "tiny-shapes-flow")
+    assert (get_config("nft").sample.guidance_scale, get_config("nft").train.cfg) == (1.0, False)  # CFG-free
+    nft, awm = get_config("nft_sd35"), get_config("awm_sd35")  # hub models: checked without loading them
+    assert {"nft_sd35", "awm_sd35"} <= set(RECIPES)
+    assert dict(nft.algorithm.objective_kwargs) == {"beta": 0.1, "adaptive_weight": True}
+    assert (nft.algorithm.old_decay_flat_steps, nft.algorithm.old_decay_ramp, nft.algorithm.old_decay_max) == (
+        75, 0.0075, 0.999)
+    assert (nft.kl.beta, nft.train.group_size, nft.sample.guidance_scale) == (1e-4, 24, 1.0)
+    assert dict(awm.algorithm.objective_kwargs) == {"weighting": "ghuber", "ghuber_power": 0.25}
+    assert (awm.kl.beta, awm.sample.num_steps, awm.sample.guidance_scale) == (1e-3, 14, 1.0)
