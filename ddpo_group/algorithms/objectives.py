@@ -10,10 +10,19 @@ Two kinds:
   Rewards, the stat tracker, group statistics and advantages are the policy gradient's: the matching loss reads
   each sample's advantage A_i (the estimator's, clipped to ``train.adv_clip_max``).
 
-Forward process of the flow-matching families (SD3, FLUX, Z-Image; the rectified flow of Esser et al. 2024), with
-sigma s in [0, 1] (s = 1: pure noise) and eps ~ N(0, I)::
+Forward processes (``FORWARD_PROCESSES``), eps ~ N(0, I):
+
+* ``flow``: the flow-matching families (SD3, FLUX, Z-Image; the rectified flow of Esser et al. 2024), sigma s in
+  [0, 1] (s = 1: pure noise)::
 
     x_s = (1 - s) x0 + s eps,        target velocity u = eps - x0,        x0_hat(v) = x_s - s v
+
+* ``ddpm``: the DDPM / DDIM families (Stable Diffusion 1.x / 2.x, SDXL), ab_t = alphas_cumprod[t]::
+
+    x_t = sqrt(ab_t) x0 + sqrt(1 - ab_t) eps,   target eps (epsilon), sqrt(ab_t) eps - sqrt(1 - ab_t) x0 (v_prediction)
+    or x0 (sample); the noise level passed to the objectives as ``sigma`` is sqrt(1 - ab_t)
+
+An objective registers the processes its paper defines it on (``processes``).
 
 A matching objective has the signature
 
@@ -49,6 +58,7 @@ class ObjectiveSpec:
     kind: str
     fn: Optional[Callable] = None  # a matching objective's per-pair loss (module docstring); None for policy_gradient
     needs_old_model: bool = False  # the update keeps an old model (old_pred); rollouts sample with it
+    processes: tuple = ("flow",)  # the forward processes it is defined on (FORWARD_PROCESSES)
     check: Optional[Callable] = None  # check(objective_kwargs: dict) -> list of config error messages
 
     def __post_init__(self):
@@ -71,18 +81,20 @@ class ObjectiveSpec:
 OBJECTIVE_REGISTRY = Registry("objective", entry_point_group="ddpo_group.objectives")
 
 
-def objective(needs_old_model: bool = False, check: Optional[Callable] = None) -> Callable:
+def objective(needs_old_model: bool = False, processes: tuple = ("flow",), check: Optional[Callable] = None) -> Callable:
     """Decorator declaring a matching objective (a plugin) without registering a name."""
     def decorator(fn: Callable) -> ObjectiveSpec:
-        return ObjectiveSpec(name=fn.__name__, kind=MATCHING, fn=fn, needs_old_model=needs_old_model, check=check)
+        return ObjectiveSpec(name=fn.__name__, kind=MATCHING, fn=fn, needs_old_model=needs_old_model,
+                             processes=tuple(processes), check=check)
     return decorator
 
 
-def register_objective(name: str, kind: str = MATCHING, needs_old_model: bool = False,
+def register_objective(name: str, kind: str = MATCHING, needs_old_model: bool = False, processes: tuple = ("flow",),
                        check: Optional[Callable] = None) -> Callable:
     """Decorator registering an objective under ``name`` (fails if the name is taken)."""
     def decorator(fn: Optional[Callable]) -> ObjectiveSpec:
-        spec = ObjectiveSpec(name=name, kind=kind, fn=fn, needs_old_model=needs_old_model, check=check)
+        spec = ObjectiveSpec(name=name, kind=kind, fn=fn, needs_old_model=needs_old_model, processes=tuple(processes),
+                             check=check)
         return OBJECTIVE_REGISTRY.register(name)(spec)
     return decorator
 
@@ -97,6 +109,22 @@ def flow_forward(x0: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor) -> 
     """The flow-matching forward process at sigma s [N]: (x_s = (1 - s) x0 + s eps, target u = eps - x0)."""
     s = _per_row(sigma, x0)
     return (1 - s) * x0 + s * noise, noise - x0
+
+
+DDPM_TARGETS = ("epsilon", "v_prediction", "sample")
+FORWARD_PROCESSES = ("flow", "ddpm")
+
+
+def ddpm_forward(x0: torch.Tensor, noise: torch.Tensor, alpha_bar: torch.Tensor,
+                 prediction_type: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The DDPM forward process at ab_t [N]: (x_t = sqrt(ab) x0 + sqrt(1 - ab) eps, the denoiser's target for its
+    ``prediction_type``: eps, sqrt(ab) eps - sqrt(1 - ab) x0, or x0)."""
+    if prediction_type not in DDPM_TARGETS:
+        raise ValueError(f"prediction_type={prediction_type!r} is not supported; use one of {DDPM_TARGETS}")
+    a, b = _per_row(alpha_bar.sqrt(), x0), _per_row((1 - alpha_bar).sqrt(), x0)
+    x_t = a * x0 + b * noise
+    target = {"epsilon": noise, "v_prediction": a * noise - b * x0, "sample": x0}[prediction_type]
+    return x_t, target
 
 
 def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -145,7 +173,7 @@ def awm_weighted_error(error: torch.Tensor, sigma: torch.Tensor, weighting: str,
     raise ValueError(f"awm weighting {weighting!r} must be one of {AWM_WEIGHTINGS}")
 
 
-@register_objective("awm", check=_awm_check)
+@register_objective("awm", processes=FORWARD_PROCESSES, check=_awm_check)
 def awm_loss(pred, target, advantages, sigma, weighting: str = "uniform", ghuber_power: float = 0.25, **_):
     """Advantage Weighted Matching (Xue, Ge, Zhang, Li, Ma 2025, arXiv:2509.25050): the pretraining flow-matching loss
     of each rollout sample, weighted by its advantage,
@@ -153,7 +181,9 @@ def awm_loss(pred, target, advantages, sigma, weighting: str = "uniform", ghuber
         L(theta) = E_{c, x0 ~ pi_old(.|c), s, eps} [ A(x0, c) * phi(l, s) ],   l = mean_dims || v_theta(x_s, s, c) - (eps - x0) ||^2
 
     (the paper's AWM objective: DDPO's policy gradient is a noisy denoising score matching, its Theorem 1, and AWM
-    replaces it with the matching loss of the forward process). phi (``awm_weighted_error``) is l, s l or the
+    replaces it with the matching loss of the forward process; the paper states it for score matching (its EDM experiments) and flow
+    matching alike, so it runs on both forward processes: on ``ddpm`` the error is the denoiser's own (eps, v or x0) and s is
+    sqrt(1 - ab_t)). phi (``awm_weighted_error``) is l, s l or the
     generalised Huber of l. A > 0 pulls the velocity toward the sample's target, A < 0 pushes it away; A = 0 gives a
     zero loss and a zero gradient. The released script writes it as a PPO ratio exp(-phi + sg(phi)) of the first pass
     (on-policy: the same gradient, -A grad(-phi)) and scales A by advantage_max / adv_clip_max (1 / 5 in its recipe). The
@@ -199,6 +229,9 @@ def nft_loss(pred, target, advantages, sigma, old_pred=None, adv_clip_max: float
     taken on the x0 prediction x0_hat = x_s - s v and divided by sg(mean |x0_hat - x0|), floored at 1e-5; since
     x0_hat - x0 = -s (v - u), that term is s * mean (v - u)^2 / sg(mean |v - u|). Without it, the plain velocity
     errors mean (v+- - u)^2.
+
+    Defined on the flow-matching forward process only (the paper's velocity parameterisation and x0 weighting): the
+    DDPM families are refused.
 
     Limits (tests/algorithms/test_objectives.py): at v_theta = v_old (every update's start) the gradient with respect to
     v_theta is 2 (2r - 1) (v_old - u) / D for every beta (without the adaptive weight), so A = 0 (r = 1/2) gives a zero

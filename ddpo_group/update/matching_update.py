@@ -13,7 +13,11 @@ old model's velocity for an objective that needs it (update/old_model.py; it is 
 epoch) and v_ref the KL reference's (``kl.beta`` > 0 with ``kl.use_reference_model``). The pairs run
 ``train.pairs_per_forward`` at a time and each chunk is backpropagated at once (memory: one chunk's activations), as
 in the policy-gradient update, whose loop (inner epochs, train batches, the non-finite check, gradient accumulation)
-this one shares. Only the flow-matching families define the forward process here; the DDIM families do not yet.
+this one shares.
+
+The forward process is the family's: ``flow`` for the flow-matching families (their steps record sigmas), ``ddpm`` for
+the DDPM / DDIM families (x_t = sqrt(ab_t) x0 + sqrt(1 - ab_t) eps at the rollout's timesteps t, the target of the
+scheduler's prediction_type; algorithms/objectives.py). An objective runs only on the processes it registers.
 """
 
 from __future__ import annotations
@@ -23,9 +27,19 @@ from contextlib import nullcontext
 
 import torch
 
-from ddpo_group.algorithms.objectives import flow_forward
+from ddpo_group.algorithms.objectives import ddpm_forward, flow_forward
 from ddpo_group.errors import ConfigError
 from ddpo_group.update.policy_update import PolicyUpdater
+
+
+def forward_process(family) -> str:
+    """The family's forward process: "flow" when its steps record sigmas, "ddpm" when its scheduler has alphas_cumprod."""
+    if "sigmas" in family.step_keys:
+        return "flow"
+    if hasattr(family.pipe.scheduler, "alphas_cumprod"):
+        return "ddpm"
+    raise ConfigError(f"the {family.name!r} family has neither flow sigmas nor DDPM alphas_cumprod: no forward process "
+                      "for a matching objective")
 
 
 class MatchingUpdater(PolicyUpdater):
@@ -37,10 +51,11 @@ class MatchingUpdater(PolicyUpdater):
 
     def __init__(self, config, accelerator, model, optimizer, trainable_params, family, objective, kl=None, old=None,
                  pairs_per_forward=None, after_optimizer_step=None, step_count=lambda: 0, scorer=None):
-        if "sigmas" not in family.step_keys:
-            raise ConfigError(f"algorithm.objective={objective.name!r} trains on the flow-matching forward process, "
-                              f"which the {family.name!r} family does not have (its steps: {family.step_keys}); use "
-                              "a flow-matching model (sd3, flux, zimage, tiny-shapes-flow) or "
+        self.process = forward_process(family)
+        if self.process not in objective.processes:
+            raise ConfigError(f"algorithm.objective={objective.name!r} is defined on the {objective.processes} forward "
+                              f"process(es); the {family.name!r} family's is {self.process!r}: use a flow-matching "
+                              "model (sd3, flux, zimage, tiny-shapes-flow), another objective (awm runs on both) or "
                               "algorithm.objective='policy_gradient'")
         if objective.needs_old_model and old is None:
             raise ValueError(f"objective {objective.name!r} needs an old model")
@@ -104,8 +119,15 @@ class MatchingUpdater(PolicyUpdater):
         cond = {key: batch[key][r] for key in family.cond_keys}
         step = {key: batch[key][r, n] for key in family.step_keys}
         x0 = batch["next_latents"][r, -1].float()  # the rollout's final latents
-        sigma = step["sigmas"].float()
-        x_s, target = flow_forward(x0, torch.randn_like(x0), sigma)
+        noise = torch.randn_like(x0)
+        if self.process == "flow":
+            sigma = step["sigmas"].float()
+            x_s, target = flow_forward(x0, noise, sigma)
+        else:
+            scheduler = family.pipe.scheduler
+            alpha_bar = scheduler.alphas_cumprod.to(x0.device, torch.float32)[step["timesteps"].long()]
+            x_s, target = ddpm_forward(x0, noise, alpha_bar, scheduler.config.prediction_type)
+            sigma = (1 - alpha_bar).sqrt()
         x_s = x_s.to(next(iter(cond.values())).dtype)
         negative = family.negative_condition()
 

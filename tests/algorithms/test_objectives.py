@@ -123,3 +123,17 @@ def test_nft_errors_name_the_values():
         get_objective("awm")(V, U, torch.zeros(2), SIGMA, weighting="x")
     with pytest.raises(ValueError, match=r"advantages and sigma must be \[2\]"):
         get_objective("awm")(V, U, torch.zeros(3), SIGMA)
+
+
+def test_ddpm_forward_by_hand():
+    from ddpo_group.algorithms.objectives import ddpm_forward
+
+    x0, eps, ab = torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 4.0]]), torch.tensor([0.64])
+    x_t, target = ddpm_forward(x0, eps, ab, "epsilon")
+    assert torch.allclose(x_t, torch.tensor([[1.6, 2.4]])) and torch.equal(target, eps)  # 0.8 x0 + 0.6 eps
+    _, v = ddpm_forward(x0, eps, ab, "v_prediction")
+    assert torch.allclose(v, torch.tensor([[-1.2, 3.2]]))  # 0.8 eps - 0.6 x0
+    assert torch.equal(ddpm_forward(x0, eps, ab, "sample")[1], x0)
+    with pytest.raises(ValueError, match="prediction_type='flow'"):
+        ddpm_forward(x0, eps, ab, "flow")
+    assert get_objective("awm").processes == ("flow", "ddpm") and get_objective("nft").processes == ("flow",)

@@ -44,10 +44,17 @@ def test_one_epoch_trains_on_final_samples(objective, tiny_sd3_dir, tmp_path):
         assert metrics["train/old_param_distance"] > 0
 
 
-def test_a_ddim_family_is_refused(tiny_model_dir, tmp_path):
-    with pytest.raises(ConfigError, match="flow-matching forward process"):
-        tiny_trainer("grpo", tiny_model_dir, tmp_path, "sd", **{"algorithm.objective": "awm",
-                                                               "sample.deterministic": True})
+def test_awm_trains_an_epoch_on_a_ddim_family_and_nft_is_refused(tiny_model_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "sd", **{
+        "algorithm.objective": "awm", "sample.deterministic": True, "kl.beta": 0.0, "kl.use_reference_model": False})
+    assert trainer.updater.process == "ddpm"
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    assert torch.isfinite(torch.tensor(metrics["train/policy_loss"])) and metrics["perf/pairs_trained"] == 8 * 4
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    with pytest.raises(ConfigError, match="nft.*defined on the \\('flow',\\) forward process.*'ddpm'"):
+        tiny_trainer("grpo", tiny_model_dir, tmp_path, "sd_nft", **{
+            "algorithm.objective": "nft", "sample.deterministic": True})
 
 
 def test_config_contradictions_are_named(tiny_sd3_dir, tmp_path):
