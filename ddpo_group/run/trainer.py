@@ -168,7 +168,8 @@ class Trainer:
         """Every stateful piece a checkpoint holds besides the prepared models and optimizer (fixed order)."""
         pieces = [self.prompt_sampler, self.session.state, self.stat_tracker]
         pieces += [self.critic.optimizer] if self.critic is not None else []
-        # the EMA last: checkpoints written before it existed (train.ema=False) keep their order (run/resume_check.py)
+        # the EMA, then the old model, last: checkpoints written before they existed keep their order
+        # (run/resume_check.py)
         return pieces + [p for p in (self.kl, self.estimator_controller, self.ema, self.old) if p is not None]
 
     @property

@@ -137,3 +137,21 @@ def test_ddpm_forward_by_hand():
     with pytest.raises(ValueError, match="prediction_type='flow'"):
         ddpm_forward(x0, eps, ab, "flow")
     assert get_objective("awm").processes == ("flow", "ddpm") and get_objective("nft").processes == ("flow",)
+
+
+def test_a_plugin_objective_by_path(tmp_path):
+    plugin = tmp_path / "my_objective.py"
+    plugin.write_text(
+        "from ddpo_group.algorithms import objective\n\n"
+        "@objective(processes=('flow', 'ddpm'))\n"
+        "def half_awm(pred, target, advantages, sigma, scale=0.5, **_):\n"
+        "    return scale * advantages * ((pred - target) ** 2).flatten(1).mean(1), {}\n\n"
+        "def plain(pred, target, advantages, sigma, **_):\n"
+        "    return advantages * 0.0, {}\n"
+    )
+    spec = get_objective(f"{plugin}:half_awm")
+    assert spec.is_matching and spec.processes == ("flow", "ddpm") and not spec.needs_old_model
+    loss, _ = spec(V, U, torch.tensor([2.0, -1.0]), SIGMA)
+    assert torch.allclose(loss, torch.tensor([1.0, -0.125]))
+    plain = get_objective(f"{plugin}:plain")  # undecorated: a matching objective on the flow process
+    assert plain.is_matching and plain.processes == ("flow",)
