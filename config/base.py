@@ -143,10 +143,11 @@ def base() -> ml_collections.ConfigDict:
     algorithm.adv_estimator_kwargs = ml_collections.ConfigDict()  # keywords of the estimator (add to / override its own)
     # what the update minimises (docs/algorithms.md): "policy_gradient" (algorithm.policy_loss over the recorded
     # step log-probs), or a matching objective on the forward process of the final samples: "awm" (advantage weighted
-    # matching), "nft" (DiffusionNFT); or a plugin path, as adv_estimator (ddpo_group/algorithms/objectives.py)
+    # matching), "nft" (DiffusionNFT), "dpo" (online Diffusion-DPO, each group's best against its worst, against the
+    # kl section's reference model); or a plugin path, as adv_estimator (ddpo_group/algorithms/objectives.py)
     algorithm.objective = "policy_gradient"
     # keywords of the objective: awm's weighting ("uniform", "t" or "ghuber") and ghuber_power; nft's beta (its guidance
-    # strength, > 0) and adaptive_weight (True: its adaptive loss weighting)
+    # strength, > 0) and adaptive_weight (True: its adaptive loss weighting); dpo's beta (its temperature, > 0)
     algorithm.objective_kwargs = ml_collections.ConfigDict()
     # the old model of an objective that needs one (nft): after each epoch theta_old <- d theta_old + (1 - d) theta,
     # with k optimizer steps so far d = 0 for k < flat steps, else min((k - flat) * ramp, max) (ddpo_group/update/
@@ -370,6 +371,16 @@ def nft() -> ml_collections.ConfigDict:
     return config
 
 
+def dpo() -> ml_collections.ConfigDict:
+    """Online Diffusion-DPO (arXiv:2311.12908) on the embedded flow model: each prompt group's best sample against its
+    worst (group 8), against the frozen base model (the KL section's reference, no KL term), deterministic rollouts,
+    beta 2000 (Flow-Factory's online default)."""
+    config = matching("dpo")
+    config.kl.use_reference_model = True
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 2000.0})
+    return config
+
+
 def flow_grpo(model: str) -> ml_collections.ConfigDict:
     """Flow-GRPO's published recipe on a flow-matching model: GRPO with group 24, 10 rollout steps (40 to evaluate),
     Flow-SDE, clip 1e-4, LoRA rank 32 / alpha 64, lr 3e-4, 512 px; the OCR (text rendering) task, which needs no
@@ -512,7 +523,7 @@ PRESETS = {
 }
 # recipes: the embedded flow model's task, and the published recipes on the models people train (their weights
 # download from the hub)
-RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm, "nft": nft,
+RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm, "nft": nft, "dpo": dpo,
            "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux}
 RECIPES.update(flow_factory_zimage=flow_factory_zimage, flow_factory_zimage_turbo=flow_factory_zimage_turbo)
 RECIPES.update(nft_sd35=nft_sd35, awm_sd35=awm_sd35)

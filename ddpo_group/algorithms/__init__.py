@@ -78,6 +78,7 @@ from .objectives import (
     get_objective,
     objective,
     optimality_probability,
+    preference_pairs,
     register_objective,
 )
 

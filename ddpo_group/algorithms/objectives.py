@@ -46,7 +46,8 @@ from ddpo_group.registry import Registry
 
 POLICY_GRADIENT = "policy_gradient"
 MATCHING = "matching"
-KINDS = (POLICY_GRADIENT, MATCHING)
+PREFERENCE = "preference"  # a matching loss on preference pairs of each group, against a reference model (dpo)
+KINDS = (POLICY_GRADIENT, MATCHING, PREFERENCE)
 ADAPTIVE_WEIGHT_FLOOR = 1e-5  # DiffusionNFT's floor of the adaptive weight (its released training script)
 
 
@@ -64,12 +65,13 @@ class ObjectiveSpec:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"objective {self.name!r}: kind {self.kind!r} must be one of {KINDS}")
-        if self.kind == MATCHING and self.fn is None:
+        if self.kind != POLICY_GRADIENT and self.fn is None:
             raise ValueError(f"matching objective {self.name!r} needs a loss function")
 
     @property
     def is_matching(self) -> bool:
-        return self.kind == MATCHING
+        """Trains on the forward process of the final samples (a matching or a preference objective)."""
+        return self.kind != POLICY_GRADIENT
 
     def config_errors(self, kwargs: dict) -> list:
         return list(self.check(dict(kwargs))) if self.check is not None else []
@@ -264,3 +266,44 @@ def nft_loss(pred, target, advantages, sigma, old_pred=None, adv_clip_max: float
                "negative_error": negative_error.detach().mean(),
                "old_deviation": _mean_dims((v.detach() - v_old).pow(2)).mean()}
     return loss, metrics
+
+
+def preference_pairs(group_index: torch.Tensor, scores: torch.Tensor, row_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """[P, 2] row indices (winner, loser) of each prompt group: its highest- and lowest-scoring rows (the first of
+    equal ones), among the rows given (``row_mask``: 1 where a row counts). A group with fewer than 2 rows or all
+    scores equal has no preference and no pair."""
+    pairs = []
+    keep = torch.ones_like(scores, dtype=torch.bool) if row_mask is None else row_mask.bool()
+    for g in torch.unique(group_index[keep]).tolist():
+        rows = torch.nonzero((group_index == g) & keep).flatten()
+        values = scores[rows]
+        if len(rows) < 2 or bool(values.max() == values.min()):
+            continue
+        pairs.append((int(rows[values.argmax()]), int(rows[values.argmin()])))
+    return torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
+
+
+def _dpo_check(kwargs: dict) -> list:
+    if "beta" not in kwargs or (isinstance(kwargs["beta"], (int, float)) and kwargs["beta"] > 0):
+        return []
+    return [f"algorithm.objective_kwargs.beta={kwargs['beta']!r} must be > 0 (Diffusion-DPO's temperature)"]
+
+
+@register_objective("dpo", kind=PREFERENCE, processes=FORWARD_PROCESSES, check=_dpo_check)
+def dpo_loss(error_w, error_l, ref_error_w, ref_error_l, beta: float = 2000.0, **_):
+    """Online Diffusion-DPO (Wallace et al. 2023, arXiv:2311.12908), the group's best sample against its worst: with the
+    per-pair matching errors e = mean_dims ||pred(x_s) - target||^2 of the winner w and the loser l at the same time s
+    and noise eps, under the policy (e) and the reference model (e_ref),
+
+        L = -log sigmoid( -beta / 2 * [ (e_w - e_ref_w) - (e_l - e_ref_l) ] )
+
+    (the paper's loss with its time weighting folded into beta; beta / 2 as in its released training code; beta 2000
+    is Flow-Factory's online default on flow models). At the reference (e = e_ref) the loss is log 2 and the gradient
+    beta / 4 (grad e_w - grad e_l). ``accuracy``: the share of pairs whose implicit reward prefers the winner.
+    """
+    if not beta > 0:
+        raise ValueError(f"dpo beta={beta} must be > 0")
+    margin = (error_w - ref_error_w.detach()) - (error_l - ref_error_l.detach())
+    inside = -0.5 * float(beta) * margin
+    loss = -torch.nn.functional.logsigmoid(inside)
+    return loss, {"accuracy": (inside.detach() > 0).float().mean(), "margin": margin.detach().mean()}

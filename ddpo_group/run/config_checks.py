@@ -289,6 +289,14 @@ def objective_errors(config, estimator) -> list[str]:
              f"algorithm.objective={a.objective!r} weighs each sample by one advantage; algorithm.adv_estimator="
              f"{a.adv_estimator!r} gives per-step advantages (critic or step rewards): use a per-sample estimator "
              "(grpo, dr_grpo, rloo, ddpo, ...)")
+    if objective.kind == "preference":
+        need(config.kl.use_reference_model, f"algorithm.objective={a.objective!r} compares the policy with a reference "
+             "model: set kl.use_reference_model=True (kl.beta may stay 0)")
+        need(estimator is None or estimator.needs_groups, f"algorithm.objective={a.objective!r} pairs the best and the "
+             f"worst sample of each prompt group: algorithm.adv_estimator={a.adv_estimator!r} is no group estimator "
+             "(grpo, dr_grpo, rloo, ...)")
+        need(not a.filter_groups, f"algorithm.objective={a.objective!r} forms its pairs from one round's groups: set "
+             "algorithm.filter_groups=False")
     need(not config.kl.in_reward, f"kl.in_reward=True puts a per-step KL in the reward; algorithm.objective="
          f"{a.objective!r} has no steps to put it on: use kl.beta with kl.in_reward=False")
     need(a.old_decay_flat_steps >= 0, f"algorithm.old_decay_flat_steps={a.old_decay_flat_steps} must be >= 0")

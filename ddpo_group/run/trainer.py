@@ -4,8 +4,8 @@
        over the processes (rollout/rounds.py, rollout/collect.py);
     2. advantages: the estimator on each whole round; each process keeps its rows (algorithms/advantages.py);
     3. update the policy with the objective (algorithms/objectives.py): the policy gradient on the recorded (sample,
-       step) pairs (update/policy_update.py), or a matching objective on the noised final samples
-       (update/matching_update.py);
+       step) pairs (update/policy_update.py), a matching objective on the noised final samples
+       (update/matching_update.py) or a preference objective on each group's pair (update/preference_update.py);
     4. update the critic (update/critic.py);
     5. after the epoch: the KL term's controller and reference (reference/regularizer.py), the estimator's
        controller (GROUP_PPO's tau), the EMA's metrics (update/ema.py; the EMA itself moves after optimizer steps);
@@ -29,6 +29,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 
 from ddpo_group.algorithms import get_adv_estimator, get_objective
+from ddpo_group.algorithms.objectives import PREFERENCE
 from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import ConfigError, EpochAbandoned, NonFiniteLossError
@@ -55,6 +56,7 @@ from ddpo_group.update.matching_update import MatchingUpdater
 from ddpo_group.update.old_model import OldModel
 from ddpo_group.update.memory_fit import PairsPerForward, names_the_setting
 from ddpo_group.update.policy_update import PolicyUpdater
+from ddpo_group.update.preference_update import PreferenceUpdater
 
 
 class Trainer:
@@ -154,7 +156,12 @@ class Trainer:
                                                  say=self.session.print)
         self.ema = EMAWeights.from_config(config, self.params)  # None unless train.ema
         after_step = self.ema.step if self.ema is not None else None
-        if self.objective.is_matching:
+        if self.objective.kind == PREFERENCE:
+            self.updater = PreferenceUpdater(config, self.accelerator, self.model, self.optimizer, self.params,
+                                             self.family, self.objective, self.kl,
+                                             pairs_per_forward=self.pairs_per_forward, after_optimizer_step=after_step,
+                                             scorer=self.scorer)
+        elif self.objective.is_matching:
             self.updater = MatchingUpdater(config, self.accelerator, self.model, self.optimizer, self.params,
                                            self.family, self.objective, self.kl, self.old,
                                            pairs_per_forward=self.pairs_per_forward, after_optimizer_step=after_step,

@@ -113,40 +113,42 @@ class MatchingUpdater(PolicyUpdater):
                 self._backward_pairs(batch, r, n, weight, len(chunk) * weight, sums)
         return dict(sums)
 
-    def _backward_pairs(self, batch: dict, r: torch.Tensor, n: torch.Tensor, weight: float, share: float,
-                        sums) -> None:
-        family = self.family
-        cond = {key: batch[key][r] for key in family.cond_keys}
-        step = {key: batch[key][r, n] for key in family.step_keys}
+    def noised(self, batch: dict, r: torch.Tensor, step: dict, noise: torch.Tensor):
+        """(x_s, target, sigma) of rows ``r``'s final latents at their ``step``, with ``noise``: the family's forward
+        process (module docstring); x_s in the condition's dtype."""
         x0 = batch["next_latents"][r, -1].float()  # the rollout's final latents
-        noise = torch.randn_like(x0)
         if self.process == "flow":
             sigma = step["sigmas"].float()
             x_s, target = flow_forward(x0, noise, sigma)
         else:
-            scheduler = family.pipe.scheduler
+            scheduler = self.family.pipe.scheduler
             alpha_bar = scheduler.alphas_cumprod.to(x0.device, torch.float32)[step["timesteps"].long()]
             x_s, target = ddpm_forward(x0, noise, alpha_bar, scheduler.config.prediction_type)
             sigma = (1 - alpha_bar).sqrt()
-        x_s = x_s.to(next(iter(cond.values())).dtype)
-        negative = family.negative_condition()
+        return x_s.to(batch[self.family.cond_keys[0]].dtype), target, sigma
 
-        def velocity(model):
-            return family.model_output(model, x_s, step, cond, negative, self.guidance_scale)
+    def velocity(self, model, batch: dict, r: torch.Tensor, step: dict, x_s: torch.Tensor) -> torch.Tensor:
+        """The denoiser's output (velocity, eps, v or x0) on x_s for rows ``r``, under the training guidance."""
+        cond = {key: batch[key][r] for key in self.family.cond_keys}
+        return self.family.model_output(model, x_s, step, cond, self.family.negative_condition(), self.guidance_scale)
 
+    def _backward_pairs(self, batch: dict, r: torch.Tensor, n: torch.Tensor, weight: float, share: float,
+                        sums) -> None:
+        step = {key: batch[key][r, n] for key in self.family.step_keys}
+        x_s, target, sigma = self.noised(batch, r, step, torch.randn_like(batch["next_latents"][r, -1].float()))
         unwrapped = self.accelerator.unwrap_model(self.model)
         old_pred = None
         if self.old is not None:
             with torch.no_grad(), self.old.applied(unwrapped) as old_model:
-                old_pred = velocity(old_model)
-        pred = velocity(self.model)
+                old_pred = self.velocity(old_model, batch, r, step, x_s)
+        pred = self.velocity(self.model, batch, r, step, x_s)
         losses, info = self.objective(pred, target, batch["advantages"][r, 0].float(), sigma, old_pred=old_pred,
                                       adv_clip_max=float(self.config.train.adv_clip_max), **self.objective_kwargs)
         policy_loss = weight * losses.sum()
         loss = policy_loss
         if self.uses_reference:
             with self.kl.timer.phase("reference"), torch.no_grad(), self.kl.reference.applied(unwrapped) as ref:
-                ref_pred = velocity(ref)
+                ref_pred = self.velocity(ref, batch, r, step, x_s)
             kl = (pred.float() - ref_pred.float()).pow(2).flatten(1).mean(dim=1)
             kl_loss = weight * kl.sum()
             loss = loss + self.kl.beta * kl_loss

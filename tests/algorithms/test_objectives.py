@@ -155,3 +155,32 @@ def test_a_plugin_objective_by_path(tmp_path):
     assert torch.allclose(loss, torch.tensor([1.0, -0.125]))
     plain = get_objective(f"{plugin}:plain")  # undecorated: a matching objective on the flow process
     assert plain.is_matching and plain.processes == ("flow",)
+
+
+def test_preference_pairs():
+    from ddpo_group.algorithms import preference_pairs
+
+    groups = torch.tensor([0, 0, 0, 1, 1, 2, 2, 3])
+    scores = torch.tensor([0.1, 0.9, -0.3, 0.5, 0.5, 1.0, 2.0, 7.0])  # group 1: equal, group 3: one row
+    assert preference_pairs(groups, scores).tolist() == [[1, 2], [6, 5]]
+    mask = torch.tensor([1, 0, 1, 1, 1, 1, 1, 1])
+    assert preference_pairs(groups, scores, mask).tolist() == [[0, 2], [6, 5]]
+    assert preference_pairs(torch.tensor([0, 0]), torch.tensor([1.0, 1.0])).shape == (0, 2)
+
+
+def test_dpo_by_hand_and_at_the_reference():
+    dpo = get_objective("dpo")
+    assert dpo.kind == "preference" and dpo.processes == ("flow", "ddpm")
+    e_w, e_l = torch.tensor([0.3, 0.5]), torch.tensor([0.4, 0.2])
+    r_w, r_l = torch.tensor([0.35, 0.5]), torch.tensor([0.4, 0.1])
+    loss, info = dpo(e_w, e_l, r_w, r_l, beta=10.0)
+    # margins: (0.3-0.35)-(0.4-0.4) = -0.05 -> inside 0.25; (0.5-0.5)-(0.2-0.1) = -0.1 -> inside 0.5
+    expected = -torch.nn.functional.logsigmoid(torch.tensor([0.25, 0.5]))
+    assert torch.allclose(loss, expected) and float(info["accuracy"]) == 1.0
+    # at the reference: log 2, gradient beta / 4 (grad e_w - grad e_l)
+    w, l = torch.tensor([0.3], requires_grad=True), torch.tensor([0.4], requires_grad=True)
+    loss, _ = dpo(w, l, torch.tensor([0.3]), torch.tensor([0.4]), beta=8.0)
+    loss.sum().backward()
+    assert float(loss) == pytest.approx(float(torch.log(torch.tensor(2.0))))
+    assert float(w.grad) == pytest.approx(2.0) and float(l.grad) == pytest.approx(-2.0)
+    assert dpo.config_errors({"beta": 0}) == ["algorithm.objective_kwargs.beta=0 must be > 0 (Diffusion-DPO's temperature)"]

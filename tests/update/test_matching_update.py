@@ -67,7 +67,7 @@ def test_config_contradictions_are_named(tiny_sd3_dir, tmp_path):
             "algorithm.objective": "nft", "algorithm.old_decay_max": 1}))
 
 
-@pytest.mark.parametrize("preset", ["awm", "nft"])
+@pytest.mark.parametrize("preset", ["awm", "nft", "dpo"])
 def test_preset_trains_an_epoch_on_the_embedded_flow_model(preset, tmp_path):
     from ddpo_group.models import load_pipeline
 
@@ -81,7 +81,8 @@ def test_preset_trains_an_epoch_on_the_embedded_flow_model(preset, tmp_path):
     assert trainer.config.sample.deterministic and trainer.config.algorithm.objective == preset
     before = [p.detach().clone() for p in trainer.updater.params]
     metrics = trainer.run()
-    assert trainer.family.name == "sd3" and metrics["global_step"] == 2
+    # dpo: 2 groups of 4 give 2 pairs, one train batch (train.batch_size / 2 = 2 pairs)
+    assert trainer.family.name == "sd3" and metrics["global_step"] == (1 if preset == "dpo" else 2)
     assert torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
     assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
 
@@ -110,7 +111,7 @@ def test_presets_and_published_recipes():
     from config.base import RECIPES, get_config
     from ddpo_group.run.config_checks import validate_config
 
-    for name in ("awm", "nft"):
+    for name in ("awm", "nft", "dpo"):
         config = get_config(name)
         validate_config(config)  # the embedded model: no download
         assert (config.algorithm.objective, config.sample.deterministic, config.pretrained.model) == (
@@ -124,3 +125,26 @@ def test_presets_and_published_recipes():
     assert (nft.kl.beta, nft.train.group_size, nft.sample.guidance_scale) == (1e-4, 24, 1.0)
     assert dict(awm.algorithm.objective_kwargs) == {"weighting": "ghuber", "ghuber_power": 0.25}
     assert (awm.kl.beta, awm.sample.num_steps, awm.sample.guidance_scale) == (1e-3, 14, 1.0)
+
+
+def test_dpo_trains_each_groups_pair_and_equal_rewards_train_nothing(tiny_sd3_dir, tmp_path):
+    overrides = matching_overrides(**{"algorithm.objective": "dpo", "kl.use_reference_model": True,
+                                      "algorithm.objective_kwargs": {"beta": 100.0}})
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "dpo", **overrides)
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    # 8 samples in 2 groups of 4: 2 pairs, each at its 4 times, 2 samples a unit
+    assert metrics["train/preference_pairs"] == 2 and metrics["perf/pairs_trained"] == 2 * 4 * 2
+    assert metrics["train/policy_loss"] == pytest.approx(float(torch.log(torch.tensor(2.0))), abs=0.05)
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    # a constant reward: no group has a preference, no pair, no change
+    plugin = tmp_path / "constant.py"
+    plugin.write_text("import torch\n\ndef constant():\n    return lambda images, prompts, metadata: "
+                      "(torch.ones(len(prompts)), {})\n")
+    flat = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "flat", **{**overrides, "reward_fn": f"{plugin}:constant"})
+    before = [p.detach().clone() for p in flat.updater.params]
+    metrics = flat.run()
+    assert metrics["train/preference_pairs"] == 0
+    assert all(torch.equal(b, p.detach()) for b, p in zip(before, flat.updater.params))
+    with pytest.raises(ConfigError, match="kl.use_reference_model=True"):
+        tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "noref", **{**overrides, "kl.use_reference_model": False})

@@ -1,0 +1,117 @@
+"""The training phase of a preference objective (algorithms/objectives.py: dpo): preference pairs of each prompt group,
+both samples noised at the same time with the same noise, the policy's and the reference's matching errors.
+
+Each epoch, each prompt group's rows on this process give one pair (winner, loser): its highest and lowest advantage
+(``preference_pairs``; a group whose advantages are all equal gives none, so equal rewards train nothing). Each pair gets
+int(T * train.timestep_fraction) of the rollout schedule's times, one noise eps shared by its two samples:
+
+    e = mean_dims || pred(x_s) - target ||^2   for w and l, under the policy (gradient) and the reference (no gradient)
+    loss = mean over the train batch's (pair, time) units of  objective(e_w, e_l, e_ref_w, e_ref_l)
+
+The reference is the KL machinery's (kl.use_reference_model: with LoRA the base model). A train batch holds
+train.batch_size / 2 pairs (the same number of samples as a policy-gradient batch); ``train.pairs_per_forward`` / 2
+pairs run per forward (both samples of a pair in one forward). The loop (inner epochs, gradient accumulation, the
+non-finite check) is the policy update's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from contextlib import nullcontext
+
+import torch
+from tqdm.auto import tqdm
+
+from ddpo_group.algorithms.objectives import preference_pairs
+from ddpo_group.errors import ConfigError
+from ddpo_group.update.matching_update import MatchingUpdater
+from ddpo_group.update.policy_update import random_step_mask
+
+
+class PreferenceUpdater(MatchingUpdater):
+    """``train.num_inner_epochs`` passes of a preference objective over an epoch's group pairs (module docstring)."""
+
+    def __init__(self, config, accelerator, model, optimizer, trainable_params, family, objective, kl=None, **kwargs):
+        if kl is None:
+            raise ConfigError(f"algorithm.objective={objective.name!r} compares the policy with a reference model: set "
+                              "kl.use_reference_model=True (kl.beta may stay 0)")
+        super().__init__(config, accelerator, model, optimizer, trainable_params, family, objective, kl=kl, **kwargs)
+        self.pairs = torch.zeros(0, 2, dtype=torch.long)
+
+    def train_epoch(self, batch: dict, show_progress: bool = True) -> dict:
+        """Update the policy on this epoch's pairs; returns averaged metrics, the optimizer steps, ``pairs`` (the
+        (sample, time) units trained: two per pair and time) and ``preference_pairs``."""
+        t = self.config.train
+        row_mask = batch["row_mask"].cpu() if "row_mask" in batch else None
+        self.pairs = preference_pairs(batch["group_index"].cpu(), batch["advantages"][:, 0].cpu(), row_mask)
+        num_pairs, num_steps = len(self.pairs), self.config.sample.num_steps
+        self.scorer.prepare(num_steps, self.accelerator.device)
+        self.model.train()
+        chunk = self.chunk_size(batch)
+        per_batch = max(1, t.batch_size // 2)
+        sums, count, optimizer_steps, units = defaultdict(float), 0, 0, 0
+        progress = tqdm(total=t.num_inner_epochs * -(-num_pairs // per_batch), desc="training",
+                        disable=not show_progress, leave=False)
+        device = batch["advantages"].device
+        for inner in range(t.num_inner_epochs):
+            perm = torch.randperm(num_pairs)
+            step_mask = random_step_mask(num_pairs, num_steps, t.timestep_fraction, trainable=self.trainable_steps())
+            units += 2 * int(step_mask.count_nonzero())
+            for start in range(0, num_pairs, per_batch):
+                rows = perm[start : start + per_batch]
+                self._position = (inner, start // per_batch, optimizer_steps)
+                metrics = self._train_batch(batch, rows.to(device), step_mask[rows])
+                grad_norm = metrics.pop("grad_norm", None)
+                if grad_norm is not None:
+                    sums["grad_norm"] += grad_norm
+                    optimizer_steps += 1
+                for key, value in metrics.items():
+                    sums[key] += value
+                count += 1
+                progress.update(1)
+        progress.close()
+        self.model.eval()
+        out = {key: float(value) / max(count, 1) for key, value in sums.items() if key != "grad_norm"}
+        out["grad_norm"] = float(sums["grad_norm"]) / max(optimizer_steps, 1)
+        out.update(optimizer_steps=optimizer_steps, pairs_per_forward=chunk, pairs=units, preference_pairs=num_pairs)
+        return out
+
+    def accumulate_gradients(self, batch: dict, rows: torch.Tensor, step_mask: torch.Tensor,
+                             pairs_per_forward: int | None = None) -> dict:
+        """Backpropagate one train batch of preference pairs (``rows``: indices into this epoch's pairs, ``step_mask``
+        [b, T] their times), chunk by chunk; every (pair, time) unit weighs 1 / (the batch's units)."""
+        device = rows.device
+        unit_pairs, unit_steps = step_mask.nonzero(as_tuple=True)
+        weight = 1.0 / max(int(unit_pairs.numel()), 1)
+        unit_pairs, unit_steps = unit_pairs.to(device), unit_steps.to(device)
+        pairs = self.pairs.to(device)[rows[unit_pairs]]  # [U, 2] rows of the batch record
+        size = max(1, (pairs_per_forward or self.chunk_size(batch)) // 2)
+        chunks = torch.split(torch.arange(len(pairs), device=device), size)
+        sums = defaultdict(float)
+        for k, chunk in enumerate(chunks):
+            sync = nullcontext() if k == len(chunks) - 1 else self.accelerator.no_sync(self.model)
+            with sync, self.accelerator.autocast():
+                self._backward_units(batch, pairs[chunk], unit_steps[chunk], weight, len(chunk) * weight, sums)
+        return dict(sums)
+
+    def _backward_units(self, batch, pairs: torch.Tensor, n: torch.Tensor, weight: float, share: float, sums) -> None:
+        k = len(pairs)
+        r = torch.cat([pairs[:, 0], pairs[:, 1]])  # winners, then losers
+        n2 = torch.cat([n, n])
+        step = {key: batch[key][r, n2] for key in self.family.step_keys}
+        noise = torch.randn_like(batch["next_latents"][pairs[:, 0], -1].float())
+        x_s, target, _ = self.noised(batch, r, step, torch.cat([noise, noise]))
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        with self.kl.timer.phase("reference"), torch.no_grad(), self.kl.reference.applied(unwrapped) as reference:
+            ref_error = self.errors(self.velocity(reference, batch, r, step, x_s), target)
+        error = self.errors(self.velocity(self.model, batch, r, step, x_s), target)
+        losses, info = self.objective(error[:k], error[k:], ref_error[:k], ref_error[k:], **self.objective_kwargs)
+        policy_loss = weight * losses.sum()
+        self.accelerator.backward(policy_loss)
+        sums["policy_loss"] += policy_loss.detach()
+        for key, value in info.items():
+            sums[key] += share * (value.detach() if isinstance(value, torch.Tensor) else value)
+
+    @staticmethod
+    def errors(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return (pred.float() - target.float()).pow(2).flatten(1).mean(dim=1)
