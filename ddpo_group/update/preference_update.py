@@ -35,6 +35,9 @@ class PreferenceUpdater(MatchingUpdater):
         if kl is None:
             raise ConfigError(f"algorithm.objective={objective.name!r} compares the policy with a reference model: set "
                               "kl.use_reference_model=True (kl.beta may stay 0)")
+        if accelerator.num_processes > 1:  # the processes' pair counts differ: their backward calls would not pair up
+            raise ConfigError(f"algorithm.objective={objective.name!r} runs on one process for now (got "
+                              f"{accelerator.num_processes}): each process's pairs, and so its train batches, differ")
         super().__init__(config, accelerator, model, optimizer, trainable_params, family, objective, kl=kl, **kwargs)
         self.pairs = torch.zeros(0, 2, dtype=torch.long)
 
