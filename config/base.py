@@ -144,10 +144,12 @@ def base() -> ml_collections.ConfigDict:
     # what the update minimises (docs/algorithms.md): "policy_gradient" (algorithm.policy_loss over the recorded
     # step log-probs), or a matching objective on the forward process of the final samples: "awm" (advantage weighted
     # matching), "nft" (DiffusionNFT), "dpo" (online Diffusion-DPO, each group's best against its worst, against the
-    # kl section's reference model); or a plugin path, as adv_estimator (ddpo_group/algorithms/objectives.py)
+    # kl section's reference model), "dgpo" (a group-level preference of every sample of a group, against that
+    # reference); or a plugin path, as adv_estimator (ddpo_group/algorithms/objectives.py)
     algorithm.objective = "policy_gradient"
     # keywords of the objective: awm's weighting ("uniform", "t" or "ghuber") and ghuber_power; nft's beta (its guidance
-    # strength, > 0) and adaptive_weight (True: its adaptive loss weighting); dpo's beta (its temperature, > 0)
+    # strength, > 0) and adaptive_weight (True: its adaptive loss weighting); dpo's and dgpo's beta (their temperature,
+    # > 0)
     algorithm.objective_kwargs = ml_collections.ConfigDict()
     # the old model of an objective that needs one (nft): after each epoch theta_old <- d theta_old + (1 - d) theta,
     # with k optimizer steps so far d = 0 for k < flat steps, else min((k - flat) * ramp, max) (ddpo_group/update/
@@ -381,6 +383,16 @@ def dpo() -> ml_collections.ConfigDict:
     return config
 
 
+def dgpo() -> ml_collections.ConfigDict:
+    """DGPO (arXiv:2510.08425) on the embedded flow model: a group-level preference over every sample of a prompt group
+    (group 8, advantage-weighted), against the frozen base model (no KL term), deterministic rollouts, beta 100
+    (Flow-Factory's default)."""
+    config = matching("dgpo")
+    config.kl.use_reference_model = True
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 100.0})
+    return config
+
+
 def flow_grpo(model: str) -> ml_collections.ConfigDict:
     """Flow-GRPO's published recipe on a flow-matching model: GRPO with group 24, 10 rollout steps (40 to evaluate),
     Flow-SDE, clip 1e-4, LoRA rank 32 / alpha 64, lr 3e-4, 512 px; the OCR (text rendering) task, which needs no
@@ -523,7 +535,7 @@ PRESETS = {
 }
 # recipes: the embedded flow model's task, and the published recipes on the models people train (their weights
 # download from the hub)
-RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm, "nft": nft, "dpo": dpo,
+RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm, "nft": nft, "dpo": dpo, "dgpo": dgpo,
            "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux}
 RECIPES.update(flow_factory_zimage=flow_factory_zimage, flow_factory_zimage_turbo=flow_factory_zimage_turbo)
 RECIPES.update(nft_sd35=nft_sd35, awm_sd35=awm_sd35)

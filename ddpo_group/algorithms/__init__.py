@@ -76,6 +76,7 @@ from .objectives import (
     ObjectiveSpec,
     flow_forward,
     get_objective,
+    group_rows,
     objective,
     optimality_probability,
     preference_pairs,

@@ -60,6 +60,7 @@ class ObjectiveSpec:
     fn: Optional[Callable] = None  # a matching objective's per-pair loss (module docstring); None for policy_gradient
     needs_old_model: bool = False  # the update keeps an old model (old_pred); rollouts sample with it
     processes: tuple = ("flow",)  # the forward processes it is defined on (FORWARD_PROCESSES)
+    units: str = "pairs"  # a preference objective's units: "pairs" (each group's best, worst) or "groups" (all rows)
     check: Optional[Callable] = None  # check(objective_kwargs: dict) -> list of config error messages
 
     def __post_init__(self):
@@ -83,7 +84,8 @@ class ObjectiveSpec:
 OBJECTIVE_REGISTRY = Registry("objective", entry_point_group="ddpo_group.objectives")
 
 
-def objective(needs_old_model: bool = False, processes: tuple = ("flow",), check: Optional[Callable] = None) -> Callable:
+def objective(needs_old_model: bool = False, processes: tuple = ("flow",),
+              check: Optional[Callable] = None) -> Callable:
     """Decorator declaring a matching objective (a plugin) without registering a name."""
     def decorator(fn: Callable) -> ObjectiveSpec:
         return ObjectiveSpec(name=fn.__name__, kind=MATCHING, fn=fn, needs_old_model=needs_old_model,
@@ -92,11 +94,11 @@ def objective(needs_old_model: bool = False, processes: tuple = ("flow",), check
 
 
 def register_objective(name: str, kind: str = MATCHING, needs_old_model: bool = False, processes: tuple = ("flow",),
-                       check: Optional[Callable] = None) -> Callable:
+                       units: str = "pairs", check: Optional[Callable] = None) -> Callable:
     """Decorator registering an objective under ``name`` (fails if the name is taken)."""
     def decorator(fn: Optional[Callable]) -> ObjectiveSpec:
         spec = ObjectiveSpec(name=name, kind=kind, fn=fn, needs_old_model=needs_old_model, processes=tuple(processes),
-                             check=check)
+                             units=units, check=check)
         return OBJECTIVE_REGISTRY.register(name)(spec)
     return decorator
 
@@ -157,7 +159,8 @@ def _awm_check(kwargs: dict) -> list:
     errors = []
     if "weighting" in kwargs and kwargs["weighting"] not in AWM_WEIGHTINGS:  # absent: the function's default
         errors.append(f"algorithm.objective_kwargs.weighting={kwargs['weighting']!r} must be one of {AWM_WEIGHTINGS}")
-    if "ghuber_power" in kwargs and not (isinstance(kwargs["ghuber_power"], (int, float)) and kwargs["ghuber_power"] > 0):
+    power = kwargs["ghuber_power"] if "ghuber_power" in kwargs else None
+    if "ghuber_power" in kwargs and not (isinstance(power, (int, float)) and power > 0):
         errors.append(f"algorithm.objective_kwargs.ghuber_power={kwargs['ghuber_power']!r} must be > 0")
     return errors
 
@@ -180,16 +183,17 @@ def awm_loss(pred, target, advantages, sigma, weighting: str = "uniform", ghuber
     """Advantage Weighted Matching (Xue, Ge, Zhang, Li, Ma 2025, arXiv:2509.25050): the pretraining flow-matching loss
     of each rollout sample, weighted by its advantage,
 
-        L(theta) = E_{c, x0 ~ pi_old(.|c), s, eps} [ A(x0, c) * phi(l, s) ],   l = mean_dims || v_theta(x_s, s, c) - (eps - x0) ||^2
+        L(theta) = E_{c, x0 ~ pi_old(.|c), s, eps} [ A(x0, c) * phi(l, s) ],
+        l = mean_dims || v_theta(x_s, s, c) - (eps - x0) ||^2
 
     (the paper's AWM objective: DDPO's policy gradient is a noisy denoising score matching, its Theorem 1, and AWM
-    replaces it with the matching loss of the forward process; the paper states it for score matching (its EDM experiments) and flow
-    matching alike, so it runs on both forward processes: on ``ddpm`` the error is the denoiser's own (eps, v or x0) and s is
-    sqrt(1 - ab_t)). phi (``awm_weighted_error``) is l, s l or the
+    replaces it with the matching loss of the forward process; the paper states it for score matching (its EDM
+    experiments) and flow matching alike, so it runs on both forward processes: on ``ddpm`` the error is the
+    denoiser's own (eps, v or x0) and s is sqrt(1 - ab_t)). phi (``awm_weighted_error``) is l, s l or the
     generalised Huber of l. A > 0 pulls the velocity toward the sample's target, A < 0 pushes it away; A = 0 gives a
     zero loss and a zero gradient. The released script writes it as a PPO ratio exp(-phi + sg(phi)) of the first pass
-    (on-policy: the same gradient, -A grad(-phi)) and scales A by advantage_max / adv_clip_max (1 / 5 in its recipe). The
-    KL term to a reference (its velocity penalty beta mean (v_theta - v_ref)^2) is ``kl.beta`` with
+    (on-policy: the same gradient, -A grad(-phi)) and scales A by advantage_max / adv_clip_max (1 / 5 in its
+    recipe). The KL term to a reference (its velocity penalty beta mean (v_theta - v_ref)^2) is ``kl.beta`` with
     ``kl.use_reference_model``.
 
     Returns the per-pair loss [N] and metrics (the unweighted matching error ``matching_error``).
@@ -268,7 +272,8 @@ def nft_loss(pred, target, advantages, sigma, old_pred=None, adv_clip_max: float
     return loss, metrics
 
 
-def preference_pairs(group_index: torch.Tensor, scores: torch.Tensor, row_mask: torch.Tensor | None = None) -> torch.Tensor:
+def preference_pairs(group_index: torch.Tensor, scores: torch.Tensor,
+                     row_mask: torch.Tensor | None = None) -> torch.Tensor:
     """[P, 2] row indices (winner, loser) of each prompt group: its highest- and lowest-scoring rows (the first of
     equal ones), among the rows given (``row_mask``: 1 where a row counts). A group with fewer than 2 rows or all
     scores equal has no preference and no pair."""
@@ -283,27 +288,70 @@ def preference_pairs(group_index: torch.Tensor, scores: torch.Tensor, row_mask: 
     return torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)
 
 
-def _dpo_check(kwargs: dict) -> list:
-    if "beta" not in kwargs or (isinstance(kwargs["beta"], (int, float)) and kwargs["beta"] > 0):
-        return []
-    return [f"algorithm.objective_kwargs.beta={kwargs['beta']!r} must be > 0 (Diffusion-DPO's temperature)"]
+def group_rows(group_index: torch.Tensor, row_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """[U, G] the rows of each prompt group (the groups present, in index order); ValueError naming the sizes when the
+    groups' row counts differ (a group split between processes, or padded rows)."""
+    keep = torch.ones_like(group_index, dtype=torch.bool) if row_mask is None else row_mask.bool()
+    groups = [torch.nonzero((group_index == g) & keep).flatten() for g in torch.unique(group_index[keep]).tolist()]
+    sizes = sorted({len(rows) for rows in groups})
+    if len(sizes) > 1:
+        raise ValueError(f"prompt groups of different sizes {sizes} on this process: a group objective needs whole "
+                         "groups (sample.batch_size x sample.num_batches_per_epoch a multiple of train.group_size, no "
+                         "dynamic sampling)")
+    return torch.stack(groups) if groups else torch.zeros(0, 0, dtype=torch.long)
 
 
-@register_objective("dpo", kind=PREFERENCE, processes=FORWARD_PROCESSES, check=_dpo_check)
-def dpo_loss(error_w, error_l, ref_error_w, ref_error_l, beta: float = 2000.0, **_):
+def _beta_check(what: str) -> Callable:
+    def check(kwargs: dict) -> list:
+        if "beta" not in kwargs or (isinstance(kwargs["beta"], (int, float)) and kwargs["beta"] > 0):
+            return []
+        return [f"algorithm.objective_kwargs.beta={kwargs['beta']!r} must be > 0 ({what})"]
+    return check
+
+
+def _group_preference(errors, ref_errors, weights, beta: float):
+    """softplus((beta / K) sum_k a_k (e_k - sg(e_ref_k))) per unit [U] (units of K rows) and the implicit-reward
+    metrics: -log sigmoid(-S) with S = (beta / K) sum_k a_k (e_k - e_ref_k)."""
+    if not beta > 0:
+        raise ValueError(f"beta={beta} must be > 0")
+    if not (errors.shape == ref_errors.shape == weights.shape and errors.dim() == 2):
+        raise ValueError(f"errors, ref_errors and advantages must be [U, K], got {tuple(errors.shape)}, "
+                         f"{tuple(ref_errors.shape)}, {tuple(weights.shape)}")
+    delta = errors - ref_errors.detach()
+    score = float(beta) / errors.shape[1] * (weights.to(delta.dtype) * delta).sum(dim=1)
+    return torch.nn.functional.softplus(score), {"accuracy": (score.detach() < 0).float().mean(),
+                                                  "implicit_score": score.detach().mean()}
+
+
+@register_objective("dpo", kind=PREFERENCE, processes=FORWARD_PROCESSES, units="pairs",
+                    check=_beta_check("Diffusion-DPO's temperature"))
+def dpo_loss(errors, ref_errors, advantages=None, beta: float = 2000.0, **_):
     """Online Diffusion-DPO (Wallace et al. 2023, arXiv:2311.12908), the group's best sample against its worst: with the
-    per-pair matching errors e = mean_dims ||pred(x_s) - target||^2 of the winner w and the loser l at the same time s
-    and noise eps, under the policy (e) and the reference model (e_ref),
+    matching errors e = mean_dims ||pred(x_s) - target||^2 of the winner w and the loser l (``errors`` [U, 2], winner
+    first) at the same time s and noise eps, under the policy (e) and the reference model (e_ref),
 
         L = -log sigmoid( -beta / 2 * [ (e_w - e_ref_w) - (e_l - e_ref_l) ] )
 
     (the paper's loss with its time weighting folded into beta; beta / 2 as in its released training code; beta 2000
-    is Flow-Factory's online default on flow models). At the reference (e = e_ref) the loss is log 2 and the gradient
-    beta / 4 (grad e_w - grad e_l). ``accuracy``: the share of pairs whose implicit reward prefers the winner.
+    is Flow-Factory's online default on flow models). It is DGPO's loss on the pair with advantages (+1, -1). At the
+    reference (e = e_ref) the loss is log 2 and the gradient beta / 4 (grad e_w - grad e_l). ``accuracy``: the share of
+    pairs whose implicit reward prefers the winner. ``advantages`` is not read.
     """
-    if not beta > 0:
-        raise ValueError(f"dpo beta={beta} must be > 0")
-    margin = (error_w - ref_error_w.detach()) - (error_l - ref_error_l.detach())
-    inside = -0.5 * float(beta) * margin
-    loss = -torch.nn.functional.logsigmoid(inside)
-    return loss, {"accuracy": (inside.detach() > 0).float().mean(), "margin": margin.detach().mean()}
+    signs = torch.tensor([1.0, -1.0], dtype=errors.dtype, device=errors.device).expand_as(errors)
+    return _group_preference(errors, ref_errors, signs, beta)
+
+
+@register_objective("dgpo", kind=PREFERENCE, processes=FORWARD_PROCESSES, units="groups",
+                    check=_beta_check("DGPO's temperature"))
+def dgpo_loss(errors, ref_errors, advantages, beta: float = 100.0, **_):
+    """DGPO, direct group preference optimisation (Luo et al. 2025, arXiv:2510.08425): a group-level DPO over all K
+    samples of a prompt group at one time s and one noise eps (``errors``, ``ref_errors``, ``advantages`` [U, K]):
+
+        L = -log sigmoid( -(beta / K) sum_k A_k (e_k - e_ref_k) )
+
+    The gradient, sigmoid((beta / K) sum_k A_k (e_k - e_ref_k)) * (beta / K) A_k grad e_k, is the gradient-equivalent
+    loss of the released code and of Flow-Factory (a sigmoid group weight times A_k e_k). Zero advantages (a group whose
+    rewards are all equal) give a constant loss log 2 and a zero gradient. beta 100 is Flow-Factory's default (10 to 100
+    with a frozen reference).
+    """
+    return _group_preference(errors, ref_errors, advantages, beta)

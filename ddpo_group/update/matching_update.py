@@ -6,7 +6,8 @@ For each train batch, every sample i gets int(T * train.timestep_fraction) of th
 discretisation times), and each (sample, time) pair fresh noise eps:
 
     x0 = the sample's final latent,   x_s = (1 - s) x0 + s eps,   u = eps - x0
-    loss = mean over the batch's pairs of  objective(v_theta(x_s, s, c), u, A_i, s, v_old)  [+ beta mean (v_theta - v_ref)^2]
+    loss = mean over the batch's pairs of  objective(v_theta(x_s, s, c), u, A_i, s, v_old)
+           [+ beta mean (v_theta - v_ref)^2]
 
 with v_theta the denoiser's velocity under the training guidance (``train.cfg``), A_i the sample's advantage, v_old the
 old model's velocity for an objective that needs it (update/old_model.py; it is mixed toward the policy after every
@@ -33,7 +34,8 @@ from ddpo_group.update.policy_update import PolicyUpdater
 
 
 def forward_process(family) -> str:
-    """The family's forward process: "flow" when its steps record sigmas, "ddpm" when its scheduler has alphas_cumprod."""
+    """The family's forward process: "flow" when its steps record sigmas, "ddpm" when its scheduler has
+    alphas_cumprod."""
     if "sigmas" in family.step_keys:
         return "flow"
     if hasattr(family.pipe.scheduler, "alphas_cumprod"):

@@ -1,17 +1,19 @@
-"""The training phase of a preference objective (algorithms/objectives.py: dpo): preference pairs of each prompt group,
-both samples noised at the same time with the same noise, the policy's and the reference's matching errors.
+"""The training phase of a preference objective (algorithms/objectives.py: dpo, dgpo): units of K rows of one prompt
+group, all noised at the same time with the same noise, the policy's and the reference's matching errors.
 
-Each epoch, each prompt group's rows on this process give one pair (winner, loser): its highest and lowest advantage
-(``preference_pairs``; a group whose advantages are all equal gives none, so equal rewards train nothing). Each pair gets
-int(T * train.timestep_fraction) of the rollout schedule's times, one noise eps shared by its two samples:
+Each epoch the units are (the objective's ``units``):
+* "pairs" (dpo): each prompt group's highest- and lowest-advantage rows on this process (``preference_pairs``; a group
+  whose advantages are all equal gives none, so equal rewards train nothing), K = 2;
+* "groups" (dgpo): every prompt group's rows (``group_rows``: whole groups on this process), K = G.
+Each unit gets int(T * train.timestep_fraction) of the rollout schedule's times, one noise eps shared by its rows:
 
-    e = mean_dims || pred(x_s) - target ||^2   for w and l, under the policy (gradient) and the reference (no gradient)
-    loss = mean over the train batch's (pair, time) units of  objective(e_w, e_l, e_ref_w, e_ref_l)
+    e = mean_dims || pred(x_s) - target ||^2   per row, under the policy (gradient) and the reference (no gradient)
+    loss = mean over the train batch's (unit, time) pairs of  objective(e [U, K], e_ref [U, K], A [U, K])
 
 The reference is the KL machinery's (kl.use_reference_model: with LoRA the base model). A train batch holds
-train.batch_size / 2 pairs (the same number of samples as a policy-gradient batch); ``train.pairs_per_forward`` / 2
-pairs run per forward (both samples of a pair in one forward). The loop (inner epochs, gradient accumulation, the
-non-finite check) is the policy update's.
+train.batch_size / K units (about as many samples as a policy-gradient batch); ``train.pairs_per_forward`` / K units
+run per forward (a unit's rows in one forward). The loop (inner epochs, gradient accumulation, the non-finite check)
+is the policy update's.
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ from contextlib import nullcontext
 import torch
 from tqdm.auto import tqdm
 
-from ddpo_group.algorithms.objectives import preference_pairs
+from ddpo_group.algorithms.objectives import group_rows, preference_pairs
 from ddpo_group.errors import ConfigError
 from ddpo_group.update.matching_update import MatchingUpdater
 from ddpo_group.update.policy_update import random_step_mask
 
 
 class PreferenceUpdater(MatchingUpdater):
-    """``train.num_inner_epochs`` passes of a preference objective over an epoch's group pairs (module docstring)."""
+    """``train.num_inner_epochs`` passes of a preference objective over an epoch's units (module docstring)."""
 
     def __init__(self, config, accelerator, model, optimizer, trainable_params, family, objective, kl=None, **kwargs):
         if kl is None:
@@ -39,28 +41,36 @@ class PreferenceUpdater(MatchingUpdater):
             raise ConfigError(f"algorithm.objective={objective.name!r} runs on one process for now (got "
                               f"{accelerator.num_processes}): each process's pairs, and so its train batches, differ")
         super().__init__(config, accelerator, model, optimizer, trainable_params, family, objective, kl=kl, **kwargs)
-        self.pairs = torch.zeros(0, 2, dtype=torch.long)
+        self.units = torch.zeros(0, 2, dtype=torch.long)
+
+    def make_units(self, batch: dict) -> torch.Tensor:
+        """[U, K] rows of this epoch's units (module docstring), on the CPU."""
+        row_mask = batch["row_mask"].cpu() if "row_mask" in batch else None
+        groups = batch["group_index"].cpu()
+        if self.objective.units == "groups":
+            return group_rows(groups, row_mask)
+        return preference_pairs(groups, batch["advantages"][:, 0].cpu(), row_mask)
 
     def train_epoch(self, batch: dict, show_progress: bool = True) -> dict:
-        """Update the policy on this epoch's pairs; returns averaged metrics, the optimizer steps, ``pairs`` (the
-        (sample, time) units trained: two per pair and time) and ``preference_pairs``."""
+        """Update the policy on this epoch's units; returns averaged metrics, the optimizer steps, ``pairs`` (the
+        (sample, time) pairs trained: K per unit and time) and ``preference_units``."""
         t = self.config.train
-        row_mask = batch["row_mask"].cpu() if "row_mask" in batch else None
-        self.pairs = preference_pairs(batch["group_index"].cpu(), batch["advantages"][:, 0].cpu(), row_mask)
-        num_pairs, num_steps = len(self.pairs), self.config.sample.num_steps
+        self.units = self.make_units(batch)
+        num_units, num_steps = len(self.units), self.config.sample.num_steps
+        width = max(self.units.shape[1], 1)
         self.scorer.prepare(num_steps, self.accelerator.device)
         self.model.train()
         chunk = self.chunk_size(batch)
-        per_batch = max(1, t.batch_size // 2)
-        sums, count, optimizer_steps, units = defaultdict(float), 0, 0, 0
-        progress = tqdm(total=t.num_inner_epochs * -(-num_pairs // per_batch), desc="training",
+        per_batch = max(1, t.batch_size // width)
+        sums, count, optimizer_steps, trained = defaultdict(float), 0, 0, 0
+        progress = tqdm(total=t.num_inner_epochs * -(-num_units // per_batch), desc="training",
                         disable=not show_progress, leave=False)
         device = batch["advantages"].device
         for inner in range(t.num_inner_epochs):
-            perm = torch.randperm(num_pairs)
-            step_mask = random_step_mask(num_pairs, num_steps, t.timestep_fraction, trainable=self.trainable_steps())
-            units += 2 * int(step_mask.count_nonzero())
-            for start in range(0, num_pairs, per_batch):
+            perm = torch.randperm(num_units)
+            step_mask = random_step_mask(num_units, num_steps, t.timestep_fraction, trainable=self.trainable_steps())
+            trained += width * int(step_mask.count_nonzero())
+            for start in range(0, num_units, per_batch):
                 rows = perm[start : start + per_batch]
                 self._position = (inner, start // per_batch, optimizer_steps)
                 metrics = self._train_batch(batch, rows.to(device), step_mask[rows])
@@ -76,39 +86,40 @@ class PreferenceUpdater(MatchingUpdater):
         self.model.eval()
         out = {key: float(value) / max(count, 1) for key, value in sums.items() if key != "grad_norm"}
         out["grad_norm"] = float(sums["grad_norm"]) / max(optimizer_steps, 1)
-        out.update(optimizer_steps=optimizer_steps, pairs_per_forward=chunk, pairs=units, preference_pairs=num_pairs)
+        out.update(optimizer_steps=optimizer_steps, pairs_per_forward=chunk, pairs=trained, preference_units=num_units)
         return out
 
     def accumulate_gradients(self, batch: dict, rows: torch.Tensor, step_mask: torch.Tensor,
                              pairs_per_forward: int | None = None) -> dict:
-        """Backpropagate one train batch of preference pairs (``rows``: indices into this epoch's pairs, ``step_mask``
-        [b, T] their times), chunk by chunk; every (pair, time) unit weighs 1 / (the batch's units)."""
+        """Backpropagate one train batch of units (``rows``: indices into this epoch's units, ``step_mask`` [b, T]
+        their times), chunk by chunk; every (unit, time) pair weighs 1 / (the batch's (unit, time) pairs)."""
         device = rows.device
-        unit_pairs, unit_steps = step_mask.nonzero(as_tuple=True)
-        weight = 1.0 / max(int(unit_pairs.numel()), 1)
-        unit_pairs, unit_steps = unit_pairs.to(device), unit_steps.to(device)
-        pairs = self.pairs.to(device)[rows[unit_pairs]]  # [U, 2] rows of the batch record
-        size = max(1, (pairs_per_forward or self.chunk_size(batch)) // 2)
-        chunks = torch.split(torch.arange(len(pairs), device=device), size)
+        unit_index, unit_steps = step_mask.nonzero(as_tuple=True)
+        weight = 1.0 / max(int(unit_index.numel()), 1)
+        unit_index, unit_steps = unit_index.to(device), unit_steps.to(device)
+        units = self.units.to(device)[rows[unit_index]]  # [U, K] rows of the batch record
+        size = max(1, (pairs_per_forward or self.chunk_size(batch)) // max(units.shape[1], 1))
+        chunks = torch.split(torch.arange(len(units), device=device), size)
         sums = defaultdict(float)
         for k, chunk in enumerate(chunks):
             sync = nullcontext() if k == len(chunks) - 1 else self.accelerator.no_sync(self.model)
             with sync, self.accelerator.autocast():
-                self._backward_units(batch, pairs[chunk], unit_steps[chunk], weight, len(chunk) * weight, sums)
+                self._backward_units(batch, units[chunk], unit_steps[chunk], weight, len(chunk) * weight, sums)
         return dict(sums)
 
-    def _backward_units(self, batch, pairs: torch.Tensor, n: torch.Tensor, weight: float, share: float, sums) -> None:
-        k = len(pairs)
-        r = torch.cat([pairs[:, 0], pairs[:, 1]])  # winners, then losers
-        n2 = torch.cat([n, n])
-        step = {key: batch[key][r, n2] for key in self.family.step_keys}
-        noise = torch.randn_like(batch["next_latents"][pairs[:, 0], -1].float())
-        x_s, target, _ = self.noised(batch, r, step, torch.cat([noise, noise]))
+    def _backward_units(self, batch, units: torch.Tensor, n: torch.Tensor, weight: float, share: float, sums) -> None:
+        u, width = units.shape
+        r = units.reshape(-1)  # unit by unit, its rows together
+        n_rows = n.repeat_interleave(width)
+        step = {key: batch[key][r, n_rows] for key in self.family.step_keys}
+        noise = torch.randn_like(batch["next_latents"][units[:, 0], -1].float()).repeat_interleave(width, dim=0)
+        x_s, target, _ = self.noised(batch, r, step, noise)
         unwrapped = self.accelerator.unwrap_model(self.model)
         with self.kl.timer.phase("reference"), torch.no_grad(), self.kl.reference.applied(unwrapped) as reference:
-            ref_error = self.errors(self.velocity(reference, batch, r, step, x_s), target)
-        error = self.errors(self.velocity(self.model, batch, r, step, x_s), target)
-        losses, info = self.objective(error[:k], error[k:], ref_error[:k], ref_error[k:], **self.objective_kwargs)
+            ref_error = self.errors(self.velocity(reference, batch, r, step, x_s), target).view(u, width)
+        error = self.errors(self.velocity(self.model, batch, r, step, x_s), target).view(u, width)
+        advantages = batch["advantages"][r, 0].float().view(u, width)
+        losses, info = self.objective(error, ref_error, advantages, **self.objective_kwargs)
         policy_loss = weight * losses.sum()
         self.accelerator.backward(policy_loss)
         sums["policy_loss"] += policy_loss.detach()

@@ -170,17 +170,51 @@ def test_preference_pairs():
 
 def test_dpo_by_hand_and_at_the_reference():
     dpo = get_objective("dpo")
-    assert dpo.kind == "preference" and dpo.processes == ("flow", "ddpm")
-    e_w, e_l = torch.tensor([0.3, 0.5]), torch.tensor([0.4, 0.2])
-    r_w, r_l = torch.tensor([0.35, 0.5]), torch.tensor([0.4, 0.1])
-    loss, info = dpo(e_w, e_l, r_w, r_l, beta=10.0)
+    assert dpo.kind == "preference" and dpo.processes == ("flow", "ddpm") and dpo.units == "pairs"
+    errors = torch.tensor([[0.3, 0.4], [0.5, 0.2]])  # [winner, loser] per pair
+    ref = torch.tensor([[0.35, 0.4], [0.5, 0.1]])
+    loss, info = dpo(errors, ref, beta=10.0)
     # margins: (0.3-0.35)-(0.4-0.4) = -0.05 -> inside 0.25; (0.5-0.5)-(0.2-0.1) = -0.1 -> inside 0.5
     expected = -torch.nn.functional.logsigmoid(torch.tensor([0.25, 0.5]))
     assert torch.allclose(loss, expected) and float(info["accuracy"]) == 1.0
     # at the reference: log 2, gradient beta / 4 (grad e_w - grad e_l)
-    w, l = torch.tensor([0.3], requires_grad=True), torch.tensor([0.4], requires_grad=True)
-    loss, _ = dpo(w, l, torch.tensor([0.3]), torch.tensor([0.4]), beta=8.0)
+    e = torch.tensor([[0.3, 0.4]], requires_grad=True)
+    loss, _ = dpo(e, e.detach().clone(), beta=8.0)
     loss.sum().backward()
     assert float(loss) == pytest.approx(float(torch.log(torch.tensor(2.0))))
-    assert float(w.grad) == pytest.approx(2.0) and float(l.grad) == pytest.approx(-2.0)
-    assert dpo.config_errors({"beta": 0}) == ["algorithm.objective_kwargs.beta=0 must be > 0 (Diffusion-DPO's temperature)"]
+    assert e.grad.tolist() == [[2.0, -2.0]]
+    assert dpo.config_errors({"beta": 0}) == [
+        "algorithm.objective_kwargs.beta=0 must be > 0 (Diffusion-DPO's temperature)"]
+
+
+def test_dgpo_by_hand_its_limits_and_dpo_as_its_pair_case():
+    dgpo = get_objective("dgpo")
+    assert dgpo.units == "groups"
+    errors = torch.tensor([[0.2, 0.5, 0.4]], requires_grad=True)
+    ref = torch.tensor([[0.3, 0.5, 0.2]])
+    adv = torch.tensor([[1.0, 0.0, -1.0]])
+    loss, _ = dgpo(errors, ref, adv, beta=6.0)
+    # S = 6/3 * (1 * -0.1 + 0 + -1 * 0.2) = -0.6; loss = softplus(-0.6)
+    assert float(loss) == pytest.approx(float(torch.nn.functional.softplus(torch.tensor(-0.6))))
+    loss.sum().backward()
+    # gradient sigmoid(S) * (beta / K) * A_k
+    assert torch.allclose(errors.grad, torch.sigmoid(torch.tensor(-0.6)) * 2.0 * adv)
+    # zero advantages: log 2, zero gradient
+    e = torch.tensor([[0.2, 0.5]], requires_grad=True)
+    loss, _ = dgpo(e, torch.tensor([[0.1, 0.9]]), torch.zeros(1, 2), beta=100.0)
+    loss.sum().backward()
+    assert float(loss) == pytest.approx(float(torch.log(torch.tensor(2.0)))) and torch.equal(e.grad, torch.zeros(1, 2))
+    # dpo is dgpo on (winner, loser) with advantages (+1, -1)
+    pair, pair_ref = torch.tensor([[0.3, 0.4]]), torch.tensor([[0.2, 0.6]])
+    assert torch.allclose(get_objective("dpo")(pair, pair_ref, beta=7.0)[0],
+                          dgpo(pair, pair_ref, torch.tensor([[1.0, -1.0]]), beta=7.0)[0])
+    with pytest.raises(ValueError, match=r"must be \[U, K\]"):
+        dgpo(torch.zeros(2), torch.zeros(2), torch.zeros(2))
+
+
+def test_group_rows():
+    from ddpo_group.algorithms import group_rows
+
+    assert group_rows(torch.tensor([1, 0, 1, 0])).tolist() == [[1, 3], [0, 2]]
+    with pytest.raises(ValueError, match=r"prompt groups of different sizes \[1, 2\]"):
+        group_rows(torch.tensor([0, 0, 1]))

@@ -67,7 +67,7 @@ def test_config_contradictions_are_named(tiny_sd3_dir, tmp_path):
             "algorithm.objective": "nft", "algorithm.old_decay_max": 1}))
 
 
-@pytest.mark.parametrize("preset", ["awm", "nft", "dpo"])
+@pytest.mark.parametrize("preset", ["awm", "nft", "dpo", "dgpo"])
 def test_preset_trains_an_epoch_on_the_embedded_flow_model(preset, tmp_path):
     from ddpo_group.models import load_pipeline
 
@@ -111,7 +111,7 @@ def test_presets_and_published_recipes():
     from config.base import RECIPES, get_config
     from ddpo_group.run.config_checks import validate_config
 
-    for name in ("awm", "nft", "dpo"):
+    for name in ("awm", "nft", "dpo", "dgpo"):
         config = get_config(name)
         validate_config(config)  # the embedded model: no download
         assert (config.algorithm.objective, config.sample.deterministic, config.pretrained.model) == (
@@ -134,7 +134,7 @@ def test_dpo_trains_each_groups_pair_and_equal_rewards_train_nothing(tiny_sd3_di
     before = [p.detach().clone() for p in trainer.updater.params]
     metrics = trainer.run()
     # 8 samples in 2 groups of 4: 2 pairs, each at its 4 times, 2 samples a unit
-    assert metrics["train/preference_pairs"] == 2 and metrics["perf/pairs_trained"] == 2 * 4 * 2
+    assert metrics["train/preference_units"] == 2 and metrics["perf/pairs_trained"] == 2 * 4 * 2
     assert metrics["train/policy_loss"] == pytest.approx(float(torch.log(torch.tensor(2.0))), abs=0.05)
     assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
     # a constant reward: no group has a preference, no pair, no change
@@ -144,7 +144,19 @@ def test_dpo_trains_each_groups_pair_and_equal_rewards_train_nothing(tiny_sd3_di
     flat = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "flat", **{**overrides, "reward_fn": f"{plugin}:constant"})
     before = [p.detach().clone() for p in flat.updater.params]
     metrics = flat.run()
-    assert metrics["train/preference_pairs"] == 0
+    assert metrics["train/preference_units"] == 0
     assert all(torch.equal(b, p.detach()) for b, p in zip(before, flat.updater.params))
     with pytest.raises(ConfigError, match="kl.use_reference_model=True"):
         tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "noref", **{**overrides, "kl.use_reference_model": False})
+
+
+def test_dgpo_trains_whole_groups(tiny_sd3_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "dgpo", **matching_overrides(**{
+        "algorithm.objective": "dgpo", "kl.use_reference_model": True}))
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    # 2 groups of 4, each at its 4 times: 2 x 4 x 4 (sample, time) pairs; one group per train batch (4 / 4)
+    assert metrics["train/preference_units"] == 2 and metrics["perf/pairs_trained"] == 2 * 4 * 4
+    assert metrics["global_step"] == 2
+    assert metrics["train/policy_loss"] == pytest.approx(float(torch.log(torch.tensor(2.0))), abs=0.05)
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
