@@ -39,7 +39,8 @@ class PreferenceUpdater(MatchingUpdater):
                               "kl.use_reference_model=True (kl.beta may stay 0)")
         if accelerator.num_processes > 1:  # the processes' pair counts differ: their backward calls would not pair up
             raise ConfigError(f"algorithm.objective={objective.name!r} runs on one process for now (got "
-                              f"{accelerator.num_processes}): each process's pairs, and so its train batches, differ")
+                              f"{accelerator.num_processes}): the copies of a prompt are spread over the processes, so "
+                              "a group's preference needs samples another process holds")
         super().__init__(config, accelerator, model, optimizer, trainable_params, family, objective, kl=kl, **kwargs)
         self.units = torch.zeros(0, 2, dtype=torch.long)
 
