@@ -61,7 +61,7 @@ class PreferenceUpdater(MatchingUpdater):
         width = max(self.units.shape[1], 1)
         self.scorer.prepare(num_steps, self.accelerator.device)
         self.model.train()
-        chunk = self.chunk_size(batch)
+        chunk = self.chunk_size(batch) if num_units else None  # "auto" probes with this epoch's units
         per_batch = max(1, t.batch_size // width)
         sums, count, optimizer_steps, trained = defaultdict(float), 0, 0, 0
         progress = tqdm(total=t.num_inner_epochs * -(-num_units // per_batch), desc="training",
@@ -98,7 +98,9 @@ class PreferenceUpdater(MatchingUpdater):
         unit_index, unit_steps = step_mask.nonzero(as_tuple=True)
         weight = 1.0 / max(int(unit_index.numel()), 1)
         unit_index, unit_steps = unit_index.to(device), unit_steps.to(device)
-        units = self.units.to(device)[rows[unit_index]]  # [U, K] rows of the batch record
+        # [U, K] rows of the batch record; the memory probe (update/memory_fit.py) passes sample rows, which wrap
+        # around this epoch's units so that it measures real units
+        units = self.units.to(device)[rows[unit_index] % max(len(self.units), 1)]
         size = max(1, (pairs_per_forward or self.chunk_size(batch)) // max(units.shape[1], 1))
         chunks = torch.split(torch.arange(len(units), device=device), size)
         sums = defaultdict(float)

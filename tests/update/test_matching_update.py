@@ -160,3 +160,18 @@ def test_dgpo_trains_whole_groups(tiny_sd3_dir, tmp_path):
     assert metrics["global_step"] == 2
     assert metrics["train/policy_loss"] == pytest.approx(float(torch.log(torch.tensor(2.0))), abs=0.05)
     assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+
+
+def test_the_memory_probe_runs_on_preference_units(tiny_sd3_dir, tmp_path):
+    """train.pairs_per_forward="auto" on CUDA probes accumulate_gradients with sample rows (update/memory_fit.py): on
+    the preference update they wrap around the epoch's units (here on the CPU, the probe's call alone)."""
+    from ddpo_group.update.memory_fit import probe_batch
+
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "probe", **matching_overrides(**{
+        "algorithm.objective": "dgpo", "kl.use_reference_model": True}))
+    batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
+    trainer.updater.units = trainer.updater.make_units(batch)  # 2 units (groups of 4) for 6 probed sample rows
+    trainer.rollouts.close()
+    probe, rows, mask = probe_batch(batch, 6, trainer.family.stochastic_steps(trainer.config.sample))
+    sums = trainer.updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=6)
+    assert torch.isfinite(torch.as_tensor(sums["policy_loss"]))
