@@ -151,6 +151,11 @@ def base() -> ml_collections.ConfigDict:
     # strength, > 0) and adaptive_weight (True: its adaptive loss weighting); dpo's and dgpo's beta (their temperature,
     # > 0)
     algorithm.objective_kwargs = ml_collections.ConfigDict()
+    # the matching objectives' training times: "schedule" (the rollout schedule's times, int(T * timestep_fraction) of
+    # them per sample: DiffusionNFT's), "uniform" or "logit_normal" (fresh times s in (0, 1), shifted by
+    # objective_time_shift; flow-matching families read timestep = 1000 s, DDPM ones the nearest of theirs)
+    algorithm.objective_times = "schedule"
+    algorithm.objective_time_shift = 1.0  # s <- shift s / (1 + (shift - 1) s) for drawn times (1: none; SD3 uses 3)
     # the old model of an objective that needs one (nft): after each epoch theta_old <- d theta_old + (1 - d) theta,
     # with k optimizer steps so far d = 0 for k < flat steps, else min((k - flat) * ramp, max) (ddpo_group/update/
     # old_model.py); 0, 0.001, 0.5 are DiffusionNFT's defaults

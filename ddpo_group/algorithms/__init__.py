@@ -74,6 +74,7 @@ from .policy_losses import (
 from .objectives import (
     OBJECTIVE_REGISTRY,
     ObjectiveSpec,
+    draw_times,
     flow_forward,
     get_objective,
     group_rows,

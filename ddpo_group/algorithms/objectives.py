@@ -131,6 +131,25 @@ def ddpm_forward(x0: torch.Tensor, noise: torch.Tensor, alpha_bar: torch.Tensor,
     return x_t, target
 
 
+TIME_SAMPLINGS = ("schedule", "uniform", "logit_normal")
+
+
+def draw_times(count: int, sampling: str, shift: float = 1.0, device=None) -> torch.Tensor:
+    """``count`` training times s in (0, 1) (1: pure noise) for ``sampling`` "uniform" (s ~ U(0, 1)) or
+    "logit_normal" (s = sigmoid(z), z ~ N(0, 1); SD3's training distribution), then shifted as SD3's schedule shifts:
+    s <- shift s / (1 + (shift - 1) s) (shift > 1 moves them toward the noise). "schedule" (the rollout's own times)
+    draws nothing: the update reads them from the batch."""
+    if sampling == "uniform":
+        s = torch.rand(count, device=device)
+    elif sampling == "logit_normal":
+        s = torch.sigmoid(torch.randn(count, device=device))
+    else:
+        raise ValueError(f"time sampling {sampling!r} draws no times; use one of {TIME_SAMPLINGS[1:]}")
+    if not shift > 0:
+        raise ValueError(f"time shift {shift} must be > 0")
+    return shift * s / (1 + (shift - 1) * s)
+
+
 def _per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return values.to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
 

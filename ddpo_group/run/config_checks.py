@@ -299,6 +299,11 @@ def objective_errors(config, estimator) -> list[str]:
              "algorithm.filter_groups=False")
     need(not config.kl.in_reward, f"kl.in_reward=True puts a per-step KL in the reward; algorithm.objective="
          f"{a.objective!r} has no steps to put it on: use kl.beta with kl.in_reward=False")
+    from ddpo_group.algorithms.objectives import TIME_SAMPLINGS
+
+    need(a.objective_times in TIME_SAMPLINGS, f"algorithm.objective_times={a.objective_times!r} must be one of "
+         f"{TIME_SAMPLINGS}")
+    need(a.objective_time_shift > 0, f"algorithm.objective_time_shift={a.objective_time_shift} must be > 0")
     need(a.old_decay_flat_steps >= 0, f"algorithm.old_decay_flat_steps={a.old_decay_flat_steps} must be >= 0")
     need(a.old_decay_ramp >= 0, f"algorithm.old_decay_ramp={a.old_decay_ramp} must be >= 0")
     need(0 <= a.old_decay_max < 1, f"algorithm.old_decay_max={a.old_decay_max} must be in [0, 1) (1 would freeze the "

@@ -3,7 +3,8 @@ final samples, a weighted matching loss.
 
 For each train batch, every sample i gets int(T * train.timestep_fraction) of the rollout schedule's times s_{i,n}
 (drawn without replacement from all T steps, DiffusionNFT's time sampling: its training times are the sampler's
-discretisation times), and each (sample, time) pair fresh noise eps:
+discretisation times; ``algorithm.objective_times`` "uniform" / "logit_normal" draws as many fresh times, shifted by
+``algorithm.objective_time_shift``), and each (sample, time) pair fresh noise eps:
 
     x0 = the sample's final latent,   x_s = (1 - s) x0 + s eps,   u = eps - x0
     loss = mean over the batch's pairs of  objective(v_theta(x_s, s, c), u, A_i, s, v_old)
@@ -28,7 +29,7 @@ from contextlib import nullcontext
 
 import torch
 
-from ddpo_group.algorithms.objectives import ddpm_forward, flow_forward
+from ddpo_group.algorithms.objectives import ddpm_forward, draw_times, flow_forward
 from ddpo_group.errors import ConfigError
 from ddpo_group.update.policy_update import PolicyUpdater
 
@@ -129,6 +130,23 @@ class MatchingUpdater(PolicyUpdater):
             sigma = (1 - alpha_bar).sqrt()
         return x_s.to(batch[self.family.cond_keys[0]].dtype), target, sigma
 
+    def train_step(self, batch: dict, r: torch.Tensor, n: torch.Tensor) -> dict:
+        """The step tensors the forward process and the denoiser read for rows ``r``: the rollout schedule's at steps
+        ``n`` (``algorithm.objective_times="schedule"``), or drawn times s (flow: sigmas s, timesteps 1000 s; DDPM: the
+        timestep nearest to 1000 s)."""
+        step = {key: batch[key][r, n] for key in self.family.step_keys}
+        a = self.config.algorithm
+        if a.objective_times == "schedule":
+            return step
+        s = draw_times(len(r), a.objective_times, float(a.objective_time_shift), device=r.device)
+        scale = int(self.family.pipe.scheduler.config.num_train_timesteps)
+        if self.process == "flow":
+            step.update(sigmas=s, next_sigmas=torch.zeros_like(s))
+            step["timesteps"] = (s * scale).to(step["timesteps"].dtype)
+        else:
+            step["timesteps"] = (s * scale).long().clamp(0, scale - 1).to(step["timesteps"].dtype)
+        return step
+
     def velocity(self, model, batch: dict, r: torch.Tensor, step: dict, x_s: torch.Tensor) -> torch.Tensor:
         """The denoiser's output (velocity, eps, v or x0) on x_s for rows ``r``, under the training guidance."""
         cond = {key: batch[key][r] for key in self.family.cond_keys}
@@ -136,7 +154,7 @@ class MatchingUpdater(PolicyUpdater):
 
     def _backward_pairs(self, batch: dict, r: torch.Tensor, n: torch.Tensor, weight: float, share: float,
                         sums) -> None:
-        step = {key: batch[key][r, n] for key in self.family.step_keys}
+        step = self.train_step(batch, r, n)
         x_s, target, sigma = self.noised(batch, r, step, torch.randn_like(batch["next_latents"][r, -1].float()))
         unwrapped = self.accelerator.unwrap_model(self.model)
         old_pred = None

@@ -113,8 +113,8 @@ class PreferenceUpdater(MatchingUpdater):
     def _backward_units(self, batch, units: torch.Tensor, n: torch.Tensor, weight: float, share: float, sums) -> None:
         u, width = units.shape
         r = units.reshape(-1)  # unit by unit, its rows together
-        n_rows = n.repeat_interleave(width)
-        step = {key: batch[key][r, n_rows] for key in self.family.step_keys}
+        first = self.train_step(batch, units[:, 0], n)  # one time per unit
+        step = {key: value.repeat_interleave(width) for key, value in first.items()}
         noise = torch.randn_like(batch["next_latents"][units[:, 0], -1].float()).repeat_interleave(width, dim=0)
         x_s, target, _ = self.noised(batch, r, step, noise)
         unwrapped = self.accelerator.unwrap_model(self.model)

@@ -218,3 +218,20 @@ def test_group_rows():
     assert group_rows(torch.tensor([1, 0, 1, 0])).tolist() == [[1, 3], [0, 2]]
     with pytest.raises(ValueError, match=r"prompt groups of different sizes \[1, 2\]"):
         group_rows(torch.tensor([0, 0, 1]))
+
+
+def test_draw_times_and_their_shift():
+    from ddpo_group.algorithms import draw_times
+
+    torch.manual_seed(0)
+    u = torch.rand(5)
+    torch.manual_seed(0)
+    assert torch.allclose(draw_times(5, "uniform", shift=3.0), 3 * u / (1 + 2 * u))
+    torch.manual_seed(1)
+    z = torch.randn(4)
+    torch.manual_seed(1)
+    assert torch.allclose(draw_times(4, "logit_normal"), torch.sigmoid(z))
+    s = draw_times(1000, "uniform", shift=3.0)
+    assert 0 <= float(s.min()) and float(s.max()) <= 1 and float(s.mean()) > 0.6  # shifted toward the noise
+    with pytest.raises(ValueError, match="time sampling 'schedule' draws no times"):
+        draw_times(2, "schedule")

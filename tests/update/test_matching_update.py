@@ -175,3 +175,24 @@ def test_the_memory_probe_runs_on_preference_units(tiny_sd3_dir, tmp_path):
     probe, rows, mask = probe_batch(batch, 6, trainer.family.stochastic_steps(trainer.config.sample))
     sums = trainer.updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=6)
     assert torch.isfinite(torch.as_tensor(sums["policy_loss"]))
+
+
+@pytest.mark.parametrize("family, times", [("sd3", "logit_normal"), ("sd", "uniform")])
+def test_drawn_training_times(family, times, tiny_sd3_dir, tiny_model_dir, tmp_path):
+    model = tiny_sd3_dir if family == "sd3" else tiny_model_dir
+    overrides = {**(matching_overrides() if family == "sd3" else {"sample.deterministic": True, "kl.beta": 0.0,
+                                                                  "kl.use_reference_model": False}),
+                 "algorithm.objective": "awm", "algorithm.objective_times": times, "algorithm.objective_time_shift": 3.0}
+    trainer = tiny_trainer("grpo", model, tmp_path, family, **overrides)
+    batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
+    trainer.rollouts.close()
+    r, n = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2])
+    step = trainer.updater.train_step(batch, r, n)
+    scheduled = {key: batch[key][r, n] for key in trainer.family.step_keys}
+    assert not torch.equal(step["timesteps"], scheduled["timesteps"])  # drawn, not the rollout's
+    if family == "sd3":
+        assert torch.allclose(step["timesteps"], step["sigmas"] * 1000)
+    else:
+        assert step["timesteps"].dtype == scheduled["timesteps"].dtype and int(step["timesteps"].max()) < 1000
+    with pytest.raises(ConfigError, match="algorithm.objective_times='x' must be one of"):
+        tiny_trainer("grpo", model, tmp_path, "bad", **{**overrides, "algorithm.objective_times": "x"})
