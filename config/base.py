@@ -147,7 +147,8 @@ def base() -> ml_collections.ConfigDict:
     # kl section's reference model), "dgpo" (a group-level preference of every sample of a group, against that
     # reference); or a plugin path, as adv_estimator (ddpo_group/algorithms/objectives.py)
     algorithm.objective = "policy_gradient"
-    # keywords of the objective: awm's weighting ("uniform", "t" or "ghuber") and ghuber_power; nft's beta (its guidance
+    # keywords of the objective: awm's weighting ("uniform", "t" or "ghuber"), ghuber_power and old_kl_beta (> 0: a KL
+    # to the old model, which then follows the old_decay_* schedule); nft's beta (its guidance
     # strength, > 0) and adaptive_weight (True: its adaptive loss weighting); dpo's and dgpo's beta (their temperature,
     # > 0)
     algorithm.objective_kwargs = ml_collections.ConfigDict()
@@ -156,7 +157,7 @@ def base() -> ml_collections.ConfigDict:
     # objective_time_shift; flow-matching families read timestep = 1000 s, DDPM ones the nearest of theirs)
     algorithm.objective_times = "schedule"
     algorithm.objective_time_shift = 1.0  # s <- shift s / (1 + (shift - 1) s) for drawn times (1: none; SD3 uses 3)
-    # the old model of an objective that needs one (nft): after each epoch theta_old <- d theta_old + (1 - d) theta,
+    # the old model of an objective that needs one (nft; awm with old_kl_beta): after each epoch theta_old <- d theta_old + (1 - d) theta,
     # with k optimizer steps so far d = 0 for k < flat steps, else min((k - flat) * ramp, max) (ddpo_group/update/
     # old_model.py); 0, 0.001, 0.5 are DiffusionNFT's defaults
     algorithm.old_decay_flat_steps = 0

@@ -61,6 +61,9 @@ class ObjectiveSpec:
     needs_old_model: bool = False  # the update keeps an old model (old_pred); rollouts sample with it
     processes: tuple = ("flow",)  # the forward processes it is defined on (FORWARD_PROCESSES)
     units: str = "pairs"  # a preference objective's units: "pairs" (each group's best, worst) or "groups" (all rows)
+    # kwargs -> True when these objective_kwargs ask for an old model that only gives old_pred (awm's old_kl_beta);
+    # rollouts then sample with the policy
+    old_model_if: Optional[Callable] = None
     check: Optional[Callable] = None  # check(objective_kwargs: dict) -> list of config error messages
 
     def __post_init__(self):
@@ -73,6 +76,10 @@ class ObjectiveSpec:
     def is_matching(self) -> bool:
         """Trains on the forward process of the final samples (a matching or a preference objective)."""
         return self.kind != POLICY_GRADIENT
+
+    def uses_old_model(self, kwargs: dict) -> bool:
+        """Whether the update keeps an old model with these ``algorithm.objective_kwargs``."""
+        return self.needs_old_model or (self.old_model_if is not None and bool(self.old_model_if(dict(kwargs))))
 
     def config_errors(self, kwargs: dict) -> list:
         return list(self.check(dict(kwargs))) if self.check is not None else []
@@ -94,11 +101,12 @@ def objective(needs_old_model: bool = False, processes: tuple = ("flow",),
 
 
 def register_objective(name: str, kind: str = MATCHING, needs_old_model: bool = False, processes: tuple = ("flow",),
-                       units: str = "pairs", check: Optional[Callable] = None) -> Callable:
+                       units: str = "pairs", old_model_if: Optional[Callable] = None,
+                       check: Optional[Callable] = None) -> Callable:
     """Decorator registering an objective under ``name`` (fails if the name is taken)."""
     def decorator(fn: Optional[Callable]) -> ObjectiveSpec:
         spec = ObjectiveSpec(name=name, kind=kind, fn=fn, needs_old_model=needs_old_model, processes=tuple(processes),
-                             units=units, check=check)
+                             units=units, old_model_if=old_model_if, check=check)
         return OBJECTIVE_REGISTRY.register(name)(spec)
     return decorator
 
@@ -181,7 +189,14 @@ def _awm_check(kwargs: dict) -> list:
     power = kwargs["ghuber_power"] if "ghuber_power" in kwargs else None
     if "ghuber_power" in kwargs and not (isinstance(power, (int, float)) and power > 0):
         errors.append(f"algorithm.objective_kwargs.ghuber_power={kwargs['ghuber_power']!r} must be > 0")
+    kl = kwargs["old_kl_beta"] if "old_kl_beta" in kwargs else None
+    if "old_kl_beta" in kwargs and not (isinstance(kl, (int, float)) and kl >= 0):
+        errors.append(f"algorithm.objective_kwargs.old_kl_beta={kwargs['old_kl_beta']!r} must be >= 0")
     return errors
+
+
+def _awm_old_model(kwargs: dict) -> bool:
+    return "old_kl_beta" in kwargs and kwargs["old_kl_beta"] > 0
 
 
 def awm_weighted_error(error: torch.Tensor, sigma: torch.Tensor, weighting: str, ghuber_power: float) -> torch.Tensor:
@@ -197,8 +212,9 @@ def awm_weighted_error(error: torch.Tensor, sigma: torch.Tensor, weighting: str,
     raise ValueError(f"awm weighting {weighting!r} must be one of {AWM_WEIGHTINGS}")
 
 
-@register_objective("awm", processes=FORWARD_PROCESSES, check=_awm_check)
-def awm_loss(pred, target, advantages, sigma, weighting: str = "uniform", ghuber_power: float = 0.25, **_):
+@register_objective("awm", processes=FORWARD_PROCESSES, old_model_if=_awm_old_model, check=_awm_check)
+def awm_loss(pred, target, advantages, sigma, old_pred=None, weighting: str = "uniform", ghuber_power: float = 0.25,
+             old_kl_beta: float = 0.0, **_):
     """Advantage Weighted Matching (Xue, Ge, Zhang, Li, Ma 2025, arXiv:2509.25050): the pretraining flow-matching loss
     of each rollout sample, weighted by its advantage,
 
@@ -215,12 +231,23 @@ def awm_loss(pred, target, advantages, sigma, weighting: str = "uniform", ghuber
     recipe). The KL term to a reference (its velocity penalty beta mean (v_theta - v_ref)^2) is ``kl.beta`` with
     ``kl.use_reference_model``.
 
+    ``old_kl_beta`` > 0 adds old_kl_beta * mean_dims (v_theta - v_old)^2 to every pair: the KL to a lagging copy of the
+    policy (the update's old model, ``algorithm.old_decay_*``; rollouts still sample with the policy) that Flow-Factory
+    recommends against AWM's collapse (its ema_kl_beta 0.1) and the released script applies (its EMA KL).
+
     Returns the per-pair loss [N] and metrics (the unweighted matching error ``matching_error``).
     """
     _check_pairs(pred, target, advantages, sigma)
     error = _mean_dims((pred.float() - target.float()).pow(2))
     loss = advantages.to(error.dtype) * awm_weighted_error(error, sigma.float(), weighting, ghuber_power)
-    return loss, {"matching_error": error.detach().mean()}
+    metrics = {"matching_error": error.detach().mean()}
+    if old_kl_beta > 0:
+        if old_pred is None:
+            raise ValueError("awm old_kl_beta > 0 needs the old model's prediction (old_pred)")
+        old_kl = _mean_dims((pred.float() - old_pred.float().detach()).pow(2))
+        loss = loss + float(old_kl_beta) * old_kl
+        metrics["old_kl"] = old_kl.detach().mean()
+    return loss, metrics
 
 
 def _nft_check(kwargs: dict) -> list:

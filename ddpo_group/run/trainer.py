@@ -130,7 +130,8 @@ class Trainer:
         self.kl = KLRegularizer.from_config(config, self.family.model, lora, self.timer)  # its forwards: "reference"
         self.objective = get_objective(config.algorithm.objective)
         # a matching objective's old model (an adapter on the denoiser, or a copy): before accelerate wraps it too
-        self.old = OldModel.from_config(config, self.family.model, lora) if self.objective.needs_old_model else None
+        uses_old = self.objective.uses_old_model(config.algorithm.objective_kwargs)
+        self.old = OldModel.from_config(config, self.family.model, lora) if uses_old else None
         optimizer = make_optimizer(config, self.params)
         if config.compile_denoiser:  # in place (Module.compile): names, hooks and state dict unchanged
             self.family.model.compile()

@@ -60,8 +60,10 @@ class MatchingUpdater(PolicyUpdater):
                               f"process(es); the {family.name!r} family's is {self.process!r}: use a flow-matching "
                               "model (sd3, flux, zimage, tiny-shapes-flow), another objective (awm runs on both) or "
                               "algorithm.objective='policy_gradient'")
-        if objective.needs_old_model and old is None:
-            raise ValueError(f"objective {objective.name!r} needs an old model")
+        kwargs = config.algorithm.objective_kwargs
+        if objective.uses_old_model(kwargs) and old is None:
+            raise ValueError(f"objective {objective.name!r} with algorithm.objective_kwargs={dict(kwargs)} needs an old "
+                             "model")
         super().__init__(config, accelerator, model, optimizer, trainable_params, scorer, kl=kl,
                          pairs_per_forward=pairs_per_forward, after_optimizer_step=after_optimizer_step)
         self.family, self.objective, self.old = family, objective, old
@@ -81,7 +83,7 @@ class MatchingUpdater(PolicyUpdater):
     def rollout_policy(self):
         """Context in which the rollouts are sampled: the old model's weights for an objective that has one
         (DiffusionNFT samples with v_old), the policy's otherwise."""
-        if self.old is None:
+        if self.old is None or not self.objective.needs_old_model:  # awm's old model only regularises
             return nullcontext()
         return self.old.applied(self.accelerator.unwrap_model(self.model))
 

@@ -235,3 +235,17 @@ def test_draw_times_and_their_shift():
     assert 0 <= float(s.min()) and float(s.max()) <= 1 and float(s.mean()) > 0.6  # shifted toward the noise
     with pytest.raises(ValueError, match="time sampling 'schedule' draws no times"):
         draw_times(2, "schedule")
+
+
+def test_awm_old_kl_by_hand():
+    awm = get_objective("awm")
+    assert not awm.uses_old_model({}) and awm.uses_old_model({"old_kl_beta": 0.1})
+    assert not awm.uses_old_model({"old_kl_beta": 0.0}) and get_objective("nft").uses_old_model({})
+    a = torch.tensor([2.0, -1.0])
+    loss, info = awm(V, U, a, SIGMA, old_pred=V_OLD, old_kl_beta=0.5)
+    # matching terms [2, -0.25]; old KL: mean((0-0.5)^2, (0+0.5)^2) = 0.25, mean((1-0.5)^2, 0) = 0.125
+    assert torch.allclose(loss, torch.tensor([2.0 + 0.5 * 0.25, -0.25 + 0.5 * 0.125]))
+    assert float(info["old_kl"]) == pytest.approx(0.1875)
+    with pytest.raises(ValueError, match="old_kl_beta > 0 needs the old model"):
+        awm(V, U, a, SIGMA, old_kl_beta=0.5)
+    assert awm.config_errors({"old_kl_beta": -1}) == ["algorithm.objective_kwargs.old_kl_beta=-1 must be >= 0"]

@@ -197,3 +197,30 @@ def test_drawn_training_times(family, times, tiny_sd3_dir, tiny_model_dir, tmp_p
         assert step["timesteps"].dtype == scheduled["timesteps"].dtype and int(step["timesteps"].max()) < 1000
     with pytest.raises(ConfigError, match="algorithm.objective_times='x' must be one of"):
         tiny_trainer("grpo", model, tmp_path, "bad", **{**overrides, "algorithm.objective_times": "x"})
+
+
+def test_awm_with_an_old_model_kl_samples_with_the_policy(tiny_sd3_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "awm_old", **matching_overrides(**{
+        "algorithm.objective": "awm", "algorithm.objective_kwargs": {"old_kl_beta": 0.1},
+        "algorithm.old_decay_ramp": 0.25}))
+    assert trainer.old is not None
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    with trainer.rollout_policy():  # no adapter switch: awm's old model only regularises
+        assert model.active_adapters() == ["default"]
+    policy_before = lora_weights(model, "default")
+    metrics = trainer.run()
+    assert metrics["train/old_decay"] == 0.5 and metrics["train/old_kl"] >= 0
+    for o, p0, p1 in zip(lora_weights(model, OLD_ADAPTER), policy_before, lora_weights(model, "default")):
+        assert torch.allclose(o, 0.5 * p0 + 0.5 * p1, atol=1e-7)
+
+
+def test_nft_samples_with_the_old_model(tiny_sd3_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "nft_old", **matching_overrides(**{
+        "algorithm.objective": "nft"}))
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    with trainer.rollout_policy():
+        assert model.active_adapters() == [OLD_ADAPTER]
+    assert model.active_adapters() == ["default"]
+    assert any(p.requires_grad for name, p in model.named_parameters() if ".default." in name)
+    assert not any(p.requires_grad for name, p in model.named_parameters() if f".{OLD_ADAPTER}." in name)
+    trainer.rollouts.close()
