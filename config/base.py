@@ -90,6 +90,9 @@ def base() -> ml_collections.ConfigDict:
     sample.batch_size = 16  # images sampled at a time, per process
     sample.num_batches_per_epoch = 2  # sampling batches per process per epoch
     sample.log_prob_reduce = "mean"  # over latent dims; "sum" needs a much smaller clip range
+    # every step the family's deterministic step (noise level 0; the ODE solver of flow models) and no log-probs: only
+    # for a matching objective (algorithm.objective), which trains on the final samples
+    sample.deterministic = False
     sample.same_initial_noise = False  # the copies of a prompt share x_T and differ by their step noise only
     # SDE window (Flow-GRPO-Fast): only steps [start, start + size) are stochastic and trained; the others are
     # deterministic DDIM steps. Size 0: every step. Early steps decide the composition, so a small early window
@@ -153,6 +156,28 @@ def base() -> ml_collections.ConfigDict:
     # a registered name, or a plugin "package.module:function" / "/path/file.py:function" (docs/algorithms.md)
     algorithm.adv_estimator = "ddpo"
     algorithm.adv_estimator_kwargs = ml_collections.ConfigDict()  # keywords of the estimator (add to / override its own)
+    # what the update minimises (docs/algorithms.md): "policy_gradient" (algorithm.policy_loss over the recorded
+    # step log-probs), or a matching objective on the forward process of the final samples: "awm" (advantage weighted
+    # matching), "nft" (DiffusionNFT), "dpo" (online Diffusion-DPO, each group's best against its worst, against the
+    # kl section's reference model), "dgpo" (a group-level preference of every sample of a group, against that
+    # reference); or a plugin path, as adv_estimator (ddpo_group/algorithms/objectives.py)
+    algorithm.objective = "policy_gradient"
+    # keywords of the objective: awm's weighting ("uniform", "t" or "ghuber"), ghuber_power and old_kl_beta (> 0: a KL
+    # to the old model, which then follows the old_decay_* schedule); nft's beta (its guidance
+    # strength, > 0) and adaptive_weight (True: its adaptive loss weighting); dpo's and dgpo's beta (their temperature,
+    # > 0)
+    algorithm.objective_kwargs = ml_collections.ConfigDict()
+    # the matching objectives' training times: "schedule" (the rollout schedule's times, int(T * timestep_fraction) of
+    # them per sample: DiffusionNFT's), "uniform" or "logit_normal" (fresh times s in (0, 1), shifted by
+    # objective_time_shift; flow-matching families read timestep = 1000 s, DDPM ones the nearest of theirs)
+    algorithm.objective_times = "schedule"
+    algorithm.objective_time_shift = 1.0  # s <- shift s / (1 + (shift - 1) s) for drawn times (1: none; SD3 uses 3)
+    # the old model of an objective that needs one (nft; awm with old_kl_beta): after each epoch theta_old <- d theta_old + (1 - d) theta,
+    # with k optimizer steps so far d = 0 for k < flat steps, else min((k - flat) * ramp, max) (ddpo_group/update/
+    # old_model.py); 0, 0.001, 0.5 are DiffusionNFT's defaults
+    algorithm.old_decay_flat_steps = 0
+    algorithm.old_decay_ramp = 0.001  # the old model's decay added per optimizer step after the flat steps
+    algorithm.old_decay_max = 0.5  # the old model's largest decay (0: the old model is the policy after every epoch)
     algorithm.policy_loss = "vanilla"  # a registered name or a plugin path, as adv_estimator
     algorithm.policy_loss_kwargs = ml_collections.ConfigDict()  # keywords of the policy loss
     # how the per-(sample, step) losses are averaged: "step-mean", "traj-mean-step-mean", "traj-mean-step-sum",
@@ -342,6 +367,53 @@ def group_ppo_flow() -> ml_collections.ConfigDict:
     return on_flow_model(group_ppo())
 
 
+def matching(objective: str) -> ml_collections.ConfigDict:
+    """A matching objective on the embedded flow-matching model: GRPO's group advantages (group 8), rollouts with the
+    deterministic Euler solver (no SDE, no log-probs), every rollout step's time trained once per epoch."""
+    config = on_flow_model(grpo())
+    config.algorithm.objective = objective
+    config.sample.deterministic = True
+    config.kl.beta = 0.0
+    config.kl.use_reference_model = False
+    return config
+
+
+def awm() -> ml_collections.ConfigDict:
+    """AWM (advantage weighted matching, arXiv:2509.25050): the flow-matching loss of each sample weighted by its
+    group advantage, on the embedded flow model."""
+    return matching("awm")
+
+
+def nft() -> ml_collections.ConfigDict:
+    """DiffusionNFT (arXiv:2509.16117) on the embedded flow model, CFG-free as the paper trains it (guidance 1 in
+    sampling and training): implicit positive / negative policies around an old model that samples the rollouts,
+    beta 1, its adaptive loss weighting, the old model's decay min(0.001 k, 0.5) after k optimizer steps."""
+    config = matching("nft")
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 1.0, "adaptive_weight": True})
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    return config
+
+
+def dpo() -> ml_collections.ConfigDict:
+    """Online Diffusion-DPO (arXiv:2311.12908) on the embedded flow model: each prompt group's best sample against its
+    worst (group 8), against the frozen base model (the KL section's reference, no KL term), deterministic rollouts,
+    beta 2000 (Flow-Factory's online default)."""
+    config = matching("dpo")
+    config.kl.use_reference_model = True
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 2000.0})
+    return config
+
+
+def dgpo() -> ml_collections.ConfigDict:
+    """DGPO (arXiv:2510.08425) on the embedded flow model: a group-level preference over every sample of a prompt group
+    (group 8, advantage-weighted), against the frozen base model (no KL term), deterministic rollouts, beta 100
+    (Flow-Factory's default)."""
+    config = matching("dgpo")
+    config.kl.use_reference_model = True
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 100.0})
+    return config
+
+
 def flow_grpo(model: str) -> ml_collections.ConfigDict:
     """Flow-GRPO's published recipe on a flow-matching model: GRPO with group 24, 10 rollout steps (40 to evaluate),
     Flow-SDE, clip 1e-4, LoRA rank 32 / alpha 64, lr 3e-4, 512 px; the OCR (text rendering) task, which needs no
@@ -434,6 +506,41 @@ def flow_factory(model: str) -> ml_collections.ConfigDict:
     config.kl.beta, config.kl.use_reference_model = 0.0, False
     config.prompt_fn = "simple_animals"
     config.reward_fn = "pickscore"
+    return config
+
+
+def nft_sd35() -> ml_collections.ConfigDict:
+    """DiffusionNFT's published recipe on Stable Diffusion 3.5 Medium (NVlabs/DiffusionNFT config/nft.py, its OCR task):
+    CFG-free (guidance 1 in sampling and training), deterministic rollouts of 10 steps (40 to evaluate; the paper's
+    dpm2 solver is the Euler one here), beta 0.1, the old model's decay min(0.0075 (k - 75), 0.999) after 75 steps,
+    KL 1e-4 to the base model, group 24, LoRA rank 32 / alpha 64, lr 3e-4, 512 px, fp16. Its script also multiplies
+    the loss by adv_clip_max (5): the learning rate here is the same, the loss 5 times smaller."""
+    config = flow_grpo("stabilityai/stable-diffusion-3.5-medium")
+    config.mixed_precision = "fp16"
+    config.algorithm.objective = "nft"
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 0.1, "adaptive_weight": True})
+    config.algorithm.old_decay_flat_steps, config.algorithm.old_decay_ramp = 75, 0.0075
+    config.algorithm.old_decay_max = 0.999
+    config.sample.deterministic = True
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.kl.beta, config.kl.use_reference_model = 1e-4, True
+    return config
+
+
+def awm_sd35() -> ml_collections.ConfigDict:
+    """AWM's published settings on Stable Diffusion 3.5 Medium (scxue/advantage_weighted_matching config/dgx_awm.py,
+    its GenEval recipe, on the OCR task here: GenEval's detector is not shipped): CFG-free, deterministic rollouts of
+    14 steps (40 to evaluate), the generalised Huber weighting (p = 0.25), KL 1e-3 to the base model, group 24, lr 3e-4,
+    512 px, fp16. Not reproduced: its EMA-model KL, its time shift 3 on the training times (here the rollout
+    schedule's), its advantage scale 1 / adv_clip_max (the loss here is 5 times larger)."""
+    config = flow_grpo("stabilityai/stable-diffusion-3.5-medium")
+    config.mixed_precision = "fp16"
+    config.algorithm.objective = "awm"
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"weighting": "ghuber", "ghuber_power": 0.25})
+    config.sample.deterministic = True
+    config.sample.num_steps, config.sample.eval_num_steps = 14, 40
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.kl.beta, config.kl.use_reference_model = 1e-3, True
     return config
 
 
@@ -570,12 +677,12 @@ PRESETS = {
 }
 # recipes: the embedded flow model's task, and the published recipes on the models people train (their weights
 # download from the hub)
-RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow,
+RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm, "nft": nft, "dpo": dpo, "dgpo": dgpo,
            "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux,
            "flow_factory_zimage": flow_factory_zimage, "flow_factory_zimage_turbo": flow_factory_zimage_turbo,
            "flow_factory_flux_kontext": flow_factory_flux_kontext, "flow_factory_flux2_klein": flow_factory_flux2_klein,
            "flow_factory_flux2_klein_base": flow_factory_flux2_klein_base, "flow_factory_wan21": flow_factory_wan21,
-           "flow_grpo_qwenimage": flow_grpo_qwenimage}
+           "flow_grpo_qwenimage": flow_grpo_qwenimage, "nft_sd35": nft_sd35, "awm_sd35": awm_sd35}
 
 
 def get_config(name: str = "ddpo") -> ml_collections.ConfigDict:

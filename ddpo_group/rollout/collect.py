@@ -165,6 +165,8 @@ def collect_rollouts(
     of a prompt). ``timer`` (a PhaseTimer) charges the time to "sampling", "critic" and "reward" (waiting for the
     reward workers once sampling is done).
     ``should_stop()``, asked before each batch, abandons the sampling (EpochAbandoned) when true.
+    ``sample_config.deterministic``: every step is the family's deterministic step (noise level 0) and log_probs are
+    zeros (the matching objectives, algorithms/objectives.py, need the final samples only).
     ``record_means`` adds step_means [B, T, ...]: the rollout policy's mean of each step (a policy loss that declares
     ``needs_old_means``, e.g. ratio_norm).
     ``tweedie_steps`` adds tweedie_values [B, T] float64: the reward of each of those steps' one-step prediction of
@@ -179,7 +181,8 @@ def collect_rollouts(
     # x0_hat(x_n) is kept at the Tweedie steps, or at every step for a critic that reads it
     x0_steps = list(range(sample_config.num_steps)) if critic_reads_x0 else tweedie_steps
     tweedie_columns = None if tweedie_steps is None else [x0_steps.index(n) for n in tweedie_steps]  # of pred_x0
-    noise_levels = family.noise_levels(sample_config)
+    deterministic = bool(sample_config.deterministic)  # the deterministic solver on every step, no log-probs
+    noise_levels = [0.0] * sample_config.num_steps if deterministic else family.noise_levels(sample_config)
     with timer.phase("sampling"):
         all_cond = encode_unique(family, prompts, text_cache, metadata)
     for i in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):
@@ -198,7 +201,7 @@ def collect_rollouts(
                 initial_noise=initial_noise[rows] if initial_noise is not None else None,
                 log_prob_reduce=sample_config.log_prob_reduce,
                 decode_batch_size=int(sample_config.decode_batch_size), record_means=record_means,
-                record_x0=x0_steps,
+                record_x0=x0_steps, compute_log_prob=not deterministic,
             )
         critic_x0 = traj.pred_x0 if critic_reads_x0 else None  # x0_hat of every step (recorded for the critic)
         if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward

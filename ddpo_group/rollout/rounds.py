@@ -252,6 +252,7 @@ class RolloutCollector:
             controller=self.controller, tweedie_values=gathered.get("tweedie_values"),
         )
         r.batch["advantages"] = shards.local_rows(r.out.advantages)
+        r.batch["group_index"] = torch.tensor(r.groups)[shards.mine].to(r.batch["advantages"].device)  # prompt groups
         if self.critic is not None:
             targets, mask = self.estimator.critic_regression(r.out)
             r.batch["critic_targets"], r.batch["critic_mask"] = shards.local_rows(targets), shards.local_rows(mask)
