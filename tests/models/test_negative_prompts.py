@@ -4,13 +4,14 @@ re-scores it exactly, our sampler equals the pipeline's own ``__call__(negative_
 prompt changes its own images only, and a grpo epoch on such a file trains."""
 
 import json
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
 from ddpo_group.models import load_family
-from ddpo_group.rollout.collect import RewardScorer, collect_rollouts
+from ddpo_group.rollout.collect import RewardScorer, collect_rollouts, greedy_rewards
 from ddpo_group.sampling.trajectories import NEGATIVE_PREFIX, TransitionScorer, sample_trajectories
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
@@ -143,16 +144,51 @@ def write_prompt_file(path):
     return str(path)
 
 
-def test_a_grpo_epoch_on_a_file_with_negative_prompts_trains(tmp_path):
+def test_a_grpo_epoch_on_a_file_with_negative_prompts_trains_evaluates_and_its_lora_evaluates(tmp_path):
+    """grpo on a .jsonl with and without negative prompts trains; the periodic evaluation samples with the rows'
+    negative prompts (its rewards differ from the same file without them); evaluate() passes them to the pipeline."""
     path = write_prompt_file(tmp_path / "prompts.jsonl")
     trainer = tiny_trainer("grpo", "tiny-shapes", tmp_path, "negatives", device="cpu", prompt_fn="from_file",
-                           prompt_fn_kwargs={"path": path})
+                           prompt_fn_kwargs={"path": path}, eval_freq=1)
     before = [p.detach().clone() for p in trainer.updater.params]
     metrics = trainer.run()
     assert metrics["global_step"] == 2
     changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
     assert changed > len(before) // 2, f"only {changed} of {len(before)} trained tensors changed"
-    for key in ("train/policy_loss", "train/grad_norm", "train/ratio_max"):
+    for key in ("train/policy_loss", "train/grad_norm", "train/ratio_max", "eval/reward_mean"):
         assert torch.isfinite(torch.tensor(metrics[key])), (key, metrics[key])
-    encoded = set(trainer.family._negatives)  # each distinct negative prompt of the drawn rows, encoded once
-    assert encoded and encoded <= {"a square", "blurry"}
+    assert set(trainer.family._negatives) == {"a square", "blurry"}  # each distinct one encoded once (eval: all rows)
+
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("\n".join(json.dumps({k: v for k, v in json.loads(line).items() if k != "negative_prompt"})
+                               for line in Path(path).read_text().splitlines()) + "\n")
+    without = tiny_trainer("grpo", "tiny-shapes", tmp_path, "plain", device="cpu", prompt_fn="from_file",
+                           prompt_fn_kwargs={"path": str(plain)}, eval_freq=1).run()
+    assert without["eval/reward_mean"] != metrics["eval/reward_mean"]
+
+    from config.base import base as base_config
+    from ddpo_group.models.families.base import ModelFamily
+    from ddpo_group.run.evaluation import evaluate
+
+    calls = []
+    original = ModelFamily.pipeline_row_kwargs
+    ModelFamily.pipeline_row_kwargs = lambda self, metadata: calls.append(original(self, metadata)) or calls[-1]
+    try:
+        report = evaluate(str(tmp_path / "negatives" / "lora"), base_config(), num_prompts=4, num_seeds=1,
+                          batch_size=4, show_progress=False)
+    finally:
+        ModelFamily.pipeline_row_kwargs = original
+    assert report["loaded"].startswith("lora:")
+    negatives = [text for call in calls for text in call.get("negative_prompt", [])]
+    assert {"a square", "blurry"} <= set(negatives) and "" in negatives  # the rows' own, the default for the others
+
+
+def test_remaxs_greedy_baseline_uses_the_rows_negative_prompts():
+    family, config = family_of("sd", "tiny-shapes")
+    score = RewardScorer(mean_reward, "mean")
+    keys = [0, 1, 2, 3]
+    plain = greedy_rewards(family, PROMPTS, [{}] * 4, keys, score, config.sample, seed=7)
+    negated = greedy_rewards(family, PROMPTS, METADATA, keys, score, config.sample, seed=7)
+    assert negated[0] != plain[0]
+    # row 2's explicit "" is SD's default negative prompt (the empty one, encoded): the same baseline
+    assert negated[1] == plain[1] and negated[2] == plain[2] and negated[3] == plain[3]
