@@ -52,6 +52,23 @@ def recorded_negative(family, batch: dict, rows) -> dict:
     return family.negative_condition()
 
 
+def with_negative_rows(family, batches: list[dict]) -> list[dict]:
+    """Batch records that can be pooled row by row: when one of them holds a per-sample negative condition, the
+    others get the run's one-row negative repeated for each of their rows (a dynamic-sampling round whose prompts had
+    no negative prompt); unchanged when none holds one."""
+    key = NEGATIVE_PREFIX + family.cond_keys[0]
+    if all(key in batch for batch in batches) or not any(key in batch for batch in batches):
+        return batches
+    negative = family.negative_condition()
+    out = []
+    for batch in batches:
+        if key not in batch:
+            n = batch["latents"].shape[0]
+            batch = {**batch, **negative_record({k: v.expand(n, *v.shape[1:]).clone() for k, v in negative.items()})}
+        out.append(batch)
+    return out
+
+
 def rows_of(cond: dict, rows) -> dict:
     """The condition of some rows (``rows``: an index tensor or a slice)."""
     return {key: value[rows] for key, value in cond.items()}

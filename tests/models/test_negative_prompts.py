@@ -192,3 +192,50 @@ def test_remaxs_greedy_baseline_uses_the_rows_negative_prompts():
     assert negated[0] != plain[0]
     # row 2's explicit "" is SD's default negative prompt (the empty one, encoded): the same baseline
     assert negated[1] == plain[1] and negated[2] == plain[2] and negated[3] == plain[3]
+
+
+def test_rounds_with_and_without_negative_prompts_pool_row_by_row():
+    """Dynamic sampling pools the rows of several rounds: a round whose prompts had no negative prompt gets the run's
+    one-row negative for each of its rows; rounds that all lack one are left as they are."""
+    from ddpo_group.rollout.rounds import pool_rows
+    from ddpo_group.sampling.trajectories import with_negative_rows
+
+    family, _ = family_of("sd", "tiny-shapes")
+    key = NEGATIVE_PREFIX + "prompt_embeds"
+    own = family.negative_rows(METADATA)
+    rounds = [{"latents": torch.zeros(4, 2), "log_probs": torch.zeros(4, 1)},
+              {"latents": torch.ones(4, 2), "log_probs": torch.ones(4, 1), key: own["prompt_embeds"]}]
+    assert with_negative_rows(family, rounds[:1]) == rounds[:1]
+    pooled = pool_rows(with_negative_rows(family, rounds), [torch.tensor([True, False] * 2)] * 2, 4)
+    default = family.negative_condition()["prompt_embeds"][0]
+    assert torch.equal(pooled[key][0], default) and torch.equal(pooled[key][1], default)
+    assert torch.equal(pooled[key][2], own["prompt_embeds"][0]) and torch.equal(pooled[key][3], own["prompt_embeds"][2])
+
+
+@pytest.mark.parametrize("name", ["sdxl", "zimage", "wan", "qwenimage"])
+def test_every_guided_family_takes_a_negative_row_per_sample(name, family_model_dirs):
+    """Each family's model_output takes B negative rows as it takes one: the one-row negative repeated B times gives
+    the same outputs, and a row's own negative prompt changes that row's output only (with guidance): bitwise, but
+    on Qwen-Image, whose rows' text is cut to the longest row's token count (the pipeline's batching too), so a longer
+    negative prompt in the batch moves the other rows' outputs by float rounding (< 1e-6 measured)."""
+    family, config = family_of(name, family_model_dirs[name], sde_window_size=0)
+    guidance = config.sample.guidance_scale
+    assert guidance > 1
+    cond = family.encode(PROMPTS)
+    latents = family.initial_latents(4, generators(4), family.device, next(iter(cond.values())).dtype)
+    schedule = family.schedule(4, family.device)
+    step = {key: values[1] for key, values in schedule.items()}
+    one = family.negative_condition()
+    with torch.no_grad():
+        base = family.model_output(family.model, latents, step, cond, one, guidance)
+        repeated = family.model_output(family.model, latents, step, cond,
+                                       {k: v.expand(4, *v.shape[1:]).clone() for k, v in one.items()}, guidance)
+        own = family.model_output(family.model, latents, step, cond,
+                                  family.negative_rows([{}, {"negative_prompt": "a green triangle"}, {}, {}]), guidance)
+    torch.testing.assert_close(repeated, base, rtol=0, atol=1e-6)
+    assert float((own[1] - base[1]).abs().max()) > 1e-4
+    for i in (0, 2, 3):
+        if name == "qwenimage":
+            torch.testing.assert_close(own[i], base[i], rtol=0, atol=1e-5)
+        else:
+            assert torch.equal(own[i], base[i]), i
