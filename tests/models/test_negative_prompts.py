@@ -82,6 +82,12 @@ def test_recorded_log_probs_equal_a_rescore_with_per_row_negatives(name, family_
         assert torch.equal(other.log_prob[1], record["log_probs"][1, 0])
 
 
+def zero_noise(sample):
+    sample = sample.copy_and_resolve_references()
+    sample.noise_level = 0.0  # DDIM's eta 0 (SD): the deterministic sampler
+    return sample
+
+
 @pytest.mark.parametrize("name", ["sd", "sd3"])
 def test_noise_level_zero_with_per_row_negatives_reproduces_the_pipelines_own_call(name, family_model_dirs):
     """The pipeline's ``negative_prompt=[...]`` (family.pipeline_row_kwargs: each row's, the run's default for the
@@ -93,7 +99,7 @@ def test_noise_level_zero_with_per_row_negatives_reproduces_the_pipelines_own_ca
     guidance = config.sample.guidance_scale
     assert family.pipeline_row_kwargs(METADATA) == {"negative_prompt": NEGATIVES}
     want = family.pipe(prompt=PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
-                       output_type="pt", **family.pipeline_kwargs(_zero_noise(config.sample), config.pretrained),
+                       output_type="pt", **family.pipeline_kwargs(zero_noise(config.sample), config.pretrained),
                        **family.pipeline_row_kwargs(METADATA)).images
     cond, batched, rows = family.encode(PROMPTS), family.encode(NEGATIVES), family.negative_rows(METADATA)
 
@@ -108,14 +114,8 @@ def test_noise_level_zero_with_per_row_negatives_reproduces_the_pipelines_own_ca
     if name == "sd":
         assert torch.equal(images(rows), want)
     plain = family.pipe(prompt=PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
-                        output_type="pt", **family.pipeline_kwargs(_zero_noise(config.sample), config.pretrained)).images
+                        output_type="pt", **family.pipeline_kwargs(zero_noise(config.sample), config.pretrained)).images
     assert float((plain[0] - want[0]).abs().max()) > 1e-3  # row 0's negative prompt matters (the check can fail)
-
-
-def _zero_noise(sample):
-    sample = sample.copy_and_resolve_references()
-    sample.noise_level = 0.0  # DDIM's eta 0 (SD): the deterministic sampler
-    return sample
 
 
 def test_a_rows_negative_prompt_changes_its_own_images_only_with_guidance():
@@ -144,7 +144,7 @@ def write_prompt_file(path):
     return str(path)
 
 
-def test_a_grpo_epoch_on_a_file_with_negative_prompts_trains_evaluates_and_its_lora_evaluates(tmp_path):
+def test_a_grpo_epoch_on_a_file_with_negative_prompts_trains_and_both_evaluations_use_them(tmp_path):
     """grpo on a .jsonl with and without negative prompts trains; the periodic evaluation samples with the rows'
     negative prompts (its rewards differ from the same file without them); evaluate() passes them to the pipeline."""
     path = write_prompt_file(tmp_path / "prompts.jsonl")
