@@ -77,8 +77,10 @@ def base() -> ml_collections.ConfigDict:
     sample.resolution = 0
     # video families (Wan): frames per video, 4 k + 1 (5, 33, 81); 0: the pipeline's default (81)
     sample.num_frames = 0
-    # video families (Wan): the negative prompt, the unconditional branch of classifier-free guidance; "": the empty
-    # prompt (the pipeline's default; diffusers' WanPipeline example lists defects: "blurred details, static, ...")
+    # the run's negative prompt, the unconditional branch of classifier-free guidance, for every family that guides
+    # with one: a prompt row's own "negative_prompt" (a .jsonl prompt file's) wins, else this, else ("") the family's
+    # default: the empty prompt (SDXL: zeros when force_zeros_for_empty_prompt), Qwen-Image's " "; a given negative
+    # prompt is always encoded (models/families/base.py). Wan: diffusers' example lists defects ("blurred details, ...")
     sample.negative_prompt = ""
     # memory of large models: text embeddings of this many prompts kept on the CPU (each prompt then meets the text
     # encoders once; 0: encode every round)

@@ -186,5 +186,5 @@ class QwenImageFamily(FlowMatchingFamily):
         kwargs = {**super().pipeline_kwargs(sample_config, pretrained),
                   "true_cfg_scale": float(sample_config.guidance_scale)}
         if sample_config.guidance_scale > 1.0:
-            kwargs["negative_prompt"] = self.negative_prompt
+            kwargs["negative_prompt"] = self.run_negative_prompt
         return kwargs

@@ -2,8 +2,8 @@
 
     condition   prompt_embeds [B, L, D]: UMT5 last hidden states of the prompt's tokens, zeros after its length (the
                 pipeline's own ``encode_prompt``, L = ``pretrained.max_sequence_length`` or the pipeline's 226); the
-                unconditional condition is the encoded ``sample.negative_prompt`` (one row; "" by default, the
-                pipeline's default)
+                unconditional condition is base.py's negative prompt: a row's own, else ``sample.negative_prompt``
+                ("" by default, the pipeline's default)
     latents     [B, C, F', H/s, W/s] with a time axis: F' = (F - 1) / 4 + 1 latent frames of F = ``sample.num_frames``
                 video frames (the VAE's temporal factor 4), s the VAE's spatial factor (8; 16 on Wan2.2-TI2V-5B);
                 x_T = N(0, I) (``prepare_latents``: the pipeline's draw, float32)
@@ -108,12 +108,6 @@ class WanFamily(FlowMatchingFamily):
         tokens = {"max_sequence_length": self.max_sequence_length} if self.max_sequence_length else {}
         embeds, _ = self.encode_quietly(prompts, do_classifier_free_guidance=False, **tokens)
         return {"prompt_embeds": embeds.to(self.device)}
-
-    def negative_condition(self) -> dict:
-        """The encoded ``sample.negative_prompt`` (one row, encoded once): the pipeline's unconditional branch."""
-        if self._negative is None:
-            self._negative = self.encode([self.config.sample.negative_prompt if self.config is not None else ""])
-        return self._negative
 
     def timestep(self, t: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
         """The transformer's timestep input: t per sample [B], or per latent token [B, F' h w / 4] with
