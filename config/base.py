@@ -57,6 +57,9 @@ def base() -> ml_collections.ConfigDict:
     # the others 512)
     pretrained.max_sequence_length = 0
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
+    # FLUX.2: the text encoder's hidden layers stacked into the condition (the pipeline's text_encoder_out_layers);
+    # (): the pipeline's default, klein's 9, 18, 27 and dev's 10, 20, 30 (a smaller text encoder needs its own)
+    pretrained.text_encoder_out_layers = ()
 
     # ---- sampling (the rollouts) ----
     config.sample = sample = ml_collections.ConfigDict()

@@ -236,3 +236,34 @@ def test_the_full_size_bench_shape_composes():
     latents = family.decode_latents(x)
     assert latents.shape == (1, 32, 128, 128)
     assert pipe.vae.decode(latents, return_dict=False)[0].shape == (1, 3, 1024, 1024)
+
+
+def test_a_text_encoder_with_fewer_layers_takes_its_own_out_layers(tiny_flux2_dir, tmp_path):
+    """diffusers' own klein test model has a two-layer Qwen3 and samples with text_encoder_out_layers=(1,): the
+    pipeline's default layers (9, 18, 27) do not exist there. pretrained.text_encoder_out_layers chooses them, the
+    family passes them to encode_prompt and to the pipeline's call (bitwise the same images); unset, a clear error."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from ddpo_group.models.tiny_random import save_pipeline
+
+    pipe = Flux2KleinPipeline.from_pretrained(tiny_flux2_dir)
+    old = pipe.text_encoder.config
+    two_layers = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=old.vocab_size, hidden_size=48, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, pad_token_id=old.pad_token_id,
+        eos_token_id=old.eos_token_id, bos_token_id=None, tie_word_embeddings=True))  # one layer of 48 = 3 x 16
+    directory = save_pipeline(Flux2KleinPipeline(**{**pipe.components, "text_encoder": two_layers}), tmp_path / "m")
+    family, config = flux2_family(directory)
+    with pytest.raises(ValueError, match=r"the pipeline's default text_encoder_out_layers \(9, 18, 27\) "
+                                         r"\(pretrained.text_encoder_out_layers=\(\)\): every layer must be in 0..2"):
+        family.encode(PROMPTS)
+    family, config = flux2_family(directory, **{"pretrained.text_encoder_out_layers": (1,)})
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    assert kwargs["text_encoder_out_layers"] == (1,)
+    cond = family.encode(PROMPTS)
+    assert cond["prompt_embeds"].shape == (4, 32, 48)
+    want = family.pipe(prompt=PROMPTS, num_inference_steps=3, guidance_scale=1.0, generator=generators(4),
+                       output_type="pt", **kwargs).images
+    traj = sample_trajectories(family, family.model, cond, None, 3, 1.0, [0.0] * 3, generator=generators(4),
+                               compute_log_prob=False)
+    assert torch.equal(traj.images, want)

@@ -24,6 +24,8 @@ FLUX.1-dev's (no CFG, so ``train.cfg`` has no effect).
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
 from diffusers import Flux2KleinPipeline, Flux2Pipeline
@@ -42,8 +44,30 @@ class Flux2Family(FlowMatchingFamily):
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict:
         tokens = {"max_sequence_length": self.max_sequence_length} if self.max_sequence_length else {}
-        embeds, _ = self.encode_quietly(prompts, **tokens)
+        embeds, _ = self.encode_quietly(prompts, **tokens, **self.out_layers())
         return {"prompt_embeds": embeds.to(self.device)}
+
+    def out_layers(self) -> dict:
+        """The pipeline's ``text_encoder_out_layers`` keyword: ``pretrained.text_encoder_out_layers``, or none for the
+        pipeline's default; ValueError naming the field when a layer is beyond the text encoder's."""
+        chosen = tuple(int(n) for n in self.config.pretrained.text_encoder_out_layers) if self.config is not None else ()
+        default = inspect.signature(self.pipe.encode_prompt).parameters["text_encoder_out_layers"].default
+        config = self.pipe.text_encoder.config
+        depth = getattr(config, "text_config", config).num_hidden_layers
+        layers = chosen or tuple(default)
+        if not layers or min(layers) < 0 or max(layers) > depth:
+            source = f"pretrained.text_encoder_out_layers={chosen}" if chosen else (
+                f"the pipeline's default text_encoder_out_layers {tuple(default)} (pretrained.text_encoder_out_layers=())")
+            raise ValueError(f"{source}: every layer must be in 0..{depth}, the text encoder's hidden layers; set "
+                             "pretrained.text_encoder_out_layers to layers it has, e.g. (1,) for a two-layer test model")
+        return {"text_encoder_out_layers": chosen} if chosen else {}
+
+    def pipeline_kwargs(self, sample_config, pretrained) -> dict:
+        """The size and tokens (flow_matching.py's) and the text encoder's layers when they are chosen."""
+        kwargs = super().pipeline_kwargs(sample_config, pretrained)
+        if tuple(pretrained.text_encoder_out_layers):
+            kwargs["text_encoder_out_layers"] = tuple(int(n) for n in pretrained.text_encoder_out_layers)
+        return kwargs
 
     _grid = FluxFamily._grid  # the latent's height before packing, as FLUX.1's pipeline computes it
     schedule = FluxFamily.schedule  # set_timesteps with the pipeline's sigmas (or the scheduler's own) and mu
