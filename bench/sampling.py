@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import torch
-from ml_collections import ConfigDict
 
 from _common import add_common_args, machine, median_ratio, setup_threads, side_by_side, sync, timed
 
@@ -69,10 +68,11 @@ def main(argv=None) -> dict:
 
 def run(args, model: str) -> dict:
     dtype = DTYPES[args.dtype]
-    config = ConfigDict({"sample": {"resolution": args.resolution, "num_frames": args.num_frames, "sde_type": "flow_sde",
-                                    "noise_level": args.noise_level, "guidance_scale": args.guidance,
-                                    "cfg_normalization": 0.0, "cfg_truncation": 1.0},  # Z-Image's: off
-                         "pretrained": {"max_sequence_length": args.max_sequence_length}})
+    config = base()  # every field at its default (config/base.py), the benchmark's choices on top
+    config.sample.resolution, config.sample.num_frames = args.resolution, args.num_frames
+    config.sample.sde_type, config.sample.noise_level = "flow_sde", args.noise_level
+    config.sample.guidance_scale = args.guidance
+    config.pretrained.max_sequence_length = args.max_sequence_length
     family = load_family(model, torch_dtype=dtype, family="" if args.model else args.family, config=config)
     pipe = family.pipe.to(args.device)
     pipe.set_progress_bar_config(disable=True)
