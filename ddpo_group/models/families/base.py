@@ -55,6 +55,7 @@ class ModelFamily:
     step_keys: tuple = ("timesteps",)  # the per-step tensors of the batch record, [B, T]
     standard_noise_level: float  # the stochastic steps' noise level when sample.noise_level is None
     negative_prompt = ""  # the unconditional prompt of classifier-free guidance
+    pipeline_max_batch = 0  # the most prompts one call of the pipeline's own __call__ takes (0: any)
 
     def __init__(self, pipe, config=None):
         self.pipe = pipe

@@ -1,0 +1,176 @@
+"""Qwen-Image-Edit-Plus (Qwen/Qwen-Image-Edit-2509, -2511): Qwen-Image editing one or several source images, which the
+Qwen2.5-VL text encoder sees (its vision tower) and whose packed VAE latents follow the noisy tokens.
+
+    condition   per prompt, its source images (``metadata["image"]``: one path or a list, a .jsonl prompt file's
+                ``image``), each resized as the pipeline's ``__call__`` resizes it: to ``CONDITION_IMAGE_SIZE`` pixels
+                (384^2, its aspect ratio kept, sides multiples of 32) for the text encoder, to ``VAE_IMAGE_SIZE``
+                (1024^2) for the VAE (both read from the pipeline's module when used):
+                  prompt_embeds [B, L, D], prompt_embeds_mask [B, L]: Qwen2.5-VL's last hidden states of
+                      "Picture 1: <vision tokens of image 1>Picture 2: ...<prompt>" in the pipeline's chat template
+                      (its processor: the vision tokens are the image's 14 px patches merged 2x2), the template's
+                      first 64 tokens dropped (the pipeline's ``encode_prompt``), zero-padded to L =
+                      ``pretrained.max_sequence_length`` (0: 512; the pipeline truncates nothing: a longer condition
+                      is an error naming that field);
+                  negative_prompt_embeds, negative_prompt_embeds_mask: the same of the negative prompt " " WITH the
+                      row's images (the pipeline encodes its negative prompt with the source images, so the
+                      unconditional branch of each row is its own and is stored with it);
+                  image_latents [B, L_img, 4 C]: each image's VAE latent (mode, (z - latents_mean) / latents_std),
+                      packed 2x2 and concatenated over the images; image_shapes [B, K, 2]: each image's packed grid
+                      (RoPE positions: the transformer's ``img_shapes`` after the noisy grid)
+                Rows of one batch must have the same number of images with the same token counts (the record's
+                tensors are stacked); rows whose images have other grids are run as separate transformer calls
+    latents     Qwen-Image's (models/families/qwenimage.py): packed [B, (H/2f)(W/2f), 4 C], x_T = N(0, I)
+    schedule    Qwen-Image's: sigmas linspace(1, 1/T, T) shifted by mu of the noisy tokens' count
+    output      v(c) = transformer([x; image_latents], t / 1000, prompt_embeds, mask,
+                                   img_shapes = [noisy grid, image grids])[:, :L_x]
+                with w = ``sample.guidance_scale`` > 1 the pipeline's true CFG with the row's negative condition:
+                    v' = v(n) + w (v(c) - v(n)),    v = v' ||v(c)|| / ||v'||   (per token; w <= 1: v = v(c))
+    step        flow matching (models/families/flow_matching.py, sampling/flow_steps.py)
+    decode      Qwen-Image's: unpack, z * latents_std + latents_mean, the VAE, its one frame
+
+The pipeline's own ``__call__`` gives the same images at noise level 0 with ``pipeline_kwargs`` (height = width =
+the resolution, ``true_cfg_scale`` and ``negative_prompt`` " ") and ``pipeline_row_kwargs`` (the row's source images
+as loaded: the pipeline resizes them as ``condition`` does). QwenImageEditPlusPipeline takes one prompt a call
+(``pipeline_max_batch``). Its text encoder needs the pipeline's ``processor`` (transformers' Qwen2VLProcessor, which
+needs torchvision); without it ``condition`` is an error.
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers import QwenImageEditPlusPipeline
+from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus
+
+from ddpo_group.models.families import register_family
+from ddpo_group.models.families.qwenimage import QwenImageFamily
+from ddpo_group.models.source_images import SOURCE_IMAGE_KEY, source_images
+from ddpo_group.sampling.trajectories import concatenate_rows
+
+
+@register_family("qwenimage_edit_plus", QwenImageEditPlusPipeline)
+class QwenImageEditPlusFamily(QwenImageFamily):
+    cond_keys = ("prompt_embeds", "prompt_embeds_mask", "negative_prompt_embeds", "negative_prompt_embeds_mask",
+                 "image_latents", "image_shapes")
+    takes_images = True
+    pipeline_max_batch = 1  # QwenImageEditPlusPipeline.__call__ refuses more than one prompt
+    pipeline_module = pipeline_qwenimage_edit_plus  # where the pipeline's image sizes live
+
+    # ------------------------------------------------------------------ the condition: prompts with their images
+    @torch.no_grad()
+    def condition(self, prompts: list[str], metadata: list[dict] | None = None) -> dict:
+        metadata = metadata if metadata is not None else [{}] * len(prompts)
+        rows = [self.row_condition(prompt, meta) for prompt, meta in zip(prompts, metadata)]
+        return concatenate_rows(rows, prompts, self.device)
+
+    def sources(self, prompt: str, metadata: dict) -> list:
+        """The source images of a prompt (PIL, as loaded); an error when it has none (the pipeline edits images)."""
+        images = source_images(metadata)
+        if not images:
+            raise ValueError(f"{self.name} edits source images: prompt {prompt!r} has none (metadata[{SOURCE_IMAGE_KEY!r}]"
+                             ", a .jsonl prompt file's 'image': one path or a list of paths)")
+        return images
+
+    def sizes(self, image) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(width, height) of an image for the text encoder and for the VAE, as the pipeline's ``__call__`` computes
+        them (``calculate_dimensions`` of its module's CONDITION_IMAGE_SIZE and VAE_IMAGE_SIZE, the aspect ratio)."""
+        module = self.pipeline_module
+        ratio = image.size[0] / image.size[1]
+        return (module.calculate_dimensions(module.CONDITION_IMAGE_SIZE, ratio),
+                module.calculate_dimensions(module.VAE_IMAGE_SIZE, ratio))
+
+    def row_condition(self, prompt: str, metadata: dict) -> dict:
+        """One row's condition (see the module docstring)."""
+        if self.pipe.processor is None:
+            raise ValueError(f"{self.name}: the pipeline has no processor (transformers' Qwen2VLProcessor, which needs "
+                             "torchvision): its text encoder cannot see the source images")
+        condition_images, images = self.image_condition(self.sources(prompt, metadata))
+        text = self.text_condition(prompt, condition_images)
+        negative = self.text_condition(self.negative_prompt, condition_images)
+        return {**text, **{f"negative_{k}": v for k, v in negative.items()}, **images}
+
+    def image_condition(self, images: list) -> tuple[list, dict]:
+        """(the images resized for the text encoder, {image_latents [1, L_img, 4 C], image_shapes [1, K, 2]}) of one
+        row's source images (PIL), as the pipeline's ``__call__`` and ``prepare_latents`` make them."""
+        pipe = self.pipe
+        condition_images, latents, shapes = [], [], []
+        for image in images:
+            (cw, ch), (vw, vh) = self.sizes(image)
+            condition_images.append(pipe.image_processor.resize(image, ch, cw))
+            latents.append(self.encode_image(image, vw, vh))
+            shapes.append((vh // pipe.vae_scale_factor // 2, vw // pipe.vae_scale_factor // 2))
+        return condition_images, {"image_latents": torch.cat(latents, dim=1).to(self.device),
+                                  "image_shapes": torch.tensor([shapes], dtype=torch.long, device=self.device)}
+
+    def text_condition(self, prompt: str, condition_images: list) -> dict:
+        """prompt_embeds and its mask of one prompt seeing its images, padded to ``text_length`` (an error beyond)."""
+        embeds, mask = self.encode_quietly([prompt], image=condition_images)
+        if embeds.shape[1] > self.text_length:
+            raise ValueError(f"prompt {prompt!r} with its {len(condition_images)} source image(s) is {embeds.shape[1]} "
+                             f"text and vision tokens, more than pretrained.max_sequence_length={self.text_length} "
+                             "(the pipeline truncates nothing): raise it (at most 1024)")
+        return self.padded_condition(embeds, mask)
+
+    @torch.no_grad()
+    def encode_image(self, image, width: int, height: int) -> torch.Tensor:
+        """The packed VAE latent [1, L, 4 C] of one source image at the pipeline's VAE size, as ``prepare_latents``."""
+        pipe = self.pipe
+        pixels = pipe.image_processor.preprocess(image, height, width).unsqueeze(2)
+        pixels = pixels.to(device=pipe.vae.device, dtype=pipe.text_encoder.dtype)  # the pipeline's prompt_embeds dtype
+        latents = pipe._encode_vae_image(image=pixels, generator=None)
+        return pipe._pack_latents(latents, 1, latents.shape[1], latents.shape[3], latents.shape[4])
+
+    def encode(self, prompts: list[str]) -> dict:
+        raise ValueError(f"{self.name} conditions on the prompts' source images: condition(prompts, metadata) with "
+                         f"metadata[{SOURCE_IMAGE_KEY!r}], not encode(prompts)")
+
+    def negative_condition(self) -> dict:
+        """The negative prompt's text alone (its width is the critic's text input): the transformer's unconditional
+        branch is each row's own (negative_prompt_embeds, with the row's images, in the condition)."""
+        if self._negative is None:
+            embeds, mask = self.encode_quietly([self.negative_prompt], image=None)
+            self._negative = self.padded_condition(embeds, mask)
+        return self._negative
+
+    def pipeline_row_kwargs(self, metadata: list[dict]) -> dict:
+        """The source images of a call's row (one prompt a call), as loaded: the pipeline resizes them."""
+        if len(metadata) != 1:
+            raise ValueError(f"{type(self.pipe).__name__} takes one prompt a call; got {len(metadata)} rows")
+        return {"image": self.sources("", metadata[0])}
+
+    # ------------------------------------------------------------------ latents, model
+    def draw_noise(self, batch, generator, device, dtype):
+        latents, _ = self.pipe.prepare_latents(None, batch, self.pipe.transformer.config.in_channels // 4,
+                                               self.resolution, self.resolution, dtype, device, generator)
+        return latents
+
+    def transformer_output(self, model, latents, timestep, cond: dict, prefix: str = "") -> torch.Tensor:
+        """The noisy tokens' output of one forward on rows whose images have the same grids (``prefix`` "negative_":
+        the unconditional branch)."""
+        embeds, mask = self.text_inputs(cond[prefix + "prompt_embeds"], cond[prefix + "prompt_embeds_mask"])
+        side = self.resolution // self.pipe.vae_scale_factor // 2
+        grids = [(1, h, w) for h, w in cond["image_shapes"][0].tolist()]
+        hidden = torch.cat([latents, cond["image_latents"].to(latents.dtype)], dim=1)
+        return model(hidden_states=hidden, timestep=timestep, guidance=None, encoder_hidden_states_mask=mask,
+                     encoder_hidden_states=embeds, img_shapes=[[(1, side, side), *grids]] * latents.shape[0],
+                     return_dict=False)[0][:, : latents.shape[1]]
+
+    def guided_output(self, model, latents, timestep, cond: dict, guidance_scale: float) -> torch.Tensor:
+        conditional = self.transformer_output(model, latents, timestep, cond)
+        if guidance_scale <= 1.0:
+            return conditional
+        unconditional = self.transformer_output(model, latents, timestep, cond, prefix="negative_")
+        return self.true_cfg(conditional, unconditional, guidance_scale)
+
+    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+        n = latents.shape[0]
+        t = torch.as_tensor(step["timesteps"], device=latents.device)
+        t = (t.expand(n) if t.ndim == 0 else t).to(latents.dtype) / 1000
+        shapes = cond["image_shapes"]
+        if bool((shapes == shapes[:1]).all()):
+            return self.guided_output(model, latents, t, cond, guidance_scale)
+        out = torch.empty_like(latents)  # rows whose images have other grids: one forward per grid
+        for grid in torch.unique(shapes, dim=0):
+            rows = (shapes == grid).flatten(1).all(dim=1).nonzero().squeeze(1)
+            part = {key: value[rows] for key, value in cond.items()}
+            out[rows] = self.guided_output(model, latents[rows], t[rows], part, guidance_scale).to(out.dtype)
+        return out
