@@ -24,7 +24,8 @@ from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectori
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 NAME = "qwenimage_edit_plus"
-EDIT_REWARD = str(Path(__file__).resolve().parents[2] / "examples" / "edit_reward.py") + ":edit_reward"
+# examples/edit_reward.py compares an edit with one source image; these prompts have two: a built-in reward
+REWARD = "jpeg_compressibility"
 needs_processor = pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
                                      reason="transformers' Qwen2VLProcessor needs torchvision")
 
@@ -143,6 +144,15 @@ def test_the_first_training_forwards_ratio_is_one(tiny_qwenimage_edit_plus_dir, 
             assert float((ratio - 1).abs().max()) < 3e-6, chunk
 
 
+def test_chunked_decoding_changes_nothing(tiny_qwenimage_edit_plus_dir, tmp_path):
+    family, _ = family_of(tiny_qwenimage_edit_plus_dir)
+    images = [Image.open(path).convert("RGB") for path in sources(tmp_path)[:2]]
+    cond, _ = given_text(family, [images] * 4, [7, 3, 9, 7])
+    whole, chunked = (sample_trajectories(family, family.model, cond, None, 2, 4.0, [0.0, 0.0], generator=generators(4),
+                                          compute_log_prob=False, decode_batch_size=size).images for size in (0, 3))
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
+
+
 def test_what_the_family_refuses(tiny_qwenimage_edit_plus_dir):
     family, _ = family_of(tiny_qwenimage_edit_plus_dir)
     with pytest.raises(ValueError, match="condition\\(prompts, metadata\\)"):
@@ -178,11 +188,11 @@ def test_the_bench_shape_is_qwenimage_edit_plus_at_its_real_size():
 
 # ------------------------------------------------------------------ with the processor (torchvision)
 def edit_dataset(folder: Path) -> str:
-    """A .jsonl editing dataset: one source image, two, one."""
-    paths = sources(folder)
-    rows = [{"prompt": "make the square blue", "image": Path(paths[0]).name},
-            {"prompt": "put the first square on the second", "image": [Path(paths[0]).name, Path(paths[0]).name]},
-            {"prompt": "turn the background green", "image": Path(paths[0]).name}]
+    """A .jsonl editing dataset: two source images a prompt (32 x 32 and 40 x 24 px: the same VAE grid at 32^2 px)."""
+    first, second = (Path(path).name for path in sources(folder)[:2])
+    rows = [{"prompt": "put the first square on the second", "image": [first, second]},
+            {"prompt": "make the square blue", "image": [second, first]},
+            {"prompt": "turn the background green", "image": [first, first]}]
     path = folder / "edits.jsonl"
     path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
     return str(path)
@@ -211,7 +221,7 @@ def test_an_editing_dataset_trains_an_epoch_and_the_lora_loads_in_the_pipeline(t
 
     path = edit_dataset(tmp_path / "data")
     trainer = tiny_trainer("grpo", tiny_qwenimage_edit_plus_dir, tmp_path, "edits", **FAMILY_OVERRIDES[NAME],
-                           prompt_fn="from_file", prompt_fn_kwargs={"path": path}, reward_fn=EDIT_REWARD, device="cpu",
+                           prompt_fn="from_file", prompt_fn_kwargs={"path": path}, reward_fn=REWARD, device="cpu",
                            **{"sample.text_embedding_cache": 8, "sample.decode_batch_size": 3})
     metrics = trainer.run()
     assert metrics["global_step"] == 2 and np.isfinite(metrics["train/policy_loss"])
@@ -253,7 +263,7 @@ def test_every_preset_trains_an_epoch_on_the_edits(preset, tiny_qwenimage_edit_p
 
     path = edit_dataset(tmp_path / "data")
     trainer = tiny_trainer(preset, tiny_qwenimage_edit_plus_dir, tmp_path, f"edit_{preset}", **FAMILY_OVERRIDES[NAME],
-                           prompt_fn="from_file", prompt_fn_kwargs={"path": path}, reward_fn=EDIT_REWARD,
+                           prompt_fn="from_file", prompt_fn_kwargs={"path": path}, reward_fn=REWARD,
                            **FLOW_OPTIONS.get(preset, {}))
     before = [p.detach().clone() for p in trainer.updater.params]
     metrics = trainer.run()
@@ -269,7 +279,7 @@ def test_the_flow_grpo_edit_recipe_runs_on_the_tiny_model(tiny_qwenimage_edit_pl
     overrides = {**FAMILY_OVERRIDES[NAME], "sample.text_embedding_cache": 16, "sample.decode_batch_size": 3,
                  "sample.num_steps": 3, "train.pairs_per_forward": 4, "mixed_precision": "no",
                  "train.gradient_accumulation_steps": 1, "pretrained.text_encoder_device": "cpu", "device": "cpu",
-                 "prompt_fn_kwargs": {"path": path}, "reward_fn": EDIT_REWARD}
+                 "prompt_fn": "from_file", "prompt_fn_kwargs": {"path": path}, "reward_fn": REWARD}
     trainer = tiny_trainer("flow_grpo_qwenimage_edit_plus", tiny_qwenimage_edit_plus_dir, tmp_path, "recipe",
                            **overrides)
     assert trainer.family.model.is_gradient_checkpointing
