@@ -42,6 +42,7 @@ FAMILY_OVERRIDES["qwenimage"] = {"sample.resolution": 32, "pretrained.max_sequen
 # Qwen-Image-Edit-Plus: 32 px; a condition holds each source image's vision tokens (16 of the tiny processor) besides
 # the prompt's, so 128 tokens
 FAMILY_OVERRIDES["qwenimage_edit_plus"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 128}
+FAMILY_OVERRIDES["qwenimage_edit"] = FAMILY_OVERRIDES["qwenimage_edit_plus"]  # one source image a prompt
 
 
 def tiny_config(preset: str, model_dir: str, logdir, run_name: str = "run", **overrides):

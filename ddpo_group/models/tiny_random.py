@@ -476,3 +476,14 @@ def build_tiny_qwenimage_edit_plus_pipeline(seed: int = 0, pipeline_class=None):
 
 
 TINY_BUILDERS["qwenimage_edit_plus"] = build_tiny_qwenimage_edit_plus_pipeline
+
+
+def build_tiny_qwenimage_edit_pipeline(seed: int = 0):
+    """Qwen-Image-Edit (one source image): ``build_tiny_qwenimage_edit_plus_pipeline``'s components in
+    QwenImageEditPipeline (the tokenizer's merges on its template)."""
+    from diffusers import QwenImageEditPipeline
+
+    return build_tiny_qwenimage_edit_plus_pipeline(seed, pipeline_class=QwenImageEditPipeline)
+
+
+TINY_BUILDERS["qwenimage_edit"] = build_tiny_qwenimage_edit_pipeline

@@ -82,7 +82,7 @@ def test_the_sampler_reproduces_the_pipelines_own_call_given_the_text(count, gui
     source images and generator, at noise level 0: its images bitwise, with one and with two sources (of other sizes:
     each resized to the VAE size of its aspect ratio, its grid in img_shapes)."""
     family, config = family_of(tiny_qwenimage_edit_plus_dir)
-    assert family.name == NAME and isinstance(family.pipe, QwenImageEditPlusPipeline)
+    assert family.name == NAME and isinstance(family.pipe, QwenImageEditPlusPipeline) and family.text_dim == 16
     images = [Image.open(path).convert("RGB") for path in sources(tmp_path)[:count]]
     kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
     assert kwargs == {"height": 32, "width": 32, "max_sequence_length": 128, "true_cfg_scale": 5.0,
@@ -120,27 +120,17 @@ def test_the_first_training_forwards_ratio_is_one(tiny_qwenimage_edit_plus_dir, 
                                family.noise_levels(config.sample), generator=generators(4))
     assert bool((traj.log_probs != 0).all())
     batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
-    # TransitionScorer's forward, without its negative_condition (the text alone needs the processor; the family
-    # reads each row's own negative from the record)
     scorer = TransitionScorer.from_config(config, family)
+    assert scorer.negative_condition == {}  # each row's negative is in the record
     with torch.no_grad():
         for n in range(4):
-            same = family.model_output(family.model, batch["latents"][:, n], {k: batch[k][:, n] for k in
-                                              family.step_keys}, cond, None, config.sample.guidance_scale)
-            out = family.step(same, batch["latents"][:, n], {k: batch[k][:, n] for k in family.step_keys},
-                              scorer.noise_level, next_latents=batch["next_latents"][:, n])
-            assert torch.equal(out.log_prob, traj.log_probs[:, n]), n
+            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
+            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
         rows, steps = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
         for chunk in (1, 3, 16):
-            log_probs = []
-            for c in torch.split(torch.arange(16), chunk):
-                r, s = rows[c], steps[c]
-                step = {k: batch[k][r, s] for k in family.step_keys}
-                output = family.model_output(family.model, batch["latents"][r, s], step,
-                                             {k: v[r] for k, v in cond.items()}, None, config.sample.guidance_scale)
-                log_probs.append(family.step(output, batch["latents"][r, s], step, scorer.noise_level,
-                                             next_latents=batch["next_latents"][r, s]).log_prob)
-            ratio = torch.exp(torch.cat(log_probs) - traj.log_probs[rows, steps])
+            out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
+                             for c in torch.split(torch.arange(16), chunk)])
+            ratio = torch.exp(out - traj.log_probs[rows, steps])
             assert float((ratio - 1).abs().max()) < 3e-6, chunk
 
 
@@ -293,3 +283,52 @@ def test_the_recipe_is_flow_grpos():
     recipe = get_config("flow_grpo_qwenimage_edit_plus")
     assert recipe.pretrained.model == "Qwen/Qwen-Image-Edit-2509" and recipe.prompt_fn == "from_file"
     assert (recipe.lora_rank, recipe.lora_alpha, recipe.sample.guidance_scale, recipe.train.cfg) == (64, 128, 4.0, True)
+
+
+# ------------------------------------------------------------------ Qwen-Image-Edit (one source image)
+@pytest.fixture
+def small_edit_sources(monkeypatch):
+    """QwenImageEditPipeline sizes its source to 1024^2 px (a literal in its ``__call__``) with its module's
+    ``calculate_dimensions``, which the family calls too: made 32^2 px for both."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit
+
+    original = pipeline_qwenimage_edit.calculate_dimensions
+    monkeypatch.setattr(pipeline_qwenimage_edit, "calculate_dimensions",
+                        lambda area, ratio: original(area * 32 * 32 // (1024 * 1024), ratio))
+
+
+@pytest.mark.parametrize("guidance", [1.0, 4.0])
+def test_qwen_image_edit_reproduces_its_pipelines_own_call_given_the_text(guidance, tiny_qwenimage_edit_dir,
+                                                                           small_edit_sources, tmp_path):
+    from diffusers import QwenImageEditPipeline
+
+    family, _ = family_of(tiny_qwenimage_edit_dir, **FAMILY_OVERRIDES["qwenimage_edit"])
+    assert family.name == "qwenimage_edit" and isinstance(family.pipe, QwenImageEditPipeline)
+    image = Image.open(sources(tmp_path)[1]).convert("RGB")  # 40 x 24 px
+    cond, [(embeds, negative)] = given_text(family, [[image]], [7])
+    assert cond["image_shapes"].tolist() == [[[4, 4]]] and cond["image_latents"].shape == (1, 16, 16)
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(image=image, prompt_embeds=embeds, prompt_embeds_mask=torch.ones(1, 7, dtype=torch.long),
+                       negative_prompt_embeds=negative, negative_prompt_embeds_mask=torch.ones(1, 5, dtype=torch.long),
+                       true_cfg_scale=guidance, height=32, width=32, num_inference_steps=4, generator=generators(1),
+                       output_type="pt").images
+    traj = sample_trajectories(family, family.model, cond, None, 4, guidance, [0.0] * 4, generator=generators(1),
+                               compute_log_prob=False)
+    assert torch.equal(traj.images, want)
+    with pytest.raises(ValueError, match="edits one source image a prompt"):
+        family.sources("edit", {"image": sources(tmp_path)[:2]})
+
+
+@needs_processor
+def test_qwen_image_edit_condition_reproduces_its_pipelines_own_call(tiny_qwenimage_edit_dir, small_edit_sources,
+                                                                     tmp_path):
+    family, config = family_of(tiny_qwenimage_edit_dir, **FAMILY_OVERRIDES["qwenimage_edit"])
+    metadata = [{"image": sources(tmp_path)[1]}]
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(prompt=["make it red"], generator=generators(1), num_inference_steps=4, output_type="pt",
+                       **family.pipeline_row_kwargs(metadata),
+                       **family.pipeline_kwargs(config.sample, config.pretrained)).images
+    traj = sample_trajectories(family, family.model, family.condition(["make it red"], metadata),
+                               family.negative_condition(), 4, config.sample.guidance_scale, [0.0] * 4,
+                               generator=generators(1), compute_log_prob=False)
+    assert torch.equal(traj.images, want)

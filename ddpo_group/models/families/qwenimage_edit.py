@@ -33,13 +33,17 @@ the resolution, ``true_cfg_scale`` and ``negative_prompt`` " ") and ``pipeline_r
 as loaded: the pipeline resizes them as ``condition`` does). QwenImageEditPlusPipeline takes one prompt a call
 (``pipeline_max_batch``). Its text encoder needs the pipeline's ``processor`` (transformers' Qwen2VLProcessor, which
 needs torchvision); without it ``condition`` is an error.
+
+Qwen-Image-Edit (Qwen/Qwen-Image-Edit, QwenImageEditPipeline): the family ``qwenimage_edit`` below, the same with
+one source image a prompt, resized once (1024^2 px, its aspect ratio) for the text encoder and the VAE, and the
+template's one vision slot in place of "Picture 1: ".
 """
 
 from __future__ import annotations
 
 import torch
-from diffusers import QwenImageEditPlusPipeline
-from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus
+from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
+from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit, pipeline_qwenimage_edit_plus
 
 from ddpo_group.models.families import register_family
 from ddpo_group.models.families.qwenimage import QwenImageFamily
@@ -103,12 +107,17 @@ class QwenImageEditPlusFamily(QwenImageFamily):
 
     def text_condition(self, prompt: str, condition_images: list) -> dict:
         """prompt_embeds and its mask of one prompt seeing its images, padded to ``text_length`` (an error beyond)."""
-        embeds, mask = self.encode_quietly([prompt], image=condition_images)
+        embeds, mask = self.encode_quietly([prompt], image=self.text_images(condition_images))
         if embeds.shape[1] > self.text_length:
             raise ValueError(f"prompt {prompt!r} with its {len(condition_images)} source image(s) is {embeds.shape[1]} "
                              f"text and vision tokens, more than pretrained.max_sequence_length={self.text_length} "
                              "(the pipeline truncates nothing): raise it (at most 1024)")
         return self.padded_condition(embeds, mask)
+
+    @staticmethod
+    def text_images(condition_images: list):
+        """What ``encode_prompt`` gets as ``image``: the list ("Picture 1: ...Picture 2: ..." in the prompt)."""
+        return condition_images
 
     @torch.no_grad()
     def encode_image(self, image, width: int, height: int) -> torch.Tensor:
@@ -124,12 +133,14 @@ class QwenImageEditPlusFamily(QwenImageFamily):
                          f"metadata[{SOURCE_IMAGE_KEY!r}], not encode(prompts)")
 
     def negative_condition(self) -> dict:
-        """The negative prompt's text alone (its width is the critic's text input): the transformer's unconditional
-        branch is each row's own (negative_prompt_embeds, with the row's images, in the condition)."""
-        if self._negative is None:
-            embeds, mask = self.encode_quietly([self.negative_prompt], image=None)
-            self._negative = self.padded_condition(embeds, mask)
-        return self._negative
+        """Nothing: the unconditional branch of each row is its own (negative_prompt_embeds, the negative prompt with
+        the row's images, in the condition; Qwen-Image-Edit's template has no text-only form)."""
+        return {}
+
+    @property
+    def text_dim(self) -> int:
+        """The width of ``prompt_embeds`` (the critic's text input): Qwen2.5-VL's hidden size."""
+        return int(self.pipe.text_encoder.config.text_config.hidden_size)
 
     def pipeline_row_kwargs(self, metadata: list[dict]) -> dict:
         """The source images of a call's row (one prompt a call), as loaded: the pipeline resizes them."""
@@ -174,3 +185,44 @@ class QwenImageEditPlusFamily(QwenImageFamily):
             part = {key: value[rows] for key, value in cond.items()}
             out[rows] = self.guided_output(model, latents[rows], t[rows], part, guidance_scale).to(out.dtype)
         return out
+
+
+EDIT_AREA = 1024 * 1024  # QwenImageEditPipeline.__call__'s pixel count of the source (a literal there)
+
+
+@register_family("qwenimage_edit", QwenImageEditPipeline)
+class QwenImageEditFamily(QwenImageEditPlusFamily):
+    """Qwen-Image-Edit (Qwen/Qwen-Image-Edit): the Plus family with one source image a prompt, which the text encoder
+    and the VAE both see at one size, ``calculate_dimensions`` of 1024^2 px and its aspect ratio (the pipeline's), and
+    a template with one vision slot (no "Picture 1: ")."""
+
+    pipeline_module = pipeline_qwenimage_edit
+
+    def sources(self, prompt: str, metadata: dict) -> list:
+        images = super().sources(prompt, metadata)
+        if len(images) > 1:
+            raise ValueError(f"{self.name} edits one source image a prompt; prompt {prompt!r} has {len(images)} "
+                             f"({metadata[SOURCE_IMAGE_KEY]}): qwenimage_edit_plus (Qwen-Image-Edit-2509) takes several")
+        return images
+
+    def sizes(self, image) -> tuple[tuple[int, int], tuple[int, int]]:
+        width, height, _ = self.pipeline_module.calculate_dimensions(EDIT_AREA, image.size[0] / image.size[1])
+        return (width, height), (width, height)
+
+    def image_condition(self, images: list) -> tuple[list, dict]:
+        """As the Plus family's, the VAE reading the image resized for the text encoder (the pipeline's order)."""
+        pipe = self.pipe
+        (width, height), _ = self.sizes(images[0])
+        resized = pipe.image_processor.resize(images[0], height, width)
+        latents = self.encode_image(resized, width, height)
+        shapes = [(height // pipe.vae_scale_factor // 2, width // pipe.vae_scale_factor // 2)]
+        return [resized], {"image_latents": latents.to(self.device),
+                           "image_shapes": torch.tensor([shapes], dtype=torch.long, device=self.device)}
+
+    @staticmethod
+    def text_images(condition_images: list):
+        return condition_images[0]  # one image: the template's one vision slot
+
+    def pipeline_row_kwargs(self, metadata: list[dict]) -> dict:
+        """The row's source image itself (the pipeline's ``image_processor.resize`` takes one image, not a list)."""
+        return {"image": super().pipeline_row_kwargs(metadata)["image"][0]}
