@@ -70,8 +70,8 @@ class QwenImageEditPlusFamily(QwenImageFamily):
         """The source images of a prompt (PIL, as loaded); an error when it has none (the pipeline edits images)."""
         images = source_images(metadata)
         if not images:
-            raise ValueError(f"{self.name} edits source images: prompt {prompt!r} has none (metadata[{SOURCE_IMAGE_KEY!r}]"
-                             ", a .jsonl prompt file's 'image': one path or a list of paths)")
+            raise ValueError(f"{self.name} edits source images: prompt {prompt!r} has none "
+                             f"(metadata[{SOURCE_IMAGE_KEY!r}], a .jsonl prompt file's 'image': one path or a list)")
         return images
 
     def sizes(self, image) -> tuple[tuple[int, int], tuple[int, int]]:
