@@ -53,8 +53,10 @@ def base() -> ml_collections.ConfigDict:
     # "qwenimage_edit_plus"; "": from
     # model_index.json's pipeline class
     pretrained.family = ""
-    # Qwen-Image: its Qwen2.5-VL tokens, at most 1024, each prompt's stored padded to this count; 0: 512
-    pretrained.max_sequence_length = 0  # T5 tokens of SD3 / FLUX prompts; 0: the pipeline's default (256, 512)
+    # text tokens per prompt of the T5 / LLM text encoder (SD3, FLUX.1, Wan: T5; Z-Image, FLUX.2: Qwen3 / Mistral;
+    # Qwen-Image: Qwen2.5-VL, at most 1024), the stored embeddings padded to it; 0: the pipeline's default (SD3: 256,
+    # the others 512)
+    pretrained.max_sequence_length = 0
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
 
     # ---- sampling (the rollouts) ----
@@ -64,27 +66,36 @@ def base() -> ml_collections.ConfigDict:
     # and evaluates on 40)
     sample.eval_num_steps = 0
     # the stochastic steps' noise level (0 would make every step deterministic): DDIM's eta on Stable Diffusion 1.x/2.x
-    # and SDXL (1: DDPM-like, ddpo-pytorch's), the flow step's a on SD3 and FLUX (Flow-GRPO: 0.7 for SD3.5, 0.9 for
-    # FLUX); None: the family's standard level, 1.0 on Stable Diffusion (SDXL too) and 0.7 on the flow-matching families
+    # and SDXL (1: DDPM-like, ddpo-pytorch's), the flow step's a on the flow-matching families (every other one;
+    # Flow-GRPO: 0.7 for SD3.5, 0.9 for FLUX); None: the family's standard level, 1.0 on Stable Diffusion (SDXL too) and
+    # 0.7 on the flow-matching families
     sample.noise_level = ml_collections.config_dict.placeholder(float)
-    # flow-matching families (SD3, FLUX): the stochastic step (sampling/flow_steps.py): "flow_sde" (Flow-GRPO), "cps"
+    # flow-matching families (all but sd and sdxl): the stochastic step (sampling/flow_steps.py): "flow_sde" (Flow-GRPO), "cps"
     # (coefficients-preserving), "dance_sde" (DanceGRPO, with noise_level 0.3)
     sample.sde_type = "flow_sde"
-    sample.resolution = 0  # image height and width in pixels (SDXL, SD3, FLUX; Wan: each frame's); 0: the pipeline's default
+    # image height and width in pixels (every family but sd, whose UNet fixes it; Wan: each frame's); 0: the pipeline's
+    # default
+    sample.resolution = 0
     # video families (Wan): frames per video, 4 k + 1 (5, 33, 81); 0: the pipeline's default (81)
     sample.num_frames = 0
-    # video families (Wan): the negative prompt, the unconditional branch of classifier-free guidance; "": the empty
-    # prompt (the pipeline's default; diffusers' WanPipeline example lists defects: "blurred details, static, ...")
+    # the run's negative prompt, the unconditional branch of classifier-free guidance, for every family that guides
+    # with one: a prompt row's own "negative_prompt" (a .jsonl prompt file's) wins, else this, else ("") the family's
+    # default: the empty prompt (SDXL: zeros when force_zeros_for_empty_prompt), Qwen-Image's " "; a given negative
+    # prompt is always encoded (models/families/base.py). Wan: diffusers' example lists defects ("blurred details, ...")
     sample.negative_prompt = ""
     # memory of large models: text embeddings of this many prompts kept on the CPU (each prompt then meets the text
     # encoders once; 0: encode every round)
     sample.text_embedding_cache = 0
     sample.decode_batch_size = 0  # images decoded by the VAE at a time (0: a whole batch)
-    # Qwen-Image: the pipeline's true_cfg_scale, with the negative prompt " " and its norm-preserving rescale
-    sample.guidance_scale = 5.0  # classifier-free guidance scale (FLUX.1-dev: the guidance embedding)
+    # classifier-free guidance scale (<= 1: none; Z-Image: 0 is none; Qwen-Image: the pipeline's true_cfg_scale, with
+    # its norm-preserving rescale; FLUX.1-dev, FLUX.2-dev, Kontext: the guidance embedding; distilled FLUX.2 klein: none)
+    sample.guidance_scale = 5.0
     sample.batch_size = 16  # images sampled at a time, per process
     sample.num_batches_per_epoch = 2  # sampling batches per process per epoch
     sample.log_prob_reduce = "mean"  # over latent dims; "sum" needs a much smaller clip range
+    # every step the family's deterministic step (noise level 0; the ODE solver of flow models) and no log-probs: only
+    # for a matching objective (algorithm.objective), which trains on the final samples
+    sample.deterministic = False
     sample.same_initial_noise = False  # the copies of a prompt share x_T and differ by their step noise only
     # SDE window (Flow-GRPO-Fast): only steps [start, start + size) are stochastic and trained; the others are
     # deterministic DDIM steps. Size 0: every step. Early steps decide the composition, so a small early window
@@ -148,6 +159,28 @@ def base() -> ml_collections.ConfigDict:
     # a registered name, or a plugin "package.module:function" / "/path/file.py:function" (docs/algorithms.md)
     algorithm.adv_estimator = "ddpo"
     algorithm.adv_estimator_kwargs = ml_collections.ConfigDict()  # keywords of the estimator (add to / override its own)
+    # what the update minimises (docs/algorithms.md): "policy_gradient" (algorithm.policy_loss over the recorded
+    # step log-probs), or a matching objective on the forward process of the final samples: "awm" (advantage weighted
+    # matching), "nft" (DiffusionNFT), "dpo" (online Diffusion-DPO, each group's best against its worst, against the
+    # kl section's reference model), "dgpo" (a group-level preference of every sample of a group, against that
+    # reference); or a plugin path, as adv_estimator (ddpo_group/algorithms/objectives.py)
+    algorithm.objective = "policy_gradient"
+    # keywords of the objective: awm's weighting ("uniform", "t" or "ghuber"), ghuber_power and old_kl_beta (> 0: a KL
+    # to the old model, which then follows the old_decay_* schedule); nft's beta (its guidance
+    # strength, > 0) and adaptive_weight (True: its adaptive loss weighting); dpo's and dgpo's beta (their temperature,
+    # > 0)
+    algorithm.objective_kwargs = ml_collections.ConfigDict()
+    # the matching objectives' training times: "schedule" (the rollout schedule's times, int(T * timestep_fraction) of
+    # them per sample: DiffusionNFT's), "uniform" or "logit_normal" (fresh times s in (0, 1), shifted by
+    # objective_time_shift; flow-matching families read timestep = 1000 s, DDPM ones the nearest of theirs)
+    algorithm.objective_times = "schedule"
+    algorithm.objective_time_shift = 1.0  # s <- shift s / (1 + (shift - 1) s) for drawn times (1: none; SD3 uses 3)
+    # the old model of an objective that needs one (nft; awm with old_kl_beta): after each epoch theta_old <- d theta_old + (1 - d) theta,
+    # with k optimizer steps so far d = 0 for k < flat steps, else min((k - flat) * ramp, max) (ddpo_group/update/
+    # old_model.py); 0, 0.001, 0.5 are DiffusionNFT's defaults
+    algorithm.old_decay_flat_steps = 0
+    algorithm.old_decay_ramp = 0.001  # the old model's decay added per optimizer step after the flat steps
+    algorithm.old_decay_max = 0.5  # the old model's largest decay (0: the old model is the policy after every epoch)
     algorithm.policy_loss = "vanilla"  # a registered name or a plugin path, as adv_estimator
     algorithm.policy_loss_kwargs = ml_collections.ConfigDict()  # keywords of the policy loss
     # how the per-(sample, step) losses are averaged: "step-mean", "traj-mean-step-mean", "traj-mean-step-sum",
@@ -337,6 +370,53 @@ def group_ppo_flow() -> ml_collections.ConfigDict:
     return on_flow_model(group_ppo())
 
 
+def matching(objective: str) -> ml_collections.ConfigDict:
+    """A matching objective on the embedded flow-matching model: GRPO's group advantages (group 8), rollouts with the
+    deterministic Euler solver (no SDE, no log-probs), every rollout step's time trained once per epoch."""
+    config = on_flow_model(grpo())
+    config.algorithm.objective = objective
+    config.sample.deterministic = True
+    config.kl.beta = 0.0
+    config.kl.use_reference_model = False
+    return config
+
+
+def awm() -> ml_collections.ConfigDict:
+    """AWM (advantage weighted matching, arXiv:2509.25050): the flow-matching loss of each sample weighted by its
+    group advantage, on the embedded flow model."""
+    return matching("awm")
+
+
+def nft() -> ml_collections.ConfigDict:
+    """DiffusionNFT (arXiv:2509.16117) on the embedded flow model, CFG-free as the paper trains it (guidance 1 in
+    sampling and training): implicit positive / negative policies around an old model that samples the rollouts,
+    beta 1, its adaptive loss weighting, the old model's decay min(0.001 k, 0.5) after k optimizer steps."""
+    config = matching("nft")
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 1.0, "adaptive_weight": True})
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    return config
+
+
+def dpo() -> ml_collections.ConfigDict:
+    """Online Diffusion-DPO (arXiv:2311.12908) on the embedded flow model: each prompt group's best sample against its
+    worst (group 8), against the frozen base model (the KL section's reference, no KL term), deterministic rollouts,
+    beta 2000 (Flow-Factory's online default)."""
+    config = matching("dpo")
+    config.kl.use_reference_model = True
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 2000.0})
+    return config
+
+
+def dgpo() -> ml_collections.ConfigDict:
+    """DGPO (arXiv:2510.08425) on the embedded flow model: a group-level preference over every sample of a prompt group
+    (group 8, advantage-weighted), against the frozen base model (no KL term), deterministic rollouts, beta 100
+    (Flow-Factory's default)."""
+    config = matching("dgpo")
+    config.kl.use_reference_model = True
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 100.0})
+    return config
+
+
 def flow_grpo(model: str) -> ml_collections.ConfigDict:
     """Flow-GRPO's published recipe on a flow-matching model: GRPO with group 24, 10 rollout steps (40 to evaluate),
     Flow-SDE, clip 1e-4, LoRA rank 32 / alpha 64, lr 3e-4, 512 px; the OCR (text rendering) task, which needs no
@@ -433,6 +513,61 @@ def flow_grpo_qwenimage_edit_plus() -> ml_collections.ConfigDict:
     return config
 
 
+def flow_factory(model: str) -> ml_collections.ConfigDict:
+    """What Flow-Factory's GRPO LoRA recipes share (github:X-GenGroup/Flow-Factory, examples/grpo/, commit 5f6cda1a):
+    LoRA rank 64 / alpha 128, bf16, Flow-SDE, groups of 16, lr 3e-4, clip 1e-4, advantages clipped at 5, no KL, the
+    PickScore reward. Their one stochastic step is drawn at random among the first steps of each rollout; here the
+    SDE window is fixed (each recipe says which). Their caption sets are not shipped: simple_animals stands in
+    (prompt_fn="from_file" with prompt_fn_kwargs.path reads yours)."""
+    config = grpo()
+    config.pretrained.model = model
+    config.mixed_precision = "bf16"
+    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
+    config.sample.sde_type = "flow_sde"
+    config.train.group_size = 16
+    config.train.learning_rate = 3e-4
+    config.train.clip_range, config.train.adv_clip_max = 1e-4, 5.0
+    config.kl.beta, config.kl.use_reference_model = 0.0, False
+    config.prompt_fn = "simple_animals"
+    config.reward_fn = "pickscore"
+    return config
+
+
+def nft_sd35() -> ml_collections.ConfigDict:
+    """DiffusionNFT's published recipe on Stable Diffusion 3.5 Medium (NVlabs/DiffusionNFT config/nft.py, its OCR task):
+    CFG-free (guidance 1 in sampling and training), deterministic rollouts of 10 steps (40 to evaluate; the paper's
+    dpm2 solver is the Euler one here), beta 0.1, the old model's decay min(0.0075 (k - 75), 0.999) after 75 steps,
+    KL 1e-4 to the base model, group 24, LoRA rank 32 / alpha 64, lr 3e-4, 512 px, fp16. Its script also multiplies
+    the loss by adv_clip_max (5): the learning rate here is the same, the loss 5 times smaller."""
+    config = flow_grpo("stabilityai/stable-diffusion-3.5-medium")
+    config.mixed_precision = "fp16"
+    config.algorithm.objective = "nft"
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 0.1, "adaptive_weight": True})
+    config.algorithm.old_decay_flat_steps, config.algorithm.old_decay_ramp = 75, 0.0075
+    config.algorithm.old_decay_max = 0.999
+    config.sample.deterministic = True
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.kl.beta, config.kl.use_reference_model = 1e-4, True
+    return config
+
+
+def awm_sd35() -> ml_collections.ConfigDict:
+    """AWM's published settings on Stable Diffusion 3.5 Medium (scxue/advantage_weighted_matching config/dgx_awm.py,
+    its GenEval recipe, on the OCR task here: GenEval's detector is not shipped): CFG-free, deterministic rollouts of
+    14 steps (40 to evaluate), the generalised Huber weighting (p = 0.25), KL 1e-3 to the base model, group 24, lr 3e-4,
+    512 px, fp16. Not reproduced: its EMA-model KL, its time shift 3 on the training times (here the rollout
+    schedule's), its advantage scale 1 / adv_clip_max (the loss here is 5 times larger)."""
+    config = flow_grpo("stabilityai/stable-diffusion-3.5-medium")
+    config.mixed_precision = "fp16"
+    config.algorithm.objective = "awm"
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"weighting": "ghuber", "ghuber_power": 0.25})
+    config.sample.deterministic = True
+    config.sample.num_steps, config.sample.eval_num_steps = 14, 40
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.kl.beta, config.kl.use_reference_model = 1e-3, True
+    return config
+
+
 def flow_factory_zimage_common(model: str) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO settings for Z-Image (X-GenGroup/Flow-Factory, examples/grpo/lora/z_image/default.yaml and
     examples/grpo/full/z_image_turbo/default.yaml): group 16, 512 px, Flow-SDE at noise level 0.7, clip 1e-4, advantages
@@ -440,26 +575,16 @@ def flow_factory_zimage_common(model: str) -> ml_collections.ConfigDict:
     (drawn at random), here the window is those 3 steps; their prompts are Pick-a-Pic's captions (dataset/pickscore),
     which are not shipped: simple_animals here (prompt_fn="from_file" with prompt_fn_kwargs.path reads a captions
     file)."""
-    config = grpo()
-    config.pretrained.model = model
+    config = flow_factory(model)
     # Qwen3 tokens: only a prompt's own tokens reach the transformer, so this cuts nothing but captions over ~100 tokens
     config.pretrained.max_sequence_length = 128
-    config.mixed_precision = "bf16"
     config.sample.resolution = 512
-    config.sample.sde_type, config.sample.noise_level = "flow_sde", 0.7
+    config.sample.noise_level = 0.7
     config.sample.sde_window_start, config.sample.sde_window_size = 1, 3
     config.sample.batch_size, config.sample.num_batches_per_epoch = 8, 2  # 16 images per process: whole groups
     config.sample.text_embedding_cache = 4096  # Qwen3 meets each caption once
-    config.train.group_size = 16
     config.train.batch_size = 8
-    config.train.clip_range = 1e-4
-    config.train.adv_clip_max = 5.0
-    config.kl.beta = 0.0
-    config.kl.use_reference_model = False
-    config.prompt_fn = "simple_animals"
-    config.reward_fn = "pickscore"
-    config.num_epochs = 500
-    config.save_freq = 40
+    config.num_epochs, config.save_freq = 500, 40
     return config
 
 
@@ -467,8 +592,6 @@ def flow_factory_zimage() -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO on Z-Image (the base model): LoRA rank 64 / alpha 128, lr 3e-4, 10 rollout steps (40 to
     evaluate), classifier-free guidance 4.0 (Z-Image's u_c + w (u_c - u_uncond)) in sampling and training."""
     config = flow_factory_zimage_common("Tongyi-MAI/Z-Image")
-    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
-    config.train.learning_rate = 3e-4
     config.sample.num_steps, config.sample.eval_num_steps = 10, 40
     config.sample.guidance_scale, config.train.cfg = 4.0, True
     return config
@@ -494,29 +617,18 @@ def flow_factory_flux_kontext() -> ml_collections.ConfigDict:
     EMA 0.9 every 4 steps, bf16, PickScore. Their evaluation samples at 512 px; ours at the training size. The
     editing dataset is yours: a .jsonl prompt file (prompt_fn from_file, rows {"prompt", "image"}) in
     prompt_fn_kwargs.path."""
-    config = grpo()
-    config.pretrained.model = "black-forest-labs/FLUX.1-Kontext-dev"
-    config.mixed_precision = "bf16"
-    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
+    config = flow_factory("black-forest-labs/FLUX.1-Kontext-dev")
     config.sample.resolution = 384
     config.sample.num_steps, config.sample.eval_num_steps = 10, 20
     config.sample.guidance_scale, config.train.cfg = 2.5, False
-    config.sample.sde_type, config.sample.noise_level = "flow_sde", 0.9
+    config.sample.noise_level = 0.9
     config.sample.sde_window_start, config.sample.sde_window_size = 1, 1
     config.sample.batch_size, config.sample.num_batches_per_epoch = 8, 12  # 96 per process: 48 groups of 16 over 8
     config.sample.text_embedding_cache = 4096  # T5 and the VAE meet each (prompt, source image) once
-    config.train.group_size = 16
     config.train.batch_size, config.train.gradient_accumulation_steps = 8, 6  # 2 optimizer steps per epoch
-    config.train.learning_rate = 3e-4
-    config.train.clip_range = 1e-4
-    config.train.adv_clip_max = 5.0
     config.train.ema, config.train.ema_decay, config.train.ema_update_interval = True, 0.9, 4
-    config.kl.beta = 0.0
-    config.kl.use_reference_model = False
     config.prompt_fn = "from_file"
-    config.reward_fn = "pickscore"
-    config.num_epochs = 500
-    config.save_freq = 20
+    config.num_epochs, config.save_freq = 500, 20
     return config
 
 
@@ -527,27 +639,17 @@ def flow_factory_flux2_klein() -> ml_collections.ConfigDict:
     clip 1e-4, advantages clipped at 5, no KL, lr 3e-4, EMA 0.9, bf16, PickScore. Differences: their one SDE step is
     drawn from steps {1, 2} per rollout, here the window is step 1; they evaluate at 1024 px, here at the training
     resolution; their prompts (a ShareGPT-4o image-caption set) are not shipped: simple_animals stands in."""
-    config = grpo()
-    config.pretrained.model = "black-forest-labs/FLUX.2-klein-9B"
-    config.mixed_precision = "bf16"
-    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
+    config = flow_factory("black-forest-labs/FLUX.2-klein-9B")
     config.sample.resolution = 384
     config.sample.num_steps, config.sample.eval_num_steps = 4, 10
     config.sample.guidance_scale, config.train.cfg = 1.0, False
-    config.sample.sde_type, config.sample.noise_level = "flow_sde", 0.5
+    config.sample.noise_level = 0.5
     config.sample.sde_window_start, config.sample.sde_window_size = 1, 1
     # 48 prompts x 16 copies per epoch over 8 GPUs: 96 images per process, 2 optimizer steps of 48
     config.sample.batch_size, config.sample.num_batches_per_epoch = 16, 6
-    config.train.group_size = 16
     config.train.batch_size, config.train.gradient_accumulation_steps = 16, 3
-    config.train.learning_rate = 3e-4
-    config.train.clip_range = 1e-4
-    config.train.adv_clip_max = 5.0
     config.train.ema, config.train.ema_decay = True, 0.9
     config.train.ema_update_interval = 8  # theirs: every 4 epochs of 2 optimizer steps
-    config.kl.beta, config.kl.use_reference_model = 0.0, False
-    config.prompt_fn = "simple_animals"
-    config.reward_fn = "pickscore"
     config.eval_freq = 20
     config.save_freq = 20
     return config
@@ -576,24 +678,17 @@ def flow_factory_wan21() -> ml_collections.ConfigDict:
     its rewards are CLIP text alignment (1.0) and PickScore (0.5) on the PickScore prompts, here the same rewards
     (their models download) with advantages normalised per reward ("gdpo") on the embedded animal prompts
     (--config.prompt_fn=from_file with the PickScore prompt list for theirs)."""
-    config = grpo()
-    config.pretrained.model = "Wan-AI/Wan2.1-T2V-14B-Diffusers"
-    config.mixed_precision = "bf16"
-    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
+    config = flow_factory("Wan-AI/Wan2.1-T2V-14B-Diffusers")
     config.sample.resolution, config.sample.num_frames = 256, 5
     config.sample.num_steps, config.sample.eval_num_steps = 10, 28
-    config.sample.sde_type, config.sample.noise_level = "flow_sde", 0.9
+    config.sample.noise_level = 0.9
     config.sample.sde_window_start, config.sample.sde_window_size = 1, 3
     config.sample.guidance_scale, config.train.cfg = 5.0, True
     config.sample.batch_size, config.sample.num_batches_per_epoch = 1, 16
     config.sample.text_embedding_cache = 1024  # UMT5 meets each prompt once
-    config.train.group_size = 16
     config.train.batch_size = 1
     config.train.learning_rate, config.train.adam_weight_decay, config.train.max_grad_norm = 1e-4, 1e-4, 1.0
-    config.train.clip_range, config.train.adv_clip_max = 1e-4, 5.0
     config.train.ema, config.train.ema_decay, config.train.ema_update_interval = True, 0.9, 4
-    config.kl.beta, config.kl.use_reference_model = 0.0, False
-    config.prompt_fn = "simple_animals"
     config.reward_fn = {"clipscore": 1.0, "pickscore": 0.5}
     config.algorithm.multi_reward_mix, config.algorithm.global_std = "advantage_aggr", True  # GDPO: the batch std
     config.save_freq, config.eval_freq = 20, 20
@@ -606,12 +701,13 @@ PRESETS = {
 }
 # recipes: the embedded flow model's task, and the published recipes on the models people train (their weights
 # download from the hub)
-RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow,
+RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm, "nft": nft, "dpo": dpo, "dgpo": dgpo,
            "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux,
            "flow_factory_zimage": flow_factory_zimage, "flow_factory_zimage_turbo": flow_factory_zimage_turbo,
            "flow_factory_flux_kontext": flow_factory_flux_kontext, "flow_factory_flux2_klein": flow_factory_flux2_klein,
            "flow_factory_flux2_klein_base": flow_factory_flux2_klein_base, "flow_factory_wan21": flow_factory_wan21,
-           "flow_grpo_qwenimage": flow_grpo_qwenimage, "flow_grpo_qwenimage_edit_plus": flow_grpo_qwenimage_edit_plus}
+           "flow_grpo_qwenimage": flow_grpo_qwenimage,
+           "flow_grpo_qwenimage_edit_plus": flow_grpo_qwenimage_edit_plus, "nft_sd35": nft_sd35, "awm_sd35": awm_sd35}
 
 
 def get_config(name: str = "ddpo") -> ml_collections.ConfigDict:

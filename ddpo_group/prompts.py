@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from ddpo_group.errors import ConfigError
-from ddpo_group.models.source_images import SOURCE_IMAGE_KEY
+from ddpo_group.models.source_images import NEGATIVE_PROMPT_KEY, SOURCE_IMAGE_KEY
 from ddpo_group.registry import Registry, keyword_errors
 
 PROMPT_ENTRY_POINT_GROUP = "ddpo_group.prompts"
@@ -116,8 +116,10 @@ def _file_lines(path: str, mtime: float) -> tuple[str, ...]:
     return lines
 
 
-# the keys of a .jsonl row the loader reads; every other key is free metadata, passed to the reward functions
-JSONL_PROMPT_KEY, JSONL_NEGATIVE_KEY = "prompt", "negative_prompt"  # and SOURCE_IMAGE_KEY, "image"
+# the keys of a .jsonl row the loader reads: "prompt" (taken out of the metadata); NEGATIVE_PROMPT_KEY,
+# "negative_prompt", and SOURCE_IMAGE_KEY, "image", checked and kept in the metadata (the model families read them
+# there); every other key is free metadata, passed to the reward functions
+JSONL_PROMPT_KEY = "prompt"
 
 
 @lru_cache(maxsize=16)
@@ -141,11 +143,9 @@ def _jsonl_rows(path: str, mtime: float) -> tuple[tuple[str, dict], ...]:
         prompt = row.pop(JSONL_PROMPT_KEY, None)
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"{where}: field {JSONL_PROMPT_KEY!r} is {prompt!r}; it is required, a non-empty string")
-        if JSONL_NEGATIVE_KEY in row:
-            raise ValueError(
-                f"{where}: field {JSONL_NEGATIVE_KEY!r} is not supported yet: the negative condition is one per run "
-                "(every family encodes the empty prompt once); remove the field"
-            )
+        if NEGATIVE_PROMPT_KEY in row and not isinstance(row[NEGATIVE_PROMPT_KEY], str):
+            raise ValueError(f"{where}: field {NEGATIVE_PROMPT_KEY!r} is {row[NEGATIVE_PROMPT_KEY]!r}; it must be a "
+                             "string (the row's negative prompt; leave the field out for the run's default)")
         if SOURCE_IMAGE_KEY in row:
             row[SOURCE_IMAGE_KEY] = _image_paths(row[SOURCE_IMAGE_KEY], folder, where)
         rows.append((prompt.strip(), row))
@@ -177,9 +177,11 @@ def from_file(rng: random.Random | None = None, path: str = ""):
     * ``.jsonl``: one JSON object per line: ``prompt`` (required), ``image`` (optional: the source image of an edit,
       a path relative to the .jsonl file or a list of them; given to the model families that take images, e.g.
       flux_kontext, and to the reward functions as ``metadata["image"]``, the absolute path(s)), any other key free
-      metadata for the reward functions (e.g. ``{"prompt": "...", "text": "STOP"}`` for the ocr reward). A per-row
-      ``negative_prompt`` is rejected for now (the negative condition is one per run). Errors name the file, the
-      line and the field.
+      metadata for the reward functions (e.g. ``{"prompt": "...", "text": "STOP"}`` for the ocr reward), and
+      ``negative_prompt`` (optional, a string: the row's negative prompt, the unconditional branch of its
+      classifier-free guidance, for every family that guides with one; kept as ``metadata["negative_prompt"]``; rows
+      without it get the run's: ``sample.negative_prompt``, else the family's default, models/families/base.py).
+      Errors name the file, the line and the field.
     """
     if not path:
         raise ValueError("prompt_fn from_file needs prompt_fn_kwargs.path: a text file with one prompt per line "

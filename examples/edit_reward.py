@@ -13,7 +13,7 @@ row's ``image`` becomes; ddpo_group.models.source_images loads it):
 
     keep   = 1 - mean |edit - source| over pixels and channels (values in [0, 1]; the source resized to the edit's size)
     colour = 1 - |mean colour of the edit - target colour| / sqrt(3), the target the row's ``target_color``
-             [r, g, b] in 0..255, else the last colour word of COLOURS in the prompt ("turn the red ball blue" asks
+             ([r, g, b] in 0..255, or a colour name of COLOURS), else the last colour word of COLOURS in the prompt ("turn the red ball blue" asks
              for blue); 0 when there is none
     reward = keep_weight * keep + colour_weight * colour
 
@@ -38,7 +38,12 @@ def target_colour(prompt: str, metadata: dict) -> torch.Tensor | None:
     """The colour [3] in [0, 1] the edit asks for: the row's ``target_color``, else the last colour word of the
     prompt, else None."""
     if "target_color" in metadata:
-        return torch.tensor(metadata["target_color"], dtype=torch.float64) / 255
+        value = metadata["target_color"]
+        if isinstance(value, str):  # a colour name
+            if value.lower() not in COLOURS:
+                raise ValueError(f"target_color={value!r}: a colour name of {sorted(COLOURS)} or [r, g, b] in 0..255")
+            value = COLOURS[value.lower()]
+        return torch.tensor(value, dtype=torch.float64) / 255
     words = [word for word in re.findall(r"[a-z]+", prompt.lower()) if word in COLOURS]
     return torch.tensor(COLOURS[words[-1]], dtype=torch.float64) / 255 if words else None
 

@@ -71,4 +71,17 @@ from .policy_losses import (
     vanilla_loss_matrix,
 )
 
+from .objectives import (
+    OBJECTIVE_REGISTRY,
+    ObjectiveSpec,
+    draw_times,
+    flow_forward,
+    get_objective,
+    group_rows,
+    objective,
+    optimality_probability,
+    preference_pairs,
+    register_objective,
+)
+
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 SOURCE_IMAGE_KEY = "image"  # the metadata key of a prompt's source image path(s)
+# the metadata key of a prompt's own negative prompt (a .jsonl row's; models/families/base.py: the negative prompt rule)
+NEGATIVE_PROMPT_KEY = "negative_prompt"
 
 
 def source_images(metadata: dict) -> list:

@@ -40,11 +40,15 @@ def _lora_layers(model):
 
 
 class ReferenceModel:
-    def __init__(self, model, mode: str, alpha: float = 1.0, update_freq: int = 0, lora_config=None):
-        """``model`` is the unwrapped policy denoiser (UNet or transformer); build before ``accelerator.prepare``."""
+    def __init__(self, model, mode: str, alpha: float = 1.0, update_freq: int = 0, lora_config=None,
+                 adapter_name: str = REFERENCE_ADAPTER):
+        """``model`` is the unwrapped policy denoiser (UNet or transformer); build before ``accelerator.prepare``.
+        ``adapter_name``: the second adapter's name in ``adapter`` mode (the matching objectives' old model is one
+        more such model, update/old_model.py)."""
         if mode not in ("base", "adapter", "copy"):
             raise ValueError(f"reference mode must be 'base', 'adapter' or 'copy', got {mode!r}")
         self.mode = mode
+        self.adapter_name = adapter_name
         self.alpha = float(alpha)
         self.update_freq = int(update_freq)
         self.last_update_epoch = -1
@@ -55,13 +59,13 @@ class ReferenceModel:
             trainable = [p for p in model.parameters() if p.requires_grad]
             with warnings.catch_warnings():  # peft warns that a second adapter is added: that is the point
                 warnings.filterwarnings("ignore", message=".*multiple adapters.*")
-                model.add_adapter(copy.deepcopy(lora_config), adapter_name=REFERENCE_ADAPTER)  # activates it
+                model.add_adapter(copy.deepcopy(lora_config), adapter_name=self.adapter_name)  # activates it
             model.set_adapter(POLICY_ADAPTER)
             for p in trainable:
                 p.requires_grad_(True)
             for layer in _lora_layers(model):
                 for name in ("lora_A", "lora_B"):
-                    ref = getattr(layer, name)[REFERENCE_ADAPTER]
+                    ref = getattr(layer, name)[self.adapter_name]
                     ref.to(dtype=getattr(layer, name)[POLICY_ADAPTER].weight.dtype)
                     ref.requires_grad_(False)
             self._mix(model, 1.0)
@@ -95,7 +99,7 @@ class ReferenceModel:
             if self.mode == "base":
                 model.disable_adapters()
             else:
-                model.set_adapter(REFERENCE_ADAPTER)
+                model.set_adapter(self.adapter_name)
             yield model
         finally:
             if self.mode == "base":
@@ -124,7 +128,7 @@ class ReferenceModel:
             for layer in _lora_layers(model):
                 for name in ("lora_A", "lora_B"):
                     adapters = getattr(layer, name)
-                    adapters[REFERENCE_ADAPTER].weight.lerp_(adapters[POLICY_ADAPTER].weight.to(adapters[REFERENCE_ADAPTER].weight.dtype), alpha)
+                    adapters[self.adapter_name].weight.lerp_(adapters[POLICY_ADAPTER].weight.to(adapters[self.adapter_name].weight.dtype), alpha)
         elif self.mode == "copy":
             for ref, pol in zip(self.copy.parameters(), model.parameters()):
                 ref.lerp_(pol.detach().to(ref.dtype), alpha)
@@ -141,8 +145,8 @@ class ReferenceModel:
             a, b = layer.lora_A[POLICY_ADAPTER].weight, layer.lora_B[POLICY_ADAPTER].weight
             delta = scale * (b.double().flatten(1) @ a.double().flatten(1))
             if self.mode == "adapter":
-                ra, rb = layer.lora_A[REFERENCE_ADAPTER].weight, layer.lora_B[REFERENCE_ADAPTER].weight
-                delta = delta - layer.scaling[REFERENCE_ADAPTER] * (rb.double().flatten(1) @ ra.double().flatten(1))
+                ra, rb = layer.lora_A[self.adapter_name].weight, layer.lora_B[self.adapter_name].weight
+                delta = delta - layer.scaling[self.adapter_name] * (rb.double().flatten(1) @ ra.double().flatten(1))
             total += float(delta.pow(2).sum())
         return math.sqrt(total)
 

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards import RewardUnavailable, check_rewards
 from ddpo_group.rollout.tweedie import tweedie_values, with_rewards
-from ddpo_group.sampling.trajectories import concatenate_rows, rows_of, sample_trajectories
+from ddpo_group.sampling.trajectories import concatenate_rows, negative_record, rows_of, sample_trajectories
 from ddpo_group.timing import NULL_TIMER
 
 
@@ -158,6 +158,8 @@ def collect_rollouts(
     """Sample this process's prompts in ``num_batches_per_epoch`` batches with ``family`` and score them (``score``).
 
     Returns the batch record: prompts, metadata, the condition's tensors (``family.cond_keys``: prompt_embeds, ...),
+    the per-sample negative condition when a prompt has its own negative prompt (``negative_<cond key>``:
+    sampling/trajectories.py ``negative_record``; each distinct negative prompt encoded once, ``family.negative_rows``),
     latents / next_latents [B, T, ...], log_probs [B, T], the per-step tensors (``family.step_keys``: timesteps,
     sigmas, ...) [B, T], rewards [B] (float64, checked), images [B, 3, H, W] and reward_info; values [B, T]
     (pre-step critic values) when ``critic`` is given. ``generators`` (one per sample) make each sample's noise
@@ -165,6 +167,8 @@ def collect_rollouts(
     of a prompt). ``timer`` (a PhaseTimer) charges the time to "sampling", "critic" and "reward" (waiting for the
     reward workers once sampling is done).
     ``should_stop()``, asked before each batch, abandons the sampling (EpochAbandoned) when true.
+    ``sample_config.deterministic``: every step is the family's deterministic step (noise level 0) and log_probs are
+    zeros (the matching objectives, algorithms/objectives.py, need the final samples only).
     ``record_means`` adds step_means [B, T, ...]: the rollout policy's mean of each step (a policy loss that declares
     ``needs_old_means``, e.g. ratio_norm).
     ``tweedie_steps`` adds tweedie_values [B, T] float64: the reward of each of those steps' one-step prediction of
@@ -179,9 +183,11 @@ def collect_rollouts(
     # x0_hat(x_n) is kept at the Tweedie steps, or at every step for a critic that reads it
     x0_steps = list(range(sample_config.num_steps)) if critic_reads_x0 else tweedie_steps
     tweedie_columns = None if tweedie_steps is None else [x0_steps.index(n) for n in tweedie_steps]  # of pred_x0
-    noise_levels = family.noise_levels(sample_config)
+    deterministic = bool(sample_config.deterministic)  # the deterministic solver on every step, no log-probs
+    noise_levels = [0.0] * sample_config.num_steps if deterministic else family.noise_levels(sample_config)
     with timer.phase("sampling"):
         all_cond = encode_unique(family, prompts, text_cache, metadata)
+        all_negative = family.negative_rows(metadata)  # None: no prompt has its own negative prompt (the run's one row)
     for i in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):
         if should_stop is not None and should_stop():
             for future in futures:
@@ -190,15 +196,17 @@ def collect_rollouts(
             raise EpochAbandoned(f"sampling stopped before batch {i} of {sample_config.num_batches_per_epoch}")
         rows = slice(i * size, (i + 1) * size)
         batch_prompts, batch_metadata, cond = prompts[rows], metadata[rows], rows_of(all_cond, rows)
+        negative = rows_of(all_negative, rows) if all_negative is not None else None
         with timer.phase("sampling"):
             traj = sample_trajectories(
-                family, family.model, cond, family.negative_condition(), sample_config.num_steps,
+                family, family.model, cond, negative if negative is not None else family.negative_condition(),
+                sample_config.num_steps,
                 sample_config.guidance_scale, noise_levels,
                 generator=generators[rows] if generators is not None else None,
                 initial_noise=initial_noise[rows] if initial_noise is not None else None,
                 log_prob_reduce=sample_config.log_prob_reduce,
                 decode_batch_size=int(sample_config.decode_batch_size), record_means=record_means,
-                record_x0=x0_steps,
+                record_x0=x0_steps, compute_log_prob=not deterministic,
             )
         critic_x0 = traj.pred_x0 if critic_reads_x0 else None  # x0_hat of every step (recorded for the critic)
         if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
@@ -218,6 +226,7 @@ def collect_rollouts(
                 "prompts": batch_prompts,
                 "metadata": batch_metadata,
                 **cond,
+                **negative_record(negative),
                 "latents": traj.latents[:, :-1],
                 "next_latents": traj.latents[:, 1:],
                 "log_probs": traj.log_probs,
@@ -277,7 +286,8 @@ def greedy_rewards(family, prompts: list[str], metadata: list[dict], keys: list[
         batch_metadata = [metadata[first[k]] for k in chunk]
         generators = [torch.Generator(device=device).manual_seed(int(seed) * 1_000_003 + int(k)) for k in chunk]
         traj = sample_trajectories(
-            family, family.model, family.condition(batch_prompts, batch_metadata), family.negative_condition(), sample_config.num_steps,
+            family, family.model, family.condition(batch_prompts, batch_metadata), family.negative_for(batch_metadata),
+            sample_config.num_steps,
             sample_config.guidance_scale, [0.0] * sample_config.num_steps, generator=generators, compute_log_prob=False,
             initial_noise=torch.stack([initial_noise[first[k]] for k in chunk]) if initial_noise is not None else None,
         )

@@ -30,6 +30,7 @@ from ddpo_group.rollout.collect import RewardScorer, TextEmbeddingCache, collect
 from ddpo_group.rollout.snapshot import SamplingSnapshot
 from ddpo_group.rollout.tweedie import valued_steps
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
+from ddpo_group.sampling.trajectories import with_negative_rows
 from ddpo_group.timing import NULL_TIMER
 from ddpo_group.update.memory_fit import CPU_PAIRS_PER_FORWARD, configured_pairs
 
@@ -173,7 +174,7 @@ class RolloutCollector:
         if not self.config.algorithm.filter_groups:
             return EpochRollouts(rounds, rounds[0].batch)
         keeps = [self.shards.local_rows(r.keep).bool() for r in rounds]
-        batch = pool_rows([r.batch for r in rounds], keeps, self.shards.local)
+        batch = pool_rows(with_negative_rows(self.family, [r.batch for r in rounds]), keeps, self.shards.local)
         return EpochRollouts(rounds, batch, batch_fill=float(self.shards.gather(batch["row_mask"]).mean()))
 
     def sample_round(self, epoch: int, round_index: int) -> Round:
@@ -252,6 +253,7 @@ class RolloutCollector:
             controller=self.controller, tweedie_values=gathered.get("tweedie_values"),
         )
         r.batch["advantages"] = shards.local_rows(r.out.advantages)
+        r.batch["group_index"] = torch.tensor(r.groups)[shards.mine].to(r.batch["advantages"].device)  # prompt groups
         if self.critic is not None:
             targets, mask = self.estimator.critic_regression(r.out)
             r.batch["critic_targets"], r.batch["critic_mask"] = shards.local_rows(targets), shards.local_rows(mask)

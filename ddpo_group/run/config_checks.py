@@ -263,7 +263,52 @@ def algorithm_errors(config) -> list[str]:
         need(a.max_num_gen_batches >= 1, f"algorithm.max_num_gen_batches={a.max_num_gen_batches} must be >= 1")
     errors.extend(multi_reward_errors(config, estimator))
     need(a.clip_ratio_c is None or a.clip_ratio_c > 1, f"algorithm.clip_ratio_c={a.clip_ratio_c} must be > 1 (or None)")
+    errors.extend(objective_errors(config, estimator))
     return errors + kl_config_errors(config, estimator) + critic_config_errors(config)
+
+
+def objective_errors(config, estimator) -> list[str]:
+    """``algorithm.objective``: known, its keywords; a matching objective reads one advantage per sample (no critic,
+    no per-step rewards) and is the only one that may sample deterministically (``sample.deterministic``)."""
+    from ddpo_group.algorithms import OBJECTIVE_REGISTRY, get_objective
+
+    a, errors = config.algorithm, []
+    need = _collector(errors)
+    objective = _resolve("algorithm.objective", a.objective, get_objective, OBJECTIVE_REGISTRY, errors)
+    if objective is None:
+        return errors
+    kwargs = a.objective_kwargs
+    errors.extend(objective.config_errors(kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})))
+    if not objective.is_matching:
+        need(not config.sample.deterministic,
+             f"sample.deterministic=True samples without log-probs, which algorithm.objective={a.objective!r} "
+             "trains on: use a matching objective (awm, nft) or sample.deterministic=False")
+        return errors
+    if estimator is not None:
+        need(not estimator.needs_critic and not estimator.accepts_step_rewards,
+             f"algorithm.objective={a.objective!r} weighs each sample by one advantage; algorithm.adv_estimator="
+             f"{a.adv_estimator!r} gives per-step advantages (critic or step rewards): use a per-sample estimator "
+             "(grpo, dr_grpo, rloo, ddpo, ...)")
+    if objective.kind == "preference":
+        need(config.kl.use_reference_model, f"algorithm.objective={a.objective!r} compares the policy with a reference "
+             "model: set kl.use_reference_model=True (kl.beta may stay 0)")
+        need(estimator is None or estimator.needs_groups, f"algorithm.objective={a.objective!r} pairs the best and the "
+             f"worst sample of each prompt group: algorithm.adv_estimator={a.adv_estimator!r} is no group estimator "
+             "(grpo, dr_grpo, rloo, ...)")
+        need(not a.filter_groups, f"algorithm.objective={a.objective!r} forms its pairs from one round's groups: set "
+             "algorithm.filter_groups=False")
+    need(not config.kl.in_reward, f"kl.in_reward=True puts a per-step KL in the reward; algorithm.objective="
+         f"{a.objective!r} has no steps to put it on: use kl.beta with kl.in_reward=False")
+    from ddpo_group.algorithms.objectives import TIME_SAMPLINGS
+
+    need(a.objective_times in TIME_SAMPLINGS, f"algorithm.objective_times={a.objective_times!r} must be one of "
+         f"{TIME_SAMPLINGS}")
+    need(a.objective_time_shift > 0, f"algorithm.objective_time_shift={a.objective_time_shift} must be > 0")
+    need(a.old_decay_flat_steps >= 0, f"algorithm.old_decay_flat_steps={a.old_decay_flat_steps} must be >= 0")
+    need(a.old_decay_ramp >= 0, f"algorithm.old_decay_ramp={a.old_decay_ramp} must be >= 0")
+    need(0 <= a.old_decay_max < 1, f"algorithm.old_decay_max={a.old_decay_max} must be in [0, 1) (1 would freeze the "
+         "old model)")
+    return errors
 
 
 def multi_reward_errors(config, estimator) -> list[str]:

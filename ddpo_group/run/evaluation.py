@@ -127,7 +127,7 @@ def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: i
         rows = row_kwargs([m for _, _, m in chunk]) if row_kwargs is not None else {}
         result = pipe(  # prompt by keyword: FLUX.2's and Kontext's pipelines take an image first
             prompt=[p for p, _, _ in chunk], num_inference_steps=num_steps, guidance_scale=guidance_scale,
-            generator=generators, output_type="pt", **rows, **pipeline_kwargs,
+            generator=generators, output_type="pt", **{**pipeline_kwargs, **rows},  # a row's negative prompts win
         )
         images = result.frames if hasattr(result, "frames") else result.images  # video: frames
         out.append(images.float().cpu())

@@ -198,7 +198,8 @@ class PeriodicEvaluation:
                 generators = [torch.Generator(device=device).manual_seed(step_seed(self.config.seed, r)) for r in chunk]
             traj = sample_trajectories(
                 family, family.model, rows_of(self._cond, torch.tensor(prompt_index, device=device)),
-                family.negative_condition(), num_steps, sample.guidance_scale, noise_levels, generator=generators,
+                family.negative_for([self.metadata[i] for i in prompt_index]), num_steps, sample.guidance_scale,
+                noise_levels, generator=generators,
                 compute_log_prob=False, initial_noise=noise[start : start + len(chunk)].to(device),
                 decode_batch_size=int(sample.decode_batch_size),
             )

@@ -3,7 +3,9 @@
     1. sample and score: P prompts x G copies with log-probs, their rewards and what the estimator reads, gathered
        over the processes (rollout/rounds.py, rollout/collect.py);
     2. advantages: the estimator on each whole round; each process keeps its rows (algorithms/advantages.py);
-    3. update the policy on the (sample, step) pairs (update/policy_update.py);
+    3. update the policy with the objective (algorithms/objectives.py): the policy gradient on the recorded (sample,
+       step) pairs (update/policy_update.py), a matching objective on the noised final samples
+       (update/matching_update.py) or a preference objective on each group's pair (update/preference_update.py);
     4. update the critic (update/critic.py);
     5. after the epoch: the KL term's controller and reference (reference/regularizer.py), the estimator's
        controller (GROUP_PPO's tau), the EMA's metrics (update/ema.py; the EMA itself moves after optimizer steps);
@@ -26,7 +28,8 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 
-from ddpo_group.algorithms import get_adv_estimator
+from ddpo_group.algorithms import get_adv_estimator, get_objective
+from ddpo_group.algorithms.objectives import PREFERENCE
 from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import ConfigError, EpochAbandoned, NonFiniteLossError
@@ -49,8 +52,11 @@ from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.timing import PHASES, PhaseTimer
 from ddpo_group.update.critic import Critic
 from ddpo_group.update.ema import EMAWeights
+from ddpo_group.update.matching_update import MatchingUpdater
+from ddpo_group.update.old_model import OldModel
 from ddpo_group.update.memory_fit import PairsPerForward, names_the_setting
 from ddpo_group.update.policy_update import PolicyUpdater
+from ddpo_group.update.preference_update import PreferenceUpdater
 
 
 class Trainer:
@@ -122,6 +128,10 @@ class Trainer:
         self.family.check_trainable(config.sample)
         lora = lora_config(config, self.family.lora_target_modules) if config.use_lora else None
         self.kl = KLRegularizer.from_config(config, self.family.model, lora, self.timer)  # its forwards: "reference"
+        self.objective = get_objective(config.algorithm.objective)
+        # a matching objective's old model (an adapter on the denoiser, or a copy): before accelerate wraps it too
+        uses_old = self.objective.uses_old_model(config.algorithm.objective_kwargs)
+        self.old = OldModel.from_config(config, self.family.model, lora) if uses_old else None
         optimizer = make_optimizer(config, self.params)
         if config.compile_denoiser:  # in place (Module.compile): names, hooks and state dict unchanged
             self.family.model.compile()
@@ -146,16 +156,29 @@ class Trainer:
         self.pairs_per_forward = PairsPerForward(config, self.accelerator, self.family, self.session.state.sizes,
                                                  say=self.session.print)
         self.ema = EMAWeights.from_config(config, self.params)  # None unless train.ema
-        self.updater = PolicyUpdater(config, self.accelerator, self.model, self.optimizer, self.params, self.scorer,
-                                     self.kl, pairs_per_forward=self.pairs_per_forward,
-                                     after_optimizer_step=self.ema.step if self.ema is not None else None)
+        after_step = self.ema.step if self.ema is not None else None
+        if self.objective.kind == PREFERENCE:
+            self.updater = PreferenceUpdater(config, self.accelerator, self.model, self.optimizer, self.params,
+                                             self.family, self.objective, self.kl,
+                                             pairs_per_forward=self.pairs_per_forward, after_optimizer_step=after_step,
+                                             scorer=self.scorer)
+        elif self.objective.is_matching:
+            self.updater = MatchingUpdater(config, self.accelerator, self.model, self.optimizer, self.params,
+                                           self.family, self.objective, self.kl, self.old,
+                                           pairs_per_forward=self.pairs_per_forward, after_optimizer_step=after_step,
+                                           step_count=lambda: self.state.global_step, scorer=self.scorer)
+        else:
+            self.updater = PolicyUpdater(config, self.accelerator, self.model, self.optimizer, self.params, self.scorer,
+                                         self.kl, pairs_per_forward=self.pairs_per_forward,
+                                         after_optimizer_step=after_step)
 
     def checkpointed_state(self) -> list:
         """Every stateful piece a checkpoint holds besides the prepared models and optimizer (fixed order)."""
         pieces = [self.prompt_sampler, self.session.state, self.stat_tracker]
         pieces += [self.critic.optimizer] if self.critic is not None else []
-        # the EMA last: checkpoints written before it existed (train.ema=False) keep their order (run/resume_check.py)
-        return pieces + [p for p in (self.kl, self.estimator_controller, self.ema) if p is not None]
+        # the EMA, then the old model, last: checkpoints written before they existed keep their order
+        # (run/resume_check.py)
+        return pieces + [p for p in (self.kl, self.estimator_controller, self.ema, self.old) if p is not None]
 
     @property
     def run_dir(self):
@@ -186,8 +209,9 @@ class Trainer:
         self.model.eval()
         if epoch == 0 and self.evaluation is not None:  # the "before" of the run summary
             self.evaluate(-1)
-        # 1. sample and score: trajectories, rewards, gathered over the processes (a stop signal drops the epoch)
-        with names_the_setting("sampling", f"sample.batch_size={self.config.sample.batch_size}"):
+        # 1. sample and score: trajectories (the old model's, for an objective that has one), rewards, gathered over
+        #    the processes (a stop signal drops the epoch)
+        with names_the_setting("sampling", f"sample.batch_size={self.config.sample.batch_size}"), self.rollout_policy():
             rounds = self.rollouts.collect(epoch)
         # 2. advantages: the estimator on each whole round; each process keeps its rows
         with self.timer.phase("advantage"):
@@ -226,6 +250,10 @@ class Trainer:
         if self.estimator_controller is not None and (line := self.estimator_controller.summary(epoch, metrics)):
             self.session.print(line)
         return metrics
+
+    def rollout_policy(self):
+        """The weights the rollouts sample with: the old model's for an objective that has one, the policy's else."""
+        return self.updater.rollout_policy() if self.objective.is_matching else nullcontext()
 
     def critic_warming_up(self, epoch: int) -> bool:
         """The first ``critic.warmup_epochs`` epochs train the critic only (their rollouts are reward queries too)."""

@@ -35,6 +35,40 @@ class Trajectories:
         return self.steps["timesteps"]
 
 
+NEGATIVE_PREFIX = "negative_"  # the batch record's per-sample negative condition: negative_<cond key> (e.g.
+# negative_prompt_embeds), present when a prompt of the epoch has its own negative prompt (models/families/base.py)
+
+
+def negative_record(negative: dict | None) -> dict:
+    """The batch record's entries of a per-sample negative condition (B rows; none for None: the run's one row)."""
+    return {} if negative is None else {NEGATIVE_PREFIX + key: value for key, value in negative.items()}
+
+
+def recorded_negative(family, batch: dict, rows) -> dict:
+    """The negative condition of some rows of a batch record: the recorded per-sample one when the record has it,
+    else the run's one row (``family.negative_condition()``)."""
+    if NEGATIVE_PREFIX + family.cond_keys[0] in batch:
+        return {key: batch[NEGATIVE_PREFIX + key][rows] for key in family.cond_keys}
+    return family.negative_condition()
+
+
+def with_negative_rows(family, batches: list[dict]) -> list[dict]:
+    """Batch records that can be pooled row by row: when one of them holds a per-sample negative condition, the
+    others get the run's one-row negative repeated for each of their rows (a dynamic-sampling round whose prompts had
+    no negative prompt); unchanged when none holds one."""
+    key = NEGATIVE_PREFIX + family.cond_keys[0]
+    if all(key in batch for batch in batches) or not any(key in batch for batch in batches):
+        return batches
+    negative = family.negative_condition()
+    out = []
+    for batch in batches:
+        if key not in batch:
+            n = batch["latents"].shape[0]
+            batch = {**batch, **negative_record({k: v.expand(n, *v.shape[1:]).clone() for k, v in negative.items()})}
+        out.append(batch)
+    return out
+
+
 def rows_of(cond: dict, rows) -> dict:
     """The condition of some rows (``rows``: an index tensor or a slice)."""
     return {key: value[rows] for key, value in cond.items()}
@@ -76,7 +110,8 @@ def sample_trajectories(
 ) -> Trajectories:
     """Sample B images and record the trajectory: latents [B, T+1, ...], log_probs [B, T], the per-step tensors.
 
-    ``cond`` holds B rows (``family.encode``), ``negative`` one row or B (``family.negative_condition``).
+    ``cond`` holds B rows (``family.encode``), ``negative`` one row (``family.negative_condition``) or B
+    (``family.negative_rows``: rows with their own negative prompts).
     ``noise_levels`` has one value per step (``family.noise_levels``: an SDE window). ``initial_noise`` [B, ...]
     (standard normal) replaces the x_T drawn from ``generator``, which then draws the step noise only.
     ``decode_batch_size`` > 0 decodes the final latents that many at a time (the VAE's activations at high
@@ -158,10 +193,6 @@ class TransitionScorer:
         return cls(family, family.training_guidance(config), family.noise_level(config.sample),
                    config.sample.log_prob_reduce)
 
-    @property
-    def negative_condition(self) -> dict:
-        return self.family.negative_condition()
-
     def prepare(self, num_steps: int, device) -> None:
         """Set the schedule of ``num_steps`` steps (a DDIM step reads its previous timestep from it)."""
         self.family.schedule(num_steps, device)
@@ -171,6 +202,7 @@ class TransitionScorer:
         step = {key: batch[key][rows, steps] for key in family.step_keys}
         cond = {key: batch[key][rows] for key in family.cond_keys}
         latents = batch["latents"][rows, steps]
-        output = family.model_output(model, latents, step, cond, self.negative_condition, self.guidance_scale)
+        negative = recorded_negative(family, batch, rows) if self.guidance_scale > 1.0 else family.negative_condition()
+        output = family.model_output(model, latents, step, cond, negative, self.guidance_scale)
         return family.step(output, latents, step, self.noise_level, next_latents=batch["next_latents"][rows, steps],
                            reduce=self.reduce)

@@ -93,7 +93,7 @@ class PolicyUpdater:
         for inner in range(t.num_inner_epochs):
             perm = torch.randperm(num_samples)
             step_mask = random_step_mask(num_samples, num_steps, t.timestep_fraction,  # on the CPU: no syncs
-                                         trainable=self.scorer.family.stochastic_steps(self.config.sample))
+                                         trainable=self.trainable_steps())
             if row_mask is not None:  # dynamic sampling: padded rows take no part in the loss
                 step_mask = step_mask * row_mask[:, None]
             pairs += int(step_mask.count_nonzero())  # a CPU tensor: no sync
@@ -117,6 +117,10 @@ class PolicyUpdater:
         out["pairs_per_forward"] = chunk
         out["pairs"] = pairs
         return out
+
+    def trainable_steps(self) -> torch.Tensor:
+        """[T] bool: the steps a pair may be drawn from (the SDE window's stochastic steps)."""
+        return self.scorer.family.stochastic_steps(self.config.sample)
 
     def _train_batch(self, batch: dict, rows: torch.Tensor, step_mask: torch.Tensor) -> dict:
         with self.accelerator.accumulate(self.model):

@@ -154,3 +154,30 @@ def test_two_processes_and_one_give_the_same_component_advantages(tiny_model_dir
     assert one["adv/jpeg_incompressibility/max"] != pytest.approx(-one["adv/jpeg_compressibility/min"], rel=1e-3)
     for key in keys:
         assert one[key] == pytest.approx(two[key], rel=1e-6, abs=1e-9), key
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["nft"])
+def test_two_processes_and_one_sample_and_score_a_matching_objective_alike(family_model_dirs, tmp_path, objective):
+    """A matching objective (nft: the old model samples the rollouts, deterministically) on 1 process x 2 batches of 4
+    or 2 processes x 1 batch of 4: the same rewards and advantages, every pair trained, the old model mixed on both."""
+    from trainer_helpers import FAMILY_OVERRIDES
+
+    metrics = []
+    for processes in (1, 2):
+        run = f"{objective}_{processes}"
+        args = tiny_args(family_model_dirs["sd3"], tmp_path, run, **{
+            "sample.batch_size": 4, "sample.num_batches_per_epoch": 2 // processes, "train.batch_size": 4 // processes,
+            "train.group_size": 4, "log_images_every": 0, "sample.deterministic": True, "kl.beta": 0.0,
+            "kl.use_reference_model": False, "algorithm.objective": objective, "algorithm.old_decay_ramp": 0.25,
+            **FAMILY_OVERRIDES["sd3"]})
+        args[1] = "config/base.py:grpo"
+        launch(args, num_processes=processes)
+        (epoch0,) = read_metrics(tmp_path / run)
+        metrics.append(epoch0)
+    one, two = metrics
+    for key in ["reward_mean", "reward_std", "adv/mean", "adv/std", "adv/min", "adv/max"]:
+        assert one[key] == pytest.approx(two[key], rel=1e-6, abs=1e-9), key
+    assert one["perf/pairs_trained"] == two["perf/pairs_trained"] == 8 * 4
+    assert one["global_step"] == two["global_step"] == 2
+    assert one["train/old_decay"] == two["train/old_decay"] == 0.5

@@ -20,7 +20,7 @@ from PIL import Image
 
 from config.base import PRESETS
 from ddpo_group.models import load_family
-from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
+from ddpo_group.sampling.trajectories import TransitionScorer, negative_record, sample_trajectories
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 NAME = "qwenimage_edit_plus"
@@ -61,17 +61,19 @@ def generators(n, offset=0):
 
 
 def given_text(family, images_per_row, lengths, seed=0):
-    """Rows of a condition with random text embeddings (in place of the processor's: [1, length, 16] each, the
-    negative's 5 tokens) and the family's image condition of each row's images; also the embeddings themselves."""
-    rows, texts = [], []
+    """Rows of a condition and of its negative condition with random text embeddings (in place of the processor's:
+    [1, length, 16] each, the negative's 5 tokens) and the family's image condition of each row's images; also the
+    embeddings themselves."""
+    rows, negatives, texts = [], [], []
     g = torch.Generator().manual_seed(seed)
     for images, length in zip(images_per_row, lengths):
         embeds, negative = torch.randn(1, length, 16, generator=g), torch.randn(1, 5, 16, generator=g)
         texts.append((embeds, negative))
-        rows.append({**family.padded_condition(embeds, None),
-                     **{f"negative_{k}": v for k, v in family.padded_condition(negative, None).items()},
-                     **family.image_condition(images)[1]})
-    return {key: torch.cat([row[key] for row in rows]) for key in rows[0]}, texts
+        image_part = family.image_condition(images)[1]
+        rows.append({**family.padded_condition(embeds, None), **image_part})
+        negatives.append({**family.padded_condition(negative, None), **image_part})
+    stack = lambda parts: {key: torch.cat([part[key] for part in parts]) for key in parts[0]}  # noqa: E731
+    return stack(rows), stack(negatives), texts
 
 
 @pytest.mark.parametrize("count", [1, 2])
@@ -87,7 +89,7 @@ def test_the_sampler_reproduces_the_pipelines_own_call_given_the_text(count, gui
     kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
     assert kwargs == {"height": 32, "width": 32, "max_sequence_length": 128, "true_cfg_scale": 5.0,
                       "negative_prompt": " "}
-    cond, [(embeds, negative)] = given_text(family, [images], [7])
+    cond, negative_cond, [(embeds, negative)] = given_text(family, [images], [7])
     assert cond["image_shapes"].tolist() == [[[4, 4], [4, 4]][:count]]  # 32^2 px VAE sources, f = 4, 2 x 2 patches
     assert cond["image_latents"].shape == (1, 16 * count, 16) and cond["prompt_embeds"].shape == (1, 128, 16)
     pipe = family.pipe
@@ -96,13 +98,13 @@ def test_the_sampler_reproduces_the_pipelines_own_call_given_the_text(count, gui
     want = pipe(image=images, prompt_embeds=embeds, prompt_embeds_mask=ones, negative_prompt_embeds=negative,
                 negative_prompt_embeds_mask=torch.ones(1, 5, dtype=torch.long), true_cfg_scale=guidance, height=32,
                 width=32, num_inference_steps=4, generator=generators(1), output_type="pt").images
-    traj = sample_trajectories(family, family.model, cond, None, 4, guidance, [0.0] * 4, generator=generators(1),
-                               compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, cond, negative_cond, 4, guidance, [0.0] * 4,
+                               generator=generators(1), compute_log_prob=False)
     assert torch.equal(traj.images, want)
     if count == 2:  # the second source changes the images
-        one, _ = given_text(family, [images[:1]], [7])
-        first = sample_trajectories(family, family.model, one, None, 4, guidance, [0.0] * 4, generator=generators(1),
-                                    compute_log_prob=False).images
+        one, negative_one, _ = given_text(family, [images[:1]], [7])
+        first = sample_trajectories(family, family.model, one, negative_one, 4, guidance, [0.0] * 4,
+                                    generator=generators(1), compute_log_prob=False).images
         assert float((first - want).abs().max()) > 1e-3
 
 
@@ -113,15 +115,16 @@ def test_the_first_training_forwards_ratio_is_one(tiny_qwenimage_edit_plus_dir, 
     monkeypatch.setattr(pipeline_qwenimage_edit_plus, "VAE_IMAGE_SIZE", 64 * 64)
     family, config = family_of(tiny_qwenimage_edit_plus_dir, **{"sample.sde_window_size": 0})
     _, wide, tall = (Image.open(path).convert("RGB") for path in sources(tmp_path))
-    cond, _ = given_text(family, [[wide], [tall], [wide], [tall]], [7, 3, 9, 7])
+    cond, negative, _ = given_text(family, [[wide], [tall], [wide], [tall]], [7, 3, 9, 7])
     assert cond["image_shapes"][:2].tolist() == [[[8, 12]], [[12, 8]]]
     assert config.train.cfg and config.sample.guidance_scale == 5.0
-    traj = sample_trajectories(family, family.model, cond, None, 4, config.sample.guidance_scale,
+    traj = sample_trajectories(family, family.model, cond, negative, 4, config.sample.guidance_scale,
                                family.noise_levels(config.sample), generator=generators(4))
     assert bool((traj.log_probs != 0).all())
-    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
+    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond,
+             **negative_record(negative)}  # the record's per-sample negative condition (negative_<key>)
     scorer = TransitionScorer.from_config(config, family)
-    assert scorer.negative_condition == {}  # each row's negative is in the record
+    assert family.negative_condition() == {}  # each row's negative is its own, in the record
     with torch.no_grad():
         for n in range(4):
             same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
@@ -137,8 +140,8 @@ def test_the_first_training_forwards_ratio_is_one(tiny_qwenimage_edit_plus_dir, 
 def test_chunked_decoding_changes_nothing(tiny_qwenimage_edit_plus_dir, tmp_path):
     family, _ = family_of(tiny_qwenimage_edit_plus_dir)
     images = [Image.open(path).convert("RGB") for path in sources(tmp_path)[:2]]
-    cond, _ = given_text(family, [images] * 4, [7, 3, 9, 7])
-    whole, chunked = (sample_trajectories(family, family.model, cond, None, 2, 4.0, [0.0, 0.0], generator=generators(4),
+    cond, negative, _ = given_text(family, [images] * 4, [7, 3, 9, 7])
+    whole, chunked = (sample_trajectories(family, family.model, cond, negative, 2, 4.0, [0.0, 0.0], generator=generators(4),
                                           compute_log_prob=False, decode_batch_size=size).images for size in (0, 3))
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
 
@@ -199,9 +202,32 @@ def test_the_condition_and_sampler_reproduce_the_pipelines_own_call(count, tiny_
     want = family.pipe(prompt=["make it red"], generator=generators(1), num_inference_steps=4, output_type="pt",
                        **family.pipeline_row_kwargs(metadata), **kwargs).images
     cond = family.condition(["make it red"], metadata)
-    traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4,
+    traj = sample_trajectories(family, family.model, cond, family.negative_for(metadata), 4,
                                config.sample.guidance_scale, [0.0] * 4, generator=generators(1), compute_log_prob=False)
     assert torch.equal(traj.images, want)
+
+
+@needs_processor
+def test_a_rows_negative_prompt_sees_its_images_as_in_the_pipeline(tiny_qwenimage_edit_plus_dir, tmp_path):
+    """A row's own negative prompt (``metadata["negative_prompt"]``) is encoded with the row's images, as the
+    pipeline's ``negative_prompt=``: the images bitwise; the family's negatives are per row, each (text, images)
+    encoded once."""
+    family, config = family_of(tiny_qwenimage_edit_plus_dir, **{"sample.text_embedding_cache": 4})
+    paths = sources(tmp_path)
+    metadata = [{"image": paths[:2], "negative_prompt": "blurry"}]
+    rows = family.pipeline_row_kwargs(metadata)
+    assert rows["negative_prompt"] == ["blurry"] and len(rows["image"]) == 2
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(prompt=["make it red"], generator=generators(1), num_inference_steps=4, output_type="pt",
+                       **{**family.pipeline_kwargs(config.sample, config.pretrained), **rows}).images
+    negative = family.negative_for(metadata)
+    assert list(family._negatives) == [("blurry", tuple(paths[:2]))]
+    traj = sample_trajectories(family, family.model, family.condition(["make it red"], metadata), negative, 4,
+                               config.sample.guidance_scale, [0.0] * 4, generator=generators(1), compute_log_prob=False)
+    assert torch.equal(traj.images, want)
+    default = family.negative_for([{"image": paths[:2]}])
+    assert not torch.equal(default["prompt_embeds"], negative["prompt_embeds"])
+    assert torch.equal(default["image_latents"], negative["image_latents"])
 
 
 @needs_processor
@@ -231,7 +257,7 @@ def test_an_editing_dataset_trains_an_epoch_and_the_lora_loads_in_the_pipeline(t
     pipe.load_lora_weights(str(tmp_path / "edits" / "lora"))
     loaded = pipe(generator=generators(1), **call).images
     trained = sample_trajectories(family, family.model, family.condition(["edit"], metadata),
-                                  family.negative_condition(), 4, trainer.config.sample.guidance_scale, [0.0] * 4,
+                                  family.negative_for(metadata), 4, trainer.config.sample.guidance_scale, [0.0] * 4,
                                   generator=generators(1), compute_log_prob=False).images
     assert float((trained - base_images).abs().max()) > 1e-4
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
@@ -305,15 +331,15 @@ def test_qwen_image_edit_reproduces_its_pipelines_own_call_given_the_text(guidan
     family, _ = family_of(tiny_qwenimage_edit_dir, **FAMILY_OVERRIDES["qwenimage_edit"])
     assert family.name == "qwenimage_edit" and isinstance(family.pipe, QwenImageEditPipeline)
     image = Image.open(sources(tmp_path)[1]).convert("RGB")  # 40 x 24 px
-    cond, [(embeds, negative)] = given_text(family, [[image]], [7])
+    cond, negative_cond, [(embeds, negative)] = given_text(family, [[image]], [7])
     assert cond["image_shapes"].tolist() == [[[4, 4]]] and cond["image_latents"].shape == (1, 16, 16)
     family.pipe.set_progress_bar_config(disable=True)
     want = family.pipe(image=image, prompt_embeds=embeds, prompt_embeds_mask=torch.ones(1, 7, dtype=torch.long),
                        negative_prompt_embeds=negative, negative_prompt_embeds_mask=torch.ones(1, 5, dtype=torch.long),
                        true_cfg_scale=guidance, height=32, width=32, num_inference_steps=4, generator=generators(1),
                        output_type="pt").images
-    traj = sample_trajectories(family, family.model, cond, None, 4, guidance, [0.0] * 4, generator=generators(1),
-                               compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, cond, negative_cond, 4, guidance, [0.0] * 4,
+                               generator=generators(1), compute_log_prob=False)
     assert torch.equal(traj.images, want)
     with pytest.raises(ValueError, match="edits one source image a prompt"):
         family.sources("edit", {"image": sources(tmp_path)[:2]})
@@ -329,6 +355,6 @@ def test_qwen_image_edit_condition_reproduces_its_pipelines_own_call(tiny_qwenim
                        **family.pipeline_row_kwargs(metadata),
                        **family.pipeline_kwargs(config.sample, config.pretrained)).images
     traj = sample_trajectories(family, family.model, family.condition(["make it red"], metadata),
-                               family.negative_condition(), 4, config.sample.guidance_scale, [0.0] * 4,
+                               family.negative_for(metadata), 4, config.sample.guidance_scale, [0.0] * 4,
                                generator=generators(1), compute_log_prob=False)
     assert torch.equal(traj.images, want)

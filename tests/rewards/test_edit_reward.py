@@ -34,6 +34,10 @@ def test_the_edit_reward_scores_kept_source_and_asked_colour(tmp_path):
     # a row's target_color wins over the prompt; a prompt naming no colour scores keep only
     _, info = fn(images[:1], ["edit it"], [{**meta, "target_color": [255, 0, 0]}])
     assert info["edit_colour"].tolist() == pytest.approx([1 - np.sqrt(0.25) / np.sqrt(3)])
+    _, named = fn(images[:1], ["edit it"], [{**meta, "target_color": "Red"}])  # a colour name: the same target
+    assert named["edit_colour"].tolist() == info["edit_colour"].tolist()
+    with pytest.raises(ValueError, match=r"target_color='teal': a colour name of \['black', "):
+        fn(images[:1], ["edit it"], [{**meta, "target_color": "teal"}])
     _, info = fn(images[:1], ["edit it"], [meta])
     assert info["edit_colour"].tolist() == [0.0]
     # a source of another size is resized to the edit's (PIL's default filter softens the red edge a little)

@@ -1,4 +1,5 @@
-"""prompt_fn=from_file with a .jsonl file: prompt, image paths relative to the file, free metadata; clear errors."""
+"""prompt_fn=from_file with a .jsonl file: prompt, image paths relative to the file, a per-row negative prompt, free
+metadata; clear errors."""
 
 import json
 
@@ -23,10 +24,12 @@ def test_jsonl_rows_give_prompts_absolute_image_paths_and_free_metadata(tmp_path
         "",
         {"prompt": " a cat ", "tag": 3},
         {"prompt": "both", "image": ["img/red.png", "img/blue.png"]},
+        {"prompt": "a dog", "negative_prompt": "blurry, low quality"},
     ])
     prompts, metadata = PromptSampler("from_file", {"path": path}, seed=0).sample(40)
     rows = {p: m for p, m in zip(prompts, metadata)}
-    assert set(rows) == {"make it blue", "a cat", "both"}
+    assert set(rows) == {"make it blue", "a cat", "both", "a dog"}
+    assert rows["a dog"] == {"negative_prompt": "blurry, low quality"}  # the families read it from the metadata
     assert rows["make it blue"] == {"image": str(tmp_path / "img" / "red.png"), "target": [0, 0, 255]}
     assert rows["a cat"] == {"tag": 3}
     assert rows["both"]["image"] == [str(tmp_path / "img" / "red.png"), str(tmp_path / "img" / "blue.png")]
@@ -43,7 +46,9 @@ def test_jsonl_rows_give_prompts_absolute_image_paths_and_free_metadata(tmp_path
     ("{\"prompt\": \"  \"}", r"line 2: field 'prompt' is '  '"),
     ("{\"prompt\": \"a\", \"image\": 3}", r"line 2: field 'image' is 3"),
     ("{\"prompt\": \"a\", \"image\": \"missing.png\"}", r"line 2: field 'image': 'missing.png' .* does not exist"),
-    ("{\"prompt\": \"a\", \"negative_prompt\": \"blurry\"}", r"line 2: field 'negative_prompt' is not supported yet"),
+    ("{\"prompt\": \"a\", \"negative_prompt\": 3}", r"line 2: field 'negative_prompt' is 3; it must be a string"),
+    ("{\"prompt\": \"a\", \"negative_prompt\": null}", r"line 2: field 'negative_prompt' is None; it must be"),
+    ("{\"prompt\": \"a\", \"negative_prompt\": [\"x\"]}", r"line 2: field 'negative_prompt' is \['x'\]"),
 ])
 def test_a_bad_jsonl_row_names_the_file_line_and_field(tmp_path, line, message):
     path = write_rows(tmp_path / "bad.jsonl", [{"prompt": "fine"}, line])

@@ -7,9 +7,18 @@ pipeline and says:
 * what it is: the pipeline class (``model_index.json``'s ``_class_name``), the trained module
   (``model_attribute``: the UNet or the transformer) and its LoRA target modules;
 * the condition: ``encode(prompts)`` -> a dict of row-indexed tensors (``cond_keys``: text embeddings, pooled
-  embeddings), stored per sample in the batch record; the unconditional one is encoded once; ``condition(prompts,
+  embeddings), stored per sample in the batch record; ``condition(prompts,
   metadata)`` is what the loop calls: ``encode`` for text-only families, the prompts with their source images
   (``metadata["image"]``) for an editing family (``takes_images``), whose ``condition_key`` then names both;
+* the negative (unconditional) condition of classifier-free guidance, one rule for every family: a sample's negative
+  prompt is its prompt row's ``negative_prompt`` (``metadata["negative_prompt"]``, e.g. from a .jsonl prompt file),
+  else the run's ``sample.negative_prompt`` when it is not empty, else the family's own default: its class attribute
+  ``negative_prompt`` ("" here, Qwen-Image's " "), encoded, or what the pipeline uses with no negative prompt
+  (``default_negative_condition``: SDXL's zeros when ``force_zeros_for_empty_prompt``). A given negative prompt is
+  always encoded, as the pipelines do when given ``negative_prompt=``. Without per-row negative prompts the negative
+  condition is one row (``negative_condition``, encoded once); when any row of a batch has one, it is one row per
+  sample (``negative_rows``: each distinct negative prompt encoded once, alone, and kept), stored in the batch record
+  as ``negative_<cond key>`` (sampling/trajectories.py ``NEGATIVE_PREFIX``), which the training forward reads;
 * latents and the schedule: ``latent_shape``, ``initial_latents`` (the pipeline's own noise draw),
   ``schedule(num_steps)`` -> row-broadcastable per-step tensors (``step_keys``: timesteps, sigmas), stored per
   sample and step in the batch record (the rollout's values are the ones training reads, never reconstructed);
@@ -28,7 +37,7 @@ from pathlib import Path
 import torch
 
 from ddpo_group.models.lora_export import unwrap
-from ddpo_group.models.source_images import SOURCE_IMAGE_KEY
+from ddpo_group.models.source_images import NEGATIVE_PROMPT_KEY, SOURCE_IMAGE_KEY
 from ddpo_group.sampling.window import stochastic_steps
 
 
@@ -54,13 +63,16 @@ class ModelFamily:
     cond_keys: tuple = ("prompt_embeds",)  # the condition's row-indexed tensors (batch record keys)
     step_keys: tuple = ("timesteps",)  # the per-step tensors of the batch record, [B, T]
     standard_noise_level: float  # the stochastic steps' noise level when sample.noise_level is None
-    negative_prompt = ""  # the unconditional prompt of classifier-free guidance
+    no_guidance = 1.0  # the sample.guidance_scale that samples without classifier-free guidance (guided above it)
+    guidance_embedded = False  # the guidance scale is an input of every forward (FLUX.1-dev's embedding): no CFG
+    negative_prompt = ""  # the family's default negative prompt (module docstring: the rule of the negative prompt)
     pipeline_max_batch = 0  # the most prompts one call of the pipeline's own __call__ takes (0: any)
 
     def __init__(self, pipe, config=None):
         self.pipe = pipe
         self.config = config
         self._negative = None
+        self._negatives: dict[str, dict] = {}  # the condition of each given negative prompt, on the CPU
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -107,11 +119,49 @@ class ModelFamily:
         images = (metadata or {}).get(SOURCE_IMAGE_KEY)
         return prompt, tuple(images) if isinstance(images, (list, tuple)) else images
 
+    @property
+    def run_negative_prompt(self) -> str:
+        """The negative prompt of the rows that give none: ``sample.negative_prompt``, or the family's own default."""
+        chosen = self.config.sample.negative_prompt if self.config is not None else ""
+        return chosen or self.negative_prompt
+
+    def default_negative_condition(self) -> dict[str, torch.Tensor]:
+        """The family's own unconditional condition, one row: its ``negative_prompt`` encoded (SDXL: zeros when the
+        pipeline forces them for the empty prompt)."""
+        return self.encode([self.negative_prompt])
+
     def negative_condition(self) -> dict[str, torch.Tensor]:
-        """The unconditional condition (``negative_prompt``: the empty prompt), one row, encoded once."""
+        """The run's unconditional condition, one row, encoded once: ``sample.negative_prompt`` encoded when it is
+        set, else ``default_negative_condition()`` (module docstring)."""
         if self._negative is None:
-            self._negative = self.encode([self.negative_prompt])
+            chosen = self.config.sample.negative_prompt if self.config is not None else ""
+            self._negative = self.encode([chosen]) if chosen else self.default_negative_condition()
         return self._negative
+
+    def negative_rows(self, metadata: list[dict] | None) -> dict[str, torch.Tensor] | None:
+        """The negative condition of each row (``metadata[i]["negative_prompt"]``, or the run's
+        ``negative_condition()`` for a row without one), or None when no row has one (the one-row
+        ``negative_condition()`` then serves them all). Each distinct negative prompt is encoded once, alone (its
+        rows do not depend on the batch), and kept on the CPU."""
+        texts = [(m or {}).get(NEGATIVE_PROMPT_KEY) for m in (metadata or [])]
+        if all(text is None for text in texts):
+            return None
+        default = self.negative_condition()
+        rows = []
+        for text in texts:
+            if text is None:
+                rows.append(default)
+                continue
+            if text not in self._negatives:
+                self._negatives[text] = {k: v.cpu() for k, v in self.encode([text]).items()}
+            rows.append(self._negatives[text])
+        return {key: torch.cat([row[key].to(default[key].device) for row in rows]) for key in default}
+
+    def negative_for(self, metadata: list[dict] | None) -> dict[str, torch.Tensor]:
+        """The negative condition of a batch of rows: per row (``negative_rows``) when any has a negative prompt, else
+        the run's one row."""
+        rows = self.negative_rows(metadata)
+        return rows if rows is not None else self.negative_condition()
 
     @property
     def text_dim(self) -> int:
@@ -180,8 +230,23 @@ class ModelFamily:
         return {"height": resolution, "width": resolution} if resolution else {}
 
     def training_guidance(self, config) -> float:
-        """The guidance scale of the training forward: the sampling one when guidance is in the forward (train.cfg)."""
-        return config.sample.guidance_scale if config.train.cfg else 1.0
+        """The guidance scale of the training forward: the sampling one when guidance is in the forward (train.cfg, or
+        an embedded guidance scale), else the family's ``no_guidance``."""
+        if self.guidance_embedded or config.train.cfg:
+            return config.sample.guidance_scale
+        return self.no_guidance
+
+    @classmethod
+    def guidance_errors(cls, config) -> list[str]:
+        """``train.cfg`` against ``sample.guidance_scale``: the training forward must guide exactly when sampling did
+        (guidance_scale > ``no_guidance``), or the recomputed log-probs are off-policy; an embedded guidance scale is
+        in every forward, so train.cfg has no effect there."""
+        s, t = config.sample, config.train
+        if cls.guidance_embedded or bool(t.cfg) == (s.guidance_scale > cls.no_guidance):
+            return []
+        return [f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: the {cls.name} family guides "
+                f"exactly when guidance_scale > {cls.no_guidance:g}, and the training forward must guide exactly when "
+                "sampling did, or the recomputed log-probs are off-policy"]
 
     def deterministic_steps(self, sample_config) -> torch.Tensor:
         """[T] bool: steps without noise at this noise level whatever the window (none by default)."""
@@ -233,6 +298,23 @@ class ModelFamily:
         return {}
 
     def pipeline_row_kwargs(self, metadata: list[dict]) -> dict:
-        """Keywords of the pipeline's own ``__call__`` for a call's rows (their metadata) beyond the prompts: an
-        editing family's source images; none for a text-only family."""
-        return {}
+        """Keywords of the pipeline's own ``__call__`` for a call's rows (their metadata) beyond the prompts: the
+        rows' negative prompts (``negative_prompt=``, a list: each row's, ``run_negative_prompt`` for the others) when
+        any row has one and the pipeline takes them; an editing family's source images."""
+        return self.negative_prompt_kwargs(metadata)
+
+    def negative_prompt_kwargs(self, metadata: list[dict]) -> dict:
+        """``{"negative_prompt": [one per row]}`` when a row of ``metadata`` has a negative prompt or
+        ``sample.negative_prompt`` is set, and the pipeline's ``__call__`` takes one, else {}. (SDXL's rows without one then get the encoded empty prompt, not the zeros
+        of ``force_zeros_for_empty_prompt``: the pipeline zeroes only when given no negative prompt at all.)"""
+        texts = [(m or {}).get(NEGATIVE_PROMPT_KEY) for m in metadata]
+        chosen = self.config.sample.negative_prompt if self.config is not None else ""
+        if (all(text is None for text in texts) and not chosen) or not self.pipeline_takes_negative_prompt():
+            return {}
+        return {"negative_prompt": [self.run_negative_prompt if text is None else text for text in texts]}
+
+    @classmethod
+    def pipeline_takes_negative_prompt(cls) -> bool:
+        import inspect
+
+        return "negative_prompt" in inspect.signature(cls.pipeline_class.__call__).parameters

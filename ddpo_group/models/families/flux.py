@@ -25,6 +25,7 @@ from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 @register_family("flux", FluxPipeline)
 class FluxFamily(FlowMatchingFamily):
     cond_keys = ("prompt_embeds", "pooled_prompt_embeds")
+    guidance_embedded = True  # FLUX.1-dev's guidance embedding (schnell has none and samples unguided)
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict:
@@ -64,9 +65,6 @@ class FluxFamily(FlowMatchingFamily):
             scheduler.set_timesteps(sigmas=kwargs["sigmas"], device=device, mu=kwargs["mu"])
         sigmas = scheduler.sigmas.to(device)
         return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
-
-    def training_guidance(self, config) -> float:
-        return config.sample.guidance_scale  # the guidance embedding is an input of every forward
 
     def model_output(self, model, latents, step, cond, negative, guidance_scale):
         n = latents.shape[0]

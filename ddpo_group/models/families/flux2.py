@@ -38,7 +38,6 @@ from ddpo_group.models.families.flux import FluxFamily
 class Flux2Family(FlowMatchingFamily):
     # the joint blocks' attention projections (FLUX.1's targets) and the single blocks' fused QKV + MLP input projection
     lora_target_modules = FlowMatchingFamily.lora_target_modules + ("attn.to_qkv_mlp_proj",)
-    guidance_embedded = False  # FLUX.2-dev: the guidance scale is an input of every forward (no CFG)
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict:
@@ -73,9 +72,6 @@ class Flux2Family(FlowMatchingFamily):
     def classifier_free(self) -> bool:
         """Whether a guidance scale > 1 means CFG: the base models; the distilled ones ignore the scale."""
         return not self.pipe.config.is_distilled
-
-    def training_guidance(self, config) -> float:
-        return config.sample.guidance_scale if self.guidance_embedded else super().training_guidance(config)
 
     def _forward(self, model, latents, t, embeds, guidance_scale):
         guidance = None
@@ -114,14 +110,7 @@ class Flux2Family(FlowMatchingFamily):
 
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        s, t, errors = config.sample, config.train, super().config_errors(config)
-        if not cls.guidance_embedded and bool(t.cfg) != (s.guidance_scale > 1.0):
-            errors.append(
-                f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: the training forward must use "
-                "guidance exactly when sampling did (guidance_scale > 1; the distilled klein models ignore both), or "
-                "the recomputed log-probs are off-policy"
-            )
-        return errors
+        return super().config_errors(config) + cls.guidance_errors(config)  # the distilled klein models ignore both
 
 
 @register_family("flux2_dev", Flux2Pipeline)

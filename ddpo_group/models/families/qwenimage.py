@@ -172,13 +172,8 @@ class QwenImageFamily(FlowMatchingFamily):
     # ------------------------------------------------------------------ config
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        s, t, errors = config.sample, config.train, super().config_errors(config)
-        if bool(t.cfg) != (s.guidance_scale > 1.0):
-            errors.append(
-                f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: Qwen-Image's guidance is true "
-                "CFG (guidance_scale > 1), so the training forward must use it exactly when sampling did, or the "
-                "recomputed log-probs are off-policy"
-            )
+        s, errors = config.sample, super().config_errors(config)
+        errors += cls.guidance_errors(config)  # true CFG when guidance_scale > 1
         tokens = config.pretrained.max_sequence_length
         if not 0 <= tokens <= MAX_SEQUENCE_LENGTH:
             errors.append(f"pretrained.max_sequence_length={tokens} must be in [0, {MAX_SEQUENCE_LENGTH}] for "
@@ -191,5 +186,5 @@ class QwenImageFamily(FlowMatchingFamily):
         kwargs = {**super().pipeline_kwargs(sample_config, pretrained),
                   "true_cfg_scale": float(sample_config.guidance_scale)}
         if sample_config.guidance_scale > 1.0:
-            kwargs["negative_prompt"] = self.negative_prompt
+            kwargs["negative_prompt"] = self.run_negative_prompt
         return kwargs

@@ -11,9 +11,9 @@ Qwen2.5-VL text encoder sees (its vision tower) and whose packed VAE latents fol
                       first 64 tokens dropped (the pipeline's ``encode_prompt``), zero-padded to L =
                       ``pretrained.max_sequence_length`` (0: 512; the pipeline truncates nothing: a longer condition
                       is an error naming that field);
-                  negative_prompt_embeds, negative_prompt_embeds_mask: the same of the negative prompt " " WITH the
-                      row's images (the pipeline encodes its negative prompt with the source images, so the
-                      unconditional branch of each row is its own and is stored with it);
+                  the negative condition is the same of the row's negative prompt (its ``negative_prompt``, else the
+                      run's: " ") WITH the row's images, as the pipeline encodes ``negative_prompt``: always one per row
+                      (``negative_rows``), stored in the record as ``negative_<key>`` (models/families/base.py);
                   image_latents [B, L_img, 4 C]: each image's VAE latent (mode, (z - latents_mean) / latents_std),
                       packed 2x2 and concatenated over the images; image_shapes [B, K, 2]: each image's packed grid
                       (RoPE positions: the transformer's ``img_shapes`` after the noisy grid)
@@ -47,14 +47,13 @@ from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit, pipeline_qwen
 
 from ddpo_group.models.families import register_family
 from ddpo_group.models.families.qwenimage import QwenImageFamily
-from ddpo_group.models.source_images import SOURCE_IMAGE_KEY, source_images
+from ddpo_group.models.source_images import NEGATIVE_PROMPT_KEY, SOURCE_IMAGE_KEY, source_images
 from ddpo_group.sampling.trajectories import concatenate_rows
 
 
 @register_family("qwenimage_edit_plus", QwenImageEditPlusPipeline)
 class QwenImageEditPlusFamily(QwenImageFamily):
-    cond_keys = ("prompt_embeds", "prompt_embeds_mask", "negative_prompt_embeds", "negative_prompt_embeds_mask",
-                 "image_latents", "image_shapes")
+    cond_keys = ("prompt_embeds", "prompt_embeds_mask", "image_latents", "image_shapes")
     takes_images = True
     pipeline_max_batch = 1  # QwenImageEditPlusPipeline.__call__ refuses more than one prompt
     pipeline_module = pipeline_qwenimage_edit_plus  # where the pipeline's image sizes live
@@ -83,14 +82,12 @@ class QwenImageEditPlusFamily(QwenImageFamily):
                 module.calculate_dimensions(module.VAE_IMAGE_SIZE, ratio))
 
     def row_condition(self, prompt: str, metadata: dict) -> dict:
-        """One row's condition (see the module docstring)."""
+        """One row's condition (see the module docstring): ``prompt`` seeing the row's source images."""
         if self.pipe.processor is None:
             raise ValueError(f"{self.name}: the pipeline has no processor (transformers' Qwen2VLProcessor, which needs "
                              "torchvision): its text encoder cannot see the source images")
         condition_images, images = self.image_condition(self.sources(prompt, metadata))
-        text = self.text_condition(prompt, condition_images)
-        negative = self.text_condition(self.negative_prompt, condition_images)
-        return {**text, **{f"negative_{k}": v for k, v in negative.items()}, **images}
+        return {**self.text_condition(prompt, condition_images), **images}
 
     def image_condition(self, images: list) -> tuple[list, dict]:
         """(the images resized for the text encoder, {image_latents [1, L_img, 4 C], image_shapes [1, K, 2]}) of one
@@ -133,9 +130,31 @@ class QwenImageEditPlusFamily(QwenImageFamily):
                          f"metadata[{SOURCE_IMAGE_KEY!r}], not encode(prompts)")
 
     def negative_condition(self) -> dict:
-        """Nothing: the unconditional branch of each row is its own (negative_prompt_embeds, the negative prompt with
-        the row's images, in the condition; Qwen-Image-Edit's template has no text-only form)."""
+        """Nothing: the unconditional branch of each row is its own (``negative_rows``: the negative prompt with the
+        row's images; Qwen-Image-Edit's template has no text-only form). Read only when there is no CFG."""
         return {}
+
+    def negative_rows(self, metadata: list[dict] | None) -> dict:
+        """The negative condition of every row, always per row: its negative prompt (``metadata["negative_prompt"]``,
+        else ``run_negative_prompt``: " ") seeing the row's source images, as the pipeline encodes ``negative_prompt``
+        with ``image``; each distinct (negative prompt, images) encoded once a call, and kept for the last
+        ``sample.text_embedding_cache`` of them."""
+        metadata = metadata or []
+        texts = [(meta or {}).get(NEGATIVE_PROMPT_KEY) or self.run_negative_prompt for meta in metadata]
+        size = int(self.config.sample.text_embedding_cache) if self.config is not None else 0
+        rows, fresh = [], {}
+        for text, meta in zip(texts, metadata):
+            key = self.condition_key(text, meta)
+            if key in self._negatives:
+                self._negatives[key] = self._negatives.pop(key)  # most recently used last
+            elif key not in fresh:
+                fresh[key] = {k: v.cpu() for k, v in self.row_condition(text, meta).items()}
+                if size:
+                    self._negatives[key] = fresh[key]
+                    while len(self._negatives) > size:
+                        self._negatives.pop(next(iter(self._negatives)))
+            rows.append(self._negatives.get(key, fresh.get(key)))
+        return concatenate_rows(rows, texts, self.device)
 
     @property
     def text_dim(self) -> int:
@@ -143,10 +162,11 @@ class QwenImageEditPlusFamily(QwenImageFamily):
         return int(self.pipe.text_encoder.config.text_config.hidden_size)
 
     def pipeline_row_kwargs(self, metadata: list[dict]) -> dict:
-        """The source images of a call's row (one prompt a call), as loaded: the pipeline resizes them."""
+        """The source images of a call's row (one prompt a call), as loaded: the pipeline resizes them; the row's
+        negative prompt when it has one."""
         if len(metadata) != 1:
             raise ValueError(f"{type(self.pipe).__name__} takes one prompt a call; got {len(metadata)} rows")
-        return {"image": self.sources("", metadata[0])}
+        return {**self.negative_prompt_kwargs(metadata), "image": self.sources("", metadata[0])}
 
     # ------------------------------------------------------------------ latents, model
     def draw_noise(self, batch, generator, device, dtype):
@@ -154,10 +174,10 @@ class QwenImageEditPlusFamily(QwenImageFamily):
                                                self.resolution, self.resolution, dtype, device, generator)
         return latents
 
-    def transformer_output(self, model, latents, timestep, cond: dict, prefix: str = "") -> torch.Tensor:
-        """The noisy tokens' output of one forward on rows whose images have the same grids (``prefix`` "negative_":
-        the unconditional branch)."""
-        embeds, mask = self.text_inputs(cond[prefix + "prompt_embeds"], cond[prefix + "prompt_embeds_mask"])
+    def transformer_output(self, model, latents, timestep, cond: dict) -> torch.Tensor:
+        """The noisy tokens' output of one forward on rows (of a condition or a negative one) whose images have the
+        same grids."""
+        embeds, mask = self.text_inputs(cond["prompt_embeds"], cond["prompt_embeds_mask"])
         side = self.resolution // self.pipe.vae_scale_factor // 2
         grids = [(1, h, w) for h, w in cond["image_shapes"][0].tolist()]
         hidden = torch.cat([latents, cond["image_latents"].to(latents.dtype)], dim=1)
@@ -165,12 +185,11 @@ class QwenImageEditPlusFamily(QwenImageFamily):
                      encoder_hidden_states=embeds, img_shapes=[[(1, side, side), *grids]] * latents.shape[0],
                      return_dict=False)[0][:, : latents.shape[1]]
 
-    def guided_output(self, model, latents, timestep, cond: dict, guidance_scale: float) -> torch.Tensor:
+    def guided_output(self, model, latents, timestep, cond: dict, negative: dict, guidance_scale: float):
         conditional = self.transformer_output(model, latents, timestep, cond)
         if guidance_scale <= 1.0:
             return conditional
-        unconditional = self.transformer_output(model, latents, timestep, cond, prefix="negative_")
-        return self.true_cfg(conditional, unconditional, guidance_scale)
+        return self.true_cfg(conditional, self.transformer_output(model, latents, timestep, negative), guidance_scale)
 
     def model_output(self, model, latents, step, cond, negative, guidance_scale):
         n = latents.shape[0]
@@ -178,12 +197,14 @@ class QwenImageEditPlusFamily(QwenImageFamily):
         t = (t.expand(n) if t.ndim == 0 else t).to(latents.dtype) / 1000
         shapes = cond["image_shapes"]
         if bool((shapes == shapes[:1]).all()):
-            return self.guided_output(model, latents, t, cond, guidance_scale)
+            return self.guided_output(model, latents, t, cond, negative, guidance_scale)
         out = torch.empty_like(latents)  # rows whose images have other grids: one forward per grid
         for grid in torch.unique(shapes, dim=0):
             rows = (shapes == grid).flatten(1).all(dim=1).nonzero().squeeze(1)
             part = {key: value[rows] for key, value in cond.items()}
-            out[rows] = self.guided_output(model, latents[rows], t[rows], part, guidance_scale).to(out.dtype)
+            negative_part = {key: value[rows] for key, value in negative.items()}
+            out[rows] = self.guided_output(model, latents[rows], t[rows], part, negative_part,
+                                           guidance_scale).to(out.dtype)
         return out
 
 
@@ -225,4 +246,5 @@ class QwenImageEditFamily(QwenImageEditPlusFamily):
 
     def pipeline_row_kwargs(self, metadata: list[dict]) -> dict:
         """The row's source image itself (the pipeline's ``image_processor.resize`` takes one image, not a list)."""
-        return {"image": super().pipeline_row_kwargs(metadata)["image"][0]}
+        kwargs = super().pipeline_row_kwargs(metadata)
+        return {**kwargs, "image": kwargs["image"][0]}

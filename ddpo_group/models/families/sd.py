@@ -155,16 +155,11 @@ class StableDiffusionFamily(ModelFamily):
 
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        s, t, errors = config.sample, config.train, []
+        s, errors = config.sample, []
         if not cls.noise_level(s) > 0:
             errors.append(f"sample.noise_level={s.noise_level} must be > 0: with 0 (DDIM's eta) the DDIM step is "
                           "deterministic and has no log-probability")
-        if bool(t.cfg) != (s.guidance_scale > 1.0):
-            errors.append(
-                f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: the training forward must use "
-                "guidance exactly when sampling did (guidance_scale > 1), or the recomputed log-probs are off-policy"
-            )
-        return errors
+        return errors + cls.guidance_errors(config)
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         return {"eta": self.noise_level(sample_config)}  # DDIM's eta is the noise level

@@ -73,10 +73,4 @@ class StableDiffusion3Family(FlowMatchingFamily):
 
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        s, t, errors = config.sample, config.train, super().config_errors(config)
-        if bool(t.cfg) != (s.guidance_scale > 1.0):
-            errors.append(
-                f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: the training forward must use "
-                "guidance exactly when sampling did (guidance_scale > 1), or the recomputed log-probs are off-policy"
-            )
-        return errors
+        return super().config_errors(config) + cls.guidance_errors(config)

@@ -45,13 +45,13 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         embeds, _, pooled, _ = self.encode_quietly(prompts, do_classifier_free_guidance=False)
         return {"prompt_embeds": embeds.to(self.device), "pooled_prompt_embeds": pooled.to(self.device)}
 
-    def negative_condition(self) -> dict:
-        if self._negative is None:
-            negative = self.encode([""])
-            if self.pipe.config.force_zeros_for_empty_prompt:
-                negative = {key: torch.zeros_like(value) for key, value in negative.items()}
-            self._negative = negative
-        return self._negative
+    def default_negative_condition(self) -> dict:
+        """The pipeline's with no negative prompt: zeros when ``force_zeros_for_empty_prompt``, else "" encoded (a
+        given negative prompt is encoded: base.py's rule)."""
+        negative = self.encode([self.negative_prompt])
+        if self.pipe.config.force_zeros_for_empty_prompt:
+            negative = {key: torch.zeros_like(value) for key, value in negative.items()}
+        return negative
 
     def latent_shape(self) -> tuple:
         size = self.resolution // self.pipe.vae_scale_factor

@@ -2,8 +2,8 @@
 
     condition   prompt_embeds [B, L, D]: UMT5 last hidden states of the prompt's tokens, zeros after its length (the
                 pipeline's own ``encode_prompt``, L = ``pretrained.max_sequence_length`` or the pipeline's 226); the
-                unconditional condition is the encoded ``sample.negative_prompt`` (one row; "" by default, the
-                pipeline's default)
+                unconditional condition is base.py's negative prompt: a row's own, else ``sample.negative_prompt``
+                ("" by default, the pipeline's default)
     latents     [B, C, F', H/s, W/s] with a time axis: F' = (F - 1) / 4 + 1 latent frames of F = ``sample.num_frames``
                 video frames (the VAE's temporal factor 4), s the VAE's spatial factor (8; 16 on Wan2.2-TI2V-5B);
                 x_T = N(0, I) (``prepare_latents``: the pipeline's draw, float32)
@@ -109,12 +109,6 @@ class WanFamily(FlowMatchingFamily):
         embeds, _ = self.encode_quietly(prompts, do_classifier_free_guidance=False, **tokens)
         return {"prompt_embeds": embeds.to(self.device)}
 
-    def negative_condition(self) -> dict:
-        """The encoded ``sample.negative_prompt`` (one row, encoded once): the pipeline's unconditional branch."""
-        if self._negative is None:
-            self._negative = self.encode([self.config.sample.negative_prompt if self.config is not None else ""])
-        return self._negative
-
     def timestep(self, t: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
         """The transformer's timestep input: t per sample [B], or per latent token [B, F' h w / 4] with
         ``expand_timesteps`` (Wan2.2-TI2V-5B; text-to-video: every token at t)."""
@@ -185,15 +179,11 @@ class WanFamily(FlowMatchingFamily):
     # ------------------------------------------------------------------ config
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        s, t, errors = config.sample, config.train, super().config_errors(config)
+        s, errors = config.sample, super().config_errors(config)
         if s.num_frames < 0 or (s.num_frames and (s.num_frames - 1) % 4):
             errors.append(f"sample.num_frames={s.num_frames} must be 4 k + 1 frames (Wan's VAE compresses time by 4), "
                           "e.g. 5, 33, 81; 0: the pipeline's 81")
-        if bool(t.cfg) != (s.guidance_scale > 1.0):
-            errors.append(
-                f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: the training forward must use "
-                "guidance exactly when sampling did (guidance_scale > 1), or the recomputed log-probs are off-policy")
-        return errors
+        return errors + cls.guidance_errors(config)
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """The size and tokens (flow_matching.py's), the frame count and the negative prompt."""

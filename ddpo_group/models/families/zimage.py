@@ -38,6 +38,7 @@ PIPELINE_MAX_SEQUENCE_LENGTH = inspect.signature(ZImagePipeline.encode_prompt).p
 @register_family("zimage", ZImagePipeline)
 class ZImageFamily(FlowMatchingFamily):
     cond_keys = ("prompt_embeds", "prompt_lengths")  # embeds first: the sampler reads the batch and dtype from it
+    no_guidance = 0.0  # Z-Image-Turbo samples at guidance 0: u_c + 0 (u_c - u_uncond)
     # the attention projections and the SwiGLU feed-forward of every block (refiners included; image and text tokens
     # share them): Flow-Factory's default Z-Image LoRA targets (src/flow_factory/models/z_image/z_image.py)
     lora_target_modules = ("attention.to_q", "attention.to_k", "attention.to_v", "attention.to_out.0",
@@ -107,9 +108,6 @@ class ZImageFamily(FlowMatchingFamily):
     def cfg_truncation(self) -> float:
         return float(self.config.sample.cfg_truncation) if self.config is not None else 1.0
 
-    def training_guidance(self, config) -> float:
-        return config.sample.guidance_scale if config.train.cfg else 0.0  # 0: no guidance here
-
     def model_output(self, model, latents, step, cond, negative, guidance_scale):
         n = latents.shape[0]
         t = torch.as_tensor(step["timesteps"], device=latents.device)
@@ -149,15 +147,10 @@ class ZImageFamily(FlowMatchingFamily):
     # ------------------------------------------------------------------ config
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        s, t, errors = config.sample, config.train, super().config_errors(config)
+        s, errors = config.sample, super().config_errors(config)
         if s.guidance_scale < 0:
             errors.append(f"sample.guidance_scale={s.guidance_scale} must be >= 0 (Z-Image: 0 is no guidance)")
-        if bool(t.cfg) != (s.guidance_scale > 0):
-            errors.append(
-                f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: Z-Image guides exactly when "
-                "guidance_scale > 0 (its u_c + w (u_c - u_uncond)), and the training forward must guide exactly when "
-                "sampling did, or the recomputed log-probs are off-policy"
-            )
+        errors += cls.guidance_errors(config)  # guided when guidance_scale > 0: its u_c + w (u_c - u_uncond)
         if s.cfg_normalization < 0:
             errors.append(f"sample.cfg_normalization={s.cfg_normalization} must be >= 0 (0: off)")
         if not 0 <= s.cfg_truncation <= 1:

@@ -1,0 +1,226 @@
+"""The matching objectives' update (update/matching_update.py) and the old model (update/old_model.py) in the trainer,
+on the tiny random SD3 model; the presets on the embedded flow model."""
+
+import pytest
+import torch
+
+from ddpo_group.errors import ConfigError
+from ddpo_group.update.old_model import OLD_ADAPTER, old_decay
+from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+
+def matching_overrides(**extra):
+    return {**FAMILY_OVERRIDES["sd3"], "sample.deterministic": True, "kl.beta": 0.0, "kl.use_reference_model": False,
+            **extra}
+
+
+def lora_weights(model, adapter):
+    return [p.detach().clone() for name, p in model.named_parameters() if f".{adapter}." in name]
+
+
+def test_old_decay_schedule():
+    assert [old_decay(k, 0, 0.001, 0.5) for k in (0, 10, 1000)] == [0.0, 0.01, 0.5]
+    assert [old_decay(k, 75, 0.0075, 0.999) for k in (10, 75, 85, 10_000)] == [0.0, 0.0, pytest.approx(0.075), 0.999]
+
+
+@pytest.mark.parametrize("objective", ["awm", "nft"])
+def test_one_epoch_trains_on_final_samples(objective, tiny_sd3_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, objective, **matching_overrides(**{
+        "algorithm.objective": objective, "algorithm.old_decay_ramp": 0.25}))
+    before = [p.detach().clone() for p in trainer.updater.params]
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    policy_before = lora_weights(model, "default")
+    metrics = trainer.run()
+    assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    assert metrics["perf/pairs_trained"] == 8 * 4  # every sample at its 4 rollout times (timestep_fraction 1)
+    if objective == "nft":
+        # after 2 optimizer steps d = min(2 * 0.25, 0.5) = 0.5: old = 0.5 old_0 + 0.5 theta, old_0 the initial policy
+        assert metrics["train/old_decay"] == 0.5
+        policy, old = lora_weights(model, "default"), lora_weights(model, OLD_ADAPTER)
+        assert len(old) == len(policy) == len(policy_before) > 0
+        for o, p0, p1 in zip(old, policy_before, policy):
+            assert torch.allclose(o, 0.5 * p0 + 0.5 * p1, atol=1e-7)
+        assert metrics["train/old_param_distance"] > 0
+
+
+def test_awm_trains_an_epoch_on_a_ddim_family_and_nft_is_refused(tiny_model_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "sd", **{
+        "algorithm.objective": "awm", "sample.deterministic": True, "kl.beta": 0.0, "kl.use_reference_model": False})
+    assert trainer.updater.process == "ddpm"
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    assert torch.isfinite(torch.tensor(metrics["train/policy_loss"])) and metrics["perf/pairs_trained"] == 8 * 4
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    with pytest.raises(ConfigError, match="nft.*defined on the \\('flow',\\) forward process.*'ddpm'"):
+        tiny_trainer("grpo", tiny_model_dir, tmp_path, "sd_nft", **{
+            "algorithm.objective": "nft", "sample.deterministic": True})
+
+
+def test_config_contradictions_are_named(tiny_sd3_dir, tmp_path):
+    with pytest.raises(ConfigError, match="sample.deterministic=True samples without log-probs"):
+        tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "pg", **matching_overrides())
+    with pytest.raises(ConfigError, match="algorithm.adv_estimator='gae' gives per-step advantages"):
+        tiny_trainer("ppo_gae", tiny_sd3_dir, tmp_path, "gae", **matching_overrides(**{"algorithm.objective": "awm"}))
+    with pytest.raises(ConfigError, match=r"algorithm.old_decay_max=1.0 must be in \[0, 1\)"):
+        tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "max", **matching_overrides(**{
+            "algorithm.objective": "nft", "algorithm.old_decay_max": 1}))
+
+
+@pytest.mark.parametrize("preset", ["awm", "nft", "dpo", "dgpo"])
+def test_preset_trains_an_epoch_on_the_embedded_flow_model(preset, tmp_path):
+    from ddpo_group.models import load_pipeline
+
+    try:
+        load_pipeline("tiny-shapes-flow")
+    except Exception as error:  # an install without the embedded models
+        pytest.skip(f"the embedded tiny-shapes-flow model is not installed ({error})")
+    trainer = tiny_trainer(preset, "tiny-shapes-flow", tmp_path, preset, **{
+        "prompt_fn": "tiny_shapes_flow_hard", "reward_fn": "shapes_alignment", "sample.num_steps": 4,
+        "train.learning_rate": 1.5e-3})
+    assert trainer.config.sample.deterministic and trainer.config.algorithm.objective == preset
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    # dpo: 2 groups of 4 give 2 pairs, one train batch (train.batch_size / 2 = 2 pairs)
+    assert trainer.family.name == "sd3" and metrics["global_step"] == (1 if preset == "dpo" else 2)
+    assert torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+
+
+@pytest.mark.parametrize("objective", ["nft", "dgpo"])
+def test_resume_is_exact(objective, tiny_sd3_dir, tmp_path):
+    """Two epochs in one run equal one epoch, a checkpoint and a resumed second epoch: the policy, nft's old adapter
+    and the logged losses (the old model's bookkeeping, the pairs' noise and times survive a resume)."""
+    overrides = matching_overrides(**{"algorithm.objective": objective, "algorithm.old_decay_ramp": 0.25,
+                                      "save_freq": 1, "num_epochs": 2, "kl.use_reference_model": objective == "dgpo"})
+    whole = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "whole", **overrides)
+    whole_metrics = whole.run()
+    first = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "parts", **{**overrides, "num_epochs": 1})
+    first.run()
+    resumed = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "parts", **{**overrides, "resume_from": str(first.run_dir)})
+    resumed_metrics = resumed.run()
+    assert resumed_metrics["epoch"] == 1
+    for key in ("train/policy_loss", "reward_mean") + (("train/old_decay",) if objective == "nft" else ()):
+        assert resumed_metrics[key] == whole_metrics[key], key
+    for adapter in ("default", OLD_ADAPTER) if objective == "nft" else ("default",):
+        a = lora_weights(whole.accelerator.unwrap_model(whole.model), adapter)
+        b = lora_weights(resumed.accelerator.unwrap_model(resumed.model), adapter)
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), adapter
+
+
+def test_presets_and_published_recipes():
+    from config.base import RECIPES, get_config
+    from ddpo_group.run.config_checks import validate_config
+
+    for name in ("awm", "nft", "dpo", "dgpo"):
+        config = get_config(name)
+        validate_config(config)  # the embedded model: no download
+        assert (config.algorithm.objective, config.sample.deterministic, config.pretrained.model) == (
+            name, True, "tiny-shapes-flow")
+    assert (get_config("nft").sample.guidance_scale, get_config("nft").train.cfg) == (1.0, False)  # CFG-free
+    nft, awm = get_config("nft_sd35"), get_config("awm_sd35")  # hub models: checked without loading them
+    assert {"nft_sd35", "awm_sd35"} <= set(RECIPES)
+    assert dict(nft.algorithm.objective_kwargs) == {"beta": 0.1, "adaptive_weight": True}
+    assert (nft.algorithm.old_decay_flat_steps, nft.algorithm.old_decay_ramp, nft.algorithm.old_decay_max) == (
+        75, 0.0075, 0.999)
+    assert (nft.kl.beta, nft.train.group_size, nft.sample.guidance_scale) == (1e-4, 24, 1.0)
+    assert dict(awm.algorithm.objective_kwargs) == {"weighting": "ghuber", "ghuber_power": 0.25}
+    assert (awm.kl.beta, awm.sample.num_steps, awm.sample.guidance_scale) == (1e-3, 14, 1.0)
+
+
+def test_dpo_trains_each_groups_pair_and_equal_rewards_train_nothing(tiny_sd3_dir, tmp_path):
+    overrides = matching_overrides(**{"algorithm.objective": "dpo", "kl.use_reference_model": True,
+                                      "algorithm.objective_kwargs": {"beta": 100.0}})
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "dpo", **overrides)
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    # 8 samples in 2 groups of 4: 2 pairs, each at its 4 times, 2 samples a unit
+    assert metrics["train/preference_units"] == 2 and metrics["perf/pairs_trained"] == 2 * 4 * 2
+    assert metrics["train/policy_loss"] == pytest.approx(float(torch.log(torch.tensor(2.0))), abs=0.05)
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    # a constant reward: no group has a preference, no pair, no change
+    plugin = tmp_path / "constant.py"
+    plugin.write_text("import torch\n\ndef constant():\n    return lambda images, prompts, metadata: "
+                      "(torch.ones(len(prompts)), {})\n")
+    flat = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "flat", **{**overrides, "reward_fn": f"{plugin}:constant"})
+    before = [p.detach().clone() for p in flat.updater.params]
+    metrics = flat.run()
+    assert metrics["train/preference_units"] == 0
+    assert all(torch.equal(b, p.detach()) for b, p in zip(before, flat.updater.params))
+    with pytest.raises(ConfigError, match="kl.use_reference_model=True"):
+        tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "noref", **{**overrides, "kl.use_reference_model": False})
+
+
+def test_dgpo_trains_whole_groups(tiny_sd3_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "dgpo", **matching_overrides(**{
+        "algorithm.objective": "dgpo", "kl.use_reference_model": True}))
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    # 2 groups of 4, each at its 4 times: 2 x 4 x 4 (sample, time) pairs; one group per train batch (4 / 4)
+    assert metrics["train/preference_units"] == 2 and metrics["perf/pairs_trained"] == 2 * 4 * 4
+    assert metrics["global_step"] == 2
+    assert metrics["train/policy_loss"] == pytest.approx(float(torch.log(torch.tensor(2.0))), abs=0.05)
+    assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+
+
+def test_the_memory_probe_runs_on_preference_units(tiny_sd3_dir, tmp_path):
+    """train.pairs_per_forward="auto" on CUDA probes accumulate_gradients with sample rows (update/memory_fit.py): on
+    the preference update they wrap around the epoch's units (here on the CPU, the probe's call alone)."""
+    from ddpo_group.update.memory_fit import probe_batch
+
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "probe", **matching_overrides(**{
+        "algorithm.objective": "dgpo", "kl.use_reference_model": True}))
+    batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
+    trainer.updater.units = trainer.updater.make_units(batch)  # 2 units (groups of 4) for 6 probed sample rows
+    trainer.rollouts.close()
+    probe, rows, mask = probe_batch(batch, 6, trainer.family.stochastic_steps(trainer.config.sample))
+    sums = trainer.updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=6)
+    assert torch.isfinite(torch.as_tensor(sums["policy_loss"]))
+
+
+@pytest.mark.parametrize("family, times", [("sd3", "logit_normal"), ("sd", "uniform")])
+def test_drawn_training_times(family, times, tiny_sd3_dir, tiny_model_dir, tmp_path):
+    model = tiny_sd3_dir if family == "sd3" else tiny_model_dir
+    overrides = {**(matching_overrides() if family == "sd3" else {"sample.deterministic": True, "kl.beta": 0.0,
+                                                                  "kl.use_reference_model": False}),
+                 "algorithm.objective": "awm", "algorithm.objective_times": times, "algorithm.objective_time_shift": 3.0}
+    trainer = tiny_trainer("grpo", model, tmp_path, family, **overrides)
+    batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
+    trainer.rollouts.close()
+    r, n = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2])
+    step = trainer.updater.train_step(batch, r, n)
+    scheduled = {key: batch[key][r, n] for key in trainer.family.step_keys}
+    assert not torch.equal(step["timesteps"], scheduled["timesteps"])  # drawn, not the rollout's
+    if family == "sd3":
+        assert torch.allclose(step["timesteps"], step["sigmas"] * 1000)
+    else:
+        assert step["timesteps"].dtype == scheduled["timesteps"].dtype and int(step["timesteps"].max()) < 1000
+    with pytest.raises(ConfigError, match="algorithm.objective_times='x' must be one of"):
+        tiny_trainer("grpo", model, tmp_path, "bad", **{**overrides, "algorithm.objective_times": "x"})
+
+
+def test_awm_with_an_old_model_kl_samples_with_the_policy(tiny_sd3_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "awm_old", **matching_overrides(**{
+        "algorithm.objective": "awm", "algorithm.objective_kwargs": {"old_kl_beta": 0.1},
+        "algorithm.old_decay_ramp": 0.25}))
+    assert trainer.old is not None
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    with trainer.rollout_policy():  # no adapter switch: awm's old model only regularises
+        assert model.active_adapters() == ["default"]
+    policy_before = lora_weights(model, "default")
+    metrics = trainer.run()
+    assert metrics["train/old_decay"] == 0.5 and metrics["train/old_kl"] >= 0
+    for o, p0, p1 in zip(lora_weights(model, OLD_ADAPTER), policy_before, lora_weights(model, "default")):
+        assert torch.allclose(o, 0.5 * p0 + 0.5 * p1, atol=1e-7)
+
+
+def test_nft_samples_with_the_old_model(tiny_sd3_dir, tmp_path):
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "nft_old", **matching_overrides(**{
+        "algorithm.objective": "nft"}))
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    with trainer.rollout_policy():
+        assert model.active_adapters() == [OLD_ADAPTER]
+    assert model.active_adapters() == ["default"]
+    assert any(p.requires_grad for name, p in model.named_parameters() if ".default." in name)
+    assert not any(p.requires_grad for name, p in model.named_parameters() if f".{OLD_ADAPTER}." in name)
+    trainer.rollouts.close()
