@@ -134,6 +134,7 @@ class QwenImageEditPlusFamily(QwenImageFamily):
         row's images; Qwen-Image-Edit's template has no text-only form). Read only when there is no CFG."""
         return {}
 
+    @torch.no_grad()
     def negative_rows(self, metadata: list[dict] | None) -> dict:
         """The negative condition of every row, always per row: its negative prompt (``metadata["negative_prompt"]``,
         else ``run_negative_prompt``: " ") seeing the row's source images, as the pipeline encodes ``negative_prompt``
