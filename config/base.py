@@ -49,8 +49,8 @@ def base() -> ml_collections.ConfigDict:
     config.pretrained = pretrained = ml_collections.ConfigDict()
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
-    # "sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux_kontext", "flux2", "flux2_dev", "wan" or
-    # "qwenimage_edit_plus"; "": from
+    # "sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux_kontext", "flux2", "flux2_dev", "wan",
+    # "qwenimage_edit_plus" or "qwenimage_edit"; "": from
     # model_index.json's pipeline class
     pretrained.family = ""
     # text tokens per prompt of the T5 / LLM text encoder (SD3, FLUX.1, Wan: T5; Z-Image, FLUX.2: Qwen3 / Mistral;
