@@ -9,6 +9,7 @@ and throughput on when the real weights are not at hand.
     python bench/random_model.py --shape flux2_klein4b --out /tmp/klein4b  # FLUX.2 [klein] 4B, Qwen3-4B, FLUX.2 VAE
     python bench/random_model.py --shape wan13b --out /tmp/wan    # Wan2.1-T2V-1.3B's transformer, VAE and UMT5-XXL
     python bench/random_model.py --shape qwenimage --out /tmp/qwen  # Qwen-Image (20.4B) and Qwen2.5-VL-7B: ~57 GB
+    python bench/random_model.py --shape qwenimage_edit_plus --out /tmp/qwenedit  # Qwen-Image-Edit-Plus: the same
 
 sd15: UNet 860M (320/640/1280/1280 channels, cross-attention 768), VAE 84M, a CLIP-L-sized text encoder (12 layers,
 768 wide) with the locally built byte-level tokenizer, DDIM. sd35m: SD3Transformer2DModel of SD 3.5 Medium (24 MMDiT-X
@@ -238,6 +239,34 @@ def build_qwenimage(layers: int = 60):
 
 
 BUILDERS["qwenimage"] = build_qwenimage
+
+
+def build_qwenimage_edit_plus(blocks: float = 1.0):
+    """Qwen-Image-Edit-Plus (2509 / 2511): Qwen-Image's components (``build_qwenimage``: the Edit models share its
+    transformer and Qwen2.5-VL-7B, whose vision tower now runs on the source images; ``blocks``: the fraction of the
+    60 transformer blocks kept), the tokenizer with the vision tokens (merges on the Edit template) and its
+    Qwen2VLProcessor (None without torchvision, which transformers' processor needs)."""
+    from diffusers import QwenImageEditPlusPipeline
+
+    from ddpo_group.models.tiny_random import qwen_vl_processor, qwen_vl_tokenizer
+
+    base = build_qwenimage(layers=max(1, round(60 * blocks)))
+    template = QwenImageEditPlusPipeline(scheduler=base.scheduler, vae=None, text_encoder=None, tokenizer=None,
+                                         processor=None, transformer=None).prompt_template_encode
+    tokenizer = qwen_vl_tokenizer(template)
+    config = base.text_encoder.config
+    for key, token in (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+                       ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")):
+        setattr(config, key, tokenizer.convert_tokens_to_ids(token))  # this tokenizer's ids, not Qwen's 151652...
+    try:
+        processor = qwen_vl_processor(tokenizer)
+    except ImportError:
+        processor = None
+    return QwenImageEditPlusPipeline(scheduler=base.scheduler, vae=base.vae, text_encoder=base.text_encoder,
+                                     tokenizer=tokenizer, processor=processor, transformer=base.transformer)
+
+
+BUILDERS["qwenimage_edit_plus"] = build_qwenimage_edit_plus
 
 
 def main(argv=None) -> None:

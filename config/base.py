@@ -49,7 +49,8 @@ def base() -> ml_collections.ConfigDict:
     config.pretrained = pretrained = ml_collections.ConfigDict()
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
-    # "sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux_kontext", "flux2", "flux2_dev" or "wan"; "": from
+    # "sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux_kontext", "flux2", "flux2_dev", "wan",
+    # "qwenimage_edit_plus" or "qwenimage_edit"; "": from
     # model_index.json's pipeline class
     pretrained.family = ""
     # text tokens per prompt of the T5 / LLM text encoder (SD3, FLUX.1, Wan: T5; Z-Image, FLUX.2: Qwen3 / Mistral;
@@ -494,6 +495,27 @@ def flow_grpo_qwenimage() -> ml_collections.ConfigDict:
     return config
 
 
+def flow_grpo_qwenimage_edit_plus() -> ml_collections.ConfigDict:
+    """Flow-GRPO on Qwen-Image-Edit-Plus (yifan123/flow_grpo, scripts/train_qwenimage_edit_plus.py and
+    flow_grpo/diffusers_patch/qwenimage_edit_plus_pipeline_with_logprob.py, commit 9dcdc35; launched by
+    scripts/single_node/grpo_qwenimage_edit_plus.sh with config/grpo.py ``dual_ref_qwenimage_edit_plus_fast``, which
+    is not in the stored copies: its numbers are ``flow_grpo_qwenimage``'s, their Qwen-Image config): that recipe with
+    Qwen/Qwen-Image-Edit-2509 (-2511 takes the same settings), two source images a prompt in their data (a .jsonl row's
+    ``image`` list here), the negative prompt " " encoded with the source images, LoRA rank 64 / alpha 128 on the
+    attention and MLPs, no EMA. Differences: their sources are resized to the sampled size and to 512^2 px for the
+    VAE, here the pipeline's own sizes (384^2 px for the text encoder, 1024^2 for the VAE: what the pipeline's
+    ``__call__`` evaluates with); their reward (image similarity and GenEval) needs their data: PickScore here, and the
+    editing dataset is yours (prompt_fn_kwargs.path)."""
+    config = flow_grpo_qwenimage()
+    config.pretrained.model = "Qwen/Qwen-Image-Edit-2509"
+    # each source image adds its vision tokens (~200 at 384^2 px) to the prompt's: 0 keeps the pipeline's 512
+    config.pretrained.max_sequence_length = 0
+    config.sample.text_embedding_cache = 4096  # Qwen2.5-VL and the VAE meet each (prompt, source images) once
+    config.prompt_fn = "from_file"
+    config.reward_fn = "pickscore"
+    return config
+
+
 def flow_factory(model: str) -> ml_collections.ConfigDict:
     """What Flow-Factory's GRPO LoRA recipes share (github:X-GenGroup/Flow-Factory, examples/grpo/, commit 5f6cda1a):
     LoRA rank 64 / alpha 128, bf16, Flow-SDE, groups of 16, lr 3e-4, clip 1e-4, advantages clipped at 5, no KL, the
@@ -687,7 +709,8 @@ RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm,
            "flow_factory_zimage": flow_factory_zimage, "flow_factory_zimage_turbo": flow_factory_zimage_turbo,
            "flow_factory_flux_kontext": flow_factory_flux_kontext, "flow_factory_flux2_klein": flow_factory_flux2_klein,
            "flow_factory_flux2_klein_base": flow_factory_flux2_klein_base, "flow_factory_wan21": flow_factory_wan21,
-           "flow_grpo_qwenimage": flow_grpo_qwenimage, "nft_sd35": nft_sd35, "awm_sd35": awm_sd35}
+           "flow_grpo_qwenimage": flow_grpo_qwenimage,
+           "flow_grpo_qwenimage_edit_plus": flow_grpo_qwenimage_edit_plus, "nft_sd35": nft_sd35, "awm_sd35": awm_sd35}
 
 
 def get_config(name: str = "ddpo") -> ml_collections.ConfigDict:

@@ -114,3 +114,16 @@ def tiny_wan_dir(family_model_dirs):
 def tiny_qwenimage_dir(family_model_dirs):
     """A tiny random Qwen-Image checkpoint (a Qwen2.5-VL text encoder, a locally built Qwen2 tokenizer) on disk."""
     return family_model_dirs["qwenimage"]
+
+
+@pytest.fixture(scope="session")
+def tiny_qwenimage_edit_plus_dir(family_model_dirs):
+    """A tiny random Qwen-Image-Edit-Plus checkpoint (Qwen2.5-VL with its vision tower; its processor needs
+    torchvision: without it the checkpoint has none) on disk."""
+    return family_model_dirs["qwenimage_edit_plus"]
+
+
+@pytest.fixture(scope="session")
+def tiny_qwenimage_edit_dir(family_model_dirs):
+    """A tiny random Qwen-Image-Edit checkpoint (one source image; the Plus checkpoint's components) on disk."""
+    return family_model_dirs["qwenimage_edit"]

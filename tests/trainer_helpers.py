@@ -39,6 +39,10 @@ FAMILY_OVERRIDES["flux2_dev"] = {"sample.resolution": 32, "pretrained.max_sequen
                                  "sample.guidance_scale": 4.0, "train.cfg": False}
 # Qwen-Image: 32 px images, prompts of at most 32 text tokens (the default guidance 5.0 is its true CFG)
 FAMILY_OVERRIDES["qwenimage"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 32}
+# Qwen-Image-Edit-Plus: 32 px; a condition holds each source image's vision tokens (16 of the tiny processor) besides
+# the prompt's, so 128 tokens
+FAMILY_OVERRIDES["qwenimage_edit_plus"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 128}
+FAMILY_OVERRIDES["qwenimage_edit"] = FAMILY_OVERRIDES["qwenimage_edit_plus"]  # one source image a prompt
 
 
 def tiny_config(preset: str, model_dir: str, logdir, run_name: str = "run", **overrides):

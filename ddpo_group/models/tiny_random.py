@@ -415,3 +415,75 @@ def build_tiny_qwenimage_pipeline(seed: int = 0):
 
 
 TINY_BUILDERS["qwenimage"] = build_tiny_qwenimage_pipeline
+
+
+# ----------------------------------------------------------------------------- Qwen-Image-Edit(-Plus)
+QWEN_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def qwen_vl_tokenizer(template: str):
+    """``qwen_tokenizer`` (merges learned on the pipeline's ``template``) with Qwen2.5-VL's vision special tokens."""
+    tokenizer = qwen_tokenizer(template=template)
+    tokenizer.add_special_tokens({"additional_special_tokens": list(QWEN_SPECIAL_TOKENS[1:] + QWEN_VISION_TOKENS)})
+    return tokenizer
+
+
+def qwen_vl_processor(tokenizer):
+    """A Qwen2VLProcessor built locally: ``tokenizer`` and a Qwen2VLImageProcessor from its constructor (Qwen2.5-VL's
+    14 px patches merged 2x2, its normalization), at most 112 x 112 px an image (16 vision tokens; Qwen's own allows
+    12.8 MP). transformers' processor needs a video processor, which needs torchvision: ImportError without it."""
+    from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
+
+    image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=112 * 112, patch_size=14, merge_size=2,
+                                            temporal_patch_size=2)
+    video_processor = Qwen2VLVideoProcessor()  # the processor's third component (the pipelines send no video)
+    return Qwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor)
+
+
+def build_tiny_qwenimage_edit_plus_pipeline(seed: int = 0, pipeline_class=None):
+    """Qwen-Image-Edit-Plus (2509 / 2511) at the size of diffusers' own pipeline test: the tiny Qwen-Image's
+    transformer, VAE and scheduler (``build_tiny_qwenimage_pipeline``), a two-layer Qwen2.5-VL whose two-block vision
+    tower reads the source images (its vision token ids the tokenizer's), ``qwen_vl_processor`` (None without
+    torchvision)."""
+    from diffusers import QwenImageEditPlusPipeline
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    pipeline_class = pipeline_class or QwenImageEditPlusPipeline
+    base = build_tiny_qwenimage_pipeline(seed)
+    template = pipeline_class(scheduler=base.scheduler, vae=None, text_encoder=None, tokenizer=None, processor=None,
+                              transformer=None).prompt_template_encode
+    tokenizer = qwen_vl_tokenizer(template)
+    try:
+        processor = qwen_vl_processor(tokenizer)
+    except ImportError:  # no torchvision: a pipeline without its processor (the family's condition refuses it)
+        processor = None
+    ids = tokenizer.convert_tokens_to_ids
+    torch.manual_seed(seed)
+    config = Qwen2_5_VLConfig(
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "rope_theta": 1000000.0,
+                     "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+                     "vocab_size": len(tokenizer), "bos_token_id": ids("<|endoftext|>"),
+                     "eos_token_id": ids("<|im_end|>")},
+        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
+        hidden_size=16, vocab_size=len(tokenizer), image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+    )
+    text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
+    return pipeline_class(scheduler=base.scheduler, vae=base.vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                          processor=processor, transformer=base.transformer)
+
+
+TINY_BUILDERS["qwenimage_edit_plus"] = build_tiny_qwenimage_edit_plus_pipeline
+
+
+def build_tiny_qwenimage_edit_pipeline(seed: int = 0):
+    """Qwen-Image-Edit (one source image): ``build_tiny_qwenimage_edit_plus_pipeline``'s components in
+    QwenImageEditPipeline (the tokenizer's merges on its template)."""
+    from diffusers import QwenImageEditPipeline
+
+    return build_tiny_qwenimage_edit_plus_pipeline(seed, pipeline_class=QwenImageEditPipeline)
+
+
+TINY_BUILDERS["qwenimage_edit"] = build_tiny_qwenimage_edit_pipeline

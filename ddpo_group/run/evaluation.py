@@ -228,6 +228,7 @@ def evaluate(finetuned: str, defaults, base_model: str | None = None, num_prompt
     family = load_family(base_model, family=config.pretrained.family)
     pipe = family.pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
+    batch_size = min(batch_size, family.pipeline_max_batch or batch_size)  # e.g. Qwen-Image-Edit-Plus: one a call
     batches = math.ceil(len(prompts) * num_seeds / batch_size)
     settings = dict(num_steps=num_steps, guidance_scale=guidance_scale, batch_size=batch_size,
                     **family.pipeline_kwargs(config.sample, config.pretrained))

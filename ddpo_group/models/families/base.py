@@ -66,6 +66,7 @@ class ModelFamily:
     no_guidance = 1.0  # the sample.guidance_scale that samples without classifier-free guidance (guided above it)
     guidance_embedded = False  # the guidance scale is an input of every forward (FLUX.1-dev's embedding): no CFG
     negative_prompt = ""  # the family's default negative prompt (module docstring: the rule of the negative prompt)
+    pipeline_max_batch = 0  # the most prompts one call of the pipeline's own __call__ takes (0: any)
 
     def __init__(self, pipe, config=None):
         self.pipe = pipe

@@ -1,0 +1,360 @@
+"""Qwen-Image-Edit-Plus (qwenimage_edit_plus) on a tiny pipeline built from config: the sampler against the pipeline's
+own call with one and two source images (the text condition given to both: transformers' Qwen2VLProcessor, which the
+text encoder needs to see the images, needs torchvision), the image latents and their grids, true CFG with each row's
+own unconditional branch, log-prob recomputation, rows whose images have other grids; with torchvision also the
+condition itself, the cache, an editing dataset's epoch, the LoRA export and the presets.
+
+The pipeline resizes the source images to CONDITION_IMAGE_SIZE (384^2) and VAE_IMAGE_SIZE (1024^2) pixels, constants
+of its module, which the family reads there: the tests make them small (``small_sources``), for both."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from diffusers import QwenImageEditPlusPipeline
+from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus
+from PIL import Image
+
+from config.base import PRESETS
+from ddpo_group.models import load_family
+from ddpo_group.sampling.trajectories import TransitionScorer, negative_record, sample_trajectories
+from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+
+NAME = "qwenimage_edit_plus"
+# examples/edit_reward.py compares an edit with one source image; these prompts have two: a built-in reward
+REWARD = "jpeg_compressibility"
+needs_processor = pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
+                                     reason="transformers' Qwen2VLProcessor needs torchvision")
+
+
+@pytest.fixture(autouse=True)
+def small_sources(monkeypatch):
+    """The pipeline's source sizes made tiny (the family reads them from the pipeline's module): 64^2 px for the text
+    encoder, 32^2 px for the VAE (a square source: 4 x 4 packed tokens)."""
+    monkeypatch.setattr(pipeline_qwenimage_edit_plus, "CONDITION_IMAGE_SIZE", 64 * 64)
+    monkeypatch.setattr(pipeline_qwenimage_edit_plus, "VAE_IMAGE_SIZE", 32 * 32)
+
+
+def sources(folder: Path) -> list[str]:
+    """Three PNG sources: a square on a background, 32 x 32, 40 x 24 and 24 x 40 px."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, (size, colour) in enumerate([((32, 32), (220, 30, 30)), ((40, 24), (30, 200, 60)),
+                                        ((24, 40), (40, 60, 230))]):
+        pixels = np.full((size[1], size[0], 3), 240, dtype=np.uint8)
+        pixels[4:20, 4 + i : 20 + i] = colour
+        Image.fromarray(pixels).save(folder / f"source_{i}.png")
+        paths.append(str(folder / f"source_{i}.png"))
+    return paths
+
+
+def family_of(model_dir, preset="grpo", **overrides):
+    config = tiny_config(preset, model_dir, "unused", **{**FAMILY_OVERRIDES[NAME], **overrides})
+    return load_family(model_dir, config=config), config
+
+
+def generators(n, offset=0):
+    return [torch.Generator().manual_seed(offset + i) for i in range(n)]
+
+
+def given_text(family, images_per_row, lengths, seed=0):
+    """Rows of a condition and of its negative condition with random text embeddings (in place of the processor's:
+    [1, length, 16] each, the negative's 5 tokens) and the family's image condition of each row's images; also the
+    embeddings themselves."""
+    rows, negatives, texts = [], [], []
+    g = torch.Generator().manual_seed(seed)
+    for images, length in zip(images_per_row, lengths):
+        embeds, negative = torch.randn(1, length, 16, generator=g), torch.randn(1, 5, 16, generator=g)
+        texts.append((embeds, negative))
+        image_part = family.image_condition(images)[1]
+        rows.append({**family.padded_condition(embeds, None), **image_part})
+        negatives.append({**family.padded_condition(negative, None), **image_part})
+    stack = lambda parts: {key: torch.cat([part[key] for part in parts]) for key in parts[0]}  # noqa: E731
+    return stack(rows), stack(negatives), texts
+
+
+@pytest.mark.parametrize("count", [1, 2])
+@pytest.mark.parametrize("guidance", [1.0, 4.0])
+def test_the_sampler_reproduces_the_pipelines_own_call_given_the_text(count, guidance, tiny_qwenimage_edit_plus_dir,
+                                                                      tmp_path):
+    """The pipeline's own ``__call__`` with the same text embeddings (``prompt_embeds``, ``negative_prompt_embeds``),
+    source images and generator, at noise level 0: its images bitwise, with one and with two sources (of other sizes:
+    each resized to the VAE size of its aspect ratio, its grid in img_shapes)."""
+    family, config = family_of(tiny_qwenimage_edit_plus_dir)
+    assert family.name == NAME and isinstance(family.pipe, QwenImageEditPlusPipeline) and family.text_dim == 16
+    images = [Image.open(path).convert("RGB") for path in sources(tmp_path)[:count]]
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    assert kwargs == {"height": 32, "width": 32, "max_sequence_length": 128, "true_cfg_scale": 5.0,
+                      "negative_prompt": " "}
+    cond, negative_cond, [(embeds, negative)] = given_text(family, [images], [7])
+    assert cond["image_shapes"].tolist() == [[[4, 4], [4, 4]][:count]]  # 32^2 px VAE sources, f = 4, 2 x 2 patches
+    assert cond["image_latents"].shape == (1, 16 * count, 16) and cond["prompt_embeds"].shape == (1, 128, 16)
+    pipe = family.pipe
+    pipe.set_progress_bar_config(disable=True)
+    ones = torch.ones(1, 7, dtype=torch.long)
+    want = pipe(image=images, prompt_embeds=embeds, prompt_embeds_mask=ones, negative_prompt_embeds=negative,
+                negative_prompt_embeds_mask=torch.ones(1, 5, dtype=torch.long), true_cfg_scale=guidance, height=32,
+                width=32, num_inference_steps=4, generator=generators(1), output_type="pt").images
+    traj = sample_trajectories(family, family.model, cond, negative_cond, 4, guidance, [0.0] * 4,
+                               generator=generators(1), compute_log_prob=False)
+    assert torch.equal(traj.images, want)
+    if count == 2:  # the second source changes the images
+        one, negative_one, _ = given_text(family, [images[:1]], [7])
+        first = sample_trajectories(family, family.model, one, negative_one, 4, guidance, [0.0] * 4,
+                                    generator=generators(1), compute_log_prob=False).images
+        assert float((first - want).abs().max()) > 1e-3
+
+
+def test_the_first_training_forwards_ratio_is_one(tiny_qwenimage_edit_plus_dir, tmp_path, monkeypatch):
+    """Recorded transitions scored again with the record's condition (both branches of true CFG, the image latents)
+    give back the recorded log-probs: bitwise on the sampling batch, the ratio within 3e-6 on other chunks; the rows'
+    sources have two grids (40 x 24 and 24 x 40 px: 12 x 8 and 8 x 12 packed tokens), one forward each."""
+    monkeypatch.setattr(pipeline_qwenimage_edit_plus, "VAE_IMAGE_SIZE", 64 * 64)
+    family, config = family_of(tiny_qwenimage_edit_plus_dir, **{"sample.sde_window_size": 0})
+    _, wide, tall = (Image.open(path).convert("RGB") for path in sources(tmp_path))
+    cond, negative, _ = given_text(family, [[wide], [tall], [wide], [tall]], [7, 3, 9, 7])
+    assert cond["image_shapes"][:2].tolist() == [[[8, 12]], [[12, 8]]]
+    assert config.train.cfg and config.sample.guidance_scale == 5.0
+    traj = sample_trajectories(family, family.model, cond, negative, 4, config.sample.guidance_scale,
+                               family.noise_levels(config.sample), generator=generators(4))
+    assert bool((traj.log_probs != 0).all())
+    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond,
+             **negative_record(negative)}  # the record's per-sample negative condition (negative_<key>)
+    scorer = TransitionScorer.from_config(config, family)
+    assert family.negative_condition() == {}  # each row's negative is its own, in the record
+    with torch.no_grad():
+        for n in range(4):
+            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
+            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
+        rows, steps = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
+        for chunk in (1, 3, 16):
+            out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
+                             for c in torch.split(torch.arange(16), chunk)])
+            ratio = torch.exp(out - traj.log_probs[rows, steps])
+            assert float((ratio - 1).abs().max()) < 3e-6, chunk
+
+
+def test_chunked_decoding_changes_nothing(tiny_qwenimage_edit_plus_dir, tmp_path):
+    family, _ = family_of(tiny_qwenimage_edit_plus_dir)
+    images = [Image.open(path).convert("RGB") for path in sources(tmp_path)[:2]]
+    cond, negative, _ = given_text(family, [images] * 4, [7, 3, 9, 7])
+    whole, chunked = (sample_trajectories(family, family.model, cond, negative, 2, 4.0, [0.0, 0.0], generator=generators(4),
+                                          compute_log_prob=False, decode_batch_size=size).images for size in (0, 3))
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_what_the_family_refuses(tiny_qwenimage_edit_plus_dir):
+    family, _ = family_of(tiny_qwenimage_edit_plus_dir)
+    with pytest.raises(ValueError, match="condition\\(prompts, metadata\\)"):
+        family.encode(["a cat"])
+    with pytest.raises(ValueError, match="takes one prompt a call; got 2 rows"):
+        family.pipeline_row_kwargs([{}, {}])
+    if family.pipe.processor is None:
+        with pytest.raises(ValueError, match="has no processor"):
+            family.condition(["edit"], [{"image": "unused.png"}])
+    else:
+        with pytest.raises(ValueError, match="prompt 'a cat' has none"):
+            family.condition(["a cat"], [{}])
+
+
+def test_the_bench_shape_is_qwenimage_edit_plus_at_its_real_size():
+    """bench/random_model.py --shape qwenimage_edit_plus on the meta device: Qwen-Image's 20.4B transformer (the Edit
+    models share it) and Qwen2.5-VL-7B's text model and vision tower."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    try:
+        import random_model
+    finally:
+        sys.path.pop(0)
+    with torch.device("meta"):
+        full = random_model.BUILDERS[NAME]()
+        part = random_model.build_qwenimage_edit_plus(blocks=0.05)
+    assert isinstance(full, QwenImageEditPlusPipeline)
+    assert sum(p.numel() for p in full.transformer.parameters()) / 1e9 == pytest.approx(20.43, abs=0.01)
+    assert full.text_encoder.config.vision_config.depth == 32
+    assert len(part.transformer.transformer_blocks) == 3
+
+
+# ------------------------------------------------------------------ with the processor (torchvision)
+def edit_dataset(folder: Path) -> str:
+    """A .jsonl editing dataset: two source images a prompt (32 x 32 and 40 x 24 px: the same VAE grid at 32^2 px)."""
+    first, second = (Path(path).name for path in sources(folder)[:2])
+    rows = [{"prompt": "put the first square on the second", "image": [first, second]},
+            {"prompt": "make the square blue", "image": [second, first]},
+            {"prompt": "turn the background green", "image": [first, first]}]
+    path = folder / "edits.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    return str(path)
+
+
+@needs_processor
+@pytest.mark.parametrize("count", [1, 2])
+def test_the_condition_and_sampler_reproduce_the_pipelines_own_call(count, tiny_qwenimage_edit_plus_dir, tmp_path):
+    family, config = family_of(tiny_qwenimage_edit_plus_dir)
+    paths = sources(tmp_path)[:count]
+    metadata = [{"image": paths if count > 1 else paths[0]}]
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(prompt=["make it red"], generator=generators(1), num_inference_steps=4, output_type="pt",
+                       **family.pipeline_row_kwargs(metadata), **kwargs).images
+    cond = family.condition(["make it red"], metadata)
+    traj = sample_trajectories(family, family.model, cond, family.negative_for(metadata), 4,
+                               config.sample.guidance_scale, [0.0] * 4, generator=generators(1), compute_log_prob=False)
+    assert torch.equal(traj.images, want)
+
+
+@needs_processor
+def test_a_rows_negative_prompt_sees_its_images_as_in_the_pipeline(tiny_qwenimage_edit_plus_dir, tmp_path):
+    """A row's own negative prompt (``metadata["negative_prompt"]``) is encoded with the row's images, as the
+    pipeline's ``negative_prompt=``: the images bitwise; the family's negatives are per row, each (text, images)
+    encoded once."""
+    family, config = family_of(tiny_qwenimage_edit_plus_dir, **{"sample.text_embedding_cache": 4})
+    paths = sources(tmp_path)
+    metadata = [{"image": paths[:2], "negative_prompt": "blurry"}]
+    rows = family.pipeline_row_kwargs(metadata)
+    assert rows["negative_prompt"] == ["blurry"] and len(rows["image"]) == 2
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(prompt=["make it red"], generator=generators(1), num_inference_steps=4, output_type="pt",
+                       **{**family.pipeline_kwargs(config.sample, config.pretrained), **rows}).images
+    negative = family.negative_for(metadata)
+    assert list(family._negatives) == [("blurry", tuple(paths[:2]))]
+    traj = sample_trajectories(family, family.model, family.condition(["make it red"], metadata), negative, 4,
+                               config.sample.guidance_scale, [0.0] * 4, generator=generators(1), compute_log_prob=False)
+    assert torch.equal(traj.images, want)
+    default = family.negative_for([{"image": paths[:2]}])
+    assert not torch.equal(default["prompt_embeds"], negative["prompt_embeds"])
+    assert torch.equal(default["image_latents"], negative["image_latents"])
+
+
+@needs_processor
+def test_an_editing_dataset_trains_an_epoch_and_the_lora_loads_in_the_pipeline(tiny_qwenimage_edit_plus_dir,
+                                                                                tmp_path):
+    from ddpo_group.rollout.collect import TextEmbeddingCache, encode_unique
+
+    path = edit_dataset(tmp_path / "data")
+    trainer = tiny_trainer("grpo", tiny_qwenimage_edit_plus_dir, tmp_path, "edits", **FAMILY_OVERRIDES[NAME],
+                           prompt_fn="from_file", prompt_fn_kwargs={"path": path}, reward_fn=REWARD, device="cpu",
+                           **{"sample.text_embedding_cache": 8, "sample.decode_batch_size": 3})
+    metrics = trainer.run()
+    assert metrics["global_step"] == 2 and np.isfinite(metrics["train/policy_loss"])
+    family = trainer.family
+    source = str(tmp_path / "data" / "source_0.png")
+    metadata = [{"image": [source, source]}]
+    cache = TextEmbeddingCache(size=4)
+    cached = encode_unique(family, ["edit", "edit"], cache, metadata * 2)
+    assert list(cache.entries) == [("edit", (source, source))]
+    for key in family.cond_keys:
+        assert torch.equal(cached[key][0], cached[key][1])
+    pipe = QwenImageEditPlusPipeline.from_pretrained(tiny_qwenimage_edit_plus_dir)
+    pipe.set_progress_bar_config(disable=True)
+    call = dict(prompt=["edit"], num_inference_steps=4, output_type="pt", **family.pipeline_row_kwargs(metadata),
+                **family.pipeline_kwargs(trainer.config.sample, trainer.config.pretrained))
+    base_images = pipe(generator=generators(1), **call).images
+    pipe.load_lora_weights(str(tmp_path / "edits" / "lora"))
+    loaded = pipe(generator=generators(1), **call).images
+    trained = sample_trajectories(family, family.model, family.condition(["edit"], metadata),
+                                  family.negative_for(metadata), 4, trainer.config.sample.guidance_scale, [0.0] * 4,
+                                  generator=generators(1), compute_log_prob=False).images
+    assert float((trained - base_images).abs().max()) > 1e-4
+    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+
+    from config.base import base
+    from ddpo_group.run.evaluation import evaluate
+
+    report = evaluate(str(tmp_path / "edits"), base(), num_prompts=2, num_seeds=2, batch_size=4, show_progress=False,
+                      device="cpu")
+    assert report["family"] == NAME and report["batch_size"] == 1 and report["num_steps"] == 4
+    assert report["rewards"]["reward"]["difference"]["n"] == 4
+
+
+@needs_processor
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_trains_an_epoch_on_the_edits(preset, tiny_qwenimage_edit_plus_dir, tmp_path):
+    from test_families import FLOW_OPTIONS
+
+    path = edit_dataset(tmp_path / "data")
+    trainer = tiny_trainer(preset, tiny_qwenimage_edit_plus_dir, tmp_path, f"edit_{preset}", **FAMILY_OVERRIDES[NAME],
+                           prompt_fn="from_file", prompt_fn_kwargs={"path": path}, reward_fn=REWARD,
+                           **FLOW_OPTIONS.get(preset, {}))
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    assert trainer.family.name == NAME and metrics["global_step"] == 2
+    changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    assert changed > len(before) // 2, f"{preset}: only {changed} of {len(before)} trained tensors changed"
+
+
+@needs_processor
+@pytest.mark.slow
+def test_the_flow_grpo_edit_recipe_runs_on_the_tiny_model(tiny_qwenimage_edit_plus_dir, tmp_path):
+    path = edit_dataset(tmp_path / "data")
+    overrides = {**FAMILY_OVERRIDES[NAME], "sample.text_embedding_cache": 16, "sample.decode_batch_size": 3,
+                 "sample.num_steps": 3, "train.pairs_per_forward": 4, "mixed_precision": "no",
+                 "train.gradient_accumulation_steps": 1, "pretrained.text_encoder_device": "cpu", "device": "cpu",
+                 "prompt_fn": "from_file", "prompt_fn_kwargs": {"path": path}, "reward_fn": REWARD}
+    trainer = tiny_trainer("flow_grpo_qwenimage_edit_plus", tiny_qwenimage_edit_plus_dir, tmp_path, "recipe",
+                           **overrides)
+    assert trainer.family.model.is_gradient_checkpointing
+    metrics = trainer.run()
+    assert metrics["global_step"] >= 1 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+
+
+def test_the_recipe_is_flow_grpos():
+    from config.base import get_config
+
+    recipe = get_config("flow_grpo_qwenimage_edit_plus")
+    assert recipe.pretrained.model == "Qwen/Qwen-Image-Edit-2509" and recipe.prompt_fn == "from_file"
+    assert (recipe.lora_rank, recipe.lora_alpha, recipe.sample.guidance_scale, recipe.train.cfg) == (64, 128, 4.0, True)
+
+
+# ------------------------------------------------------------------ Qwen-Image-Edit (one source image)
+@pytest.fixture
+def small_edit_sources(monkeypatch):
+    """QwenImageEditPipeline sizes its source to 1024^2 px (a literal in its ``__call__``) with its module's
+    ``calculate_dimensions``, which the family calls too: made 32^2 px for both."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit
+
+    original = pipeline_qwenimage_edit.calculate_dimensions
+    monkeypatch.setattr(pipeline_qwenimage_edit, "calculate_dimensions",
+                        lambda area, ratio: original(area * 32 * 32 // (1024 * 1024), ratio))
+
+
+@pytest.mark.parametrize("guidance", [1.0, 4.0])
+def test_qwen_image_edit_reproduces_its_pipelines_own_call_given_the_text(guidance, tiny_qwenimage_edit_dir,
+                                                                           small_edit_sources, tmp_path):
+    from diffusers import QwenImageEditPipeline
+
+    family, _ = family_of(tiny_qwenimage_edit_dir, **FAMILY_OVERRIDES["qwenimage_edit"])
+    assert family.name == "qwenimage_edit" and isinstance(family.pipe, QwenImageEditPipeline)
+    image = Image.open(sources(tmp_path)[1]).convert("RGB")  # 40 x 24 px
+    cond, negative_cond, [(embeds, negative)] = given_text(family, [[image]], [7])
+    assert cond["image_shapes"].tolist() == [[[4, 4]]] and cond["image_latents"].shape == (1, 16, 16)
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(image=image, prompt_embeds=embeds, prompt_embeds_mask=torch.ones(1, 7, dtype=torch.long),
+                       negative_prompt_embeds=negative, negative_prompt_embeds_mask=torch.ones(1, 5, dtype=torch.long),
+                       true_cfg_scale=guidance, height=32, width=32, num_inference_steps=4, generator=generators(1),
+                       output_type="pt").images
+    traj = sample_trajectories(family, family.model, cond, negative_cond, 4, guidance, [0.0] * 4,
+                               generator=generators(1), compute_log_prob=False)
+    assert torch.equal(traj.images, want)
+    with pytest.raises(ValueError, match="edits one source image a prompt"):
+        family.sources("edit", {"image": sources(tmp_path)[:2]})
+
+
+@needs_processor
+def test_qwen_image_edit_condition_reproduces_its_pipelines_own_call(tiny_qwenimage_edit_dir, small_edit_sources,
+                                                                     tmp_path):
+    family, config = family_of(tiny_qwenimage_edit_dir, **FAMILY_OVERRIDES["qwenimage_edit"])
+    metadata = [{"image": sources(tmp_path)[1]}]
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(prompt=["make it red"], generator=generators(1), num_inference_steps=4, output_type="pt",
+                       **family.pipeline_row_kwargs(metadata),
+                       **family.pipeline_kwargs(config.sample, config.pretrained)).images
+    traj = sample_trajectories(family, family.model, family.condition(["make it red"], metadata),
+                               family.negative_for(metadata), 4, config.sample.guidance_scale, [0.0] * 4,
+                               generator=generators(1), compute_log_prob=False)
+    assert torch.equal(traj.images, want)
