@@ -11,6 +11,9 @@ if "OMP_NUM_THREADS" not in os.environ:  # an explicit count is kept: the suite 
     torch.set_num_threads(min(2, torch.get_num_threads()))
 
 from ddpo_group.models.tiny_random import TINY_BUILDERS, build_tiny_pipeline, save_pipeline  # noqa: E402
+from processor_without_video import allow_a_processor_without_video  # noqa: E402
+
+allow_a_processor_without_video()  # Qwen-Image-Edit's processor on a machine without torchvision (its docstring)
 
 
 @pytest.fixture(autouse=True)
@@ -118,8 +121,7 @@ def tiny_qwenimage_dir(family_model_dirs):
 
 @pytest.fixture(scope="session")
 def tiny_qwenimage_edit_plus_dir(family_model_dirs):
-    """A tiny random Qwen-Image-Edit-Plus checkpoint (Qwen2.5-VL with its vision tower; its processor needs
-    torchvision: without it the checkpoint has none) on disk."""
+    """A tiny random Qwen-Image-Edit-Plus checkpoint (Qwen2.5-VL with its vision tower and its processor) on disk."""
     return family_model_dirs["qwenimage_edit_plus"]
 
 

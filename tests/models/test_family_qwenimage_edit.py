@@ -1,13 +1,12 @@
 """Qwen-Image-Edit-Plus (qwenimage_edit_plus) on a tiny pipeline built from config: the sampler against the pipeline's
-own call with one and two source images (the text condition given to both: transformers' Qwen2VLProcessor, which the
-text encoder needs to see the images, needs torchvision), the image latents and their grids, true CFG with each row's
-own unconditional branch, log-prob recomputation, rows whose images have other grids; with torchvision also the
-condition itself, the cache, an editing dataset's epoch, the LoRA export and the presets.
+own call with one and two source images, the image latents and their grids, true CFG with each row's own
+unconditional branch, log-prob recomputation, rows whose images have other grids, the condition itself (transformers'
+Qwen2VLProcessor: without torchvision, built without its video processor, tests/processor_without_video.py), the
+cache, an editing dataset's epoch, the LoRA export and the presets.
 
 The pipeline resizes the source images to CONDITION_IMAGE_SIZE (384^2) and VAE_IMAGE_SIZE (1024^2) pixels, constants
 of its module, which the family reads there: the tests make them small (``small_sources``), for both."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -26,8 +25,6 @@ from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 NAME = "qwenimage_edit_plus"
 # examples/edit_reward.py compares an edit with one source image; these prompts have two: a built-in reward
 REWARD = "jpeg_compressibility"
-needs_processor = pytest.mark.skipif(importlib.util.find_spec("torchvision") is None,
-                                     reason="transformers' Qwen2VLProcessor needs torchvision")
 
 
 @pytest.fixture(autouse=True)
@@ -191,7 +188,6 @@ def edit_dataset(folder: Path) -> str:
     return str(path)
 
 
-@needs_processor
 @pytest.mark.parametrize("count", [1, 2])
 def test_the_condition_and_sampler_reproduce_the_pipelines_own_call(count, tiny_qwenimage_edit_plus_dir, tmp_path):
     family, config = family_of(tiny_qwenimage_edit_plus_dir)
@@ -207,7 +203,6 @@ def test_the_condition_and_sampler_reproduce_the_pipelines_own_call(count, tiny_
     assert torch.equal(traj.images, want)
 
 
-@needs_processor
 def test_a_rows_negative_prompt_sees_its_images_as_in_the_pipeline(tiny_qwenimage_edit_plus_dir, tmp_path):
     """A row's own negative prompt (``metadata["negative_prompt"]``) is encoded with the row's images, as the
     pipeline's ``negative_prompt=``: the images bitwise; the family's negatives are per row, each (text, images)
@@ -230,7 +225,6 @@ def test_a_rows_negative_prompt_sees_its_images_as_in_the_pipeline(tiny_qwenimag
     assert torch.equal(default["image_latents"], negative["image_latents"])
 
 
-@needs_processor
 def test_an_editing_dataset_trains_an_epoch_and_the_lora_loads_in_the_pipeline(tiny_qwenimage_edit_plus_dir,
                                                                                 tmp_path):
     from ddpo_group.rollout.collect import TextEmbeddingCache, encode_unique
@@ -271,7 +265,6 @@ def test_an_editing_dataset_trains_an_epoch_and_the_lora_loads_in_the_pipeline(t
     assert report["rewards"]["reward"]["difference"]["n"] == 4
 
 
-@needs_processor
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_trains_an_epoch_on_the_edits(preset, tiny_qwenimage_edit_plus_dir, tmp_path):
@@ -288,7 +281,6 @@ def test_every_preset_trains_an_epoch_on_the_edits(preset, tiny_qwenimage_edit_p
     assert changed > len(before) // 2, f"{preset}: only {changed} of {len(before)} trained tensors changed"
 
 
-@needs_processor
 @pytest.mark.slow
 def test_the_flow_grpo_edit_recipe_runs_on_the_tiny_model(tiny_qwenimage_edit_plus_dir, tmp_path):
     path = edit_dataset(tmp_path / "data")
@@ -345,7 +337,6 @@ def test_qwen_image_edit_reproduces_its_pipelines_own_call_given_the_text(guidan
         family.sources("edit", {"image": sources(tmp_path)[:2]})
 
 
-@needs_processor
 def test_qwen_image_edit_condition_reproduces_its_pipelines_own_call(tiny_qwenimage_edit_dir, small_edit_sources,
                                                                      tmp_path):
     family, config = family_of(tiny_qwenimage_edit_dir, **FAMILY_OVERRIDES["qwenimage_edit"])
