@@ -28,6 +28,7 @@ import torch
 
 from _common import add_common_args, machine, median_ratio, setup_threads, side_by_side, sync, timed
 
+from config.base import base
 from ddpo_group.models import TINY_SHAPES, load_family
 from ddpo_group.models.tiny_random import TINY_BUILDERS, save_pipeline
 from ddpo_group.prompts import PromptSampler
