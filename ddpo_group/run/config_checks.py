@@ -292,6 +292,8 @@ def objective_errors(config, estimator) -> list[str]:
     if objective.kind == "preference":
         need(config.kl.use_reference_model, f"algorithm.objective={a.objective!r} compares the policy with a reference "
              "model: set kl.use_reference_model=True (kl.beta may stay 0)")
+        need(not config.kl.beta, f"kl.beta={config.kl.beta} with algorithm.objective={a.objective!r}: the preference "
+             "objective's reference is in its loss already and no KL term is added: set kl.beta=0")
         need(estimator is None or estimator.needs_groups, f"algorithm.objective={a.objective!r} pairs the best and the "
              f"worst sample of each prompt group: algorithm.adv_estimator={a.adv_estimator!r} is no group estimator "
              "(grpo, dr_grpo, rloo, ...)")

@@ -202,7 +202,8 @@ class TransitionScorer:
         step = {key: batch[key][rows, steps] for key in family.step_keys}
         cond = {key: batch[key][rows] for key in family.cond_keys}
         latents = batch["latents"][rows, steps]
-        negative = recorded_negative(family, batch, rows) if self.guidance_scale > 1.0 else family.negative_condition()
+        guided = self.guidance_scale > family.no_guidance
+        negative = recorded_negative(family, batch, rows) if guided else family.negative_condition()
         output = family.model_output(model, latents, step, cond, negative, self.guidance_scale)
         return family.step(output, latents, step, self.noise_level, next_latents=batch["next_latents"][rows, steps],
                            reduce=self.reduce)

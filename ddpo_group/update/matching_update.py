@@ -31,6 +31,7 @@ import torch
 
 from ddpo_group.algorithms.objectives import ddpm_forward, draw_times, flow_forward
 from ddpo_group.errors import ConfigError
+from ddpo_group.sampling.trajectories import recorded_negative
 from ddpo_group.update.policy_update import PolicyUpdater
 
 
@@ -60,6 +61,11 @@ class MatchingUpdater(PolicyUpdater):
                               f"process(es); the {family.name!r} family's is {self.process!r}: use a flow-matching "
                               "model (sd3, flux, zimage, tiny-shapes-flow), another objective (awm runs on both) or "
                               "algorithm.objective='policy_gradient'")
+        if family.frozen_steps:
+            raise ConfigError(f"algorithm.objective={objective.name!r} trains at any time of the forward process; this "
+                              f"{family.name!r} model runs some steps with a frozen module (Wan2.2-A14B's low-noise "
+                              "expert), which the objective cannot train: use algorithm.objective='policy_gradient' "
+                              "(it trains the high-noise expert's steps) or a one-expert model")
         kwargs = config.algorithm.objective_kwargs
         if objective.uses_old_model(kwargs) and old is None:
             raise ValueError(f"objective {objective.name!r} with algorithm.objective_kwargs={dict(kwargs)} needs an old "
@@ -152,7 +158,8 @@ class MatchingUpdater(PolicyUpdater):
     def velocity(self, model, batch: dict, r: torch.Tensor, step: dict, x_s: torch.Tensor) -> torch.Tensor:
         """The denoiser's output (velocity, eps, v or x0) on x_s for rows ``r``, under the training guidance."""
         cond = {key: batch[key][r] for key in self.family.cond_keys}
-        return self.family.model_output(model, x_s, step, cond, self.family.negative_condition(), self.guidance_scale)
+        negative = recorded_negative(self.family, batch, r)  # each row's own when the record has them
+        return self.family.model_output(model, x_s, step, cond, negative, self.guidance_scale)
 
     def _backward_pairs(self, batch: dict, r: torch.Tensor, n: torch.Tensor, weight: float, share: float,
                         sums) -> None:

@@ -268,3 +268,13 @@ def test_per_token_timesteps_of_wan22_ti2v_reproduce_the_pipeline(tmp_path):
     traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 3, 5.0,
                                [0.0] * 3, generator=generators(4), compute_log_prob=False)
     assert traj.images.shape == (4, 5, 3, 32, 32) and torch.equal(traj.images, want)
+
+
+def test_a_matching_objective_is_refused_on_two_experts(tiny_wan22_dir, tmp_path):
+    """AWM trains at any time of the forward process; Wan2.2-A14B's low-noise steps run its frozen expert."""
+    from ddpo_group.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"algorithm.objective='awm' trains at any time of the forward process; this "
+                                          r"'wan' model runs some steps with a frozen module"):
+        tiny_trainer("grpo", tiny_wan22_dir, tmp_path, "awm", **FAMILY_OVERRIDES["wan"], **{
+            "algorithm.objective": "awm", "sample.deterministic": True, "kl.beta": 0.0})

@@ -38,11 +38,13 @@ def mean_reward(images, prompts, metadata):
     return images.float().flatten(1).mean(1).double(), {}
 
 
-@pytest.mark.parametrize("name", ["sd", "sd3"])
-def test_recorded_log_probs_equal_a_rescore_with_per_row_negatives(name, family_model_dirs):
-    family, config = family_of(name, model_dir_of(name, family_model_dirs), **{"sample.num_batches_per_epoch": 2})
+@pytest.mark.parametrize("name, guidance", [("sd", 5.0), ("sd3", 5.0), ("zimage", 0.5)])
+def test_recorded_log_probs_equal_a_rescore_with_per_row_negatives(name, guidance, family_model_dirs):
+    """Z-Image guides from guidance 0 up (its no_guidance): at 0.5 the rows' own negatives are in the forward too."""
+    family, config = family_of(name, model_dir_of(name, family_model_dirs), **{"sample.num_batches_per_epoch": 2,
+                                                                               "sample.guidance_scale": guidance})
     sample = config.sample
-    assert sample.guidance_scale > 1 and config.train.cfg
+    assert sample.guidance_scale > family.no_guidance and config.train.cfg
     prompts, metadata = PROMPTS * 2, METADATA + METADATA[::-1]
     with ThreadPoolExecutor(1) as executor:
         record = collect_rollouts(family, prompts, metadata, RewardScorer(mean_reward, "mean"), executor, sample,

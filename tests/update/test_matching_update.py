@@ -149,6 +149,9 @@ def test_dpo_trains_each_groups_pair_and_equal_rewards_train_nothing(tiny_sd3_di
     assert all(torch.equal(b, p.detach()) for b, p in zip(before, flat.updater.params))
     with pytest.raises(ConfigError, match="kl.use_reference_model=True"):
         tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "noref", **{**overrides, "kl.use_reference_model": False})
+    with pytest.raises(ConfigError, match=r"kl.beta=0.1 with algorithm.objective='dpo': the preference objective's "
+                                          r"reference is in its loss already and no KL term is added"):
+        tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "beta", **{**overrides, "kl.beta": 0.1})
 
 
 def test_dgpo_trains_whole_groups(tiny_sd3_dir, tmp_path):

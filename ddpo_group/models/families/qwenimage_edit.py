@@ -141,7 +141,8 @@ class QwenImageEditPlusFamily(QwenImageFamily):
         with ``image``; each distinct (negative prompt, images) encoded once a call, and kept for the last
         ``sample.text_embedding_cache`` of them."""
         metadata = metadata or []
-        texts = [(meta or {}).get(NEGATIVE_PROMPT_KEY) or self.run_negative_prompt for meta in metadata]
+        texts = [self.run_negative_prompt if (meta or {}).get(NEGATIVE_PROMPT_KEY) is None else meta[NEGATIVE_PROMPT_KEY]
+                 for meta in metadata]
         size = int(self.config.sample.text_embedding_cache) if self.config is not None else 0
         rows, fresh = [], {}
         for text, meta in zip(texts, metadata):

@@ -60,6 +60,11 @@ class WanFamily(FlowMatchingFamily):
         super().__init__(pipe, config)
 
     @property
+    def frozen_steps(self) -> bool:
+        """Wan2.2-A14B: the low-noise steps run the frozen ``transformer_2``."""
+        return self.boundary is not None
+
+    @property
     def boundary(self) -> float | None:
         """The timestep from which down the low-noise expert ``transformer_2`` denoises (None: one transformer)."""
         ratio = self.pipe.config.boundary_ratio
@@ -129,8 +134,11 @@ class WanFamily(FlowMatchingFamily):
             elif bool(low.any()):
                 out = torch.empty_like(latents, dtype=torch.float32)
                 for rows, expert in ((low, self.pipe.transformer_2), (~low, model)):
+                    rows_negative = negative  # the run's one row, or one per row (per-row negative prompts)
+                    if negative is not None and len(next(iter(negative.values()))) == len(low) > 1:
+                        rows_negative = rows_of(negative, rows)
                     out[rows] = self.guided(expert, latents[rows], t.expand(len(low))[rows], rows_of(cond, rows),
-                                            negative, guidance_scale).float()
+                                            rows_negative, guidance_scale).float()
                 return out
         return self.guided(model, latents, t, cond, negative, guidance_scale)
 
