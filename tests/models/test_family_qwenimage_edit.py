@@ -349,3 +349,38 @@ def test_qwen_image_edit_condition_reproduces_its_pipelines_own_call(tiny_qwenim
                                family.negative_for(metadata), 4, config.sample.guidance_scale, [0.0] * 4,
                                generator=generators(1), compute_log_prob=False)
     assert torch.equal(traj.images, want)
+
+
+def test_qwen_image_edit_trains_an_epoch_on_edits_and_its_lora_loads_in_the_pipeline(tiny_qwenimage_edit_dir,
+                                                                                       small_edit_sources, tmp_path):
+    """One source image a prompt (a .jsonl dataset, one row with its own negative prompt): a grpo epoch with true CFG
+    trains the LoRA, whose export loaded by QwenImageEditPipeline gives the trained model's edits."""
+    from diffusers import QwenImageEditPipeline
+
+    folder = tmp_path / "data"
+    names = [Path(path).name for path in sources(folder)]
+    rows = [{"prompt": "make the square blue", "image": names[0]}, {"prompt": "turn it green", "image": names[1]},
+            {"prompt": "a red border", "image": names[2], "negative_prompt": "blurry"}]
+    (folder / "edits.jsonl").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    trainer = tiny_trainer("grpo", tiny_qwenimage_edit_dir, tmp_path, "edit1", **FAMILY_OVERRIDES["qwenimage_edit"],
+                           prompt_fn="from_file", prompt_fn_kwargs={"path": str(folder / "edits.jsonl")},
+                           reward_fn=REWARD, device="cpu")
+    assert trainer.family.name == "qwenimage_edit" and trainer.config.sample.guidance_scale > 1
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    assert metrics["global_step"] == 2 and np.isfinite(metrics["train/policy_loss"])
+    assert sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params)) > len(before) // 2
+    family = trainer.family
+    metadata = [{"image": str(folder / names[1])}]
+    pipe = QwenImageEditPipeline.from_pretrained(tiny_qwenimage_edit_dir)
+    pipe.set_progress_bar_config(disable=True)
+    call = dict(prompt=["turn it green"], num_inference_steps=4, output_type="pt", **family.pipeline_row_kwargs(metadata),
+                **family.pipeline_kwargs(trainer.config.sample, trainer.config.pretrained))
+    base_images = pipe(generator=generators(1), **call).images
+    pipe.load_lora_weights(str(tmp_path / "edit1" / "lora"))
+    loaded = pipe(generator=generators(1), **call).images
+    trained = sample_trajectories(family, family.model, family.condition(["turn it green"], metadata),
+                                  family.negative_for(metadata), 4, trainer.config.sample.guidance_scale, [0.0] * 4,
+                                  generator=generators(1), compute_log_prob=False).images
+    assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
+    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
