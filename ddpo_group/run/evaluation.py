@@ -225,7 +225,7 @@ def evaluate(finetuned: str, defaults, base_model: str | None = None, num_prompt
     prompts, metadata = draw_prompts(prompt_fn, dict(prompt_fn_kwargs), num_prompts, seed)
     seeds = prompt_seeds(prompts, seed, num_seeds)
     combined = make_combined_reward(reward_fn, reward_fn_kwargs)
-    family = load_family(base_model, family=config.pretrained.family)
+    family = load_family(base_model, family=config.pretrained.family, config=config)  # the run's negative prompt, frames
     pipe = family.pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
     batch_size = min(batch_size, family.pipeline_max_batch or batch_size)  # e.g. Qwen-Image-Edit-Plus: one a call
