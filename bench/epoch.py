@@ -1,6 +1,6 @@
 """Wall time and peak memory of one full epoch of the default group_ppo run, phase by phase.
 
-    python bench/epoch.py [--preset group_ppo] [--epochs 2] [--threads 1] [--set FIELD=VALUE ...]
+    python bench/epoch.py [--preset group_ppo] [--epochs 2] [--threads 1] [--set FIELD=VALUE ...] [--json PATH]
 
 Runs the trainer (scripts/train.py's code path, wandb off, a temporary log directory) for ``--epochs``
 epochs and reports the last one (the first pays one-off warm-up costs), which ends the run and so also
@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -45,6 +47,7 @@ def parse_args(argv=None):
     parser.add_argument("--preset", default="group_ppo")
     parser.add_argument("--epochs", type=int, default=2, help="epochs run; the last is reported")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field")
+    parser.add_argument("--json", default="", metavar="PATH", help="also write the measured figures to this JSON file")
     parser.add_argument("--memory-gb", type=float, default=0.0,
                         help="cap this process's CUDA memory (torch.cuda.set_per_process_memory_fraction): a smaller card")
     add_common_args(parser)
@@ -81,7 +84,7 @@ def main(argv=None) -> dict:
 
         # the sampling's reward calls only (the evaluation during training keeps its scorer)
         trainer.rollouts.reward_scorer = RewardScorer(timed_reward, config.reward_fn)
-        unet_timer = UNetTimer(trainer.pipe.unet, trainer.accelerator.device)
+        unet_timer = UNetTimer(trainer.family.model, trainer.accelerator.device)  # the denoiser, UNet or transformer
         trainer.accelerator.backward = unet_timer.wrap_backward(trainer.accelerator.backward)
         marks = []
         train_epoch = trainer.train_epoch
@@ -99,13 +102,17 @@ def main(argv=None) -> dict:
         end = time.perf_counter()
         phases = trainer.timer.since(marks[-1][0], trainer.timer.snapshot())
         wall = end - marks[-1][1]
-        unet_s = unet_timer.forward_s + unet_timer.backward_s - marks[-1][2]
+        denoiser_s = unet_timer.forward_s + unet_timer.backward_s - marks[-1][2]
         cuda_peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
 
-    out = {"wall_s": wall, "phases": {p: phases.get(p, 0.0) for p in PHASES}, "unet_share": unet_s / wall,
+    out = {"wall_s": wall, "phases": {p: phases.get(p, 0.0) for p in PHASES}, "denoiser_share": denoiser_s / wall,
            "peak_rss_mib": peak_rss_mib(), "rss_after_setup_mib": rss_setup, "cuda_max_allocated_mib": cuda_peak,
            "reward_compute_s": reward_compute[0] - marks[-1][3], "pairs_per_forward": last.get("train/pairs_per_forward"),
-           "gradient_checkpointing": bool(trainer.family.model.is_gradient_checkpointing)}
+           "gradient_checkpointing": bool(trainer.family.model.is_gradient_checkpointing),
+           "perf": {key: value for key, value in last.items() if key.startswith("perf/")},
+           "preset": args.preset, "sets": args.set, "memory_cap_gb": args.memory_gb or None,
+           "machine": machine(args.device), "mixed_precision": config.mixed_precision,
+           "samples": config.sample.batch_size * config.sample.num_batches_per_epoch, "steps": config.sample.num_steps}
     other = wall - sum(out["phases"].values())
     s, t = config.sample, config.train
     print(f"machine: {machine(args.device)}; device {trainer.accelerator.device}, mixed precision {config.mixed_precision}")
@@ -122,9 +129,13 @@ def main(argv=None) -> dict:
     print(f"| other (between phases) | {other:.3f} | {100 * other / wall:.1f}% |")
     print(f"| **epoch** | **{wall:.3f}** | 100% |")
     print(f"reward compute in worker threads (overlapped with sampling): {out['reward_compute_s']:.3f} s")
-    print(f"UNet forward+backward share of the epoch: {100 * out['unet_share']:.1f}%")
+    print(f"denoiser forward+backward share of the epoch: {100 * out['denoiser_share']:.1f}%")
     print(f"memory: peak RSS {out['peak_rss_mib']:.0f} MiB (process), RSS after setup {rss_setup:.0f} MiB"
           + (f", CUDA max allocated in the epoch {cuda_peak:.0f} MiB" if cuda_peak is not None else ", CUDA: not used"))
+    perf = out["perf"]
+    print("throughput: " + ", ".join(f"{key[5:]} {value:.4g}" for key, value in sorted(perf.items())))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2))
     return out
 
 

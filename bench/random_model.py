@@ -5,7 +5,8 @@ and throughput on when the real weights are not at hand.
     python bench/random_model.py --shape sd35m --out /tmp/sd35m   # SD 3.5 Medium's transformer, CLIP-L/G, no T5
     python bench/random_model.py --shape sdxl --out /tmp/sdxl     # SDXL base's UNet, CLIP-L and CLIP-G, 1024 px
     python bench/random_model.py --shape zimage --out /tmp/zimage # Z-Image's 6B transformer, Qwen3-4B, FLUX VAE
-    python bench/random_model.py --shape flux_kontext --out /tmp/kontext  # FLUX.1 Kontext [dev]: 11.9B + T5-XXL (34 GB)
+    python bench/random_model.py --shape flux --out /tmp/flux     # FLUX.1 [dev]: 11.9B + T5-XXL (34 GB); --blocks 0.5: half
+    python bench/random_model.py --shape flux_kontext --out /tmp/kontext  # FLUX.1 Kontext [dev]: the same in its pipeline
     python bench/random_model.py --shape flux2_klein4b --out /tmp/klein4b  # FLUX.2 [klein] 4B, Qwen3-4B, FLUX.2 VAE
     python bench/random_model.py --shape wan13b --out /tmp/wan    # Wan2.1-T2V-1.3B's transformer, VAE and UMT5-XXL
     python bench/random_model.py --shape qwenimage --out /tmp/qwen  # Qwen-Image (20.4B) and Qwen2.5-VL-7B: ~57 GB
@@ -25,6 +26,7 @@ Weights are saved in bfloat16.
 from __future__ import annotations
 
 import argparse
+import inspect
 
 import torch
 from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
@@ -145,12 +147,12 @@ def build_zimage():
 BUILDERS["zimage"] = build_zimage
 
 
-def build_flux_kontext(blocks: float = 1.0):
-    """FLUX.1 Kontext [dev]'s shapes: FluxTransformer2DModel with 19 double and 38 single blocks (24 heads of 128,
-    guidance embedding; 11.9B), CLIP-L, a T5-XXL-sized encoder (24 layers, 4096 wide, gated GELU; 4.8B) with the
-    locally built T5 tokenizer, the 16-channel FLUX VAE. ``blocks`` < 1 keeps that fraction of the transformer's and
-    T5's blocks (at least one each), widths unchanged."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxTransformer2DModel
+def flux_components(blocks: float = 1.0) -> dict:
+    """FLUX.1 [dev]'s components: FluxTransformer2DModel with 19 double and 38 single blocks (24 heads of 128, guidance
+    embedding; 11.9B), CLIP-L, a T5-XXL-sized encoder (24 layers, 4096 wide, gated GELU; 4.8B) with the locally built
+    T5 tokenizer, the 16-channel FLUX VAE, the dynamic shift. ``blocks`` < 1 keeps that fraction of the transformer's
+    and T5's blocks (at least one each), widths unchanged."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
     from transformers import T5Config, T5EncoderModel
 
     from ddpo_group.models.tiny_random import t5_tokenizer
@@ -166,14 +168,27 @@ def build_flux_kontext(blocks: float = 1.0):
                                  feed_forward_proj="gated-gelu", tie_word_embeddings=False))
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
                                                 base_image_seq_len=256, max_image_seq_len=4096)
-    return FluxKontextPipeline(
-        scheduler=scheduler, vae=vae(16, shift_factor=0.1159, scaling_factor=0.3611, use_quant_conv=False,
-                                     use_post_quant_conv=False),
-        text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=t5, tokenizer_2=t5_tokenizer(512),
-        transformer=transformer,
-    )
+    return dict(scheduler=scheduler, vae=vae(16, shift_factor=0.1159, scaling_factor=0.3611, use_quant_conv=False,
+                                             use_post_quant_conv=False),
+                text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=t5, tokenizer_2=t5_tokenizer(512),
+                transformer=transformer)
 
 
+def build_flux(blocks: float = 1.0):
+    """FLUX.1 [dev] text-to-image (FluxPipeline): ``flux_components``."""
+    from diffusers import FluxPipeline
+
+    return FluxPipeline(**flux_components(blocks))
+
+
+def build_flux_kontext(blocks: float = 1.0):
+    """FLUX.1 Kontext [dev]: FLUX.1 [dev]'s shapes (``flux_components``) in FluxKontextPipeline."""
+    from diffusers import FluxKontextPipeline
+
+    return FluxKontextPipeline(**flux_components(blocks))
+
+
+BUILDERS["flux"] = build_flux
 BUILDERS["flux_kontext"] = build_flux_kontext
 
 
@@ -273,10 +288,16 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", choices=sorted(BUILDERS), required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--blocks", type=float, default=1.0,
+                        help="the fraction of the transformer's (and T5's) blocks kept, widths unchanged: flux, "
+                             "flux_kontext and qwenimage_edit_plus")
     args = parser.parse_args(argv)
+    builder = BUILDERS[args.shape]
+    if args.blocks != 1.0 and "blocks" not in inspect.signature(builder).parameters:
+        parser.error(f"--blocks {args.blocks} applies to flux, flux_kontext and qwenimage_edit_plus, not {args.shape}")
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init on the GPU: seconds, not minutes
-        pipe = BUILDERS[args.shape]()
+        pipe = builder(blocks=args.blocks) if args.blocks != 1.0 else builder()
     pipe.to(torch.bfloat16)
     counts = {name: sum(p.numel() for p in module.parameters()) / 1e6 for name, module in pipe.components.items()
               if isinstance(module, torch.nn.Module)}

@@ -1,0 +1,369 @@
+"""The one-command GPU check: the test suite on CUDA and one training epoch at each model size users train, in one
+command of at most 9 minutes, everything it measures written into one folder.
+
+    bash bench/gpu_wheels.sh          # here, once: the wheels the GPU image lacks (diffusers, ml_collections, wandb), .whl/
+    # on the GPU machine, from the repository root:
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+    python3 bench/gpu_check.py --out DIR
+
+    python bench/gpu_check.py --out DIR --dry-run     # on a CPU: every step on the tiny models (tests/end_to_end)
+
+Steps (``--only`` picks some), each a subprocess whose output goes to DIR/log.txt, so one that fails leaves the others:
+
+1. ``env``: the GPU, driver, torch / CUDA and the packages' versions.
+2. ``suite``: the test suite (``python -m pytest -rf --junitxml DIR/junit.xml``, in parallel with pytest-xdist when it
+   is installed), started first on all cores but ``--bench-cores``; its summary (the ``-rf`` lines) in DIR/suite.txt.
+   The 2-process tests (``MULTIPROCESS``) are part of it; the summary lists their outcomes apart.
+3. ``models``: random pipelines of the real shapes (bench/random_model.py), built while the suite runs: SD-1.5 (UNet
+   860M, 512 px), SD 3.5 Medium (2.24B transformer, CLIP-L/G, no T5) and FLUX.1 [dev] widths with half its blocks
+   (10 double + 19 single, 6.2B; T5-XXL's width with 12 of its 24 layers): the whole 12B does not fit the 24 GiB cap.
+4. ``epochs`` (after the suite, alone on the GPU): a two-epoch run of each shape's recipe (``SHAPES``: grpo on SD-1.5,
+   flow_grpo_sd35 and flow_grpo_flux on the others; bf16, LoRA, ``train.pairs_per_forward="auto"``), the second epoch
+   reported by bench/epoch.py, once on the whole card and once under a 24 GiB cap: peak CUDA memory, the phase split,
+   images/s, pairs/s, training and sampling MFU.
+5. ``full_ft``: the SD 3.5 Medium epoch with full fine-tuning and gradient checkpointing.
+
+Then DIR/summary.md (the tables for docs/performance.md) and DIR/summary.json; what could not run is listed with the
+reason. DIR holds at most 8 files: summary.md, summary.json, junit.xml, suite.txt, log.txt, details.tar.gz (each
+step's JSON). ``--budget-s`` (default 530) bounds the whole: a step that would start past it is listed as not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+STEPS = ("env", "suite", "models", "epochs", "full_ft")
+CAP_GB = 24
+# the tests that start 2 processes (accelerate launch or workers one by one): on one GPU they run on the CPU
+MULTIPROCESS = ("tests/end_to_end/test_process_failures.py", "tests/run/test_scale_out.py",
+                "tests/end_to_end/test_train_e2e.py::test_two_processes")
+COMMON = {"prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "use_lora": "True", "eval_freq": "0",
+          "sample.num_batches_per_epoch": "1", "sample.batch_size": "8", "train.batch_size": "8",
+          "train.group_size": "8"}
+# shape: (random_model.py arguments, tiny family of the dry run, preset, fields set on top of COMMON)
+SHAPES = {
+    "sd15": (["--shape", "sd15"], "sd", "grpo", {"sample.num_steps": "20", "mixed_precision": "bf16"}),
+    "sd35m": (["--shape", "sd35m"], "sd3", "flow_grpo_sd35", {"mixed_precision": "bf16"}),
+    "flux": (["--shape", "flux", "--blocks", "0.5"], "flux", "flow_grpo_flux", {"mixed_precision": "bf16"}),
+}
+FULL_FT = ("sd35m", {"use_lora": "False", "train.gradient_checkpointing": "True"})
+DRY_SUITE = "tests/run/test_throughput.py"  # a few seconds
+DRY = {"sample.num_steps": "2", "sample.batch_size": "4", "train.batch_size": "4", "train.group_size": "4",
+       "sample.resolution": "0", "mixed_precision": "no", "pretrained.max_sequence_length": "16"}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="the folder every result is written to")
+    parser.add_argument("--dry-run", action="store_true", help="CPU: the tiny models, two steps, a few tests")
+    parser.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps of {', '.join(STEPS)}")
+    parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated shapes of {', '.join(SHAPES)}")
+    parser.add_argument("--budget-s", type=float, default=530.0, help="seconds for the whole check")
+    parser.add_argument("--suite", default="", help="pytest's arguments for the suite step, space-separated (default: "
+                                                   "tests; with --dry-run: DRY_SUITE)")
+    parser.add_argument("--workers", type=int, default=0, help="pytest-xdist workers (0: the cores left by the bench)")
+    parser.add_argument("--bench-cores", type=int, default=2,
+                        help="cores kept free of the suite for the model building (the suite ends before the epochs)")
+    parser.add_argument("--models-dir", default="", help="where the random pipelines are saved (default: a temporary "
+                                                         "folder, removed at the end)")
+    args = parser.parse_args(argv)
+    args.suite = args.suite or (DRY_SUITE if args.dry_run else "tests")
+    for name, allowed in (("only", STEPS), ("shapes", SHAPES)):
+        chosen = [s for s in getattr(args, name).split(",") if s]
+        if unknown := [s for s in chosen if s not in allowed]:
+            parser.error(f"--{name}: {', '.join(unknown)} unknown; allowed: {', '.join(allowed)}")
+        setattr(args, name, chosen)
+    return args
+
+
+class Check:
+    """The folder, the log, the clock and what was measured or not run."""
+
+    def __init__(self, args):
+        self.args = args
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+        self.models = Path(args.models_dir) if args.models_dir else self.work / "models"
+        self.log = open(self.out / "log.txt", "a")
+        self.start = time.monotonic()
+        self.results: dict = {"dry_run": args.dry_run, "steps": {}, "not_run": []}
+        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                        PYTHONUNBUFFERED="1", WANDB_MODE="disabled", HF_HUB_OFFLINE="1")
+
+    def left(self) -> float:
+        return self.args.budget_s - (time.monotonic() - self.start)
+
+    def say(self, line: str) -> None:
+        stamp = f"[{time.monotonic() - self.start:6.1f} s] {line}"
+        print(stamp, flush=True)
+        self.log.write(stamp + "\n")
+        self.log.flush()
+
+    def not_run(self, what: str, why: str) -> None:
+        self.say(f"NOT RUN {what}: {why}")
+        self.results["not_run"].append({"what": what, "why": why})
+
+    def run(self, what: str, command: list[str], timeout: float, **kwargs) -> int | None:
+        """``command`` with its output in the log; None when it ran past ``timeout`` (then it is interrupted)."""
+        if timeout <= 5:
+            self.not_run(what, f"the budget of {self.args.budget_s:.0f} s is spent")
+            return None
+        self.say(f"{what}: {' '.join(command)}")
+        process = self.start_process(command, **kwargs)
+        return self.wait(what, process, timeout)
+
+    def start_process(self, command: list[str], cores: set[int] | None = None, env: dict | None = None):
+        self.log.flush()
+        preexec = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+        return subprocess.Popen(command, cwd=ROOT, env=env or self.env, stdout=self.log, stderr=subprocess.STDOUT,
+                                preexec_fn=preexec, start_new_session=True)
+
+    def wait(self, what: str, process, timeout: float) -> int | None:
+        started = time.monotonic()
+        try:
+            code = process.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGINT)  # pytest still writes its junit file after an interrupt
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            self.not_run(what, f"interrupted after {timeout:.0f} s (the budget)")
+            return None
+        self.say(f"{what}: exit {code} after {time.monotonic() - started:.1f} s")
+        return code
+
+
+def python() -> str:
+    return sys.executable
+
+
+def env_step(check: Check) -> None:
+    lines = [f"python {platform.python_version()} ({python()}), {os.cpu_count()} CPUs, {platform.platform()}"]
+    code = ("import torch, diffusers, transformers, peft, accelerate; "
+            "print('torch', torch.__version__, 'cuda', torch.version.cuda, 'GPU', torch.cuda.get_device_name() "
+            "if torch.cuda.is_available() else None); print('diffusers', diffusers.__version__, 'transformers', "
+            "transformers.__version__, 'peft', peft.__version__, 'accelerate', accelerate.__version__)")
+    versions = subprocess.run([python(), "-c", code], cwd=ROOT, env=check.env, capture_output=True, text=True)
+    lines += (versions.stdout + versions.stderr).strip().splitlines()[-2:]
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True)
+        lines.append("nvidia-smi: " + smi.stdout.strip())
+    check.results["env"] = lines
+    for line in lines:
+        check.say(line)
+
+
+def suite_command(check: Check, junit: Path) -> tuple[list[str], set[int] | None]:
+    args = check.args
+    command = [python(), "-m", "pytest", "-rf", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+               *args.suite.split()]
+    cores = None
+    has_xdist = subprocess.run([python(), "-c", "import xdist"], capture_output=True).returncode == 0
+    if has_xdist and (os.cpu_count() or 1) > args.bench_cores + 1 and not args.dry_run:
+        all_cores = sorted(os.sched_getaffinity(0))
+        cores = set(all_cores[args.bench_cores:])
+        command += ["-n", str(args.workers or len(cores)), "--dist", "loadfile"]
+    elif not has_xdist:
+        check.results["suite_note"] = "pytest-xdist is not installed: the suite ran in one process"
+    return command, cores
+
+
+def junit_counts(junit: Path) -> dict:
+    """Totals of a junit file, and the outcome of every test of ``MULTIPROCESS``."""
+    root = ElementTree.parse(junit).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    counts = {key: sum(int(s.get(key, 0)) for s in suites) for key in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    counts["time_s"] = sum(float(s.get("time", 0)) for s in suites)
+    failed, multiprocess = [], {}
+    for case in root.iter("testcase"):
+        path = case.get("classname", "").replace(".", "/")
+        file, _, cls = path.rpartition("/test_")
+        node = f"{file}/test_{cls}.py::{case.get('name')}" if file else f"{path}::{case.get('name')}"
+        outcome = "passed"
+        for tag in ("failure", "error", "skipped"):
+            if case.find(tag) is not None:
+                outcome = tag
+        if outcome in ("failure", "error"):
+            failed.append(node)
+        if any(node.startswith(prefix) for prefix in MULTIPROCESS):
+            multiprocess[node] = outcome
+    counts["failed"] = failed
+    counts["multiprocess"] = multiprocess
+    return counts
+
+
+def build_models(check: Check) -> dict[str, Path]:
+    dirs = {}
+    for shape in check.args.shapes:
+        target = check.models / shape
+        builder, family = SHAPES[shape][0], SHAPES[shape][1]
+        if check.args.dry_run:
+            command = [python(), "-c", "import sys; from ddpo_group.models.tiny_random import TINY_BUILDERS, "
+                       "save_pipeline; save_pipeline(TINY_BUILDERS[sys.argv[1]](), sys.argv[2])", family, str(target)]
+        else:
+            command = [python(), str(BENCH / "random_model.py"), *builder, "--out", str(target)]
+        if check.run(f"models/{shape}", command, check.left() - 60) == 0:
+            dirs[shape] = target
+        else:
+            check.not_run(f"the {shape} epochs", "its random pipeline was not built (log.txt)")
+    return dirs
+
+
+def epoch_run(check: Check, name: str, shape: str, model: Path, extra: dict, cap_gb: float | None) -> None:
+    preset, sets = SHAPES[shape][2], {**COMMON, **SHAPES[shape][3], **extra}
+    if check.args.dry_run:
+        sets.update(DRY)
+    sets["pretrained.model"] = str(model)
+    target = check.work / f"{name}.json"
+    command = [python(), str(BENCH / "epoch.py"), "--preset", preset, "--epochs", "2", "--threads", "0",
+               "--json", str(target)]
+    command += [x for key, value in sets.items() for x in ("--set", f"{key}={value}")]
+    if cap_gb:
+        command += ["--memory-gb", str(cap_gb)]
+    if check.run(name, command, check.left()) == 0 and target.exists():
+        check.results["steps"][name] = json.loads(target.read_text())
+    elif name not in {n["what"] for n in check.results["not_run"]}:
+        check.not_run(name, "it failed (log.txt)")
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def summary(check: Check) -> str:
+    r = check.results
+    lines = ["# GPU check" + (" (dry run: tiny models on the CPU)" if r["dry_run"] else ""), ""]
+    lines += [f"    {line}" for line in r.get("env", [])] + [""]
+    if "suite" in r:
+        s = r["suite"]
+        lines += [f"**Suite**: {s['passed']} passed, {s['failures']} failed, {s['errors']} errors, {s['skipped']} "
+                  f"skipped of {s['tests']} in {s['wall_s']:.0f} s ({s['command']})."]
+        lines += [f"* failed: `{node}`" for node in s["failed"]]
+        if s["multiprocess"]:
+            outcomes = list(s["multiprocess"].values())
+            lines += ["", f"**2-process tests**: {outcomes.count('passed')} passed of {len(outcomes)} "
+                          f"({', '.join(sorted(set(outcomes)))})."]
+            lines += [f"* `{node}`: {outcome}" for node, outcome in s["multiprocess"].items() if outcome != "passed"]
+        if r.get("suite_note"):
+            lines.append(r["suite_note"])
+        lines.append("")
+    epochs = {name: e for name, e in r["steps"].items()}
+    if epochs:
+        lines += ["| run | samples x steps | pairs per forward | CUDA max allocated GiB | sampling s | training s | "
+                  "epoch s | images/s | pairs/s | MFU training | MFU sampling |", "|---|---:|---:|---:|---:|---:|---:|"
+                  "---:|---:|---:|---:|"]
+        for name, e in epochs.items():
+            perf = e["perf"]
+            memory = e["cuda_max_allocated_mib"] / 1024 if e["cuda_max_allocated_mib"] is not None else None
+
+            def number(value, digits=2, percent=False):
+                if value is None:
+                    return "n/a"
+                return f"{100 * value:.1f}%" if percent else f"{value:.{digits}f}"
+
+            lines.append(
+                f"| {name} | {e['samples']} x {e['steps']} | {e['pairs_per_forward']}"
+                f"{' (GC)' if e['gradient_checkpointing'] else ''} | {number(memory, 1)} | "
+                f"{e['phases']['sampling']:.2f} | {e['phases']['training']:.2f} | {e['wall_s']:.2f} | "
+                f"{number(perf.get('perf/images_per_s'))} | {number(perf.get('perf/pairs_per_s'))} | "
+                f"{number(perf.get('perf/mfu_training'), percent=True)} | "
+                f"{number(perf.get('perf/mfu_sampling'), percent=True)} |")
+        lines += ["", "Phase split of each epoch (seconds):", ""]
+        phases = list(next(iter(epochs.values()))["phases"])
+        lines += ["| run | " + " | ".join(phases) + " |", "|---|" + "---:|" * len(phases)]
+        for name, e in epochs.items():
+            lines.append(f"| {name} | " + " | ".join(f"{e['phases'][p]:.2f}" for p in phases) + " |")
+        lines.append("")
+    if r["not_run"]:
+        lines += ["**Not run**:"] + [f"* {n['what']}: {n['why']}" for n in r["not_run"]]
+    lines += ["", f"Whole check: {r['wall_s']:.0f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    check = Check(args)
+    if not args.dry_run and not cuda_available():
+        check.say("no CUDA GPU here: the epochs would measure nothing (use --dry-run on a CPU)")
+        args.only = [s for s in args.only if s in ("env", "suite")]
+    if "env" in args.only:
+        env_step(check)
+    suite = None
+    if "suite" in args.only:
+        junit = check.out / "junit.xml"
+        command, cores = suite_command(check, junit)
+        check.say(f"suite: {' '.join(command)}" + (f" (cores {min(cores)}-{max(cores)})" if cores else ""))
+        suite = (check.start_process(command, cores=cores), time.monotonic(), junit, command)
+        if not cores:  # in one process beside nothing: wait for it here
+            wait_suite(check, suite)
+            suite = None
+    models = build_models(check) if {"models", "epochs", "full_ft"} & set(args.only) else {}
+    if suite:
+        wait_suite(check, suite)
+    if "epochs" in args.only:
+        for shape in args.shapes:
+            if shape in models:
+                for cap in (None, CAP_GB) if not args.dry_run else (None,):  # a memory cap is CUDA's
+                    epoch_run(check, shape + (f" ({cap} GiB cap)" if cap else ""), shape, models[shape], {}, cap)
+    if "full_ft" in args.only:
+        shape, extra = FULL_FT
+        if shape in models:
+            epoch_run(check, f"{shape} full fine-tuning", shape, models[shape], extra, None)
+        else:
+            check.not_run(f"{shape} full fine-tuning", f"no {shape} model (--shapes)")
+    check.results["wall_s"] = time.monotonic() - check.start
+    (check.out / "summary.json").write_text(json.dumps(check.results, indent=2, default=str))
+    text = summary(check)
+    (check.out / "summary.md").write_text(text)
+    with tarfile.open(check.out / "details.tar.gz", "w:gz") as tar:
+        for path in sorted(check.work.glob("*.json")):
+            tar.add(path, arcname=path.name)
+    print(text)
+    check.log.close()
+    shutil.rmtree(check.work, ignore_errors=True)
+    return check.results
+
+
+def wait_suite(check: Check, suite) -> None:
+    process, started, junit, command = suite
+    budget_for_suite = check.left() - (60 if check.args.dry_run else 240)  # the epochs need about 4 minutes
+    code = check.wait("suite", process, budget_for_suite)
+    wall = time.monotonic() - started
+    if junit.exists():
+        counts = junit_counts(junit)
+        counts.update(wall_s=wall, exit=code, command=" ".join(Path(c).name if c == python() else c for c in command))
+        check.results["suite"] = counts
+        failed = "".join(f"FAILED {node}\n" for node in counts["failed"])
+        (check.out / "suite.txt").write_text(f"{counts['passed']} passed, {counts['failures']} failed, "
+                                             f"{counts['errors']} errors, {counts['skipped']} skipped of "
+                                             f"{counts['tests']} in {wall:.0f} s\n{failed}")
+    else:
+        check.not_run("the suite's counts", "pytest wrote no junit file (log.txt)")
+
+
+if __name__ == "__main__":
+    main()
