@@ -2,23 +2,31 @@
 
     python bench/sampling.py [--images 64] [--steps 20] [--repeats 7] [--threads 1] [--model tiny-shapes]
     python bench/sampling.py --family sd3 [--resolution 32]     # a tiny random SD3 (or flux) built from config
+    python bench/sampling.py --model DIR --device cuda --dtype bf16 --resolution 512 --json out.json
 
-Same model, prompts, number of steps, batch, guidance, output decoded to images in both: Stable Diffusion with
-DDIM at its noise level (eta 1; SDXL alike); the flow families (SD3, FLUX) with their pipeline's deterministic
-Euler sampler, ours at noise level 0 (the pipeline has no SDE; our stochastic steps cost the same: a few
-elementwise operations).
+Same model, prompts, number of steps, batch, guidance, output decoded to images in both:
+
+* ours: the trainer's sampling path, ``sample_trajectories`` with the family at the configured noise levels (the SDE
+  window ``--sde-window-size``, 0: every step stochastic), recording the latents and every stochastic step's
+  log-probability, the run's one-row negative condition (encoded once, as the trainer does);
+* diffusers: the family's pipeline __call__ (StableDiffusionPipeline, StableDiffusion3Pipeline, FluxPipeline, ...)
+  with its own sampler: DDIM at the noise level (eta, Stable Diffusion; SDXL alike), the deterministic Euler sampler on
+  the flow families (the pipeline has no SDE; a stochastic step costs a few elementwise operations more).
+
 The two contenders run interleaved (the order alternates every round) so that contention on a
 shared machine hits both alike; prints the median over rounds of the per-round wall-time ratio
-ours / diffusers (target: at most 1.05) and checks that both produce the same images. A last,
-instrumented call of each splits its time into the models (text encoder, UNet, VAE decoder, from
+ours / diffusers (target: at most 1.0 on a GPU, 1.05 on the CPU). One more call of ours with the pipeline's own
+sampler (DDIM's eta; noise level 0 on the flow families: deterministic) checks that both produce the same images.
+A last, instrumented call of each splits its time into the models (text encoders, denoiser, VAE decoder, from
 forward hooks) and the rest (the sampler's own work), which is what the two implementations differ
 in and is far less sensitive to contention than the total.
-On a GPU, ``--dtype fp16|bf16`` loads the model in that dtype for both.
+On a GPU, ``--dtype fp16|bf16`` loads the model in that dtype for both. ``--json PATH`` writes the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -50,8 +58,11 @@ def parse_args(argv=None):
     parser.add_argument("--images", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--guidance", type=float, default=5.0)
-    parser.add_argument("--noise_level", type=float, default=None, help="DDIM's eta (Stable Diffusion; default: the "
-                        "family's standard level, 1)")
+    parser.add_argument("--noise_level", type=float, default=None, help="sample.noise_level: DDIM's eta (Stable "
+                        "Diffusion), the flow SDE's a (default: the family's standard level, 1 and 0.7)")
+    parser.add_argument("--sde-window-size", type=int, default=0, help="sample.sde_window_size of ours: the first N "
+                        "steps stochastic (0: every step)")
+    parser.add_argument("--json", default="", help="write the measured figures to this JSON file")
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     add_common_args(parser)
@@ -74,13 +85,16 @@ def run(args, model: str) -> dict:
     config.sample.sde_type, config.sample.noise_level = "flow_sde", args.noise_level
     config.sample.guidance_scale = args.guidance
     config.pretrained.max_sequence_length = args.max_sequence_length
+    config.sample.num_steps = args.steps
+    config.sample.sde_window_start, config.sample.sde_window_size = 0, args.sde_window_size
     family = load_family(model, torch_dtype=dtype, family="" if args.model else args.family, config=config)
     pipe = family.pipe.to(args.device)
     pipe.set_progress_bar_config(disable=True)
     prompts, _ = PromptSampler(args.prompt_fn, seed=0).sample(args.images)
     kwargs = dict(num_inference_steps=args.steps, guidance_scale=args.guidance,
                   **family.pipeline_kwargs(config.sample, config.pretrained))
-    noise = kwargs.get("eta", 0.0)  # the pipeline's own sampler: DDIM at its eta, or the deterministic Euler step
+    pipeline_noise = [kwargs.get("eta", 0.0)] * args.steps  # the pipeline's sampler: DDIM at its eta, or Euler
+    noise_levels = family.noise_levels(config.sample)  # the trainer's: the SDE window at the noise level
     results = {}
 
     @torch.no_grad()
@@ -92,32 +106,55 @@ def run(args, model: str) -> dict:
     @torch.no_grad()
     def ours():
         generator = torch.Generator(args.device).manual_seed(0)
+        traj = sample_trajectories(family, family.model, family.encode(prompts), family.negative_condition(),
+                                   args.steps, args.guidance, noise_levels, generator=generator,
+                                   log_prob_reduce=config.sample.log_prob_reduce,
+                                   compute_log_prob=any(level > 0 for level in noise_levels))
+        results["ours"] = traj.images
+
+    @torch.no_grad()
+    def ours_as_the_pipeline():
+        """Ours with the pipeline's own sampler and its batched negative condition (the pipeline encodes its empty
+        prompt once per image): the same images."""
+        generator = torch.Generator(args.device).manual_seed(0)
         negative = family.negative_condition()  # SDXL base's is zeros (force_zeros_for_empty_prompt), used as it is
-        if any(bool(value.any()) for value in negative.values()):  # the pipeline encodes its empty prompt batched
+        if any(bool(value.any()) for value in negative.values()):
             negative = family.encode([family.negative_prompt] * len(prompts))
-        results["ours"] = sample_trajectories(family, family.model, family.encode(prompts), negative, args.steps,
-                                              args.guidance, [noise] * args.steps, generator=generator,
-                                              compute_log_prob=noise > 0).images
+        return sample_trajectories(family, family.model, family.encode(prompts), negative, args.steps, args.guidance,
+                                   pipeline_noise, generator=generator,
+                                   compute_log_prob=any(level > 0 for level in pipeline_noise)).images
 
     times = side_by_side({"diffusers": diffusers_call, "ours": ours}, args.repeats, args.device)
     outside = {name: outside_models(family, fn, args.device) for name, fn in (("diffusers", diffusers_call), ("ours", ours))}
     ratio = median_ratio(times["ours"], times["diffusers"])
-    max_diff = float((results["ours"].float() - results["diffusers"].float()).abs().max())
+    max_diff = float((ours_as_the_pipeline().float() - results["diffusers"].float()).abs().max())
     t_diff, t_ours = statistics.median(times["diffusers"]), statistics.median(times["ours"])
     print(f"machine: {machine(args.device)}; device {args.device}, dtype {args.dtype}")
-    sampler = f"DDIM eta {noise}" if "eta" in kwargs else "Euler (noise level 0)"
-    print(f"{family.name} ({model}): {args.images} images, {args.steps} steps of {sampler}, guidance {args.guidance}, "
-          f"decoded; {args.repeats} interleaved rounds")
-    print(f"  diffusers {type(pipe).__name__}.__call__: median {t_diff:7.3f} s")
-    print(f"  ddpo_group sample_trajectories: median {t_ours:7.3f} s")
+    pipeline_sampler = f"DDIM eta {pipeline_noise[0]}" if "eta" in kwargs else "Euler (noise level 0)"
+    stochastic = sum(level > 0 for level in noise_levels)
+    our_sampler = (f"{pipeline_sampler if 'eta' in kwargs else config.sample.sde_type + ' at ' + str(max(noise_levels))}"
+                   f" on {stochastic} of {args.steps} steps, log-probs recorded" if stochastic else pipeline_sampler)
+    print(f"{family.name} ({model}): {args.images} images, {args.resolution} px, {args.steps} steps, guidance "
+          f"{args.guidance}, decoded; {args.repeats} interleaved rounds")
+    print(f"  diffusers {type(pipe).__name__}.__call__ ({pipeline_sampler}): median {t_diff:7.3f} s")
+    print(f"  ddpo_group sample_trajectories ({our_sampler}): median {t_ours:7.3f} s")
     print(f"  ratio ours / diffusers (median of per-round ratios): {ratio:.3f}  "
-          f"(target <= 1.05: {'met' if ratio <= 1.05 else 'NOT met'}); per-round "
+          f"(target <= 1.0 on a GPU: {'met' if ratio <= 1.0 else 'NOT met'}); per-round "
           + ", ".join(f"{a / b:.3f}" for a, b in zip(times['ours'], times['diffusers'])))
-    print(f"  same images: max |ours - diffusers| = {max_diff:.2e}")
+    low = "" if args.dtype == "fp32" or "eta" in kwargs else (
+        f" ({args.dtype}: FlowMatchEulerDiscreteScheduler.step multiplies dt * v in {args.dtype}, ours in float32: "
+        "not bitwise; equal in fp32)")
+    print(f"  same images (ours with the pipeline's {pipeline_sampler}): max |ours - diffusers| = {max_diff:.2e}{low}")
     print("  time outside the models (text encoders, denoiser, VAE decoder), one instrumented call each: "
           + ", ".join(f"{name} {total - models:.3f} s of {total:.3f} s" for name, (total, models) in outside.items()))
-    return {"ratio": ratio, "diffusers_s": t_diff, "ours_s": t_ours, "max_image_diff": max_diff, "times": times,
-            "outside_models_s": {name: total - models for name, (total, models) in outside.items()}}
+    out = {"family": family.name, "ratio": ratio, "diffusers_s": t_diff, "ours_s": t_ours, "max_image_diff": max_diff,
+           "times": times, "outside_models_s": {name: total - models for name, (total, models) in outside.items()},
+           "images": args.images, "steps": args.steps, "stochastic_steps": stochastic, "resolution": args.resolution,
+           "guidance": args.guidance, "dtype": args.dtype, "device": args.device, "machine": machine(args.device)}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+        print(f"  figures written to {args.json}")
+    return out
 
 
 def outside_models(family, fn, device) -> tuple[float, float]:

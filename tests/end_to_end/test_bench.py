@@ -87,6 +87,8 @@ def test_training_bench_runs_and_prints_speedup_and_unet_share(tiny_model_dir, c
     printed = capsys.readouterr().out
     assert out["pairs"] == 8 and out["speedup"] > 0 and 0 < out["unet_share"] <= 1
     assert "pairs/s" in printed and "speed-up ours / ddpo-pytorch" in printed and "denoiser share" in printed
+    assert out["reference"] == "ddpo-pytorch loop" and out["loss_max_abs_diff"] < 1e-6  # the same pairs, one batch
+    assert out["grad_max_abs_diff"] < 1e-4 * out["grad_max_abs"]
 
 
 @pytest.mark.parametrize("family", ["sdxl", "sd3", "flux"])
@@ -97,12 +99,44 @@ def test_the_benches_run_a_tiny_family_built_from_config(family, capsys):
     out = sampling.main(["--family", family, "--prompt-fn", "simple_animals", "--images", "2", "--steps", "2",
                          "--repeats", "1", "--device", "cpu", "--threads", "0"])
     assert out["ratio"] > 0 and out["max_image_diff"] == 0  # the pipeline's own sampler (DDIM, Euler), bitwise
+    assert out["stochastic_steps"] == 2  # ours timed as the trainer samples: every step stochastic, log-probs
     trained = training.main(["--family", family, "--prompt-fn", "simple_animals", "--samples", "4", "--steps", "2",
                              "--batch-size", "2", "--pairs-per-forward", "4", "--repeats", "1", "--device", "cpu",
                              "--threads", "0"])
     printed = capsys.readouterr().out
-    assert trained["pairs"] == 8 and "speedup" not in trained  # the ddpo-pytorch loop is SD 1.x's only
-    assert f"{family} (" in printed and "pairs/s" in printed
+    assert trained["pairs"] == 8 and f"{family} (" in printed and "pairs/s" in printed
+    if family == "sdxl":  # neither reference loop handles SDXL's added conditions
+        assert trained["reference"] is None and "speedup" not in trained
+    else:  # the flow-matching families: Flow-GRPO's loop, computing ours' loss and gradient on the same pairs
+        assert trained["reference"] == "Flow-GRPO loop" and trained["speedup"] > 0
+        assert "reference loop: Flow-GRPO loop" in printed and "speed-up ours / Flow-GRPO" in printed
+        assert trained["loss_max_abs_diff"] < 1e-6 and trained["loss_ours"] != 0
+        assert trained["grad_max_abs_diff"] < 1e-4 * trained["grad_max_abs"]
+
+
+def test_the_sd3_benches_write_their_figures_and_train_an_sde_window(tmp_path, capsys):
+    """sd3 with a 3-step SDE window of 6 steps, 2 of them trained (timestep fraction 0.7): the Flow-GRPO loop trains
+    the window's first 2 steps, ours 2 random ones of the window; both as many pairs, and on the same pairs the same
+    loss and gradient; the JSON files hold what was printed."""
+    import sampling
+    import training
+
+    trained = training.main(["--family", "sd3", "--prompt-fn", "simple_animals", "--samples", "4", "--steps", "6",
+                             "--sde-window-size", "3", "--timestep-fraction", "0.7", "--batch-size", "2",
+                             "--pairs-per-forward", "auto", "--repeats", "2", "--device", "cpu", "--threads", "0",
+                             "--json", str(tmp_path / "training.json")])
+    sampled = sampling.main(["--family", "sd3", "--prompt-fn", "simple_animals", "--images", "2", "--steps", "3",
+                             "--sde-window-size", "2", "--repeats", "1", "--device", "cpu", "--threads", "0",
+                             "--json", str(tmp_path / "sampling.json")])
+    printed = capsys.readouterr().out
+    assert (trained["pairs"], trained["round_pairs"], trained["trained_steps"]) == (8, 4, 2)
+    assert "4 samples x 2 of 6 steps (3 stochastic) = 8 trained" in printed
+    assert trained["grad_max_abs_diff"] < 1e-4 * trained["grad_max_abs"] and trained["loss_max_abs_diff"] < 1e-6
+    assert json.loads((tmp_path / "training.json").read_text())["speedup"] == trained["speedup"]
+    assert len(trained["times"]["ours"]) == len(trained["times"]["Flow-GRPO loop"]) == 2
+    assert sampled["stochastic_steps"] == 2 and sampled["max_image_diff"] == 0
+    assert "flow_sde at 0.7 on 2 of 3 steps, log-probs recorded" in printed
+    assert json.loads((tmp_path / "sampling.json").read_text())["ratio"] == sampled["ratio"]
 
 
 def test_epoch_bench_runs_and_prints_every_phase(tiny_model_dir, capsys):
