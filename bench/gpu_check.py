@@ -51,7 +51,7 @@ CAP_GB = 24
 # the tests that start 2 processes (accelerate launch or workers one by one): on one GPU they run on the CPU
 MULTIPROCESS = ("tests/end_to_end/test_process_failures.py", "tests/run/test_scale_out.py",
                 "tests/end_to_end/test_train_e2e.py::test_two_processes")
-COMMON = {"prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "use_lora": "True", "eval_freq": "0",
+COMMON = {"prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "use_lora": "True", "eval_freq": "0", "sample.sde_window_size": "0",
           "sample.num_batches_per_epoch": "1", "sample.batch_size": "8", "train.batch_size": "8",
           "train.group_size": "8"}
 # shape: (random_model.py arguments, tiny family of the dry run, preset, fields set on top of COMMON)
