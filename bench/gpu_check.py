@@ -12,12 +12,13 @@ Steps (``--only`` picks some), each a subprocess whose output goes to DIR/log.tx
 
 1. ``env``: the GPU, driver, torch / CUDA and the packages' versions.
 2. ``suite``: the test suite (``python -m pytest -rf --junitxml DIR/junit.xml``, in parallel with pytest-xdist when it
-   is installed), started first on all cores but ``--bench-cores``; its summary (the ``-rf`` lines) in DIR/suite.txt.
+   is installed, test by test), started first on every core; its summary (the ``-rf`` lines) in DIR/suite.txt; it may
+   take ``--suite-s`` seconds.
    The 2-process tests (``MULTIPROCESS``) are part of it; the summary lists their outcomes apart.
 3. ``models``: random pipelines of the real shapes (bench/random_model.py), built while the suite runs: SD-1.5 (UNet
    860M, 512 px), SD 3.5 Medium (2.24B transformer, CLIP-L/G, no T5) and FLUX.1 [dev] widths with half its blocks
    (10 double + 19 single, 6.2B; T5-XXL's width with 12 of its 24 layers): the whole 12B does not fit the 24 GiB cap.
-4. ``epochs`` (after the suite, alone on the GPU): a two-epoch run of each shape's recipe (``SHAPES``: grpo on SD-1.5,
+4. ``epochs`` (after the suite, alone on the machine): a two-epoch run of each shape's recipe (``SHAPES``: grpo on SD-1.5,
    flow_grpo_sd35 and flow_grpo_flux on the others; bf16, LoRA, ``train.pairs_per_forward="auto"``), the second epoch
    reported by bench/epoch.py, once on the whole card and once under a 24 GiB cap: peak CUDA memory, the phase split,
    images/s, pairs/s, training and sampling MFU.
@@ -76,8 +77,10 @@ def parse_args(argv=None):
     parser.add_argument("--suite", default="", help="pytest's arguments for the suite step, space-separated (default: "
                                                    "tests; with --dry-run: DRY_SUITE)")
     parser.add_argument("--workers", type=int, default=0, help="pytest-xdist workers (0: the cores left by the bench)")
-    parser.add_argument("--bench-cores", type=int, default=2,
-                        help="cores kept free of the suite for the model building (the suite ends before the epochs)")
+    parser.add_argument("--bench-cores", type=int, default=0,
+                        help="cores kept free of the suite (the model building beside it is mostly GPU work)")
+    parser.add_argument("--suite-s", type=float, default=300.0,
+                        help="seconds the suite may take before it is interrupted (the epochs follow it)")
     parser.add_argument("--models-dir", default="", help="where the random pipelines are saved (default: a temporary "
                                                          "folder, removed at the end)")
     args = parser.parse_args(argv)
@@ -177,10 +180,10 @@ def suite_command(check: Check, junit: Path) -> tuple[list[str], set[int] | None
                *args.suite.split()]
     cores = None
     has_xdist = subprocess.run([python(), "-c", "import xdist"], capture_output=True).returncode == 0
-    if has_xdist and (os.cpu_count() or 1) > args.bench_cores + 1 and not args.dry_run:
+    if has_xdist and (os.cpu_count() or 1) > args.bench_cores + 4 and not args.dry_run:
         all_cores = sorted(os.sched_getaffinity(0))
         cores = set(all_cores[args.bench_cores:])
-        command += ["-n", str(args.workers or len(cores)), "--dist", "loadfile"]
+        command += ["-n", str(args.workers or len(cores)), "--dist", "load"]  # test by test: the slowest file is long
     elif not has_xdist:
         check.results["suite_note"] = "pytest-xdist is not installed: the suite ran in one process"
     return command, cores
@@ -350,8 +353,7 @@ def main(argv=None) -> dict:
 
 def wait_suite(check: Check, suite) -> None:
     process, started, junit, command = suite
-    budget_for_suite = check.left() - (60 if check.args.dry_run else 240)  # the epochs need about 4 minutes
-    code = check.wait("suite", process, budget_for_suite)
+    code = check.wait("suite", process, min(check.left() - 30, check.args.suite_s - (time.monotonic() - started)))
     wall = time.monotonic() - started
     if junit.exists():
         counts = junit_counts(junit)

@@ -58,7 +58,10 @@ def test_tweedie_values_are_the_reward_of_the_decoded_one_step_prediction(family
                 image = family.decode(x0)
             assert abs(float(image.double().mean()) - float(values[b, n])) < 1e-5, (b, n)
             if critic_input == "latent_x0":  # the critic's input at step n is the same prediction
-                torch.testing.assert_close(batch["pred_x0"][b : b + 1, n], x0, rtol=1e-4, atol=1e-4)
+                # one row here, every row at once while sampling: on CUDA, convolutions in TF32 (cuDNN's default)
+                # round the two differently by about 1e-3
+                tol = 1e-4 if latents.device.type == "cpu" else 5e-3
+                torch.testing.assert_close(batch["pred_x0"][b : b + 1, n], x0, rtol=tol, atol=tol)
     assert ("pred_x0" in batch) == (critic_input == "latent_x0")
     # the estimator reads them: V = the Tweedie values (a plain critic run on the same values gives the same advantages)
     assert torch.isfinite(batch["advantages"]).all()

@@ -58,7 +58,7 @@ def test_the_evaluation_repeats_exactly_and_uses_no_training_randomness(family, 
     # the sampler is deterministic: noise j is shared by every prompt, so rows 0 and 2 differ only by the prompt
     assert not torch.equal(scored[0][0], scored[0][1])  # two noises of one prompt
     assert all(torch.equal(a, b) for a, b in zip(weights, trainer.params)) and not trainer.model.training
-    assert torch.equal(trainer.pipe.scheduler.timesteps, timesteps)
+    assert torch.equal(trainer.pipe.scheduler.timesteps.cpu(), timesteps)
     assert first.grid is not None and first.grid.size[0] > 0
 
 

@@ -48,7 +48,8 @@ def finish(processes: list[subprocess.Popen], log: Path, timeout: float = 600) -
     for process in processes:
         process.wait(timeout=timeout)
     text = log.read_text()
-    assert all(p.returncode == 0 for p in processes), f"{[p.returncode for p in processes]}:\n{text[-5000:]}"
+    errors = "\n".join([line for line in text.splitlines() if "rror" in line][:20])  # a worker's error comes first
+    assert all(p.returncode == 0 for p in processes), f"{[p.returncode for p in processes]}:\n{errors}\n{text[-3000:]}"
     return text
 
 

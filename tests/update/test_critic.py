@@ -126,9 +126,9 @@ def test_a_critic_reading_x0_hat_gets_every_steps_prediction_while_sampling_and_
     final = b["next_latents"][:, -1]
     gap = [float((b["pred_x0"][:, n] - final).norm() / final.norm()) for n in range(4)]
     assert gap[-1] < gap[0], gap
-    mask = torch.zeros(8, 4)
+    mask = torch.zeros(8, 4, device=b["latents"].device)  # the trainer's masks live beside the batch
     mask[:, 1] = 1
-    info = trainer.critic.train_epoch(b, torch.ones(8, 4), mask, batch_size=4)
+    info = trainer.critic.train_epoch(b, torch.ones_like(mask), mask, batch_size=4)
     assert torch.isfinite(torch.tensor(info["critic/value_loss"]))
     trainer.rollouts.close()
 

@@ -193,7 +193,7 @@ def test_drawn_training_times(family, times, tiny_sd3_dir, tiny_model_dir, tmp_p
     r, n = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2])
     step = trainer.updater.train_step(batch, r, n)
     scheduled = {key: batch[key][r, n] for key in trainer.family.step_keys}
-    assert not torch.equal(step["timesteps"], scheduled["timesteps"])  # drawn, not the rollout's
+    assert not torch.equal(step["timesteps"].cpu(), scheduled["timesteps"].cpu())  # drawn, not the rollout's
     if family == "sd3":
         assert torch.allclose(step["timesteps"], step["sigmas"] * 1000)
     else:
