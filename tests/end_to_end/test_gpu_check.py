@@ -1,0 +1,54 @@
+"""bench/gpu_check.py: its dry run on the tiny models goes through every step, and its junit reading."""
+
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+
+def test_junit_counts_and_the_two_process_tests(tmp_path):
+    from gpu_check import junit_counts
+
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuites><testsuite name="pytest" tests="5" failures="1" errors="1" skipped="1" time="12.5">'
+        '<testcase classname="tests.run.test_scale_out" name="test_fsdp_on_the_cpu[a]"><failure message="x"/></testcase>'
+        '<testcase classname="tests.end_to_end.test_train_e2e" name="test_two_processes_and_one[grpo]"/>'
+        '<testcase classname="tests.end_to_end.test_train_e2e" name="test_one_epoch"/>'
+        '<testcase classname="tests.rewards.test_ocr" name="test_ocr"><skipped message="no rapidocr"/></testcase>'
+        '<testcase classname="tests.run.test_x" name="test_y"><error message="boom"/></testcase>'
+        '</testsuite></testsuites>')
+    counts = junit_counts(junit)
+    assert (counts["tests"], counts["passed"], counts["failures"], counts["errors"], counts["skipped"]) == (5, 2, 1, 1, 1)
+    assert counts["time_s"] == 12.5
+    assert counts["failed"] == ["tests/run/test_scale_out.py::test_fsdp_on_the_cpu[a]", "tests/run/test_x.py::test_y"]
+    assert counts["multiprocess"] == {"tests/run/test_scale_out.py::test_fsdp_on_the_cpu[a]": "failure",
+                                      "tests/end_to_end/test_train_e2e.py::test_two_processes_and_one[grpo]": "passed"}
+
+
+@pytest.mark.slow
+def test_the_dry_run_goes_through_every_step_on_the_tiny_models(tmp_path):
+    import gpu_check
+
+    results = gpu_check.main(["--out", str(tmp_path), "--dry-run", "--shapes", "sd35m,flux"])
+    assert results["not_run"] == []
+    suite = results["suite"]
+    assert suite["tests"] > 0 and suite["passed"] == suite["tests"] - suite["skipped"] and suite["failed"] == []
+    assert set(results["steps"]) == {"sd35m", "flux", "sd35m full fine-tuning"}
+    for name, epoch in results["steps"].items():
+        perf = epoch["perf"]
+        # 4 images of 2 steps; flow_grpo's timestep_fraction 0.99 trains int(2 * 0.99) = 1 step of each
+        assert perf["perf/images_sampled"] == 4 and perf["perf/pairs_trained"] == 4, name
+        assert perf["perf/pairs_per_s"] > 0 and epoch["phases"]["training"] > 0
+    assert results["steps"]["sd35m full fine-tuning"]["gradient_checkpointing"]
+    assert not results["steps"]["sd35m"]["gradient_checkpointing"]
+    text = (tmp_path / "summary.md").read_text()
+    assert "| sd35m full fine-tuning | 4 x 2 | 32 (GC) |" in text and f"{suite['passed']} passed" in text
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"].keys() == results["steps"].keys()
+    with tarfile.open(tmp_path / "details.tar.gz") as tar:
+        assert sorted(tar.getnames()) == sorted(f"{name}.json" for name in results["steps"])
+    assert len(list(tmp_path.iterdir())) <= 8  # what the GPU machine's tool sends back
