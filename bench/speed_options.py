@@ -29,7 +29,8 @@ Options (``--options``, default all):
                     bf16 / fp16 beside float32 LoRA): a ratio below 1 is what the default saves
 
 A compiled option's first calls compile: "first s" is the seconds they took above the steady state (training and
-sampling calls together), "pays back" the train batches + sampling calls after which its saving has repaid them.
+sampling calls together), "pays back" the epochs after which its saving has repaid them: an epoch of --epoch-images
+images sampled in --epoch-steps steps, every step trained (the saving per image scaled from --steps to --epoch-steps).
 Numerics: the option's log-probs of the same training pairs (the training forward) and of the same sampled trajectory
 (same noise) against the baseline's, max |difference| / max |baseline|, within --tolerance (default: by precision).
 An option that cannot run on the device is printed as skipped with the reason; one that fails, with its error.
@@ -75,6 +76,8 @@ def parse_args(argv=None):
     parser.add_argument("--model", default="", help="a saved diffusers pipeline (bench/random_model.py --out DIR)")
     parser.add_argument("--options", default=",".join(OPTIONS), help=f"comma-separated, of {', '.join(OPTIONS)}")
     parser.add_argument("--resolution", type=int, default=32, help="pixels, SDXL and the flow families")
+    parser.add_argument("--max-sequence-length", type=int, default=16, help="T5 / LLM tokens, flow families (SD3: 256 "
+                        "is its pipeline's default)")
     parser.add_argument("--num-frames", type=int, default=5, help="frames per video of a video family (wan)")
     parser.add_argument("--prompt-fn", default="tiny_shapes")
     parser.add_argument("--samples", type=int, default=8, help="recorded trajectories (train batches of --batch-size)")
@@ -85,6 +88,9 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per option and phase")
     parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="no")
     parser.add_argument("--full-finetune", action="store_true", help="use_lora=False (the whole denoiser trained)")
+    parser.add_argument("--epoch-images", type=int, default=64, help="images of the epoch the compile cost is "
+                        "repaid over")
+    parser.add_argument("--epoch-steps", type=int, default=20, help="sampling steps of that epoch (all trained)")
     parser.add_argument("--tolerance", type=float, default=None, help="relative log-prob difference allowed")
     parser.add_argument("--json", default="", help="write the measured figures here")
     add_common_args(parser)
@@ -121,7 +127,7 @@ class Bench:
         self.args = args
         config = get_config("group_ppo")
         config.pretrained.model = model
-        config.sample.resolution, config.pretrained.max_sequence_length = args.resolution, 16
+        config.sample.resolution, config.pretrained.max_sequence_length = args.resolution, args.max_sequence_length
         config.sample.num_frames = args.num_frames
         if args.family == "flux":  # FLUX.1-dev's guidance is an embedding: no unconditional forward
             config.sample.guidance_scale, config.train.cfg = 3.5, False
@@ -207,6 +213,8 @@ class Bench:
                 frozen = shared_copy(self.model)
                 frozen.disable_adapters()
                 model.disable_adapters()
+                for param in self.params:  # peft's switch froze the adapters the copies share: the baseline trains them
+                    param.requires_grad_(True)
                 model.fuse_qkv_projections()
                 return {**base, "model": model, "sample_model": model, "baseline_sample_model": frozen,
                         "train_skip": "LoRA on to_q/to_k/to_v is bypassed by the fused to_qkv",
@@ -278,7 +286,6 @@ class Bench:
                               "option": lambda: self.sample(model, context)}, self.args.repeats, self.device,
                              warmup=False)
         first += t_first - statistics.median(times["option"])
-        saving = [statistics.median(times["baseline"]) - statistics.median(times["option"])]
         images = self.args.images
         row["sample_images_per_s"] = images / statistics.median(times["option"])
         row["baseline_sample_images_per_s"] = images / statistics.median(times["baseline"])
@@ -298,7 +305,6 @@ class Bench:
                                   "option": lambda: _within(context, option_train)}, self.args.repeats, self.device,
                                  warmup=False)
             first += t_first - statistics.median(times["option"])
-            saving.append(statistics.median(times["baseline"]) - statistics.median(times["option"]))
             row["train_pairs_per_s"] = self.round_pairs / statistics.median(times["option"])
             row["baseline_train_pairs_per_s"] = self.round_pairs / statistics.median(times["baseline"])
             row["train_ratio"] = median_ratio(times["baseline"], times["option"])
@@ -306,9 +312,19 @@ class Bench:
                 row["train_mfu"] = row["train_pairs_per_s"] * self.flops.train_per_pair / self.peak
         if name.startswith("compile") or name == "cuda_graphs":
             row["first_call_s"] = max(first, 0.0)
-            per_call = statistics.mean(saving)  # one train batch and one sampling call alike
-            row["pays_back_calls"] = row["first_call_s"] / per_call if per_call > 0 else None
+            per_epoch = self.saved_per_epoch(row)
+            row["saved_s_per_epoch"] = per_epoch
+            row["pays_back_epochs"] = row["first_call_s"] / per_epoch if per_epoch > 0 else None
         return row
+
+    def saved_per_epoch(self, row: dict) -> float:
+        """Seconds the option saves in an epoch of --epoch-images images of --epoch-steps steps, all trained."""
+        args = self.args
+        images, steps = args.epoch_images, args.epoch_steps
+        saved = images * steps / args.steps * (1 / row["baseline_sample_images_per_s"] - 1 / row["sample_images_per_s"])
+        if "train_pairs_per_s" in row:
+            saved += images * steps * (1 / row["baseline_train_pairs_per_s"] - 1 / row["train_pairs_per_s"])
+        return saved
 
     def run(self) -> dict:
         args = self.args
@@ -340,7 +356,8 @@ class Bench:
               f"training {args.batch_size} samples x {args.steps} steps = {self.round_pairs} pairs per train batch, "
               f"pairs_per_forward {args.pairs_per_forward}; sampling {args.images} images x {args.steps} steps, "
               f"CFG {self.config.sample.guidance_scale}, decoded; {args.repeats} interleaved rounds per phase; ratio: "
-              f"option / baseline throughput (median of per-round ratios); log-prob tolerance {self.tolerance:g}")
+              f"option / baseline throughput (median of per-round ratios); log-prob tolerance {self.tolerance:g}; pays back: "
+              f"epochs of {args.epoch_images} images x {args.epoch_steps} steps, all trained")
         def fmt(value, spec):  # "n/a" right-aligned to the spec's width
             width = spec.split(".")[0]
             return format("n/a", f">{width}") if value is None else format(value, spec)
@@ -358,7 +375,7 @@ class Bench:
             print(f"{name:<17}{fmt(row.get('train_pairs_per_s'), '14.2f')}{fmt(row.get('train_ratio'), '7.2f')}"
                   f"{fmt(row.get('train_mfu'), '7.1%')}{row['sample_images_per_s']:14.3f}{row['sample_ratio']:7.2f}"
                   f"{fmt(row.get('sample_mfu'), '7.1%')}{fmt(row.get('first_call_s'), '9.1f')}"
-                  f"{fmt(row.get('pays_back_calls'), '10.1f')}  "
+                  f"{fmt(row.get('pays_back_epochs'), '10.1f')}  "
                   f"{fmt(diffs[0], '.1e')}, {diffs[1]:.1e} {'ok' if within else 'OUTSIDE tolerance'}"
                   + (f"; training: {row['train_skip']}" if row["train_skip"] else "")
                   + (f"; {row['note']}" if row["note"] else ""))

@@ -158,7 +158,7 @@ def test_speed_options_bench_measures_each_option_beside_the_baseline(tiny_model
 
     common = ["--model", tiny_model_dir, "--prompt-fn", "simple_animals", "--samples", "4", "--steps", "2",
               "--images", "2", "--batch-size", "2", "--pairs-per-forward", "4", "--repeats", "1", "--device", "cpu"]
-    out = speed_options.main(common + ["--options", "sdpa_math,sdpa_flash,sdpa_efficient,channels_last,fused_qkv,"
+    out = speed_options.main(common + ["--options", "fused_qkv,sdpa_math,sdpa_flash,sdpa_efficient,channels_last,"
                                        "cuda_graphs,fp32_frozen", "--json", str(tmp_path / "speed.json")])
     printed = capsys.readouterr().out
     rows = {row["option"]: row for row in out["rows"]}
@@ -198,3 +198,21 @@ def test_speed_options_bench_compiles_the_repeated_blocks_with_the_same_log_prob
     row = out["rows"][0]
     assert row["train_logprob_rel_diff"] <= 1e-4 and row["sample_logprob_rel_diff"] <= 1e-4
     assert row["first_call_s"] > 0 and row["train_ratio"] > 0
+
+
+@pytest.mark.cuda
+def test_speed_options_bench_on_cuda_same_log_probs_under_each_kernel():
+    import speed_options
+
+    # the tiny SD3 (attention heads of 8: the flash and efficient kernels need a multiple of 8; tiny-shapes' are 4)
+    out = speed_options.main(["--family", "sd3", "--prompt-fn", "simple_animals", "--samples", "4", "--steps", "2",
+                              "--images", "2", "--batch-size", "2", "--pairs-per-forward", "4", "--repeats", "1",
+                              "--device", "cuda", "--mixed-precision", "bf16", "--options",
+                              "fused_qkv,sdpa_flash,sdpa_efficient,sdpa_math,fp32_frozen"])
+    rows = {row["option"]: row for row in out["rows"]}
+    for name, row in rows.items():
+        assert "skipped" not in row and "failed" not in row, row
+        assert row["sample_logprob_rel_diff"] <= speed_options.TOLERANCE["bf16"], row
+        assert name == "fused_qkv" or row["train_logprob_rel_diff"] <= speed_options.TOLERANCE["bf16"], row
+    if "tflop_per_image" in out:  # a GPU in PEAK_TFLOPS (H100, A100, ...)
+        assert all(0 < row["sample_mfu"] < 1 for row in rows.values())

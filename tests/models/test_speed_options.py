@@ -99,3 +99,5 @@ def test_the_trainer_applies_both_after_the_reference_and_refuses_bad_names(tiny
         with pytest.raises(ConfigError) as error:
             tiny_trainer("grpo", tiny_model_dir, tmp_path, run_name=field, **{field: value})
         assert f"{field}={value!r} must be one of {allowed}" in str(error.value)
+    with pytest.raises(ConfigError, match="attention_backend='efficient' is a CUDA kernel; on the cpu"):
+        tiny_trainer("grpo", tiny_model_dir, tmp_path, run_name="efficient", attention_backend="efficient", device="cpu")
