@@ -344,6 +344,17 @@ class Bench:
         if self.flops is not None:
             result.update(tflop_per_pair=self.flops.train_per_pair / 1e12,
                           tflop_per_image=self.flops.sample_per_image / 1e12)
+        measured = [r for r in rows if "sample_ratio" in r]
+        if measured:  # the baseline's figures: the median over the rows' side-by-side baselines
+            train = [r["baseline_train_pairs_per_s"] for r in measured if "baseline_train_pairs_per_s" in r]
+            base = {"sample_images_per_s": statistics.median(r["baseline_sample_images_per_s"] for r in measured)}
+            if train:
+                base["train_pairs_per_s"] = statistics.median(train)
+            if self.flops is not None:
+                base["sample_mfu"] = base["sample_images_per_s"] * self.flops.sample_per_image / self.peak
+                if train:
+                    base["train_mfu"] = base["train_pairs_per_s"] * self.flops.train_per_pair / self.peak
+            result["baseline"] = base
         self.report(result)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
@@ -379,12 +390,11 @@ class Bench:
                   f"{fmt(diffs[0], '.1e')}, {diffs[1]:.1e} {'ok' if within else 'OUTSIDE tolerance'}"
                   + (f"; training: {row['train_skip']}" if row["train_skip"] else "")
                   + (f"; {row['note']}" if row["note"] else ""))
-        measured = [r for r in result["rows"] if "sample_ratio" in r]
-        if measured:
-            base_train = [r["baseline_train_pairs_per_s"] for r in measured if "baseline_train_pairs_per_s" in r]
-            print(f"baseline (median over rows): training {fmt(statistics.median(base_train) if base_train else None, '.2f')}"
-                  f" pairs/s, sampling {statistics.median(r['baseline_sample_images_per_s'] for r in measured):.3f} "
-                  f"images/s" + ("" if self.flops else "; MFU n/a (not a GPU in PEAK_TFLOPS)"))
+        base = result.get("baseline")
+        if base:
+            print(f"baseline (median over the rows): training {fmt(base.get('train_pairs_per_s'), '.2f')} pairs/s, "
+                  f"MFU {fmt(base.get('train_mfu'), '.1%')}; sampling {base['sample_images_per_s']:.3f} images/s, "
+                  f"MFU {fmt(base.get('sample_mfu'), '.1%')}" + ("" if self.flops else " (MFU: not a GPU in PEAK_TFLOPS)"))
 
 
 def _within(context, fn):
