@@ -42,8 +42,13 @@ def base() -> ml_collections.ConfigDict:
     config.lora_alpha = 0  # LoRA scale alpha / rank; 0: alpha = rank (Flow-GRPO's recipes use rank 32, alpha 64)
     # performance options (docs/performance.md): none helps the embedded model on a CPU, so all are off
     config.unet_channels_last = False  # channels-last memory format for a UNet denoiser (convolutions on GPUs)
-    # torch.compile the denoiser's forward (minutes of compilation; pays off on long GPU runs)
-    config.compile_denoiser = False
+    # torch.compile the denoiser (minutes of compilation on a GPU, applied after the reference model is built): False
+    # (off), "full" (its whole forward; True means the same) or "regional" (each of its repeated blocks, diffusers'
+    # compile_repeated_blocks: the same code for every block, a fraction of the compilation time)
+    config.compile_denoiser = FieldReference(False, field_type=object)
+    # the scaled-dot-product attention kernels torch may use: "auto" (torch's choice among all), "flash", "cudnn",
+    # "efficient" (these two CUDA only) or "math"; flash and cudnn need fp16 / bf16 on CUDA (mixed_precision)
+    config.attention_backend = "auto"
 
     # ---- model: "tiny-shapes" and "tiny-shapes-flow" are the embedded models; anything else is a hub id or a path ----
     config.pretrained = pretrained = ml_collections.ConfigDict()

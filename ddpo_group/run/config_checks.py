@@ -8,6 +8,7 @@ fields: DDIM's eta, the flow SDE, guidance in the training forward), the advanta
 from __future__ import annotations
 
 from ddpo_group.errors import ConfigError
+from ddpo_group.models.speed_options import attention_backends, compile_mode
 from ddpo_group.models.trainable import DTYPES
 from ddpo_group.sampling.gaussian import REDUCTIONS
 from ddpo_group.update.memory_fit import configured_pairs
@@ -121,6 +122,12 @@ def run_errors(config, num_processes: int) -> list[str]:
     errors = []
     need = _collector(errors)
     need(config.mixed_precision in tuple(DTYPES), f"mixed_precision={config.mixed_precision!r} must be one of {tuple(DTYPES)}")
+    for check in (lambda: compile_mode(config.compile_denoiser),
+                  lambda: attention_backends(config.attention_backend, "cuda")):  # the device's own check: trainer
+        try:
+            check()
+        except ConfigError as error:
+            errors.append(str(error))
     need(config.wandb.mode in WANDB_MODES, f"wandb.mode={config.wandb.mode!r} must be one of {WANDB_MODES}")
     threads = config.num_cpu_threads
     need(isinstance(threads, int) and threads >= 0,

@@ -33,6 +33,7 @@ from ddpo_group.algorithms.objectives import PREFERENCE
 from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import ConfigError, EpochAbandoned, NonFiniteLossError
+from ddpo_group.models.speed_options import compile_denoiser, set_attention_backend
 from ddpo_group.models.trainable import build_policy, lora_config, make_optimizer
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
@@ -133,8 +134,8 @@ class Trainer:
         uses_old = self.objective.uses_old_model(config.algorithm.objective_kwargs)
         self.old = OldModel.from_config(config, self.family.model, lora) if uses_old else None
         optimizer = make_optimizer(config, self.params)
-        if config.compile_denoiser:  # in place (Module.compile): names, hooks and state dict unchanged
-            self.family.model.compile()
+        set_attention_backend(config.attention_backend, self.accelerator.device)
+        compile_denoiser(self.family.model, config.compile_denoiser)  # in place: names, hooks, state dict unchanged
         self.model, self.optimizer = self.accelerator.prepare(self.family.model, optimizer)
         if self.accelerator.distributed_type == DistributedType.FSDP:  # sharding replaced the parameters: clip those
             self.params = [p for p in self.model.parameters() if p.requires_grad]

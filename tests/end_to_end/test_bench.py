@@ -185,3 +185,68 @@ def test_a_study_override_takes_former_names_and_refuses_unknown_fields(capsys):
     assert config.prompt_fn_kwargs.split == "train"
     with pytest.raises(SystemExit, match=r"sample.etta=0.5: config has no field 'sample.etta'"):
         compare_algorithms.set_field(config, "sample.etta", "0.5")
+
+
+def test_speed_options_bench_measures_each_option_beside_the_baseline(tiny_model_dir, tmp_path, capsys):
+    import speed_options
+
+    common = ["--model", tiny_model_dir, "--prompt-fn", "simple_animals", "--samples", "4", "--steps", "2",
+              "--images", "2", "--batch-size", "2", "--pairs-per-forward", "4", "--repeats", "1", "--device", "cpu"]
+    out = speed_options.main(common + ["--options", "fused_qkv,sdpa_math,sdpa_flash,sdpa_efficient,channels_last,"
+                                       "cuda_graphs,fp32_frozen", "--json", str(tmp_path / "speed.json")])
+    printed = capsys.readouterr().out
+    rows = {row["option"]: row for row in out["rows"]}
+    assert json.loads((tmp_path / "speed.json").read_text())["rows"] == json.loads(json.dumps(out["rows"]))
+    for name in ("sdpa_math", "sdpa_flash", "channels_last"):  # both phases, the same log-probs as the baseline
+        row = rows[name]
+        assert row["train_pairs_per_s"] > 0 and row["train_ratio"] > 0 and row["sample_ratio"] > 0
+        assert row["train_logprob_rel_diff"] <= 1e-4 and row["sample_logprob_rel_diff"] <= 1e-4
+        assert "train_mfu" not in row  # no MFU on the CPU
+    # the fused projections bypass LoRA on to_q/to_k/to_v: the frozen forward only, against the unfused one
+    assert "train_pairs_per_s" not in rows["fused_qkv"] and rows["fused_qkv"]["sample_logprob_rel_diff"] <= 1e-4
+    assert rows["sdpa_efficient"]["skipped"].startswith("attention_backend='efficient' is a CUDA kernel")
+    assert rows["cuda_graphs"]["skipped"] == "CUDA graphs need CUDA"
+    assert rows["fp32_frozen"]["skipped"] == "without mixed precision every weight is float32 already"
+    assert "LoRA on to_q/to_k/to_v is bypassed" in printed and "machine:" in printed and "n/a" in printed
+    assert "OUTSIDE" not in printed
+
+
+def test_speed_options_bench_frozen_weights_in_float32_under_bf16(tiny_model_dir):
+    import speed_options
+
+    # under bf16 the frozen weights are bf16 beside float32 LoRA (build_policy); the float32 copy computes alike
+    out = speed_options.main(["--model", tiny_model_dir, "--prompt-fn", "simple_animals", "--samples", "2", "--steps",
+                              "2", "--images", "2", "--batch-size", "2", "--pairs-per-forward", "4", "--repeats", "1",
+                              "--device", "cpu", "--options", "fp32_frozen", "--mixed-precision", "bf16"])
+    row = out["rows"][0]
+    assert row["train_ratio"] > 0 and row["train_logprob_rel_diff"] <= speed_options.TOLERANCE["bf16"]
+
+
+@pytest.mark.slow
+def test_speed_options_bench_compiles_the_repeated_blocks_with_the_same_log_probs(tiny_model_dir, capsys):
+    import speed_options
+
+    out = speed_options.main(["--model", tiny_model_dir, "--prompt-fn", "simple_animals", "--samples", "2", "--steps",
+                              "2", "--images", "2", "--batch-size", "2", "--pairs-per-forward", "4", "--repeats", "1",
+                              "--device", "cpu", "--options", "compile_regional"])
+    row = out["rows"][0]
+    assert row["train_logprob_rel_diff"] <= 1e-4 and row["sample_logprob_rel_diff"] <= 1e-4
+    assert row["first_call_s"] > 0 and row["train_ratio"] > 0
+
+
+@pytest.mark.cuda
+def test_speed_options_bench_on_cuda_same_log_probs_under_each_kernel():
+    import speed_options
+
+    # the tiny SD3 (attention heads of 8: the flash and efficient kernels need a multiple of 8; tiny-shapes' are 4)
+    out = speed_options.main(["--family", "sd3", "--prompt-fn", "simple_animals", "--samples", "4", "--steps", "2",
+                              "--images", "2", "--batch-size", "2", "--pairs-per-forward", "4", "--repeats", "1",
+                              "--device", "cuda", "--mixed-precision", "bf16", "--options",
+                              "fused_qkv,sdpa_flash,sdpa_efficient,sdpa_math,fp32_frozen"])
+    rows = {row["option"]: row for row in out["rows"]}
+    for name, row in rows.items():
+        assert "skipped" not in row and "failed" not in row, row
+        assert row["sample_logprob_rel_diff"] <= speed_options.TOLERANCE["bf16"], row
+        assert name == "fused_qkv" or row["train_logprob_rel_diff"] <= speed_options.TOLERANCE["bf16"], row
+    if "tflop_per_image" in out:  # a GPU in PEAK_TFLOPS (H100, A100, ...)
+        assert all(0 < row["sample_mfu"] < 1 for row in rows.values())

@@ -1,0 +1,89 @@
+"""The denoiser's speed options that are not memory formats or dtypes (config/base.py): ``compile_denoiser`` (torch.compile
+of the whole denoiser or of its repeated blocks) and ``attention_backend`` (the scaled-dot-product attention kernels
+torch may choose from). The trainer applies them once the reference model is built (run/trainer.py);
+bench/speed_options.py measures each against the default, side by side.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.attention import SDPBackend
+
+from ddpo_group.errors import ConfigError
+
+COMPILE_MODES = (False, True, "full", "regional")
+# denoiser classes whose diffusers class declares no ``_repeated_blocks`` (diffusers 0.42.1: SD3's transformer): the
+# classes of their repeated blocks, compiled the way ModelMixin.compile_repeated_blocks compiles the declared ones
+REPEATED_BLOCKS = {"SD3Transformer2DModel": ("JointTransformerBlock",)}
+
+# torch's SDPA kernels by name; "auto" lets torch choose among all of them (its default)
+ATTENTION_BACKENDS = {
+    "auto": (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH),
+    "flash": (SDPBackend.FLASH_ATTENTION,),
+    "cudnn": (SDPBackend.CUDNN_ATTENTION,),
+    "efficient": (SDPBackend.EFFICIENT_ATTENTION,),
+    "math": (SDPBackend.MATH,),
+}
+CUDA_ONLY_BACKENDS = ("cudnn", "efficient")  # the CPU has a flash kernel and the math one only
+
+
+def compile_mode(value) -> str | None:
+    """``compile_denoiser`` as a mode: None (off), "full" (True means the same) or "regional"."""
+    if value is False or value == "" or value is None:
+        return None
+    if value is True or value == "full":
+        return "full"
+    if value == "regional":
+        return "regional"
+    raise ConfigError(f"compile_denoiser={value!r} must be one of {COMPILE_MODES} (True: 'full')")
+
+
+def repeated_blocks(model: torch.nn.Module) -> tuple[str, ...]:
+    """Class names of ``model``'s repeated blocks: the diffusers class's ``_repeated_blocks``, else REPEATED_BLOCKS."""
+    return tuple(getattr(model, "_repeated_blocks", None) or REPEATED_BLOCKS.get(type(model).__name__, ()))
+
+
+def compile_denoiser(model: torch.nn.Module, value) -> None:
+    """Compile ``model`` in place (Module.compile: names, hooks, state dict and LoRA adapters unchanged) as
+    ``compile_denoiser`` says: the whole forward ("full" / True), or every repeated block ("regional": diffusers'
+    ModelMixin.compile_repeated_blocks; the same compiled code serves every block of a class, so compilation takes
+    far less time)."""
+    mode = compile_mode(value)
+    if mode == "full":
+        model.compile()
+    elif mode == "regional":
+        names = repeated_blocks(model)
+        if not names:
+            raise ConfigError(f"compile_denoiser='regional': {type(model).__name__} declares no repeated blocks "
+                              f"(diffusers' _repeated_blocks; REPEATED_BLOCKS in ddpo_group/models/speed_options.py); "
+                              f"use compile_denoiser='full'")
+        if getattr(model, "_repeated_blocks", None):
+            model.compile_repeated_blocks()
+        else:
+            blocks = [module for module in model.modules() if type(module).__name__ in names]
+            if not blocks:
+                raise ConfigError(f"compile_denoiser='regional': no {names} block in {type(model).__name__}")
+            for block in blocks:
+                block.compile()
+
+
+def attention_backends(name: str, device) -> tuple[SDPBackend, ...]:
+    """The SDPA kernels ``attention_backend`` allows on ``device``; a name torch lacks there is refused."""
+    if name not in ATTENTION_BACKENDS:
+        raise ConfigError(f"attention_backend={name!r} must be one of {tuple(ATTENTION_BACKENDS)}")
+    device_type = torch.device(device).type
+    if name in CUDA_ONLY_BACKENDS and device_type != "cuda":
+        raise ConfigError(f"attention_backend={name!r} is a CUDA kernel; on the {device_type} use 'auto', 'flash' or "
+                          f"'math'")
+    return ATTENTION_BACKENDS[name]
+
+
+def set_attention_backend(name: str, device) -> None:
+    """Allow only ``attention_backend``'s SDPA kernels, for the whole process (torch.backends.cuda.enable_*_sdp: the
+    switches torch.nn.attention.sdpa_kernel sets; the CPU reads the flash and math ones too). A kernel that cannot
+    run an attention call (flash and cuDNN need fp16 / bf16 on CUDA) makes that call fail with torch's reason."""
+    allowed = attention_backends(name, device)
+    torch.backends.cuda.enable_flash_sdp(SDPBackend.FLASH_ATTENTION in allowed)
+    torch.backends.cuda.enable_mem_efficient_sdp(SDPBackend.EFFICIENT_ATTENTION in allowed)
+    torch.backends.cuda.enable_cudnn_sdp(SDPBackend.CUDNN_ATTENTION in allowed)
+    torch.backends.cuda.enable_math_sdp(SDPBackend.MATH in allowed)

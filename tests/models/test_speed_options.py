@@ -1,0 +1,103 @@
+"""The speed options of config/base.py switch what they say (compile_denoiser, attention_backend); bad values are
+refused with the allowed ones."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import profile
+
+from ddpo_group.errors import ConfigError
+from ddpo_group.models.speed_options import compile_denoiser, set_attention_backend
+from ddpo_group.models.tiny_random import TINY_BUILDERS
+from tests.trainer_helpers import tiny_trainer
+
+
+@pytest.fixture
+def sdpa_flags():
+    """torch's SDPA switches as they were, restored after the test (they are process-wide)."""
+    b = torch.backends.cuda
+    saved = (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.cudnn_sdp_enabled(), b.math_sdp_enabled())
+    yield
+    for enable, value in zip((b.enable_flash_sdp, b.enable_mem_efficient_sdp, b.enable_cudnn_sdp, b.enable_math_sdp),
+                             saved):
+        enable(value)
+
+
+def flags() -> tuple[bool, bool, bool, bool]:
+    b = torch.backends.cuda
+    return b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.cudnn_sdp_enabled(), b.math_sdp_enabled()
+
+
+def compiled(model) -> list[str]:
+    """Names of the modules of ``model`` compiled in place (Module.compile), "" for the model itself."""
+    return [name for name, m in model.named_modules() if getattr(m, "_compiled_call_impl", None) is not None]
+
+
+def attention_kernel() -> str:
+    """The aten kernel a CPU scaled_dot_product_attention call runs under the current switches."""
+    q = torch.randn(1, 2, 8, 4)
+    with profile() as prof:
+        F.scaled_dot_product_attention(q, q, q)
+    kernels = [e.key for e in prof.key_averages() if e.key.startswith("aten::_scaled_dot_product")]
+    assert len(kernels) == 1, kernels
+    return kernels[0]
+
+
+def test_compile_denoiser_off_full_and_regional():
+    unet = TINY_BUILDERS["sd"]().unet
+    blocks = [n for n, m in unet.named_modules() if type(m).__name__ == "BasicTransformerBlock"]
+    assert blocks
+    for value, expected in ((False, []), (True, [""]), ("full", [""]), ("regional", blocks)):
+        model = TINY_BUILDERS["sd"]().unet
+        compile_denoiser(model, value)
+        assert compiled(model) == expected, value
+    # SD3's transformer declares no _repeated_blocks in diffusers 0.42.1: its JointTransformerBlocks, from our table
+    sd3 = TINY_BUILDERS["sd3"]().transformer
+    assert not getattr(sd3, "_repeated_blocks", None)
+    compile_denoiser(sd3, "regional")
+    joint = [n for n, m in sd3.named_modules() if type(m).__name__ == "JointTransformerBlock"]
+    assert joint and compiled(sd3) == joint
+    with pytest.raises(ConfigError, match="Linear declares no repeated blocks.*'full'"):
+        compile_denoiser(torch.nn.Linear(2, 2), "regional")
+    with pytest.raises(ConfigError, match=r"compile_denoiser='partial' must be one of \(False, True, 'full', 'regional'\)"):
+        compile_denoiser(unet, "partial")
+
+
+def test_attention_backend_sets_torchs_switches_and_the_cpu_kernel(sdpa_flags):
+    set_attention_backend("math", "cpu")
+    assert flags() == (False, False, False, True)
+    assert attention_kernel() == "aten::_scaled_dot_product_attention_math"
+    set_attention_backend("flash", "cpu")
+    assert flags() == (True, False, False, False)
+    assert attention_kernel() == "aten::_scaled_dot_product_flash_attention_for_cpu"
+    set_attention_backend("auto", "cpu")
+    assert flags() == (True, True, True, True)
+    set_attention_backend("efficient", "cuda")  # switches only: no GPU needed to set them
+    assert flags() == (False, True, False, False)
+    with pytest.raises(ConfigError, match="attention_backend='efficient' is a CUDA kernel; on the cpu use 'auto', "
+                                          "'flash' or 'math'"):
+        set_attention_backend("efficient", "cpu")
+    with pytest.raises(ConfigError, match=r"attention_backend='fast' must be one of \('auto', 'flash', 'cudnn', "
+                                          r"'efficient', 'math'\)"):
+        set_attention_backend("fast", "cpu")
+
+
+def test_the_trainer_applies_both_after_the_reference_and_refuses_bad_names(tiny_model_dir, tmp_path, sdpa_flags):
+    # LoRA and the KL reference (an adapter on the same denoiser): the blocks are compiled with both adapters in them
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, compile_denoiser="regional", attention_backend="math",
+                           **{"kl.beta": 0.01, "kl.use_reference_model": True,
+                              "kl.reference_update_freq": 1, "device": "cpu"})
+    model = trainer.family.model
+    blocks = [n for n, m in model.named_modules() if type(m).__name__ == "BasicTransformerBlock"]
+    assert compiled(model) == blocks
+    assert {"default", "reference"} <= set(model.peft_config)
+    assert flags() == (False, False, False, True)
+    default = tiny_trainer("grpo", tiny_model_dir, tmp_path, run_name="default", device="cpu")
+    assert compiled(default.family.model) == [] and flags() == (True, True, True, True)
+    for field, value, allowed in (("compile_denoiser", "partial", "(False, True, 'full', 'regional')"),
+                                  ("attention_backend", "fast", "('auto', 'flash', 'cudnn', 'efficient', 'math')")):
+        with pytest.raises(ConfigError) as error:
+            tiny_trainer("grpo", tiny_model_dir, tmp_path, run_name=field, **{field: value})
+        assert f"{field}={value!r} must be one of {allowed}" in str(error.value)
+    with pytest.raises(ConfigError, match="attention_backend='efficient' is a CUDA kernel; on the cpu"):
+        tiny_trainer("grpo", tiny_model_dir, tmp_path, run_name="efficient", attention_backend="efficient", device="cpu")
