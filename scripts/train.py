@@ -16,7 +16,7 @@ from ml_collections import config_flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a source checkout too
 
 from ddpo_group.distributed import ProcessFailed  # noqa: E402
-from ddpo_group.errors import NonFiniteLossError, TrainingInterrupted  # noqa: E402
+from ddpo_group.errors import ConfigError, NonFiniteLossError, TrainingInterrupted  # noqa: E402
 from ddpo_group.run.cli import config_flag_first, parse_flags_or_exit  # noqa: E402
 from ddpo_group.run.cli_errors import FAILURE, PREFIX, USAGE_ERROR, exit_with, is_main_process  # noqa: E402
 from ddpo_group.run.process_failures import exit_launched_process, release_process_group  # noqa: E402
@@ -48,7 +48,8 @@ def train():
         print(f"{PREFIX} stopped by SIGINT while starting, before the first epoch", file=sys.stderr, flush=True)
         sys.exit(130)
     except Exception as error:
-        exit_with(error, USAGE_ERROR, show=is_main_process())
+        # a bad config fails every process alike (the main one speaks); any other error may be this process's own
+        exit_with(error, USAGE_ERROR, show=is_main_process() or not isinstance(error, ConfigError))
     try:
         trainer.run()
     except TrainingInterrupted as stopped:  # Ctrl-C / SIGTERM: a checkpoint was written (or not: the message says)

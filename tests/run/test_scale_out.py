@@ -48,7 +48,7 @@ def finish(processes: list[subprocess.Popen], log: Path, timeout: float = 600) -
     for process in processes:
         process.wait(timeout=timeout)
     text = log.read_text()
-    errors = "\n".join([line for line in text.splitlines() if "rror" in line][:20])  # a worker's error comes first
+    errors = "\n".join([line for line in text.splitlines() if "%|" not in line][:30])  # the workers' lines, no bars
     assert all(p.returncode == 0 for p in processes), f"{[p.returncode for p in processes]}:\n{errors}\n{text[-3000:]}"
     return text
 
