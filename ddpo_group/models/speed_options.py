@@ -16,12 +16,14 @@ COMPILE_MODES = (False, True, "full", "regional")
 # classes of their repeated blocks, compiled the way ModelMixin.compile_repeated_blocks compiles the declared ones
 REPEATED_BLOCKS = {"SD3Transformer2DModel": ("JointTransformerBlock",)}
 
-# torch's SDPA kernels by name; "auto" lets torch choose among all of them (its default)
+# torch's SDPA kernels by name; "auto" lets torch choose among all of them (its default). A named kernel keeps the math
+# one for the calls it cannot run (torch prefers the named one): flash takes heads of at most 256 channels, and the
+# VAE's attention is one head of 512 (an H100 run with flash alone stopped there)
 ATTENTION_BACKENDS = {
     "auto": (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH),
-    "flash": (SDPBackend.FLASH_ATTENTION,),
-    "cudnn": (SDPBackend.CUDNN_ATTENTION,),
-    "efficient": (SDPBackend.EFFICIENT_ATTENTION,),
+    "flash": (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH),
+    "cudnn": (SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH),
+    "efficient": (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),
     "math": (SDPBackend.MATH,),
 }
 CUDA_ONLY_BACKENDS = ("cudnn", "efficient")  # the CPU has a flash kernel and the math one only
@@ -80,8 +82,8 @@ def attention_backends(name: str, device) -> tuple[SDPBackend, ...]:
 
 def set_attention_backend(name: str, device) -> None:
     """Allow only ``attention_backend``'s SDPA kernels, for the whole process (torch.backends.cuda.enable_*_sdp: the
-    switches torch.nn.attention.sdpa_kernel sets; the CPU reads the flash and math ones too). A kernel that cannot
-    run an attention call (flash and cuDNN need fp16 / bf16 on CUDA) makes that call fail with torch's reason."""
+    switches torch.nn.attention.sdpa_kernel sets; the CPU reads the flash and math ones too); a call the named kernel
+    cannot run (flash and cuDNN need fp16 / bf16 on CUDA and heads of at most 256) runs the math kernel."""
     allowed = attention_backends(name, device)
     torch.backends.cuda.enable_flash_sdp(SDPBackend.FLASH_ATTENTION in allowed)
     torch.backends.cuda.enable_mem_efficient_sdp(SDPBackend.EFFICIENT_ATTENTION in allowed)

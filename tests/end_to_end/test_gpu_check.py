@@ -34,11 +34,11 @@ def test_junit_counts_and_the_two_process_tests(tmp_path):
 def test_the_dry_run_goes_through_every_step_on_the_tiny_models(tmp_path):
     import gpu_check
 
-    results = gpu_check.main(["--out", str(tmp_path), "--dry-run", "--shapes", "sd35m,flux"])
+    results = gpu_check.main(["--out", str(tmp_path), "--dry-run", "--shapes", "sd35m"])  # FLUX: as sd35m
     assert results["not_run"] == []
     suite = results["suite"]
     assert suite["tests"] > 0 and suite["passed"] == suite["tests"] - suite["skipped"] and suite["failed"] == []
-    assert set(results["steps"]) == {"sd35m", "flux", "sd35m full fine-tuning"}
+    assert set(results["steps"]) == {"sd35m", "sd35m full fine-tuning"}
     for name, epoch in results["steps"].items():
         perf = epoch["perf"]
         # 4 images of 2 steps; flow_grpo's timestep_fraction 0.99 trains int(2 * 0.99) = 1 step of each
