@@ -8,25 +8,28 @@ command of at most 9 minutes, everything it measures written into one folder.
 
     python bench/gpu_check.py --out DIR --dry-run     # on a CPU: every step on the tiny models (tests/end_to_end)
 
-Steps (``--only`` picks some), each a subprocess whose output goes to DIR/log.txt, so one that fails leaves the others:
+Steps (``--only`` picks some), each a subprocess, so one that fails leaves the others; by default they run side by side
+(``--suite-first``: the epochs after the suite, alone, which takes longer than 9 minutes on an H100):
 
 1. ``env``: the GPU, driver, torch / CUDA and the packages' versions.
-2. ``suite``: the test suite (``python -m pytest -rf --junitxml DIR/junit.xml``, in parallel with pytest-xdist when it
-   is installed, test by test), started first on every core; its summary (the ``-rf`` lines) in DIR/suite.txt; it may
-   take ``--suite-s`` seconds.
+2. ``suite``: the test suite (``python -m pytest -rf --junitxml DIR/junit.xml``, test by test on all cores but four
+   with pytest-xdist when it is installed), its output in DIR/suite_log.txt, its counts and failures in DIR/suite.txt.
    The 2-process tests (``MULTIPROCESS``) are part of it; the summary lists their outcomes apart.
-3. ``models``: random pipelines of the real shapes (bench/random_model.py), built while the suite runs: SD-1.5 (UNet
-   860M, 512 px), SD 3.5 Medium (2.24B transformer, CLIP-L/G, no T5) and FLUX.1 [dev] widths with half its blocks
-   (10 double + 19 single, 6.2B; T5-XXL's width with 12 of its 24 layers): the whole 12B does not fit the 24 GiB cap.
-4. ``epochs`` (after the suite, alone on the machine): a two-epoch run of each shape's recipe (``SHAPES``: grpo on SD-1.5,
-   flow_grpo_sd35 and flow_grpo_flux on the others; bf16, LoRA, ``train.pairs_per_forward="auto"``), the second epoch
-   reported by bench/epoch.py, once on the whole card and once under a 24 GiB cap: peak CUDA memory, the phase split,
-   images/s, pairs/s, training and sampling MFU.
+3. ``models``: random pipelines of the real shapes (bench/random_model.py) on two cores, one after the other, each
+   shape's epochs starting once it is saved: SD-1.5 (UNet 860M, 512 px), SD 3.5 Medium (2.24B transformer, CLIP-L/G,
+   no T5) and FLUX.1 [dev] widths with half its blocks (10 double + 19 single, 6.2B; T5-XXL's width with 12 of its 24
+   layers): the whole 12B does not fit the 24 GiB cap.
+4. ``epochs`` on two cores: a two-epoch run of each shape's recipe (``SHAPES``: grpo on SD-1.5, flow_grpo_sd35 and
+   flow_grpo_flux on the others; bf16, LoRA, ``train.pairs_per_forward="auto"``), the second epoch reported by
+   bench/epoch.py, once on the whole card and once under a 24 GiB cap: peak CUDA memory, the phase split, images/s,
+   pairs/s, training and sampling MFU.
 5. ``full_ft``: the SD 3.5 Medium epoch with full fine-tuning and gradient checkpointing.
 
 Then DIR/summary.md (the tables for docs/performance.md) and DIR/summary.json; what could not run is listed with the
-reason. DIR holds at most 8 files: summary.md, summary.json, junit.xml, suite.txt, log.txt, details.tar.gz (each
-step's JSON). ``--budget-s`` (default 530) bounds the whole: a step that would start past it is listed as not run.
+reason, and whether the epochs ran beside the suite (sharing the GPU with its tests). DIR holds at most 8 files:
+summary.md, summary.json, junit.xml, suite.txt, suite_log.txt, log.txt, details.tar.gz (each run's JSON).
+``--budget-s`` (default 530) bounds the whole: a step that would start past it is listed as not run, and the suite is
+interrupted (pytest still writes its junit file).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -77,10 +81,12 @@ def parse_args(argv=None):
     parser.add_argument("--suite", default="", help="pytest's arguments for the suite step, space-separated (default: "
                                                    "tests; with --dry-run: DRY_SUITE)")
     parser.add_argument("--workers", type=int, default=0, help="pytest-xdist workers (0: the cores left by the bench)")
-    parser.add_argument("--bench-cores", type=int, default=0,
-                        help="cores kept free of the suite (the model building beside it is mostly GPU work)")
-    parser.add_argument("--suite-s", type=float, default=300.0,
-                        help="seconds the suite may take before it is interrupted (the epochs follow it)")
+    parser.add_argument("--suite-first", action="store_true",
+                        help="the epochs after the suite, alone on the machine (longer than the budget on an H100) "
+                             "instead of beside it")
+    parser.add_argument("--suite-s", type=float, default=0.0,
+                        help="with --suite-first: seconds the suite may take before it is interrupted (default: "
+                             "the budget less 5 minutes for the epochs)")
     parser.add_argument("--models-dir", default="", help="where the random pipelines are saved (default: a temporary "
                                                          "folder, removed at the end)")
     args = parser.parse_args(argv)
@@ -130,10 +136,12 @@ class Check:
         process = self.start_process(command, **kwargs)
         return self.wait(what, process, timeout)
 
-    def start_process(self, command: list[str], cores: set[int] | None = None, env: dict | None = None):
+    def start_process(self, command: list[str], cores: set[int] | None = None, output: Path | None = None):
+        """``command`` started in its own session, on ``cores``, writing to ``output`` (default: the log)."""
         self.log.flush()
         preexec = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-        return subprocess.Popen(command, cwd=ROOT, env=env or self.env, stdout=self.log, stderr=subprocess.STDOUT,
+        stream = open(output, "w") if output else self.log
+        return subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=stream, stderr=subprocess.STDOUT,
                                 preexec_fn=preexec, start_new_session=True)
 
     def wait(self, what: str, process, timeout: float) -> int | None:
@@ -174,19 +182,26 @@ def env_step(check: Check) -> None:
         check.say(line)
 
 
-def suite_command(check: Check, junit: Path) -> tuple[list[str], set[int] | None]:
-    args = check.args
+def cores(check: Check) -> dict[str, set[int] | None]:
+    """Which cores each part uses: beside the suite, the epochs get two and the model building two; the suite the rest
+    (all of them with --suite-first). None: anywhere (a machine of fewer than 8 cores, or the dry run)."""
+    every = sorted(os.sched_getaffinity(0))
+    if len(every) < 8 or check.args.dry_run:
+        return {"epochs": None, "models": None, "suite": None}
+    if check.args.suite_first:
+        return {"epochs": None, "models": set(every[:2]), "suite": set(every)}
+    return {"epochs": set(every[:2]), "models": set(every[2:4]), "suite": set(every[4:])}
+
+
+def suite_command(check: Check, junit: Path, suite_cores: set[int] | None) -> list[str]:
     command = [python(), "-m", "pytest", "-rf", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
-               *args.suite.split()]
-    cores = None
+               *check.args.suite.split()]
     has_xdist = subprocess.run([python(), "-c", "import xdist"], capture_output=True).returncode == 0
-    if has_xdist and (os.cpu_count() or 1) > args.bench_cores + 4 and not args.dry_run:
-        all_cores = sorted(os.sched_getaffinity(0))
-        cores = set(all_cores[args.bench_cores:])
-        command += ["-n", str(args.workers or len(cores)), "--dist", "load"]  # test by test: the slowest file is long
+    if has_xdist and suite_cores:
+        command += ["-n", str(check.args.workers or len(suite_cores)), "--dist", "load"]  # test by test
     elif not has_xdist:
         check.results["suite_note"] = "pytest-xdist is not installed: the suite ran in one process"
-    return command, cores
+    return command
 
 
 def junit_counts(junit: Path) -> dict:
@@ -214,35 +229,56 @@ def junit_counts(junit: Path) -> dict:
     return counts
 
 
-def build_models(check: Check) -> dict[str, Path]:
-    dirs = {}
-    for shape in check.args.shapes:
-        target = check.models / shape
-        builder, family = SHAPES[shape][0], SHAPES[shape][1]
-        if check.args.dry_run:
-            command = [python(), "-c", "import sys; from ddpo_group.models.tiny_random import TINY_BUILDERS, "
-                       "save_pipeline; save_pipeline(TINY_BUILDERS[sys.argv[1]](), sys.argv[2])", family, str(target)]
-        else:
-            command = [python(), str(BENCH / "random_model.py"), *builder, "--out", str(target)]
-        if check.run(f"models/{shape}", command, check.left() - 60) == 0:
-            dirs[shape] = target
-        else:
-            check.not_run(f"the {shape} epochs", "its random pipeline was not built (log.txt)")
-    return dirs
+class Models(threading.Thread):
+    """Builds the shapes' random pipelines one after the other, in the background: the epochs of a shape start once
+    its pipeline is saved, while the next one is built (random initialisation on the GPU takes seconds; the rest is
+    writing files). ``ready(shape)`` waits for a shape's and returns its folder, or None when it was not built."""
+
+    def __init__(self, check: Check, model_cores: set[int] | None):
+        super().__init__(daemon=True)
+        self.check, self.cores = check, model_cores
+        self.dirs: dict[str, Path | None] = {}
+        self.done = {shape: threading.Event() for shape in check.args.shapes}
+
+    def run(self) -> None:
+        check = self.check
+        for shape in check.args.shapes:
+            target, output = check.models / shape, check.work / f"build_{shape}.log"
+            builder, family = SHAPES[shape][0], SHAPES[shape][1]
+            if check.args.dry_run:
+                command = [python(), "-c", "import sys; from ddpo_group.models.tiny_random import TINY_BUILDERS, "
+                           "save_pipeline; save_pipeline(TINY_BUILDERS[sys.argv[1]](), sys.argv[2])", family,
+                           str(target)]
+            else:
+                command = [python(), str(BENCH / "random_model.py"), *builder, "--out", str(target)]
+            check.say(f"models/{shape}: {' '.join(command)}")
+            code = check.wait(f"models/{shape}", check.start_process(command, cores=self.cores, output=output),
+                              check.left() - 60)
+            check.log.write(output.read_text()[-2000:])
+            self.dirs[shape] = target if code == 0 else None
+            if code != 0:
+                check.not_run(f"the {shape} epochs", "its random pipeline was not built (log.txt)")
+            self.done[shape].set()
+
+    def ready(self, shape: str) -> Path | None:
+        self.done[shape].wait(timeout=max(self.check.left(), 0))
+        return self.dirs.get(shape)
 
 
-def epoch_run(check: Check, name: str, shape: str, model: Path, extra: dict, cap_gb: float | None) -> None:
+def epoch_run(check: Check, name: str, shape: str, model: Path, extra: dict, cap_gb: float | None,
+              epoch_cores: set[int] | None) -> None:
     preset, sets = SHAPES[shape][2], {**COMMON, **SHAPES[shape][3], **extra}
     if check.args.dry_run:
         sets.update(DRY)
     sets["pretrained.model"] = str(model)
     target = check.work / f"{name}.json"
-    command = [python(), str(BENCH / "epoch.py"), "--preset", preset, "--epochs", "2", "--threads", "0",
+    threads = str(len(epoch_cores)) if epoch_cores else "0"  # torch would start a thread per core of the machine
+    command = [python(), str(BENCH / "epoch.py"), "--preset", preset, "--epochs", "2", "--threads", threads,
                "--json", str(target)]
     command += [x for key, value in sets.items() for x in ("--set", f"{key}={value}")]
     if cap_gb:
         command += ["--memory-gb", str(cap_gb)]
-    if check.run(name, command, check.left()) == 0 and target.exists():
+    if check.run(name, command, check.left(), cores=epoch_cores) == 0 and target.exists():
         check.results["steps"][name] = json.loads(target.read_text())
     elif name not in {n["what"] for n in check.results["not_run"]}:
         check.not_run(name, "it failed (log.txt)")
@@ -275,6 +311,9 @@ def summary(check: Check) -> str:
             lines.append(r["suite_note"])
         lines.append("")
     epochs = {name: e for name, e in r["steps"].items()}
+    if epochs and r.get("epochs_beside_the_suite"):
+        lines += ["The epochs ran beside the suite (two cores each for them and the model building, the rest for the "
+                  "tests; the GPU shared with the tests' tiny models); `--suite-first` measures them alone.", ""]
     if epochs:
         lines += ["| run | samples x steps | pairs per forward | CUDA max allocated GiB | sampling s | training s | "
                   "epoch s | images/s | pairs/s | MFU training | MFU sampling |", "|---|---:|---:|---:|---:|---:|---:|"
@@ -315,29 +354,41 @@ def main(argv=None) -> dict:
         args.only = [s for s in args.only if s in ("env", "suite")]
     if "env" in args.only:
         env_step(check)
+    parts = cores(check)
     suite = None
     if "suite" in args.only:
         junit = check.out / "junit.xml"
-        command, cores = suite_command(check, junit)
-        check.say(f"suite: {' '.join(command)}" + (f" (cores {min(cores)}-{max(cores)})" if cores else ""))
-        suite = (check.start_process(command, cores=cores), time.monotonic(), junit, command)
-        if not cores:  # in one process beside nothing: wait for it here
-            wait_suite(check, suite)
-            suite = None
-    models = build_models(check) if {"models", "epochs", "full_ft"} & set(args.only) else {}
-    if suite:
-        wait_suite(check, suite)
+        command = suite_command(check, junit, parts["suite"])
+        where = f" (cores {min(parts['suite'])}-{max(parts['suite'])})" if parts["suite"] else ""
+        check.say(f"suite: {' '.join(command)}{where}")
+        suite = (check.start_process(command, cores=parts["suite"], output=check.out / "suite_log.txt"),
+                 time.monotonic(), junit, command)
+    models = None
+    if {"models", "epochs", "full_ft"} & set(args.only):
+        models = Models(check, parts["models"])
+        models.start()
+    if suite and args.suite_first:
+        wait_suite(check, suite, args.suite_s or check.left() - 300)
+        suite = None
+    check.results["epochs_beside_the_suite"] = suite is not None
+    runs = []
     if "epochs" in args.only:
-        for shape in args.shapes:
-            if shape in models:
-                for cap in (None, CAP_GB) if not args.dry_run else (None,):  # a memory cap is CUDA's
-                    epoch_run(check, shape + (f" ({cap} GiB cap)" if cap else ""), shape, models[shape], {}, cap)
+        runs += [(shape + (f" ({cap} GiB cap)" if cap else ""), shape, {}, cap) for shape in args.shapes
+                 for cap in ((None, CAP_GB) if not args.dry_run else (None,))]  # a memory cap is CUDA's
     if "full_ft" in args.only:
         shape, extra = FULL_FT
-        if shape in models:
-            epoch_run(check, f"{shape} full fine-tuning", shape, models[shape], extra, None)
+        if shape in args.shapes:
+            runs.append((f"{shape} full fine-tuning", shape, extra, None))
         else:
             check.not_run(f"{shape} full fine-tuning", f"no {shape} model (--shapes)")
+    for name, shape, extra, cap in runs:
+        model = models.ready(shape) if models else None
+        if model is not None:
+            epoch_run(check, name, shape, model, extra, cap, parts["epochs"])
+    if models:
+        models.join(timeout=max(check.left(), 1))
+    if suite:
+        wait_suite(check, suite, check.left() - 15)
     check.results["wall_s"] = time.monotonic() - check.start
     (check.out / "summary.json").write_text(json.dumps(check.results, indent=2, default=str))
     text = summary(check)
@@ -351,9 +402,9 @@ def main(argv=None) -> dict:
     return check.results
 
 
-def wait_suite(check: Check, suite) -> None:
+def wait_suite(check: Check, suite, timeout: float) -> None:
     process, started, junit, command = suite
-    code = check.wait("suite", process, min(check.left() - 30, check.args.suite_s - (time.monotonic() - started)))
+    code = check.wait("suite", process, timeout)
     wall = time.monotonic() - started
     if junit.exists():
         counts = junit_counts(junit)
