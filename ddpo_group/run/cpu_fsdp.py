@@ -2,11 +2,11 @@
 
 ``accelerate launch`` with an FSDP config file passes the FSDP fields to its processes (``ACCELERATE_USE_FSDP`` and the
 ``FSDP_*`` variables), but accelerate's state maps any CPU run to MULTI_CPU and drops the FSDP plugin: the model would
-be replicated by DDP instead, silently. torch's ``fully_shard`` itself runs on a CPU mesh over gloo (its default mesh
-when the process group has no CUDA device), and accelerate's FSDP2 path (``prepare`` -> ``fully_shard`` per block,
-gradient clipping, ``save_state`` / ``load_state`` of the sharded model and optimizer through
-torch.distributed.checkpoint) calls nothing GPU-only. ``enable_fsdp_on_cpu`` puts the launcher's FSDP plugin back into
-the state, so ``prepare`` shards on the CPU too.
+be replicated by DDP instead, silently. torch's ``fully_shard`` itself runs on a CPU mesh over gloo, given to it (its
+default mesh is on the machine's GPU when it has one, whatever the process group), and accelerate's FSDP2 path
+(``prepare`` -> ``fully_shard`` per block, gradient clipping, ``save_state`` / ``load_state`` of the sharded model and
+optimizer through torch.distributed.checkpoint) calls nothing GPU-only. ``enable_fsdp_on_cpu`` puts the launcher's
+FSDP plugin and a CPU mesh into the state, so ``prepare`` shards on the CPU too.
 
 What stays GPU-only: FSDP1 (``fsdp_version: 1``; its CPU support is not what the shipped files use) and the FSDP
 fields that move weights between the GPU and the CPU (``fsdp_offload_params``, ``fsdp_cpu_ram_efficient_loading``):
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+from accelerate.parallelism_config import ParallelismConfig
 from accelerate.state import PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from torch.distributed.fsdp import CPUOffloadPolicy
@@ -45,6 +46,11 @@ def enable_fsdp_on_cpu(accelerator, mixed_precision: str) -> bool:
                               f"set {field}: false (or --{field} false on the accelerate launch command line)")
     if mixed_precision != "no":
         plugin.set_mixed_precision(mixed_precision)
+    # fully_shard's default mesh is on the machine's accelerator (CUDA where there is one) whatever the process group:
+    # on a GPU machine a CPU run would put its shards on the GPU. A mesh on the CPU, through accelerate's own seam.
+    parallelism = ParallelismConfig(dp_shard_size=accelerator.num_processes)
+    accelerator.state.parallelism_config = parallelism
+    accelerator.state.device_mesh = parallelism.get_device_mesh("cpu")
     accelerator.state.fsdp_plugin = plugin
     accelerator.state.distributed_type = DistributedType.FSDP
     PartialState().distributed_type = DistributedType.FSDP  # the collectives (gather, barrier) read this one
