@@ -1,10 +1,10 @@
 """The one-command GPU check: the test suite on CUDA and one training epoch at each model size users train, in one
 command of at most 9 minutes, everything it measures written into one folder.
 
-    bash bench/gpu_wheels.sh          # here, once: the wheels the GPU image lacks (diffusers, ml_collections, wandb), .whl/
+    bash bench/gpu_wheels.sh    # here, once: the wheels the GPU image lacks (diffusers, ml_collections, wandb) in .whl/
     # on the GPU machine, from the repository root:
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-    python3 bench/gpu_check.py --out DIR
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site python3 bench/gpu_check.py --out DIR
 
     python bench/gpu_check.py --out DIR --dry-run     # on a CPU: every step on the tiny models (tests/end_to_end)
 
@@ -56,7 +56,8 @@ CAP_GB = 24
 # the tests that start 2 processes (accelerate launch or workers one by one): on one GPU they run on the CPU
 MULTIPROCESS = ("tests/end_to_end/test_process_failures.py", "tests/run/test_scale_out.py",
                 "tests/end_to_end/test_train_e2e.py::test_two_processes")
-COMMON = {"prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "use_lora": "True", "eval_freq": "0", "sample.sde_window_size": "0",
+COMMON = {"prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "use_lora": "True", "eval_freq": "0",
+          "sample.sde_window_size": "0",
           "sample.num_batches_per_epoch": "1", "sample.batch_size": "8", "train.batch_size": "8",
           "train.group_size": "8"}
 # shape: (random_model.py arguments, tiny family of the dry run, preset, fields set on top of COMMON)
