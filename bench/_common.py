@@ -142,3 +142,15 @@ class UNetTimer:
     def remove(self):
         for handle in self._handles:
             handle.remove()
+
+
+def bench_model(args, scratch: str) -> str:
+    """``--model``, else the embedded tiny-shapes (``--family sd``) or the tiny random pipeline of ``--family`` saved
+    in ``scratch``."""
+    if args.model:
+        return args.model
+    if args.family == "sd":
+        return "tiny-shapes"
+    from ddpo_group.models.tiny_random import TINY_BUILDERS, save_pipeline
+
+    return save_pipeline(TINY_BUILDERS[args.family](), Path(scratch) / args.family)

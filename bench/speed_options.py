@@ -52,11 +52,11 @@ import torch
 from accelerate import Accelerator
 from torch.nn.attention import sdpa_kernel
 
-from _common import add_common_args, machine, median_ratio, setup_threads, side_by_side, sync
+from _common import add_common_args, bench_model, machine, median_ratio, setup_threads, side_by_side, sync
 
 from config.base import get_config
 from ddpo_group.models.speed_options import attention_backends, compile_denoiser
-from ddpo_group.models.tiny_random import TINY_BUILDERS, save_pipeline
+from ddpo_group.models.tiny_random import TINY_BUILDERS
 from ddpo_group.models.trainable import build_policy, make_optimizer
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.run.throughput import device_peak_flops, measure_model_flops
@@ -117,9 +117,7 @@ def main(argv=None) -> dict:
     setup_threads(args.threads)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as scratch:
-        model = args.model or ("tiny-shapes" if args.family == "sd" else
-                               save_pipeline(TINY_BUILDERS[args.family](), Path(scratch) / args.family))
-        return Bench(args, model).run()
+        return Bench(args, bench_model(args, scratch)).run()
 
 
 class Bench:

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from _common import UNetTimer, add_common_args, machine, median_ratio, setup_threads, side_by_side, sync
+from _common import UNetTimer, add_common_args, bench_model, machine, median_ratio, setup_threads, side_by_side, sync
 
 from config.base import get_config
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
@@ -54,7 +54,7 @@ from ddpo_group.update.policy_update import PolicyUpdater
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.sampling.ddim import ddim_step_with_logprob
 from ddpo_group.sampling.flow_steps import flow_step_with_logprob
-from ddpo_group.models.tiny_random import TINY_BUILDERS, save_pipeline
+from ddpo_group.models.tiny_random import TINY_BUILDERS
 from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
 
 
@@ -88,6 +88,20 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def clipped_loss(log_prob, sample: dict, j: int, t, info: dict) -> torch.Tensor:
+    """The PPO clipped loss of timestep ``j`` of the train batch ``sample`` as both reference loops write it (the
+    advantages clipped to adv_clip_max, the ratio to the recorded log-prob), with its approx KL and clip fraction."""
+    advantages = torch.clamp(sample["advantages"][:, j], -t.adv_clip_max, t.adv_clip_max)
+    ratio = torch.exp(log_prob - sample["log_probs"][:, j])
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - t.clip_range, 1.0 + t.clip_range)
+    loss = torch.mean(torch.maximum(unclipped, clipped))
+    info["approx_kl"].append(0.5 * torch.mean((log_prob - sample["log_probs"][:, j]) ** 2))
+    info["clipfrac"].append(torch.mean((torch.abs(ratio - 1.0) > t.clip_range).float()))
+    info["loss"].append(loss)
+    return loss
+
+
 def ddpo_pytorch_epoch(batch, unet, scheduler, optimizer, params, accelerator, negative, config, eta, update=True):
     """The reference on Stable Diffusion: ddpo-pytorch's training loop (one timestep of a train batch of samples at a
     time); ``eta``: DDIM's. Returns the mean over train batches of their loss (the mean over the trained timesteps);
@@ -118,14 +132,7 @@ def ddpo_pytorch_epoch(batch, unet, scheduler, optimizer, params, accelerator, n
                     noise_pred = uncond + config.sample.guidance_scale * (text - uncond)
                     step = ddim_step_with_logprob(scheduler, noise_pred, sample["timesteps"][:, j], sample["latents"][:, j],
                                                   eta, next_latents=sample["next_latents"][:, j])
-                advantages = torch.clamp(sample["advantages"][:, j], -t.adv_clip_max, t.adv_clip_max)
-                ratio = torch.exp(step.log_prob - sample["log_probs"][:, j])
-                unclipped = -advantages * ratio
-                clipped = -advantages * torch.clamp(ratio, 1.0 - t.clip_range, 1.0 + t.clip_range)
-                loss = torch.mean(torch.maximum(unclipped, clipped))
-                info["approx_kl"].append(0.5 * torch.mean((step.log_prob - sample["log_probs"][:, j]) ** 2))
-                info["clipfrac"].append(torch.mean((torch.abs(ratio - 1.0) > t.clip_range).float()))
-                info["loss"].append(loss)
+                loss = clipped_loss(step.log_prob, sample, j, t, info)
                 backward(loss / k)  # accumulated over the k timesteps (ddpo-pytorch's accumulation steps)
             losses.append(torch.stack(info["loss"][-k:]).mean().detach())
             if update:
@@ -178,14 +185,7 @@ def flow_grpo_epoch(batch, transformer, family, optimizer, params, accelerator, 
                     step = flow_step_with_logprob(s.sde_type, velocity, latents, sample["sigmas"][:, j],
                                                   sample["next_sigmas"][:, j], noise_level,
                                                   next_latents=sample["next_latents"][:, j], reduce=s.log_prob_reduce)
-                advantages = torch.clamp(sample["advantages"][:, j], -t.adv_clip_max, t.adv_clip_max)
-                ratio = torch.exp(step.log_prob - sample["log_probs"][:, j])
-                unclipped = -advantages * ratio
-                clipped = -advantages * torch.clamp(ratio, 1.0 - t.clip_range, 1.0 + t.clip_range)
-                loss = torch.mean(torch.maximum(unclipped, clipped))
-                info["approx_kl"].append(0.5 * torch.mean((step.log_prob - sample["log_probs"][:, j]) ** 2))
-                info["clipfrac"].append(torch.mean((torch.abs(ratio - 1.0) > t.clip_range).float()))
-                info["loss"].append(loss)
+                loss = clipped_loss(step.log_prob, sample, j, t, info)
                 accelerator.backward(loss / k)  # accumulated over the k timesteps (Flow-GRPO's accumulation steps)
             losses.append(torch.stack(info["loss"][-k:]).mean().detach())
             if update:
@@ -257,9 +257,7 @@ def main(argv=None) -> dict:
     setup_threads(args.threads)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as scratch:
-        model = args.model or ("tiny-shapes" if args.family == "sd" else
-                               save_pipeline(TINY_BUILDERS[args.family](), Path(scratch) / args.family))
-        return run(args, model)
+        return run(args, bench_model(args, scratch))
 
 
 def run(args, model: str) -> dict:
