@@ -16,6 +16,7 @@ from PIL import Image, ImageDraw, ImageFont
 FONT_SIZE = 11
 MARGIN = 3  # pixels between a tile's edge and its caption text, and between lines
 MIN_TILE = 96
+MAX_FRAMES = 8  # a video's frames shown in its strip: evenly spaced, the first and the last among them
 
 
 @lru_cache(maxsize=4)
@@ -62,10 +63,13 @@ def caption_lines(caption: str, width: int, font: ImageFont.ImageFont | None = N
 def image_grid(images: torch.Tensor, captions: list[str], columns: int = 8, min_tile: int = MIN_TILE) -> Image.Image:
     """Images [B, 3, H, W] in [0, 1] tiled in a grid (small images upscaled by an integer factor toward ``min_tile``
     px; a tile is at least MIN_TILE px wide), each over its whole caption. Videos [B, F, 3, H, W] (a video family's
-    frames) are shown as frame strips: a tile holds a video's F frames left to right."""
+    frames) are shown as frame strips: a tile holds up to MAX_FRAMES of a video's frames left to right, and a row as
+    many videos as make about ``columns`` frames."""
     frame_w = images.shape[-1]
-    if images.ndim == 5:  # frames side by side: [B, 3, H, F W]
-        images = torch.cat(images.unbind(1), dim=-1)
+    if images.ndim == 5:  # frames side by side: [B, 3, H, F' W]
+        shown = torch.linspace(0, images.shape[1] - 1, min(images.shape[1], MAX_FRAMES)).round().long().unique()
+        images = torch.cat(images[:, shown].unbind(1), dim=-1)
+        columns = max(1, columns // len(shown))
     arrays = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
     b, h, w = arrays.shape[:3]
     scale = max(1, min_tile // frame_w)

@@ -69,10 +69,20 @@ def test_a_combination_mixes_a_video_reward_and_an_image_reward():
 
 
 def test_a_video_is_shown_as_a_strip_of_its_frames():
-    grid = image_grid(videos(b=2, f=3, side=16), ["first", "second"], columns=2)
+    grid = image_grid(videos(b=2, f=3, side=16), ["first", "second"], columns=6)  # 6 frames a row: 2 videos
     scale = 96 // 16  # frames upscaled toward MIN_TILE by their own width
     assert grid.width == 2 * 3 * 16 * scale
     pixels = grid.load()
     # video 1 (second tile): frames of brightness 0.2, 0.4, 0.6 left to right
     x0 = 3 * 16 * scale
     assert [pixels[x0 + j * 16 * scale + 5, 5][0] for j in range(3)] == [round(v * 255) for v in (0.2, 0.4, 0.6)]
+
+
+def test_a_long_video_shows_eight_evenly_spaced_frames_and_a_row_about_columns_frames_wide():
+    long = videos(b=3, f=15, side=16) / 2  # frame j of video 0: (j + 1) / 20
+    grid = image_grid(long, ["a", "b", "c"], columns=8)  # 8 frames a row: one video of 8 shown frames
+    scale = 96 // 16
+    assert grid.width == 8 * 16 * scale and grid.height > 3 * 16 * scale  # three rows of one strip
+    shown = [0, 2, 4, 6, 8, 10, 12, 14]  # linspace(0, 14, 8) rounded
+    pixels = grid.load()
+    assert [pixels[j * 16 * scale + 5, 5][0] for j in range(8)] == [round((n + 1) / 20 * 255) for n in shown]
