@@ -43,6 +43,7 @@ from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProject
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from config.base import base  # noqa: E402
 from ddpo_group.models import shapes_data as shapes  # noqa: E402
 from ddpo_group.models import (CLASSIFIER_DIR, TINY_SHAPES_DIR, TINY_SHAPES_FLOW_DIR,  # noqa: E402
                                TINY_SHAPES_FLOW_T5_TOKENS, load_pipeline)
@@ -359,7 +360,8 @@ def measure(model_dir: Path, classifier: ShapesClassifier, eval_images: int, n_f
     report["classifier_accuracy_fresh_held_out"] = head_accuracy(classifier, held.images, held.labels)
     print("classifier accuracy on fresh images:", json.dumps(report["classifier_accuracy_fresh"]))
 
-    pipe = load_pipeline(str(model_dir))  # the project's loader: the family from model_index.json, T5 left absent
+    # the project's loader: the family from model_index.json, T5 left absent (the family built with the defaults)
+    pipe = load_pipeline(str(model_dir), config=base())
     pipe.set_progress_bar_config(disable=True)
     with torch.no_grad():
         recon = pipe.vae.decode(pipe.vae.encode(fresh.images * 2 - 1).latent_dist.mean).sample

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from config.base import base
 from ddpo_group.models.families.sd import StableDiffusionFamily
 from ddpo_group.sampling.trajectories import Trajectories, sample_trajectories
 
@@ -12,7 +13,7 @@ def sd_trajectories(pipe, prompt_embeds, negative_prompt_embeds, num_steps: int,
     """Trajectories of ``unet`` (default ``pipe.unet``) with noise level ``eta`` on every step; ``kwargs`` go to
     sample_trajectories (generator, decode, compute_log_prob, initial_noise, log_prob_reduce, ...)."""
     negative = None if negative_prompt_embeds is None else {"prompt_embeds": negative_prompt_embeds}
-    return sample_trajectories(StableDiffusionFamily(pipe), unet if unet is not None else pipe.unet,
+    return sample_trajectories(StableDiffusionFamily(pipe, base()), unet if unet is not None else pipe.unet,
                                {"prompt_embeds": prompt_embeds}, negative, num_steps, guidance_scale,
                                [float(eta)] * num_steps, **kwargs)
 
@@ -21,7 +22,7 @@ def sd_step_output(pipe, unet, latents, next_latents, timesteps, prompt_embeds, 
                    guidance_scale: float, eta: float, reduce: str = "mean"):
     """The step output (log-prob, mean, std) of recorded transitions x_n -> x_{n+1} under ``unet``, for N flattened
     (sample, step) pairs (inputs [N, ...], one timestep per row), with gradients through ``unet``."""
-    family = StableDiffusionFamily(pipe)
+    family = StableDiffusionFamily(pipe, base())
     step = {"timesteps": timesteps}
     output = family.model_output(unet, latents, step, {"prompt_embeds": prompt_embeds},
                                  {"prompt_embeds": negative_prompt_embeds}, guidance_scale)

@@ -32,9 +32,10 @@ def _dtype_kwargs(dtype) -> dict:
     return {"dtype": dtype}
 
 
-def load_family(name_or_path: str, revision: str | None = None, torch_dtype=None, family: str = "", config=None):
+def load_family(name_or_path: str, revision: str | None = None, torch_dtype=None, family: str = "", *, config):
     """The model family (models/families/) of an embedded model, a local diffusers directory or a hub id, with its
-    pipeline loaded; ``family`` overrides the one read from ``model_index.json`` (clear error if nothing loads)."""
+    pipeline loaded; ``family`` overrides the one read from ``model_index.json`` (clear error if nothing loads).
+    ``config``: the run's config, which the family reads (a caller without one passes ``config.base.base()``)."""
     from ddpo_group.models.families import family_name, get_family
 
     path, local = locate(name_or_path)
@@ -49,6 +50,6 @@ def load_family(name_or_path: str, revision: str | None = None, torch_dtype=None
     return cls(pipe, config)
 
 
-def load_pipeline(name_or_path: str, revision: str | None = None, torch_dtype=None, family: str = ""):
-    """The diffusers pipeline of ``name_or_path`` (``load_family``'s pipeline)."""
-    return load_family(name_or_path, revision, torch_dtype, family).pipe
+def load_pipeline(name_or_path: str, revision: str | None = None, torch_dtype=None, family: str = "", *, config):
+    """The diffusers pipeline of ``name_or_path`` (``load_family``'s pipeline, the family built with ``config``)."""
+    return load_family(name_or_path, revision, torch_dtype, family, config=config).pipe

@@ -102,7 +102,7 @@ def test_declared_needs_are_checked_at_start_and_on_the_inputs(plugin_files):
 def _updater(config, pipe):
     neg = encode_prompts(pipe, [""])
     return PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, list(pipe.unet.parameters()),
-                         TransitionScorer.from_config(config, StableDiffusionFamily(pipe))), neg
+                         TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config))), neg
 
 
 def test_a_file_policy_loss_with_a_matrix_takes_the_chunked_update(plugin_files):

@@ -114,8 +114,8 @@ def test_short_run_artifacts_lora_export_and_evaluate(tiny_model_dir, tmp_path):
     load = lambda: StableDiffusionPipeline.from_pretrained(tiny_model_dir, safety_checker=None,  # noqa: E731
                                                            requires_safety_checker=False)
     trained = load()
-    load_finetuned_weights(StableDiffusionFamily(trained), checkpoint,
-                           run_config(base(), json.loads((run / "config.json").read_text())))
+    trained_config = run_config(base(), json.loads((run / "config.json").read_text()))
+    load_finetuned_weights(StableDiffusionFamily(trained, trained_config), checkpoint, trained_config)
     exported = load()
     base_images = sample(exported)
     exported.load_lora_weights(str(checkpoint / "lora"))
@@ -188,7 +188,8 @@ def test_checkpoint_without_lora_export_loads_its_weights(tiny_model_dir, tmp_pa
     assert find_run_config(tmp_path) == (None, None)
     assert resolve_finetuned(run) == ("weights", checkpoint)
     loaded = load()
-    load_finetuned_weights(StableDiffusionFamily(loaded), checkpoint, run_config(base(), config))
+    loaded_config = run_config(base(), config)
+    load_finetuned_weights(StableDiffusionFamily(loaded, loaded_config), checkpoint, loaded_config)
     x = torch.randn(1, 4, 8, 8)
     text = torch.randn(1, 16, 32)
     with torch.no_grad():

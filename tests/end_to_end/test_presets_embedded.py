@@ -7,7 +7,7 @@ Skipped (with the reason) while an embedded model is not part of the package.
 import pytest
 import torch
 
-from config.base import PRESETS
+from config.base import PRESETS, base
 from trainer_helpers import tiny_trainer
 
 
@@ -15,7 +15,7 @@ def embedded_model_available(model: str = "tiny-shapes") -> bool:
     try:
         from ddpo_group.models import load_pipeline
 
-        load_pipeline(model)
+        load_pipeline(model, config=base())
         from ddpo_group.rewards import make_reward_fn
 
         make_reward_fn("shapes_alignment")

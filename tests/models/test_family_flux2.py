@@ -7,6 +7,7 @@ import pytest
 import torch
 from diffusers import Flux2KleinPipeline, Flux2Pipeline
 
+from config.base import base as base_config
 from ddpo_group.models import load_family
 from ddpo_group.models.tiny_random import QWEN3_CHAT_TEMPLATE
 from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
@@ -227,7 +228,7 @@ def test_the_full_size_bench_shape_composes():
     millions = {name: round(sum(p.numel() for p in getattr(pipe, name).parameters()) / 1e6)
                 for name in ("transformer", "text_encoder", "vae")}
     assert millions == {"transformer": 3876, "text_encoder": 4022, "vae": 84}
-    family = Flux2Family(pipe)
+    family = Flux2Family(pipe, base_config())
     assert family.resolution == 1024 and family.latent_shape() == (4096, 128)
     x = torch.empty(1, 4096, 128, device="meta")
     embeds = torch.empty(1, 512, 3 * pipe.text_encoder.config.hidden_size, device="meta")

@@ -6,6 +6,7 @@ import pytest
 import torch
 from diffusers import QwenImagePipeline
 
+from config.base import base as base_config
 from ddpo_group.models.families.qwenimage import QwenImageFamily
 from ddpo_group.sampling.trajectories import sample_trajectories
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
@@ -93,7 +94,7 @@ def test_a_guidance_distilled_transformer_is_refused(tiny_qwenimage_dir):
     pipe = QwenImagePipeline.from_pretrained(tiny_qwenimage_dir)
     pipe.transformer.register_to_config(guidance_embeds=True)
     with pytest.raises(ValueError, match="guidance_embeds=True"):
-        QwenImageFamily(pipe)
+        QwenImageFamily(pipe, base_config())
 
 
 def test_the_text_encoder_runs_where_it_is(tiny_qwenimage_dir):
@@ -181,6 +182,6 @@ def test_the_bench_shape_is_qwen_images_full_size():
         pipe = BUILDERS["qwenimage"]()
     counts = {name: sum(p.numel() for p in getattr(pipe, name).parameters()) for name in ("transformer", "text_encoder")}
     assert counts == {"transformer": 20_430_401_088, "text_encoder": 8_292_166_656}
-    family = QwenImageFamily(pipe)
+    family = QwenImageFamily(pipe, base_config())
     assert family.resolution == 1024 and family.latent_shape() == (4096, 64) and family.text_length == 512
     assert family.schedule_kwargs(10)["mu"] == pytest.approx(0.5 + 0.4 * (4096 - 256) / (8192 - 256))

@@ -6,6 +6,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler, WanPipeline
 
+from config.base import base as base_config
 from ddpo_group.models.families.wan import WanFamily
 from ddpo_group.sampling.trajectories import sample_trajectories
 from test_families import PROMPTS, family_of, generators
@@ -142,11 +143,11 @@ def test_a_pipeline_without_its_trained_transformer_is_refused(tiny_wan_dir):
                        transformer=pipe.transformer, transformer_2=pipe.transformer, boundary_ratio=None)
     with pytest.raises(ValueError, match=r"transformer_2=WanTransformer3DModel and boundary_ratio=None: two experts "
                                          r"need both .*supported: Wan2.1-T2V-1.3B"):
-        WanFamily(half)
+        WanFamily(half, base_config())
     alone = WanPipeline(tokenizer=pipe.tokenizer, text_encoder=pipe.text_encoder, vae=pipe.vae, scheduler=pipe.scheduler,
                         transformer=None, transformer_2=pipe.transformer, boundary_ratio=0.9)
     with pytest.raises(ValueError, match=r"no transformer \(only transformer_2\)"):
-        WanFamily(alone)
+        WanFamily(alone, base_config())
 
 
 def test_config_errors_and_sizes(tiny_wan_dir):
@@ -248,7 +249,7 @@ def test_the_full_size_bench_shape_builds():
                 if isinstance(module, torch.nn.Module)}
     assert 1410 < millions["transformer"] < 1430 and 120 < millions["vae"] < 135  # 1.42B, 127M
     assert 5600 < millions["text_encoder"] < 5750  # UMT5-XXL's encoder
-    assert WanFamily(pipe).latent_shape() == (16, 21, 60, 104)  # 81 frames of 480 x 832
+    assert WanFamily(pipe, base_config()).latent_shape() == (16, 21, 60, 104)  # 81 frames of 480 x 832
 
 
 def test_per_token_timesteps_of_wan22_ti2v_reproduce_the_pipeline(tmp_path):

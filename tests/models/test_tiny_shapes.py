@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from config.base import base
 from ddpo_group.models import shapes_data as shapes
 from ddpo_group.models import CLASSIFIER_DIR, TINY_SHAPES, TINY_SHAPES_DIR, load_pipeline, resolve_model_path
 from ddpo_group.models.shapes_classifier import ShapesClassifier
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def tiny_shapes_pipe():
-    pipe = load_pipeline(TINY_SHAPES)
+    pipe = load_pipeline(TINY_SHAPES, config=base())
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -118,7 +119,7 @@ def test_offline_load_and_output_shapes(tiny_shapes_pipe, monkeypatch):
 def test_missing_model_path_is_a_clear_error(tmp_path):
     missing = tmp_path / "no_model_here"
     with pytest.raises(FileNotFoundError, match="no_model_here"):
-        load_pipeline(str(missing))
+        load_pipeline(str(missing), config=base())
 
 
 def test_classifier_accuracy_on_fresh_images():
@@ -176,7 +177,7 @@ def test_pretrain_script_rebuilds_a_loadable_model(tmp_path):
          str(tmp_path / "grid.png")],
         check=True, env=env, capture_output=True, timeout=600,
     )
-    pipe = load_pipeline(str(tmp_path / "tiny_shapes"))
+    pipe = load_pipeline(str(tmp_path / "tiny_shapes"), config=base())
     assert pipe.unet.config.sample_size == 8 and (tmp_path / "grid.png").is_file()
     ShapesClassifier.from_pretrained(tmp_path / "tiny_shapes_classifier")
     import json
@@ -192,7 +193,7 @@ def test_pretrain_script_rebuilds_a_loadable_model(tmp_path):
     )
     from ddpo_group.models import load_family
 
-    family = load_family(str(tmp_path / "tiny_shapes_flow"))
+    family = load_family(str(tmp_path / "tiny_shapes_flow"), config=base())
     assert family.name == "sd3" and family.pipe.transformer.config.sample_size == 8
     assert family.pipe.vae.config.shift_factor is not None
     report = json.loads((tmp_path / "tiny_shapes_flow" / "pretrain_report.json").read_text())

@@ -135,7 +135,9 @@ def test_checkpoint_with_a_reference_adapter_loads_as_the_policy_for_evaluation(
     policy = {k: v.detach().clone() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()
               if ".reference." not in k}
     pipe = StableDiffusionPipeline.from_pretrained(tiny_model_dir)
-    load_finetuned_weights(StableDiffusionFamily(pipe), tmp_path / "evalref" / "checkpoints" / "checkpoint_00000", run_config(base(), {"lora_rank": 4}))
+    config = run_config(base(), {"lora_rank": 4})
+    load_finetuned_weights(StableDiffusionFamily(pipe, config), tmp_path / "evalref" / "checkpoints" / "checkpoint_00000",
+                           config)
     loaded = pipe.unet.state_dict()
     assert set(loaded) == set(policy)
     for key, value in policy.items():

@@ -15,6 +15,7 @@ import warnings
 import pytest
 import torch
 
+from config.base import base
 import ddpo_group.run.trainer as trainer_module
 from ddpo_group.run.checkpointing import complete_checkpoints
 from ddpo_group.run.config_checks import ConfigError
@@ -122,7 +123,7 @@ def test_an_empty_prompt_file_fails_before_the_model_loads(tmp_path, monkeypatch
 def test_missing_model_path_is_named(tmp_path):
     missing = str(tmp_path / "no_such_model")
     with pytest.raises(FileNotFoundError, match=rf"pretrained.model='{missing}': no such directory"):
-        load_pipeline(missing)
+        load_pipeline(missing, config=base())
     with pytest.raises(FileNotFoundError, match=r"pretrained.model=.*no_such_model"):
         tiny_trainer("ddpo", missing, tmp_path)
 

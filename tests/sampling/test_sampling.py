@@ -2,6 +2,8 @@ import pytest
 import torch
 from ml_collections import ConfigDict
 
+from config.base import base
+
 from ddpo_group.sampling.ddim import check_trainable_schedule, ddim_step_with_logprob, step_std
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, guided_model_output
 from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
@@ -12,7 +14,7 @@ PROMPTS = ["a red circle on a blue background", "a green square", "x", "a yellow
 
 def sample(pipe, embeds, neg, steps, guidance_scale, noise_levels, **kwargs):
     """Stable Diffusion trajectories as the rollouts sample them (sampling/trajectories.py with the family)."""
-    return sample_trajectories(StableDiffusionFamily(pipe), pipe.unet, {"prompt_embeds": embeds},
+    return sample_trajectories(StableDiffusionFamily(pipe, base()), pipe.unet, {"prompt_embeds": embeds},
                                {"prompt_embeds": neg}, steps, guidance_scale, noise_levels, **kwargs)
 
 
@@ -20,7 +22,7 @@ def score(pipe, traj, embeds, rows, steps, guidance_scale, eta):
     """The step output of the recorded transitions (rows, steps) of ``traj``, as training scores them."""
     batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], "timesteps": traj.timesteps,
              "prompt_embeds": embeds}
-    return TransitionScorer(StableDiffusionFamily(pipe), guidance_scale, eta)(pipe.unet, batch, rows, steps)
+    return TransitionScorer(StableDiffusionFamily(pipe, base()), guidance_scale, eta)(pipe.unet, batch, rows, steps)
 
 
 def _sample(pipe, guidance_scale, eta=1.0, steps=5, seed=0):
@@ -132,7 +134,7 @@ def test_sde_window_steps_outside_are_deterministic_ddim_without_log_prob(tiny_p
     from ddpo_group.sampling.window import sde_window_mask, stochastic_steps
 
     def noise_levels(eta, start, size):  # the family's noise level of each step (what the rollouts sample with)
-        return StableDiffusionFamily(tiny_pipe).noise_levels(
+        return StableDiffusionFamily(tiny_pipe, base()).noise_levels(
             ConfigDict({"num_steps": 5, "noise_level": eta, "sde_window_start": start, "sde_window_size": size}))
 
     assert sde_window_mask(5, 0, 0).tolist() == [True] * 5
@@ -190,7 +192,7 @@ def test_log_prob_reduce_sum_scales_the_recorded_log_probs_and_the_ratio_exponen
         batch = {"latents": t.latents[:, :-1], "next_latents": t.latents[:, 1:], "timesteps": t.timesteps,
                  "prompt_embeds": embeds}
         with torch.no_grad():
-            out = TransitionScorer(StableDiffusionFamily(tiny_pipe), 5.0, 1.0, reduce)(tiny_pipe.unet, batch, rows, steps)
+            out = TransitionScorer(StableDiffusionFamily(tiny_pipe, base()), 5.0, 1.0, reduce)(tiny_pipe.unet, batch, rows, steps)
         log_ratio[reduce] = out.log_prob - t.log_probs[rows, steps]
     assert log_ratio["mean"].abs().min() > 0
     torch.testing.assert_close(log_ratio["sum"], dims * log_ratio["mean"], rtol=1e-3, atol=1e-4)

@@ -4,6 +4,7 @@ on the tiny random SD3 model; the presets on the embedded flow model."""
 import pytest
 import torch
 
+from config.base import base
 from ddpo_group.errors import ConfigError
 from ddpo_group.update.old_model import OLD_ADAPTER, old_decay
 from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
@@ -72,7 +73,7 @@ def test_preset_trains_an_epoch_on_the_embedded_flow_model(preset, tmp_path):
     from ddpo_group.models import load_pipeline
 
     try:
-        load_pipeline("tiny-shapes-flow")
+        load_pipeline("tiny-shapes-flow", config=base())
     except Exception as error:  # an install without the embedded models
         pytest.skip(f"the embedded tiny-shapes-flow model is not installed ({error})")
     trainer = tiny_trainer(preset, "tiny-shapes-flow", tmp_path, preset, **{

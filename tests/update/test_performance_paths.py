@@ -9,6 +9,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+from config.base import base
 from ddpo_group.algorithms import FixedKLController
 from ddpo_group.models.trainable import build_policy
 from ddpo_group.reference.regularizer import KLRegularizer
@@ -52,7 +53,7 @@ def test_policy_loads_in_the_mixed_precision_dtype_without_cast_warning(tiny_mod
 
 def _lora_grads(config, batch, neg, pipe, params):
     updater = PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, params,
-                            TransitionScorer.from_config(config, StableDiffusionFamily(pipe)))
+                            TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config)))
     pipe.unet.train()
     pipe.unet.zero_grad()
     updater.accumulate_gradients(batch, torch.arange(3), torch.ones(3, 3))
@@ -99,7 +100,7 @@ def test_reference_forward_only_when_beta_positive():
     params = list(pipe.unet.parameters())
     kl = KLRegularizer(_ForbiddenReference(), "gaussian", FixedKLController(0.0), in_reward=False)
     updater = PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, params,
-                            TransitionScorer.from_config(config, StableDiffusionFamily(pipe)), kl)
+                            TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config)), kl)
     assert not updater.uses_reference
     metrics = updater.accumulate_gradients(batch, torch.arange(2), torch.ones(2, 2))
     assert "kl" not in metrics and "policy_loss" in metrics
@@ -121,7 +122,7 @@ def test_each_distinct_prompt_is_encoded_once():
         return original(ids, *args, **kwargs)
 
     encoder.forward = counting_forward
-    embeds = encode_unique(StableDiffusionFamily(pipe), prompts)["prompt_embeds"]
+    embeds = encode_unique(StableDiffusionFamily(pipe, base()), prompts)["prompt_embeds"]
     assert calls == [3]
     encoder.forward = original
     torch.testing.assert_close(embeds, encode_prompts(pipe, prompts), rtol=1e-5, atol=1e-6)

@@ -42,7 +42,7 @@ def test_chunked_gradient_equals_per_timestep_loop(pairs_per_forward, guidance):
     step_mask = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float32)
     rows = torch.tensor([2, 0, 1])  # a shuffled train batch
     updater = PolicyUpdater(config, Accelerator(cpu=True), unet, None, list(unet.parameters()),
-                            TransitionScorer.from_config(config, StableDiffusionFamily(pipe)))
+                            TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config)))
     unet.zero_grad()
     updater.accumulate_gradients(batch, rows, step_mask)
     chunked = [p.grad.clone() for p in unet.parameters()]
@@ -108,7 +108,7 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
         config.train.pairs_per_forward = pairs
         kl = KLRegularizer(reference, kl_type, FixedKLController(0.5), in_reward=False)
         updater = PolicyUpdater(config, Accelerator(cpu=True), unet, None, params,
-                                TransitionScorer.from_config(config, StableDiffusionFamily(pipe)), kl)
+                                TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config)), kl)
         unet.zero_grad()
         metrics = updater.accumulate_gradients(batch, rows, step_mask)
         assert metrics["kl"] != 0  # k1 may be negative on transitions sampled by another policy

@@ -116,7 +116,7 @@ def test_the_chunked_ratio_norm_gradient_is_independent_of_the_chunk_size():
     pipe = build_tiny_pipeline()
     config = get_config("grpo")
     config.sample.num_steps, config.train.clip_range, config.algorithm.policy_loss = 4, 0.2, "ratio_norm"
-    family = StableDiffusionFamily(pipe)
+    family = StableDiffusionFamily(pipe, config)
     embeds, neg = encode_prompts(pipe, ["a cat", "a dog", "a cow"]), encode_prompts(pipe, [""])
     traj = sample_trajectories(family, pipe.unet, {"prompt_embeds": embeds}, family.negative_condition(), 4,
                                config.sample.guidance_scale, [1.0] * 4, generator=torch.Generator().manual_seed(1),

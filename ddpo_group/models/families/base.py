@@ -69,7 +69,11 @@ class ModelFamily:
     negative_prompt = ""  # the family's default negative prompt (module docstring: the rule of the negative prompt)
     pipeline_max_batch = 0  # the most prompts one call of the pipeline's own __call__ takes (0: any)
 
-    def __init__(self, pipe, config=None):
+    def __init__(self, pipe, config):
+        """``pipe``: the diffusers pipeline; ``config``: the run's config (config/base.py's fields, whose defaults live
+        there only: a caller without a run config passes ``config.base.base()`` or a preset)."""
+        if config is None:
+            raise TypeError(f"{type(self).__name__} needs the run's config (e.g. config.base.base()), not None")
         self.pipe = pipe
         self.config = config
         self._negative = None
@@ -123,7 +127,7 @@ class ModelFamily:
     @property
     def run_negative_prompt(self) -> str:
         """The negative prompt of the rows that give none: ``sample.negative_prompt``, or the family's own default."""
-        chosen = self.config.sample.negative_prompt if self.config is not None else ""
+        chosen = self.config.sample.negative_prompt
         return chosen or self.negative_prompt
 
     def default_negative_condition(self) -> dict[str, torch.Tensor]:
@@ -135,7 +139,7 @@ class ModelFamily:
         """The run's unconditional condition, one row, encoded once: ``sample.negative_prompt`` encoded when it is
         set, else ``default_negative_condition()`` (module docstring)."""
         if self._negative is None:
-            chosen = self.config.sample.negative_prompt if self.config is not None else ""
+            chosen = self.config.sample.negative_prompt
             self._negative = self.encode([chosen]) if chosen else self.default_negative_condition()
         return self._negative
 
@@ -216,7 +220,7 @@ class ModelFamily:
     def resolution(self) -> int:
         """Image height = width in pixels, for the families that read ``sample.resolution``: it, or the pipeline's
         default."""
-        chosen = int(self.config.sample.resolution) if self.config is not None else 0
+        chosen = int(self.config.sample.resolution)
         return chosen or self.pipe.default_sample_size * self.pipe.vae_scale_factor
 
     @staticmethod
@@ -309,7 +313,7 @@ class ModelFamily:
         ``sample.negative_prompt`` is set, and the pipeline's ``__call__`` takes one, else {}. (SDXL's rows without one then get the encoded empty prompt, not the zeros
         of ``force_zeros_for_empty_prompt``: the pipeline zeroes only when given no negative prompt at all.)"""
         texts = [(m or {}).get(NEGATIVE_PROMPT_KEY) for m in metadata]
-        chosen = self.config.sample.negative_prompt if self.config is not None else ""
+        chosen = self.config.sample.negative_prompt
         if (all(text is None for text in texts) and not chosen) or not self.pipeline_takes_negative_prompt():
             return {}
         return {"negative_prompt": [self.run_negative_prompt if text is None else text for text in texts]}

@@ -42,11 +42,11 @@ class FlowMatchingFamily(ModelFamily):
     def max_sequence_length(self) -> int | None:
         """T5 tokens per prompt: ``pretrained.max_sequence_length``, else the model's default (the embedded flow
         model's), else None (the pipeline's default)."""
-        return sequence_length(self.config.pretrained) if self.config is not None else None
+        return sequence_length(self.config.pretrained)
 
     @property
     def sde_type(self) -> str:
-        return self.config.sample.sde_type if self.config is not None else "flow_sde"
+        return self.config.sample.sde_type
 
     def schedule_kwargs(self, num_steps: int) -> dict:
         """Keywords of ``scheduler.set_timesteps`` exactly as the pipeline passes them (sigmas, mu)."""

@@ -50,7 +50,7 @@ class Flux2Family(FlowMatchingFamily):
     def out_layers(self) -> dict:
         """The pipeline's ``text_encoder_out_layers`` keyword: ``pretrained.text_encoder_out_layers``, or none for the
         pipeline's default; ValueError naming the field when a layer is beyond the text encoder's."""
-        chosen = tuple(int(n) for n in self.config.pretrained.text_encoder_out_layers) if self.config is not None else ()
+        chosen = tuple(int(n) for n in self.config.pretrained.text_encoder_out_layers)
         default = inspect.signature(self.pipe.encode_prompt).parameters["text_encoder_out_layers"].default
         config = self.pipe.text_encoder.config
         depth = getattr(config, "text_config", config).num_hidden_layers

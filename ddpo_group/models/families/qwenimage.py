@@ -45,7 +45,7 @@ class QwenImageFamily(FlowMatchingFamily):
     lora_target_modules = FlowMatchingFamily.lora_target_modules + (
         "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2")
 
-    def __init__(self, pipe, config=None):
+    def __init__(self, pipe, config):
         super().__init__(pipe, config)
         self._truncation_warned = False
         if pipe.transformer.config.guidance_embeds:

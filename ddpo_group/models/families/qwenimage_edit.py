@@ -143,7 +143,7 @@ class QwenImageEditPlusFamily(QwenImageFamily):
         metadata = metadata or []
         texts = [self.run_negative_prompt if (meta or {}).get(NEGATIVE_PROMPT_KEY) is None else meta[NEGATIVE_PROMPT_KEY]
                  for meta in metadata]
-        size = int(self.config.sample.text_embedding_cache) if self.config is not None else 0
+        size = int(self.config.sample.text_embedding_cache)
         rows, fresh = [], {}
         for text, meta in zip(texts, metadata):
             key = self.condition_key(text, meta)

@@ -110,7 +110,7 @@ class StableDiffusionFamily(ModelFamily):
     step_keys = ("timesteps",)
     standard_noise_level = 1.0  # DDIM's eta = 1 (DDPM-like), ddpo-pytorch's
 
-    def __init__(self, pipe, config=None):
+    def __init__(self, pipe, config):
         super().__init__(ensure_ddim(pipe), config)
 
     @classmethod

@@ -49,7 +49,7 @@ class WanFamily(FlowMatchingFamily):
     lora_target_modules = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
                            "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")
 
-    def __init__(self, pipe, config=None):
+    def __init__(self, pipe, config):
         if pipe.transformer is None:
             raise ValueError(f"this WanPipeline has no transformer (only transformer_2); the wan family trains the "
                              f"transformer of {SUPPORTED}")
@@ -80,13 +80,13 @@ class WanFamily(FlowMatchingFamily):
     @property
     def frames(self) -> int:
         """Video frames: ``sample.num_frames``, or the pipeline's default 81."""
-        chosen = int(self.config.sample.num_frames) if self.config is not None else 0
+        chosen = int(self.config.sample.num_frames)
         return chosen or 81
 
     @property
     def height_width(self) -> tuple[int, int]:
         """``sample.resolution`` square, or the pipeline's default 480 x 832."""
-        chosen = int(self.config.sample.resolution) if self.config is not None else 0
+        chosen = int(self.config.sample.resolution)
         return (chosen, chosen) if chosen else (480, 832)
 
     def latent_shape(self) -> tuple:

@@ -102,11 +102,11 @@ class ZImageFamily(FlowMatchingFamily):
     # ------------------------------------------------------------------ guidance (the pipeline's convention)
     @property
     def cfg_normalization(self) -> float:
-        return float(self.config.sample.cfg_normalization) if self.config is not None else 0.0
+        return float(self.config.sample.cfg_normalization)
 
     @property
     def cfg_truncation(self) -> float:
-        return float(self.config.sample.cfg_truncation) if self.config is not None else 1.0
+        return float(self.config.sample.cfg_truncation)
 
     def model_output(self, model, latents, step, cond, negative, guidance_scale):
         n = latents.shape[0]
