@@ -118,7 +118,10 @@ def get_objective(spec: str) -> ObjectiveSpec:
 
 
 def flow_forward(x0: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The flow-matching forward process at sigma s [N]: (x_s = (1 - s) x0 + s eps, target u = eps - x0)."""
+    """The flow-matching forward process at sigma s [N]: (x_s = (1 - s) x0 + s eps, target u = eps - x0).
+
+    (The rectified flow alpha_t = 1 - t, sigma_t = t of DiffusionNFT's Sec. 2.1, where the velocity target of its
+    Eq. 1 simplifies to eps - x0.)"""
     s = _per_row(sigma, x0)
     return (1 - s) * x0 + s * noise, noise - x0
 
@@ -130,7 +133,10 @@ FORWARD_PROCESSES = ("flow", "ddpm")
 def ddpm_forward(x0: torch.Tensor, noise: torch.Tensor, alpha_bar: torch.Tensor,
                  prediction_type: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The DDPM forward process at ab_t [N]: (x_t = sqrt(ab) x0 + sqrt(1 - ab) eps, the denoiser's target for its
-    ``prediction_type``: eps, sqrt(ab) eps - sqrt(1 - ab) x0, or x0)."""
+    ``prediction_type``: eps, sqrt(ab) eps - sqrt(1 - ab) x0, or x0).
+
+    (Diffusion-DPO's q(x_t | x0) = N(alpha_t x0, sigma_t^2 I) of its Eq. 2, with alpha_t = sqrt(ab), sigma_t =
+    sqrt(1 - ab).)"""
     if prediction_type not in DDPM_TARGETS:
         raise ValueError(f"prediction_type={prediction_type!r} is not supported; use one of {DDPM_TARGETS}")
     a, b = _per_row(alpha_bar.sqrt(), x0), _per_row((1 - alpha_bar).sqrt(), x0)
@@ -258,7 +264,8 @@ def _nft_check(kwargs: dict) -> list:
 
 def optimality_probability(advantages: torch.Tensor, adv_clip_max: float) -> torch.Tensor:
     """DiffusionNFT's reward as an optimality probability: r = 1/2 + 1/2 clip(A / Z, -1, 1), with the normaliser
-    Z = ``adv_clip_max`` (the released training script's choice on group-normalised advantages)."""
+    Z = ``adv_clip_max`` (the released training script's choice on group-normalised advantages). The paper's
+    "Optimality Reward" of Sec. 3.3 (an unnumbered display; its Algorithm 1, line 5)."""
     if not adv_clip_max > 0:
         raise ValueError(f"adv_clip_max={adv_clip_max} must be > 0")
     return 0.5 + 0.5 * (advantages.float() / float(adv_clip_max)).clamp(-1.0, 1.0)
@@ -273,12 +280,15 @@ def nft_loss(pred, target, advantages, sigma, old_pred=None, adv_clip_max: float
 
         v+ = (1 - beta) v_old + beta v_theta,        v- = (1 + beta) v_old - beta v_theta
 
-    and the reward as an optimality probability r = 1/2 + 1/2 clip(A / Z, -1, 1) (``optimality_probability``):
+    (the paper's Theorem 3.2) and the reward as an optimality probability r = 1/2 + 1/2 clip(A / Z, -1, 1)
+    (``optimality_probability``):
 
         L(theta) = E_{c, x0 ~ pi_old, s, eps} [ r ||v+(x_s) - u||^2 + (1 - r) ||v-(x_s) - u||^2 ] / beta
 
-    with u = eps - x0. ``adaptive_weight`` (the paper's adaptive loss weighting, as released): each squared error is
-    taken on the x0 prediction x0_hat = x_s - s v and divided by sg(mean |x0_hat - x0|), floored at 1e-5; since
+    with u = eps - x0: the paper's Eq. 5 (Theorem 3.2; Algorithm 1, line 12), which has no 1 / beta (the released
+    script divides by beta). ``adaptive_weight`` (the paper's adaptive loss weighting, Sec. 3.3, an unnumbered display
+    that replaces the w(t) of its Eq. 1 and takes x0_hat = x_t - t v under rectified flow; as released): each squared
+    error is taken on the x0 prediction x0_hat = x_s - s v and divided by sg(mean |x0_hat - x0|), floored at 1e-5; since
     x0_hat - x0 = -s (v - u), that term is s * mean (v - u)^2 / sg(mean |v - u|). Without it, the plain velocity
     errors mean (v+- - u)^2.
 
@@ -378,7 +388,8 @@ def dpo_loss(errors, ref_errors, advantages=None, beta: float = 2000.0, **_):
 
         L = -log sigmoid( -beta / 2 * [ (e_w - e_ref_w) - (e_l - e_ref_l) ] )
 
-    (the paper's loss with its time weighting folded into beta; beta / 2 as in its released training code; beta 2000
+    (the paper's loss, its Eq. 14 in Sec. 4, with its time weighting omega(lambda_t) and the constant T folded into
+    beta; beta / 2 as in its released training code; beta 2000
     is Flow-Factory's online default on flow models). It is DGPO's loss on the pair with advantages (+1, -1). At the
     reference (e = e_ref) the loss is log 2 and the gradient beta / 4 (grad e_w - grad e_l). ``accuracy``: the share of
     pairs whose implicit reward prefers the winner. ``advantages`` is not read.
@@ -394,6 +405,12 @@ def dgpo_loss(errors, ref_errors, advantages, beta: float = 100.0, **_):
     samples of a prompt group at one time s and one noise eps (``errors``, ``ref_errors``, ``advantages`` [U, K]):
 
         L = -log sigmoid( -(beta / K) sum_k A_k (e_k - e_ref_k) )
+
+    (the paper's final objective, its Eq. 17 in Sec. 3.2: with the weights w = |A| of its Eq. 14 on the positive
+    (A > 0) and negative (A <= 0) groups of its Eq. 13, its sum over G+ minus its sum over G- of w (L_dsm - L_dsm_ref)
+    is sum_k A_k (e_k - e_ref_k); its weighting lambda_t and constant T are folded into beta here, and its L_dsm is the
+    x0-prediction error ||f_theta(x_t, t, c) - x||^2. It shares the noise eps within each group "to reduce the
+    variance".)
 
     The gradient, sigmoid((beta / K) sum_k A_k (e_k - e_ref_k)) * (beta / K) A_k grad e_k, is the gradient-equivalent
     loss of the released code and of Flow-Factory (a sigmoid group weight times A_k e_k). Zero advantages (a group whose
