@@ -50,6 +50,8 @@ def parse_args(argv=None):
     parser.add_argument("--json", default="", metavar="PATH", help="also write the measured figures to this JSON file")
     parser.add_argument("--memory-gb", type=float, default=0.0,
                         help="cap this process's CUDA memory (torch.cuda.set_per_process_memory_fraction): a smaller card")
+    parser.add_argument("--leave-gb", type=float, default=0.0,
+                        help="cap this process's CUDA memory at the card's less this much (others share the GPU)")
     add_common_args(parser)
     return parser.parse_args(argv)
 
@@ -57,9 +59,10 @@ def parse_args(argv=None):
 def main(argv=None) -> dict:
     args = parse_args(argv)
     setup_threads(args.threads)
-    if args.memory_gb:
+    if args.memory_gb or args.leave_gb:
         total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gb * 2**30 / total))
+        allowed = args.memory_gb * 2**30 if args.memory_gb else total - args.leave_gb * 2**30
+        torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, allowed / total)))
     config = get_config(args.preset)
     config.wandb.mode = "disabled"
     config.num_epochs = args.epochs
@@ -111,6 +114,7 @@ def main(argv=None) -> dict:
            "gradient_checkpointing": bool(trainer.family.model.is_gradient_checkpointing),
            "perf": {key: value for key, value in last.items() if key.startswith("perf/")},
            "preset": args.preset, "sets": args.set, "memory_cap_gb": args.memory_gb or None,
+           "memory_left_gb": args.leave_gb or None,
            "machine": machine(args.device), "mixed_precision": config.mixed_precision,
            "samples": config.sample.batch_size * config.sample.num_batches_per_epoch, "steps": config.sample.num_steps}
     other = wall - sum(out["phases"].values())

@@ -1,5 +1,5 @@
 """The one-command GPU check: the test suite on CUDA and one training epoch at each model size users train, in one
-command of at most 9 minutes, everything it measures written into one folder.
+command meant to take at most 9 minutes (``--budget-s``), everything it measures written into one folder.
 
     bash bench/gpu_wheels.sh    # here, once: the wheels the GPU image lacks (diffusers, ml_collections, wandb) in .whl/
     # on the GPU machine, from the repository root:
@@ -26,10 +26,10 @@ Steps (``--only`` picks some), each a subprocess, so one that fails leaves the o
 5. ``full_ft``: the SD 3.5 Medium epoch with full fine-tuning and gradient checkpointing.
 
 Then DIR/summary.md (the tables for docs/performance.md) and DIR/summary.json; what could not run is listed with the
-reason, and whether the epochs ran beside the suite (sharing the GPU with its tests). DIR holds at most 8 files:
-summary.md, summary.json, junit.xml, suite.txt, suite_log.txt, log.txt, details.tar.gz (each run's JSON).
-``--budget-s`` (default 530) bounds the whole: a step that would start past it is listed as not run, and the suite is
-interrupted (pytest still writes its junit file).
+reason, and whether the epochs ran beside the suite (sharing the GPU with its tests: the runs on the whole card then
+leave SUITE_GB to them). DIR receives 7 files: summary.md, summary.json, junit.xml, suite.txt, suite_log.txt, log.txt,
+details.tar.gz (each run's JSON). ``--budget-s`` (default 530) bounds the whole: a run that would start past it is
+listed as not run, one still going at it is killed, and the suite is interrupted (pytest then writes its junit file).
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 STEPS = ("env", "suite", "models", "epochs", "full_ft")
 CAP_GB = 24
+SUITE_GB = 16  # beside the suite, the "whole card" runs leave this much to its tests' tiny models
+GRACE_S = 20  # an interrupted suite's time to write its junit file
 # the tests that start 2 processes (accelerate launch or workers one by one): on one GPU they run on the CPU
 MULTIPROCESS = ("tests/end_to_end/test_process_failures.py", "tests/run/test_scale_out.py",
                 "tests/end_to_end/test_train_e2e.py::test_two_processes")
@@ -110,6 +112,8 @@ class Check:
         self.work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
         self.models = Path(args.models_dir) if args.models_dir else self.work / "models"
         self.log = open(self.out / "log.txt", "a")
+        self.lock = threading.Lock()  # the model-building thread and the main one write the log
+        self.processes: list[subprocess.Popen] = []  # every process started: none outlives the check
         self.start = time.monotonic()
         self.results: dict = {"dry_run": args.dry_run, "steps": {}, "not_run": []}
         self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
@@ -120,46 +124,71 @@ class Check:
 
     def say(self, line: str) -> None:
         stamp = f"[{time.monotonic() - self.start:6.1f} s] {line}"
-        print(stamp, flush=True)
-        self.log.write(stamp + "\n")
-        self.log.flush()
+        with self.lock:
+            print(stamp, flush=True)
+            self.log.write(stamp + "\n")
+            self.log.flush()
 
     def not_run(self, what: str, why: str) -> None:
         self.say(f"NOT RUN {what}: {why}")
         self.results["not_run"].append({"what": what, "why": why})
 
     def run(self, what: str, command: list[str], timeout: float, **kwargs) -> int | None:
-        """``command`` with its output in the log; None when it ran past ``timeout`` (then it is interrupted)."""
+        """``command`` with its output in the log; None when it did not start (the budget is spent) or ran past
+        ``timeout`` (then it is killed)."""
         if timeout <= 5:
             self.not_run(what, f"the budget of {self.args.budget_s:.0f} s is spent")
             return None
         self.say(f"{what}: {' '.join(command)}")
-        process = self.start_process(command, **kwargs)
-        return self.wait(what, process, timeout)
+        return self.wait(what, self.start_process(command, **kwargs), timeout)
 
     def start_process(self, command: list[str], cores: set[int] | None = None, output: Path | None = None):
-        """``command`` started in its own session, on ``cores``, writing to ``output`` (default: the log)."""
-        self.log.flush()
-        preexec = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-        stream = open(output, "w") if output else self.log
-        return subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=stream, stderr=subprocess.STDOUT,
-                                preexec_fn=preexec, start_new_session=True)
+        """``command`` started in its own session (so that its children can be stopped with it), on ``cores`` (set by
+        a small exec wrapper: no preexec_fn while a thread runs), writing to ``output`` (default: the log)."""
+        if cores:
+            pin = ("import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')}); "
+                   "os.execvp(sys.argv[2], sys.argv[2:])")
+            command = [python(), "-c", pin, ",".join(map(str, sorted(cores))), *command]
+        with self.lock:
+            self.log.flush()
+            stream = open(output, "w") if output else self.log
+            try:
+                process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=stream, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+            finally:
+                if output:
+                    stream.close()  # the child holds its own copy
+            self.processes.append(process)
+        return process
 
-    def wait(self, what: str, process, timeout: float) -> int | None:
+    def wait(self, what: str, process, timeout: float, interrupt_first: bool = False) -> int | None:
+        """The exit code of ``process``, or None when it ran past ``timeout``: then it is killed with its children,
+        after ``interrupt_first`` a SIGINT to it alone and up to GRACE_S seconds (pytest then writes its junit file)."""
         started = time.monotonic()
         try:
             code = process.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGINT)  # pytest still writes its junit file after an interrupt
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            self.not_run(what, f"interrupted after {timeout:.0f} s (the budget)")
+            if interrupt_first:
+                process.send_signal(signal.SIGINT)  # the controller: its xdist workers are stopped by it
+                try:
+                    process.wait(timeout=GRACE_S)
+                except subprocess.TimeoutExpired:
+                    pass
+            stop(process)
+            self.not_run(what, f"stopped after {time.monotonic() - started:.0f} s (the budget)")
             return None
         self.say(f"{what}: exit {code} after {time.monotonic() - started:.1f} s")
         return code
+
+
+def stop(process: subprocess.Popen) -> None:
+    """Kill ``process`` and its children (its session) unless it has ended."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait()
 
 
 def python() -> str:
@@ -172,12 +201,16 @@ def env_step(check: Check) -> None:
             "print('torch', torch.__version__, 'cuda', torch.version.cuda, 'GPU', torch.cuda.get_device_name() "
             "if torch.cuda.is_available() else None); print('diffusers', diffusers.__version__, 'transformers', "
             "transformers.__version__, 'peft', peft.__version__, 'accelerate', accelerate.__version__)")
-    versions = subprocess.run([python(), "-c", code], cwd=ROOT, env=check.env, capture_output=True, text=True)
-    lines += (versions.stdout + versions.stderr).strip().splitlines()[-2:]
-    if shutil.which("nvidia-smi"):
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True)
-        lines.append("nvidia-smi: " + smi.stdout.strip())
+    try:
+        versions = subprocess.run([python(), "-c", code], cwd=ROOT, env=check.env, capture_output=True, text=True,
+                                  timeout=120)
+        lines += versions.stdout.strip().splitlines()[-2:] or versions.stderr.strip().splitlines()[-1:]
+        if shutil.which("nvidia-smi"):
+            query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"]
+            smi = subprocess.run(query, capture_output=True, text=True, timeout=60)
+            lines.append("nvidia-smi: " + smi.stdout.strip())
+    except subprocess.TimeoutExpired as error:
+        lines.append(f"{error.cmd[0]}: no answer in {error.timeout:.0f} s")
     check.results["env"] = lines
     for line in lines:
         check.say(line)
@@ -197,7 +230,8 @@ def cores(check: Check) -> dict[str, set[int] | None]:
 def suite_command(check: Check, junit: Path, suite_cores: set[int] | None) -> list[str]:
     command = [python(), "-m", "pytest", "-rf", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
                *check.args.suite.split()]
-    has_xdist = subprocess.run([python(), "-c", "import xdist"], capture_output=True).returncode == 0
+    has_xdist = subprocess.run([python(), "-c", "import xdist"], env=check.env, capture_output=True,
+                               timeout=60).returncode == 0
     if has_xdist and suite_cores:
         command += ["-n", str(check.args.workers or len(suite_cores)), "--dist", "load"]  # test by test
     elif not has_xdist:
@@ -242,24 +276,30 @@ class Models(threading.Thread):
         self.done = {shape: threading.Event() for shape in check.args.shapes}
 
     def run(self) -> None:
+        try:
+            for shape in self.check.args.shapes:
+                self.dirs[shape] = self.build(shape)
+                self.done[shape].set()
+        finally:  # whatever happened: nobody waits for a shape that will not come
+            for event in self.done.values():
+                event.set()
+
+    def build(self, shape: str) -> Path | None:
         check = self.check
-        for shape in check.args.shapes:
-            target, output = check.models / shape, check.work / f"build_{shape}.log"
-            builder, family = SHAPES[shape][0], SHAPES[shape][1]
-            if check.args.dry_run:
-                command = [python(), "-c", "import sys; from ddpo_group.models.tiny_random import TINY_BUILDERS, "
-                           "save_pipeline; save_pipeline(TINY_BUILDERS[sys.argv[1]](), sys.argv[2])", family,
-                           str(target)]
-            else:
-                command = [python(), str(BENCH / "random_model.py"), *builder, "--out", str(target)]
-            check.say(f"models/{shape}: {' '.join(command)}")
-            code = check.wait(f"models/{shape}", check.start_process(command, cores=self.cores, output=output),
-                              check.left() - 60)
-            check.log.write(output.read_text()[-2000:])
-            self.dirs[shape] = target if code == 0 else None
-            if code != 0:
-                check.not_run(f"the {shape} epochs", "its random pipeline was not built (log.txt)")
-            self.done[shape].set()
+        target, output = check.models / shape, check.work / f"build_{shape}.log"
+        builder, family = SHAPES[shape][0], SHAPES[shape][1]
+        if check.args.dry_run:
+            command = [python(), "-c", "import sys; from ddpo_group.models.tiny_random import TINY_BUILDERS, "
+                       "save_pipeline; save_pipeline(TINY_BUILDERS[sys.argv[1]](), sys.argv[2])", family, str(target)]
+        else:
+            command = [python(), str(BENCH / "random_model.py"), *builder, "--out", str(target)]
+        code = check.run(f"models/{shape}", command, check.left() - 60, cores=self.cores, output=output)
+        if output.exists():
+            check.say(f"models/{shape} printed: " + " | ".join(output.read_text().strip().splitlines()[-3:]))
+        if code != 0:
+            check.not_run(f"the {shape} epochs", "its random pipeline was not built (log.txt)")
+            return None
+        return target
 
     def ready(self, shape: str) -> Path | None:
         self.done[shape].wait(timeout=max(self.check.left(), 0))
@@ -267,7 +307,7 @@ class Models(threading.Thread):
 
 
 def epoch_run(check: Check, name: str, shape: str, model: Path, extra: dict, cap_gb: float | None,
-              epoch_cores: set[int] | None) -> None:
+              leave_gb: float | None, epoch_cores: set[int] | None) -> None:
     preset, sets = SHAPES[shape][2], {**COMMON, **SHAPES[shape][3], **extra}
     if check.args.dry_run:
         sets.update(DRY)
@@ -279,7 +319,9 @@ def epoch_run(check: Check, name: str, shape: str, model: Path, extra: dict, cap
     command += [x for key, value in sets.items() for x in ("--set", f"{key}={value}")]
     if cap_gb:
         command += ["--memory-gb", str(cap_gb)]
-    if check.run(name, command, check.left(), cores=epoch_cores) == 0 and target.exists():
+    if leave_gb:
+        command += ["--leave-gb", str(leave_gb)]
+    if check.run(name, command, check.left() - GRACE_S - 10, cores=epoch_cores) == 0 and target.exists():
         check.results["steps"][name] = json.loads(target.read_text())
     elif name not in {n["what"] for n in check.results["not_run"]}:
         check.not_run(name, "it failed (log.txt)")
@@ -313,8 +355,9 @@ def summary(check: Check) -> str:
         lines.append("")
     epochs = {name: e for name, e in r["steps"].items()}
     if epochs and r.get("epochs_beside_the_suite"):
-        lines += ["The epochs ran beside the suite (two cores each for them and the model building, the rest for the "
-                  "tests; the GPU shared with the tests' tiny models); `--suite-first` measures them alone.", ""]
+        lines += [f"The epochs ran beside the suite (two cores each for them and the model building, the rest for the "
+                  f"tests; the GPU shared with the tests' tiny models, the uncapped runs leaving them {SUITE_GB} GiB); "
+                  f"`--suite-first` measures them alone.", ""]
     if epochs:
         lines += ["| run | samples x steps | pairs per forward | CUDA max allocated GiB | sampling s | training s | "
                   "epoch s | images/s | pairs/s | MFU training | MFU sampling |", "|---|---:|---:|---:|---:|---:|---:|"
@@ -350,46 +393,11 @@ def summary(check: Check) -> str:
 def main(argv=None) -> dict:
     args = parse_args(argv)
     check = Check(args)
-    if not args.dry_run and not cuda_available():
-        check.say("no CUDA GPU here: the epochs would measure nothing (use --dry-run on a CPU)")
-        args.only = [s for s in args.only if s in ("env", "suite")]
-    if "env" in args.only:
-        env_step(check)
-    parts = cores(check)
-    suite = None
-    if "suite" in args.only:
-        junit = check.out / "junit.xml"
-        command = suite_command(check, junit, parts["suite"])
-        where = f" (cores {min(parts['suite'])}-{max(parts['suite'])})" if parts["suite"] else ""
-        check.say(f"suite: {' '.join(command)}{where}")
-        suite = (check.start_process(command, cores=parts["suite"], output=check.out / "suite_log.txt"),
-                 time.monotonic(), junit, command)
-    models = None
-    if {"models", "epochs", "full_ft"} & set(args.only):
-        models = Models(check, parts["models"])
-        models.start()
-    if suite and args.suite_first:
-        wait_suite(check, suite, args.suite_s or check.left() - 300)
-        suite = None
-    check.results["epochs_beside_the_suite"] = suite is not None
-    runs = []
-    if "epochs" in args.only:
-        runs += [(shape + (f" ({cap} GiB cap)" if cap else ""), shape, {}, cap) for shape in args.shapes
-                 for cap in ((None, CAP_GB) if not args.dry_run else (None,))]  # a memory cap is CUDA's
-    if "full_ft" in args.only:
-        shape, extra = FULL_FT
-        if shape in args.shapes:
-            runs.append((f"{shape} full fine-tuning", shape, extra, None))
-        else:
-            check.not_run(f"{shape} full fine-tuning", f"no {shape} model (--shapes)")
-    for name, shape, extra, cap in runs:
-        model = models.ready(shape) if models else None
-        if model is not None:
-            epoch_run(check, name, shape, model, extra, cap, parts["epochs"])
-    if models:
-        models.join(timeout=max(check.left(), 1))
-    if suite:
-        wait_suite(check, suite, check.left() - 15)
+    try:
+        run_steps(check)
+    finally:  # an error or Ctrl-C here: no test or epoch process goes on without the check
+        for process in check.processes:
+            stop(process)
     check.results["wall_s"] = time.monotonic() - check.start
     (check.out / "summary.json").write_text(json.dumps(check.results, indent=2, default=str))
     text = summary(check)
@@ -403,20 +411,70 @@ def main(argv=None) -> dict:
     return check.results
 
 
+def run_steps(check: Check) -> None:
+    args = check.args
+    if not args.dry_run and not cuda_available():
+        check.say("no CUDA GPU here: the epochs would measure nothing (use --dry-run on a CPU)")
+        args.only = [s for s in args.only if s in ("env", "suite")]
+    if "env" in args.only:
+        env_step(check)
+    parts = cores(check)
+    suite = None
+    if "suite" in args.only:
+        junit = check.out / "junit.xml"
+        junit.unlink(missing_ok=True)  # an earlier run's file must not pass for this one's
+        command = suite_command(check, junit, parts["suite"])
+        where = f" (cores {min(parts['suite'])}-{max(parts['suite'])})" if parts["suite"] else ""
+        check.say(f"suite: {' '.join(command)}{where}")
+        suite = (check.start_process(command, cores=parts["suite"], output=check.out / "suite_log.txt"),
+                 time.monotonic(), junit, command)
+    models = None
+    if {"models", "epochs", "full_ft"} & set(args.only):
+        models = Models(check, parts["models"])
+        models.start()
+    if suite and args.suite_first:
+        wait_suite(check, suite, min(args.suite_s or check.left() - 300, check.left() - GRACE_S - 10))
+        suite = None
+    beside = suite is not None and not args.dry_run
+    check.results["epochs_beside_the_suite"] = beside
+    # (name, shape, fields, memory cap GiB, GiB left to others): a "whole card" run beside the suite leaves SUITE_GB
+    runs = []
+    if "epochs" in args.only:
+        for shape in args.shapes:
+            runs.append((shape, shape, {}, None, SUITE_GB if beside else None))
+            if not args.dry_run:  # a memory cap is CUDA's
+                runs.append((f"{shape} ({CAP_GB} GiB cap)", shape, {}, CAP_GB, None))
+    if "full_ft" in args.only:
+        shape, extra = FULL_FT
+        if shape in args.shapes:
+            runs.append((f"{shape} full fine-tuning", shape, extra, None, SUITE_GB if beside else None))
+        else:
+            check.not_run(f"{shape} full fine-tuning", f"no {shape} model (--shapes)")
+    for name, shape, extra, cap, leave in runs:
+        model = models.ready(shape) if models else None
+        if model is not None:
+            epoch_run(check, name, shape, model, extra, cap, leave, parts["epochs"])
+    if models:
+        models.join(timeout=max(check.left(), 1))
+    if suite:
+        wait_suite(check, suite, check.left() - GRACE_S - 5)
+
+
 def wait_suite(check: Check, suite, timeout: float) -> None:
     process, started, junit, command = suite
-    code = check.wait("suite", process, timeout)
+    code = check.wait("suite", process, timeout, interrupt_first=True)
     wall = time.monotonic() - started
-    if junit.exists():
+    try:
         counts = junit_counts(junit)
-        counts.update(wall_s=wall, exit=code, command=" ".join(Path(c).name if c == python() else c for c in command))
-        check.results["suite"] = counts
-        failed = "".join(f"FAILED {node}\n" for node in counts["failed"])
-        (check.out / "suite.txt").write_text(f"{counts['passed']} passed, {counts['failures']} failed, "
-                                             f"{counts['errors']} errors, {counts['skipped']} skipped of "
-                                             f"{counts['tests']} in {wall:.0f} s\n{failed}")
-    else:
-        check.not_run("the suite's counts", "pytest wrote no junit file (log.txt)")
+    except (OSError, ElementTree.ParseError) as error:
+        check.not_run("the suite's counts", f"no readable junit file ({type(error).__name__}: {error}; suite_log.txt)")
+        return
+    counts.update(wall_s=wall, exit=code, command=" ".join(Path(c).name if c == python() else c for c in command))
+    check.results["suite"] = counts
+    failed = "".join(f"FAILED {node}\n" for node in counts["failed"])
+    (check.out / "suite.txt").write_text(f"{counts['passed']} passed, {counts['failures']} failed, "
+                                         f"{counts['errors']} errors, {counts['skipped']} skipped of "
+                                         f"{counts['tests']} in {wall:.0f} s\n{failed}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ Options (``--options``, default all):
                     compile_repeated_blocks)
   compile_full      compile_denoiser="full": torch.compile of the whole denoiser
   sdpa_flash, sdpa_cudnn, sdpa_efficient, sdpa_math
-                    attention_backend=...: the only SDPA kernel allowed (torch.nn.attention.sdpa_kernel)
+                    attention_backend=...: that SDPA kernel, and the math one for the calls it cannot run (e.g. the
+                    VAE's one 512-channel head under flash); torch's switches (torch.backends.cuda.enable_*_sdp)
   fused_qkv         diffusers' fuse_qkv_projections. It bypasses LoRA adapters on to_q / to_k / to_v (the fused
                     to_qkv is a plain Linear holding the base weights), so with LoRA only the frozen forward is
                     measured: sampling with the adapters disabled, against the baseline with them disabled (the

@@ -27,6 +27,7 @@ ATTENTION_BACKENDS = {
     "math": (SDPBackend.MATH,),
 }
 CUDA_ONLY_BACKENDS = ("cudnn", "efficient")  # the CPU has a flash kernel and the math one only
+HALF_PRECISION_BACKENDS = ("flash", "cudnn")  # on CUDA: fp16 / bf16 inputs only
 
 
 def compile_mode(value) -> str | None:
@@ -69,22 +70,27 @@ def compile_denoiser(model: torch.nn.Module, value) -> None:
                 block.compile()
 
 
-def attention_backends(name: str, device) -> tuple[SDPBackend, ...]:
-    """The SDPA kernels ``attention_backend`` allows on ``device``; a name torch lacks there is refused."""
+def attention_backends(name: str, device, mixed_precision: str | None = None) -> tuple[SDPBackend, ...]:
+    """The SDPA kernels ``attention_backend`` allows on ``device``; a name torch lacks there is refused, and so is a
+    half-precision kernel on CUDA without mixed precision (``mixed_precision`` given): every call would fall back to
+    the math kernel, slower than "auto"."""
     if name not in ATTENTION_BACKENDS:
         raise ConfigError(f"attention_backend={name!r} must be one of {tuple(ATTENTION_BACKENDS)}")
     device_type = torch.device(device).type
     if name in CUDA_ONLY_BACKENDS and device_type != "cuda":
         raise ConfigError(f"attention_backend={name!r} is a CUDA kernel; on the {device_type} use 'auto', 'flash' or "
                           f"'math'")
+    if name in HALF_PRECISION_BACKENDS and device_type == "cuda" and mixed_precision == "no":
+        raise ConfigError(f"attention_backend={name!r} runs fp16 / bf16 only on CUDA, and mixed_precision='no': "
+                          f"set mixed_precision to 'bf16' or 'fp16', or use attention_backend 'auto' or 'efficient'")
     return ATTENTION_BACKENDS[name]
 
 
-def set_attention_backend(name: str, device) -> None:
+def set_attention_backend(name: str, device, mixed_precision: str | None = None) -> None:
     """Allow only ``attention_backend``'s SDPA kernels, for the whole process (torch.backends.cuda.enable_*_sdp: the
     switches torch.nn.attention.sdpa_kernel sets; the CPU reads the flash and math ones too); a call the named kernel
     cannot run (flash and cuDNN need fp16 / bf16 on CUDA and heads of at most 256) runs the math kernel."""
-    allowed = attention_backends(name, device)
+    allowed = attention_backends(name, device, mixed_precision)
     torch.backends.cuda.enable_flash_sdp(SDPBackend.FLASH_ATTENTION in allowed)
     torch.backends.cuda.enable_mem_efficient_sdp(SDPBackend.EFFICIENT_ATTENTION in allowed)
     torch.backends.cuda.enable_cudnn_sdp(SDPBackend.CUDNN_ATTENTION in allowed)

@@ -134,7 +134,7 @@ class Trainer:
         uses_old = self.objective.uses_old_model(config.algorithm.objective_kwargs)
         self.old = OldModel.from_config(config, self.family.model, lora) if uses_old else None
         optimizer = make_optimizer(config, self.params)
-        set_attention_backend(config.attention_backend, self.accelerator.device)
+        set_attention_backend(config.attention_backend, self.accelerator.device, config.mixed_precision)
         compile_denoiser(self.family.model, config.compile_denoiser)  # in place: names, hooks, state dict unchanged
         self.model, self.optimizer = self.accelerator.prepare(self.family.model, optimizer)
         if self.accelerator.distributed_type == DistributedType.FSDP:  # sharding replaced the parameters: clip those

@@ -77,6 +77,11 @@ def test_attention_backend_sets_torchs_switches_and_the_cpu_kernel(sdpa_flags):
     with pytest.raises(ConfigError, match="attention_backend='efficient' is a CUDA kernel; on the cpu use 'auto', "
                                           "'flash' or 'math'"):
         set_attention_backend("efficient", "cpu")
+    with pytest.raises(ConfigError, match="attention_backend='flash' runs fp16 / bf16 only on CUDA, and "
+                                          "mixed_precision='no'"):
+        set_attention_backend("flash", "cuda", "no")
+    set_attention_backend("flash", "cuda", "bf16")
+    assert flags() == (True, False, False, True)
     with pytest.raises(ConfigError, match=r"attention_backend='fast' must be one of \('auto', 'flash', 'cudnn', "
                                           r"'efficient', 'math'\)"):
         set_attention_backend("fast", "cpu")

@@ -48,7 +48,7 @@ def finish(processes: list[subprocess.Popen], log: Path, timeout: float = 600) -
     for process in processes:
         process.wait(timeout=timeout)
     text = log.read_text()
-    errors = "\n".join([line for line in text.splitlines() if "%|" not in line][:30])  # the workers' lines, no bars
+    errors = "\n".join([line for line in text.splitlines() if "error" in line.lower() and "elastic" not in line][:20])
     assert all(p.returncode == 0 for p in processes), f"{[p.returncode for p in processes]}:\n{errors}\n{text[-3000:]}"
     return text
 
