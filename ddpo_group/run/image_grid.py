@@ -17,6 +17,7 @@ FONT_SIZE = 11
 MARGIN = 3  # pixels between a tile's edge and its caption text, and between lines
 MIN_TILE = 96
 MAX_FRAMES = 8  # a video's frames shown in its strip: evenly spaced, the first and the last among them
+COLUMNS = 8  # images a row of a grid by default
 
 
 @lru_cache(maxsize=4)
@@ -60,16 +61,18 @@ def caption_lines(caption: str, width: int, font: ImageFont.ImageFont | None = N
     return lines
 
 
-def image_grid(images: torch.Tensor, captions: list[str], columns: int = 8, min_tile: int = MIN_TILE) -> Image.Image:
+def image_grid(images: torch.Tensor, captions: list[str], columns: int | None = None,
+               min_tile: int = MIN_TILE) -> Image.Image:
     """Images [B, 3, H, W] in [0, 1] tiled in a grid (small images upscaled by an integer factor toward ``min_tile``
     px; a tile is at least MIN_TILE px wide), each over its whole caption. Videos [B, F, 3, H, W] (a video family's
-    frames) are shown as frame strips: a tile holds up to MAX_FRAMES of a video's frames left to right, and a row as
-    many videos as make about ``columns`` frames."""
+    frames) are shown as frame strips: a tile holds up to MAX_FRAMES of a video's frames left to right. ``columns``:
+    tiles a row (default: COLUMNS images, or as many videos as make about COLUMNS frames)."""
     frame_w = images.shape[-1]
+    shown = 1
     if images.ndim == 5:  # frames side by side: [B, 3, H, F' W]
-        shown = torch.linspace(0, images.shape[1] - 1, min(images.shape[1], MAX_FRAMES)).round().long().unique()
-        images = torch.cat(images[:, shown].unbind(1), dim=-1)
-        columns = max(1, columns // len(shown))
+        frames = torch.linspace(0, images.shape[1] - 1, min(images.shape[1], MAX_FRAMES)).round().long().unique()
+        images, shown = torch.cat(images[:, frames].unbind(1), dim=-1), len(frames)
+    columns = columns or max(1, COLUMNS // shown)
     arrays = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
     b, h, w = arrays.shape[:3]
     scale = max(1, min_tile // frame_w)

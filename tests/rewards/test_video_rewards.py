@@ -69,7 +69,7 @@ def test_a_combination_mixes_a_video_reward_and_an_image_reward():
 
 
 def test_a_video_is_shown_as_a_strip_of_its_frames():
-    grid = image_grid(videos(b=2, f=3, side=16), ["first", "second"], columns=6)  # 6 frames a row: 2 videos
+    grid = image_grid(videos(b=2, f=3, side=16), ["first", "second"], columns=2)
     scale = 96 // 16  # frames upscaled toward MIN_TILE by their own width
     assert grid.width == 2 * 3 * 16 * scale
     pixels = grid.load()
@@ -80,7 +80,7 @@ def test_a_video_is_shown_as_a_strip_of_its_frames():
 
 def test_a_long_video_shows_eight_evenly_spaced_frames_and_a_row_about_columns_frames_wide():
     long = videos(b=3, f=15, side=16) / 2  # frame j of video 0: (j + 1) / 20
-    grid = image_grid(long, ["a", "b", "c"], columns=8)  # 8 frames a row: one video of 8 shown frames
+    grid = image_grid(long, ["a", "b", "c"])  # by default about 8 frames a row: one video of 8 shown frames
     scale = 96 // 16
     assert grid.width == 8 * 16 * scale and grid.height > 3 * 16 * scale  # three rows of one strip
     shown = [0, 2, 4, 6, 8, 10, 12, 14]  # linspace(0, 14, 8) rounded
