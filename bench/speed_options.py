@@ -89,6 +89,8 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per option and phase")
     parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="no")
     parser.add_argument("--full-finetune", action="store_true", help="use_lora=False (the whole denoiser trained)")
+    parser.add_argument("--guidance", type=float, default=None, help="sample.guidance_scale (default: config/base.py's; "
+                        "the tiny FLUX: 3.5, its guidance embedding, no CFG)")
     parser.add_argument("--epoch-images", type=int, default=64, help="images of the epoch the compile cost is "
                         "repaid over")
     parser.add_argument("--epoch-steps", type=int, default=20, help="sampling steps of that epoch (all trained)")
@@ -128,8 +130,10 @@ class Bench:
         config.pretrained.model = model
         config.sample.resolution, config.pretrained.max_sequence_length = args.resolution, args.max_sequence_length
         config.sample.num_frames = args.num_frames
-        if args.family == "flux":  # FLUX.1-dev's guidance is an embedding: no unconditional forward
+        if args.family == "flux" and not args.model:  # FLUX.1-dev's guidance is an embedding: no unconditional forward
             config.sample.guidance_scale, config.train.cfg = 3.5, False
+        if args.guidance is not None:
+            config.sample.guidance_scale = args.guidance
         config.mixed_precision = args.mixed_precision
         config.use_lora = not args.full_finetune
         config.sample.num_steps = args.steps
