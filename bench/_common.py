@@ -154,3 +154,23 @@ def bench_model(args, scratch: str) -> str:
     from ddpo_group.models.tiny_random import TINY_BUILDERS, save_pipeline
 
     return save_pipeline(TINY_BUILDERS[args.family](), Path(scratch) / args.family)
+
+
+def bench_config(args, model: str):
+    """group_ppo's config for a bench run on ``model``: the shape (``--resolution``, ``--max-sequence-length``,
+    ``--num-frames``), the guidance (the tiny FLUX's embedded 3.5 without CFG; ``--guidance``), ``--mixed-precision``,
+    ``--steps`` and ``--batch-size`` (train.batch_size)."""
+    from config.base import get_config
+
+    config = get_config("group_ppo")
+    config.pretrained.model = model
+    config.sample.resolution, config.pretrained.max_sequence_length = args.resolution, args.max_sequence_length
+    config.sample.num_frames = args.num_frames
+    if args.family == "flux" and not args.model:  # FLUX.1-dev's guidance is an embedding: no unconditional forward
+        config.sample.guidance_scale, config.train.cfg = 3.5, False
+    if args.guidance is not None:
+        config.sample.guidance_scale = args.guidance
+    config.mixed_precision = args.mixed_precision
+    config.sample.num_steps = args.steps
+    config.train.batch_size = args.batch_size
+    return config

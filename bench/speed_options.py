@@ -53,9 +53,9 @@ import torch
 from accelerate import Accelerator
 from torch.nn.attention import sdpa_kernel
 
-from _common import add_common_args, bench_model, machine, median_ratio, setup_threads, side_by_side, sync
+from _common import (add_common_args, bench_config, bench_model, machine, median_ratio, setup_threads, side_by_side,
+                     sync)
 
-from config.base import get_config
 from ddpo_group.models.speed_options import attention_backends, compile_denoiser
 from ddpo_group.models.tiny_random import TINY_BUILDERS
 from ddpo_group.models.trainable import build_policy, make_optimizer
@@ -126,18 +126,8 @@ def main(argv=None) -> dict:
 class Bench:
     def __init__(self, args, model: str):
         self.args = args
-        config = get_config("group_ppo")
-        config.pretrained.model = model
-        config.sample.resolution, config.pretrained.max_sequence_length = args.resolution, args.max_sequence_length
-        config.sample.num_frames = args.num_frames
-        if args.family == "flux" and not args.model:  # FLUX.1-dev's guidance is an embedding: no unconditional forward
-            config.sample.guidance_scale, config.train.cfg = 3.5, False
-        if args.guidance is not None:
-            config.sample.guidance_scale = args.guidance
-        config.mixed_precision = args.mixed_precision
+        config = bench_config(args, model)
         config.use_lora = not args.full_finetune
-        config.sample.num_steps = args.steps
-        config.train.batch_size = args.batch_size
         config.train.pairs_per_forward = args.pairs_per_forward
         self.config = config
         self.accelerator = accelerator = Accelerator(cpu=args.device == "cpu", mixed_precision=args.mixed_precision)

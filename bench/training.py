@@ -44,9 +44,9 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
-from _common import UNetTimer, add_common_args, bench_model, machine, median_ratio, setup_threads, side_by_side, sync
+from _common import (UNetTimer, add_common_args, bench_config, bench_model, machine, median_ratio, setup_threads,
+                     side_by_side, sync)
 
-from config.base import get_config
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 from ddpo_group.models.trainable import build_policy, make_optimizer
 from ddpo_group.update.memory_fit import PairsPerForward
@@ -102,6 +102,16 @@ def clipped_loss(log_prob, sample: dict, j: int, t, info: dict) -> torch.Tensor:
     return loss
 
 
+def end_of_train_batch(info: dict, k: int, accelerator, params, optimizer, t, update: bool) -> torch.Tensor:
+    """The end of a reference loop's train batch: one clipped optimizer step (``update``); returns its loss, the mean
+    over its k timesteps."""
+    if update:
+        accelerator.clip_grad_norm_(params, t.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad()
+    return torch.stack(info["loss"][-k:]).mean().detach()
+
+
 def ddpo_pytorch_epoch(batch, unet, scheduler, optimizer, params, accelerator, negative, config, eta, update=True):
     """The reference on Stable Diffusion: ddpo-pytorch's training loop (one timestep of a train batch of samples at a
     time); ``eta``: DDIM's. Returns the mean over train batches of their loss (the mean over the trained timesteps);
@@ -134,11 +144,7 @@ def ddpo_pytorch_epoch(batch, unet, scheduler, optimizer, params, accelerator, n
                                                   eta, next_latents=sample["next_latents"][:, j])
                 loss = clipped_loss(step.log_prob, sample, j, t, info)
                 backward(loss / k)  # accumulated over the k timesteps (ddpo-pytorch's accumulation steps)
-            losses.append(torch.stack(info["loss"][-k:]).mean().detach())
-            if update:
-                accelerator.clip_grad_norm_(params, t.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
+            losses.append(end_of_train_batch(info, k, accelerator, params, optimizer, t, update))
         {key: torch.mean(torch.stack(value)).item() for key, value in info.items()}  # noqa: B018 (its logging)
     unet.eval()
     return torch.stack(losses).mean()
@@ -187,11 +193,7 @@ def flow_grpo_epoch(batch, transformer, family, optimizer, params, accelerator, 
                                                   next_latents=sample["next_latents"][:, j], reduce=s.log_prob_reduce)
                 loss = clipped_loss(step.log_prob, sample, j, t, info)
                 accelerator.backward(loss / k)  # accumulated over the k timesteps (Flow-GRPO's accumulation steps)
-            losses.append(torch.stack(info["loss"][-k:]).mean().detach())
-            if update:
-                accelerator.clip_grad_norm_(params, t.max_grad_norm)
-                optimizer.step()
-                optimizer.zero_grad()
+            losses.append(end_of_train_batch(info, k, accelerator, params, optimizer, t, update))
         {key: torch.mean(torch.stack(value)).item() for key, value in info.items()}  # noqa: B018 (its logging)
     transformer.eval()
     return torch.stack(losses).mean()
@@ -208,20 +210,10 @@ def reference_loop(family) -> str | None:
 
 
 def build(args, model: str):
-    config = get_config("group_ppo")
-    config.pretrained.model = model
-    config.sample.resolution, config.pretrained.max_sequence_length = args.resolution, args.max_sequence_length
-    config.sample.num_frames = args.num_frames
-    if args.family == "flux" and not args.model:  # FLUX.1-dev's guidance is an embedding: no unconditional forward
-        config.sample.guidance_scale, config.train.cfg = 3.5, False
-    if args.guidance is not None:
-        config.sample.guidance_scale = args.guidance
+    config = bench_config(args, model)
     if args.lora_rank is not None:
         config.lora_rank = args.lora_rank
-    config.mixed_precision = args.mixed_precision
-    config.sample.num_steps = args.steps
     config.sample.sde_window_start, config.sample.sde_window_size = 0, args.sde_window_size
-    config.train.batch_size = args.batch_size
     config.train.pairs_per_forward = args.pairs_per_forward if args.pairs_per_forward == "auto" \
         else int(args.pairs_per_forward)
     config.train.timestep_fraction = args.timestep_fraction
