@@ -6,7 +6,7 @@ from __future__ import annotations
 import netrc
 import os
 
-from ddpo_group.run.image_grid import image_grid
+from ddpo_group.run.image_grid import image_grid, with_sources
 from ddpo_group.run.metrics_log import append_metrics, read_metrics
 
 EVAL_LOG = "eval.jsonl"  # one record per evaluation during training (epoch -1: before the first update)
@@ -63,7 +63,7 @@ class EpochLogger:
         if main and every and epoch % every == 0:
             n = min(16, len(batch["prompts"]))
             captions = [f"{p}\nreward {r:.3f}" for p, r in zip(batch["prompts"][:n], batch["rewards"][:n].tolist())]
-            grid = image_grid(batch["images"][:n], captions)
+            grid = image_grid(with_sources(batch["images"][:n], batch.get("metadata") or []), captions)
             samples_dir = self.run_dir / "samples"
             samples_dir.mkdir(parents=True, exist_ok=True)
             grid.save(samples_dir / f"epoch_{epoch:05d}.png")

@@ -1,4 +1,5 @@
-"""Captioned image grids (training samples, evaluate.py's base-vs-fine-tuned comparison).
+"""Captioned image grids (training samples, evaluate.py's base-vs-fine-tuned comparison); an edit is shown after its
+source images (``with_sources``).
 
 Every caption is shown whole: it is wrapped to the tile's width, measured in pixels with the font that draws it,
 on as many lines as it needs (a word wider than a tile is split), and the caption strip under each row of tiles is
@@ -12,6 +13,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
+
+from ddpo_group.models.source_images import source_images
 
 FONT_SIZE = 11
 MARGIN = 3  # pixels between a tile's edge and its caption text, and between lines
@@ -92,3 +95,25 @@ def image_grid(images: torch.Tensor, captions: list[str], columns: int | None = 
         for line_no, line in enumerate(wrapped[i] if i < len(wrapped) else []):
             draw.text((x + MARGIN, y + tile_h + MARGIN + step * line_no), line, fill="black", font=font)
     return grid
+
+
+def with_sources(images: torch.Tensor, metadata: list) -> torch.Tensor:
+    """Images [B, 3, H, W] in [0, 1] with their prompts' source images (an editing dataset's ``metadata["image"]``)
+    before them, as strips [B, S + 1, 3, H, W] that ``image_grid`` draws like a video's frames (each source resized to
+    H x W; a row with fewer sources is padded with white); the images unchanged when no row has a source, or when a
+    source cannot be read (a grid must not stop a run)."""
+    try:
+        sources = [source_images(m) for m in metadata[: len(images)]]
+    except OSError:
+        return images
+    most = max((len(row) for row in sources), default=0)
+    if most == 0 or images.ndim != 4:
+        return images
+    images = images.detach().float().cpu()
+    h, w = images.shape[-2:]
+    white = torch.ones(3, h, w)
+    strips = []
+    for image, row in zip(images, sources + [[]] * (len(images) - len(sources))):
+        frames = [torch.from_numpy(np.asarray(s.resize((w, h)), dtype=np.float32) / 255).permute(2, 0, 1) for s in row]
+        strips.append(torch.stack(frames + [white] * (most - len(row)) + [image]))
+    return torch.stack(strips)

@@ -8,7 +8,8 @@ import torch
 
 from ddpo_group.run.evaluation import comparison_grid
 from ddpo_group.models import shapes_data
-from ddpo_group.run.image_grid import MARGIN, MIN_TILE, caption_font, caption_lines, image_grid, line_height
+from ddpo_group.run.image_grid import (MARGIN, MIN_TILE, caption_font, caption_lines, image_grid, line_height,
+                                      with_sources)
 
 
 def longest_tiny_shapes_prompt() -> str:
@@ -74,3 +75,24 @@ def test_the_evaluation_grid_shows_model_seed_reward_and_the_whole_prompt():
     read = [line.replace(" ", "") for line in read_text(grid.crop((MIN_TILE, MIN_TILE, 2 * MIN_TILE, grid.height)))]
     assert read[:2] == ["tuned,seed7", "reward0.875"], read  # the fine-tuned tile
     assert "".join(read[2:]) == prompt.replace(" ", "")
+
+
+def test_an_edit_is_shown_after_its_sources_and_a_grid_without_sources_is_unchanged(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (4, 6), (255, 0, 0)).save(tmp_path / "red.png")  # another size: resized to the edit's
+    Image.new("RGB", (8, 8), (0, 255, 0)).save(tmp_path / "green.png")
+    edits = torch.zeros(3, 3, 8, 8)
+    edits[:, 2] = 1.0  # blue
+    metadata = [{"image": str(tmp_path / "red.png")}, {"image": [str(tmp_path / "red.png"), str(tmp_path / "green.png")]},
+                {}]
+    strips = with_sources(edits, metadata)
+    assert strips.shape == (3, 3, 3, 8, 8)  # the most sources (2) and the edit
+    colour = lambda frame: tuple(int(v) for v in frame.mean(dim=(1, 2)) * 255)  # noqa: E731
+    assert [colour(f) for f in strips[0]] == [(255, 0, 0), (255, 255, 255), (0, 0, 255)]  # one source, white, edit
+    assert [colour(f) for f in strips[1]] == [(255, 0, 0), (0, 255, 0), (0, 0, 255)]
+    assert [colour(f) for f in strips[2]] == [(255, 255, 255), (255, 255, 255), (0, 0, 255)]
+    assert with_sources(edits, [{}, {}, {}]) is edits and with_sources(edits, []) is edits
+    assert with_sources(edits, [{"image": str(tmp_path / "gone.png")}]) is edits  # unreadable: the edits alone
+    grid = image_grid(strips, ["a", "b", "c"])
+    assert grid.width == 2 * 3 * MIN_TILE  # 3-frame strips: two a row (about 8 frames)
