@@ -75,6 +75,23 @@ def given_text(family, images_per_row, lengths, seed=0):
 
 @pytest.mark.parametrize("count", [1, 2])
 @pytest.mark.parametrize("guidance", [1.0, 4.0])
+def assert_the_lora_gives_the_trained_edit(pipe, trainer, prompt: str, metadata: list, lora) -> None:
+    """The exported LoRA loaded by the pipeline's own ``load_lora_weights`` edits as the trained model samples (noise
+    level 0, the same noise), and training moved the model away from the base (so the check can fail)."""
+    family = trainer.family
+    pipe.set_progress_bar_config(disable=True)
+    call = dict(prompt=[prompt], num_inference_steps=4, output_type="pt", **family.pipeline_row_kwargs(metadata),
+                **family.pipeline_kwargs(trainer.config.sample, trainer.config.pretrained))
+    base_images = pipe(generator=generators(1), **call).images
+    pipe.load_lora_weights(str(lora))
+    loaded = pipe(generator=generators(1), **call).images
+    trained = sample_trajectories(family, family.model, family.condition([prompt], metadata),
+                                  family.negative_for(metadata), 4, trainer.config.sample.guidance_scale, [0.0] * 4,
+                                  generator=generators(1), compute_log_prob=False).images
+    assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
+    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+
+
 def test_the_sampler_reproduces_the_pipelines_own_call_given_the_text(count, guidance, tiny_qwenimage_edit_plus_dir,
                                                                       tmp_path):
     """The pipeline's own ``__call__`` with the same text embeddings (``prompt_embeds``, ``negative_prompt_embeds``),
@@ -243,18 +260,8 @@ def test_an_editing_dataset_trains_an_epoch_and_the_lora_loads_in_the_pipeline(t
     assert list(cache.entries) == [("edit", (source, source))]
     for key in family.cond_keys:
         assert torch.equal(cached[key][0], cached[key][1])
-    pipe = QwenImageEditPlusPipeline.from_pretrained(tiny_qwenimage_edit_plus_dir)
-    pipe.set_progress_bar_config(disable=True)
-    call = dict(prompt=["edit"], num_inference_steps=4, output_type="pt", **family.pipeline_row_kwargs(metadata),
-                **family.pipeline_kwargs(trainer.config.sample, trainer.config.pretrained))
-    base_images = pipe(generator=generators(1), **call).images
-    pipe.load_lora_weights(str(tmp_path / "edits" / "lora"))
-    loaded = pipe(generator=generators(1), **call).images
-    trained = sample_trajectories(family, family.model, family.condition(["edit"], metadata),
-                                  family.negative_for(metadata), 4, trainer.config.sample.guidance_scale, [0.0] * 4,
-                                  generator=generators(1), compute_log_prob=False).images
-    assert float((trained - base_images).abs().max()) > 1e-4
-    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+    assert_the_lora_gives_the_trained_edit(QwenImageEditPlusPipeline.from_pretrained(tiny_qwenimage_edit_plus_dir),
+                                           trainer, "edit", metadata, tmp_path / "edits" / "lora")
 
     from config.base import base
     from ddpo_group.run.evaluation import evaluate
@@ -370,17 +377,6 @@ def test_qwen_image_edit_trains_an_epoch_on_edits_and_its_lora_loads_in_the_pipe
     metrics = trainer.run()
     assert metrics["global_step"] == 2 and np.isfinite(metrics["train/policy_loss"])
     assert sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params)) > len(before) // 2
-    family = trainer.family
     metadata = [{"image": str(folder / names[1])}]
-    pipe = QwenImageEditPipeline.from_pretrained(tiny_qwenimage_edit_dir)
-    pipe.set_progress_bar_config(disable=True)
-    call = dict(prompt=["turn it green"], num_inference_steps=4, output_type="pt", **family.pipeline_row_kwargs(metadata),
-                **family.pipeline_kwargs(trainer.config.sample, trainer.config.pretrained))
-    base_images = pipe(generator=generators(1), **call).images
-    pipe.load_lora_weights(str(tmp_path / "edit1" / "lora"))
-    loaded = pipe(generator=generators(1), **call).images
-    trained = sample_trajectories(family, family.model, family.condition(["turn it green"], metadata),
-                                  family.negative_for(metadata), 4, trainer.config.sample.guidance_scale, [0.0] * 4,
-                                  generator=generators(1), compute_log_prob=False).images
-    assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
-    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+    assert_the_lora_gives_the_trained_edit(QwenImageEditPipeline.from_pretrained(tiny_qwenimage_edit_dir), trainer,
+                                           "turn it green", metadata, tmp_path / "edit1" / "lora")
