@@ -13,7 +13,7 @@ from ddpo_group.errors import ConfigError
 
 COMPILE_MODES = (False, True, "full", "regional")
 # denoiser classes whose diffusers class declares no ``_repeated_blocks`` (diffusers 0.42.1: SD3's transformer): the
-# classes of their repeated blocks, compiled the way ModelMixin.compile_repeated_blocks compiles the declared ones
+# classes of their repeated blocks, handed to ModelMixin.compile_repeated_blocks as if declared
 REPEATED_BLOCKS = {"SD3Transformer2DModel": ("JointTransformerBlock",)}
 
 # torch's SDPA kernels by name; "auto" lets torch choose among all of them (its default). A named kernel keeps the math
@@ -60,14 +60,8 @@ def compile_denoiser(model: torch.nn.Module, value) -> None:
             raise ConfigError(f"compile_denoiser='regional': {type(model).__name__} declares no repeated blocks "
                               f"(diffusers' _repeated_blocks; REPEATED_BLOCKS in ddpo_group/models/speed_options.py); "
                               f"use compile_denoiser='full'")
-        if getattr(model, "_repeated_blocks", None):
-            model.compile_repeated_blocks()
-        else:
-            blocks = [module for module in model.modules() if type(module).__name__ in names]
-            if not blocks:
-                raise ConfigError(f"compile_denoiser='regional': no {names} block in {type(model).__name__}")
-            for block in blocks:
-                block.compile()
+        model._repeated_blocks = list(names)  # the table's, where diffusers declares none for the class
+        model.compile_repeated_blocks()
 
 
 def attention_backends(name: str, device, mixed_precision: str | None = None) -> tuple[SDPBackend, ...]:
