@@ -73,8 +73,6 @@ def given_text(family, images_per_row, lengths, seed=0):
     return stack(rows), stack(negatives), texts
 
 
-@pytest.mark.parametrize("count", [1, 2])
-@pytest.mark.parametrize("guidance", [1.0, 4.0])
 def assert_the_lora_gives_the_trained_edit(pipe, trainer, prompt: str, metadata: list, lora) -> None:
     """The exported LoRA loaded by the pipeline's own ``load_lora_weights`` edits as the trained model samples (noise
     level 0, the same noise), and training moved the model away from the base (so the check can fail)."""
@@ -92,6 +90,8 @@ def assert_the_lora_gives_the_trained_edit(pipe, trainer, prompt: str, metadata:
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("count", [1, 2])
+@pytest.mark.parametrize("guidance", [1.0, 4.0])
 def test_the_sampler_reproduces_the_pipelines_own_call_given_the_text(count, guidance, tiny_qwenimage_edit_plus_dir,
                                                                       tmp_path):
     """The pipeline's own ``__call__`` with the same text embeddings (``prompt_embeds``, ``negative_prompt_embeds``),
