@@ -3,7 +3,9 @@
     python bench/compare_algorithms.py --presets ddpo,grpo,group_ppo --seeds 0,1,2 --queries 1280 --threshold 0.88
 
 Each (preset, seed) run is the preset's configuration (``--set FIELD=VALUE`` overrides any field) with ``num_epochs``
-set to spend ``--queries`` reward queries (ReMax's greedy samples and GROUP_PPO's Tweedie values included). A
+set to spend ``--queries`` reward queries (ReMax's greedy samples and GROUP_PPO's Tweedie values included), or with
+``--nfe`` instead to spend that many denoiser evaluations (perf/nfe: forwards and backwards, CFG's rows counted; a
+one-epoch probe run measures a row's evaluations per epoch). A
 ``--variant "LABEL=PRESET FIELD=VALUE ..."`` adds a row: a preset with overrides of its own, e.g.
 
     --variant "group_ppo_tweedie=group_ppo group_ppo.value_source=tweedie"
@@ -14,9 +16,11 @@ noise with the deterministic sampler, before the first update and every ``eval_f
 eval.jsonl. Reported per preset (mean +- std over seeds): the evaluation reward before and after, the gain, with the
 shapes_alignment reward the joint accuracy (every attribute right) before and after, the queries spent, the queries
 until the evaluation reward first reached ``--threshold`` (a number, or a row's label: the mean final evaluation
-reward of that row), with a critic its explained variance over the last 10 epochs, and the wall time. Prints a markdown table, writes it with
-the raw rows to ``--out``/results.{md,json} and plots evaluation reward and epoch-mean reward against queries to
-``--out``/reward_vs_queries.png. No accelerate launch needed: runs in this process, or ``--jobs N`` at once in worker
+reward of that row), with a critic its explained variance over the last 10 epochs, the denoiser evaluations spent, the
+evaluation reward's gain at equal denoiser evaluations (each row's last evaluation within ``--at-nfe``, default the
+fewest any row spent) and the evaluations until ``--threshold``, and the wall time. Prints a markdown table, writes it
+with the raw rows to ``--out``/results.{md,json} and plots evaluation reward against queries and against denoiser
+evaluations, and the epoch-mean reward against queries, to ``--out``/reward_vs_queries.png. No accelerate launch needed: runs in this process, or ``--jobs N`` at once in worker
 processes (each with cpu_count // N threads). Every finished run is saved at once; running the same command again (or
 with more presets or seeds) skips the runs already in ``--out``/results.json.
 """
@@ -74,13 +78,15 @@ def set_field(config, key: str, raw: str) -> None:
     target[field] = value
 
 
-def evaluation_curve(run_dir: Path, queries_after_epoch: dict[int, int]) -> list[dict]:
-    """The run's evaluations (eval.jsonl) as [{"epoch", "queries", "reward", "accuracy"}], oldest first; queries spent
-    before each (0 for the one before the first update); accuracy None for rewards without ``all_correct``."""
+def evaluation_curve(run_dir: Path, queries_after_epoch: dict[int, tuple[int, int]]) -> list[dict]:
+    """The run's evaluations (eval.jsonl) as [{"epoch", "queries", "nfe", "reward", "accuracy"}], oldest first; reward
+    queries and denoiser evaluations spent before each (``queries_after_epoch``: epoch -> both; 0 for the one before
+    the first update); accuracy None for rewards without ``all_correct``."""
     out = []
     for record in read_metrics(run_dir / EVAL_LOG):
-        out.append({"epoch": record["epoch"], "queries": queries_after_epoch.get(record["epoch"], 0),
-                    "reward": record["eval/reward_mean"], "accuracy": record.get("eval/reward_info/all_correct")})
+        queries, nfe = queries_after_epoch.get(record["epoch"], (0, 0))
+        out.append({"epoch": record["epoch"], "queries": queries, "nfe": nfe, "reward": record["eval/reward_mean"],
+                    "accuracy": record.get("eval/reward_info/all_correct")})
     return out
 
 
@@ -120,31 +126,53 @@ def run_one(label: str, seed: int, args) -> dict:
         # (the SDE window's steps; a CPS flow's last step, never stochastic, is not subtracted: the queries column
         # reports what the run really spent)
         per_epoch += samples * len(valued_steps(stochastic_steps(config.sample)))
-    config.num_epochs = max(1, args.queries // per_epoch)
+    config.num_epochs = max(1, args.queries // per_epoch) if args.nfe is None else epochs_for_nfe(config, args.nfe)
     # a run cut short in an earlier attempt is not resumed: start it afresh (its metrics would add up)
     shutil.rmtree(Path(config.logdir) / config.run_name, ignore_errors=True)
     start = time.perf_counter()
     trainer = Trainer(config)
     trainer.run()
     wall = time.perf_counter() - start
-    queries, curve, spent, ev = 0, [], {}, []
+    queries, nfe, curve, spent, ev = 0, 0, [], {}, []
     for m in read_metrics(trainer.run_dir / "metrics.jsonl"):
         queries += m["reward_queries"]
+        nfe += m["perf/nfe"]
         curve.append((queries, m["reward_mean"]))
-        spent[m["epoch"]] = queries
+        spent[m["epoch"]] = (queries, nfe)
         if m.get("group/critic_ev") is not None and math.isfinite(m["group/critic_ev"]):
             ev.append(m["group/critic_ev"])
     evaluations = evaluation_curve(trainer.run_dir, spent)
-    return {"preset": label, "seed": seed, "critic_ev": sum(ev[-10:]) / len(ev[-10:]) if ev else None, "before": evaluations[0]["reward"], "after": evaluations[-1]["reward"],
+    return {"preset": label, "seed": seed, "critic_ev": sum(ev[-10:]) / len(ev[-10:]) if ev else None,
+            "before": evaluations[0]["reward"], "after": evaluations[-1]["reward"],
             "accuracy_before": evaluations[0]["accuracy"], "accuracy_after": evaluations[-1]["accuracy"],
-            "queries": queries, "wall_s": wall, "curve": curve, "evaluations": evaluations}
+            "queries": queries, "nfe": nfe, "wall_s": wall, "curve": curve, "evaluations": evaluations}
 
 
-def queries_to_reach(evaluations: list[dict], threshold) -> int | None:
-    """Reward queries spent until the evaluation reward first reached ``threshold`` (None: never, or no threshold)."""
+def epochs_for_nfe(config, budget: int) -> int:
+    """The epochs that spend about ``budget`` denoiser evaluations (at least one): ``budget`` over the perf/nfe of a
+    one-epoch probe run of ``config`` (no evaluation; its directory removed after)."""
+    probe = config.copy_and_resolve_references()
+    probe.num_epochs, probe.eval_freq, probe.run_name = 1, 0, config.run_name + "_nfe_probe"
+    run_dir = Path(probe.logdir) / probe.run_name
+    shutil.rmtree(run_dir, ignore_errors=True)
+    Trainer(probe).run()
+    (first,) = read_metrics(run_dir / "metrics.jsonl")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return max(1, round(budget / first["perf/nfe"]))
+
+
+def queries_to_reach(evaluations: list[dict], threshold, spent: str = "queries") -> int | None:
+    """Reward queries (``spent="nfe"``: denoiser evaluations) spent until the evaluation reward first reached
+    ``threshold`` (None: never, or no threshold)."""
     if threshold is None:
         return None
-    return next((e["queries"] for e in evaluations if e["reward"] >= threshold), None)
+    return next((e[spent] for e in evaluations if e["reward"] >= threshold), None)
+
+
+def reward_at_nfe(evaluations: list[dict], nfe: int) -> tuple[float, int]:
+    """(reward, its denoiser evaluations) of the last evaluation that had spent at most ``nfe``."""
+    last = [e for e in evaluations if e["nfe"] <= nfe][-1]
+    return last["reward"], last["nfe"]
 
 
 def load_rows(path: Path, settings: dict) -> list[dict]:
@@ -197,25 +225,35 @@ def resolve_threshold(threshold: str | None, rows: list[dict]) -> tuple[float | 
         return level, f"{threshold}'s final {level:.4f}"
 
 
-def table(rows: list[dict], presets: list[str], threshold: str | None) -> str:
+def table(rows: list[dict], presets: list[str], threshold: str | None, at_nfe: int | None = None) -> str:
     threshold, described = resolve_threshold(threshold, rows)
+    at_nfe = at_nfe if at_nfe is not None else min((r["nfe"] for r in rows), default=0)
     with_accuracy = any(r.get("accuracy_before") is not None for r in rows)
     with_ev = any(r.get("critic_ev") is not None for r in rows)
     accuracy_head = " joint accuracy before | joint accuracy after |" if with_accuracy else ""
     head = (f"| variant | reward before | reward after | gain |{accuracy_head} reward queries | "
-            f"queries to reach {described} |{' critic EV (last 10 epochs) |' if with_ev else ''} wall time (s) |\n"
-            f"|---|---|---|---|{'---|---|' if with_accuracy else ''}---|---|{'---|' if with_ev else ''}---|")
+            f"queries to reach {described} | denoiser evaluations | evaluations to reach {described} | "
+            f"gain at {at_nfe} evaluations (read at) |{' critic EV (last 10 epochs) |' if with_ev else ''} "
+            f"wall time (s) |\n"
+            f"|---|---|---|---|{'---|---|' if with_accuracy else ''}---|---|---|---|---|{'---|' if with_ev else ''}---|")
     out = [head]
+
+    def reach(spent: str, rs: list[dict]) -> str:
+        reached = [queries_to_reach(r["evaluations"], threshold, spent) for r in rs]
+        return mean_std(reached) + (f" ({sum(x is not None for x in reached)}/{len(rs)} seeds)" if rs else "")
+
     for preset in presets:
         rs = [r for r in rows if r["preset"] == preset]
-        reached = [queries_to_reach(r["evaluations"], threshold) for r in rs]
-        reach = mean_std(reached) + (f" ({sum(x is not None for x in reached)}/{len(rs)} seeds)" if rs else "")
         accuracy = (f" {mean_std([r.get('accuracy_before') for r in rs])} | {mean_std([r.get('accuracy_after') for r in rs])} |"
                     if with_accuracy else "")
+        equal = [reward_at_nfe(r["evaluations"], at_nfe) for r in rs]
         out.append(
             f"| {preset} | {mean_std([r['before'] for r in rs])} | {mean_std([r['after'] for r in rs])} | "
             f"{mean_std([r['after'] - r['before'] for r in rs])} |{accuracy} {mean_std([r['queries'] for r in rs])} | "
-            f"{reach} |{' ' + mean_std([r.get('critic_ev') for r in rs], empty='—') + ' |' if with_ev else ''} "
+            f"{reach('queries', rs)} | {mean_std([r['nfe'] for r in rs])} | {reach('nfe', rs)} | "
+            f"{mean_std([reward - r['before'] for (reward, _), r in zip(equal, rs)])} "
+            f"({mean_std([spent for _, spent in equal])}) |"
+            f"{' ' + mean_std([r.get('critic_ev') for r in rs], empty='—') + ' |' if with_ev else ''} "
             f"{mean_std([r['wall_s'] for r in rs])} |"
         )
     return "\n".join(out)
@@ -230,14 +268,15 @@ def moving_average(values: torch.Tensor, window: int) -> torch.Tensor:
 
 
 def plot(rows: list[dict], presets: list[str], path: Path, smooth: int = 5) -> None:
-    """Left: the evaluation reward against queries (mean over seeds, the seeds' spread shaded). Right: the epoch-mean
-    reward of the training prompts (moving average over ``smooth`` epochs), which moves with the drawn prompts."""
+    """Left: the evaluation reward against queries (mean over seeds, the seeds' spread shaded); middle: the same against
+    denoiser evaluations; right: the epoch-mean reward of the training prompts (moving average over ``smooth``
+    epochs), which moves with the drawn prompts."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(19, 5))
     for preset in presets:
         runs = [r for r in rows if r["preset"] == preset]
         if not runs:
@@ -249,13 +288,19 @@ def plot(rows: list[dict], presets: list[str], path: Path, smooth: int = 5) -> N
         mean, std = ys.mean(0), ys.std(0, unbiased=False)
         line, = left.plot(xs, mean.tolist(), marker="o", markersize=3, label=preset, linewidth=width)
         left.fill_between(xs, (mean - std).tolist(), (mean + std).tolist(), alpha=0.12, color=line.get_color())
+        nfe = [sum(r["evaluations"][i]["nfe"] for r in runs) / len(runs) for i in range(n)]  # the seeds' mean
+        middle.plot(nfe, mean.tolist(), marker="o", markersize=3, label=preset, linewidth=width, color=line.get_color())
+        middle.fill_between(nfe, (mean - std).tolist(), (mean + std).tolist(), alpha=0.12, color=line.get_color())
         n = min(len(r["curve"]) for r in runs)
         xs = [runs[0]["curve"][i][0] for i in range(n)]
         ys = moving_average(torch.tensor([[r["curve"][i][1] for i in range(n)] for r in runs], dtype=torch.float64),
                             smooth).mean(0)
         right.plot(xs, ys.tolist(), label=preset, linewidth=width, color=line.get_color())
     left.set_title("fixed evaluation (deterministic sampler), mean of seeds")
-    left.set_ylabel("evaluation reward")
+    middle.set_title("the same against denoiser evaluations (forward + backward)")
+    middle.set_xlabel("denoiser evaluations")
+    for ax in (left, middle):
+        ax.set_ylabel("evaluation reward")
     right.set_title(f"training epochs (moving average over {smooth})")
     right.set_ylabel("epoch-mean reward")
     for ax in (left, right):
@@ -271,6 +316,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--presets", default=None, help="comma-separated presets (default: all, or none with --variant)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--queries", type=int, default=1280, help="reward queries per run (1280: 40 epochs of 32)")
+    parser.add_argument("--nfe", type=int, default=None,
+                        help="denoiser evaluations per run instead of --queries (perf/nfe; a probe epoch sizes it)")
+    parser.add_argument("--at-nfe", type=int, default=None,
+                        help="the equal-evaluations column's level (default: the fewest evaluations of any run)")
     parser.add_argument("--threshold", default=None,
                         help="evaluation reward level for 'queries to reach': a number or a row's label (its final)")
     parser.add_argument("--variant", action="append", default=[], metavar='"LABEL=PRESET FIELD=VALUE ..."',
@@ -288,7 +337,8 @@ def main(argv=None) -> list[dict]:
     seeds = [int(s) for s in args.seeds.split(",") if s]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"queries": args.queries, "set": sorted(args.set)}
+    settings = {"queries": args.queries, "set": sorted(args.set)} if args.nfe is None else \
+        {"nfe": args.nfe, "set": sorted(args.set)}
     if args.variant:
         settings["variants"] = sorted(args.variant)
     rows = load_rows(out / "results.json", settings)
@@ -304,10 +354,10 @@ def main(argv=None) -> list[dict]:
             rows.append(row)
             save_rows(out / "results.json", settings, rows)  # after every run: an interrupted study loses nothing
             print(f"{row['preset']} seed {row['seed']}: {row['before']:.4f} -> {row['after']:.4f} in {row['queries']} "
-                  f"queries, {row['wall_s']:.0f}s", flush=True)
+                  f"queries, {row['nfe']} denoiser evaluations, {row['wall_s']:.0f}s", flush=True)
     rows = [r for r in rows if r["preset"] in presets and r["seed"] in seeds]
     rows.sort(key=lambda r: (presets.index(r["preset"]), r["seed"]))
-    text = table(rows, presets, args.threshold)
+    text = table(rows, presets, args.threshold, args.at_nfe)
     print(text)
     (out / "results.md").write_text(text + "\n")
     plot(rows, presets, out / "reward_vs_queries.png")

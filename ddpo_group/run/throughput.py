@@ -27,6 +27,18 @@ convolutions and fused attention, 2 FLOPs per multiply-add; elementwise ops are 
 
 The VAE, the text encoders, the reward and the critic are not counted, nor gradient checkpointing's recomputation:
 model FLOPs, not hardware FLOPs.
+
+Denoiser evaluations (the work a budget counts, whatever the device), every process together:
+
+    perf/nfe_sampling  = rows through a denoiser forward while sampling and scoring the epoch (rollouts, ReMax's greedy
+                         samples, Tweedie values; CFG's two rows per sample count two)
+    perf/nfe_training  = rows through a denoiser forward in the update (the policy's, and the no-grad forwards of the
+                         reference and the old model; the memory probe's trial forwards included)
+    perf/nfe_backward  = of those, the rows backpropagated (forwards with gradients)
+    perf/nfe           = the three summed: a forward and a backward count one evaluation each
+
+counted by a forward pre-hook on each denoiser module (DenoiserEvaluations); the evaluation during training and the
+FLOP count are not counted.
 """
 
 from __future__ import annotations
@@ -153,6 +165,47 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
+class DenoiserEvaluations:
+    """Counts the rows every watched denoiser forward receives, into the part of the epoch named by ``counting()``
+    ("sampling" or "training"; none: not counted); ``take()`` returns the epoch's perf/nfe_* counts (module
+    docstring) of this process and starts again from zero."""
+
+    PARTS = ("sampling", "training")
+
+    def __init__(self):
+        self.part: str | None = None
+        self.counts = dict.fromkeys(("sampling", "training", "backward"), 0)
+
+    def watch(self, module: torch.nn.Module) -> None:
+        module.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    @contextlib.contextmanager
+    def counting(self, part: str):
+        if part not in self.PARTS:
+            raise ValueError(f"part={part!r} must be one of {self.PARTS}")
+        previous, self.part = self.part, part
+        try:
+            yield
+        finally:
+            self.part = previous
+
+    @torch.compiler.disable  # a compiled denoiser calls it eagerly
+    def _count(self, module, args: tuple, kwargs: dict) -> None:
+        if self.part is None:
+            return
+        latents = args[0] if args else kwargs.get("hidden_states", kwargs.get("sample"))
+        rows = len(latents)  # a tensor's first dimension, or a list of per-sample latents (Z-Image)
+        self.counts[self.part] += rows
+        if self.part == "training" and torch.is_grad_enabled():
+            self.counts["backward"] += rows
+
+    def take(self) -> list[int]:
+        """[sampling, training, backward] rows of this process since the last take."""
+        out = [self.counts[k] for k in ("sampling", "training", "backward")]
+        self.counts = dict.fromkeys(self.counts, 0)
+        return out
+
+
 class Throughput:
     """The perf/* metrics of every epoch (module docstring). ``start_epoch()`` when the epoch begins; ``metrics()``
     on every process after its training (it gathers once); ``measure(batch)`` -> ModelFlops is called once, after
@@ -173,15 +226,19 @@ class Throughput:
             torch.cuda.reset_peak_memory_stats(self.accelerator.device)
 
     def metrics(self, images: int, local_pairs: int, sampling_s: float, training_s: float, batch: dict,
-                cuda_peak_floor: int = 0) -> dict:
-        """perf/* of the epoch: ``images`` over every process, ``local_pairs`` this process's, the phases' seconds;
-        ``cuda_peak_floor``: a peak seen before something reset torch's counter this epoch (the auto-size probe)."""
+                local_nfe: list[int], cuda_peak_floor: int = 0) -> dict:
+        """perf/* of the epoch: ``images`` over every process, ``local_pairs`` and ``local_nfe`` (DenoiserEvaluations
+        .take()) this process's, the phases' seconds; ``cuda_peak_floor``: a peak seen before something reset torch's
+        counter this epoch (the auto-size probe)."""
         cuda_peak = max(torch.cuda.max_memory_allocated(self.accelerator.device), cuda_peak_floor) if self.cuda else 0
-        local = torch.tensor([[float(local_pairs), float(peak_rss_bytes()), float(cuda_peak)]], dtype=torch.float64)
-        every = self.accelerator.gather(local.to(self.accelerator.device)).cpu().view(-1, 3)  # one gather per epoch
+        local = torch.tensor([[float(local_pairs), float(peak_rss_bytes()), float(cuda_peak), *map(float, local_nfe)]],
+                             dtype=torch.float64)
+        every = self.accelerator.gather(local.to(self.accelerator.device)).cpu().view(-1, 6)  # one gather per epoch
         pairs = int(every[:, 0].sum())
+        sampling, training, backward = (int(v) for v in every[:, 3:].sum(0))
         out = {"perf/images_sampled": int(images), "perf/pairs_trained": pairs,
-               "perf/rss_gb": float(every[:, 1].max()) / GIB}
+               "perf/rss_gb": float(every[:, 1].max()) / GIB, "perf/nfe_sampling": sampling,
+               "perf/nfe_training": training, "perf/nfe_backward": backward, "perf/nfe": sampling + training + backward}
         if sampling_s > 0:
             out["perf/images_per_s"] = images / sampling_s
         if training_s > 0:

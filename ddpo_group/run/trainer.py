@@ -48,7 +48,7 @@ from ddpo_group.run.determinism import make_deterministic
 from ddpo_group.run.process_failures import process_group_kwargs
 from ddpo_group.run.session import RunSession
 from ddpo_group.run.threads import apply_num_threads
-from ddpo_group.run.throughput import Throughput, measure_model_flops
+from ddpo_group.run.throughput import DenoiserEvaluations, Throughput, measure_model_flops
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.timing import PHASES, PhaseTimer
 from ddpo_group.update.critic import Critic
@@ -103,6 +103,9 @@ class Trainer:
         self.epoch_logger = EpochLogger(self.accelerator, self.session.run_dir, self.session.wandb_mode,
                                         config.log_images_every, self.session.print)
         self.throughput = Throughput(self.accelerator, config.mixed_precision, self.model_flops, self.session.print)
+        self.nfe = DenoiserEvaluations()  # perf/nfe_*: the denoisers' forwards while sampling and while training
+        for module in self.family.denoisers() + self.denoiser_copies():
+            self.nfe.watch(module)
 
     @staticmethod
     def make_accelerator(config, session: RunSession) -> Accelerator:
@@ -173,6 +176,12 @@ class Trainer:
                                          self.kl, pairs_per_forward=self.pairs_per_forward,
                                          after_optimizer_step=after_step)
 
+    def denoiser_copies(self) -> list[torch.nn.Module]:
+        """The frozen denoiser copies of full fine-tuning: the KL reference's and the old model's (with LoRA both are
+        adapters of the policy's denoiser)."""
+        holders = [self.kl.reference if self.kl is not None else None, self.old.weights if self.old is not None else None]
+        return [holder.copy for holder in holders if holder is not None and holder.copy is not None]
+
     def checkpointed_state(self) -> list:
         """Every stateful piece a checkpoint holds besides the prepared models and optimizer (fixed order)."""
         pieces = [self.prompt_sampler, self.session.state, self.stat_tracker]
@@ -212,10 +221,11 @@ class Trainer:
             self.evaluate(-1)
         # 1. sample and score: trajectories (the old model's, for an objective that has one), rewards, gathered over
         #    the processes (a stop signal drops the epoch)
-        with names_the_setting("sampling", f"sample.batch_size={self.config.sample.batch_size}"), self.rollout_policy():
+        with names_the_setting("sampling", f"sample.batch_size={self.config.sample.batch_size}"), self.rollout_policy(), \
+                self.nfe.counting("sampling"):
             rounds = self.rollouts.collect(epoch)
         # 2. advantages: the estimator on each whole round; each process keeps its rows
-        with self.timer.phase("advantage"):
+        with self.timer.phase("advantage"), self.nfe.counting("sampling"):
             rollouts = self.rollouts.estimate(rounds)
         batch = rollouts.batch
         try:
@@ -223,7 +233,8 @@ class Trainer:
             if self.critic_warming_up(epoch):  # the critic learns the policy's values before the policy moves
                 train = {"optimizer_steps": 0, "pairs": 0}
             else:
-                with self.timer.phase("training"), names_the_setting("training", self.chunk_setting()):
+                with self.timer.phase("training"), names_the_setting("training", self.chunk_setting()), \
+                        self.nfe.counting("training"):
                     train = self.updater.train_epoch(batch, show_progress=self.accelerator.is_local_main_process)
             self.state.global_step += train.pop("optimizer_steps")
             pairs = train.pop("pairs")
@@ -244,7 +255,7 @@ class Trainer:
         metrics.update(evaluation)
         metrics.update(self.timing(start))
         metrics.update(self.throughput.metrics(rollouts.reward_queries, pairs, metrics["time/sampling"],
-                                               metrics["time/training"], batch,
+                                               metrics["time/training"], batch, self.nfe.take(),
                                                cuda_peak_floor=self.pairs_per_forward.take_seen_peak()))
         with self.timer.phase("logging"):
             self.epoch_logger.log(epoch, metrics, batch)

@@ -31,6 +31,18 @@ def test_compare_algorithms_runs(tiny_model_dir, tmp_path):
     assert [e["queries"] for e in rows[2]["evaluations"]] == [0, 6]
     assert (tmp_path / "reward_vs_queries.png").exists() and "| grpo |" in (tmp_path / "results.md").read_text()
     assert "(2/2 seeds)" in (tmp_path / "results.md").read_text()  # both seeds reached the threshold
+    # denoiser evaluations: 2 epochs' worth of grpo's for 2 epochs (a probe epoch sized the run), read per evaluation
+    per_epoch = rows[0]["nfe"]
+    assert per_epoch > 0 and all(r["evaluations"][-1]["nfe"] == r["nfe"] for r in rows)
+    assert rows[0]["evaluations"][0]["nfe"] == 0 and rows[2]["nfe"] != per_epoch  # remax also samples greedily
+    assert compare_algorithms.reward_at_nfe(rows[0]["evaluations"], per_epoch - 1) == (rows[0]["before"], 0)
+    assert compare_algorithms.reward_at_nfe(rows[0]["evaluations"], per_epoch) == (rows[0]["after"], per_epoch)
+    assert compare_algorithms.queries_to_reach(rows[0]["evaluations"], -100, "nfe") == 0
+    budget = ["--presets", "grpo", "--seeds", "0", "--nfe", str(2 * per_epoch), "--out", str(tmp_path / "nfe")]
+    (row,) = compare_algorithms.main(budget + args[args.index("--threshold"):args.index("--out")] +
+                                     [x for s in sets for x in ("--set", s)])
+    assert row["nfe"] == 2 * per_epoch and row["queries"] == 2 * rows[0]["queries"]
+    assert not (tmp_path / "nfe" / "runs" / "grpo_seed0_nfe_probe").exists()
 
     # run again with one more seed: the saved runs are kept as they are, only the new seed trains; a run
     # directory left by an attempt that was cut short (not in results.json) is started afresh, not appended to

@@ -80,8 +80,8 @@ def test_model_flops_count_cfg_rows_and_the_reference_forward(tiny_model_dir, tm
 
 def test_an_epoch_logs_its_throughput(tiny_model_dir, tmp_path, capsys):
     """perf/* from the logged counts and times (exactly), memory, no MFU without a known peak (CPU); the console
-    line and the summary show them."""
-    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "perf", num_epochs=2)
+    line and the summary show them. The denoiser evaluations by hand; the evaluation during training adds none."""
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "perf", num_epochs=2, eval_freq=1)
     trainer.run()
     config = trainer.config
     for record in records(tmp_path / "perf"):
@@ -89,6 +89,12 @@ def test_an_epoch_logs_its_throughput(tiny_model_dir, tmp_path, capsys):
         assert record["perf/images_sampled"] == record["reward_count"] == images
         trained_steps = int(int(trainer.family.stochastic_steps(config.sample).sum()) * config.train.timestep_fraction)
         assert record["perf/pairs_trained"] == config.train.num_inner_epochs * images * trained_steps
+        rows = 2  # CFG: a conditional and an unconditional row per sample, in sampling and (train.cfg) in training
+        assert record["perf/nfe_sampling"] == images * config.sample.num_steps * rows
+        # every trained pair: the policy's forward, backpropagated, and the reference's (kl.beta > 0, no gradient)
+        assert record["perf/nfe_backward"] == record["perf/pairs_trained"] * rows
+        assert record["perf/nfe_training"] == 2 * record["perf/nfe_backward"]
+        assert record["perf/nfe"] == sum(record[f"perf/nfe_{part}"] for part in ("sampling", "training", "backward"))
         assert record["perf/images_per_s"] == record["perf/images_sampled"] / record["time/sampling"]
         assert record["perf/pairs_per_s"] == record["perf/pairs_trained"] / record["time/training"]
         assert record["perf/rss_gb"] > 0

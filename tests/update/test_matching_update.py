@@ -35,6 +35,9 @@ def test_one_epoch_trains_on_final_samples(objective, tiny_sd3_dir, tmp_path):
     assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
     assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
     assert metrics["perf/pairs_trained"] == 8 * 4  # every sample at its 4 rollout times (timestep_fraction 1)
+    # denoiser rows (CFG: 2 per sample): 8 samples x 4 steps; each pair's policy forward (and backward), nft's old model
+    assert metrics["perf/nfe_sampling"] == 8 * 4 * 2 and metrics["perf/nfe_backward"] == 8 * 4 * 2
+    assert metrics["perf/nfe_training"] == 8 * 4 * 2 * (2 if objective == "nft" else 1)
     if objective == "nft":
         # after 2 optimizer steps d = min(2 * 0.25, 0.5) = 0.5: old = 0.5 old_0 + 0.5 theta, old_0 the initial policy
         assert metrics["train/old_decay"] == 0.5

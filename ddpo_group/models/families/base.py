@@ -97,6 +97,11 @@ class ModelFamily:
         """The trained module (the pipeline's UNet or transformer)."""
         return getattr(self.pipe, self.model_attribute)
 
+    def denoisers(self) -> list[torch.nn.Module]:
+        """Every denoiser of the pipeline: the trained one and a frozen second expert (Wan 2.2's ``transformer_2``)."""
+        return [m for m in (getattr(self.pipe, name, None) for name in ("unet", "transformer", "transformer_2"))
+                if isinstance(m, torch.nn.Module)]
+
     @property
     def device(self) -> torch.device:
         return self.model.device
