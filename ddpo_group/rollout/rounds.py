@@ -144,6 +144,8 @@ class RolloutCollector:
         self.reward_scorer = RewardScorer(reward_fn, config.reward_fn)
         # the rollout policy's step means are recorded only for a loss that needs them (a latent-sized tensor a step)
         self.record_means = get_policy_loss(config.algorithm.policy_loss).needs_old_means
+        # tree rollouts (sample.branch_steps): {step: children}, None for flat sampling
+        self.branches = dict(zip(map(int, config.sample.branch_steps), map(int, config.sample.branch_factors))) or None
         # GROUP_PPO's Tweedie values: the steps whose one-step prediction is scored (rollout/tweedie.py)
         self.tweedie_steps = None
         if estimator.reads(config, "tweedie_values"):
@@ -194,6 +196,7 @@ class RolloutCollector:
                 desc=f"epoch {epoch}: sampling", generators=sample_generators(seed, mine, accelerator.device),
                 critic=self.critic, should_stop=self.should_stop, timer=self.timer, initial_noise=initial_noise,
                 text_cache=self.text_cache, record_means=self.record_means, tweedie_steps=self.tweedie_steps,
+                branches=self.branches,
             )
             extra = self.estimator_extras(epoch, batch, groups[mine], initial_noise)
         return self.gather_round(batch, extra, prompts, groups)
