@@ -642,6 +642,7 @@ def dpo_sd35() -> ml_collections.ConfigDict:
     config.save_freq, config.eval_freq = 60, 60
     return config
 
+
 def flow_factory_zimage_common(model: str) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO settings for Z-Image (X-GenGroup/Flow-Factory, examples/grpo/lora/z_image/default.yaml and
     examples/grpo/full/z_image_turbo/default.yaml): group 16, 512 px, Flow-SDE at noise level 0.7, clip 1e-4, advantages
