@@ -131,6 +131,32 @@ def test_presets_and_published_recipes():
     assert dict(awm.algorithm.objective_kwargs) == {"weighting": "ghuber", "ghuber_power": 0.25}
     assert (awm.kl.beta, awm.sample.num_steps, awm.sample.guidance_scale) == (1e-3, 14, 1.0)
 
+    dgpo, dpo = get_config("dgpo_sd35"), get_config("dpo_sd35")
+    assert {"dgpo_sd35", "dpo_sd35"} <= set(RECIPES)
+    for config, name in ((dgpo, "dgpo"), (dpo, "dpo")):
+        assert config.pretrained.model == "stabilityai/stable-diffusion-3.5-medium"
+        assert (config.algorithm.objective, config.sample.deterministic) == (name, True)
+        assert (config.kl.use_reference_model, config.kl.beta) == (True, 0.0)
+        s = config.sample
+        assert s.batch_size * s.num_batches_per_epoch % config.train.group_size == 0  # whole groups on one process
+        config.pretrained.family = "sd3"  # the family without reading the hub model's model_index.json
+        validate_config(config)
+    assert dict(dgpo.algorithm.objective_kwargs) == {"beta": 100.0}
+    assert (dgpo.train.group_size, dgpo.sample.num_steps, dgpo.sample.eval_num_steps) == (16, 10, 14)
+    assert (dgpo.sample.guidance_scale, dgpo.train.cfg, dgpo.algorithm.global_std) == (4.5, True, True)
+    assert (dgpo.lora_rank, dgpo.lora_alpha, dgpo.train.learning_rate) == (64, 128, 3e-4)
+    assert int(dgpo.sample.num_steps * dgpo.train.timestep_fraction) == 4  # their 4 training times a sample
+    assert (dgpo.train.ema, dgpo.train.ema_decay, dgpo.train.ema_update_interval) == (True, 0.9, 8)
+    dgpo.train.cfg = False  # the released script's conditional-only training forward after CFG sampling: refused
+    with pytest.raises(ConfigError, match="train.cfg"):
+        validate_config(dgpo)
+    assert dict(dpo.algorithm.objective_kwargs) == {"beta": 100.0}
+    assert (dpo.train.group_size, dpo.sample.num_steps, dpo.sample.guidance_scale, dpo.train.cfg) == (4, 40, 1.0, False)
+    assert (dpo.algorithm.objective_times, dpo.algorithm.objective_time_shift) == ("logit_normal", 1.0)
+    assert int(dpo.sample.num_steps * dpo.train.timestep_fraction) == 1  # one drawn time a pair
+    assert (dpo.lora_rank, dpo.lora_alpha, dpo.train.learning_rate, dpo.reward_fn) == (32, 64, 1e-5, "pickscore")
+    assert (dpo.train.ema_decay, dpo.train.ema_update_interval) == (0.99, 4)
+
 
 def test_dpo_trains_each_groups_pair_and_equal_rewards_train_nothing(tiny_sd3_dir, tmp_path):
     overrides = matching_overrides(**{"algorithm.objective": "dpo", "kl.use_reference_model": True,
