@@ -118,7 +118,7 @@ class PreferenceUpdater(MatchingUpdater):
         device = batch["advantages"].device
         unit_index, unit_steps = step_mask.nonzero(as_tuple=True)
         # ``rows`` on the CPU (the trainer's loop) costs no sync; the memory probe (update/memory_fit.py) passes sample
-        # rows, which wrap around this epoch's units so that it measures real units
+        # rows, which wrap around this epoch's units so that it measures their forwards
         index = rows.cpu()[unit_index] % max(len(self.units), 1)
         real = self.real[index]
         weight = 1.0 / max(int(real.sum()), 1)
