@@ -585,6 +585,72 @@ def awm_sd35() -> ml_collections.ConfigDict:
     return config
 
 
+def dgpo_sd35() -> ml_collections.ConfigDict:
+    """DGPO's published OCR recipe on Stable Diffusion 3.5 Medium (Luo-Yihong/DGPO config/dgpo.py
+    ``general_ocr_sd3_4gpu``, commit 01ceb4b, its default mode: rollouts with CFG 4.5), 8 groups of 16 an epoch on one
+    process (theirs: 4 GPUs, 2 groups each), one optimizer step an epoch: beta 100, deterministic rollouts of 10 steps
+    (14 to evaluate; their DPM-Solver is the Euler one here), 4 training times a sample among the rollout's, one noise
+    per group, the frozen base model as reference, batch std, EMA 0.9 every 8 steps (evaluated and exported), LoRA
+    rank 64 / alpha 128, lr 3e-4, 512 px, bf16. Differences: their training forward is the conditional branch alone,
+    which the guidance check refuses after CFG sampling: here policy and reference are guided at 4.5 (train.cfg); their
+    KL 0.02 to the base model (preference objectives take no kl.beta), PPO-style clip 1e-2 of the matching error
+    against an EMA copy, rollouts from that copy after 200 steps and the truncation of the times to the 7 noisiest of
+    the 10 steps are not reproduced; the gradient here is beta times theirs (theirs is the sigmoid weight times
+    A_k e_k averaged, without the beta / K)."""
+    config = flow_grpo("stabilityai/stable-diffusion-3.5-medium")
+    config.mixed_precision = "bf16"  # their base config's
+    config.lora_rank, config.lora_alpha = 64, 128
+    config.algorithm.objective = "dgpo"
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 100.0})  # their train.beta_dpo
+    config.algorithm.objective_times = "schedule"
+    config.algorithm.global_std = True  # their sample.global_std
+    config.sample.deterministic = True  # their noise_level 0
+    config.sample.num_steps, config.sample.eval_num_steps = 10, 14
+    config.sample.guidance_scale, config.train.cfg = 4.5, True
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 16, 8  # 8 groups of 16 on one process
+    config.train.group_size = 16
+    config.train.batch_size = 16  # one group a train batch
+    config.train.gradient_accumulation_steps = 8  # theirs: one optimizer step an epoch
+    config.train.timestep_fraction = 0.4  # int(10 * 0.4) = 4 times a sample: their num_train_timesteps
+    config.train.ema, config.train.ema_decay, config.train.ema_update_interval = True, 0.9, 8
+    config.train.ema_export = True  # their checkpoints hold the EMA weights
+    config.kl.beta, config.kl.use_reference_model = 0.0, True
+    config.save_freq, config.eval_freq = 60, 60
+    return config
+
+
+def dpo_sd35() -> ml_collections.ConfigDict:
+    """Online Diffusion-DPO as Flow-Factory ships it on Stable Diffusion 3.5 Medium (X-GenGroup/Flow-Factory
+    examples/dpo/lora/sd3_5/default.yaml and src/flow_factory/trainers/dpo.py, commit a0b2bc5): each group's best
+    against its worst, 48 groups of 4 an epoch on one process (theirs: 8 GPUs), one optimizer step an epoch over the
+    48 pairs, beta 100, one logit-normal training time a pair (no shift), the frozen base model as reference, CFG-free
+    deterministic rollouts of 40 steps (40 to evaluate), group std, EMA 0.99 every 4 steps, LoRA rank 32 / alpha 64,
+    lr 1e-5 (theirs: 3e-4 collapses), 512 px, bf16, the PickScore reward. Differences: their caption set is not
+    shipped (simple_animals stands in, prompt_fn="from_file" reads yours); their times lie in [10, 1000] (timestep
+    range 0.99), here in (0, 1000)."""
+    config = flow_grpo("stabilityai/stable-diffusion-3.5-medium")
+    config.mixed_precision = "bf16"
+    config.algorithm.objective = "dpo"
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 100.0})
+    config.algorithm.objective_times, config.algorithm.objective_time_shift = "logit_normal", 1.0
+    config.algorithm.global_std = False
+    config.sample.deterministic = True  # their ODE dynamics
+    config.sample.num_steps, config.sample.eval_num_steps = 40, 40
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 24, 8  # 48 groups of 4 on one process
+    config.train.group_size = 4
+    config.train.batch_size = 96  # 48 pairs a train batch: all of an epoch's
+    config.train.gradient_accumulation_steps = 1
+    config.train.timestep_fraction = 0.025  # int(40 * 0.025) = 1 drawn time a pair
+    config.train.learning_rate = 1e-5
+    config.train.ema, config.train.ema_decay, config.train.ema_update_interval = True, 0.99, 4
+    config.kl.beta, config.kl.use_reference_model = 0.0, True
+    config.prompt_fn = "simple_animals"
+    config.reward_fn = "pickscore"
+    config.save_freq, config.eval_freq = 60, 60
+    return config
+
+
 def flow_factory_zimage_common(model: str) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO settings for Z-Image (X-GenGroup/Flow-Factory, examples/grpo/lora/z_image/default.yaml and
     examples/grpo/full/z_image_turbo/default.yaml): group 16, 512 px, Flow-SDE at noise level 0.7, clip 1e-4, advantages
@@ -724,7 +790,8 @@ RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm,
            "flow_factory_flux_kontext": flow_factory_flux_kontext, "flow_factory_flux2_klein": flow_factory_flux2_klein,
            "flow_factory_flux2_klein_base": flow_factory_flux2_klein_base, "flow_factory_wan21": flow_factory_wan21,
            "flow_grpo_qwenimage": flow_grpo_qwenimage,
-           "flow_grpo_qwenimage_edit_plus": flow_grpo_qwenimage_edit_plus, "nft_sd35": nft_sd35, "awm_sd35": awm_sd35}
+           "flow_grpo_qwenimage_edit_plus": flow_grpo_qwenimage_edit_plus, "nft_sd35": nft_sd35, "awm_sd35": awm_sd35,
+           "dgpo_sd35": dgpo_sd35, "dpo_sd35": dpo_sd35}
 
 
 def get_config(name: str = "ddpo") -> ml_collections.ConfigDict:

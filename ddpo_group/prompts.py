@@ -240,17 +240,26 @@ class PromptSampler:
             raise TypeError(f"prompt function {self.name!r} returned metadata {metadata!r}; expected a dict")
         return prompt, metadata
 
-    def sample_epoch(self, num_groups: int, group_size: int) -> tuple[list[str], list[dict], list[int]]:
-        """``num_groups`` prompts, each repeated ``group_size`` times, shuffled together.
+    def sample_epoch(self, num_groups: int, group_size: int,
+                     whole_groups: bool = False) -> tuple[list[str], list[dict], list[int]]:
+        """``num_groups`` prompts, each repeated ``group_size`` times.
 
         Returns (prompts, metadata, group_index) of length num_groups * group_size. Every process
-        holds an identically seeded sampler, draws the same list and takes its own slice, so the
-        copies of a prompt land on different processes and batches (Flow-GRPO's K-repeat sampler).
+        holds an identically seeded sampler, draws the same list and takes its own slice. By default
+        all copies are shuffled together, so the copies of a prompt land on different processes and
+        batches (Flow-GRPO's K-repeat sampler). With ``whole_groups`` the groups come in a shuffled
+        order and each group's copies are consecutive: a slice whose start and size are multiples of
+        ``group_size`` holds whole groups, whatever the number of processes.
         """
         prompts, metadata = self.sample(num_groups)
-        order = list(range(num_groups * group_size))
-        self.rng.shuffle(order)
-        groups = [i // group_size for i in order]
+        if whole_groups:
+            order = list(range(num_groups))
+            self.rng.shuffle(order)
+            groups = [g for g in order for _ in range(group_size)]
+        else:
+            order = list(range(num_groups * group_size))
+            self.rng.shuffle(order)
+            groups = [i // group_size for i in order]
         return [prompts[g] for g in groups], [dict(metadata[g]) for g in groups], groups
 
     def state_dict(self) -> dict:

@@ -1,7 +1,8 @@
 """An epoch's rollouts: sampling rounds over all processes, the estimator's inputs, advantages, DAPO's dynamic
 sampling.
 
-A round is P prompts x group_size copies spread over the processes. ``RolloutCollector.collect``: each process
+A round is P prompts x group_size copies spread over the processes (for a preference objective or tree rollouts each
+process holds whole groups, each group's copies consecutive: PromptSampler.sample_epoch's ``whole_groups``). ``RolloutCollector.collect``: each process
 samples and scores its slice (collect.py), and the rewards (and critic values, greedy baselines, KL step rewards,
 reward info) are gathered. ``RolloutCollector.estimate``: the estimator computes the advantages on each whole round
 (so every prompt group is complete), and each process keeps its own rows. With ``algorithm.multi_reward_mix="advantage_aggr"`` each component of a weighted combination
@@ -20,9 +21,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ddpo_group.algorithms import (
-    AdvantageInputs, AdvantageOutput, component_metrics, component_normalized_sum, get_policy_loss,
+    AdvantageInputs, AdvantageOutput, component_metrics, component_normalized_sum, get_objective, get_policy_loss,
     zero_variance_group_filter,
 )
+from ddpo_group.algorithms.objectives import PREFERENCE
 from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards.combine import component_label
@@ -146,6 +148,9 @@ class RolloutCollector:
         self.record_means = get_policy_loss(config.algorithm.policy_loss).needs_old_means
         # tree rollouts (sample.branch_steps): {step: children}, None for flat sampling
         self.branches = dict(zip(map(int, config.sample.branch_steps), map(int, config.sample.branch_factors))) or None
+        # whole prompt groups on each process (PromptSampler.sample_epoch): a preference objective's units, a group's
+        # trees (its leaves consecutive)
+        self.whole_groups = get_objective(config.algorithm.objective).kind == PREFERENCE or self.branches is not None
         # GROUP_PPO's Tweedie values: the steps whose one-step prediction is scored (rollout/tweedie.py)
         self.tweedie_steps = None
         if estimator.reads(config, "tweedie_values"):
@@ -183,7 +188,8 @@ class RolloutCollector:
         """Sample one round, score it and gather it (module docstring)."""
         config, shards, accelerator = self.config, self.shards, self.accelerator
         group_size = config.train.group_size
-        prompts, metadata, groups = self.prompt_sampler.sample_epoch(shards.total // group_size, group_size)
+        prompts, metadata, groups = self.prompt_sampler.sample_epoch(shards.total // group_size, group_size,
+                                                                     whole_groups=self.whole_groups)
         mine = shards.mine
         seed = round_seed(config.seed, epoch, round_index)
         initial_noise = None

@@ -171,8 +171,24 @@ def sampling_and_training_errors(config, num_processes: int) -> list[str]:
             f"sample.batch_size * sample.num_batches_per_epoch = {num_processes} * {s.batch_size} * "
             f"{s.num_batches_per_epoch} = {samples_per_epoch}"
         )
+    if num_processes > 1 and t.group_size >= 1 and samples_per_process % t.group_size != 0 and _is_preference(config):
+        errors.append(
+            f"algorithm.objective={config.algorithm.objective!r} needs whole prompt groups on each of the "
+            f"{num_processes} processes: train.group_size={t.group_size} must divide the samples per process, "
+            f"sample.batch_size * sample.num_batches_per_epoch = {s.batch_size} * {s.num_batches_per_epoch} = "
+            f"{samples_per_process}"
+        )
 
     return errors
+
+
+def _is_preference(config) -> bool:
+    """Whether algorithm.objective names a preference objective (an unknown one: objective_errors names it)."""
+    from ddpo_group.algorithms import OBJECTIVE_REGISTRY, get_objective
+    from ddpo_group.algorithms.objectives import PREFERENCE
+
+    objective = _resolve("algorithm.objective", config.algorithm.objective, get_objective, OBJECTIVE_REGISTRY, [])
+    return objective is not None and objective.kind == PREFERENCE
 
 
 def run_errors(config, num_processes: int) -> list[str]:

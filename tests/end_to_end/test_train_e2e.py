@@ -1,6 +1,7 @@
 """End-to-end DDPO runs through scripts/train.py under accelerate, on a tiny random model."""
 
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
@@ -122,6 +123,67 @@ def test_two_processes_and_one_give_the_same_advantages(family_model_dirs, tmp_p
     keys += {"group_ppo": ["group/num_endpoints", "group/mean_len"], "remax": ["reward/greedy_mean"]}.get(preset, [])
     for key in keys:
         assert one[key] == pytest.approx(two[key], rel=1e-6, abs=1e-9), key
+
+
+FLAT_PROMPT_REWARD = """import torch
+
+from ddpo_group.rewards.builtin import jpeg_size_kb
+
+
+def flat_prompt(prompt=""):
+    def fn(images, prompts, metadata):
+        rewards = -jpeg_size_kb(images)
+        rewards[[p == prompt for p in prompts]] = 0.0
+        return rewards, {}
+    return fn
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("objective, flat", [("dpo", False), ("dgpo", False), ("dpo", True)])
+def test_two_processes_and_one_train_a_preference_objective_alike(family_model_dirs, tmp_path, objective, flat):
+    """A preference objective on 1 process x 4 batches of 4 or 2 processes x 2 batches of 4 (2 whole groups of 4 on
+    each process), train.batch_size halved on 2 processes: the same rewards, advantages, units, pairs trained and
+    optimizer steps. ``flat``: the first group's reward is constant, so it has no dpo pair: process 0 holds 1 pair and
+    process 1 2, and process 0 pads a unit (its second train batch is padding only)."""
+    from ddpo_group.prompts import PromptSampler
+    from trainer_helpers import FAMILY_OVERRIDES
+
+    # seed 2: copies spread over the processes as the default sampler spreads them would give 6 dpo pairs, not 4
+    seed, reward = 2, {}
+    if flat:
+        prompts = PromptSampler("simple_animals", seed=seed).sample_epoch(4, 4, whole_groups=True)[0]
+        assert prompts[::4].count(prompts[0]) == 1, prompts  # the first group's prompt is no other group's
+        plugin = tmp_path / "flat_prompt.py"
+        plugin.write_text(FLAT_PROMPT_REWARD)
+        reward = {"reward_fn": f"{plugin}:flat_prompt", "reward_fn_kwargs": json.dumps({"prompt": prompts[0]})}
+    width = 2 if objective == "dpo" else 4  # rows per unit
+    metrics = []
+    for processes in (1, 2):
+        run = f"{objective}_{flat}_{processes}"
+        args = tiny_args(family_model_dirs["sd3"], tmp_path, run, **{
+            "seed": seed, "sample.batch_size": 4, "sample.num_batches_per_epoch": 4 // processes,
+            "train.batch_size": 2 * width // processes, "train.group_size": 4, "log_images_every": 0, "save_freq": 0,
+            "sample.deterministic": True, "kl.beta": 0.0, "kl.use_reference_model": True,
+            "algorithm.objective": objective, **reward, **FAMILY_OVERRIDES["sd3"]})
+        args[1] = "config/base.py:grpo"
+        launch(args, num_processes=processes)
+        (epoch0,) = read_metrics(tmp_path / run)
+        metrics.append(epoch0)
+    one, two = metrics
+    for key in ["reward_mean", "reward_std", "reward_max", "adv/mean", "adv/std", "adv/min", "adv/max"]:
+        assert one[key] == pytest.approx(two[key], rel=1e-6, abs=1e-9), key
+    assert one["reward_count"] == two["reward_count"] == 16
+    assert (one["reward_max"] == 0.0) == flat  # the flat group's reward; JPEG sizes are > 0
+    units = 3 if flat else 4  # dpo: a pair per group with a preference; dgpo: every group
+    assert one["train/preference_units"] == two["train/preference_units"] == units
+    assert one["perf/pairs_trained"] == two["perf/pairs_trained"] == units * width * 4  # every unit at its 4 times
+    # 2 units a train batch on 1 process, 1 on each of 2 (a padded unit too): 2 optimizer steps
+    assert one["global_step"] == two["global_step"] == 2
+    assert math.isfinite(two["train/policy_loss"]) and math.isfinite(two["train/accuracy"])
+    if flat:  # train/* are process 0's: its one real train batch, the first, at the reference (log 2); its padded
+        # batch adds no metric (counted, the mean would be halved)
+        assert two["train/policy_loss"] == pytest.approx(math.log(2), abs=1e-4)
 
 
 @pytest.mark.slow

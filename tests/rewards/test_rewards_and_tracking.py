@@ -85,6 +85,23 @@ def test_epoch_prompts_are_groups_of_copies_identical_on_every_process():
     for g in range(4):
         assert len({p for p, gi in zip(prompts, groups) if gi == g}) == 1
     assert groups != sorted(groups)  # shuffled, so a group's copies spread over processes and batches
+    assert groups == [0, 1, 1, 1, 3, 0, 2, 2, 0, 2, 3, 3]  # the draw of earlier runs and their checkpoints
+
+
+def test_whole_groups_keep_each_groups_copies_together():
+    """sample_epoch(whole_groups=True) (preference objectives): every slice of k * G rows holds whole groups."""
+    a, b = PromptSampler("simple_animals", seed=5), PromptSampler("simple_animals", seed=5)
+    prompts, metadata, groups = a.sample_epoch(num_groups=4, group_size=3, whole_groups=True)
+    assert (prompts, metadata, groups) == b.sample_epoch(4, 3, whole_groups=True)
+    assert groups == [2, 2, 2, 3, 3, 3, 1, 1, 1, 0, 0, 0]  # the groups shuffled, each group's copies consecutive
+    assert len(prompts) == len(metadata) == 12 and sorted(groups) == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    for k in (1, 2):  # slices of k groups (one process's rows with 4 / k processes)
+        for start in range(0, 12, 3 * k):
+            part = groups[start:start + 3 * k]
+            assert all(part.count(g) == 3 for g in part), (k, start, part)
+    for g in range(4):
+        assert len({p for p, gi in zip(prompts, groups) if gi == g}) == 1
+    assert a.sample_epoch(4, 3, whole_groups=True)[2] != groups  # the next epoch draws another order
 
 
 def test_reward_scorer_names_the_reward_on_errors_and_checks_the_output():

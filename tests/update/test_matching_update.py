@@ -131,6 +131,32 @@ def test_presets_and_published_recipes():
     assert dict(awm.algorithm.objective_kwargs) == {"weighting": "ghuber", "ghuber_power": 0.25}
     assert (awm.kl.beta, awm.sample.num_steps, awm.sample.guidance_scale) == (1e-3, 14, 1.0)
 
+    dgpo, dpo = get_config("dgpo_sd35"), get_config("dpo_sd35")
+    assert {"dgpo_sd35", "dpo_sd35"} <= set(RECIPES)
+    for config, name in ((dgpo, "dgpo"), (dpo, "dpo")):
+        assert config.pretrained.model == "stabilityai/stable-diffusion-3.5-medium"
+        assert (config.algorithm.objective, config.sample.deterministic) == (name, True)
+        assert (config.kl.use_reference_model, config.kl.beta) == (True, 0.0)
+        s = config.sample
+        assert s.batch_size * s.num_batches_per_epoch % config.train.group_size == 0  # whole groups on one process
+        config.pretrained.family = "sd3"  # the family without reading the hub model's model_index.json
+        validate_config(config)
+    assert dict(dgpo.algorithm.objective_kwargs) == {"beta": 100.0}
+    assert (dgpo.train.group_size, dgpo.sample.num_steps, dgpo.sample.eval_num_steps) == (16, 10, 14)
+    assert (dgpo.sample.guidance_scale, dgpo.train.cfg, dgpo.algorithm.global_std) == (4.5, True, True)
+    assert (dgpo.lora_rank, dgpo.lora_alpha, dgpo.train.learning_rate) == (64, 128, 3e-4)
+    assert int(dgpo.sample.num_steps * dgpo.train.timestep_fraction) == 4  # their 4 training times a sample
+    assert (dgpo.train.ema, dgpo.train.ema_decay, dgpo.train.ema_update_interval) == (True, 0.9, 8)
+    dgpo.train.cfg = False  # the released script's conditional-only training forward after CFG sampling: refused
+    with pytest.raises(ConfigError, match="train.cfg"):
+        validate_config(dgpo)
+    assert dict(dpo.algorithm.objective_kwargs) == {"beta": 100.0}
+    assert (dpo.train.group_size, dpo.sample.num_steps, dpo.sample.guidance_scale, dpo.train.cfg) == (4, 40, 1.0, False)
+    assert (dpo.algorithm.objective_times, dpo.algorithm.objective_time_shift) == ("logit_normal", 1.0)
+    assert int(dpo.sample.num_steps * dpo.train.timestep_fraction) == 1  # one drawn time a pair
+    assert (dpo.lora_rank, dpo.lora_alpha, dpo.train.learning_rate, dpo.reward_fn) == (32, 64, 1e-5, "pickscore")
+    assert (dpo.train.ema_decay, dpo.train.ema_update_interval) == (0.99, 4)
+
 
 def test_dpo_trains_each_groups_pair_and_equal_rewards_train_nothing(tiny_sd3_dir, tmp_path):
     overrides = matching_overrides(**{"algorithm.objective": "dpo", "kl.use_reference_model": True,
@@ -178,11 +204,75 @@ def test_the_memory_probe_runs_on_preference_units(tiny_sd3_dir, tmp_path):
     trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "probe", **matching_overrides(**{
         "algorithm.objective": "dgpo", "kl.use_reference_model": True}))
     batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
-    trainer.updater.units = trainer.updater.make_units(batch)  # 2 units (groups of 4) for 6 probed sample rows
+    assert trainer.updater.prepare_units(batch) == 2  # 2 units (groups of 4) for 6 probed sample rows
     trainer.rollouts.close()
     probe, rows, mask = probe_batch(batch, 6, trainer.family.stochastic_steps(trainer.config.sample))
     sums = trainer.updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=6)
     assert torch.isfinite(torch.as_tensor(sums["policy_loss"]))
+
+
+@pytest.mark.parametrize("objective", ["dpo", "dgpo"])
+def test_several_processes_need_whole_groups_on_each(objective):
+    """A preference objective on several processes: each process's samples must hold whole prompt groups."""
+    from config.base import get_config
+    from ddpo_group.run.config_checks import validate_config
+
+    config = get_config(objective)
+    # 12 samples a process: 24 in all are 3 groups of 8, but a process would hold one and a half
+    config.sample.batch_size, config.sample.num_batches_per_epoch, config.train.batch_size = 6, 2, 6
+    with pytest.raises(ConfigError, match=rf"algorithm.objective='{objective}' needs whole prompt groups on each of "
+                                          r"the 2 processes: train.group_size=8 must divide the samples per process, "
+                                          r"sample.batch_size \* sample.num_batches_per_epoch = 6 \* 2 = 12"):
+        validate_config(config, num_processes=2)
+    config.train.group_size = 4  # 12 = 3 groups of 4 a process
+    validate_config(config, num_processes=2)
+    config.train.group_size, config.algorithm.objective = 8, "awm"  # a matching objective takes any split
+    config.kl.use_reference_model = False
+    validate_config(config, num_processes=2)
+
+
+def test_pad_units():
+    from ddpo_group.update.preference_update import pad_units
+
+    units, real = pad_units(torch.tensor([[5, 2], [7, 6]]), 4, 2)
+    assert units.tolist() == [[5, 2], [7, 6], [0, 1], [0, 1]] and real.tolist() == [True, True, False, False]
+    units, real = pad_units(torch.zeros(0, 0, dtype=torch.long), 2, 3)  # no unit here: group_rows' empty answer
+    assert units.tolist() == [[0, 1, 2], [0, 1, 2]] and real.tolist() == [False, False]
+    with pytest.raises(ValueError, match="2 units of width 2 cannot be padded to 1 units of width 2"):
+        pad_units(torch.tensor([[5, 2], [7, 6]]), 1, 2)
+
+
+def test_padded_units_change_neither_the_gradient_nor_the_metrics(tiny_sd3_dir, tmp_path):
+    """The units another process's larger count adds here (several processes) run forwards and a backward with weight
+    0: a train batch of 2 dpo pairs gives the same gradients and metrics with 2 padded units after them."""
+    from ddpo_group.update.preference_update import pad_units
+
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "pad", **matching_overrides(**{
+        "algorithm.objective": "dpo", "kl.use_reference_model": True, "algorithm.objective_kwargs": {"beta": 100.0}}))
+    updater = trainer.updater
+    batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
+    trainer.rollouts.close()
+    assert updater.prepare_units(batch) == 2
+    real_units = updater.units.clone()
+    mask = torch.zeros(4, trainer.config.sample.num_steps)
+    mask[:, [0, 2]] = 1.0  # 2 times per unit: 4 (unit, time) pairs of real units, then 4 of padded ones
+
+    def accumulate(num_units):
+        updater.optimizer.zero_grad(set_to_none=True)
+        torch.manual_seed(3)
+        # 8 (sample, time) pairs per forward: 4 (unit, time) pairs of 2 rows, the real units' chunk the same in both
+        sums = updater.accumulate_gradients(batch, torch.arange(num_units), mask[:num_units], pairs_per_forward=8)
+        return sums, [p.grad.clone() for p in updater.params if p.grad is not None]
+
+    alone, alone_grads = accumulate(2)
+    updater.units, updater.real = pad_units(real_units, 4, 2)
+    padded, padded_grads = accumulate(4)
+    assert sorted(alone) == sorted(padded) == ["accuracy", "implicit_score", "policy_loss"]
+    for key in alone:
+        assert float(padded[key]) == float(alone[key]), key
+    assert 0.6 < float(alone["policy_loss"]) < 0.8  # about log 2 at the reference: weighed 1 / 4 real pairs, not 1 / 8
+    assert len(alone_grads) == len(padded_grads) > 0 and any(bool(g.abs().max() > 0) for g in alone_grads)
+    assert all(torch.equal(a, b) for a, b in zip(alone_grads, padded_grads))
 
 
 @pytest.mark.parametrize("family, times", [("sd3", "logit_normal"), ("sd", "uniform")])
