@@ -2,9 +2,9 @@
 sampling.
 
 A round is P prompts x group_size copies spread over the processes (for a preference objective or tree rollouts each
-process holds whole groups, each group's copies consecutive: PromptSampler.sample_epoch's ``whole_groups``). ``RolloutCollector.collect``: each process
-samples and scores its slice (collect.py), and the rewards (and critic values, greedy baselines, KL step rewards,
-reward info) are gathered. ``RolloutCollector.estimate``: the estimator computes the advantages on each whole round
+process holds whole groups, each group's copies consecutive: PromptSampler.sample_epoch's ``whole_groups``).
+``RolloutCollector.collect``: each process samples and scores its slice (collect.py), and the rewards (and critic
+values, greedy baselines, KL step rewards, reward info) are gathered. ``RolloutCollector.estimate``: the estimator computes the advantages on each whole round
 (so every prompt group is complete), and each process keeps its own rows. With ``algorithm.multi_reward_mix="advantage_aggr"`` each component of a weighted combination
 is gathered too and normalised within its prompt group before the weighted sum the estimator gets
 (algorithms/multi_reward.py). With ``algorithm.filter_groups`` (DAPO), groups whose rewards are all equal are dropped
