@@ -28,6 +28,7 @@ with more presets or seeds) skips the runs already in ``--out``/results.json.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
 import os
@@ -69,6 +70,8 @@ def set_field(config, key: str, raw: str) -> None:
     current = target[field] if field in target else ""  # a new key of a *_kwargs section: a string
     if isinstance(current, bool):
         value = raw.lower() in ("1", "true", "yes")
+    elif isinstance(current, tuple):  # e.g. sample.branch_steps=(0,1)
+        value = tuple(ast.literal_eval(raw)) if raw.strip("() ") else ()
     elif isinstance(current, int):
         value = int(raw)
     elif isinstance(current, float) or current is None:

@@ -112,6 +112,14 @@ def base() -> ml_collections.ConfigDict:
     # Default: the first 2 of 10 steps, where the embedded model decides the shape (docs/learning_proof.md).
     sample.sde_window_start = 0  # the window's first step
     sample.sde_window_size = 2  # the window's number of steps (0: every step is stochastic and trained)
+    # tree rollouts (docs/design/TREES.md): a prompt group's copies share x_T and their first steps and split at these
+    # steps (stochastic ones, ascending) into children that draw their own step noise; (): flat sampling. A root has
+    # prod(branch_factors) leaves, which divide train.group_size (the quotient: roots per prompt) and
+    # sample.batch_size (a sampling batch holds whole trees); a node's steps are computed once. Each leaf is recorded
+    # as a full trajectory: the estimator, the loss and the KL see leaves (a shared transition is trained once per
+    # leaf below it, the per-leaf policy gradient)
+    sample.branch_steps = ()
+    sample.branch_factors = ()  # the children of each node at each branch step (>= 2)
     # Z-Image only: its pipeline's options of these names (Z-Image guides with u_c + w (u_c - u_uncond), so there
     # sample.guidance_scale = 0 is no guidance)
     sample.cfg_normalization = 0.0  # > 0: the guided output's norm capped at this multiple of the conditional one's

@@ -154,6 +154,7 @@ def collect_rollouts(
     text_cache: TextEmbeddingCache | None = None,
     record_means: bool = False,
     tweedie_steps: list[int] | None = None,
+    branches: dict[int, int] | None = None,
 ) -> dict:
     """Sample this process's prompts in ``num_batches_per_epoch`` batches with ``family`` and score them (``score``).
 
@@ -176,6 +177,9 @@ def collect_rollouts(
     queries, charged to "reward").
     A critic that reads x0_hat (``critic.input="latent_x0"``) gets it at every step, and the record keeps it:
     pred_x0 [B, T, ...] (what the critic trains on).
+    ``branches`` {step: children} samples each batch as trees (sampling/trajectories.py; consecutive rows of a prompt
+    are a tree's leaves) and adds tree_nodes [B, T]: for each sample and step, this process's row of the first
+    sample sharing that transition.
     """
     batches, futures = [], []
     size = sample_config.batch_size
@@ -206,7 +210,7 @@ def collect_rollouts(
                 initial_noise=initial_noise[rows] if initial_noise is not None else None,
                 log_prob_reduce=sample_config.log_prob_reduce,
                 decode_batch_size=int(sample_config.decode_batch_size), record_means=record_means,
-                record_x0=x0_steps, compute_log_prob=not deterministic,
+                record_x0=x0_steps, compute_log_prob=not deterministic, branches=branches,
             )
         critic_x0 = traj.pred_x0 if critic_reads_x0 else None  # x0_hat of every step (recorded for the critic)
         if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
@@ -236,6 +240,7 @@ def collect_rollouts(
                 **({"pred_x0": critic_x0} if critic_reads_x0 else {}),
                 **({"step_means": traj.means} if record_means else {}),
                 **({"tweedie_values": tweedie} if tweedie is not None else {}),
+                **({"tree_nodes": traj.shared_from + i * size} if branches else {}),
             }
         )
 

@@ -1,10 +1,10 @@
 """An epoch's rollouts: sampling rounds over all processes, the estimator's inputs, advantages, DAPO's dynamic
 sampling.
 
-A round is P prompts x group_size copies spread over the processes (for a preference objective each process holds
-whole groups: PromptSampler.sample_epoch's ``whole_groups``). ``RolloutCollector.collect``: each process
-samples and scores its slice (collect.py), and the rewards (and critic values, greedy baselines, KL step rewards,
-reward info) are gathered. ``RolloutCollector.estimate``: the estimator computes the advantages on each whole round
+A round is P prompts x group_size copies spread over the processes (for a preference objective or tree rollouts each
+process holds whole groups, each group's copies consecutive: PromptSampler.sample_epoch's ``whole_groups``).
+``RolloutCollector.collect``: each process samples and scores its slice (collect.py), and the rewards (and critic
+values, greedy baselines, KL step rewards, reward info) are gathered. ``RolloutCollector.estimate``: the estimator computes the advantages on each whole round
 (so every prompt group is complete), and each process keeps its own rows. With ``algorithm.multi_reward_mix="advantage_aggr"`` each component of a weighted combination
 is gathered too and normalised within its prompt group before the weighted sum the estimator gets
 (algorithms/multi_reward.py). With ``algorithm.filter_groups`` (DAPO), groups whose rewards are all equal are dropped
@@ -146,8 +146,11 @@ class RolloutCollector:
         self.reward_scorer = RewardScorer(reward_fn, config.reward_fn)
         # the rollout policy's step means are recorded only for a loss that needs them (a latent-sized tensor a step)
         self.record_means = get_policy_loss(config.algorithm.policy_loss).needs_old_means
-        # a preference objective's units need whole prompt groups on each process (PromptSampler.sample_epoch)
-        self.whole_groups = get_objective(config.algorithm.objective).kind == PREFERENCE
+        # tree rollouts (sample.branch_steps): {step: children}, None for flat sampling
+        self.branches = dict(zip(map(int, config.sample.branch_steps), map(int, config.sample.branch_factors))) or None
+        # whole prompt groups on each process (PromptSampler.sample_epoch): a preference objective's units, a group's
+        # trees (its leaves consecutive)
+        self.whole_groups = get_objective(config.algorithm.objective).kind == PREFERENCE or self.branches is not None
         # GROUP_PPO's Tweedie values: the steps whose one-step prediction is scored (rollout/tweedie.py)
         self.tweedie_steps = None
         if estimator.reads(config, "tweedie_values"):
@@ -199,6 +202,7 @@ class RolloutCollector:
                 desc=f"epoch {epoch}: sampling", generators=sample_generators(seed, mine, accelerator.device),
                 critic=self.critic, should_stop=self.should_stop, timer=self.timer, initial_noise=initial_noise,
                 text_cache=self.text_cache, record_means=self.record_means, tweedie_steps=self.tweedie_steps,
+                branches=self.branches,
             )
             extra = self.estimator_extras(epoch, batch, groups[mine], initial_noise)
         return self.gather_round(batch, extra, prompts, groups)

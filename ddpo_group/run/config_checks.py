@@ -7,6 +7,8 @@ fields: DDIM's eta, the flow SDE, guidance in the training forward), the advanta
 
 from __future__ import annotations
 
+import math
+
 from ddpo_group.errors import ConfigError
 from ddpo_group.models.speed_options import attention_backends, compile_mode
 from ddpo_group.models.trainable import DTYPES
@@ -25,21 +27,77 @@ def validate_config(config, num_processes: int = 1) -> None:
     errors.extend(family_errors(config))
     errors.extend(algorithm_errors(config))
     errors.extend(prompt_and_reward_errors(config))
+    errors.extend(tree_errors(config))
     if errors:
         raise ConfigError("invalid config:\n  - " + "\n  - ".join(errors))
 
 
 def config_warnings(config) -> list[str]:
-    """Settings that run but are likely not what was meant: the embedded flow model on the embedded SD model's task."""
+    """Settings that run but are likely not what was meant: the embedded flow model on the embedded SD model's task;
+    tree rollouts with an estimator that compares no prompt group."""
     from ddpo_group.models import TINY_SHAPES_FLOW
 
+    warnings = []
     if config.pretrained.model == TINY_SHAPES_FLOW and config.prompt_fn == "tiny_shapes_hard":
-        return [f"pretrained.model={TINY_SHAPES_FLOW!r} with prompt_fn='tiny_shapes_hard', the SD model's hardest captions: "
-                f"the flow model already draws them right, so there is little to learn; its own task is "
-                f"--config config/base.py:grpo_flow (or any preset with --config.prompt_fn=tiny_shapes_flow_hard "
-                f"--config.train.learning_rate=1.5e-3; train.learning_rate={config.train.learning_rate:g} may "
-                f"collapse its LoRA above 1.5e-3)"]
-    return []
+        warnings.append(
+            f"pretrained.model={TINY_SHAPES_FLOW!r} with prompt_fn='tiny_shapes_hard', the SD model's hardest captions: "
+            f"the flow model already draws them right, so there is little to learn; its own task is "
+            f"--config config/base.py:grpo_flow (or any preset with --config.prompt_fn=tiny_shapes_flow_hard "
+            f"--config.train.learning_rate=1.5e-3; train.learning_rate={config.train.learning_rate:g} may "
+            f"collapse its LoRA above 1.5e-3)")
+    estimator = config.algorithm.adv_estimator
+    if config.sample.branch_steps and estimator != "ddpo" and not _needs_groups(estimator):
+        warnings.append(
+            f"sample.branch_steps={tuple(config.sample.branch_steps)} with algorithm.adv_estimator={estimator!r}: a "
+            f"tree's leaves are correlated copies of a prompt, and {estimator} compares no prompt group (its baseline "
+            f"treats them as independent samples); grpo, rloo, dr_grpo, grpo_passk, group_ppo or ddpo compare them")
+    return warnings
+
+
+def _needs_groups(estimator: str) -> bool:
+    """Whether the estimator compares a prompt's group (True for a name that does not resolve: reported elsewhere)."""
+    from ddpo_group.algorithms import get_adv_estimator
+
+    try:
+        return get_adv_estimator(estimator).needs_groups
+    except (ValueError, TypeError, ImportError, OSError, AttributeError):
+        return True
+
+
+def tree_leaves(config) -> int:
+    """The leaves of a root of ``sample.branch_factors`` (1: flat sampling)."""
+    return math.prod(int(f) for f in config.sample.branch_factors)
+
+
+def tree_errors(config) -> list[str]:
+    """Tree rollouts (sample.branch_steps / branch_factors) that cannot be sampled as configured."""
+    s, t = config.sample, config.train
+    steps, factors = tuple(s.branch_steps), tuple(s.branch_factors)
+    if not steps and not factors:
+        return []
+    errors = []
+    need = _collector(errors)
+    need(len(steps) == len(factors), f"sample.branch_steps={steps} and sample.branch_factors={factors} must have one "
+                                     f"factor per branch step")
+    stochastic = (list(range(s.num_steps)) if s.sde_window_size == 0 else
+                  list(range(s.sde_window_start, s.sde_window_start + s.sde_window_size)))
+    need(list(steps) == sorted(set(steps)) and set(steps) <= set(stochastic),
+         f"sample.branch_steps={steps} must be ascending stochastic steps, of {stochastic} (the SDE window: a branch "
+         f"at a deterministic step gives equal children)")
+    need(all(int(f) >= 2 for f in factors), f"sample.branch_factors={factors}: each branch has at least 2 children")
+    need(not s.deterministic, "sample.deterministic=True draws no step noise: a tree (sample.branch_steps) needs "
+                              "stochastic steps")
+    need(not config.algorithm.filter_groups, "sample.branch_steps with algorithm.filter_groups (dynamic sampling) is "
+                                             "not supported: sample flat or drop filter_groups")
+    leaves = tree_leaves(config) if all(int(f) >= 1 for f in factors) else 1
+    need(t.group_size % leaves == 0 and s.batch_size % leaves == 0,
+         f"a tree of sample.branch_factors={factors} has {leaves} leaves, which must divide train.group_size="
+         f"{t.group_size} (a prompt group is whole trees) and sample.batch_size={s.batch_size} (a sampling batch "
+         f"holds whole trees)")
+    need((s.batch_size * s.num_batches_per_epoch) % t.group_size == 0,
+         f"sample.branch_steps: each process samples whole prompt groups, so train.group_size={t.group_size} must "
+         f"divide sample.batch_size * sample.num_batches_per_epoch = {s.batch_size * s.num_batches_per_epoch}")
+    return errors
 
 
 def _collector(errors: list):

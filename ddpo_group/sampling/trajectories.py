@@ -10,6 +10,13 @@ The random generators are consumed as the family's pipeline consumes them (initi
 per stochastic step), so with the same generator and a zero noise level both give the same images. A step whose
 noise level is 0 (outside an SDE window, or a greedy sample) is the pipeline's deterministic step and records
 log-prob 0: it has none and is never trained.
+
+A tree (``branches`` {n: f}, docs/design TREES.md): the B rows are the leaves of B / L roots, L = prod(f), each
+root's leaves consecutive. The loop runs on the tree's nodes: a root's leaves share x_0 and every step before the
+first branch (one row: one denoiser forward); at a branch step n each node's model output is computed once and f
+children draw their own noise for x_n -> x_{n+1}, each with the generator of its first leaf. Every leaf is then
+recorded as a full trajectory (a node's tensors repeated for its leaves), and ``shared_from`` [B, T] holds, per leaf
+and step, the first leaf of the leaves that share that transition.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ class Trajectories:
     values: torch.Tensor | None = None  # [B, T] critic values of the pre-step latents, set by the caller
     means: torch.Tensor | None = None  # [B, T, ...] each step's mean mu_n (float32), when asked for (record_means)
     pred_x0: torch.Tensor | None = None  # [B, S, ...] x0_hat(x_n) of the S steps asked for (record_x0), float32
+    shared_from: torch.Tensor | None = None  # [B, T] a tree's: the first leaf sharing each leaf's transition n
 
     @property
     def timesteps(self) -> torch.Tensor:
@@ -107,6 +115,7 @@ def sample_trajectories(
     decode_batch_size: int = 0,
     record_means: bool = False,
     record_x0: list[int] | None = None,
+    branches: dict[int, int] | None = None,
 ) -> Trajectories:
     """Sample B images and record the trajectory: latents [B, T+1, ...], log_probs [B, T], the per-step tensors.
 
@@ -119,6 +128,7 @@ def sample_trajectories(
     latent-sized tensor per step: only a policy loss that needs the rollout policy's means asks for it, ratio_norm).
     ``record_x0`` (step indices) keeps those steps' one-step predictions x0_hat(x_n) [B, S, ...] (GROUP_PPO's Tweedie
     values; every step for a critic that reads x0_hat), only those: one latent-sized tensor per listed step.
+    ``branches`` {step: children}: the B rows are a tree's leaves (module docstring), ``generator`` one per leaf.
     """
     first = next(iter(cond.values()))
     batch, device, dtype = first.shape[0], first.device, first.dtype
@@ -127,22 +137,35 @@ def sample_trajectories(
         raise ValueError(f"noise_levels has {len(noise_levels)} values for {num_steps} steps")
     if compute_log_prob and not any(level > 0 for level in noise_levels):
         raise ValueError(f"noise levels {noise_levels}: every step is deterministic, so no step has a log-probability")
-    latents = family.initial_latents(batch, generator, device, dtype, initial_noise)
-    all_latents, log_probs, means, pred_x0 = [latents.float()], [], [], []
+    branches = branches or {}
+    size = tree_leaves(branches, batch, noise_levels, generator)  # leaves below each node row
+    nodes = torch.arange(0, batch, size, device=device)  # each node row's first leaf
+    node_cond, node_negative, node_generator = _node_rows(nodes, size, cond, negative, generator)
+    latents = family.initial_latents(len(nodes), node_generator, device, dtype,
+                                     initial_noise[nodes.cpu()] if initial_noise is not None else None)
+    all_latents, log_probs, means, pred_x0, shared = [_leaves(latents.float(), size)], [], [], [], []
     for n in tqdm(range(num_steps), desc="denoising", leave=False, disable=not progress):
         step = {key: values[n] for key, values in schedule.items()}
-        output = family.model_output(model, latents, step, cond, negative, guidance_scale)
+        output = family.model_output(model, latents, step, node_cond, node_negative, guidance_scale)
+        if n in branches:  # each node's children: its output and state repeated, their own noise from here on
+            factor = branches[n]
+            size //= factor
+            nodes = (nodes[:, None] + size * torch.arange(factor, device=device)).flatten()
+            output, latents = output.repeat_interleave(factor, 0), latents.repeat_interleave(factor, 0)
+            node_cond, node_negative, node_generator = _node_rows(nodes, size, cond, negative, generator)
         stochastic = noise_levels[n] > 0
-        out = family.step(output, latents, step, noise_levels[n], generator=generator,
+        out = family.step(output, latents, step, noise_levels[n], generator=node_generator,
                           compute_log_prob=compute_log_prob and stochastic, reduce=log_prob_reduce)
         latents = out.next_latents.to(dtype)
-        all_latents.append(out.next_latents)
+        all_latents.append(_leaves(out.next_latents, size))
+        if branches:
+            shared.append(nodes.repeat_interleave(size))
         if record_means:
-            means.append(out.mean)
+            means.append(_leaves(out.mean, size))
         if record_x0 and n in record_x0:
-            pred_x0.append(out.pred_x0.float())
+            pred_x0.append(_leaves(out.pred_x0.float(), size))
         if compute_log_prob:
-            log_probs.append(out.log_prob if stochastic else torch.zeros(batch, device=device))
+            log_probs.append(_leaves(out.log_prob, size) if stochastic else torch.zeros(batch, device=device))
     images = None
     if decode:
         images = decode_latents(family, latents, decode_batch_size)
@@ -153,7 +176,42 @@ def sample_trajectories(
         steps={key: values.to(device).unsqueeze(0).expand(batch, -1).clone() for key, values in schedule.items()},
         means=torch.stack(means, dim=1) if record_means else None,
         pred_x0=torch.stack(pred_x0, dim=1) if pred_x0 else None,
+        shared_from=torch.stack(shared, dim=1) if branches else None,
     )
+
+
+def tree_leaves(branches: dict[int, int], batch: int, noise_levels: list[float], generator) -> int:
+    """The leaves below a root, L = prod(children); ValueError when the B rows are not whole roots, a branch is at a
+    deterministic step (its children would be equal) or the generators are not one per leaf."""
+    leaves = 1
+    for n, factor in sorted(branches.items()):
+        if not 0 <= n < len(noise_levels) or noise_levels[n] <= 0:
+            raise ValueError(f"branch step {n}: a tree branches at a stochastic step, one of "
+                             f"{[k for k, level in enumerate(noise_levels) if level > 0]}")
+        if factor < 2:
+            raise ValueError(f"branch step {n} has {factor} children: a branch has at least 2")
+        leaves *= factor
+    if batch % leaves:
+        raise ValueError(f"{batch} rows are not whole trees of {leaves} leaves (branches {branches})")
+    if branches and not isinstance(generator, list | None):
+        raise ValueError("a tree draws each leaf's noise from its own generator: pass one generator per row")
+    return leaves
+
+
+def _node_rows(nodes: torch.Tensor, size: int, cond: dict, negative: dict | None, generator):
+    """The condition, negative condition and generators of the node rows (``nodes``: each one's first leaf); the
+    leaves' own when every node is a leaf."""
+    if size == 1:
+        return cond, negative, generator
+    rows = nodes.cpu()
+    one_negative = negative is None or next(iter(negative.values())).shape[0] == 1
+    return (rows_of(cond, nodes), negative if one_negative else rows_of(negative, nodes),
+            [generator[int(k)] for k in rows] if isinstance(generator, list) else generator)
+
+
+def _leaves(values: torch.Tensor, size: int) -> torch.Tensor:
+    """Per-node ``values`` repeated for the ``size`` leaves below each node."""
+    return values if size == 1 else values.repeat_interleave(size, 0)
 
 
 def decode_latents(family, latents: torch.Tensor, chunk: int = 0) -> torch.Tensor:

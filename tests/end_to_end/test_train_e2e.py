@@ -99,26 +99,31 @@ def test_two_processes_gather_rewards(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["group_ppo", "remax", "grpo@flux"])
+@pytest.mark.parametrize("preset", ["group_ppo", "remax", "grpo@flux", "grpo#tree"])
 def test_two_processes_and_one_give_the_same_advantages(family_model_dirs, tmp_path, preset):
     """The same global batch (8 samples, per-sample seeded noise) on 1 process x 8 or 2 processes x 4; grpo@flux on
-    the tiny FLUX model (flow-matching steps, packed latents)."""
+    the tiny FLUX model (flow-matching steps, packed latents); grpo#tree with tree rollouts (a group of 4 is one root
+    branching at steps 1 and 2: each process samples whole trees)."""
     from trainer_helpers import FAMILY_OVERRIDES
 
+    preset, _, shape = preset.partition("#")
     preset, _, family = preset.partition("@")
+    tree = {"sample.branch_steps": "(1,2)", "sample.branch_factors": "(2,2)"} if shape == "tree" else {}
     metrics = []
     for processes in (1, 2):
-        run = f"{preset}_{family}_{processes}"
+        run = f"{preset}_{family}_{shape}_{processes}"
         args = tiny_args(family_model_dirs[family or "sd"], tmp_path, run, **{
             "sample.batch_size": 8 // processes, "sample.num_batches_per_epoch": 1,
             "train.group_size": 4 if preset in ("group_ppo", "grpo") else 1, "log_images_every": 0,
-            **FAMILY_OVERRIDES[family or "sd"]})
+            **FAMILY_OVERRIDES[family or "sd"], **tree})
         args[1] = f"config/base.py:{preset}"
         launch(args, num_processes=processes)
         (epoch0,) = read_metrics(tmp_path / run)
         metrics.append(epoch0)
     one, two = metrics
     assert one["reward_count"] == two["reward_count"] == 8
+    if shape == "tree":  # 2 roots: step 0 and the step-1 outputs on 2 rows, step 2 on 4, step 3 on 8 (CFG: x 2)
+        assert one["perf/nfe_sampling"] == two["perf/nfe_sampling"] == (2 + 2 + 4 + 8) * 2
     keys = ["reward_mean", "reward_std", "adv/mean", "adv/std", "adv/min", "adv/max"]
     keys += {"group_ppo": ["group/num_endpoints", "group/mean_len"], "remax": ["reward/greedy_mean"]}.get(preset, [])
     for key in keys:
@@ -208,6 +213,8 @@ def test_two_processes_and_one_give_the_same_component_advantages(tiny_model_dir
         metrics.append(epoch0)
     one, two = metrics
     assert one["reward_count"] == two["reward_count"] == 8
+    if shape == "tree":  # 2 roots: step 0 and the step-1 outputs on 2 rows, step 2 on 4, step 3 on 8 (CFG: x 2)
+        assert one["perf/nfe_sampling"] == two["perf/nfe_sampling"] == (2 + 2 + 4 + 8) * 2
     keys = ["reward_mean", "adv/mean", "adv/std", "adv/min", "adv/max"]
     components = ("jpeg_compressibility", "jpeg_incompressibility")
     keys += [f"adv/{c}/{s}" for c in components for s in ("mean", "std", "min", "max")]

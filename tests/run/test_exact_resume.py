@@ -36,13 +36,15 @@ HANG_AT = 7
 
 
 def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) -> list[str]:
-    """The command of a case "preset", "preset@family" (the family's tiny-model settings added) or "preset+cuda".
+    """The command of a case "preset", "preset@family" (the family's tiny-model settings added), "preset#tree" (tree
+    rollouts: 4 leaves a root, branching at steps 1 and 2) or "preset+cuda".
 
     Runs are on the CPU, whose kernels are deterministic, unless the case says "+cuda": then on the GPU with
     config.deterministic=True (without it CUDA's atomic-add kernels make two runs of one seed part at once)."""
     from trainer_helpers import FAMILY_OVERRIDES, MECHANICS
 
     case, _, on = case.partition("+")
+    case, _, shape = case.partition("#")
     preset, _, family = case.partition("@")
     values = {
         "pretrained.model": model_dir, "logdir": str(logdir), "run_name": run, "num_epochs": EPOCHS,
@@ -56,6 +58,8 @@ def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) ->
     if preset == "grpo":  # full fine-tuning: the reference is a frozen UNet copy, saved with the checkpoint
         values.update({"use_lora": False, "train.learning_rate": 1e-4})
     values.update(FAMILY_OVERRIDES[family or "sd"])
+    if shape == "tree":
+        values.update({"sample.branch_steps": "(1,2)", "sample.branch_factors": "(2,2)"})
     values.update({"device": "", "deterministic": True} if on == "cuda" else {"device": "cpu"})
     values.update(extra)
     return [sys.executable, "scripts/train.py", "--config", f"config/base.py:{preset}"] + [
@@ -106,11 +110,11 @@ def interrupted_and_reference(preset: str, model_dir: str, tmp: Path, sig: int) 
     """
     reference = None
     if preset not in _REFERENCE_RUNS:
-        name = f"{preset.replace('@', '_')}_reference"
+        name = f"{preset.replace('@', '_').replace('#', '_')}_reference"
         ref_log = tmp / f"{name}.log"
         reference = (start(train_command(preset, model_dir, tmp, name), environment(), ref_log), ref_log)
-    marker = tmp / f"{preset.replace('@', '_')}_{sig}.marker"
-    run = f"{preset.replace('@', '_')}_signal{sig}"
+    marker = tmp / f"{preset.replace('@', '_').replace('#', '_')}_{sig}.marker"
+    run = f"{preset.replace('@', '_').replace('#', '_')}_signal{sig}"
     log = tmp / f"{run}.log"
     hang = environment(HANG_REWARD_AT=str(HANG_AT), HANG_REWARD_MARKER=str(marker),
                        HANG_REWARD_SECONDS="600" if sig == signal.SIGKILL else "2")
@@ -119,7 +123,7 @@ def interrupted_and_reference(preset: str, model_dir: str, tmp: Path, sig: int) 
     process.send_signal(sig)
     if reference is not None:
         finish(*reference)
-        _REFERENCE_RUNS[preset] = tmp / f"{preset.replace('@', '_')}_reference"
+        _REFERENCE_RUNS[preset] = tmp / f"{preset.replace('@', '_').replace('#', '_')}_reference"
     return _REFERENCE_RUNS[preset], tmp / run, process, log
 
 
@@ -130,11 +134,11 @@ def runs_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux", "grpo@zimage",
+@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux", "grpo@zimage", "group_ppo#tree",
                                     pytest.param("grpo+cuda", marks=pytest.mark.cuda),
                                     pytest.param("group_ppo+cuda", marks=pytest.mark.cuda)])
 def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(preset, family_model_dirs, runs_dir):
-    model_dir = family_model_dirs[preset.partition("+")[0].partition("@")[2] or "sd"]
+    model_dir = family_model_dirs[preset.partition("+")[0].partition("#")[0].partition("@")[2] or "sd"]
     reference, killed, process, log = interrupted_and_reference(preset, model_dir, runs_dir, signal.SIGKILL)
     assert process.wait(timeout=60) == -signal.SIGKILL
     # killed in epoch 3: epoch 2 was logged but only epoch 1 is checkpointed

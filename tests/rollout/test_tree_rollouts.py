@@ -1,0 +1,42 @@
+"""Tree rollouts in the trainer (sample.branch_steps / branch_factors): each prompt group sampled as trees whose leaves
+are the batch's samples; shared transitions recorded alike, the denoiser rows a tree saves counted, leaves trained."""
+
+import pytest
+import torch
+
+from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+TREE = {"train.group_size": 4, "sample.branch_steps": (1, 2), "sample.branch_factors": (2, 2)}  # 4 leaves a root
+FAMILIES = ["sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux2", "wan"]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_each_prompt_group_is_sampled_as_a_tree(name, family_model_dirs, tmp_path):
+    """8 samples = 2 groups of 4 = 2 roots of 4 leaves, branching at steps 1 and 2 of 4 (every step stochastic).
+    Each leaf's transition n equals the one of the leaf tree_nodes[:, n] names (bitwise), a tree is one prompt, the
+    children of a branch differ; the denoiser ran 2 + 2 + 4 + 8 node rows (with CFG twice) instead of 8 x 4."""
+    trainer = tiny_trainer("grpo", family_model_dirs[name], tmp_path, "tree", **{**FAMILY_OVERRIDES[name], **TREE})
+    with trainer.nfe.counting("sampling"):
+        batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
+    family, sample = trainer.family, trainer.config.sample
+    cfg_rows = 2 if sample.guidance_scale > family.no_guidance and not family.guidance_embedded else 1
+    assert trainer.nfe.take()[0] == (2 + 2 + 4 + 8) * cfg_rows
+    nodes = batch["tree_nodes"]
+    assert torch.equal(nodes[:, 0], torch.tensor([0, 0, 0, 0, 4, 4, 4, 4]))
+    assert torch.equal(nodes[:, 1], torch.tensor([0, 0, 2, 2, 4, 4, 6, 6]))
+    assert torch.equal(nodes[:, 3], torch.arange(8))
+    for row in range(8):
+        assert batch["prompts"][row] == batch["prompts"][int(nodes[row, 0])]
+        for n in range(4):
+            first = int(nodes[row, n])
+            for key in ("latents", "next_latents", "log_probs"):
+                assert torch.equal(batch[key][row, n], batch[key][first, n]), (key, row, n)
+    assert not torch.equal(batch["next_latents"][0, 1], batch["next_latents"][2, 1])  # the children of the branch
+    assert not torch.equal(batch["next_latents"][0, 2], batch["next_latents"][1, 2])
+
+
+def test_an_epoch_trains_every_leaf(tiny_model_dir, tmp_path):
+    """The estimator, the loss and the KL see the leaves as flat trajectories: 8 x 4 pairs trained."""
+    metrics = tiny_trainer("grpo", tiny_model_dir, tmp_path, "tree_run", **TREE).run()
+    assert metrics["perf/nfe_sampling"] == (2 + 2 + 4 + 8) * 2 and metrics["perf/pairs_trained"] == 8 * 4
+    assert metrics["global_step"] == 2
