@@ -231,7 +231,9 @@ def base() -> ml_collections.ConfigDict:
     group_ppo.target_explained_variance = 0.5  # the critic quality the threshold controller aims for
     # V at the endpoints: "critic" (the value network), "residual_critic" (the prompt group's mean reward + the value
     # network, which then learns only the deviation: at 0 the advantages are grpo's), "tweedie" (the reward of the
-    # decoded one-step prediction x0_hat(x_n): one more reward query per sample and valued step), "blend"
+    # decoded one-step prediction x0_hat(x_n): one more reward query per sample and valued step), "blend", "tree" (the
+    # mean reward of the leaves below each node of tree rollouts, measured, no query more; cuts at the branch steps;
+    # without sample.branch_steps a default tree: sampling/tree.py)
     group_ppo.value_source = "critic"
     group_ppo.value_blend = 0.5  # "blend": V = w * tweedie + (1 - w) * residual critic
 

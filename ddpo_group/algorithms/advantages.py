@@ -44,7 +44,7 @@ import torch
 
 from .aggregation import compact_group_index, group_stats, masked_stats, masked_whiten
 from .filters import zero_variance_group_filter
-from .group_ppo import GroupThresholdController, group_ppo_advantages
+from .group_ppo import GroupThresholdController, group_ppo_advantages, tree_values
 from ddpo_group.registry import Registry, read_field
 
 
@@ -59,6 +59,8 @@ class AdvantageInputs:
     greedy_rewards [B]: reward of the eta = 0 sample of each sample's prompt (remax).
     tweedie_values [B, T]: V(x_n) = reward of the decoded one-step prediction x0_hat(x_n), the terminal reward where
         the rest of the trajectory is deterministic (group_ppo's value_source "tweedie" / "blend"; rollout/tweedie.py).
+    tree_nodes [B, T+1] long: tree rollouts' first sample sharing each sample's state x_n (group_ppo's value_source
+        "tree"; sampling/trajectories.py).
     stat_tracker: PerPromptStatTracker (ddpo).
     """
 
@@ -70,6 +72,7 @@ class AdvantageInputs:
     step_rewards: Optional[torch.Tensor] = None
     greedy_rewards: Optional[torch.Tensor] = None
     tweedie_values: Optional[torch.Tensor] = None
+    tree_nodes: Optional[torch.Tensor] = None
     stat_tracker: Optional[object] = None
 
 
@@ -310,13 +313,14 @@ def _group_ppo_checks(config) -> List[str]:
 
 
 GAE_START_VALUES = ("critic", "group_mean")
-GROUP_PPO_VALUE_SOURCES = ("critic", "residual_critic", "tweedie", "blend")
+GROUP_PPO_VALUE_SOURCES = ("critic", "residual_critic", "tweedie", "blend", "tree")
 TWEEDIE_VALUE_SOURCES = ("tweedie", "blend")  # read inputs.tweedie_values
 RESIDUAL_VALUE_SOURCES = ("residual_critic", "blend")  # the critic's output is a deviation from the group mean
 
 
 def _group_ppo_inputs(config) -> set:
-    return {"tweedie_values"} if config.group_ppo.value_source in TWEEDIE_VALUE_SOURCES else set()
+    source = config.group_ppo.value_source
+    return {"tweedie_values"} if source in TWEEDIE_VALUE_SOURCES else {"tree_nodes"} if source == "tree" else set()
 
 
 # ---------------------------------------------------------------------------------- estimators
@@ -490,6 +494,8 @@ def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, max_segment_s
         "residual_critic"  V = b_g + f       (f learns the deviation from the group mean; at f = 0 this is grpo)
         "tweedie"          V = Q             (no training; the critic is still trained, unused)
         "blend"            V = w Q + (1 - w)(b_g + f),  w = value_blend
+        "tree"             V(x_n) = the mean return of the samples sharing x_n (tree rollouts: group_ppo.tree_values;
+                           the critic is trained, unused), and the variance cuts only at the branch steps
     The critic's targets are deviations from b_g whenever f enters as a deviation (residual_critic, blend).
     """
     R, m, gi, P = _prepare(inputs, "group_ppo")
@@ -504,11 +510,16 @@ def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, max_segment_s
         # blend in deviation space: b_g + w (Q - b_g) + (1 - w) f = w Q + (1 - w)(b_g + f)
         V = Q if value_source == "tweedie" else value_blend * (Q - mean[gi][:, None]) + (1 - value_blend) * V
     sr = None if inputs.step_rewards is None else torch.as_tensor(inputs.step_rewards, device=R.device).detach().double()
+    cut_steps = None
+    if value_source == "tree":
+        if inputs.tree_nodes is None:
+            raise ValueError("group_ppo with value_source='tree' needs inputs.tree_nodes [B, T+1] (tree rollouts)")
+        V, cut_steps = tree_values(inputs.tree_nodes, R, sr)
     res = group_ppo_advantages(
         V, R, gi, tau=tau, max_segment_steps=max_segment_steps, numerical_floor=numerical_floor, gae_lambda=gae_lambda,
         norm_adv_by_std=norm_adv_by_std, step_mask=m, step_rewards=sr, critic_gae_lambda=critic_gae_lambda,
         weight_by_mask=segment_weight_by_mask,
-        residual=value_source in RESIDUAL_VALUE_SOURCES,
+        residual=value_source in RESIDUAL_VALUE_SOURCES, cut_steps=cut_steps,
     )
     metrics = {**res.metrics, **_group_metrics(R, gi, P, std)}
     dtype = inputs.rewards.dtype if torch.as_tensor(inputs.rewards).is_floating_point() else torch.float32

@@ -93,6 +93,7 @@ def find_segment_endpoints(
     numerical_floor: float = 1e-6,
     step_mask: Optional[torch.Tensor] = None,
     group_index: Optional[torch.Tensor] = None,
+    cut_steps: Optional[torch.Tensor] = None,
 ) -> SegmentEndpoints:
     """Algorithm 2 of GROUP_PPO.md, vectorised over prompt groups (a loop over T only).
 
@@ -106,6 +107,8 @@ def find_segment_endpoints(
     delta = diff(u), and including the step rewards when KL is in the reward); ``u`` is only
     checked for shape and may be None. ``step_mask`` given = per-step weights w (module
     docstring); None = uniform weights. numerical_floor must be > 0 (then tau = 0 cuts at every step).
+    ``cut_steps`` [T] bool: the steps n at which a variance cut may start a segment (None: every step); on trees
+    the branch steps, so that every endpoint value is a node's (the length bound still closes anywhere).
     """
     if delta.dim() != 2:
         raise ValueError(f"delta must be [B, T], got shape {tuple(delta.shape)}")
@@ -146,6 +149,8 @@ def find_segment_endpoints(
         r_ppo = group_sum(ppo_new, gi, P)
         rho = (r_grpo + numerical_floor) / (r_ppo + numerical_floor)
         cut = (a < n) & (rho > tau)
+        if cut_steps is not None and not bool(cut_steps[n]):
+            cut = torch.zeros_like(cut)
         if n > 0:
             is_end[:, n - 1] |= cut
         rho_cut[:, n] = torch.where(cut, rho, rho_cut[:, n])
@@ -271,6 +276,7 @@ def group_ppo_advantages(
     critic_gae_lambda: Optional[float] = None,
     weight_by_mask: bool = False,
     residual: bool = False,
+    cut_steps: Optional[torch.Tensor] = None,
 ) -> GroupPPOResult:
     """GROUP_PPO advantages and critic targets from pre-step values [B, T] and rewards [B].
 
@@ -282,7 +288,7 @@ def group_ppo_advantages(
     ``residual``: the values are deviations from the prompt group's mean reward, V(x_n) = b_g + values[:, n], and
     the critic targets are returned as deviations too (y - b_g). With values = 0 every delta but the last is 0, so
     every group's advantage is R - b_g: grpo's, whatever the grouping; the critic adds per-step credit only as far as
-    it predicts how a sample's reward will differ from its group's mean.
+    it predicts how a sample's reward will differ from its group's mean. ``cut_steps``: see find_segment_endpoints.
     """
     if values.dim() != 2:
         raise ValueError(f"values must be [B, T], got {tuple(values.shape)}")
@@ -300,7 +306,7 @@ def group_ppo_advantages(
     sr = None if step_rewards is None else step_rewards.detach().double()
     delta = td_deltas(u, b, sr)
     ep = find_segment_endpoints(u, delta, tau, max_segment_steps, numerical_floor,
-                              step_mask=step_mask if weight_by_mask else None, group_index=gi)
+                              step_mask=step_mask if weight_by_mask else None, group_index=gi, cut_steps=cut_steps)
     adv = segment_advantages(delta, ep.is_endpoint, gae_lambda)
     if norm_adv_by_std:  # a group whose rewards are all equal gets 0, as grpo's (R - mean_g) does, not x / floor
         scale = std[gi][:, None]
@@ -312,6 +318,29 @@ def group_ppo_advantages(
     metrics = group_metrics(ep.is_endpoint, step_mask, tau, ep.rho_at_cut)
     metrics["group/num_critic_targets"] = float(mask.sum(dim=1).mean()) if B else 0.0
     return GroupPPOResult(adv, mask, targets, ep.is_endpoint, ep.segment_id, u, delta, metrics)
+
+
+def tree_values(tree_nodes: torch.Tensor, rewards: torch.Tensor,
+                step_rewards: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values measured on tree rollouts (docs/design/TREES.md): ``tree_nodes`` [B, T+1] names, for each sample and
+    state x_n, the first sample sharing it. Returns (values [B, T], branch_steps [T] bool):
+
+        V(x_n) = mean over the samples sharing x_n of  R_j + sum_{m >= n} r_{j,m}     (r: step_rewards, else 0)
+
+    the pre-step values (V(x_0): the root's leaves' mean), an unbiased Monte-Carlo estimate of the state's value under
+    the rollout policy; branch_steps[n] where x_n -> x_{n+1} splits a node (its samples differ at x_{n+1})."""
+    nodes = torch.as_tensor(tree_nodes, device=rewards.device).long()
+    B, T = nodes.shape[0], nodes.shape[1] - 1
+    R = rewards.detach().double().reshape(B)
+    to_go = R[:, None].expand(B, T).clone()
+    if step_rewards is not None:  # R + the step rewards from step n on
+        to_go = to_go + step_rewards.detach().double().flip(1).cumsum(1).flip(1)
+    index = nodes[:, :T] + B * torch.arange(T, device=R.device)  # (state, step) -> one slot
+    sums = torch.zeros(B * T, dtype=R.dtype, device=R.device).index_add_(0, index.flatten(), to_go.flatten())
+    counts = torch.zeros(B * T, dtype=R.dtype, device=R.device).index_add_(0, index.flatten(),
+                                                                           torch.ones_like(to_go).flatten())
+    values = (sums / counts.clamp(min=1))[index]
+    return values, (nodes[:, 1:] != nodes[:, :-1]).any(dim=0)
 
 
 # ------------------------------------------------------------------------------- controller

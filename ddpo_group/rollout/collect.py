@@ -178,8 +178,8 @@ def collect_rollouts(
     A critic that reads x0_hat (``critic.input="latent_x0"``) gets it at every step, and the record keeps it:
     pred_x0 [B, T, ...] (what the critic trains on).
     ``branches`` {step: children} samples each batch as trees (sampling/trajectories.py; consecutive rows of a prompt
-    are a tree's leaves) and adds tree_nodes [B, T]: for each sample and step, this process's row of the first
-    sample sharing that transition.
+    are a tree's leaves) and adds tree_nodes [B, T+1]: for each sample and state x_n, this process's row of the first
+    sample sharing it.
     """
     batches, futures = [], []
     size = sample_config.batch_size

@@ -32,6 +32,7 @@ from ddpo_group.rollout.collect import RewardScorer, TextEmbeddingCache, collect
 from ddpo_group.rollout.snapshot import SamplingSnapshot
 from ddpo_group.rollout.tweedie import valued_steps
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
+from ddpo_group.sampling.tree import tree_branches
 from ddpo_group.sampling.trajectories import with_negative_rows
 from ddpo_group.timing import NULL_TIMER
 from ddpo_group.update.memory_fit import CPU_PAIRS_PER_FORWARD, configured_pairs
@@ -80,7 +81,8 @@ class EpochRollouts:
 
 
 def estimate_advantages(estimator, config, rewards, groups, prompts, num_steps: int, stat_tracker=None, values=None,
-                        step_rewards=None, greedy_rewards=None, controller=None, tweedie_values=None) -> AdvantageOutput:
+                        step_rewards=None, greedy_rewards=None, controller=None, tweedie_values=None,
+                        tree_nodes=None) -> AdvantageOutput:
     """The estimator's output on the whole (gathered) round: advantages [B, T], returns, masks, metrics.
 
     Its keywords are its declared config fields, ``algorithm.adv_estimator_kwargs`` and its controller's. Every
@@ -94,6 +96,7 @@ def estimate_advantages(estimator, config, rewards, groups, prompts, num_steps: 
         step_rewards=None if step_rewards is None else step_rewards.double(),
         greedy_rewards=None if greedy_rewards is None else greedy_rewards.double(),
         tweedie_values=None if tweedie_values is None else tweedie_values.double(),
+        tree_nodes=tree_nodes,
     )
     return estimator(inputs, adv_clip_max=config.train.adv_clip_max, **estimator.params_from(config, controller))
 
@@ -146,8 +149,8 @@ class RolloutCollector:
         self.reward_scorer = RewardScorer(reward_fn, config.reward_fn)
         # the rollout policy's step means are recorded only for a loss that needs them (a latent-sized tensor a step)
         self.record_means = get_policy_loss(config.algorithm.policy_loss).needs_old_means
-        # tree rollouts (sample.branch_steps): {step: children}, None for flat sampling
-        self.branches = dict(zip(map(int, config.sample.branch_steps), map(int, config.sample.branch_factors))) or None
+        # tree rollouts (sample.branch_steps, or GROUP_PPO's default tree): {step: children}, None for flat sampling
+        self.branches = tree_branches(config) or None
         # whole prompt groups on each process (PromptSampler.sample_epoch): a preference objective's units, a group's
         # trees (its leaves consecutive)
         self.whole_groups = get_objective(config.algorithm.objective).kind == PREFERENCE or self.branches is not None
@@ -217,6 +220,8 @@ class RolloutCollector:
             extra["values"] = batch["values"]
         if "tweedie_values" in batch:
             extra["tweedie_values"] = batch["tweedie_values"]
+        if "tree_nodes" in batch:  # rows of this process -> rows of the gathered round
+            extra["tree_nodes"] = batch["tree_nodes"] + self.shards.mine.start
         if self.estimator.needs_greedy_rewards:
             with self.timer.phase("sampling"):  # greedy samples and their rewards
                 extra["greedy_rewards"] = greedy_rewards(
@@ -260,6 +265,7 @@ class RolloutCollector:
             r.batch["log_probs"].shape[1], self.stat_tracker, values=gathered.get("values"),
             step_rewards=gathered.get("step_rewards"), greedy_rewards=gathered.get("greedy_rewards"),
             controller=self.controller, tweedie_values=gathered.get("tweedie_values"),
+            tree_nodes=gathered.get("tree_nodes"),
         )
         r.batch["advantages"] = shards.local_rows(r.out.advantages)
         r.batch["group_index"] = torch.tensor(r.groups)[shards.mine].to(r.batch["advantages"].device)  # prompt groups

@@ -64,21 +64,24 @@ def _needs_groups(estimator: str) -> bool:
         return True
 
 
-def tree_leaves(config) -> int:
-    """The leaves of a root of ``sample.branch_factors`` (1: flat sampling)."""
-    return math.prod(int(f) for f in config.sample.branch_factors)
-
-
 def tree_errors(config) -> list[str]:
-    """Tree rollouts (sample.branch_steps / branch_factors) that cannot be sampled as configured."""
+    """Tree rollouts (sample.branch_steps / branch_factors, or GROUP_PPO's default tree) that cannot be sampled as
+    configured."""
+    from ddpo_group.sampling.tree import measures_tree_values, tree_branches
+
     s, t = config.sample, config.train
     steps, factors = tuple(s.branch_steps), tuple(s.branch_factors)
-    if not steps and not factors:
+    if not steps and not factors and not measures_tree_values(config):
         return []
     errors = []
     need = _collector(errors)
     need(len(steps) == len(factors), f"sample.branch_steps={steps} and sample.branch_factors={factors} must have one "
                                      f"factor per branch step")
+    if not steps and len(steps) == len(factors):  # group_ppo.value_source="tree": the default tree
+        branches = tree_branches(config)
+        steps, factors = tuple(branches), tuple(branches.values())
+        need(bool(steps), f"group_ppo.value_source='tree' measures values on tree rollouts: train.group_size="
+                          f"{t.group_size} and the SDE window allow no tree (sample.branch_steps sets one)")
     stochastic = (list(range(s.num_steps)) if s.sde_window_size == 0 else
                   list(range(s.sde_window_start, s.sde_window_start + s.sde_window_size)))
     need(list(steps) == sorted(set(steps)) and set(steps) <= set(stochastic),
@@ -89,7 +92,7 @@ def tree_errors(config) -> list[str]:
                               "stochastic steps")
     need(not config.algorithm.filter_groups, "sample.branch_steps with algorithm.filter_groups (dynamic sampling) is "
                                              "not supported: sample flat or drop filter_groups")
-    leaves = tree_leaves(config) if all(int(f) >= 1 for f in factors) else 1
+    leaves = math.prod(int(f) for f in factors) if all(int(f) >= 1 for f in factors) else 1
     need(t.group_size % leaves == 0 and s.batch_size % leaves == 0,
          f"a tree of sample.branch_factors={factors} has {leaves} leaves, which must divide train.group_size="
          f"{t.group_size} (a prompt group is whole trees) and sample.batch_size={s.batch_size} (a sampling batch "

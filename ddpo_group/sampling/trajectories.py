@@ -15,8 +15,9 @@ A tree (``branches`` {n: f}, docs/design TREES.md): the B rows are the leaves of
 root's leaves consecutive. The loop runs on the tree's nodes: a root's leaves share x_0 and every step before the
 first branch (one row: one denoiser forward); at a branch step n each node's model output is computed once and f
 children draw their own noise for x_n -> x_{n+1}, each with the generator of its first leaf. Every leaf is then
-recorded as a full trajectory (a node's tensors repeated for its leaves), and ``shared_from`` [B, T] holds, per leaf
-and step, the first leaf of the leaves that share that transition.
+recorded as a full trajectory (a node's tensors repeated for its leaves), and ``shared_from`` [B, T+1] holds, per
+leaf and state x_n (n = 0..T), the first leaf of the leaves that share it (transition n is shared by the leaves that
+share x_{n+1}).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Trajectories:
     values: torch.Tensor | None = None  # [B, T] critic values of the pre-step latents, set by the caller
     means: torch.Tensor | None = None  # [B, T, ...] each step's mean mu_n (float32), when asked for (record_means)
     pred_x0: torch.Tensor | None = None  # [B, S, ...] x0_hat(x_n) of the S steps asked for (record_x0), float32
-    shared_from: torch.Tensor | None = None  # [B, T] a tree's: the first leaf sharing each leaf's transition n
+    shared_from: torch.Tensor | None = None  # [B, T+1] a tree's: the first leaf sharing each leaf's state x_n
 
     @property
     def timesteps(self) -> torch.Tensor:
@@ -143,7 +144,8 @@ def sample_trajectories(
     node_cond, node_negative, node_generator = _node_rows(nodes, size, cond, negative, generator)
     latents = family.initial_latents(len(nodes), node_generator, device, dtype,
                                      initial_noise[nodes.cpu()] if initial_noise is not None else None)
-    all_latents, log_probs, means, pred_x0, shared = [_leaves(latents.float(), size)], [], [], [], []
+    all_latents, log_probs, means, pred_x0 = [_leaves(latents.float(), size)], [], [], []
+    shared = [nodes.repeat_interleave(size)]
     for n in tqdm(range(num_steps), desc="denoising", leave=False, disable=not progress):
         step = {key: values[n] for key, values in schedule.items()}
         output = family.model_output(model, latents, step, node_cond, node_negative, guidance_scale)

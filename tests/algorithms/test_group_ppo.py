@@ -247,7 +247,7 @@ def test_value_source_is_checked_by_name():
 
     config = get_config("group_ppo")
     config.group_ppo.value_source = "oracle"
-    with pytest.raises(ConfigError, match=r"group_ppo.value_source='oracle'; allowed: \['critic', 'residual_critic', 'tweedie', 'blend'\]"):
+    with pytest.raises(ConfigError, match=r"group_ppo.value_source='oracle'; allowed: \['critic', 'residual_critic', 'tweedie', 'blend', 'tree'\]"):
         validate_config(config)
 
 

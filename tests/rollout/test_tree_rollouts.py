@@ -13,7 +13,7 @@ FAMILIES = ["sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux2", "wan"]
 @pytest.mark.parametrize("name", FAMILIES)
 def test_each_prompt_group_is_sampled_as_a_tree(name, family_model_dirs, tmp_path):
     """8 samples = 2 groups of 4 = 2 roots of 4 leaves, branching at steps 1 and 2 of 4 (every step stochastic).
-    Each leaf's transition n equals the one of the leaf tree_nodes[:, n] names (bitwise), a tree is one prompt, the
+    Each leaf's transition n equals the one of the leaf tree_nodes[:, n + 1] names (bitwise), a tree is one prompt, the
     children of a branch differ; the denoiser ran 2 + 2 + 4 + 8 node rows (with CFG twice) instead of 8 x 4."""
     trainer = tiny_trainer("grpo", family_model_dirs[name], tmp_path, "tree", **{**FAMILY_OVERRIDES[name], **TREE})
     with trainer.nfe.counting("sampling"):
@@ -22,13 +22,14 @@ def test_each_prompt_group_is_sampled_as_a_tree(name, family_model_dirs, tmp_pat
     cfg_rows = 2 if sample.guidance_scale > family.no_guidance and not family.guidance_embedded else 1
     assert trainer.nfe.take()[0] == (2 + 2 + 4 + 8) * cfg_rows
     nodes = batch["tree_nodes"]
-    assert torch.equal(nodes[:, 0], torch.tensor([0, 0, 0, 0, 4, 4, 4, 4]))
-    assert torch.equal(nodes[:, 1], torch.tensor([0, 0, 2, 2, 4, 4, 6, 6]))
-    assert torch.equal(nodes[:, 3], torch.arange(8))
+    assert nodes.shape == (8, 5)  # the states x_0 .. x_4
+    assert torch.equal(nodes[:, 1], torch.tensor([0, 0, 0, 0, 4, 4, 4, 4]))
+    assert torch.equal(nodes[:, 2], torch.tensor([0, 0, 2, 2, 4, 4, 6, 6]))
+    assert torch.equal(nodes[:, 4], torch.arange(8))
     for row in range(8):
         assert batch["prompts"][row] == batch["prompts"][int(nodes[row, 0])]
         for n in range(4):
-            first = int(nodes[row, n])
+            first = int(nodes[row, n + 1])  # transition n is shared by the samples sharing x_{n+1}
             for key in ("latents", "next_latents", "log_probs"):
                 assert torch.equal(batch[key][row, n], batch[key][first, n]), (key, row, n)
     assert not torch.equal(batch["next_latents"][0, 1], batch["next_latents"][2, 1])  # the children of the branch
@@ -40,3 +41,18 @@ def test_an_epoch_trains_every_leaf(tiny_model_dir, tmp_path):
     metrics = tiny_trainer("grpo", tiny_model_dir, tmp_path, "tree_run", **TREE).run()
     assert metrics["perf/nfe_sampling"] == (2 + 2 + 4 + 8) * 2 and metrics["perf/pairs_trained"] == 8 * 4
     assert metrics["global_step"] == 2
+
+
+def test_group_ppo_measures_its_values_on_the_default_tree(tiny_model_dir, tmp_path):
+    """group_ppo.value_source="tree" alone: the default tree of the 4 stochastic steps and a group of 4 (2 children at
+    steps 0 and 2); the advantages are GROUP_PPO's on the node values, whose segments start only at branch steps."""
+    trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "tree_values", **{
+        "train.group_size": 4, "group_ppo.value_source": "tree"})
+    assert trainer.rollouts.branches == {0: 2, 2: 2}
+    rollouts = trainer.rollouts.estimate(trainer.rollouts.collect(0))
+    endpoints = rollouts.rounds[0].out.extras["step_endpoints"]
+    assert not endpoints[:, [0, 2]].any() and endpoints[:, 3].all()  # an endpoint before a branch step, or the last
+    advantages = rollouts.batch["advantages"]
+    assert torch.isfinite(advantages).all() and advantages.abs().sum() > 0
+    metrics = trainer.run()
+    assert metrics["perf/nfe_sampling"] == (2 + 4 + 4 + 8) * 2 and metrics["global_step"] == 2

@@ -39,7 +39,7 @@ def sample_tree(family, config, leaves_per_root, branches, **kwargs):
 def test_siblings_share_their_prefix_and_draw_their_own_noise_after_each_branch(name, overrides, family_model_dirs):
     """An SDE window of steps 0-2, branches at steps 1 (2 children) and 2 (2 children): 4 leaves a root. x_0..x_1 shared by a root's leaves
     (bitwise), x_2 by each child's two leaves and different between the children, x_3 different between all;
-    every recorded log-prob equals a re-score of its transition; shared_from names the first leaf sharing it."""
+    every recorded log-prob equals a re-score of its transition; shared_from names the first leaf sharing each x_n."""
     family, config = family_of(name, family_model_dirs[name], **overrides)
     traj, cond = sample_tree(family, config, 4, {1: 2, 2: 2})
     x = traj.latents
@@ -49,7 +49,7 @@ def test_siblings_share_their_prefix_and_draw_their_own_noise_after_each_branch(
         assert torch.equal(leaves[0, 2], leaves[1, 2]) and torch.equal(leaves[2, 2], leaves[3, 2])
         assert not torch.equal(leaves[0, 2], leaves[2, 2])
         assert len({tuple(leaf[3].flatten()[:8].tolist()) for leaf in leaves}) == 4
-    want = torch.tensor([[r, r + 2 * (k // 2), r + k, r + k] for r in (0, 4) for k in range(4)])
+    want = torch.tensor([[r, r, r + 2 * (k // 2), r + k, r + k] for r in (0, 4) for k in range(4)])  # x_0 .. x_4
     assert torch.equal(traj.shared_from, want)
     # every (leaf, step) transition scored again as training scores it: the recorded log-prob
     batch = {"latents": x[:, :-1], "next_latents": x[:, 1:], **traj.steps, **cond}

@@ -1,0 +1,39 @@
+"""GROUP_PPO's values measured on tree rollouts (group_ppo.tree_values, value_source="tree"): the node values by
+hand and the estimator's exact limits on a tree small enough to write out."""
+
+import math
+
+import pytest
+import torch
+
+from ddpo_group.algorithms.group_ppo import group_ppo_advantages, tree_values
+
+# one prompt group, one root of 4 leaves, 3 steps: branch 2 at step 0, 2 at step 1 (x_2, x_3: the leaves)
+NODES = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1], [0, 2, 2, 2], [0, 2, 3, 3]])
+R = torch.tensor([1.0, 3.0, 5.0, 11.0], dtype=torch.float64)
+GROUP = torch.zeros(4, dtype=torch.long)
+
+
+def test_node_values_are_the_mean_returns_of_the_leaves_below():
+    values, branch = tree_values(NODES, R)
+    assert values.tolist() == [[5, 2, 1], [5, 2, 3], [5, 8, 5], [5, 8, 11]]  # root, children {0,1} / {2,3}, leaves
+    assert branch.tolist() == [True, True, False]
+    # a step reward r_n counts for the states before it: V(x_n) = mean of R + sum_{m >= n} r_m
+    step_rewards = torch.tensor([[0.0, 0.0, 1.0]] * 2 + [[0.0, 2.0, 0.0]] * 2, dtype=torch.float64)
+    with_steps, _ = tree_values(NODES, R, step_rewards)
+    assert with_steps.tolist() == [[6.5, 3, 2], [6.5, 3, 4], [6.5, 10, 5], [6.5, 10, 11]]
+
+
+@pytest.mark.parametrize("tau, gae_lambda, want", [
+    (math.inf, 1.0, [[-4] * 3, [-2] * 3, [0] * 3, [6] * 3]),  # one segment: R - mean_g, grpo's
+    (math.inf, 0.0, [[-4] * 3, [-2] * 3, [0] * 3, [6] * 3]),
+    (0.0, 0.0, [[-3, -1, -1], [-3, 1, 1], [3, -3, -3], [3, 3, 3]]),  # cut at the branch: V(child) - V(root), R - V(child)
+    (0.0, 1.0, [[-4, -1, -1], [-2, 1, 1], [0, -3, -3], [6, 3, 3]]),  # R - V(node at the segment's start)
+])
+def test_group_ppo_limits_on_a_tree(tau, gae_lambda, want):
+    """tau = inf: one segment, grpo; tau = 0: a segment from each branch step (the only cuts allowed), the last one
+    closed at T-1; lambda = 0 the segments' own value differences, lambda = 1 the Monte-Carlo returns."""
+    values, branch = tree_values(NODES, R)
+    out = group_ppo_advantages(values, R, GROUP, tau=tau, gae_lambda=gae_lambda, cut_steps=branch)
+    assert out.advantages.tolist() == want
+    assert out.step_endpoints.tolist() == [[tau == 0.0, False, True]] * 4
