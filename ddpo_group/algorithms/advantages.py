@@ -359,6 +359,33 @@ def grpo_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by_std: 
     return AdvantageOutput(_broadcast(A, m), metrics=_group_metrics(R, gi, P, std))
 
 
+@register_adv_est("tree_grpo", needs_groups=True, params={"norm_adv_by_std": "train.scale_rewards"},
+                  optional_inputs=lambda config: {"tree_nodes"})
+def tree_grpo_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by_std: bool = True,
+                        **_) -> AdvantageOutput:
+    """GRPO on tree rollouts, BranchGRPO-style: the steps from branch step b_k to b_{k+1} - 1 (the first segment from
+    step 0, the last to T - 1) get the difference of two nodes' values,
+
+        A = (V(x_{b_{k+1}}) - V(x_{b_k})) / (std_g(R) + eps),   V(x_n) = the mean reward of the leaves sharing x_n
+
+    (group_ppo.tree_values; V(x_T) = R; the first segment's V(x_0) is the prompt group's mean reward, the roots' mean):
+    each branch's credit from its node's and its parent's leaf means, without GROUP_PPO's variance test
+    (group_ppo_advantages with tau = 0, lambda = 0 and cuts at the branch steps). A tree branching once, at step 0,
+    gives grpo's advantages. Needs inputs.tree_nodes (sample.branch_steps, or the default tree: sampling/tree.py).
+    """
+    R, m, gi, P = _prepare(inputs, "tree_grpo")
+    if inputs.tree_nodes is None:
+        raise ValueError("tree_grpo needs inputs.tree_nodes [B, T+1] (tree rollouts: sample.branch_steps)")
+    if inputs.step_rewards is not None:
+        raise ValueError("tree_grpo takes no step_rewards (the KL in the reward): use group_ppo's value_source='tree'")
+    V, branch = tree_values(inputs.tree_nodes, R)
+    _, _, std, _, _ = group_stats(R, gi, P, unbiased=True)
+    res = group_ppo_advantages(V, R, gi, tau=0.0, max_segment_steps=V.shape[1], numerical_floor=eps, gae_lambda=0.0,
+                               norm_adv_by_std=norm_adv_by_std, cut_steps=branch)
+    return AdvantageOutput(res.advantages * m, metrics={**_group_metrics(R, gi, P, std),
+                                                        "tree/segments": float(res.step_endpoints.sum(1).double().mean())})
+
+
 @register_adv_est("dr_grpo", needs_groups=True, check=_never_std_scaled)
 def dr_grpo_advantage(inputs: AdvantageInputs, **_) -> AdvantageOutput:
     """Dr.GRPO: A_i = R_i - mean_g (no std division), broadcast over steps."""

@@ -64,24 +64,37 @@ def _needs_groups(estimator: str) -> bool:
         return True
 
 
+def _reads(estimator: str, config, name: str) -> bool:
+    """Whether the estimator reads the optional input ``name`` under ``config`` (False for a name that does not
+    resolve: reported elsewhere)."""
+    from ddpo_group.algorithms import get_adv_estimator
+
+    try:
+        return get_adv_estimator(estimator).reads(config, name)
+    except (ValueError, TypeError, ImportError, OSError, AttributeError):
+        return False
+
+
 def tree_errors(config) -> list[str]:
     """Tree rollouts (sample.branch_steps / branch_factors, or GROUP_PPO's default tree) that cannot be sampled as
     configured."""
-    from ddpo_group.sampling.tree import measures_tree_values, tree_branches
+    from ddpo_group.sampling.tree import tree_branches
 
     s, t = config.sample, config.train
     steps, factors = tuple(s.branch_steps), tuple(s.branch_factors)
-    if not steps and not factors and not measures_tree_values(config):
+    reads_tree = _reads(config.algorithm.adv_estimator, config, "tree_nodes")
+    if not steps and not factors and not reads_tree:
         return []
     errors = []
     need = _collector(errors)
     need(len(steps) == len(factors), f"sample.branch_steps={steps} and sample.branch_factors={factors} must have one "
                                      f"factor per branch step")
-    if not steps and len(steps) == len(factors):  # group_ppo.value_source="tree": the default tree
-        branches = tree_branches(config)
+    if not steps and len(steps) == len(factors):  # an estimator that reads the tree: the default tree
+        branches = tree_branches(config, reads_tree)
         steps, factors = tuple(branches), tuple(branches.values())
-        need(bool(steps), f"group_ppo.value_source='tree' measures values on tree rollouts: train.group_size="
-                          f"{t.group_size} and the SDE window allow no tree (sample.branch_steps sets one)")
+        need(bool(steps), f"algorithm.adv_estimator={config.algorithm.adv_estimator!r} reads tree rollouts: "
+                          f"train.group_size={t.group_size} and the SDE window allow no tree (sample.branch_steps "
+                          f"sets one)")
     stochastic = (list(range(s.num_steps)) if s.sde_window_size == 0 else
                   list(range(s.sde_window_start, s.sde_window_start + s.sde_window_size)))
     need(list(steps) == sorted(set(steps)) and set(steps) <= set(stochastic),

@@ -169,7 +169,7 @@ def test_group_estimators_reject_singleton_groups_and_step_rewards():
             get_adv_estimator(name)(AdvantageInputs(R, MASK, GI, step_rewards=torch.zeros(6, T, dtype=D)))
     # what each estimator declares: the start-of-run checks and the trainer read these, never the name
     assert [n for n in ADV_ESTIMATOR_REGISTRY if get_adv_estimator(n).needs_groups] == [
-        "dr_grpo", "group_ppo", "grpo", "grpo_passk", "rloo"]
+        "dr_grpo", "group_ppo", "grpo", "grpo_passk", "rloo", "tree_grpo"]
     assert [n for n in ADV_ESTIMATOR_REGISTRY if get_adv_estimator(n).needs_critic] == ["gae", "group_ppo"]
     assert [n for n in ADV_ESTIMATOR_REGISTRY if get_adv_estimator(n).accepts_step_rewards] == [
         "gae", "group_ppo", "reinforce_plus_plus", "remax"]
@@ -250,12 +250,13 @@ def test_finite_for_constant_groups(batch):
     V = torch.zeros(mask.shape, dtype=D)
     tracker = PerPromptStatTracker(buffer_size=4, min_count=2)
     prompts = [f"p{int(g)}" for g in gi]
+    flat = torch.arange(len(R_))[:, None].expand(-1, mask.shape[1] + 1)  # tree_nodes of flat sampling
     for name in ADV_ESTIMATOR_REGISTRY:
         out = get_adv_estimator(name)(AdvantageInputs(
-            R_, mask, gi, prompts=prompts, values=V, greedy_rewards=R_, stat_tracker=tracker))
+            R_, mask, gi, prompts=prompts, values=V, greedy_rewards=R_, stat_tracker=tracker, tree_nodes=flat))
         assert torch.isfinite(out.advantages).all(), name
         assert torch.isfinite(out.returns).all(), name
-        if name in ("grpo", "dr_grpo", "rloo", "grpo_passk", "ddpo"):
+        if name in ("grpo", "dr_grpo", "rloo", "grpo_passk", "ddpo", "tree_grpo"):
             assert out.advantages.abs().max() < 1e-6, name
 
 

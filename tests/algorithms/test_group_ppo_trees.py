@@ -1,11 +1,12 @@
-"""GROUP_PPO's values measured on tree rollouts (group_ppo.tree_values, value_source="tree"): the node values by
-hand and the estimator's exact limits on a tree small enough to write out."""
+"""Values measured on tree rollouts (group_ppo.tree_values): the node values by hand, GROUP_PPO's exact limits
+(value_source="tree") and tree_grpo on a tree small enough to write out."""
 
 import math
 
 import pytest
 import torch
 
+from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator
 from ddpo_group.algorithms.group_ppo import group_ppo_advantages, tree_values
 
 # one prompt group, one root of 4 leaves, 3 steps: branch 2 at step 0, 2 at step 1 (x_2, x_3: the leaves)
@@ -37,3 +38,18 @@ def test_group_ppo_limits_on_a_tree(tau, gae_lambda, want):
     out = group_ppo_advantages(values, R, GROUP, tau=tau, gae_lambda=gae_lambda, cut_steps=branch)
     assert out.advantages.tolist() == want
     assert out.step_endpoints.tolist() == [[tau == 0.0, False, True]] * 4
+
+
+def test_tree_grpo_gives_each_branch_its_nodes_difference():
+    """tree_grpo: the steps from a branch step to the next get V(next node) - V(node), over the group's std; a tree
+    branching once, at step 0, is grpo."""
+    inputs = AdvantageInputs(R, torch.ones(4, 3, dtype=torch.float64), GROUP, tree_nodes=NODES)
+    out = get_adv_estimator("tree_grpo")(inputs, norm_adv_by_std=True)
+    want = torch.tensor([[-3, -1, -1], [-3, 1, 1], [3, -3, -3], [3, 3, 3]], dtype=torch.float64) / (R.std() + 1e-6)
+    torch.testing.assert_close(out.advantages, want, rtol=0, atol=1e-12)
+    once = torch.tensor([[0, 0, 0, 0], [0, 1, 1, 1], [0, 2, 2, 2], [0, 3, 3, 3]])  # 4 children at step 0
+    flat = AdvantageInputs(R, torch.ones(4, 3, dtype=torch.float64), GROUP, tree_nodes=once)
+    torch.testing.assert_close(get_adv_estimator("tree_grpo")(flat).advantages,
+                               get_adv_estimator("grpo")(flat).advantages, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="tree_grpo needs inputs.tree_nodes"):
+        get_adv_estimator("tree_grpo")(AdvantageInputs(R, torch.ones(4, 3, dtype=torch.float64), GROUP))

@@ -56,3 +56,12 @@ def test_group_ppo_measures_its_values_on_the_default_tree(tiny_model_dir, tmp_p
     assert torch.isfinite(advantages).all() and advantages.abs().sum() > 0
     metrics = trainer.run()
     assert metrics["perf/nfe_sampling"] == (2 + 4 + 4 + 8) * 2 and metrics["global_step"] == 2
+
+
+def test_tree_grpo_trains_on_the_default_tree(tiny_model_dir, tmp_path):
+    """algorithm.adv_estimator=tree_grpo reads the tree: the default one, and a segment from each branch step."""
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "tree_grpo", **{
+        "train.group_size": 4, "algorithm.adv_estimator": "tree_grpo"})
+    assert trainer.rollouts.branches == {0: 2, 2: 2}
+    metrics = trainer.run()
+    assert metrics["tree/segments"] == 2 and metrics["global_step"] == 2
