@@ -120,6 +120,9 @@ def base() -> ml_collections.ConfigDict:
     # leaf below it, the per-leaf policy gradient)
     sample.branch_steps = ()
     sample.branch_factors = ()  # the children of each node at each branch step (>= 2)
+    # move the branch steps after the first, one step an epoch at most, toward where the reward's variance is decided
+    # (rollout/branching.py); needs 2 branches or more
+    sample.adaptive_branching = False
     # Z-Image only: its pipeline's options of these names (Z-Image guides with u_c + w (u_c - u_uncond), so there
     # sample.guidance_scale = 0 is no guidance)
     sample.cfg_normalization = 0.0  # > 0: the guided output's norm capped at this multiple of the conditional one's

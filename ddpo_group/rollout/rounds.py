@@ -28,6 +28,7 @@ from ddpo_group.algorithms.objectives import PREFERENCE
 from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards.combine import component_label
+from ddpo_group.rollout.branching import AdaptiveBranches
 from ddpo_group.rollout.collect import RewardScorer, TextEmbeddingCache, collect_rollouts, greedy_rewards
 from ddpo_group.rollout.snapshot import SamplingSnapshot
 from ddpo_group.rollout.tweedie import valued_steps
@@ -151,6 +152,10 @@ class RolloutCollector:
         self.record_means = get_policy_loss(config.algorithm.policy_loss).needs_old_means
         # tree rollouts (sample.branch_steps, or GROUP_PPO's default tree): {step: children}, None for flat sampling
         self.branches = tree_branches(config, estimator.reads(config, "tree_nodes")) or None
+        self.branching = None  # sample.adaptive_branching: the branch steps move after each epoch (rollout/branching.py)
+        if config.sample.adaptive_branching:
+            self.branching = AdaptiveBranches(self.branches or {}, family.stochastic_steps(config.sample).nonzero()
+                                              .flatten().tolist())
         # whole prompt groups on each process (PromptSampler.sample_epoch): a preference objective's units, a group's
         # trees (its leaves consecutive)
         self.whole_groups = get_objective(config.algorithm.objective).kind == PREFERENCE or self.branches is not None
@@ -205,7 +210,7 @@ class RolloutCollector:
                 desc=f"epoch {epoch}: sampling", generators=sample_generators(seed, mine, accelerator.device),
                 critic=self.critic, should_stop=self.should_stop, timer=self.timer, initial_noise=initial_noise,
                 text_cache=self.text_cache, record_means=self.record_means, tweedie_steps=self.tweedie_steps,
-                branches=self.branches,
+                branches=self.branching.branches if self.branching is not None else self.branches,
             )
             extra = self.estimator_extras(epoch, batch, groups[mine], initial_noise)
         return self.gather_round(batch, extra, prompts, groups)

@@ -84,7 +84,8 @@ def tree_errors(config) -> list[str]:
     steps, factors = tuple(s.branch_steps), tuple(s.branch_factors)
     reads_tree = _reads(config.algorithm.adv_estimator, config, "tree_nodes")
     if not steps and not factors and not reads_tree:
-        return []
+        return ["sample.adaptive_branching=True without tree rollouts (sample.branch_steps)"] if s.adaptive_branching \
+            else []
     errors = []
     need = _collector(errors)
     need(len(steps) == len(factors), f"sample.branch_steps={steps} and sample.branch_factors={factors} must have one "
@@ -103,6 +104,8 @@ def tree_errors(config) -> list[str]:
     need(all(int(f) >= 2 for f in factors), f"sample.branch_factors={factors}: each branch has at least 2 children")
     need(not s.deterministic, "sample.deterministic=True draws no step noise: a tree (sample.branch_steps) needs "
                               "stochastic steps")
+    need(not s.adaptive_branching or len(steps) >= 2,
+         f"sample.adaptive_branching moves the branch steps after the first: it needs 2 or more, not {steps}")
     need(not config.algorithm.filter_groups, "sample.branch_steps with algorithm.filter_groups (dynamic sampling) is "
                                              "not supported: sample flat or drop filter_groups")
     leaves = math.prod(int(f) for f in factors) if all(int(f) >= 1 for f in factors) else 1

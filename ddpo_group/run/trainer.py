@@ -186,9 +186,10 @@ class Trainer:
         """Every stateful piece a checkpoint holds besides the prepared models and optimizer (fixed order)."""
         pieces = [self.prompt_sampler, self.session.state, self.stat_tracker]
         pieces += [self.critic.optimizer] if self.critic is not None else []
-        # the EMA, then the old model, last: checkpoints written before they existed keep their order
-        # (run/resume_check.py)
-        return pieces + [p for p in (self.kl, self.estimator_controller, self.ema, self.old) if p is not None]
+        # the EMA, the old model, then the adaptive branch steps, last: checkpoints written before they existed keep
+        # their order (run/resume_check.py)
+        return pieces + [p for p in (self.kl, self.estimator_controller, self.ema, self.old, self.rollouts.branching)
+                         if p is not None]
 
     @property
     def run_dir(self):
@@ -289,6 +290,8 @@ class Trainer:
             metrics.update(self.estimator_controller.metrics())
         if self.ema is not None:
             metrics.update(self.ema.metrics())
+        if self.rollouts.branching is not None:  # the next epoch's branch steps
+            metrics.update(self.rollouts.branching.update(rollouts.gathered("tree_nodes"), rollouts.rewards))
         return metrics
 
     def evaluate(self, epoch: int) -> dict:

@@ -39,7 +39,7 @@ def test_group_estimators_that_keep_the_groups_apart_are_accepted(preset, overri
 @pytest.mark.parametrize("preset, overrides, message", [
     ("grpo", {}, r"divide the normalised sum by its group std again.*algorithm.global_std=True \(GDPO"),
     ("grpo_passk", {}, r"group std again.*set train.scale_rewards=False \(MixGRPO"),
-    ("ddpo", {}, r"compares a prompt group's samples, one of \['dr_grpo', 'grpo', 'grpo_passk', 'rloo'\]"),
+    ("ddpo", {}, r"compares a prompt group's samples, one of \['dr_grpo', 'grpo', 'grpo_passk', 'rloo', 'tree_grpo'\]"),
     ("reinforce_pp", {}, r"adv_estimator='reinforce_plus_plus': normalising each reward within its prompt group"),
     ("group_ppo", {}, r"a critic cannot learn it"),
     ("grpo", {"algorithm.multi_reward_mix": "gdpo"}, r"multi_reward_mix='gdpo' must be one of \('reward_aggr', 'adv"),

@@ -1,6 +1,8 @@
 """Tree rollouts in the trainer (sample.branch_steps / branch_factors): each prompt group sampled as trees whose leaves
 are the batch's samples; shared transitions recorded alike, the denoiser rows a tree saves counted, leaves trained."""
 
+import json
+
 import pytest
 import torch
 
@@ -65,3 +67,16 @@ def test_tree_grpo_trains_on_the_default_tree(tiny_model_dir, tmp_path):
     assert trainer.rollouts.branches == {0: 2, 2: 2}
     metrics = trainer.run()
     assert metrics["tree/segments"] == 2 and metrics["global_step"] == 2
+
+
+def test_adaptive_branching_logs_the_branch_steps_each_epoch(tiny_model_dir, tmp_path):
+    """sample.adaptive_branching on GROUP_PPO's default tree: each epoch logs the branch steps it sampled with and the
+    credit shares, which sum to 1; the steps stay ascending inside the window."""
+    trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "adaptive", num_epochs=3, **{
+        "train.group_size": 4, "group_ppo.value_source": "tree", "sample.adaptive_branching": True})
+    trainer.run()
+    records = [json.loads(line) for line in (tmp_path / "adaptive" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["tree/branch_step_0"] for r in records] == [0, 0, 0]
+    assert records[0]["tree/branch_step_1"] == 2 and all(1 <= r["tree/branch_step_1"] <= 3 for r in records)
+    for r in records:
+        assert r["tree/credit_share_0"] + r["tree/credit_share_1"] == pytest.approx(1.0)

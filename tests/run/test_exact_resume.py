@@ -37,7 +37,7 @@ HANG_AT = 7
 
 def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) -> list[str]:
     """The command of a case "preset", "preset@family" (the family's tiny-model settings added), "preset#tree" (tree
-    rollouts: 4 leaves a root, branching at steps 1 and 2) or "preset+cuda".
+    rollouts: 4 leaves a root, branching at steps 1 and 2; "#adaptive": at 0 and 2, adapted) or "preset+cuda".
 
     Runs are on the CPU, whose kernels are deterministic, unless the case says "+cuda": then on the GPU with
     config.deterministic=True (without it CUDA's atomic-add kernels make two runs of one seed part at once)."""
@@ -60,6 +60,8 @@ def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) ->
     values.update(FAMILY_OVERRIDES[family or "sd"])
     if shape == "tree":
         values.update({"sample.branch_steps": "(1,2)", "sample.branch_factors": "(2,2)"})
+    if shape == "adaptive":  # the second branch free to move either way
+        values.update({"sample.branch_steps": "(0,2)", "sample.branch_factors": "(2,2)", "sample.adaptive_branching": True})
     values.update({"device": "", "deterministic": True} if on == "cuda" else {"device": "cpu"})
     values.update(extra)
     return [sys.executable, "scripts/train.py", "--config", f"config/base.py:{preset}"] + [
@@ -135,6 +137,7 @@ def runs_dir(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux", "grpo@zimage", "group_ppo#tree",
+                                    "group_ppo#adaptive",
                                     pytest.param("grpo+cuda", marks=pytest.mark.cuda),
                                     pytest.param("group_ppo+cuda", marks=pytest.mark.cuda)])
 def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(preset, family_model_dirs, runs_dir):
