@@ -44,7 +44,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from config.base import PRESETS, get_config  # noqa: E402
+from config.base import PRESETS, RECIPES, get_config  # noqa: E402
 from ddpo_group.algorithms import get_adv_estimator  # noqa: E402
 from ddpo_group.run.epoch_logger import EVAL_LOG  # noqa: E402
 from ddpo_group.run.metrics_log import read_metrics  # noqa: E402
@@ -99,9 +99,9 @@ def parse_variants(presets: list[str], variants: list[str]) -> dict[str, tuple[s
     for spec in variants:
         head, *sets = spec.split()
         label, _, preset = head.partition("=")
-        if not label or preset not in PRESETS or any("=" not in s for s in sets):
+        if not label or (preset not in PRESETS and preset not in RECIPES) or any("=" not in s for s in sets):
             raise SystemExit(f"--variant {spec!r}: expected 'LABEL=PRESET FIELD=VALUE ...' with a preset of "
-                             f"{sorted(PRESETS)}")
+                             f"{sorted(PRESETS)} or a recipe of {sorted(RECIPES)}")
         out[label] = (preset, sets)
     return out
 
