@@ -145,7 +145,8 @@ def run_one(label: str, seed: int, args) -> dict:
         if m.get("group/critic_ev") is not None and math.isfinite(m["group/critic_ev"]):
             ev.append(m["group/critic_ev"])
     evaluations = evaluation_curve(trainer.run_dir, spent)
-    return {"preset": label, "seed": seed, "critic_ev": sum(ev[-10:]) / len(ev[-10:]) if ev else None,
+    return {"preset": label, "definition": [preset, *own], "seed": seed,
+            "critic_ev": sum(ev[-10:]) / len(ev[-10:]) if ev else None,
             "before": evaluations[0]["reward"], "after": evaluations[-1]["reward"],
             "accuracy_before": evaluations[0]["accuracy"], "accuracy_after": evaluations[-1]["accuracy"],
             "queries": queries, "nfe": nfe, "wall_s": wall, "curve": curve, "evaluations": evaluations}
@@ -342,9 +343,12 @@ def main(argv=None) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     settings = {"queries": args.queries, "set": sorted(args.set)} if args.nfe is None else \
         {"nfe": args.nfe, "set": sorted(args.set)}
-    if args.variant:
-        settings["variants"] = sorted(args.variant)
     rows = load_rows(out / "results.json", settings)
+    for row in rows:  # a label saved with another definition is another row: refused, not mixed in
+        preset, own = args.variants.get(row["preset"], (None, None))
+        if preset is not None and row.get("definition", [row["preset"]]) != [preset, *own]:
+            raise SystemExit(f"{out / 'results.json'} holds {row['preset']!r} as {row.get('definition')}, not "
+                             f"{[preset, *own]}: use another label or --out")
     done = {(r["preset"], r["seed"]) for r in rows}
     runs = [(preset, seed) for preset in presets for seed in seeds if (preset, seed) not in done]
     if done:

@@ -79,6 +79,13 @@ def test_variants_are_rows_of_their_own_and_tweedie_values_are_counted(tiny_mode
     assert "critic EV (last 10 epochs)" in text
     with pytest.raises(SystemExit, match="expected 'LABEL=PRESET FIELD=VALUE ...'"):
         compare_algorithms.main(["--variant", "x=nope", "--out", str(tmp_path / "other")])
+    # one more variant joins the study; a saved label with another definition is refused
+    more = compare_algorithms.main(args + ["--variant", "dpo=dpo"])
+    assert [r["preset"] for r in more] == ["grpo", "tweedie", "dpo"]
+    assert more[:2] == json.loads(json.dumps([grpo, tweedie]))  # the saved runs, not run again
+    with pytest.raises(SystemExit, match="holds 'tweedie' as \\['group_ppo', 'group_ppo.value_source=tweedie'\\]"):
+        compare_algorithms.main([x if x != "tweedie=group_ppo group_ppo.value_source=tweedie" else "tweedie=grpo"
+                                 for x in args])
 
 
 def test_sampling_bench_runs_and_prints_the_ratio(tiny_model_dir, capsys):
