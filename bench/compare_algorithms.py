@@ -70,8 +70,9 @@ def set_field(config, key: str, raw: str) -> None:
     current = target[field] if field in target else ""  # a new key of a *_kwargs section: a string
     if isinstance(current, bool):
         value = raw.lower() in ("1", "true", "yes")
-    elif isinstance(current, tuple):  # e.g. sample.branch_steps=(0,1)
-        value = tuple(ast.literal_eval(raw)) if raw.strip("() ") else ()
+    elif isinstance(current, tuple):  # e.g. sample.branch_steps=(0,1), or =1 for (1,)
+        parsed = ast.literal_eval(raw) if raw.strip("() ") else ()
+        value = tuple(parsed) if isinstance(parsed, (tuple, list)) else (parsed,)
     elif isinstance(current, int):
         value = int(raw)
     elif isinstance(current, float) or current is None:
@@ -154,7 +155,9 @@ def run_one(label: str, seed: int, args) -> dict:
 
 def epochs_for_nfe(config, budget: int) -> int:
     """The epochs that spend about ``budget`` denoiser evaluations (at least one): ``budget`` over the perf/nfe of a
-    one-epoch probe run of ``config`` (no evaluation; its directory removed after)."""
+    one-epoch probe run of ``config`` (no evaluation; its directory removed after). An epoch 0 unlike the others
+    sizes it off: the memory probe's trial forwards (train.pairs_per_forward="auto" on CUDA), a critic warm-up
+    (critic.warmup_epochs: no update); the runs' own perf/nfe columns say what they spent."""
     probe = config.copy_and_resolve_references()
     probe.num_epochs, probe.eval_freq, probe.run_name = 1, 0, config.run_name + "_nfe_probe"
     run_dir = Path(probe.logdir) / probe.run_name
@@ -184,6 +187,8 @@ def load_rows(path: Path, settings: dict) -> list[dict]:
     if not path.exists():
         return []
     saved = json.loads(path.read_text())
+    if any("nfe" not in row for row in saved.get("rows", [])):
+        raise SystemExit(f"{path} holds runs saved before denoiser evaluations were counted: use another --out")
     if saved.get("settings") != settings:
         raise SystemExit(f"{path} holds runs with settings {saved.get('settings')}, not {settings}: "
                          "use another --out (or delete it) for a new study")

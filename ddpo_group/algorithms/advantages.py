@@ -363,13 +363,14 @@ def grpo_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by_std: 
                   optional_inputs=lambda config: {"tree_nodes"})
 def tree_grpo_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by_std: bool = True,
                         **_) -> AdvantageOutput:
-    """GRPO on tree rollouts, BranchGRPO-style: the steps from branch step b_k to b_{k+1} - 1 (the first segment from
-    step 0, the last to T - 1) get the difference of two nodes' values,
+    """GRPO on tree rollouts, BranchGRPO-style: the steps are cut into segments at each branch step b_k (a segment from
+    step 0 to the first branch step, when it is later than 0, and one from each b_k to b_{k+1} - 1, the last to T - 1),
+    and the steps of a segment [a, e] get the difference of the values at its ends,
 
-        A = (V(x_{b_{k+1}}) - V(x_{b_k})) / (std_g(R) + eps),   V(x_n) = the mean reward of the leaves sharing x_n
+        A = (V(x_{e+1}) - V(x_a)) / (std_g(R) + eps),   V(x_n) = the mean reward of the leaves sharing x_n
 
-    (group_ppo.tree_values; V(x_T) = R; the first segment's V(x_0) is the prompt group's mean reward, the roots' mean):
-    each branch's credit from its node's and its parent's leaf means, without GROUP_PPO's variance test
+    (group_ppo.tree_values; V(x_T) = R; the first segment starts from the prompt group's mean reward, the mean of its
+    roots): each branch's credit from its node's and its parent's leaf means, without GROUP_PPO's variance test
     (group_ppo_advantages with tau = 0, lambda = 0 and cuts at the branch steps). A tree branching once, at step 0,
     gives grpo's advantages. Needs inputs.tree_nodes (sample.branch_steps, or the default tree: sampling/tree.py).
     """
@@ -521,8 +522,9 @@ def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, max_segment_s
         "residual_critic"  V = b_g + f       (f learns the deviation from the group mean; at f = 0 this is grpo)
         "tweedie"          V = Q             (no training; the critic is still trained, unused)
         "blend"            V = w Q + (1 - w)(b_g + f),  w = value_blend
-        "tree"             V(x_n) = the mean return of the samples sharing x_n (tree rollouts: group_ppo.tree_values;
-                           the critic is trained, unused), and the variance cuts only at the branch steps
+        "tree"             V(x_n) = the mean return of the samples sharing x_n (tree rollouts: group_ppo.tree_values),
+                           and the variance cuts only at the branch steps; the critic is trained but gives no value,
+                           only its explained variance to the adaptive threshold
     The critic's targets are deviations from b_g whenever f enters as a deviation (residual_critic, blend).
     """
     R, m, gi, P = _prepare(inputs, "group_ppo")

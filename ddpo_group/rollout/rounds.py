@@ -26,7 +26,7 @@ from ddpo_group.algorithms import (
 )
 from ddpo_group.algorithms.objectives import PREFERENCE
 from ddpo_group.distributed import ProcessShards
-from ddpo_group.errors import EpochAbandoned
+from ddpo_group.errors import ConfigError, EpochAbandoned
 from ddpo_group.rewards.combine import component_label
 from ddpo_group.rollout.branching import AdaptiveBranches
 from ddpo_group.rollout.collect import RewardScorer, TextEmbeddingCache, collect_rollouts, greedy_rewards
@@ -151,11 +151,16 @@ class RolloutCollector:
         # the rollout policy's step means are recorded only for a loss that needs them (a latent-sized tensor a step)
         self.record_means = get_policy_loss(config.algorithm.policy_loss).needs_old_means
         # tree rollouts (sample.branch_steps, or GROUP_PPO's default tree): {step: children}, None for flat sampling
-        self.branches = tree_branches(config, estimator.reads(config, "tree_nodes")) or None
+        stochastic = family.stochastic_steps(config.sample)
+        self.branches = tree_branches(config, estimator.reads(config, "tree_nodes"),
+                                      stochastic.nonzero().flatten().tolist()) or None
+        if self.branches is not None and not all(bool(stochastic[step]) for step in self.branches):
+            raise ConfigError(f"the tree's branch steps {sorted(self.branches)} (sample.branch_steps, or the default "
+                              f"tree) must be steps {family.name} samples with noise: "
+                              f"{stochastic.nonzero().flatten().tolist()}")
         self.branching = None  # sample.adaptive_branching: the branch steps move after each epoch (rollout/branching.py)
         if config.sample.adaptive_branching:
-            self.branching = AdaptiveBranches(self.branches or {}, family.stochastic_steps(config.sample).nonzero()
-                                              .flatten().tolist())
+            self.branching = AdaptiveBranches(self.branches or {}, stochastic.nonzero().flatten().tolist())
         # whole prompt groups on each process (PromptSampler.sample_epoch): a preference objective's units, a group's
         # trees (its leaves consecutive)
         self.whole_groups = get_objective(config.algorithm.objective).kind == PREFERENCE or self.branches is not None

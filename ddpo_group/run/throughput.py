@@ -31,7 +31,7 @@ model FLOPs, not hardware FLOPs.
 Denoiser evaluations (the work a budget counts, whatever the device), every process together:
 
     perf/nfe_sampling  = rows through a denoiser forward while sampling and scoring the epoch (rollouts, ReMax's greedy
-                         samples, Tweedie values; CFG's two rows per sample count two)
+                         samples, the KL in the reward; CFG's two rows per sample count two)
     perf/nfe_training  = rows through a denoiser forward in the update (the policy's, and the no-grad forwards of the
                          reference and the old model; the memory probe's trial forwards included)
     perf/nfe_backward  = of those, the rows backpropagated (forwards with gradients)
@@ -193,8 +193,9 @@ class DenoiserEvaluations:
     def _count(self, module, args: tuple, kwargs: dict) -> None:
         if self.part is None:
             return
-        latents = args[0] if args else kwargs.get("hidden_states", kwargs.get("sample"))
-        rows = len(latents)  # a tensor's first dimension, or a list of per-sample latents (Z-Image)
+        inputs = list(args) + [kwargs[k] for k in ("hidden_states", "sample") if k in kwargs] + list(kwargs.values())
+        latents = next((x for x in inputs if isinstance(x, (torch.Tensor, list, tuple))), None)
+        rows = len(latents) if latents is not None else 0  # a tensor's first dimension, or per-sample latents (Z-Image)
         self.counts[self.part] += rows
         if self.part == "training" and torch.is_grad_enabled():
             self.counts["backward"] += rows

@@ -6,6 +6,9 @@ import json
 import pytest
 import torch
 
+from config.base import get_config
+from ddpo_group.errors import ConfigError
+from ddpo_group.sampling.tree import default_tree, tree_branches
 from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 TREE = {"train.group_size": 4, "sample.branch_steps": (1, 2), "sample.branch_factors": (2, 2)}  # 4 leaves a root
@@ -80,3 +83,15 @@ def test_adaptive_branching_logs_the_branch_steps_each_epoch(tiny_model_dir, tmp
     assert records[0]["tree/branch_step_1"] == 2 and all(1 <= r["tree/branch_step_1"] <= 3 for r in records)
     for r in records:
         assert r["tree/credit_share_0"] + r["tree/credit_share_1"] == pytest.approx(1.0)
+
+
+def test_the_default_tree_fits_the_group_the_sampling_batch_and_the_stochastic_steps(tiny_sd3_dir, tmp_path):
+    """L = gcd(group size, sampling batch) leaves a root, 2-way branches spread over the stochastic steps, the last
+    taking the rest; a branch at a step the family samples without noise (CPS's last) is refused at start."""
+    assert default_tree([0, 1], 8) == {0: 2, 1: 4} and default_tree(list(range(10)), 8) == {0: 2, 3: 2, 6: 2}
+    assert default_tree([0, 1], 6) == {0: 2, 1: 3} and default_tree([0, 1], 7) == {0: 7} and default_tree([0], 1) == {}
+    config = get_config("flow_grpo_sd35")  # G = 24, 8 images a sampling batch: 3 roots of 8 leaves a prompt
+    assert tree_branches(config, reads_tree=True, stochastic=[0, 1]) == {0: 2, 1: 4}
+    with pytest.raises(ConfigError, match=r"branch steps \[1, 3\].*must be steps sd3 samples with noise: \[0, 1, 2\]"):
+        tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "cps", **{
+            **FAMILY_OVERRIDES["sd3"], **TREE, "sample.sde_type": "cps", "sample.branch_steps": (1, 3)})
