@@ -150,3 +150,24 @@ def test_summary_rates_are_ratios_of_sums_after_the_first_epoch():
     text = format_summary([record(0, 8, 100.0, 0.01), record(1, 8, 1.0, 0.3), record(2, 8, 3.0, 0.1)], {})
     assert "4 img/s sampled, 10 pairs/s trained  (epochs 1..2)" in text  # 16 images in 4 s; warm-up left out
     assert "3.00 GiB RSS" in text and "15% sampling" in text and "20% training" in text  # (0.3 + 0.3) / 4
+
+
+def test_denoiser_evaluations_count_rows_by_part_however_the_latents_are_passed():
+    """Rows counted into the part named (backward: forwards with gradients while training); positional, keyword or a
+    list of per-sample latents; nothing outside a part."""
+    from ddpo_group.run.throughput import DenoiserEvaluations
+
+    module, count = torch.nn.Linear(3, 3), DenoiserEvaluations()
+    count.watch(module)
+    module(torch.zeros(2, 3))  # outside a part
+    with count.counting("sampling"), torch.no_grad():
+        module(torch.zeros(4, 3))
+        module(input=torch.zeros(5, 3))
+    with count.counting("training"):
+        module(torch.zeros(3, 3))
+        with torch.no_grad():
+            module(torch.zeros(6, 3))
+    assert count.take() == [9, 9, 3] and count.take() == [0, 0, 0]
+    with pytest.raises(ValueError, match="part='evaluation' must be one of"):
+        with count.counting("evaluation"):
+            pass
