@@ -36,8 +36,8 @@ HANG_AT = 7
 
 
 def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) -> list[str]:
-    """The command of a case "preset", "preset@family" (the family's tiny-model settings added), "preset#tree" (tree
-    rollouts: 4 leaves a root, branching at steps 1 and 2; "#adaptive": at 0 and 2, adapted) or "preset+cuda".
+    """The command of a case "preset", "preset@family" (the family's tiny-model settings added), "preset#adaptive"
+    (tree rollouts of 4 leaves a root branching at steps 0 and 2, the branch steps adapted) or "preset+cuda".
 
     Runs are on the CPU, whose kernels are deterministic, unless the case says "+cuda": then on the GPU with
     config.deterministic=True (without it CUDA's atomic-add kernels make two runs of one seed part at once)."""
@@ -58,9 +58,7 @@ def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) ->
     if preset == "grpo":  # full fine-tuning: the reference is a frozen UNet copy, saved with the checkpoint
         values.update({"use_lora": False, "train.learning_rate": 1e-4})
     values.update(FAMILY_OVERRIDES[family or "sd"])
-    if shape == "tree":
-        values.update({"sample.branch_steps": "(1,2)", "sample.branch_factors": "(2,2)"})
-    if shape == "adaptive":  # the second branch free to move either way
+    if shape == "adaptive":  # tree rollouts, the second branch free to move either way
         values.update({"sample.branch_steps": "(0,2)", "sample.branch_factors": "(2,2)", "sample.adaptive_branching": True})
     values.update({"device": "", "deterministic": True} if on == "cuda" else {"device": "cpu"})
     values.update(extra)
@@ -136,7 +134,7 @@ def runs_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux", "grpo@zimage", "group_ppo#tree",
+@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux", "grpo@zimage",
                                     "group_ppo#adaptive",
                                     pytest.param("grpo+cuda", marks=pytest.mark.cuda),
                                     pytest.param("group_ppo+cuda", marks=pytest.mark.cuda)])
