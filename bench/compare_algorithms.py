@@ -20,9 +20,10 @@ reward of that row), with a critic its explained variance over the last 10 epoch
 evaluation reward's gain at equal denoiser evaluations (each row's last evaluation within ``--at-nfe``, default the
 fewest any row spent) and the evaluations until ``--threshold``, and the wall time. Prints a markdown table, writes it
 with the raw rows to ``--out``/results.{md,json} and plots evaluation reward against queries and against denoiser
-evaluations, and the epoch-mean reward against queries, to ``--out``/reward_vs_queries.png. No accelerate launch needed: runs in this process, or ``--jobs N`` at once in worker
-processes (each with cpu_count // N threads). Every finished run is saved at once; running the same command again (or
-with more presets or seeds) skips the runs already in ``--out``/results.json.
+evaluations, and the epoch-mean reward against queries, to ``--out``/reward_vs_queries.png. No accelerate launch
+needed: runs in this process, or ``--jobs N`` at once in worker processes (each with cpu_count // N threads). Every
+finished run is saved at once; running the same command again (or with more presets, variants or seeds) skips the
+runs already in ``--out``/results.json.
 """
 
 from __future__ import annotations

@@ -383,8 +383,8 @@ def tree_grpo_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by_
     _, _, std, _, _ = group_stats(R, gi, P, unbiased=True)
     res = group_ppo_advantages(V, R, gi, tau=0.0, max_segment_steps=V.shape[1], numerical_floor=eps, gae_lambda=0.0,
                                norm_adv_by_std=norm_adv_by_std, cut_steps=branch)
-    return AdvantageOutput(res.advantages * m, metrics={**_group_metrics(R, gi, P, std),
-                                                        "tree/segments": float(res.step_endpoints.sum(1).double().mean())})
+    segments = float(res.step_endpoints.sum(1).double().mean())
+    return AdvantageOutput(res.advantages * m, metrics={**_group_metrics(R, gi, P, std), "tree/segments": segments})
 
 
 @register_adv_est("dr_grpo", needs_groups=True, check=_never_std_scaled)

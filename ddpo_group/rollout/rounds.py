@@ -158,7 +158,8 @@ class RolloutCollector:
             raise ConfigError(f"the tree's branch steps {sorted(self.branches)} (sample.branch_steps, or the default "
                               f"tree) must be steps {family.name} samples with noise: "
                               f"{stochastic.nonzero().flatten().tolist()}")
-        self.branching = None  # sample.adaptive_branching: the branch steps move after each epoch (rollout/branching.py)
+        # sample.adaptive_branching: the branch steps move after each epoch (rollout/branching.py)
+        self.branching = None
         if config.sample.adaptive_branching:
             self.branching = AdaptiveBranches(self.branches or {}, stochastic.nonzero().flatten().tolist())
         # whole prompt groups on each process (PromptSampler.sample_epoch): a preference objective's units, a group's

@@ -179,7 +179,8 @@ class Trainer:
     def denoiser_copies(self) -> list[torch.nn.Module]:
         """The frozen denoiser copies of full fine-tuning: the KL reference's and the old model's (with LoRA both are
         adapters of the policy's denoiser)."""
-        holders = [self.kl.reference if self.kl is not None else None, self.old.weights if self.old is not None else None]
+        holders = [self.kl.reference if self.kl is not None else None,
+                   self.old.weights if self.old is not None else None]
         return [holder.copy for holder in holders if holder is not None and holder.copy is not None]
 
     def checkpointed_state(self) -> list:

@@ -59,7 +59,8 @@ def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) ->
         values.update({"use_lora": False, "train.learning_rate": 1e-4})
     values.update(FAMILY_OVERRIDES[family or "sd"])
     if shape == "adaptive":  # tree rollouts, the second branch free to move either way
-        values.update({"sample.branch_steps": "(0,2)", "sample.branch_factors": "(2,2)", "sample.adaptive_branching": True})
+        values.update({"sample.branch_steps": "(0,2)", "sample.branch_factors": "(2,2)",
+                       "sample.adaptive_branching": True})
     values.update({"device": "", "deterministic": True} if on == "cuda" else {"device": "cpu"})
     values.update(extra)
     return [sys.executable, "scripts/train.py", "--config", f"config/base.py:{preset}"] + [
