@@ -18,27 +18,22 @@ import torch
 from ddpo_group.rewards.loading import DeviceFollower, load_from_source, resolve_dtype
 from ddpo_group.rewards.preprocess import resize_shortest_crop
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # CLIPImageProcessor's defaults
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
-
-
 def image_settings(config: dict, source: str) -> tuple[int, tuple[int, int], tuple, tuple]:
-    """(shortest_edge, (crop_h, crop_w), mean, std) of a CLIPImageProcessor config (old int sizes included)."""
-    size, crop = config.get("size", 224), config.get("crop_size", 224)
-    if isinstance(size, dict):
-        if "shortest_edge" not in size:
-            raise ValueError(f"image processor of {source!r}: size={size} is not a CLIP 'shortest_edge' resize")
-        size = size["shortest_edge"]
-    if isinstance(crop, dict):
-        crop = (crop["height"], crop["width"])
-    elif isinstance(crop, int):
-        crop = (crop, crop)
-    if not config.get("do_center_crop", True) or not config.get("do_resize", True):
+    """(shortest_edge, (crop_h, crop_w), mean, std) of a CLIPImageProcessor config (old int sizes included), read
+    through transformers' CLIPImageProcessor, whose defaults fill what the config leaves out."""
+    from transformers import CLIPImageProcessor
+
+    processor = CLIPImageProcessor.from_dict(config)
+    size, crop = processor.size, processor.crop_size
+    if size.shortest_edge is None:
+        raise ValueError(f"image processor of {source!r}: size={config.get('size')} is not a CLIP 'shortest_edge' "
+                         "resize")
+    if not processor.do_center_crop or not processor.do_resize:
         raise ValueError(f"image processor of {source!r}: a CLIP resize + center crop is expected ({config})")
-    mean, std = tuple(config.get("image_mean", CLIP_MEAN)), tuple(config.get("image_std", CLIP_STD))
-    if not config.get("do_normalize", True):
+    mean, std = tuple(processor.image_mean), tuple(processor.image_std)
+    if not processor.do_normalize:
         mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
-    return int(size), tuple(crop), mean, std
+    return int(size.shortest_edge), (int(crop.height), int(crop.width)), mean, std
 
 
 class ClipPair:
