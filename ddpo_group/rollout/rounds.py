@@ -151,17 +151,15 @@ class RolloutCollector:
         # the rollout policy's step means are recorded only for a loss that needs them (a latent-sized tensor a step)
         self.record_means = get_policy_loss(config.algorithm.policy_loss).needs_old_means
         # tree rollouts (sample.branch_steps, or GROUP_PPO's default tree): {step: children}, None for flat sampling
-        stochastic = family.stochastic_steps(config.sample)
-        self.branches = tree_branches(config, estimator.reads(config, "tree_nodes"),
-                                      stochastic.nonzero().flatten().tolist()) or None
-        if self.branches is not None and not all(bool(stochastic[step]) for step in self.branches):
+        stochastic = family.stochastic_steps(config.sample).nonzero().flatten().tolist()
+        self.branches = tree_branches(config, estimator.reads(config, "tree_nodes"), stochastic) or None
+        if self.branches is not None and not set(self.branches) <= set(stochastic):
             raise ConfigError(f"the tree's branch steps {sorted(self.branches)} (sample.branch_steps, or the default "
-                              f"tree) must be steps {family.name} samples with noise: "
-                              f"{stochastic.nonzero().flatten().tolist()}")
+                              f"tree) must be steps {family.name} samples with noise: {stochastic}")
         # sample.adaptive_branching: the branch steps move after each epoch (rollout/branching.py)
         self.branching = None
         if config.sample.adaptive_branching:
-            self.branching = AdaptiveBranches(self.branches or {}, stochastic.nonzero().flatten().tolist())
+            self.branching = AdaptiveBranches(self.branches or {}, stochastic)
         # whole prompt groups on each process (PromptSampler.sample_epoch): a preference objective's units, a group's
         # trees (its leaves consecutive)
         self.whole_groups = get_objective(config.algorithm.objective).kind == PREFERENCE or self.branches is not None

@@ -13,6 +13,7 @@ from ddpo_group.errors import ConfigError
 from ddpo_group.models.speed_options import attention_backends, compile_mode
 from ddpo_group.models.trainable import DTYPES
 from ddpo_group.sampling.gaussian import REDUCTIONS
+from ddpo_group.sampling.window import stochastic_steps
 from ddpo_group.update.memory_fit import configured_pairs
 
 WANDB_MODES = ("online", "offline", "disabled")
@@ -46,7 +47,8 @@ def config_warnings(config) -> list[str]:
             f"--config.train.learning_rate=1.5e-3; train.learning_rate={config.train.learning_rate:g} may "
             f"collapse its LoRA above 1.5e-3)")
     estimator = config.algorithm.adv_estimator
-    if config.sample.branch_steps and estimator != "ddpo" and not _needs_groups(estimator):
+    spec = _estimator(estimator)
+    if config.sample.branch_steps and estimator != "ddpo" and spec is not None and not spec.needs_groups:
         warnings.append(
             f"sample.branch_steps={tuple(config.sample.branch_steps)} with algorithm.adv_estimator={estimator!r}: a "
             f"tree's leaves are correlated copies of a prompt, and {estimator} compares no prompt group (its baseline "
@@ -54,25 +56,14 @@ def config_warnings(config) -> list[str]:
     return warnings
 
 
-def _needs_groups(estimator: str) -> bool:
-    """Whether the estimator compares a prompt's group (True for a name that does not resolve: reported elsewhere)."""
+def _estimator(name: str):
+    """The estimator's registration, None for a name that does not resolve (algorithm_errors names it)."""
     from ddpo_group.algorithms import get_adv_estimator
 
     try:
-        return get_adv_estimator(estimator).needs_groups
+        return get_adv_estimator(name)
     except (ValueError, TypeError, ImportError, OSError, AttributeError):
-        return True
-
-
-def _reads(estimator: str, config, name: str) -> bool:
-    """Whether the estimator reads the optional input ``name`` under ``config`` (False for a name that does not
-    resolve: reported elsewhere)."""
-    from ddpo_group.algorithms import get_adv_estimator
-
-    try:
-        return get_adv_estimator(estimator).reads(config, name)
-    except (ValueError, TypeError, ImportError, OSError, AttributeError):
-        return False
+        return None
 
 
 def tree_errors(config) -> list[str]:
@@ -82,7 +73,8 @@ def tree_errors(config) -> list[str]:
 
     s, t = config.sample, config.train
     steps, factors = tuple(s.branch_steps), tuple(s.branch_factors)
-    reads_tree = _reads(config.algorithm.adv_estimator, config, "tree_nodes")
+    spec = _estimator(config.algorithm.adv_estimator)
+    reads_tree = spec is not None and spec.reads(config, "tree_nodes")
     if not steps and not factors and not reads_tree:
         return ["sample.adaptive_branching=True without tree rollouts (sample.branch_steps)"] if s.adaptive_branching \
             else []
@@ -96,8 +88,7 @@ def tree_errors(config) -> list[str]:
         need(bool(steps), f"algorithm.adv_estimator={config.algorithm.adv_estimator!r} reads tree rollouts: "
                           f"train.group_size={t.group_size} and the SDE window allow no tree (sample.branch_steps "
                           f"sets one)")
-    stochastic = (list(range(s.num_steps)) if s.sde_window_size == 0 else
-                  list(range(s.sde_window_start, s.sde_window_start + s.sde_window_size)))
+    stochastic = stochastic_steps(s).nonzero().flatten().tolist()
     need(list(steps) == sorted(set(steps)) and set(steps) <= set(stochastic),
          f"sample.branch_steps={steps} must be ascending stochastic steps, of {stochastic} (the SDE window: a branch "
          f"at a deterministic step gives equal children)")
