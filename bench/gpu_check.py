@@ -13,7 +13,7 @@ Steps (``--only`` picks some), each a subprocess, so one that fails leaves the o
 
 1. ``env``: the GPU, driver, torch / CUDA and the packages' versions.
 2. ``suite``: the test suite (``python -m pytest -rf --junitxml DIR/junit.xml``, test by test on all cores but four
-   with pytest-xdist when it is installed), its output in DIR/suite_log.txt, its counts and failures in DIR/suite.txt.
+   with pytest-xdist when it is installed, one thread each), its output in DIR/suite_log.txt, its counts and failures in DIR/suite.txt.
    The 2-process tests (``MULTIPROCESS``) are part of it; the summary lists their outcomes apart.
 3. ``models``: random pipelines of the real shapes (bench/random_model.py) on two cores, one after the other, each
    shape's epochs starting once it is saved: SD-1.5 (UNet 860M, 512 px), SD 3.5 Medium (2.24B transformer, CLIP-L/G,
@@ -21,8 +21,11 @@ Steps (``--only`` picks some), each a subprocess, so one that fails leaves the o
    layers): the whole 12B does not fit the 24 GiB cap.
 4. ``epochs`` on two cores: a two-epoch run of each shape's recipe (``SHAPES``: grpo on SD-1.5, flow_grpo_sd35 and
    flow_grpo_flux on the others; bf16, LoRA, ``train.pairs_per_forward="auto"``), the second epoch reported by
-   bench/epoch.py, once on the whole card and once under a 24 GiB cap: peak CUDA memory, the phase split, images/s,
-   pairs/s, training and sampling MFU.
+   bench/epoch.py, under a 24 GiB cap (first, beside the model building) and on the whole card (once the building,
+   which initialises on the GPU, is over): peak CUDA memory, the phase split, images/s, pairs/s, training and sampling
+   MFU. The runs keep config/base.py's speed options (``compile_denoiser="auto"`` compiles the transformers' blocks in
+   the first epoch). A run that fails with a CUDA error other than out-of-memory makes its shape's next runs
+   launch-blocking (``CUDA_LAUNCH_BLOCKING=1``, named so in the tables), so that their traceback names the kernel.
 5. ``full_ft``: the SD 3.5 Medium epoch with full fine-tuning and gradient checkpointing.
 
 Then DIR/summary.md (the tables for docs/performance.md) and DIR/summary.json; what could not run is listed with the
@@ -118,6 +121,9 @@ class Check:
         self.results: dict = {"dry_run": args.dry_run, "steps": {}, "not_run": []}
         self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                         PYTHONUNBUFFERED="1", WANDB_MODE="disabled", HF_HUB_OFFLINE="1")
+        if args.dry_run:  # the tiny models on the CPU, also on a GPU machine (the suite's own test of the dry run)
+            self.env["CUDA_VISIBLE_DEVICES"] = ""
+        self.blocking: set[str] = set()  # shapes whose run failed with a CUDA error: the next runs launch-blocking
 
     def left(self) -> float:
         return self.args.budget_s - (time.monotonic() - self.start)
@@ -134,17 +140,19 @@ class Check:
         self.results["not_run"].append({"what": what, "why": why})
 
     def run(self, what: str, command: list[str], timeout: float, **kwargs) -> int | None:
-        """``command`` with its output in the log; None when it did not start (the budget is spent) or ran past
-        ``timeout`` (then it is killed)."""
+        """``command`` with its output in the log (or ``output``); None when it did not start (the budget is spent)
+        or ran past ``timeout`` (then it is killed)."""
         if timeout <= 5:
             self.not_run(what, f"the budget of {self.args.budget_s:.0f} s is spent")
             return None
         self.say(f"{what}: {' '.join(command)}")
         return self.wait(what, self.start_process(command, **kwargs), timeout)
 
-    def start_process(self, command: list[str], cores: set[int] | None = None, output: Path | None = None):
+    def start_process(self, command: list[str], cores: set[int] | None = None, output: Path | None = None,
+                      env: dict | None = None):
         """``command`` started in its own session (so that its children can be stopped with it), on ``cores`` (set by
-        a small exec wrapper: no preexec_fn while a thread runs), writing to ``output`` (default: the log)."""
+        a small exec wrapper: no preexec_fn while a thread runs), writing to ``output`` (default: the log), with
+        ``env`` on top of the check's environment."""
         if cores:
             pin = ("import os, sys; os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')}); "
                    "os.execvp(sys.argv[2], sys.argv[2:])")
@@ -153,18 +161,20 @@ class Check:
             self.log.flush()
             stream = open(output, "w") if output else self.log
             try:
-                process = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=stream, stderr=subprocess.STDOUT,
-                                           start_new_session=True)
+                process = subprocess.Popen(command, cwd=ROOT, env={**self.env, **(env or {})}, stdout=stream,
+                                           stderr=subprocess.STDOUT, start_new_session=True)
             finally:
                 if output:
                     stream.close()  # the child holds its own copy
             self.processes.append(process)
         return process
 
-    def wait(self, what: str, process, timeout: float, interrupt_first: bool = False) -> int | None:
-        """The exit code of ``process``, or None when it ran past ``timeout``: then it is killed with its children,
-        after ``interrupt_first`` a SIGINT to it alone and up to GRACE_S seconds (pytest then writes its junit file)."""
-        started = time.monotonic()
+    def wait(self, what: str, process, timeout: float, interrupt_first: bool = False,
+             started: float | None = None) -> int | None:
+        """The exit code of ``process`` (started at ``started``, default now), or None when it ran past ``timeout``:
+        then it is killed with its children, after ``interrupt_first`` a SIGINT to it alone and up to GRACE_S seconds
+        (pytest then writes its junit file)."""
+        started = started or time.monotonic()
         try:
             code = process.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
@@ -175,7 +185,8 @@ class Check:
                 except subprocess.TimeoutExpired:
                     pass
             stop(process)
-            self.not_run(what, f"stopped after {time.monotonic() - started:.0f} s (the budget)")
+            self.not_run(what, f"stopped after {time.monotonic() - started:.0f} s (the budget; what it reached is "
+                               f"counted)")
             return None
         self.say(f"{what}: exit {code} after {time.monotonic() - started:.1f} s")
         return code
@@ -321,10 +332,22 @@ def epoch_run(check: Check, name: str, shape: str, model: Path, extra: dict, cap
         command += ["--memory-gb", str(cap_gb)]
     if leave_gb:
         command += ["--leave-gb", str(leave_gb)]
-    if check.run(name, command, check.left() - GRACE_S - 10, cores=epoch_cores) == 0 and target.exists():
+    env = None
+    if shape in check.blocking:  # an earlier run of the shape failed with a CUDA error: name the kernel this time
+        name, env = f"{name} (CUDA_LAUNCH_BLOCKING=1)", {"CUDA_LAUNCH_BLOCKING": "1"}
+    output = check.work / f"{name}.log"
+    code = check.run(name, command, check.left() - GRACE_S - 10, cores=epoch_cores, output=output, env=env)
+    printed = output.read_text(errors="replace") if output.exists() else ""
+    with check.lock:
+        check.log.write(printed)
+        check.log.flush()
+    if code == 0 and target.exists():
         check.results["steps"][name] = json.loads(target.read_text())
-    elif name not in {n["what"] for n in check.results["not_run"]}:
-        check.not_run(name, "it failed (log.txt)")
+    else:
+        if "CUDA error" in printed and "out of memory" not in printed:
+            check.blocking.add(shape)
+        if name not in {n["what"] for n in check.results["not_run"]}:
+            check.not_run(name, "it failed (log.txt)")
 
 
 def cuda_available() -> bool:
@@ -426,7 +449,10 @@ def run_steps(check: Check) -> None:
         command = suite_command(check, junit, parts["suite"])
         where = f" (cores {min(parts['suite'])}-{max(parts['suite'])})" if parts["suite"] else ""
         check.say(f"suite: {' '.join(command)}{where}")
-        suite = (check.start_process(command, cores=parts["suite"], output=check.out / "suite_log.txt"),
+        # a thread per test process (and per process a test starts): torch's default of one per core, in each of
+        # a dozen workers, slowed the suite several times over on 16 cores
+        threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if parts["suite"] else None
+        suite = (check.start_process(command, cores=parts["suite"], output=check.out / "suite_log.txt", env=threads),
                  time.monotonic(), junit, command)
     models = None
     if {"models", "epochs", "full_ft"} & set(args.only):
@@ -440,10 +466,9 @@ def run_steps(check: Check) -> None:
     # (name, shape, fields, memory cap GiB, GiB left to others): a "whole card" run beside the suite leaves SUITE_GB
     runs = []
     if "epochs" in args.only:
-        for shape in args.shapes:
-            runs.append((shape, shape, {}, None, SUITE_GB if beside else None))
-            if not args.dry_run:  # a memory cap is CUDA's
-                runs.append((f"{shape} ({CAP_GB} GiB cap)", shape, {}, CAP_GB, None))
+        if not args.dry_run:  # a memory cap is CUDA's; the capped runs first, beside the model building
+            runs += [(f"{shape} ({CAP_GB} GiB cap)", shape, {}, CAP_GB, None) for shape in args.shapes]
+        runs += [(shape, shape, {}, None, SUITE_GB if beside else None) for shape in args.shapes]
     if "full_ft" in args.only:
         shape, extra = FULL_FT
         if shape in args.shapes:
@@ -451,6 +476,8 @@ def run_steps(check: Check) -> None:
         else:
             check.not_run(f"{shape} full fine-tuning", f"no {shape} model (--shapes)")
     for name, shape, extra, cap, leave in runs:
+        if models and cap is None:  # the building initialises on the GPU (FLUX's held 34 GiB): a run sized to the
+            models.join(timeout=max(check.left(), 1))  # whole card starts after it, the capped ones beside it
         model = models.ready(shape) if models else None
         if model is not None:
             epoch_run(check, name, shape, model, extra, cap, leave, parts["epochs"])
@@ -462,7 +489,7 @@ def run_steps(check: Check) -> None:
 
 def wait_suite(check: Check, suite, timeout: float) -> None:
     process, started, junit, command = suite
-    code = check.wait("suite", process, timeout, interrupt_first=True)
+    code = check.wait("suite", process, timeout, interrupt_first=True, started=started)
     wall = time.monotonic() - started
     try:
         counts = junit_counts(junit)

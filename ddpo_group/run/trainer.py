@@ -138,7 +138,10 @@ class Trainer:
         self.old = OldModel.from_config(config, self.family.model, lora) if uses_old else None
         optimizer = make_optimizer(config, self.params)
         set_attention_backend(config.attention_backend, self.accelerator.device, config.mixed_precision)
-        compile_denoiser(self.family.model, config.compile_denoiser)  # in place: names, hooks, state dict unchanged
+        # in place: names, hooks, state dict unchanged
+        compiled = compile_denoiser(self.family.model, config.compile_denoiser, self.accelerator.device)
+        if config.compile_denoiser == "auto" and compiled:
+            self.accelerator.print(f"compile_denoiser auto -> {compiled} (the first epoch compiles)")
         self.model, self.optimizer = self.accelerator.prepare(self.family.model, optimizer)
         if self.accelerator.distributed_type == DistributedType.FSDP:  # sharding replaced the parameters: clip those
             self.params = [p for p in self.model.parameters() if p.requires_grad]

@@ -34,8 +34,8 @@ def worker_args(model_dir, logdir, **extra) -> list[str]:
 
 def assert_every_worker_stopped(workers, *cause: str) -> None:
     for worker in workers:
-        assert worker.returncode == FAILURE, \
-            f"rank {worker.rank}: exit {worker.returncode}, expected {FAILURE}\n{worker.stderr[-3000:]}"
+        assert worker.returncode == FAILURE, f"rank {worker.rank}: exit {worker.returncode}, expected {FAILURE}\n" + \
+            "".join(f"rank {w.rank}:\n{w.stderr[-3000:]}\n" for w in workers)
         assert worker.seconds < BOUND, f"rank {worker.rank} ran {worker.seconds:.0f} s"
     main = workers[0].stderr
     for fragment in cause:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch.profiler import profile
 
 from ddpo_group.errors import ConfigError
+from ddpo_group.models import speed_options
 from ddpo_group.models.speed_options import compile_denoiser, set_attention_backend
 from ddpo_group.models.tiny_random import TINY_BUILDERS
 from tests.trainer_helpers import tiny_trainer
@@ -59,8 +60,23 @@ def test_compile_denoiser_off_full_and_regional():
     assert joint and compiled(sd3) == joint
     with pytest.raises(ConfigError, match="Linear declares no repeated blocks.*'full'"):
         compile_denoiser(torch.nn.Linear(2, 2), "regional")
-    with pytest.raises(ConfigError, match=r"compile_denoiser='partial' must be one of \(False, True, 'full', 'regional'\)"):
+    with pytest.raises(ConfigError, match=r"compile_denoiser='partial' must be one of \('auto', False, True, 'full', 'regional'\)"):
         compile_denoiser(unet, "partial")
+
+
+def test_auto_compiles_the_repeated_blocks_of_a_large_transformer_on_cuda_only(monkeypatch):
+    """"auto": regional on CUDA for a transformer of AUTO_MIN_PARAMETERS or more; off on the CPU, below the size and
+    for a UNet (measured slower). Module.compile only wraps: no GPU is needed to see what would be compiled."""
+    sd3 = TINY_BUILDERS["sd3"]().transformer
+    assert sum(p.numel() for p in sd3.parameters()) < speed_options.AUTO_MIN_PARAMETERS  # the tiny model: off
+    assert compile_denoiser(sd3, "auto", "cuda") is None and compiled(sd3) == []
+    monkeypatch.setattr(speed_options, "AUTO_MIN_PARAMETERS", 1000)
+    assert compile_denoiser(sd3, "auto", "cpu") is None and compiled(sd3) == []
+    unet = TINY_BUILDERS["sd"]().unet
+    assert compile_denoiser(unet, "auto", torch.device("cuda")) is None and compiled(unet) == []
+    assert compile_denoiser(sd3, "auto", "cuda") == "regional"
+    assert compiled(sd3) == [n for n, m in sd3.named_modules() if type(m).__name__ == "JointTransformerBlock"]
+    assert compile_denoiser(TINY_BUILDERS["sd"]().unet, "regional", "cuda") == "regional"  # asked for: applied
 
 
 def test_attention_backend_sets_torchs_switches_and_the_cpu_kernel(sdpa_flags):
@@ -99,7 +115,7 @@ def test_the_trainer_applies_both_after_the_reference_and_refuses_bad_names(tiny
     assert flags() == (False, False, False, True)
     default = tiny_trainer("grpo", tiny_model_dir, tmp_path, run_name="default", device="cpu")
     assert compiled(default.family.model) == [] and flags() == (True, True, True, True)
-    for field, value, allowed in (("compile_denoiser", "partial", "(False, True, 'full', 'regional')"),
+    for field, value, allowed in (("compile_denoiser", "partial", "('auto', False, True, 'full', 'regional')"),
                                   ("attention_backend", "fast", "('auto', 'flash', 'cudnn', 'efficient', 'math')")):
         with pytest.raises(ConfigError) as error:
             tiny_trainer("grpo", tiny_model_dir, tmp_path, run_name=field, **{field: value})

@@ -26,7 +26,7 @@ def test_each_prompt_group_is_sampled_as_a_tree(name, family_model_dirs, tmp_pat
     family, sample = trainer.family, trainer.config.sample
     cfg_rows = 2 if sample.guidance_scale > family.no_guidance and not family.guidance_embedded else 1
     assert trainer.nfe.take()[0] == (2 + 2 + 4 + 8) * cfg_rows
-    nodes = batch["tree_nodes"]
+    nodes = batch["tree_nodes"].cpu()
     assert nodes.shape == (8, 5)  # the states x_0 .. x_4
     assert torch.equal(nodes[:, 1], torch.tensor([0, 0, 0, 0, 4, 4, 4, 4]))
     assert torch.equal(nodes[:, 2], torch.tensor([0, 0, 2, 2, 4, 4, 6, 6]))
