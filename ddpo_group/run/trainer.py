@@ -139,7 +139,8 @@ class Trainer:
         optimizer = make_optimizer(config, self.params)
         set_attention_backend(config.attention_backend, self.accelerator.device, config.mixed_precision)
         # in place: names, hooks, state dict unchanged
-        compiled = compile_denoiser(self.family.model, config.compile_denoiser, self.accelerator.device)
+        sharded = self.accelerator.distributed_type == DistributedType.FSDP
+        compiled = compile_denoiser(self.family.model, config.compile_denoiser, self.accelerator.device, sharded)
         if config.compile_denoiser == "auto" and compiled:
             self.accelerator.print(f"compile_denoiser auto -> {compiled} (the first epoch compiles)")
         self.model, self.optimizer = self.accelerator.prepare(self.family.model, optimizer)
