@@ -69,7 +69,12 @@ def set_field(config, key: str, raw: str) -> None:
     if field not in target and not section.endswith("_kwargs"):
         raise SystemExit(f"{key}={raw}: config has no field {key!r} (docs/configuration.md lists them)")
     current = target[field] if field in target else ""  # a new key of a *_kwargs section: a string
-    if isinstance(current, bool):
+    if field in target and target.get_type(field) is object:  # e.g. compile_denoiser: False / "regional" / "auto"
+        try:  # as ml_collections' command line reads such a field
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw
+    elif isinstance(current, bool):
         value = raw.lower() in ("1", "true", "yes")
     elif isinstance(current, tuple):  # e.g. sample.branch_steps=(0,1), or =1 for (1,)
         parsed = ast.literal_eval(raw) if raw.strip("() ") else ()

@@ -15,18 +15,20 @@ Steps (``--only`` picks some), each a subprocess, so one that fails leaves the o
 2. ``suite``: the test suite (``python -m pytest -rf --junitxml DIR/junit.xml``, test by test on all cores but four
    with pytest-xdist when it is installed, one thread each), its output in DIR/suite_log.txt, its counts and failures in DIR/suite.txt.
    The 2-process tests (``MULTIPROCESS``) are part of it; the summary lists their outcomes apart.
-3. ``models``: random pipelines of the real shapes (bench/random_model.py) on two cores, one after the other, each
-   shape's epochs starting once it is saved: SD-1.5 (UNet 860M, 512 px), SD 3.5 Medium (2.24B transformer, CLIP-L/G,
+3. ``models``: random pipelines of the real shapes (bench/random_model.py) on two cores, one after the other (the
+   capped epochs of a shape start once it is saved, the whole-card ones once all are): SD-1.5 (UNet 860M, 512 px), SD 3.5 Medium (2.24B transformer, CLIP-L/G,
    no T5) and FLUX.1 [dev] widths with half its blocks (10 double + 19 single, 6.2B; T5-XXL's width with 12 of its 24
    layers): the whole 12B does not fit the 24 GiB cap.
 4. ``epochs`` on two cores: a two-epoch run of each shape's recipe (``SHAPES``: grpo on SD-1.5, flow_grpo_sd35 and
    flow_grpo_flux on the others; bf16, LoRA, ``train.pairs_per_forward="auto"``), the second epoch reported by
    bench/epoch.py, under a 24 GiB cap (first, beside the model building) and on the whole card (once the building,
-   which initialises on the GPU, is over): peak CUDA memory, the phase split, images/s, pairs/s, training and sampling
-   MFU. The runs keep config/base.py's speed options (``compile_denoiser="auto"`` compiles the transformers' blocks in
-   the first epoch). A run that fails with a CUDA error other than out-of-memory makes its shape's next runs
-   launch-blocking (``CUDA_LAUNCH_BLOCKING=1``, named so in the tables), so that their traceback names the kernel.
-5. ``full_ft``: the SD 3.5 Medium epoch with full fine-tuning and gradient checkpointing.
+   which initialises on the GPU, is over); FLUX.1's after the others' and the full fine-tuning: peak CUDA memory, the
+   phase split, images/s, pairs/s, training and sampling MFU. The whole-card runs keep config/base.py's speed options
+   (``compile_denoiser="auto"`` compiles the transformers' blocks in the first epoch; a reached recompile limit is
+   reported); the capped and full fine-tuning runs are eager (``EAGER``), to keep the budget. A run that fails with a
+   CUDA error other than out-of-memory makes its shape's next runs launch-blocking (``CUDA_LAUNCH_BLOCKING=1``, named
+   so in the tables), so that their traceback names the kernel.
+5. ``full_ft``: the SD 3.5 Medium epoch with full fine-tuning and gradient checkpointing, eager.
 
 Then DIR/summary.md (the tables for docs/performance.md) and DIR/summary.json; what could not run is listed with the
 reason, and whether the epochs ran beside the suite (sharing the GPU with its tests: the runs on the whole card then
@@ -71,7 +73,9 @@ SHAPES = {
     "sd35m": (["--shape", "sd35m"], "sd3", "flow_grpo_sd35", {"mixed_precision": "bf16"}),
     "flux": (["--shape", "flux", "--blocks", "0.5"], "flux", "flow_grpo_flux", {"mixed_precision": "bf16"}),
 }
-FULL_FT = ("sd35m", {"use_lora": "False", "train.gradient_checkpointing": "True"})
+EAGER = {"compile_denoiser": "False"}  # the capped and full fine-tuning runs: no compilation minute in the budget
+FULL_FT = ("sd35m", {"use_lora": "False", "train.gradient_checkpointing": "True", **EAGER})
+LAST = ("flux",)  # the largest shape, not yet run through on a GPU: after the others' runs
 DRY_SUITE = "tests/run/test_throughput.py"  # a few seconds
 DRY = {"sample.num_steps": "2", "sample.batch_size": "4", "train.batch_size": "4", "train.group_size": "4",
        "sample.resolution": "0", "mixed_precision": "no", "pretrained.max_sequence_length": "16"}
@@ -174,7 +178,7 @@ class Check:
         """The exit code of ``process`` (started at ``started``, default now), or None when it ran past ``timeout``:
         then it is killed with its children, after ``interrupt_first`` a SIGINT to it alone and up to GRACE_S seconds
         (pytest then writes its junit file)."""
-        started = started or time.monotonic()
+        started = time.monotonic() if started is None else started
         try:
             code = process.wait(timeout=max(timeout, 1))
         except subprocess.TimeoutExpired:
@@ -185,8 +189,8 @@ class Check:
                 except subprocess.TimeoutExpired:
                     pass
             stop(process)
-            self.not_run(what, f"stopped after {time.monotonic() - started:.0f} s (the budget; what it reached is "
-                               f"counted)")
+            counted = "; what it reached is counted" if interrupt_first else ""
+            self.not_run(what, f"stopped after {time.monotonic() - started:.0f} s (the budget{counted})")
             return None
         self.say(f"{what}: exit {code} after {time.monotonic() - started:.1f} s")
         return code
@@ -323,6 +327,9 @@ def epoch_run(check: Check, name: str, shape: str, model: Path, extra: dict, cap
     if check.args.dry_run:
         sets.update(DRY)
     sets["pretrained.model"] = str(model)
+    env = None
+    if shape in check.blocking:  # an earlier run of the shape failed with a CUDA error: name the kernel this time
+        name, env = f"{name} (CUDA_LAUNCH_BLOCKING=1)", {"CUDA_LAUNCH_BLOCKING": "1"}
     target = check.work / f"{name}.json"
     threads = str(len(epoch_cores)) if epoch_cores else "0"  # torch would start a thread per core of the machine
     command = [python(), str(BENCH / "epoch.py"), "--preset", preset, "--epochs", "2", "--threads", threads,
@@ -332,19 +339,21 @@ def epoch_run(check: Check, name: str, shape: str, model: Path, extra: dict, cap
         command += ["--memory-gb", str(cap_gb)]
     if leave_gb:
         command += ["--leave-gb", str(leave_gb)]
-    env = None
-    if shape in check.blocking:  # an earlier run of the shape failed with a CUDA error: name the kernel this time
-        name, env = f"{name} (CUDA_LAUNCH_BLOCKING=1)", {"CUDA_LAUNCH_BLOCKING": "1"}
-    output = check.work / f"{name}.log"
-    code = check.run(name, command, check.left() - GRACE_S - 10, cores=epoch_cores, output=output, env=env)
-    printed = output.read_text(errors="replace") if output.exists() else ""
-    with check.lock:
-        check.log.write(printed)
+    with check.lock:  # the run writes into the log as it goes (a killed check keeps it); its part is read after
         check.log.flush()
+        offset = (check.out / "log.txt").stat().st_size
+    code = check.run(name, command, check.left() - GRACE_S - 10, cores=epoch_cores, env=env)
+    with open(check.out / "log.txt", "rb") as log:
+        log.seek(offset)
+        printed = log.read().decode(errors="replace")
+    if "recompile_limit" in printed:
+        check.say(f"{name}: dynamo's recompile limit was reached (part of the compiled blocks ran eager)")
+        check.results.setdefault("recompile_limit", []).append(name)
     if code == 0 and target.exists():
         check.results["steps"][name] = json.loads(target.read_text())
     else:
-        if "CUDA error" in printed and "out of memory" not in printed:
+        cuda_errors = [line for line in printed.splitlines() if "CUDA error" in line and "out of memory" not in line]
+        if cuda_errors:
             check.blocking.add(shape)
         if name not in {n["what"] for n in check.results["not_run"]}:
             check.not_run(name, "it failed (log.txt)")
@@ -449,8 +458,8 @@ def run_steps(check: Check) -> None:
         command = suite_command(check, junit, parts["suite"])
         where = f" (cores {min(parts['suite'])}-{max(parts['suite'])})" if parts["suite"] else ""
         check.say(f"suite: {' '.join(command)}{where}")
-        # a thread per test process (and per process a test starts): torch's default of one per core, in each of
-        # a dozen workers, slowed the suite several times over on 16 cores
+        # one thread per test process and per process a test starts (tests/conftest.py's two per worker put 24 threads
+        # on 12 cores, and a started process takes one per core)
         threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"} if parts["suite"] else None
         suite = (check.start_process(command, cores=parts["suite"], output=check.out / "suite_log.txt", env=threads),
                  time.monotonic(), junit, command)
@@ -465,16 +474,17 @@ def run_steps(check: Check) -> None:
     check.results["epochs_beside_the_suite"] = beside
     # (name, shape, fields, memory cap GiB, GiB left to others): a "whole card" run beside the suite leaves SUITE_GB
     runs = []
-    if "epochs" in args.only:
-        if not args.dry_run:  # a memory cap is CUDA's; the capped runs first, beside the model building
-            runs += [(f"{shape} ({CAP_GB} GiB cap)", shape, {}, CAP_GB, None) for shape in args.shapes]
-        runs += [(shape, shape, {}, None, SUITE_GB if beside else None) for shape in args.shapes]
-    if "full_ft" in args.only:
+    whole = SUITE_GB if beside else None
+    for group in ([s for s in args.shapes if s not in LAST], [s for s in args.shapes if s in LAST]):
+        if "epochs" in args.only:
+            if not args.dry_run:  # a memory cap is CUDA's; the capped runs first, beside the model building
+                runs += [(f"{shape} ({CAP_GB} GiB cap)", shape, EAGER, CAP_GB, None) for shape in group]
+            runs += [(shape, shape, {}, None, whole) for shape in group]
         shape, extra = FULL_FT
-        if shape in args.shapes:
-            runs.append((f"{shape} full fine-tuning", shape, extra, None, SUITE_GB if beside else None))
-        else:
-            check.not_run(f"{shape} full fine-tuning", f"no {shape} model (--shapes)")
+        if "full_ft" in args.only and shape in group:
+            runs.append((f"{shape} full fine-tuning", shape, extra, None, whole))
+    if "full_ft" in args.only and FULL_FT[0] not in args.shapes:
+        check.not_run(f"{FULL_FT[0]} full fine-tuning", f"no {FULL_FT[0]} model (--shapes)")
     for name, shape, extra, cap, leave in runs:
         if models and cap is None:  # the building initialises on the GPU (FLUX's held 34 GiB): a run sized to the
             models.join(timeout=max(check.left(), 1))  # whole card starts after it, the capped ones beside it

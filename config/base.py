@@ -44,9 +44,9 @@ def base() -> ml_collections.ConfigDict:
     config.unet_channels_last = False  # channels-last memory format for a UNet denoiser (convolutions on GPUs)
     # torch.compile the denoiser (a minute or more of compilation in the first epoch, applied after the reference model
     # is built): "auto" ("regional" on CUDA for a transformer denoiser of 1B parameters or more, where it measured 1.6x;
-    # off on the CPU, for smaller models, for UNets and under FSDP), False (off), "full" (its whole forward; True means
-    # the same) or "regional" (each of its repeated blocks, diffusers' compile_repeated_blocks: the same code for every
-    # block)
+    # off on the CPU, for smaller models, for UNets, under FSDP and with deterministic=True), False (off), "full" (its
+    # whole forward; True means the same) or "regional" (each of its repeated blocks, diffusers'
+    # compile_repeated_blocks: the same code for every block)
     config.compile_denoiser = FieldReference("auto", field_type=object)
     # the scaled-dot-product attention kernels torch may use: "auto" (torch's choice among all), "flash", "cudnn",
     # "efficient" (these two CUDA only) or "math"; flash and cudnn need fp16 / bf16 on CUDA (mixed_precision); a named

@@ -55,25 +55,26 @@ def repeated_blocks(model: torch.nn.Module) -> tuple[str, ...]:
     return tuple(getattr(model, "_repeated_blocks", None) or REPEATED_BLOCKS.get(type(model).__name__, ()))
 
 
-def auto_compile_mode(model: torch.nn.Module, device, sharded: bool = False) -> str | None:
+def auto_compile_mode(model: torch.nn.Module, device, sharded: bool = False, deterministic: bool = False) -> str | None:
     """What ``compile_denoiser="auto"`` means for ``model`` on ``device``: "regional" on CUDA for a denoiser with
-    repeated blocks, of at least AUTO_MIN_PARAMETERS and not in AUTO_SKIPS, unless FSDP will shard it (``sharded``:
-    not measured together); None (off) otherwise."""
+    repeated blocks, of at least AUTO_MIN_PARAMETERS and not in AUTO_SKIPS, unless FSDP will shard it (``sharded``)
+    or the run is ``deterministic`` (neither measured together with compilation); None (off) otherwise."""
     big = sum(p.numel() for p in model.parameters()) >= AUTO_MIN_PARAMETERS
     measured_slower = type(model).__name__ in AUTO_SKIPS
     on_cuda = torch.device(device).type == "cuda"
-    return "regional" if on_cuda and big and not measured_slower and not sharded and repeated_blocks(model) else None
+    unmeasured = sharded or deterministic
+    return "regional" if on_cuda and big and not measured_slower and not unmeasured and repeated_blocks(model) else None
 
 
-def compile_denoiser(model: torch.nn.Module, value, device="cpu", sharded: bool = False) -> str | None:
+def compile_denoiser(model: torch.nn.Module, value, device="cpu", sharded: bool = False,
+                     deterministic: bool = False) -> str | None:
     """Compile ``model`` in place (Module.compile: names, hooks, state dict and LoRA adapters unchanged) as
     ``compile_denoiser`` says: the whole forward ("full" / True), every repeated block ("regional": diffusers'
     ModelMixin.compile_repeated_blocks; the same compiled code serves every block of a class, so compilation takes
-    far less time) or, with "auto", what auto_compile_mode says for ``device`` and ``sharded``. Returns the mode
-    applied (None: off)."""
+    far less time) or, with "auto", what auto_compile_mode says. Returns the mode applied (None: off)."""
     mode = compile_mode(value)
     if mode == "auto":
-        mode = auto_compile_mode(model, device, sharded)
+        mode = auto_compile_mode(model, device, sharded, deterministic)
     if mode == "full":
         model.compile()
     elif mode == "regional":

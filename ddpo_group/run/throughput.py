@@ -153,8 +153,18 @@ def measure_model_flops(scorer, model, batch: dict, params: list, step: int, sam
             for p, grad in zip(params, saved):
                 p.grad = grad
 
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # a resumed run draws the same
-        train = count_flops(forward_backward) + (count_flops(lambda: forward(scorer)) if reference_forward else 0)
+    # gradient checkpointing recomputes forwards in the backward: hardware FLOPs, not the model's. Counted without it
+    # (one pair: its activations fit where the run's chunks needed it)
+    checkpointing = bool(getattr(model, "is_gradient_checkpointing", False))
+    if checkpointing:
+        model.disable_gradient_checkpointing()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # a resumed run draws the same
+            train = count_flops(forward_backward) + (count_flops(lambda: forward(scorer)) if reference_forward else 0)
+    finally:
+        if checkpointing:
+            model.enable_gradient_checkpointing()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         sample = num_steps * count_flops(lambda: forward(sampling))
     return ModelFlops(train_per_pair=train, sample_per_image=sample)
 

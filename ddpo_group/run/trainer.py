@@ -140,7 +140,8 @@ class Trainer:
         set_attention_backend(config.attention_backend, self.accelerator.device, config.mixed_precision)
         # in place: names, hooks, state dict unchanged
         sharded = self.accelerator.distributed_type == DistributedType.FSDP
-        compiled = compile_denoiser(self.family.model, config.compile_denoiser, self.accelerator.device, sharded)
+        compiled = compile_denoiser(self.family.model, config.compile_denoiser, self.accelerator.device, sharded,
+                                    config.deterministic)
         if config.compile_denoiser == "auto" and compiled:
             self.accelerator.print(f"compile_denoiser auto -> {compiled} (the first epoch compiles)")
         self.model, self.optimizer = self.accelerator.prepare(self.family.model, optimizer)

@@ -202,6 +202,9 @@ def test_a_study_override_takes_former_names_and_refuses_unknown_fields(capsys):
     assert "sample.eta is now sample.noise_level" in capsys.readouterr().err
     compare_algorithms.set_field(config, "prompt_fn_kwargs.split", "train")  # a *_kwargs section takes new keys
     assert config.prompt_fn_kwargs.split == "train"
+    for raw, value in (("False", False), ("regional", "regional"), ("True", True)):  # an object field, as on the CLI
+        compare_algorithms.set_field(config, "compile_denoiser", raw)
+        assert config.compile_denoiser is value or config.compile_denoiser == value, raw
     with pytest.raises(SystemExit, match=r"sample.etta=0.5: config has no field 'sample.etta'"):
         compare_algorithms.set_field(config, "sample.etta", "0.5")
 

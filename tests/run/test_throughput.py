@@ -76,6 +76,12 @@ def test_model_flops_count_cfg_rows_and_the_reference_forward(tiny_model_dir, tm
     # LoRA: activation gradients through the frozen weights (not of the inputs: latents, text), adapters' weight gradients
     assert forward < guided.train_per_pair < 3 * forward
     assert all(p.grad is g for p, g in zip(params, grads)) and torch.equal(torch.get_rng_state(), rng)
+    # gradient checkpointing's recomputation is not the model's work: the same count with it on, and it stays on
+    model.enable_gradient_checkpointing()
+    try:
+        assert measure(5.0, False) == guided and model.is_gradient_checkpointing
+    finally:
+        model.disable_gradient_checkpointing()
 
 
 def test_an_epoch_logs_its_throughput(tiny_model_dir, tmp_path, capsys):
