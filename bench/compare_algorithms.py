@@ -143,17 +143,19 @@ def run_one(label: str, seed: int, args) -> dict:
     trainer = Trainer(config)
     trainer.run()
     wall = time.perf_counter() - start
-    queries, nfe, curve, spent, ev = 0, 0, [], {}, []
+    queries, nfe, curve, spent, ev, tree_ev = 0, 0, [], {}, [], []
     for m in read_metrics(trainer.run_dir / "metrics.jsonl"):
         queries += m["reward_queries"]
         nfe += m["perf/nfe"]
         curve.append((queries, m["reward_mean"]))
         spent[m["epoch"]] = (queries, nfe)
-        if m.get("group/critic_ev") is not None and math.isfinite(m["group/critic_ev"]):
-            ev.append(m["group/critic_ev"])
+        for key, kept in (("group/critic_ev", ev), ("tree/value_ev", tree_ev)):
+            if m.get(key) is not None and math.isfinite(m[key]):
+                kept.append(m[key])
     evaluations = evaluation_curve(trainer.run_dir, spent)
     return {"preset": label, "definition": [preset, *own], "seed": seed,
             "critic_ev": sum(ev[-10:]) / len(ev[-10:]) if ev else None,
+            "tree_value_ev": sum(tree_ev) / len(tree_ev) if tree_ev else None,
             "before": evaluations[0]["reward"], "after": evaluations[-1]["reward"],
             "accuracy_before": evaluations[0]["accuracy"], "accuracy_after": evaluations[-1]["accuracy"],
             "queries": queries, "nfe": nfe, "wall_s": wall, "curve": curve, "evaluations": evaluations}
@@ -245,12 +247,14 @@ def table(rows: list[dict], presets: list[str], threshold: str | None, at_nfe: i
     at_nfe = at_nfe if at_nfe is not None else min((r["nfe"] for r in rows), default=0)
     with_accuracy = any(r.get("accuracy_before") is not None for r in rows)
     with_ev = any(r.get("critic_ev") is not None for r in rows)
+    with_tree_ev = any(r.get("tree_value_ev") is not None for r in rows)
     accuracy_head = " joint accuracy before | joint accuracy after |" if with_accuracy else ""
     head = (f"| variant | reward before | reward after | gain |{accuracy_head} reward queries | "
             f"queries to reach {described} | denoiser evaluations | evaluations to reach {described} | "
-            f"gain at {at_nfe} evaluations (read at) |{' critic EV (last 10 epochs) |' if with_ev else ''} "
-            f"wall time (s) |\n"
-            f"|---|---|---|---|{'---|---|' if with_accuracy else ''}---|---|---|---|---|{'---|' if with_ev else ''}---|")
+            f"gain at {at_nfe} evaluations (read at) |{' critic EV (last 10 epochs) |' if with_ev else ''}"
+            f"{' tree value EV (all epochs) |' if with_tree_ev else ''} wall time (s) |\n"
+            f"|---|---|---|---|{'---|---|' if with_accuracy else ''}---|---|---|---|---|{'---|' if with_ev else ''}"
+            f"{'---|' if with_tree_ev else ''}---|")
     out = [head]
 
     def reach(spent: str, rs: list[dict]) -> str:
@@ -268,7 +272,8 @@ def table(rows: list[dict], presets: list[str], threshold: str | None, at_nfe: i
             f"{reach('queries', rs)} | {mean_std([r['nfe'] for r in rs])} | {reach('nfe', rs)} | "
             f"{mean_std([reward - r['before'] for (reward, _), r in zip(equal, rs)])} "
             f"({mean_std([spent for _, spent in equal])}) |"
-            f"{' ' + mean_std([r.get('critic_ev') for r in rs], empty='—') + ' |' if with_ev else ''} "
+            f"{' ' + mean_std([r.get('critic_ev') for r in rs], empty='—') + ' |' if with_ev else ''}"
+            f"{' ' + mean_std([r.get('tree_value_ev') for r in rs], empty='—') + ' |' if with_tree_ev else ''} "
             f"{mean_std([r['wall_s'] for r in rs])} |"
         )
     return "\n".join(out)

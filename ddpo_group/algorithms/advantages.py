@@ -44,7 +44,7 @@ import torch
 
 from .aggregation import compact_group_index, group_stats, masked_stats, masked_whiten
 from .filters import zero_variance_group_filter
-from .group_ppo import GroupThresholdController, group_ppo_advantages, tree_values
+from .group_ppo import GroupThresholdController, group_ppo_advantages, tree_value_ev, tree_values
 from ddpo_group.registry import Registry, read_field
 
 
@@ -384,7 +384,9 @@ def tree_grpo_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by_
     res = group_ppo_advantages(V, R, gi, tau=0.0, max_segment_steps=V.shape[1], numerical_floor=eps, gae_lambda=0.0,
                                norm_adv_by_std=norm_adv_by_std, cut_steps=branch)
     segments = float(res.step_endpoints.sum(1).double().mean())
-    return AdvantageOutput(res.advantages * m, metrics={**_group_metrics(R, gi, P, std), "tree/segments": segments})
+    metrics = {**_group_metrics(R, gi, P, std), "tree/segments": segments,
+               "tree/value_ev": tree_value_ev(inputs.tree_nodes, R, gi)}
+    return AdvantageOutput(res.advantages * m, metrics=metrics)
 
 
 @register_adv_est("dr_grpo", needs_groups=True, check=_never_std_scaled)
@@ -551,6 +553,8 @@ def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, max_segment_s
         residual=value_source in RESIDUAL_VALUE_SOURCES, cut_steps=cut_steps,
     )
     metrics = {**res.metrics, **_group_metrics(R, gi, P, std)}
+    if value_source == "tree":
+        metrics["tree/value_ev"] = tree_value_ev(inputs.tree_nodes, R, gi, sr)
     dtype = inputs.rewards.dtype if torch.as_tensor(inputs.rewards).is_floating_point() else torch.float32
     return AdvantageOutput(
         res.advantages, res.critic_targets, metrics, endpoint_mask=res.endpoint_mask.to(dtype),

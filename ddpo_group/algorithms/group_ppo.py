@@ -343,6 +343,44 @@ def tree_values(tree_nodes: torch.Tensor, rewards: torch.Tensor,
     return values, (nodes[:, 1:] != nodes[:, :-1]).any(dim=0)
 
 
+def tree_value_ev(tree_nodes: torch.Tensor, rewards: torch.Tensor, group_index: torch.Tensor,
+                  step_rewards: Optional[torch.Tensor] = None) -> float:
+    """How much of the return's variance within the prompt groups the tree's measured values explain, leave-one-out
+    on both sides (a sample's own return never predicts itself):
+
+        EV = 1 - sum (G_i,k - V_-i(x_k))^2 / sum (G_i,k - b_-i,k)^2
+
+    over the states x_k just after a branch step (x_{n+1}, n a branch step) that at least 2 samples share; G_i,k:
+    sample i's return from x_k (R_i + its step rewards from step k on), V_-i(x_k): the mean of the other samples
+    sharing x_k, b_-i,k: the mean of the other samples of i's prompt group (grpo's baseline). EV > 0: the node values
+    foresee the returns better than the group mean; 0 at a branch whose children are alike. NaN without such a
+    state (no branch, or only branches into single leaves) or where the group's returns are all equal."""
+    nodes = torch.as_tensor(tree_nodes, device=rewards.device).long()
+    B, T = nodes.shape[0], nodes.shape[1] - 1
+    R = rewards.detach().double().reshape(B)
+    to_go = R[:, None].expand(B, T + 1).clone()  # from x_k, k = 0 .. T
+    if step_rewards is not None:
+        to_go[:, :T] += step_rewards.detach().double().flip(1).cumsum(1).flip(1)
+    gi = torch.as_tensor(group_index, device=R.device).long().reshape(B)
+
+    def leave_one_out(keys: torch.Tensor, column: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sums = torch.zeros(B, dtype=R.dtype, device=R.device).index_add_(0, keys, column)
+        counts = torch.zeros(B, dtype=R.dtype, device=R.device).index_add_(0, keys, torch.ones_like(column))
+        others = counts[keys] - 1
+        return (sums[keys] - column) / others.clamp(min=1), others
+
+    gi_slots, _ = compact_group_index(gi)
+    after_branch = torch.nonzero((nodes[:, 1:] != nodes[:, :-1]).any(dim=0)).flatten() + 1
+    explained = total = 0.0
+    for k in after_branch.tolist():
+        value, others = leave_one_out(nodes[:, k], to_go[:, k])
+        base, group_others = leave_one_out(gi_slots, to_go[:, k])
+        shared = (others >= 1) & (group_others >= 1)
+        explained += float(((to_go[shared, k] - value[shared]) ** 2).sum())
+        total += float(((to_go[shared, k] - base[shared]) ** 2).sum())
+    return 1.0 - explained / total if total > 1e-12 else float("nan")
+
+
 # ------------------------------------------------------------------------------- controller
 class GroupThresholdController:
     """Adaptive threshold tau (GROUP_PPO.md section 6), runtime state for checkpoints.

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator
-from ddpo_group.algorithms.group_ppo import group_ppo_advantages, tree_values
+from ddpo_group.algorithms.group_ppo import group_ppo_advantages, tree_value_ev, tree_values
 
 # one prompt group, one root of 4 leaves, 3 steps: branch 2 at step 0, 2 at step 1 (x_2, x_3: the leaves)
 NODES = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1], [0, 2, 2, 2], [0, 2, 3, 3]])
@@ -53,3 +53,21 @@ def test_tree_grpo_gives_each_branch_its_nodes_difference():
                                get_adv_estimator("grpo")(flat).advantages, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="tree_grpo needs inputs.tree_nodes"):
         get_adv_estimator("tree_grpo")(AdvantageInputs(R, torch.ones(4, 3, dtype=torch.float64), GROUP))
+
+
+def test_the_tree_values_explained_variance_by_hand():
+    """4 leaves of one prompt, branching at steps 0 and 1 (x_1 shared in pairs, x_2 each its own): only x_1 counts.
+    Leave-one-out: leaf 0's sibling predicts 3, its group (the other three) 17/3; EV = 1 - 40 / (560 / 9) = 5/14."""
+    nodes = torch.tensor([[0, 0, 0], [0, 0, 1], [0, 2, 2], [0, 2, 3]])
+    group = torch.zeros(4, dtype=torch.long)
+    rewards = torch.tensor([1.0, 3.0, 5.0, 9.0])
+    assert tree_value_ev(nodes, rewards, group) == pytest.approx(5 / 14, abs=1e-12)
+    # step rewards from x_1 on add to each return: +1 for leaves 2, 3 on their own step 1 shifts one pair
+    steps = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    returns = rewards + steps.sum(1)
+    assert tree_value_ev(nodes, rewards, group, steps) == pytest.approx(tree_value_ev(nodes, returns, group))
+    # siblings alike in pairs but unlike each other: one sibling foresees worse than the other three (EV < 0)
+    assert tree_value_ev(nodes, torch.tensor([1.0, 3.0, 1.0, 3.0]), group) == pytest.approx(1 - 16 / (64 / 9))
+    flat = torch.arange(4)[:, None].expand(4, 3)  # no shared state: nothing to explain
+    assert math.isnan(tree_value_ev(flat, rewards, group))
+    assert math.isnan(tree_value_ev(nodes, torch.ones(4), group))  # equal returns: no variance

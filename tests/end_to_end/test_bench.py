@@ -77,6 +77,11 @@ def test_variants_are_rows_of_their_own_and_tweedie_values_are_counted(tiny_mode
     text = (tmp_path / "results.md").read_text()
     assert f"queries to reach grpo's final {grpo['after']:.4f}" in text and "| tweedie |" in text
     assert "critic EV (last 10 epochs)" in text
+    assert "tree value EV" not in text and grpo["tree_value_ev"] is None  # no tree: no column
+    tree = {**grpo, "preset": "tree", "tree_value_ev": 0.25}  # a row measured on trees (its mean over the epochs)
+    lines = compare_algorithms.table([grpo, tree], ["grpo", "tree"], "grpo").splitlines()
+    assert lines[0].endswith("| tree value EV (all epochs) | wall time (s) |")
+    assert lines[2].startswith("| grpo |") and " — | " in lines[2] and " 0.25 ± 0 | " in lines[3]
     with pytest.raises(SystemExit, match="expected 'LABEL=PRESET FIELD=VALUE ...'"):
         compare_algorithms.main(["--variant", "x=nope", "--out", str(tmp_path / "other")])
     # one more variant joins the study; a saved label with another definition is refused

@@ -59,8 +59,10 @@ def test_group_ppo_measures_its_values_on_the_default_tree(tiny_model_dir, tmp_p
     assert not endpoints[:, [0, 2]].any() and endpoints[:, 3].all()  # an endpoint before a branch step, or the last
     advantages = rollouts.batch["advantages"]
     assert torch.isfinite(advantages).all() and advantages.abs().sum() > 0
+    assert rollouts.rounds[0].out.metrics["tree/value_ev"] <= 1  # measured (x_1, x_3 shared by 2 leaves)
     metrics = trainer.run()
     assert metrics["perf/nfe_sampling"] == (2 + 4 + 4 + 8) * 2 and metrics["global_step"] == 2
+    assert "tree/value_ev" in metrics
 
 
 def test_tree_grpo_trains_on_the_default_tree(tiny_model_dir, tmp_path):
@@ -69,7 +71,7 @@ def test_tree_grpo_trains_on_the_default_tree(tiny_model_dir, tmp_path):
         "train.group_size": 4, "algorithm.adv_estimator": "tree_grpo"})
     assert trainer.rollouts.branches == {0: 2, 2: 2}
     metrics = trainer.run()
-    assert metrics["tree/segments"] == 2 and metrics["global_step"] == 2
+    assert metrics["tree/segments"] == 2 and metrics["global_step"] == 2 and "tree/value_ev" in metrics
 
 
 def test_adaptive_branching_logs_the_branch_steps_each_epoch(tiny_model_dir, tmp_path):
