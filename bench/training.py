@@ -29,12 +29,14 @@ of the per-round speed-ups (target: ours >= 1.5x on the embedded model on the CP
 instrumented run of ours over the whole epoch measures the share of the training phase's wall time
 spent inside the denoiser's forward and backward (target >= 85%): forward from its forward hooks,
 backward from the moment the loss gradient reaches its output to the end of the backward call.
-``--json PATH`` writes the figures.
+``--json PATH`` writes the figures. ``--compile-denoiser regional`` (or full) compiles the denoiser for ours, as the
+trainer does (compile_denoiser); the reference loop then runs the same modules uncompiled, as users run it today.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -48,6 +50,7 @@ from _common import (UNetTimer, add_common_args, bench_config, bench_model, mach
                      side_by_side, sync)
 
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
+from ddpo_group.models.speed_options import compile_denoiser
 from ddpo_group.models.trainable import build_policy, make_optimizer
 from ddpo_group.update.memory_fit import PairsPerForward
 from ddpo_group.update.policy_update import PolicyUpdater
@@ -80,6 +83,8 @@ def parse_args(argv=None):
     parser.add_argument("--guidance", type=float, default=None, help="sample.guidance_scale (default: config/base.py's; "
                         "FLUX: 3.5, its guidance embedding, no CFG)")
     parser.add_argument("--lora-rank", type=int, default=None, help="lora_rank (default: config/base.py's)")
+    parser.add_argument("--compile-denoiser", choices=["no", "regional", "full"], default="no",
+                        help="compile the denoiser for ours (the reference loop stays eager)")
     parser.add_argument("--repeats", type=int, default=12, help="interleaved rounds (one train batch each)")
     parser.add_argument("--mixed-precision", choices=["no", "fp16", "bf16"], default="no")
     parser.add_argument("--no-reference-loop", action="store_true", help="only ours (for the scaling tables)")
@@ -199,6 +204,19 @@ def flow_grpo_epoch(batch, transformer, family, optimizer, params, accelerator, 
     return torch.stack(losses).mean()
 
 
+@contextlib.contextmanager
+def eager(model: torch.nn.Module):
+    """Inside, the modules Module.compile compiled run their plain forward (the reference loop, uncompiled)."""
+    compiled = [(m, m._compiled_call_impl) for m in model.modules() if getattr(m, "_compiled_call_impl", None)]
+    for m, _ in compiled:
+        m._compiled_call_impl = None
+    try:
+        yield
+    finally:
+        for m, impl in compiled:
+            m._compiled_call_impl = impl
+
+
 def reference_loop(family) -> str | None:
     """The loop users run today on this family: ddpo-pytorch's on Stable Diffusion's UNet, Flow-GRPO's on a
     flow-matching transformer; None for the others (SDXL: neither loop handles its added conditions)."""
@@ -225,6 +243,8 @@ def build(args, model: str):
         config.train.cfg = config.sample.guidance_scale > family.no_guidance
     pipe = family.pipe
     optimizer = make_optimizer(config, params)
+    if args.compile_denoiser != "no":  # as the trainer: after the policy is built, before accelerate wraps it
+        compile_denoiser(family.model, args.compile_denoiser, accelerator.device)
     unet, optimizer = accelerator.prepare(family.model, optimizer)
     negative = family.negative_condition()["prompt_embeds"]
     prompts, _ = PromptSampler(args.prompt_fn, seed=0).sample(args.samples)
@@ -267,11 +287,12 @@ def run(args, model: str) -> dict:
                          "(use 0, or --no-reference-loop)")
 
     def reference_epoch(train_batch, update=True):
-        if reference == "ddpo-pytorch loop":
-            return ddpo_pytorch_epoch(train_batch, unet, pipe.scheduler, optimizer, params, accelerator, negative,
-                                      config, family.noise_level(config.sample), update=update)
-        return flow_grpo_epoch(train_batch, unet, family, optimizer, params, accelerator, config, trainable[:k],
-                               update=update)
+        with eager(family.model):
+            if reference == "ddpo-pytorch loop":
+                return ddpo_pytorch_epoch(train_batch, unet, pipe.scheduler, optimizer, params, accelerator, negative,
+                                          config, family.noise_level(config.sample), update=update)
+            return flow_grpo_epoch(train_batch, unet, family, optimizer, params, accelerator, config, trainable[:k],
+                                   update=update)
 
     check = same_loss_and_gradient(updater, reference_epoch, train_batches[0], trainable[:k], params) \
         if reference and (reference == "Flow-GRPO loop" or k == args.steps) else None
@@ -310,11 +331,13 @@ def run(args, model: str) -> dict:
           f"{args.batch_size} ({args.samples // args.batch_size} optimizer steps), pairs_per_forward "
           f"{chunk}{' (auto)' if args.pairs_per_forward == 'auto' else ''}, guidance {config.sample.guidance_scale} ({'CFG' if config.train.cfg else 'no CFG'})"
           f"; {args.repeats} interleaved rounds of one train batch ({round_pairs} pairs)")
-    print(f"  reference loop: {reference or 'none for this family'}")
+    print(f"  reference loop: {reference or 'none for this family'}"
+          f"{f'; ours compiled ({args.compile_denoiser}), the reference eager' if args.compile_denoiser != 'no' else ''}")
     out = {"family": family.name, "reference": reference, "pairs": pairs, "round_pairs": round_pairs,
            "unet_share": share, "times": times, "device": args.device, "mixed_precision": args.mixed_precision,
            "resolution": args.resolution, "samples": args.samples, "steps": args.steps, "trained_steps": k,
            "batch_size": args.batch_size, "pairs_per_forward": chunk, "lora_rank": config.lora_rank,
+           "compile_denoiser": args.compile_denoiser,
            "machine": machine(args.device)}
     if check is not None:
         out.update(check)

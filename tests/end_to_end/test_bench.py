@@ -279,3 +279,27 @@ def test_speed_options_bench_on_cuda_same_log_probs_under_each_kernel():
         assert name == "fused_qkv" or row["train_logprob_rel_diff"] <= speed_options.TOLERANCE["bf16"], row
     if "tflop_per_image" in out:  # a GPU in PEAK_TFLOPS (H100, A100, ...)
         assert all(0 < row["sample_mfu"] < 1 for row in rows.values())
+
+
+def test_the_reference_loop_runs_a_compiled_denoiser_eager():
+    """bench/training.py --compile-denoiser: ours compiled, the reference loop through the same modules uncompiled."""
+    import torch
+    import training
+
+    traced = []
+
+    def backend(graph, inputs):  # a compiler that counts what reaches it and runs the graph as traced
+        traced.append(graph)
+        return graph.forward
+
+    class Block(torch.nn.Module):  # defined here: dynamo traces no frame of torch's own modules
+        def forward(self, x):
+            return x * 2 + 1
+
+    model = torch.nn.Sequential(Block(), torch.nn.Linear(2, 2))
+    model[0].compile(backend=backend)
+    with training.eager(model):
+        eager_out = model(torch.ones(1, 2))
+    assert traced == [] and model[0]._compiled_call_impl is not None  # restored after
+    torch.testing.assert_close(model(torch.ones(1, 2)), eager_out)
+    assert len(traced) == 1
