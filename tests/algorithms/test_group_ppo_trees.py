@@ -71,3 +71,54 @@ def test_the_tree_values_explained_variance_by_hand():
     flat = torch.arange(4)[:, None].expand(4, 3)  # no shared state: nothing to explain
     assert math.isnan(tree_value_ev(flat, rewards, group))
     assert math.isnan(tree_value_ev(nodes, torch.ones(4), group))  # equal returns: no variance
+
+
+def test_the_per_leaf_policy_gradient_of_a_tree_is_the_flat_one_in_expectation():
+    """docs/algorithms.md "What trains": a transition shared by k leaves is trained once per leaf, with each leaf's
+    advantage. Enumerated on a 2-step policy of binary actions (pi(a_0 = 1) = sigmoid(t_0), pi(a_1 = 1 | a_0) =
+    sigmoid(t_1 + t_2 a_0)), a group of 2 leaves, advantages R - c: the expected gradient of the trainer's PPO loss
+    at ratio 1 is the same for 2 independent samples (16 outcomes) and for a tree sharing step 0 (8 outcomes), and it
+    is -grad J / 2 (step-mean over 2 leaves x 2 steps)."""
+    import itertools
+
+    from ddpo_group.algorithms.policy_losses import vanilla_policy_loss
+
+    theta = torch.tensor([0.3, -0.5, 0.8], dtype=torch.float64, requires_grad=True)
+    reward = torch.tensor([[0.1, 0.7], [0.4, 1.3]], dtype=torch.float64)
+    baseline = 0.5
+
+    def log_pi(a0: int, a1: int) -> torch.Tensor:  # [2]: log pi(a_0), log pi(a_1 | a_0)
+        p0 = torch.sigmoid(theta[0])
+        p1 = torch.sigmoid(theta[1] + theta[2] * a0)
+        return torch.stack([torch.log(p0 if a0 else 1 - p0), torch.log(p1 if a1 else 1 - p1)])
+
+    def expected_gradient(outcomes, group_mean: bool = False) -> torch.Tensor:  # [(probability, [(a0, a1)])]
+        total = 0.0
+        for probability, leaves in outcomes:
+            log_prob = torch.stack([log_pi(a0, a1) for a0, a1 in leaves])  # the shared step repeated per leaf
+            returns = torch.stack([reward[a0, a1] for a0, a1 in leaves])
+            advantages = (returns - (returns.mean() if group_mean else baseline))[:, None].expand(-1, 2)
+            loss, _ = vanilla_policy_loss(log_prob.detach(), log_prob, advantages, torch.ones_like(log_prob),
+                                          loss_agg_mode="step-mean", clip_low=0.2, clip_high=0.2)
+            total = total + probability * loss
+        return torch.autograd.grad(total, theta)[0]
+
+    with torch.no_grad():
+        p = {(a0, a1): float(log_pi(a0, a1).sum().exp()) for a0, a1 in itertools.product((0, 1), repeat=2)}
+        p_root = {a0: p[(a0, 0)] + p[(a0, 1)] for a0 in (0, 1)}
+    flat = [(p[x] * p[y], [x, y]) for x, y in itertools.product(p, repeat=2)]
+    tree = [(p_root[a0] * (p[(a0, b)] / p_root[a0]) * (p[(a0, c)] / p_root[a0]), [(a0, b), (a0, c)])
+            for a0, b, c in itertools.product((0, 1), repeat=3)]
+    assert sum(q for q, _ in flat) == pytest.approx(1) and sum(q for q, _ in tree) == pytest.approx(1)
+    J = sum(log_pi(a0, a1).sum().exp() * reward[a0, a1] for a0, a1 in p)
+    grad_J = torch.autograd.grad(J, theta)[0]
+    torch.testing.assert_close(expected_gradient(flat), -grad_J / 2, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(expected_gradient(tree), -grad_J / 2, rtol=1e-12, atol=1e-14)
+    # and a single outcome's gradient differs between the two: the estimators differ, their expectations do not
+    assert not torch.allclose(expected_gradient([(1.0, [(1, 0), (1, 1)])]), -grad_J / 2)
+    # grpo's baseline, the group's mean, is not independent of a leaf: flat it gives (1 - 1/G) of that, -grad J / 4;
+    # on the tree the step every leaf shares gets no gradient at all (its component of grad J is lost: t_0's)
+    torch.testing.assert_close(expected_gradient(flat, group_mean=True), -grad_J / 4, rtol=1e-12, atol=1e-14)
+    tree_grpo = expected_gradient(tree, group_mean=True)
+    assert abs(float(tree_grpo[0])) < 1e-14 and abs(float(grad_J[0])) > 0.1
+    torch.testing.assert_close(tree_grpo[1:], -grad_J[1:] / 4, rtol=1e-12, atol=1e-14)
