@@ -388,7 +388,7 @@ def ratio_norm_config_errors(kwargs: dict) -> list:
     """algorithm.policy_loss_kwargs of ratio_norm: only ``reweight``, one of RATIO_NORM_REWEIGHTS."""
     errors = [f"algorithm.policy_loss_kwargs.{key}: ratio_norm takes no keyword {key!r}; its keywords: ['reweight']"
               for key in kwargs if key != "reweight"]
-    if kwargs.get("reweight", "dt") not in RATIO_NORM_REWEIGHTS:
+    if "reweight" in kwargs and kwargs["reweight"] not in RATIO_NORM_REWEIGHTS:  # absent: the loss's own default
         errors.append(f"algorithm.policy_loss_kwargs.reweight={kwargs['reweight']!r} must be one of "
                       f"{RATIO_NORM_REWEIGHTS} ('dt': GRPO-Guard's weight 1 / step length; 'none': weight 1)")
     return errors

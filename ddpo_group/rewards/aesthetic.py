@@ -27,8 +27,6 @@ from torch import nn
 
 from ddpo_group.rewards import register_reward
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MLP_LAYOUT = (1024, 128, 64, 16, 1)  # output sizes of layers.0, .2, .4, .6, .7
 
 
@@ -113,12 +111,14 @@ class AestheticScorer(nn.Module):
                 f"CLIP at {str(clip_path)!r} gives {self.clip.config.projection_dim}-d ones (ViT-L/14 gives 768)"
             )
         self.size = self.clip.config.image_size
-        self.mean, self.std = CLIP_MEAN, CLIP_STD
+        # the checkpoint's normalisation, read through transformers' CLIPImageProcessor (its defaults, CLIP's, fill
+        # what the file leaves out, or stand for a checkpoint without one)
+        from transformers import CLIPImageProcessor
+
         processor_config = clip_path / "preprocessor_config.json"
-        if processor_config.exists():
-            settings = json.loads(processor_config.read_text())
-            self.mean = tuple(settings.get("image_mean", self.mean))
-            self.std = tuple(settings.get("image_std", self.std))
+        settings = json.loads(processor_config.read_text()) if processor_config.exists() else {}
+        processor = CLIPImageProcessor.from_dict(settings)
+        self.mean, self.std = tuple(processor.image_mean), tuple(processor.image_std)
         self.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
     @property
