@@ -320,6 +320,17 @@ def group_ppo_advantages(
     return GroupPPOResult(adv, mask, targets, ep.is_endpoint, ep.segment_id, u, delta, metrics)
 
 
+def returns_to_go(rewards: torch.Tensor, step_rewards: Optional[torch.Tensor], states: int) -> torch.Tensor:
+    """[B, states]: from each state x_n, R + the step rewards from step n on (R alone from x_T, or without step
+    rewards); float64."""
+    R = rewards.detach().double().reshape(-1)
+    to_go = R[:, None].expand(R.shape[0], states).clone()
+    if step_rewards is not None:
+        sums = step_rewards.detach().double().flip(1).cumsum(1).flip(1)
+        to_go[:, :sums.shape[1]] += sums
+    return to_go
+
+
 def tree_values(tree_nodes: torch.Tensor, rewards: torch.Tensor,
                 step_rewards: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Values measured on tree rollouts (docs/design/TREES.md): ``tree_nodes`` [B, T+1] names, for each sample and
@@ -332,9 +343,7 @@ def tree_values(tree_nodes: torch.Tensor, rewards: torch.Tensor,
     nodes = torch.as_tensor(tree_nodes, device=rewards.device).long()
     B, T = nodes.shape[0], nodes.shape[1] - 1
     R = rewards.detach().double().reshape(B)
-    to_go = R[:, None].expand(B, T).clone()
-    if step_rewards is not None:  # R + the step rewards from step n on
-        to_go = to_go + step_rewards.detach().double().flip(1).cumsum(1).flip(1)
+    to_go = returns_to_go(R, step_rewards, T)
     index = nodes[:, :T] + B * torch.arange(T, device=R.device)  # (state, step) -> one slot
     sums = torch.zeros(B * T, dtype=R.dtype, device=R.device).index_add_(0, index.flatten(), to_go.flatten())
     counts = torch.zeros(B * T, dtype=R.dtype, device=R.device).index_add_(0, index.flatten(),
@@ -358,9 +367,7 @@ def tree_value_ev(tree_nodes: torch.Tensor, rewards: torch.Tensor, group_index: 
     nodes = torch.as_tensor(tree_nodes, device=rewards.device).long()
     B, T = nodes.shape[0], nodes.shape[1] - 1
     R = rewards.detach().double().reshape(B)
-    to_go = R[:, None].expand(B, T + 1).clone()  # from x_k, k = 0 .. T
-    if step_rewards is not None:
-        to_go[:, :T] += step_rewards.detach().double().flip(1).cumsum(1).flip(1)
+    to_go = returns_to_go(R, step_rewards, T + 1)  # from x_k, k = 0 .. T
     gi = torch.as_tensor(group_index, device=R.device).long().reshape(B)
 
     def leave_one_out(keys: torch.Tensor, column: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
