@@ -13,16 +13,17 @@ Steps (``--only`` picks some), each a subprocess, so one that fails leaves the o
 
 1. ``env``: the GPU, driver, torch / CUDA and the packages' versions.
 2. ``suite``: the test suite (``python -m pytest -rf --junitxml DIR/junit.xml``, test by test on all cores but four
-   with pytest-xdist when it is installed, one thread each), its output in DIR/suite_log.txt, its counts and failures in DIR/suite.txt.
-   The 2-process tests (``MULTIPROCESS``) are part of it; the summary lists their outcomes apart.
+   with pytest-xdist when it is installed, one thread each), its output in DIR/suite_log.txt, its counts and failures
+   in DIR/suite.txt. The 2-process tests (``MULTIPROCESS``) are part of it (on one GPU they run on the CPU with the GPU
+   hidden, tests/launch_helpers.py); the summary lists their outcomes apart.
 3. ``models``: random pipelines of the real shapes (bench/random_model.py) on two cores, one after the other (the
-   capped epochs of a shape start once it is saved, the whole-card ones once all are): SD-1.5 (UNet 860M, 512 px), SD 3.5 Medium (2.24B transformer, CLIP-L/G,
-   no T5) and FLUX.1 [dev] widths with half its blocks (10 double + 19 single, 6.2B; T5-XXL's width with 12 of its 24
-   layers): the whole 12B does not fit the 24 GiB cap.
-4. ``epochs`` on two cores: a two-epoch run of each shape's recipe (``SHAPES``: grpo on SD-1.5, flow_grpo_sd35 and
+   capped epochs of a shape start once it is saved, the whole-card ones once all are): SD-1.5 (UNet 860M, 512 px),
+   SD 3.5 Medium (2.24B transformer, CLIP-L/G, no T5) and FLUX.1 [dev] widths with half its blocks (10 double + 19
+   single, 6.2B; T5-XXL's width with 12 of its 24 layers): the whole 12B does not fit the 24 GiB cap.
+4. ``epochs`` on four cores: a two-epoch run of each shape's recipe (``SHAPES``: grpo on SD-1.5, flow_grpo_sd35 and
    flow_grpo_flux on the others; bf16, LoRA, ``train.pairs_per_forward="auto"``), the second epoch reported by
    bench/epoch.py, under a 24 GiB cap (first, beside the model building) and on the whole card (once the building,
-   which initialises on the GPU, is over); FLUX.1's after the others' and the full fine-tuning: peak CUDA memory, the
+   which initialises on the GPU, is over), every shape's in turn, then the full fine-tuning: peak CUDA memory, the
    phase split, images/s, pairs/s, training and sampling MFU. The whole-card runs keep config/base.py's speed options
    (``compile_denoiser="auto"`` compiles the transformers' blocks in the first epoch; a reached recompile limit is
    reported); the capped and full fine-tuning runs are eager (``EAGER``), to keep the budget. A run that fails with a
@@ -75,7 +76,6 @@ SHAPES = {
 }
 EAGER = {"compile_denoiser": "False"}  # the capped and full fine-tuning runs: no compilation minute in the budget
 FULL_FT = ("sd35m", {"use_lora": "False", "train.gradient_checkpointing": "True", **EAGER})
-LAST = ("flux",)  # the largest shape, not yet run through on a GPU: after the others' runs
 DRY_SUITE = "tests/run/test_throughput.py"  # a few seconds
 DRY = {"sample.num_steps": "2", "sample.batch_size": "4", "train.batch_size": "4", "train.group_size": "4",
        "sample.resolution": "0", "mixed_precision": "no", "pretrained.max_sequence_length": "16"}
@@ -232,14 +232,15 @@ def env_step(check: Check) -> None:
 
 
 def cores(check: Check) -> dict[str, set[int] | None]:
-    """Which cores each part uses: beside the suite, the epochs get two and the model building two; the suite the rest
-    (all of them with --suite-first). None: anywhere (a machine of fewer than 8 cores, or the dry run)."""
+    """Which cores each part uses: beside the suite, the epochs get four (compilation runs on them), two of which the
+    model building shares while it lasts; the suite the rest (all of them with --suite-first). None: anywhere (a
+    machine of fewer than 8 cores, or the dry run)."""
     every = sorted(os.sched_getaffinity(0))
     if len(every) < 8 or check.args.dry_run:
         return {"epochs": None, "models": None, "suite": None}
     if check.args.suite_first:
         return {"epochs": None, "models": set(every[:2]), "suite": set(every)}
-    return {"epochs": set(every[:2]), "models": set(every[2:4]), "suite": set(every[4:])}
+    return {"epochs": set(every[:4]), "models": set(every[2:4]), "suite": set(every[4:])}
 
 
 def suite_command(check: Check, junit: Path, suite_cores: set[int] | None) -> list[str]:
@@ -387,8 +388,9 @@ def summary(check: Check) -> str:
         lines.append("")
     epochs = {name: e for name, e in r["steps"].items()}
     if epochs and r.get("epochs_beside_the_suite"):
-        lines += [f"The epochs ran beside the suite (two cores each for them and the model building, the rest for the "
-                  f"tests; the GPU shared with the tests' tiny models, the uncapped runs leaving them {SUITE_GB} GiB); "
+        lines += [f"The epochs ran beside the suite (four cores for them, two of which the model building shared, the "
+                  f"rest for the tests; the GPU shared with the tests' tiny models, the uncapped runs leaving them "
+                  f"{SUITE_GB} GiB); "
                   f"`--suite-first` measures them alone.", ""]
     if epochs:
         lines += ["| run | samples x steps | pairs per forward | CUDA max allocated GiB | sampling s | training s | "
@@ -475,15 +477,14 @@ def run_steps(check: Check) -> None:
     # (name, shape, fields, memory cap GiB, GiB left to others): a "whole card" run beside the suite leaves SUITE_GB
     runs = []
     whole = SUITE_GB if beside else None
-    for group in ([s for s in args.shapes if s not in LAST], [s for s in args.shapes if s in LAST]):
-        if "epochs" in args.only:
-            if not args.dry_run:  # a memory cap is CUDA's; the capped runs first, beside the model building
-                runs += [(f"{shape} ({CAP_GB} GiB cap)", shape, EAGER, CAP_GB, None) for shape in group]
-            runs += [(shape, shape, {}, None, whole) for shape in group]
-        shape, extra = FULL_FT
-        if "full_ft" in args.only and shape in group:
-            runs.append((f"{shape} full fine-tuning", shape, extra, None, whole))
-    if "full_ft" in args.only and FULL_FT[0] not in args.shapes:
+    if "epochs" in args.only:
+        if not args.dry_run:  # a memory cap is CUDA's; the capped runs first, beside the model building
+            runs += [(f"{shape} ({CAP_GB} GiB cap)", shape, EAGER, CAP_GB, None) for shape in args.shapes]
+        runs += [(shape, shape, {}, None, whole) for shape in args.shapes]
+    shape, extra = FULL_FT
+    if "full_ft" in args.only and shape in args.shapes:  # last: measured before, and the longest (its checkpoint)
+        runs.append((f"{shape} full fine-tuning", shape, extra, None, whole))
+    elif "full_ft" in args.only:
         check.not_run(f"{FULL_FT[0]} full fine-tuning", f"no {FULL_FT[0]} model (--shapes)")
     for name, shape, extra, cap, leave in runs:
         if models and cap is None:  # the building initialises on the GPU (FLUX's held 34 GiB): a run sized to the

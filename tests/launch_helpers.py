@@ -25,6 +25,14 @@ def needs_cpu(num_processes: int) -> bool:
     return torch.cuda.device_count() < num_processes
 
 
+def cpu_environment(num_processes: int) -> dict:
+    """The environment additions of ``num_processes`` processes: none when each has a GPU; else the CPU for all
+    (``ACCELERATE_USE_CPU``) with the GPUs hidden, as on a machine without any (a CPU process would otherwise open a
+    CUDA context in accelerate's checkpoint, which saves every GPU's random state: on a GPU shared with other work
+    that can fail on one process and leave the other at the checkpoint's barrier)."""
+    return {"ACCELERATE_USE_CPU": "true", "CUDA_VISIBLE_DEVICES": ""} if needs_cpu(num_processes) else {}
+
+
 def accelerate_command(num_processes: int = 1, config_file: str | Path | None = None) -> tuple[list[str], dict]:
     """(``python -m accelerate.commands.launch ...`` up to the script's path, environment additions) for
     ``num_processes`` processes.
@@ -41,7 +49,9 @@ def accelerate_command(num_processes: int = 1, config_file: str | Path | None = 
     command += ["--num_processes", str(num_processes)]
     if config_file is None:
         command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    env = {"ACCELERATE_USE_CPU": "true"} if num_processes > 1 and needs_cpu(num_processes) else {}
+    if num_processes > 1:  # a port of its own: tests running side by side (pytest-xdist) never meet at 29500
+        command += ["--main_process_port", str(free_port())]
+    env = cpu_environment(num_processes) if num_processes > 1 else {}
     return command, env
 
 
@@ -94,8 +104,7 @@ def start_workers(args: list[str], num_processes: int, logs: Path, env: dict | N
     for rank in range(num_processes):
         worker_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(num_processes),
                       "LOCAL_WORLD_SIZE": str(num_processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        if needs_cpu(num_processes):
-            worker_env["ACCELERATE_USE_CPU"] = "true"
+        worker_env.update(cpu_environment(num_processes))
         with open(logs / f"rank{rank}.out", "w") as out, open(logs / f"rank{rank}.err", "w") as err:
             process = subprocess.Popen([sys.executable, "scripts/train.py", *args], cwd=ROOT, env=worker_env,
                                        stdout=out, stderr=err, text=True)

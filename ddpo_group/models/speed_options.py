@@ -19,6 +19,12 @@ AUTO_MIN_PARAMETERS = 10**9
 # denoisers "auto" leaves uncompiled: SD-1.5's UNet measured 0.93x training (one compiled forward serves its attention
 # blocks at four sizes, with and without gradients: dynamo's recompile limit of 8 is reached and the rest runs eager)
 AUTO_SKIPS = ("UNet2DConditionModel",)
+# regional compilation: dynamo compiles a block's forward again for each new variant it meets (parameter shapes, grad
+# mode on / off, the LoRA adapter on / off for the KL reference, a new token count before it turns the count dynamic),
+# and past its recompile limit (8 by default, per code object: all blocks of a class share one) runs the rest eager, as
+# SD-1.5's UNet did (four sizes of one block class, with and without gradients). The limit is raised to this many
+# compilations per distinct parameter-shape signature among the blocks
+RECOMPILES_PER_SHAPE = 8
 # denoiser classes whose diffusers class declares no ``_repeated_blocks`` (diffusers 0.42.1: SD3's transformer): the
 # classes of their repeated blocks, handed to ModelMixin.compile_repeated_blocks as if declared
 REPEATED_BLOCKS = {"SD3Transformer2DModel": ("JointTransformerBlock",)}
@@ -84,8 +90,20 @@ def compile_denoiser(model: torch.nn.Module, value, device="cpu", sharded: bool 
                               f"(diffusers' _repeated_blocks; REPEATED_BLOCKS in ddpo_group/models/speed_options.py); "
                               f"use compile_denoiser='full'")
         model._repeated_blocks = list(names)  # the table's, where diffusers declares none for the class
+        raise_recompile_limit(model, names)
         model.compile_repeated_blocks()
     return mode
+
+
+def raise_recompile_limit(model: torch.nn.Module, names: tuple[str, ...]) -> int:
+    """Raise dynamo's recompile limit (process-wide, never lowered) to RECOMPILES_PER_SHAPE per distinct parameter-shape
+    signature among ``model``'s blocks of the classes ``names``; returns the limit now in force."""
+    import torch._dynamo.config as dynamo
+
+    signatures = {(type(block).__name__, tuple(tuple(p.shape) for p in block.parameters()))
+                  for block in model.modules() if type(block).__name__ in names}
+    dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILES_PER_SHAPE * len(signatures))
+    return dynamo.recompile_limit
 
 
 def attention_backends(name: str, device, mixed_precision: str | None = None) -> tuple[SDPBackend, ...]:

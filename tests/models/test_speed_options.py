@@ -60,6 +60,22 @@ def test_compile_denoiser_off_full_and_regional():
     assert joint and compiled(sd3) == joint
     with pytest.raises(ConfigError, match="Linear declares no repeated blocks.*'full'"):
         compile_denoiser(torch.nn.Linear(2, 2), "regional")
+
+
+def test_regional_compilation_raises_the_recompile_limit_per_block_shape():
+    """SD-1.5's UNet reached dynamo's limit of 8 (its attention blocks at several widths, with and without gradients):
+    the limit becomes 8 per distinct parameter-shape signature of the compiled blocks, and is never lowered."""
+    import torch._dynamo.config as dynamo
+
+    unet = TINY_BUILDERS["sd"]().unet
+    widths = {m.attn1.to_q.in_features for m in unet.modules() if type(m).__name__ == "BasicTransformerBlock"}
+    assert len(widths) >= 2  # the tiny UNet too has its attention blocks at several widths
+    with dynamo.patch(recompile_limit=8):  # process-wide: restored after
+        compile_denoiser(unet, "regional")
+        assert dynamo.recompile_limit == speed_options.RECOMPILES_PER_SHAPE * len(widths)
+    with dynamo.patch(recompile_limit=1000):
+        compile_denoiser(TINY_BUILDERS["sd"]().unet, "regional")
+        assert dynamo.recompile_limit == 1000
     with pytest.raises(ConfigError, match=r"compile_denoiser='partial' must be one of \('auto', False, True, 'full', 'regional'\)"):
         compile_denoiser(unet, "partial")
 

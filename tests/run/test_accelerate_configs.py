@@ -62,8 +62,13 @@ def test_a_tiny_run_under_the_config(tiny_model_dir, tmp_path, name, processes):
               "sample.batch_size": 4, "sample.num_batches_per_epoch": 1, "train.batch_size": 4,
               "train.group_size": 4, "per_prompt_stat_tracking.min_count": 2, "log_images_every": 0}
     command += ["scripts/train.py", "--config", "config/base.py:grpo", *[f"--config.{k}={v}" for k, v in values.items()]]
-    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env=launch_environment(**env))
+    try:
+        out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env=launch_environment(**env))
+    except subprocess.TimeoutExpired as error:  # where it stopped: what every process printed
+        printed = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x or ""
+                          for x in (error.stdout, error.stderr))
+        pytest.fail(f"no exit within 300 s; the output so far:\n{printed[-6000:]}")
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"on {processes} process(es)" in out.stdout
     assert (tmp_path / "run" / "checkpoints" / "checkpoint_00000").is_dir()

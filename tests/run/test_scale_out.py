@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launch_helpers import ACCELERATE_CONFIGS, ROOT, accelerate_command, free_port, launch_environment, needs_cpu
+from launch_helpers import ACCELERATE_CONFIGS, ROOT, accelerate_command, cpu_environment, free_port, launch_environment
 from resume_helpers import assert_identical, comparable, load_everything, read_metrics
 from trainer_helpers import FAMILY_OVERRIDES, MECHANICS
 
@@ -55,14 +55,13 @@ def finish(processes: list[subprocess.Popen], log: Path, timeout: float = 600) -
 
 def fsdp_launch(config_name: str, args: list[str], log: Path) -> list[subprocess.Popen]:
     command, env = accelerate_command(2, ACCELERATE_CONFIGS / config_name)
-    command += ["--main_process_port", str(free_port())]
     return [start(command + args, launch_environment(**env), log)]
 
 
 def two_machines_launch(args: list[str], log: Path) -> list[subprocess.Popen]:
     """Machine 0 writes to ``log``, machine 1 beside it (``.machine1``)."""
     port = free_port()
-    env = launch_environment(**({"ACCELERATE_USE_CPU": "true"} if needs_cpu(2) else {}))
+    env = launch_environment(**cpu_environment(2))
     processes = []
     for rank in (0, 1):
         command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
@@ -127,7 +126,6 @@ def test_fsdp_on_the_cpu_trains_the_weights_ddp_trains(config_name, family, fami
     args = train_args(model_dir, tmp_path, "fsdp", 1, **FULL, **FAMILY_OVERRIDES[family])
     fsdp = fsdp_launch(config_name, args, tmp_path / "fsdp.log")
     command, env = accelerate_command(2, ACCELERATE_CONFIGS / "multi_gpu.yaml")
-    command += ["--main_process_port", str(free_port())]
     args = train_args(model_dir, tmp_path, "ddp", 1, **FULL, **FAMILY_OVERRIDES[family])
     ddp = [start(command + args, launch_environment(**env), tmp_path / "ddp.log")]
     finish(fsdp, tmp_path / "fsdp.log")
