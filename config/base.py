@@ -48,9 +48,10 @@ def base() -> ml_collections.ConfigDict:
     # whole forward; True means the same) or "regional" (each of its repeated blocks, diffusers'
     # compile_repeated_blocks: the same code for every block)
     config.compile_denoiser = FieldReference("auto", field_type=object)
-    # the scaled-dot-product attention kernels torch may use: "auto" (torch's choice among all), "flash", "cudnn",
-    # "efficient" (these two CUDA only) or "math"; flash and cudnn need fp16 / bf16 on CUDA (mixed_precision); a named
-    # kernel leaves the calls it cannot run (the VAE's 512-channel attention head under flash) to the math one
+    # the scaled-dot-product attention kernels torch may use: "auto" (torch's choice among all but cuDNN's, whose
+    # backward failed at FLUX.1 shape), "flash", "cudnn", "efficient" (these two CUDA only) or "math"; flash and cudnn
+    # need fp16 / bf16 on CUDA (mixed_precision); a named kernel leaves the calls it cannot run (the VAE's 512-channel
+    # attention head under flash) to the math one
     config.attention_backend = "auto"
 
     # ---- model: "tiny-shapes" and "tiny-shapes-flow" are the embedded models; anything else is a hub id or a path ----

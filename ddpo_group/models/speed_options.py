@@ -29,11 +29,14 @@ RECOMPILES_PER_SHAPE = 8
 # classes of their repeated blocks, handed to ModelMixin.compile_repeated_blocks as if declared
 REPEATED_BLOCKS = {"SD3Transformer2DModel": ("JointTransformerBlock",)}
 
-# torch's SDPA kernels by name; "auto" lets torch choose among all of them (its default). A named kernel keeps the math
-# one for the calls it cannot run (torch prefers the named one): flash takes heads of at most 256 channels, and the
-# VAE's attention is one head of 512 (an H100 run with flash alone stopped there)
+# torch's SDPA kernels by name; "auto" lets torch choose among all of them but cuDNN's, which is used only when named:
+# torch 2.11 (CUDA 13) picked it for FLUX.1's heads of 128 on an H200 and its backward failed there
+# (mha_graph.execute, then an illegal memory access: docs/performance.md), and at SD3.5-M shape it trained slower than
+# torch's choice. A named kernel keeps the math one for the calls it cannot run (torch prefers the named one): flash
+# takes heads of at most 256 channels, and the VAE's attention is one head of 512 (an H100 run with flash alone
+# stopped there)
 ATTENTION_BACKENDS = {
-    "auto": (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH),
+    "auto": (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),
     "flash": (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH),
     "cudnn": (SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH),
     "efficient": (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),

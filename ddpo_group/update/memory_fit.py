@@ -11,7 +11,10 @@ with that epoch's real batch and the model actually loaded (any family, any loss
     3. budget = HEADROOM x (memory this process may still take: the device's free memory plus what the caching
        allocator holds, at most torch.cuda's per-process fraction of the card) minus what is allocated
     4. n = floor((budget - fixed) / per_pair), at most the pairs of one train batch and MAX_PAIRS
-    5. n is tried; an out-of-memory error halves it until one fits; every process takes the smallest n
+    5. n is tried: an out-of-memory error halves it; a peak(n) + Adam's state above the budget (the two-point
+       estimate was low: a compiled forward's first calls, kernel workspaces) measures per_pair again over n pairs,
+       (peak(n) - peak(1)) / (n - 1), and fits n again, smaller, until one runs within the budget; every process
+       takes the smallest n
     6. if fewer than MIN_PAIRS_WITHOUT_CHECKPOINTING fit, gradient checkpointing is switched on (recompute the
        denoiser's activations in the backward: ~1/3 more compute) and 1-5 run again
 
@@ -158,25 +161,34 @@ class PairsPerForward:
         trainable = self.family.stochastic_steps(self.config.sample)
         t = self.config.train
         most = min(MAX_PAIRS, max(1, int(t.batch_size * int(trainable.sum()) * t.timestep_fraction)))
-        peaks = [self._peak(updater, batch, k, trainable) for k in (1, 2)]
-        per_pair = max(peaks[1] - peaks[0], 1)
-        fixed = peaks[0] - per_pair + self._optimizer_state_bytes(updater)
+        first, second = (self._peak(updater, batch, k, trainable) for k in (1, 2))
+        state = self._optimizer_state_bytes(updater)
         budget = HEADROOM * memory_budget(device)
-        n = max(1, min(most, int((budget - fixed) // per_pair)))
-        tried = n
-        while True:
+        per_pair = max(second - first, 1)
+
+        def fits(per: int) -> int:  # step 4, fixed = first - per + state
+            return max(1, min(most, int((budget - (first - per) - state) // per)))
+
+        n, refits = fits(per_pair), []
+        while True:  # step 5: n strictly decreases until it runs within the budget
             try:
-                self._peak(updater, batch, n, trainable)
-                break
+                peak = self._peak(updater, batch, n, trainable)
             except torch.OutOfMemoryError:
                 if n == 1:
                     raise
+                refits.append(f"{n} ran out of memory")
                 n = max(1, n // 2)
+                continue
+            if n == 1 or peak + state <= budget:
+                break
+            refits.append(f"{n} peaked at {(peak + state) / 2**30:.2f} GiB")
+            per_pair = max((peak - first) // (n - 1), 1)
+            n = min(n - 1, fits(per_pair))
         gib = 2**30
-        detail = (f"{per_pair / gib:.2f} GiB per pair, {max(fixed, 0) / gib:.2f} GiB fixed, "
+        detail = (f"{per_pair / gib:.2f} GiB per pair, {max(first - per_pair + state, 0) / gib:.2f} GiB fixed, "
                   f"{budget / gib:.1f} GiB budget; at most {most}")
-        if n != tried:
-            detail += f"; {tried} ran out of memory"
+        if refits:
+            detail += "; " + ", ".join(refits)
         return n, detail
 
     @staticmethod

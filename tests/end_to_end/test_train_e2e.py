@@ -25,6 +25,10 @@ def launch(args, *, num_processes=1, timeout=600):
     return out.stdout + out.stderr
 
 
+# runs of 1 and 2 processes compared: both on the CPU (2 processes on one GPU run there: tests/launch_helpers.py)
+SAME_DEVICE = {"device": "cpu"}
+
+
 def tiny_args(model_dir, logdir, run_name, **extra):
     args = {
         "pretrained.model": model_dir, "logdir": str(logdir), "run_name": run_name, "num_epochs": 1,
@@ -115,7 +119,7 @@ def test_two_processes_and_one_give_the_same_advantages(family_model_dirs, tmp_p
         args = tiny_args(family_model_dirs[family or "sd"], tmp_path, run, **{
             "sample.batch_size": 8 // processes, "sample.num_batches_per_epoch": 1,
             "train.group_size": 4 if preset in ("group_ppo", "grpo") else 1, "log_images_every": 0,
-            **FAMILY_OVERRIDES[family or "sd"], **tree})
+            **FAMILY_OVERRIDES[family or "sd"], **tree, **SAME_DEVICE})
         args[1] = f"config/base.py:{preset}"
         launch(args, num_processes=processes)
         (epoch0,) = read_metrics(tmp_path / run)
@@ -170,7 +174,7 @@ def test_two_processes_and_one_train_a_preference_objective_alike(family_model_d
             "seed": seed, "sample.batch_size": 4, "sample.num_batches_per_epoch": 4 // processes,
             "train.batch_size": 2 * width // processes, "train.group_size": 4, "log_images_every": 0, "save_freq": 0,
             "sample.deterministic": True, "kl.beta": 0.0, "kl.use_reference_model": True,
-            "algorithm.objective": objective, **reward, **FAMILY_OVERRIDES["sd3"]})
+            "algorithm.objective": objective, **reward, **FAMILY_OVERRIDES["sd3"], **SAME_DEVICE})
         args[1] = "config/base.py:grpo"
         launch(args, num_processes=processes)
         (epoch0,) = read_metrics(tmp_path / run)
@@ -206,7 +210,7 @@ def test_two_processes_and_one_give_the_same_component_advantages(tiny_model_dir
             "reward_fn": '{"jpeg_compressibility": 1.0, "jpeg_incompressibility": 2.0}',
             "reward_fn_kwargs": '{"jpeg_incompressibility": {"quality": 50}}',
             "algorithm.multi_reward_mix": "advantage_aggr", "algorithm.global_std": True,
-            "kl.beta": 0.0, "kl.use_reference_model": False})
+            "kl.beta": 0.0, "kl.use_reference_model": False, **SAME_DEVICE})
         args[1] = "config/base.py:grpo"
         launch(args, num_processes=processes)
         (epoch0,) = read_metrics(tmp_path / run)
@@ -237,7 +241,7 @@ def test_two_processes_and_one_sample_and_score_a_matching_objective_alike(famil
             "sample.batch_size": 4, "sample.num_batches_per_epoch": 2 // processes, "train.batch_size": 4 // processes,
             "train.group_size": 4, "log_images_every": 0, "sample.deterministic": True, "kl.beta": 0.0,
             "kl.use_reference_model": False, "algorithm.objective": objective, "algorithm.old_decay_ramp": 0.25,
-            **FAMILY_OVERRIDES["sd3"]})
+            **FAMILY_OVERRIDES["sd3"], **SAME_DEVICE})
         args[1] = "config/base.py:grpo"
         launch(args, num_processes=processes)
         (epoch0,) = read_metrics(tmp_path / run)

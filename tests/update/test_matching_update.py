@@ -247,8 +247,9 @@ def test_padded_units_change_neither_the_gradient_nor_the_metrics(tiny_sd3_dir, 
     0: a train batch of 2 dpo pairs gives the same gradients and metrics with 2 padded units after them."""
     from ddpo_group.update.preference_update import pad_units
 
-    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "pad", **matching_overrides(**{
-        "algorithm.objective": "dpo", "kl.use_reference_model": True, "algorithm.objective_kwargs": {"beta": 100.0}}))
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "pad", **matching_overrides(**{  # bitwise: the CPU's kernels
+        "algorithm.objective": "dpo", "kl.use_reference_model": True, "algorithm.objective_kwargs": {"beta": 100.0},
+        "device": "cpu"}))
     updater = trainer.updater
     batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
     trainer.rollouts.close()

@@ -44,6 +44,41 @@ def test_out_of_memory_names_the_setting_to_lower():
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore text")
 
 
+def test_a_probe_peak_over_the_budget_fits_the_pairs_again_from_the_peak_of_many():
+    """A compiled forward's first call inflates peak(1): the two-point estimate (10 per pair) says 86 pairs fit a
+    budget of 1000 where each pair takes 30; peak(86) = 2680 is over the budget, so the pairs are fitted again with
+    (2680 - 150) // 85 = 29 per pair: (1000 - (150 - 29)) // 29 = 30 pairs, whose peak (1000) is within it. Above 3000
+    the card runs out of memory: with a budget of 4000, 256 and 128 pairs do, 64 (2020) fit."""
+    from types import SimpleNamespace
+
+    from ml_collections import ConfigDict
+
+    from ddpo_group.update import memory_fit
+
+    def peak(k):  # bytes above the allocation of k pairs: 100 + 30 k, the first call 20 more (compilation)
+        tried.append(k)
+        if 100 + 30 * k > 3000:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return 150 if k == 1 else 100 + 30 * k
+
+    config = ConfigDict({"train": {"batch_size": 16, "timestep_fraction": 1.0, "pairs_per_forward": "auto"},
+                         "sample": {}})
+    family = SimpleNamespace(stochastic_steps=lambda sample: torch.ones(16, dtype=torch.bool))  # at most 256 pairs
+    probe = memory_fit.PairsPerForward(config, SimpleNamespace(device=torch.device("cpu")), family, {})
+    probe._peak = lambda updater, batch, k, trainable: peak(k)
+    updater = SimpleNamespace(optimizer=None)
+    for budget, expected, sizes, said in ((1000, 30, [1, 2, 86, 30], "86 peaked at "),
+                                          (4000, 64, [1, 2, 256, 128, 64], "256 ran out of memory, 128 ran out")):
+        tried = []
+        original = memory_fit.memory_budget
+        memory_fit.memory_budget = lambda device: budget / memory_fit.HEADROOM
+        try:
+            n, detail = probe._fit(updater, {})
+        finally:
+            memory_fit.memory_budget = original
+        assert (n, tried) == (expected, sizes) and 100 + 30 * n <= budget and said in detail, (budget, n, tried, detail)
+
+
 class ChunkedFamily:
     """decode() runs out of memory above ``most`` latents at a time; records the chunk sizes it was called with."""
 
