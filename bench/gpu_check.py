@@ -22,9 +22,9 @@ Steps (``--only`` picks some), each a subprocess, so one that fails leaves the o
    single, 6.2B; T5-XXL's width with 12 of its 24 layers): the whole 12B does not fit the 24 GiB cap.
 4. ``epochs`` on four cores: a two-epoch run of each shape's recipe (``SHAPES``: grpo on SD-1.5, flow_grpo_sd35 and
    flow_grpo_flux on the others; bf16, LoRA, ``train.pairs_per_forward="auto"``), the second epoch reported by
-   bench/epoch.py, under a 24 GiB cap (first, beside the model building) and on the whole card (once the building,
-   which initialises on the GPU, is over), every shape's in turn, then the full fine-tuning: peak CUDA memory, the
-   phase split, images/s, pairs/s, training and sampling MFU. The whole-card runs keep config/base.py's speed options
+   bench/epoch.py, under a 24 GiB cap and on the whole card (once the building, which initialises on the GPU, is
+   over), one after the other in ``ORDER`` (what the budget may leave out last): peak CUDA memory, the phase split,
+   images/s, pairs/s, training and sampling MFU. The whole-card runs keep config/base.py's speed options
    (``compile_denoiser="auto"`` compiles the transformers' blocks in the first epoch; a reached recompile limit is
    reported); the capped and full fine-tuning runs are eager (``EAGER``), to keep the budget. A run that fails with a
    CUDA error other than out-of-memory makes its shape's next runs launch-blocking (``CUDA_LAUNCH_BLOCKING=1``, named
@@ -75,7 +75,12 @@ SHAPES = {
     "flux": (["--shape", "flux", "--blocks", "0.5"], "flux", "flow_grpo_flux", {"mixed_precision": "bf16"}),
 }
 EAGER = {"compile_denoiser": "False"}  # the capped and full fine-tuning runs: no compilation minute in the budget
-FULL_FT = ("sd35m", {"use_lora": "False", "train.gradient_checkpointing": "True", **EAGER})
+FULL_FT_SHAPE, FULL_FT = "sd35m", {"use_lora": "False", "train.gradient_checkpointing": "True", **EAGER}
+# the epoch runs in turn: the capped ones of the shapes built first (beside the building), the default configuration
+# (compiled) on the whole card of the transformer shapes, FLUX.1's capped run, SD-1.5's whole-card run, the full
+# fine-tuning (the longest: its checkpoint writes every weight and Adam's state)
+ORDER = (("sd15", "cap"), ("sd35m", "cap"), ("sd35m", "whole"), ("flux", "whole"), ("flux", "cap"), ("sd15", "whole"),
+         (FULL_FT_SHAPE, "full"))
 DRY_SUITE = "tests/run/test_throughput.py"  # a few seconds
 DRY = {"sample.num_steps": "2", "sample.batch_size": "4", "train.batch_size": "4", "train.group_size": "4",
        "sample.resolution": "0", "mixed_precision": "no", "pretrained.max_sequence_length": "16"}
@@ -475,17 +480,19 @@ def run_steps(check: Check) -> None:
     beside = suite is not None and not args.dry_run
     check.results["epochs_beside_the_suite"] = beside
     # (name, shape, fields, memory cap GiB, GiB left to others): a "whole card" run beside the suite leaves SUITE_GB
-    runs = []
     whole = SUITE_GB if beside else None
-    if "epochs" in args.only:
-        if not args.dry_run:  # a memory cap is CUDA's; the capped runs first, beside the model building
-            runs += [(f"{shape} ({CAP_GB} GiB cap)", shape, EAGER, CAP_GB, None) for shape in args.shapes]
-        runs += [(shape, shape, {}, None, whole) for shape in args.shapes]
-    shape, extra = FULL_FT
-    if "full_ft" in args.only and shape in args.shapes:  # last: measured before, and the longest (its checkpoint)
-        runs.append((f"{shape} full fine-tuning", shape, extra, None, whole))
-    elif "full_ft" in args.only:
-        check.not_run(f"{FULL_FT[0]} full fine-tuning", f"no {FULL_FT[0]} model (--shapes)")
+    runs = []  # in ORDER: what the budget may leave out comes last
+    for shape, kind in ORDER:
+        if shape not in args.shapes or ("full_ft" if kind == "full" else "epochs") not in args.only:
+            continue
+        if kind == "cap" and not args.dry_run:  # a memory cap is CUDA's
+            runs.append((f"{shape} ({CAP_GB} GiB cap)", shape, EAGER, CAP_GB, None))
+        elif kind == "whole":
+            runs.append((shape, shape, {}, None, whole))
+        elif kind == "full":
+            runs.append((f"{shape} full fine-tuning", shape, FULL_FT, None, whole))
+    if "full_ft" in args.only and FULL_FT_SHAPE not in args.shapes:
+        check.not_run(f"{FULL_FT_SHAPE} full fine-tuning", f"no {FULL_FT_SHAPE} model (--shapes)")
     for name, shape, extra, cap, leave in runs:
         if models and cap is None:  # the building initialises on the GPU (FLUX's held 34 GiB): a run sized to the
             models.join(timeout=max(check.left(), 1))  # whole card starts after it, the capped ones beside it

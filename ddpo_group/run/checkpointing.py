@@ -8,6 +8,13 @@ before it, and at worst a hidden ``.tmp_*`` / ``.replaced_*`` / ``.deleting_*`` 
 A file that cannot be written (a full disk) stops the save with a WriteError naming it; the unfinished checkpoint is
 removed at once.
 
+The prepared models' weights (accelerate's ``model*.safetensors``) hold what training changes only
+(``trained_weights``): the trainable parameters and every LoRA adapter's weights (the KL reference's and the old
+model's adapters change without the optimizer). The frozen base weights and the buffers (SD3's position table) come
+from the pretrained model the run loads again: a LoRA checkpoint of SD3.5 Medium holds megabytes, not its 4.5 GB
+transformer. A resume checks that the file holds every such weight and nothing the model lacks, then loads it over
+the pretrained ones (checkpoints written with every weight load the same way).
+
 A resume loads nothing from a checkpoint before it verifies: complete, no pickled training state (loading a pickle can
 run any code it holds; ``scripts/convert_checkpoint.py`` converts one you trust), every file as its manifest says.
 accelerate's own files load with ``weights_only=True``; the sharded state of an FSDP checkpoint, which
@@ -20,6 +27,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -133,6 +141,57 @@ def resolve_resume_path(resume_from: str, next_step: Callable[[Path], str] = lam
     )
 
 
+ADAPTER_WEIGHT = "lora_"  # in the name of every LoRA adapter's weight (peft: lora_A, lora_B, lora_magnitude_vector)
+
+
+def trained_weights(model) -> set[str]:
+    """State-dict names of ``model`` (as prepared: accelerate's names) a checkpoint keeps: the trainable parameters
+    and every LoRA adapter's weights, trained or not."""
+    return {name for name, param in model.named_parameters(remove_duplicate=False)
+            if param.requires_grad or ADAPTER_WEIGHT in name}
+
+
+@contextmanager
+def trained_weights_only(accelerator):
+    """Within it, ``accelerator.save_state`` writes the prepared models' ``trained_weights`` only and
+    ``accelerator.load_state`` checks a checkpoint's weights against them first (module docstring). Models accelerate
+    saves its own way (FSDP's sharded state) are left as they are."""
+    hooks = [accelerator.register_save_state_pre_hook(_drop_untrained),
+             accelerator.register_load_state_pre_hook(_check_trained)]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+def _drop_untrained(models, weights, output_dir) -> None:
+    for model, state in zip(models, weights):  # weights: the state dicts accelerate is about to write (not FSDP's)
+        kept = trained_weights(model)
+        for name in [name for name in state if name not in kept]:
+            del state[name]
+
+
+def _check_trained(models, input_dir) -> None:
+    from safetensors import safe_open
+
+    for i, model in enumerate(models):
+        path = Path(input_dir) / f"model{f'_{i}' if i else ''}.safetensors"
+        if not path.exists():  # FSDP's sharded state, or torch's .bin: accelerate's strict loading
+            continue
+        with safe_open(str(path), framework="pt") as file:
+            names = set(file.keys())
+        missing, unknown = trained_weights(model) - names, names - set(model.state_dict())
+        if missing or unknown:
+            raise CheckpointError(f"{path} does not match the model: {_some(missing)} missing, {_some(unknown)} "
+                                  f"unknown to it (a checkpoint of another model, LoRA setting or adapter set?)")
+
+
+def _some(names: set[str], shown: int = 3) -> str:
+    listed = ", ".join(sorted(names)[:shown])
+    return f"{len(names)} weight(s)" + (f" ({listed}{', ...' if len(names) > shown else ''})" if names else "")
+
+
 def load_checkpoint(accelerator, checkpoint: Path, pieces: list) -> None:
     """Load a verified checkpoint: accelerate's state (``weights_only=True``: plain data only), then ``pieces``
     (run/state_files.py). A CheckpointError names the checkpoint or file that does not load."""
@@ -146,7 +205,10 @@ def load_checkpoint(accelerator, checkpoint: Path, pieces: list) -> None:
             raise CheckpointError(f"{random_states} does not load as plain data ({type(error).__name__}: "
                                   f"{error})") from None
     try:
-        accelerator.load_state(str(checkpoint), load_kwargs={"weights_only": True})
+        with trained_weights_only(accelerator):  # strict=False: the frozen weights are the pretrained ones already
+            accelerator.load_state(str(checkpoint), load_kwargs={"weights_only": True}, strict=False)
+    except CheckpointError:
+        raise
     except Exception as error:
         culprit = _first_unloadable(checkpoint, load) or checkpoint  # torch's error does not name the file
         raise CheckpointError(f"{culprit}: accelerate cannot load it ({type(error).__name__}: "
@@ -231,7 +293,8 @@ def save_checkpoint(
         clear_leftovers(root)
     accelerator.wait_for_everyone()
     try:
-        with writing(tmp, "accelerate's state: the weights, the optimizer, the random states"):
+        with writing(tmp, "accelerate's state: the weights, the optimizer, the random states"), \
+                trained_weights_only(accelerator):
             accelerator.save_state(str(tmp))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ddpo_group.run.checkpointing import resolve_resume_path
+from ddpo_group.run.checkpointing import ADAPTER_WEIGHT, resolve_resume_path
 from ddpo_group.models.lora_export import is_lora_dir
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.rewards.combine import make_combined_reward
@@ -81,9 +81,17 @@ def load_finetuned_weights(family, checkpoint: Path, config) -> None:
     state = load_file(str(files[0]))
     # a reference adapter (kl.reference_update_freq > 0) lives in the same denoiser: it is not the policy
     state = {k: v for k, v in state.items() if not re.search(r"\.lora_[AB]\.reference\.", k)}
-    if any("lora_" in key for key in state):
+    lora = any(ADAPTER_WEIGHT in key for key in state)
+    if lora:
         family.model.add_adapter(lora_config(config, family.lora_target_modules))
-    family.model.load_state_dict(state)
+    # the checkpoint holds the trained weights (run/checkpointing.py): the adapter's, or every parameter of a full
+    # fine-tuning; the rest stay the pretrained model's
+    missing, unknown = family.model.load_state_dict(state, strict=False)
+    parameters = dict(family.model.named_parameters(remove_duplicate=False))
+    untrained = [k for k in missing if (ADAPTER_WEIGHT in k if lora else k in parameters)]
+    if untrained or unknown:
+        raise ValueError(f"{files[0]} does not match the model: {len(untrained)} trained weight(s) missing "
+                         f"({', '.join(untrained[:3])}), {len(unknown)} unknown ({', '.join(unknown[:3])})")
 
 
 def draw_prompts(prompt_fn: str, kwargs: dict, n: int, seed: int) -> tuple[list[str], list[dict]]:

@@ -70,13 +70,11 @@ def test_one_epoch_changes_weights_and_resume_continues(tiny_model_dir, tmp_path
     base = load_file(str(next(Path(tiny_model_dir, "unet").glob("*.safetensors"))))
     lora_keys = [k for k in weights if "lora" in k]
     if use_lora:
-        # peft initialises lora_B to zero: training must have moved it; base weights stay frozen
+        # peft initialises lora_B to zero: training must have moved it; the frozen base weights are not saved (the
+        # pretrained model's, loaded again on resume)
         moved = [k for k in lora_keys if "lora_B" in k and weights[k].abs().max() > 0]
         assert moved, "no LoRA weight changed"
-        for key, value in base.items():
-            module, _, param = key.rpartition(".")
-            saved = weights.get(key, weights.get(f"{module}.base_layer.{param}"))  # peft wraps LoRA targets
-            torch.testing.assert_close(saved, value, rtol=0, atol=0)
+        assert sorted(weights) == sorted(lora_keys) and len(lora_keys) < len(base)
     else:
         assert not lora_keys
         changed = [k for k, v in base.items() if not torch.equal(weights[k], v)]

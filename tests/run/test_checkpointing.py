@@ -352,3 +352,31 @@ def test_an_empty_checkpoint_directory_is_skipped_or_refused_by_name(tmp_path):
         resolve_resume_path(str(root.parent))
     with pytest.raises(CheckpointError, match="no earlier checkpoint of this run verifies: start a new run"):
         resolve_resume_path(str(empty))
+
+
+def test_a_lora_checkpoint_holds_the_adapters_only_and_loads_only_into_a_matching_model(tiny_sd3_dir, tmp_path):
+    """The frozen base weights and the buffers (SD3's position table) are the pretrained model's: a LoRA run's
+    checkpoint holds its adapters' weights alone; a model without them (full fine-tuning) refuses it, naming the
+    counts, before anything is loaded."""
+    from diffusers import SD3Transformer2DModel
+    from safetensors import safe_open
+    from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "lora", **FAMILY_OVERRIDES["sd3"], num_epochs=1,
+                           device="cpu")
+    trainer.run()
+    (checkpoint,) = complete_checkpoints(tmp_path / "lora" / "checkpoints")
+    with safe_open(str(checkpoint / "model.safetensors"), framework="pt") as file:
+        saved = set(file.keys())
+    model = trainer.model
+    adapters = {name for name, _ in model.named_parameters() if "lora_" in name}
+    assert saved == adapters and len(saved) < len(model.state_dict()) and "pos_embed.pos_embed" in model.state_dict()
+
+    accelerator = Accelerator(cpu=True)
+    full = accelerator.prepare(SD3Transformer2DModel.from_pretrained(tiny_sd3_dir, subfolder="transformer"))
+    before = [p.detach().clone() for p in full.parameters()]
+    base = len(list(full.parameters()))
+    with pytest.raises(CheckpointError, match=rf"model.safetensors does not match the model: {base} weight\(s\) "
+                                              rf"\(.*\) missing, {len(adapters)} weight\(s\) \(.*lora_A.*\) unknown"):
+        load_checkpoint(accelerator, checkpoint, [])
+    assert all(torch.equal(b, p) for b, p in zip(before, full.parameters()))  # nothing loaded

@@ -134,9 +134,10 @@ def test_fsdp_on_the_cpu_trains_the_weights_ddp_trains(config_name, family, fami
     sharded = load_everything(tmp_path / "fsdp" / checkpoint)["pytorch_model_fsdp_0"]["model"]
     replicated = load_file(str(tmp_path / "ddp" / checkpoint / "model.safetensors"))
     initial = load_file(str(Path(model_dir) / "transformer" / "diffusion_pytorch_model.safetensors"))
-    assert sorted(sharded) == sorted(replicated) == sorted(initial)
-    moved = max((replicated[k] - initial[k]).abs().max().item() for k in initial)
-    apart = max((sharded[k] - replicated[k]).abs().max().item() for k in initial)
+    # DDP's checkpoint holds the trained weights (every parameter), without the buffers (SD3's position table)
+    assert sorted(sharded) == sorted(initial) and set(replicated) == set(initial) - {"pos_embed.pos_embed"}
+    moved = max((replicated[k] - initial[k]).abs().max().item() for k in replicated)
+    apart = max((sharded[k] - replicated[k]).abs().max().item() for k in replicated)
     assert moved > 1e-5 and apart < 1e-6, (moved, apart)  # an Adam step of lr 1e-4; float32 sums in another order
 
 
