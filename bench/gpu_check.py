@@ -81,6 +81,7 @@ FULL_FT_SHAPE, FULL_FT = "sd35m", {"use_lora": "False", "train.gradient_checkpoi
 # fine-tuning (the longest: its checkpoint writes every weight and Adam's state)
 ORDER = (("sd15", "cap"), ("sd35m", "cap"), ("sd35m", "whole"), ("flux", "whole"), ("flux", "cap"), ("sd15", "whole"),
          (FULL_FT_SHAPE, "full"))
+assert {shape for shape, _ in ORDER} == set(SHAPES), "every shape has its runs in ORDER"
 DRY_SUITE = "tests/run/test_throughput.py"  # a few seconds
 DRY = {"sample.num_steps": "2", "sample.batch_size": "4", "train.batch_size": "4", "train.group_size": "4",
        "sample.resolution": "0", "mixed_precision": "no", "pretrained.max_sequence_length": "16"}
@@ -251,10 +252,15 @@ def cores(check: Check) -> dict[str, set[int] | None]:
 def suite_command(check: Check, junit: Path, suite_cores: set[int] | None) -> list[str]:
     command = [python(), "-m", "pytest", "-rf", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
                *check.args.suite.split()]
-    has_xdist = subprocess.run([python(), "-c", "import xdist"], env=check.env, capture_output=True,
-                               timeout=60).returncode == 0
+    found = subprocess.run([python(), "-c", "import xdist; print(xdist.__version__)"], env=check.env,
+                           capture_output=True, text=True, timeout=60)
+    has_xdist = found.returncode == 0
     if has_xdist and suite_cores:
-        command += ["-n", str(check.args.workers or len(suite_cores)), "--dist", "load"]  # test by test
+        # test by test; "worksteal" (pytest-xdist 3.2+) moves queued tests to idle workers, so the slow tests the
+        # workers' collection puts first (tests/conftest.py) do not leave one worker a tail of them
+        version = tuple(int(x) for x in found.stdout.strip().split(".")[:2] if x.isdigit())
+        command += ["-n", str(check.args.workers or len(suite_cores)),
+                    "--dist", "worksteal" if version >= (3, 2) else "load"]
     elif not has_xdist:
         check.results["suite_note"] = "pytest-xdist is not installed: the suite ran in one process"
     return command

@@ -105,8 +105,9 @@ def raise_recompile_limit(model: torch.nn.Module, names: tuple[str, ...]) -> int
 
     signatures = {(type(block).__name__, tuple(tuple(p.shape) for p in block.parameters()))
                   for block in model.modules() if type(block).__name__ in names}
-    dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILES_PER_SHAPE * len(signatures))
-    return dynamo.recompile_limit
+    field = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"  # its name before torch 2.6
+    setattr(dynamo, field, max(getattr(dynamo, field), RECOMPILES_PER_SHAPE * len(signatures)))
+    return getattr(dynamo, field)
 
 
 def attention_backends(name: str, device, mixed_precision: str | None = None) -> tuple[SDPBackend, ...]:

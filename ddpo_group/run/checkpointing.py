@@ -12,8 +12,10 @@ The prepared models' weights (accelerate's ``model*.safetensors``) hold what tra
 (``trained_weights``): the trainable parameters and every LoRA adapter's weights (the KL reference's and the old
 model's adapters change without the optimizer). The frozen base weights and the buffers (SD3's position table) come
 from the pretrained model the run loads again: a LoRA checkpoint of SD3.5 Medium holds megabytes, not its 4.5 GB
-transformer. A resume checks that the file holds every such weight and nothing the model lacks, then loads it over
-the pretrained ones (checkpoints written with every weight load the same way).
+transformer. ``frozen_weights.json`` records the sum and norm of each weight left out. A resume checks that the file
+holds every trained weight and nothing the model lacks, and that the model's other weights have the recorded sums
+(the same pretrained model), then loads the file over the pretrained weights (checkpoints written with every weight,
+without the record, load the same way).
 
 A resume loads nothing from a checkpoint before it verifies: complete, no pickled training state (loading a pickle can
 run any code it holds; ``scripts/convert_checkpoint.py`` converts one you trust), every file as its manifest says.
@@ -24,12 +26,16 @@ resumes from its newest checkpoint that verifies; each newer one is named with t
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
+
+import torch
 
 from ddpo_group.errors import CheckpointError
 from ddpo_group.run.manifest import manifest_problem, write_manifest
@@ -142,6 +148,7 @@ def resolve_resume_path(resume_from: str, next_step: Callable[[Path], str] = lam
 
 
 ADAPTER_WEIGHT = "lora_"  # in the name of every LoRA adapter's weight (peft: lora_A, lora_B, lora_magnitude_vector)
+FROZEN_WEIGHTS = "frozen_weights.json"  # what a checkpoint leaves out, summed: checked against the model on resume
 
 
 def trained_weights(model) -> set[str]:
@@ -151,11 +158,25 @@ def trained_weights(model) -> set[str]:
             if param.requires_grad or ADAPTER_WEIGHT in name}
 
 
+def frozen_fingerprint(model) -> dict[str, list]:
+    """{name: [shape, sum, 2-norm]} (float64) of every state-dict entry of ``model`` a checkpoint leaves out: the
+    pretrained weights under the adapters, and the buffers."""
+    kept = trained_weights(model)
+    frozen = {name: tensor for name, tensor in model.state_dict().items() if name not in kept}
+    if not frozen:
+        return {}
+    with torch.no_grad():  # one transfer for all the sums (no host sync per tensor)
+        sums = torch.stack([torch.stack([t.sum(dtype=torch.float64), torch.linalg.vector_norm(t, dtype=torch.float64)])
+                            for t in frozen.values()]).tolist()
+    return {name: [list(t.shape), *sums[i]] for i, (name, t) in enumerate(frozen.items())}
+
+
 @contextmanager
 def trained_weights_only(accelerator):
-    """Within it, ``accelerator.save_state`` writes the prepared models' ``trained_weights`` only and
-    ``accelerator.load_state`` checks a checkpoint's weights against them first (module docstring). Models accelerate
-    saves its own way (FSDP's sharded state) are left as they are."""
+    """Within it, ``accelerator.save_state`` writes the prepared models' ``trained_weights`` only, with the
+    ``frozen_fingerprint`` of the rest, and ``accelerator.load_state`` checks a checkpoint's weights and fingerprint
+    against the model first (module docstring). Models accelerate saves its own way (FSDP's sharded state) are left as
+    they are."""
     hooks = [accelerator.register_save_state_pre_hook(_drop_untrained),
              accelerator.register_load_state_pre_hook(_check_trained)]
     try:
@@ -166,25 +187,58 @@ def trained_weights_only(accelerator):
 
 
 def _drop_untrained(models, weights, output_dir) -> None:
-    for model, state in zip(models, weights):  # weights: the state dicts accelerate is about to write (not FSDP's)
-        kept = trained_weights(model)
+    from accelerate import PartialState
+
+    fingerprints = {}
+    for i, (model, state) in enumerate(zip(models, weights)):  # weights: the state dicts accelerate is about to
+        kept = trained_weights(model)                           # write (none for FSDP's)
+        fingerprints[str(i)] = frozen_fingerprint(model)
         for name in [name for name in state if name not in kept]:
             del state[name]
+    if fingerprints and PartialState().is_main_process:
+        (Path(output_dir) / FROZEN_WEIGHTS).write_text(json.dumps(fingerprints))
 
 
 def _check_trained(models, input_dir) -> None:
     from safetensors import safe_open
 
+    recorded = Path(input_dir) / FROZEN_WEIGHTS
+    fingerprints = json.loads(recorded.read_text()) if recorded.exists() else {}
     for i, model in enumerate(models):
         path = Path(input_dir) / f"model{f'_{i}' if i else ''}.safetensors"
         if not path.exists():  # FSDP's sharded state, or torch's .bin: accelerate's strict loading
             continue
         with safe_open(str(path), framework="pt") as file:
             names = set(file.keys())
-        missing, unknown = trained_weights(model) - names, names - set(model.state_dict())
+        # a weight under several names (tied) is present when one of them is: safetensors keeps one
+        params = dict(model.named_parameters(remove_duplicate=False))
+        aliases: dict[int, set[str]] = {}
+        for name, param in params.items():
+            aliases.setdefault(id(param), set()).add(name)
+        missing = {name for name in trained_weights(model) if not aliases[id(params[name])] & names}
+        unknown = names - set(model.state_dict())
         if missing or unknown:
             raise CheckpointError(f"{path} does not match the model: {_some(missing)} missing, {_some(unknown)} "
                                   f"unknown to it (a checkpoint of another model, LoRA setting or adapter set?)")
+        if str(i) in fingerprints:
+            _check_frozen(fingerprints[str(i)], frozen_fingerprint(model), recorded)
+
+
+def _check_frozen(saved: dict, now: dict, recorded: Path) -> None:
+    """The weights the checkpoint left out are the ones it was trained on: same names and shapes, sum and norm within
+    float64 rounding of another summation order (another device): the sum within 1e-10 sqrt(n) |w|, which bounds
+    it, the norm within 1e-9 of itself."""
+    def same(a: list, b: list) -> bool:
+        (shape, total, norm), (shape_b, total_b, norm_b) = a, b
+        largest = max(norm, norm_b)
+        return (shape == shape_b and abs(norm - norm_b) <= 1e-9 * largest
+                and abs(total - total_b) <= 1e-10 * math.sqrt(math.prod(shape)) * largest)
+
+    differ = sorted(set(saved) ^ set(now)) or [name for name in saved if not same(saved[name], now[name])]
+    if differ:
+        raise CheckpointError(f"{recorded}: the model's frozen weights are not those this checkpoint was trained on "
+                              f"({_some(set(differ))} differ): resume with the pretrained.model (and revision) the "
+                              f"run started from")
 
 
 def _some(names: set[str], shown: int = 3) -> str:

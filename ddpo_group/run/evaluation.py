@@ -79,8 +79,8 @@ def load_finetuned_weights(family, checkpoint: Path, config) -> None:
     if not files:
         raise FileNotFoundError(f"{str(checkpoint)!r} holds neither lora/ nor model.safetensors")
     state = load_file(str(files[0]))
-    # a reference adapter (kl.reference_update_freq > 0) lives in the same denoiser: it is not the policy
-    state = {k: v for k, v in state.items() if not re.search(r"\.lora_[AB]\.reference\.", k)}
+    # the policy is the "default" adapter; others in the same denoiser (the KL reference's, the old model's) are not
+    state = {k: v for k, v in state.items() if re.search(r"\.lora_\w+\.(?!default\.)\w+\.", k) is None}
     lora = any(ADAPTER_WEIGHT in key for key in state)
     if lora:
         family.model.add_adapter(lora_config(config, family.lora_target_modules))

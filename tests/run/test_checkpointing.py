@@ -380,3 +380,36 @@ def test_a_lora_checkpoint_holds_the_adapters_only_and_loads_only_into_a_matchin
                                               rf"\(.*\) missing, {len(adapters)} weight\(s\) \(.*lora_A.*\) unknown"):
         load_checkpoint(accelerator, checkpoint, [])
     assert all(torch.equal(b, p) for b, p in zip(before, full.parameters()))  # nothing loaded
+
+    # the same model whose frozen weights moved (another revision of the pretrained model): refused by its record
+    saved_lora = {name: p.detach().clone() for name, p in model.named_parameters() if "lora_" in name}
+    for p in saved_lora:
+        dict(model.named_parameters())[p].data.add_(1.0)  # what a resume must bring back
+    frozen = model.transformer_blocks[0].attn.to_q.base_layer.weight
+    pretrained = frozen.detach().clone()
+    frozen.data[0, 0] += 1e-3
+    with pytest.raises(CheckpointError, match=r"frozen_weights.json: the model's frozen weights are not those this "
+                                              r"checkpoint was trained on \(1 weight\(s\) \(transformer_blocks.0.attn"
+                                              r".to_q.base_layer.weight\) differ\)"):
+        load_checkpoint(trainer.accelerator, checkpoint, trainer.session.pieces)
+    frozen.data.copy_(pretrained)  # the pretrained weight again: the record matches, the adapters load
+    load_checkpoint(trainer.accelerator, checkpoint, trainer.session.pieces)
+    assert all(torch.equal(dict(model.named_parameters())[n], v) for n, v in saved_lora.items())
+
+
+def test_a_weight_under_two_names_is_saved_once_and_loads(tmp_path):
+    """safetensors keeps one name of a tied weight: the check counts it as present under either."""
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+            self.b.weight = self.a.weight
+
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(Tied())
+    checkpoint = save_checkpoint(accelerator, tmp_path, 0, keep=1)
+    trained = model.a.weight.detach().clone()
+    with torch.no_grad():
+        model.a.weight.zero_()
+    load_checkpoint(accelerator, checkpoint, [])
+    assert torch.equal(model.a.weight, trained) and model.b.weight is model.a.weight
