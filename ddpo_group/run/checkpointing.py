@@ -165,10 +165,18 @@ def frozen_fingerprint(model) -> dict[str, list]:
     frozen = {name: tensor for name, tensor in model.state_dict().items() if name not in kept}
     if not frozen:
         return {}
+    device = next(iter(frozen.values())).device
     with torch.no_grad():  # one transfer for all the sums (no host sync per tensor)
-        sums = torch.stack([torch.stack([t.sum(dtype=torch.float64), torch.linalg.vector_norm(t, dtype=torch.float64)])
-                            for t in frozen.values()]).tolist()
+        sums = torch.stack([_sum_and_norm(t).to(device) for t in frozen.values()]).tolist()
     return {name: [list(t.shape), *sums[i]] for i, (name, t) in enumerate(frozen.items())}
+
+
+def _sum_and_norm(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.is_complex():  # a rotary table: its real and imaginary parts
+        tensor = torch.view_as_real(tensor)
+    elif not tensor.is_floating_point():  # an integer or boolean buffer: small
+        tensor = tensor.to(torch.float64)
+    return torch.stack([tensor.sum(dtype=torch.float64), torch.linalg.vector_norm(tensor, dtype=torch.float64)])
 
 
 @contextmanager

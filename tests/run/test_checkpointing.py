@@ -398,12 +398,15 @@ def test_a_lora_checkpoint_holds_the_adapters_only_and_loads_only_into_a_matchin
 
 
 def test_a_weight_under_two_names_is_saved_once_and_loads(tmp_path):
-    """safetensors keeps one name of a tied weight: the check counts it as present under either."""
+    """safetensors keeps one name of a tied weight: the check counts it as present under either. Integer and complex
+    buffers are left out and fingerprinted too."""
     class Tied(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.a, self.b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
             self.b.weight = self.a.weight
+            self.register_buffer("ids", torch.arange(3))
+            self.register_buffer("rotary", torch.tensor([1 + 2j, 3 - 1j]))
 
     accelerator = Accelerator(cpu=True)
     model = accelerator.prepare(Tied())
@@ -413,3 +416,8 @@ def test_a_weight_under_two_names_is_saved_once_and_loads(tmp_path):
         model.a.weight.zero_()
     load_checkpoint(accelerator, checkpoint, [])
     assert torch.equal(model.a.weight, trained) and model.b.weight is model.a.weight
+    recorded = json.loads((checkpoint / "frozen_weights.json").read_text())
+    assert recorded == {"0": {"ids": [[3], 3.0, pytest.approx(5 ** 0.5)], "rotary": [[2], 5.0, pytest.approx(15 ** 0.5)]}}
+    model.ids += 1  # another buffer than the one trained with: refused
+    with pytest.raises(CheckpointError, match=r"1 weight\(s\) \(ids\) differ"):
+        load_checkpoint(accelerator, checkpoint, [])
