@@ -158,10 +158,9 @@ def trained_weights(model) -> set[str]:
             if param.requires_grad or ADAPTER_WEIGHT in name}
 
 
-def frozen_fingerprint(model) -> dict[str, list]:
-    """{name: [shape, sum, 2-norm]} (float64) of every state-dict entry of ``model`` a checkpoint leaves out: the
-    pretrained weights under the adapters, and the buffers."""
-    kept = trained_weights(model)
+def frozen_fingerprint(model, kept: set[str]) -> dict[str, list]:
+    """{name: [shape, sum, 2-norm]} (float64) of every state-dict entry of ``model`` a checkpoint leaves out (not in
+    ``kept``, its ``trained_weights``): the pretrained weights under the adapters, and the buffers."""
     frozen = {name: tensor for name, tensor in model.state_dict().items() if name not in kept}
     if not frozen:
         return {}
@@ -200,7 +199,7 @@ def _drop_untrained(models, weights, output_dir) -> None:
     fingerprints = {}
     for i, (model, state) in enumerate(zip(models, weights)):  # weights: the state dicts accelerate is about to
         kept = trained_weights(model)                           # write (none for FSDP's)
-        fingerprints[str(i)] = frozen_fingerprint(model)
+        fingerprints[str(i)] = frozen_fingerprint(model, kept)
         for name in [name for name in state if name not in kept]:
             del state[name]
     if fingerprints and PartialState().is_main_process:
@@ -223,13 +222,14 @@ def _check_trained(models, input_dir) -> None:
         aliases: dict[int, set[str]] = {}
         for name, param in params.items():
             aliases.setdefault(id(param), set()).add(name)
-        missing = {name for name in trained_weights(model) if not aliases[id(params[name])] & names}
+        kept = trained_weights(model)
+        missing = {name for name in kept if not aliases[id(params[name])] & names}
         unknown = names - set(model.state_dict())
         if missing or unknown:
             raise CheckpointError(f"{path} does not match the model: {_some(missing)} missing, {_some(unknown)} "
                                   f"unknown to it (a checkpoint of another model, LoRA setting or adapter set?)")
         if str(i) in fingerprints:
-            _check_frozen(fingerprints[str(i)], frozen_fingerprint(model), recorded)
+            _check_frozen(fingerprints[str(i)], frozen_fingerprint(model, kept), recorded)
 
 
 def _check_frozen(saved: dict, now: dict, recorded: Path) -> None:

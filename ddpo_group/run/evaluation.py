@@ -74,13 +74,15 @@ def load_finetuned_weights(family, checkpoint: Path, config) -> None:
     from safetensors.torch import load_file
 
     from ddpo_group.models.trainable import lora_config
+    from ddpo_group.reference.model import POLICY_ADAPTER
 
     files = sorted(checkpoint.glob("model*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{str(checkpoint)!r} holds neither lora/ nor model.safetensors")
     state = load_file(str(files[0]))
     # the policy is the "default" adapter; others in the same denoiser (the KL reference's, the old model's) are not
-    state = {k: v for k, v in state.items() if re.search(r"\.lora_\w+\.(?!default\.)\w+\.", k) is None}
+    other_adapter = re.compile(rf"\.{ADAPTER_WEIGHT}\w+\.(?!{POLICY_ADAPTER}\.)\w+\.")
+    state = {k: v for k, v in state.items() if other_adapter.search(k) is None}
     lora = any(ADAPTER_WEIGHT in key for key in state)
     if lora:
         family.model.add_adapter(lora_config(config, family.lora_target_modules))
