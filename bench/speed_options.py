@@ -24,7 +24,9 @@ Options (``--options``, default all):
                     to_qkv is a plain Linear holding the base weights), so with LoRA only the frozen forward is
                     measured: sampling with the adapters disabled, against the baseline with them disabled (the
                     reference model's forward); its training row needs full fine-tuning (--full-finetune)
-  cuda_graphs       torch.compile(mode="reduce-overhead") of the denoiser (CUDA graphs), sampling only
+  cuda_graphs       cuda_graphs=True: the sampling steps through a copy of the denoiser compiled with
+                    torch.compile(mode="reduce-overhead") (CUDA graphs), sampling only; beside compile_regional in one
+                    run, the two sampling ratios compare them
   channels_last     unet_channels_last=True (UNets only)
   fp32_frozen       the frozen weights in float32 instead of the mixed-precision dtype (build_policy keeps them in
                     bf16 / fp16 beside float32 LoRA): a ratio below 1 is what the default saves
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import itertools
 import json
 import statistics
 import tempfile
@@ -56,7 +57,7 @@ from torch.nn.attention import sdpa_kernel
 from _common import (add_common_args, bench_config, bench_model, machine, median_ratio, setup_threads, side_by_side,
                      sync)
 
-from ddpo_group.models.speed_options import attention_backends, compile_denoiser
+from ddpo_group.models.speed_options import attention_backends, compile_denoiser, sampling_denoiser, shared_copy
 from ddpo_group.models.tiny_random import TINY_BUILDERS
 from ddpo_group.models.trainable import build_policy, make_optimizer
 from ddpo_group.prompts import PromptSampler
@@ -107,12 +108,6 @@ def parse_args(argv=None):
 
 class Skip(Exception):
     """An option that does not apply here (the reason is printed)."""
-
-
-def shared_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model``'s modules sharing its parameters and buffers (an option that changes modules, not weights,
-    is measured without a second copy of the weights; training either trains the same weights)."""
-    return copy.deepcopy(model, memo={id(t): t for t in itertools.chain(model.parameters(), model.buffers())})
 
 
 def main(argv=None) -> dict:
@@ -220,7 +215,7 @@ class Bench:
         if name == "cuda_graphs":
             if not cuda:
                 raise Skip("CUDA graphs need CUDA")
-            model = torch.compile(shared_copy(self.model), mode="reduce-overhead")
+            model = sampling_denoiser(self.model, cuda_graphs=True)  # the trainer's cuda_graphs=True
             return {**base, "model": model, "sample_model": model,
                     "train_skip": "sampling only (the no-grad forward of the sampling steps)"}
         if name == "channels_last":

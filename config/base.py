@@ -48,6 +48,12 @@ def base() -> ml_collections.ConfigDict:
     # whole forward; True means the same) or "regional" (each of its repeated blocks, diffusers'
     # compile_repeated_blocks: the same code for every block)
     config.compile_denoiser = FieldReference("auto", field_type=object)
+    # CUDA graphs for the sampling steps: the rollouts' (and ReMax's greedy) denoiser forwards go through a copy of the
+    # denoiser sharing its weights, compiled with torch.compile(mode="reduce-overhead"), each batch shape recorded once
+    # and replayed (a minute or more of compilation in the first epoch; training keeps compile_denoiser's, evaluation
+    # the plain denoiser). CUDA only, not under FSDP. Off: measured 2.09x eager sampling at SD3.5-M shape, not yet
+    # beside regional compilation's 1.7x (docs/performance.md)
+    config.cuda_graphs = False
     # the scaled-dot-product attention kernels torch may use: "auto" (torch's choice among all but cuDNN's, whose
     # backward failed at FLUX.1 shape), "flash", "cudnn", "efficient" (these two CUDA only) or "math"; flash and cudnn
     # need fp16 / bf16 on CUDA (mixed_precision); a named kernel leaves the calls it cannot run (the VAE's 512-channel

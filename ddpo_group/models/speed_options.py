@@ -1,10 +1,14 @@
 """The denoiser's speed options that are not memory formats or dtypes (config/base.py): ``compile_denoiser`` (torch.compile
-of the whole denoiser or of its repeated blocks) and ``attention_backend`` (the scaled-dot-product attention kernels
-torch may choose from). The trainer applies them once the reference model is built (run/trainer.py);
-bench/speed_options.py measures each against the default, side by side.
+of the whole denoiser or of its repeated blocks), ``cuda_graphs`` (the sampling steps' forwards replayed as CUDA graphs)
+and ``attention_backend`` (the scaled-dot-product attention kernels torch may choose from). The trainer applies them
+once the reference model is built (run/trainer.py); bench/speed_options.py measures each against the default, side by
+side.
 """
 
 from __future__ import annotations
+
+import copy
+import itertools
 
 import torch
 from torch.nn.attention import SDPBackend
@@ -108,6 +112,42 @@ def raise_recompile_limit(model: torch.nn.Module, names: tuple[str, ...]) -> int
     field = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"  # its name before torch 2.6
     setattr(dynamo, field, max(getattr(dynamo, field), RECOMPILES_PER_SHAPE * len(signatures)))
     return getattr(dynamo, field)
+
+
+def shared_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model``'s modules sharing its parameters and buffers: the same weights (an optimizer step or a
+    checkpoint load changes both, in place) under modules of its own (its own hooks and adapter switches), none of
+    them compiled (a compiled module's code would still call the original's)."""
+    clone = copy.deepcopy(model, memo={id(t): t for t in itertools.chain(model.parameters(), model.buffers())})
+    for module in clone.modules():
+        module._compiled_call_impl = None
+    return clone
+
+
+def check_cuda_graphs(cuda_graphs, device, sharded: bool = False) -> None:
+    """Refuse ``cuda_graphs=True`` where it cannot run: it needs CUDA, without FSDP (a sharded forward gathers its
+    weights on every call)."""
+    device_type = torch.device(device).type
+    if cuda_graphs and device_type != "cuda":
+        raise ConfigError(f"cuda_graphs=True needs a CUDA device, and this run is on the {device_type}: set "
+                          f"cuda_graphs=False")
+    if cuda_graphs and sharded:
+        raise ConfigError("cuda_graphs=True cannot run under FSDP (each forward gathers the sharded weights): set "
+                          "cuda_graphs=False or use a DDP launch")
+
+
+def sampling_denoiser(model: torch.nn.Module, cuda_graphs: bool) -> torch.nn.Module:
+    """The denoiser the sampling steps call: ``model`` itself, or with ``cuda_graphs`` a shared copy of it (without
+    what ``compile_denoiser`` did to ``model``) whose whole forward is compiled with torch.compile's "reduce-overhead"
+    mode: on CUDA each sampling batch shape's forward is recorded once as a CUDA graph and replayed, its kernels
+    launched without the Python and launch overhead of each (on the CPU: the same compiled code, no graphs). Training
+    keeps ``model`` (the copy never computes gradients); the copy stays on the policy's adapter whatever the reference
+    or old model switch on ``model``. check_cuda_graphs says where it can run."""
+    if not cuda_graphs:
+        return model
+    copy_ = shared_copy(model)
+    copy_.compile(mode="reduce-overhead")
+    return copy_
 
 
 def attention_backends(name: str, device, mixed_precision: str | None = None) -> tuple[SDPBackend, ...]:

@@ -155,6 +155,7 @@ def collect_rollouts(
     record_means: bool = False,
     tweedie_steps: list[int] | None = None,
     branches: dict[int, int] | None = None,
+    model=None,
 ) -> dict:
     """Sample this process's prompts in ``num_batches_per_epoch`` batches with ``family`` and score them (``score``).
 
@@ -177,6 +178,7 @@ def collect_rollouts(
     queries, charged to "reward").
     A critic that reads x0_hat (``critic.input="latent_x0"``) gets it at every step, and the record keeps it:
     pred_x0 [B, T, ...] (what the critic trains on).
+    ``model``: the denoiser the steps call (None: ``family.model``; the trainer's copy under ``cuda_graphs``).
     ``branches`` {step: children} samples each batch as trees (sampling/trajectories.py; consecutive rows of a prompt
     are a tree's leaves) and adds tree_nodes [B, T+1]: for each sample and state x_n, this process's row of the first
     sample sharing it.
@@ -203,7 +205,7 @@ def collect_rollouts(
         negative = rows_of(all_negative, rows) if all_negative is not None else None
         with timer.phase("sampling"):
             traj = sample_trajectories(
-                family, family.model, cond, negative if negative is not None else family.negative_condition(),
+                family, model if model is not None else family.model, cond, negative if negative is not None else family.negative_condition(),
                 sample_config.num_steps,
                 sample_config.guidance_scale, noise_levels,
                 generator=generators[rows] if generators is not None else None,
@@ -271,12 +273,13 @@ def _merge_infos(infos: list[dict]) -> dict:
 
 @torch.no_grad()
 def greedy_rewards(family, prompts: list[str], metadata: list[dict], keys: list[int], score: RewardScorer,
-                   sample_config, seed: int, initial_noise: torch.Tensor | None = None) -> torch.Tensor:
+                   sample_config, seed: int, initial_noise: torch.Tensor | None = None, model=None) -> torch.Tensor:
     """ReMax's baseline: the reward [B] of one greedy (noise level 0) sample per distinct ``keys`` entry (prompt group).
 
     The greedy sample of a group starts from noise seeded by (seed, key), so every process that
     holds a copy of the group gets the same baseline; or, given ``initial_noise`` [B, ...] (rows
-    aligned with ``keys``, equal within a group), from its group's x_T.
+    aligned with ``keys``, equal within a group), from its group's x_T. ``model``: the denoiser the steps call (None:
+    ``family.model``).
     """
     first = {}
     for i, key in enumerate(keys):
@@ -291,7 +294,7 @@ def greedy_rewards(family, prompts: list[str], metadata: list[dict], keys: list[
         batch_metadata = [metadata[first[k]] for k in chunk]
         generators = [torch.Generator(device=device).manual_seed(int(seed) * 1_000_003 + int(k)) for k in chunk]
         traj = sample_trajectories(
-            family, family.model, family.condition(batch_prompts, batch_metadata), family.negative_for(batch_metadata),
+            family, model if model is not None else family.model, family.condition(batch_prompts, batch_metadata), family.negative_for(batch_metadata),
             sample_config.num_steps,
             sample_config.guidance_scale, [0.0] * sample_config.num_steps, generator=generators, compute_log_prob=False,
             initial_noise=torch.stack([initial_noise[first[k]] for k in chunk]) if initial_noise is not None else None,

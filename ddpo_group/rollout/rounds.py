@@ -170,14 +170,15 @@ class RolloutCollector:
         cache_size = int(config.sample.text_embedding_cache)
         self.text_cache = TextEmbeddingCache(cache_size) if cache_size > 0 else None
 
-    def collect(self, epoch: int) -> list[Round]:
-        """The epoch's rounds (one, or more under dynamic sampling), sampled, scored and gathered."""
+    def collect(self, epoch: int, model=None) -> list[Round]:
+        """The epoch's rounds (one, or more under dynamic sampling), sampled, scored and gathered; ``model``: the
+        denoiser the sampling steps call (None: the family's; the trainer's rollout policy)."""
         snapshot = SamplingSnapshot(self.prompt_sampler, self.stat_tracker)
         try:
-            rounds = [self.sample_round(epoch, 0)]
+            rounds = [self.sample_round(epoch, 0, model)]
             if self.config.algorithm.filter_groups:  # DAPO: more rounds until every process holds a full batch
                 while len(rounds) < self.config.algorithm.max_num_gen_batches and self.short_of_kept_rows(rounds):
-                    rounds.append(self.sample_round(epoch, len(rounds)))
+                    rounds.append(self.sample_round(epoch, len(rounds), model))
             if self.should_stop():
                 raise EpochAbandoned(f"epoch {epoch} sampled; stopped before its update")
         except EpochAbandoned:
@@ -196,7 +197,7 @@ class RolloutCollector:
         batch = pool_rows(with_negative_rows(self.family, [r.batch for r in rounds]), keeps, self.shards.local)
         return EpochRollouts(rounds, batch, batch_fill=float(self.shards.gather(batch["row_mask"]).mean()))
 
-    def sample_round(self, epoch: int, round_index: int) -> Round:
+    def sample_round(self, epoch: int, round_index: int, model=None) -> Round:
         """Sample one round, score it and gather it (module docstring)."""
         config, shards, accelerator = self.config, self.shards, self.accelerator
         group_size = config.train.group_size
@@ -214,12 +215,12 @@ class RolloutCollector:
                 desc=f"epoch {epoch}: sampling", generators=sample_generators(seed, mine, accelerator.device),
                 critic=self.critic, should_stop=self.should_stop, timer=self.timer, initial_noise=initial_noise,
                 text_cache=self.text_cache, record_means=self.record_means, tweedie_steps=self.tweedie_steps,
-                branches=self.branching.branches if self.branching is not None else self.branches,
+                branches=self.branching.branches if self.branching is not None else self.branches, model=model,
             )
-            extra = self.estimator_extras(epoch, batch, groups[mine], initial_noise)
+            extra = self.estimator_extras(epoch, batch, groups[mine], initial_noise, model)
         return self.gather_round(batch, extra, prompts, groups)
 
-    def estimator_extras(self, epoch: int, batch: dict, groups: list[int], initial_noise=None) -> dict:
+    def estimator_extras(self, epoch: int, batch: dict, groups: list[int], initial_noise=None, model=None) -> dict:
         """Per-sample inputs the estimator declares it needs: critic values, ReMax's greedy rewards, KL step rewards.
 
         With shared initial noise, ReMax's greedy sample of a group starts from the group's x_T too.
@@ -235,7 +236,7 @@ class RolloutCollector:
             with self.timer.phase("sampling"):  # greedy samples and their rewards
                 extra["greedy_rewards"] = greedy_rewards(
                     self.family, batch["prompts"], batch["metadata"], groups, self.reward_scorer,
-                    config.sample, seed=config.seed * 1_000_003 + epoch, initial_noise=initial_noise,
+                    config.sample, seed=config.seed * 1_000_003 + epoch, initial_noise=initial_noise, model=model,
                 )
         if self.kl is not None and self.kl.in_reward:
             with self.timer.phase("reference"):

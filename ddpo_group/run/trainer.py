@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 from accelerate import Accelerator
@@ -33,7 +33,8 @@ from ddpo_group.algorithms.objectives import PREFERENCE
 from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import ConfigError, EpochAbandoned, NonFiniteLossError
-from ddpo_group.models.speed_options import compile_denoiser, set_attention_backend
+from ddpo_group.models.speed_options import (check_cuda_graphs, compile_denoiser, sampling_denoiser,
+                                             set_attention_backend)
 from ddpo_group.models.trainable import build_policy, lora_config, make_optimizer
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
@@ -104,7 +105,8 @@ class Trainer:
                                         config.log_images_every, self.session.print)
         self.throughput = Throughput(self.accelerator, config.mixed_precision, self.model_flops, self.session.print)
         self.nfe = DenoiserEvaluations()  # perf/nfe_*: the denoisers' forwards while sampling and while training
-        for module in self.family.denoisers() + self.denoiser_copies():
+        sampling_copy = [self.sampling_model] if self.sampling_model is not self.family.model else []
+        for module in self.family.denoisers() + self.denoiser_copies() + sampling_copy:
             self.nfe.watch(module)
 
     @staticmethod
@@ -138,13 +140,21 @@ class Trainer:
         self.old = OldModel.from_config(config, self.family.model, lora) if uses_old else None
         optimizer = make_optimizer(config, self.params)
         set_attention_backend(config.attention_backend, self.accelerator.device, config.mixed_precision)
-        # in place: names, hooks, state dict unchanged
         sharded = self.accelerator.distributed_type == DistributedType.FSDP
+        if config.cuda_graphs and self.old is not None and self.objective.needs_old_model:
+            raise ConfigError(f"cuda_graphs=True: objective {config.algorithm.objective!r} samples the rollouts with its "
+                              f"old model, which the CUDA-graph copy of the policy does not follow; set "
+                              f"cuda_graphs=False")
+        check_cuda_graphs(config.cuda_graphs, self.accelerator.device, sharded)
+        # in place: names, hooks, state dict unchanged
         compiled = compile_denoiser(self.family.model, config.compile_denoiser, self.accelerator.device, sharded,
                                     config.deterministic)
         if config.compile_denoiser == "auto" and compiled:
             self.accelerator.print(f"compile_denoiser auto -> {compiled} (the first epoch compiles)")
         self.model, self.optimizer = self.accelerator.prepare(self.family.model, optimizer)
+        # what the sampling steps call: the denoiser, or its copy replayed as CUDA graphs (accelerate's mixed-precision
+        # forward included)
+        self.sampling_model = sampling_denoiser(self.family.model, config.cuda_graphs)
         if self.accelerator.distributed_type == DistributedType.FSDP:  # sharding replaced the parameters: clip those
             self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.scorer = TransitionScorer.from_config(config, self.family)
@@ -228,9 +238,9 @@ class Trainer:
             self.evaluate(-1)
         # 1. sample and score: trajectories (the old model's, for an objective that has one), rewards, gathered over
         #    the processes (a stop signal drops the epoch)
-        with names_the_setting("sampling", f"sample.batch_size={self.config.sample.batch_size}"), self.rollout_policy(), \
-                self.nfe.counting("sampling"):
-            rounds = self.rollouts.collect(epoch)
+        with names_the_setting("sampling", f"sample.batch_size={self.config.sample.batch_size}"), \
+                self.rollout_policy() as rollout_model, self.nfe.counting("sampling"):
+            rounds = self.rollouts.collect(epoch, rollout_model)
         # 2. advantages: the estimator on each whole round; each process keeps its rows
         with self.timer.phase("advantage"), self.nfe.counting("sampling"):
             rollouts = self.rollouts.estimate(rounds)
@@ -270,9 +280,13 @@ class Trainer:
             self.session.print(line)
         return metrics
 
+    @contextmanager
     def rollout_policy(self):
-        """The weights the rollouts sample with: the old model's for an objective that has one, the policy's else."""
-        return self.updater.rollout_policy() if self.objective.is_matching else nullcontext()
+        """The denoiser the rollouts sample with, inside the block: the old model for an objective that samples with
+        one (its adapter switched on, or its copy), else the policy's sampling denoiser (itself, or its CUDA-graph
+        copy: cuda_graphs)."""
+        with (self.updater.rollout_policy() if self.objective.is_matching else nullcontext()) as old:
+            yield old if old is not None else self.sampling_model
 
     def critic_warming_up(self, epoch: int) -> bool:
         """The first ``critic.warmup_epochs`` epochs train the critic only (their rollouts are reward queries too)."""

@@ -1,5 +1,5 @@
-"""The speed options of config/base.py switch what they say (compile_denoiser, attention_backend); bad values are
-refused with the allowed ones."""
+"""The speed options of config/base.py switch what they say (compile_denoiser, cuda_graphs, attention_backend); bad values
+are refused with the allowed ones."""
 
 import pytest
 import torch
@@ -8,9 +8,10 @@ from torch.profiler import profile
 
 from ddpo_group.errors import ConfigError
 from ddpo_group.models import speed_options
-from ddpo_group.models.speed_options import compile_denoiser, set_attention_backend
+from ddpo_group.models.speed_options import compile_denoiser, sampling_denoiser, set_attention_backend
 from ddpo_group.models.tiny_random import TINY_BUILDERS
-from tests.trainer_helpers import tiny_trainer
+from ddpo_group.sampling.trajectories import sample_trajectories
+from tests.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
 @pytest.fixture
@@ -140,3 +141,69 @@ def test_the_trainer_applies_both_after_the_reference_and_refuses_bad_names(tiny
         assert f"{field}={value!r} must be one of {allowed}" in str(error.value)
     with pytest.raises(ConfigError, match="attention_backend='efficient' is a CUDA kernel; on the cpu"):
         tiny_trainer("grpo", tiny_model_dir, tmp_path, run_name="efficient", attention_backend="efficient", device="cpu")
+
+
+def test_cuda_graphs_sample_through_a_compiled_copy_that_follows_the_policys_weights(tiny_sd3_dir, tmp_path):
+    # the trainer's policy: LoRA, a mixup reference adapter on the same denoiser, accelerate's prepared forward; the
+    # copy compiled as on CUDA (mode "reduce-overhead": on the CPU the compiled code without graphs)
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, device="cpu", **FAMILY_OVERRIDES["sd3"],
+                           **{"kl.beta": 0.01, "kl.use_reference_model": True, "kl.reference_update_freq": 1})
+    family, model = trainer.family, trainer.family.model
+    assert trainer.sampling_model is model  # cuda_graphs=False
+    graphs = sampling_denoiser(model, True)
+    assert graphs is not model and compiled(graphs) == [""] and compiled(model) == []
+    assert {id(p) for p in graphs.parameters()} == {id(p) for p in model.parameters()}  # no second copy of weights
+    cond, steps = family.encode(["a red circle", "a cat"]), trainer.config.sample.num_steps
+
+    def sample(denoiser):
+        with torch.no_grad():
+            return sample_trajectories(family, denoiser, cond, family.negative_condition(), steps, 4.5,
+                                       family.noise_levels(trainer.config.sample),
+                                       generator=[torch.Generator().manual_seed(i) for i in range(2)], decode=False)
+
+    def close(a, b):
+        return float((a.log_probs - b.log_probs).abs().max()) <= 1e-4 * float(b.log_probs.abs().max()) and \
+            torch.allclose(a.latents, b.latents, atol=1e-5)
+
+    before = sample(model)
+    assert close(sample(graphs), before)
+    with torch.no_grad():  # an optimizer step: the policy's adapters change in place
+        for param in trainer.params:
+            param.add_(0.3 * torch.randn_like(param))
+    after = sample(model)
+    assert not close(after, before) and close(sample(graphs), after)
+    with trainer.kl.reference.applied(model):  # the reference's adapter switch on the policy leaves the copy alone
+        assert model.active_adapters() == ["reference"] and graphs.active_adapters() == ["default"]
+    assert model.active_adapters() == ["default"]
+
+
+def test_cuda_graphs_needs_cuda_and_a_policy_that_samples(tiny_model_dir, tiny_sd3_dir, tmp_path):
+    with pytest.raises(ConfigError, match="cuda_graphs=True needs a CUDA device, and this run is on the cpu"):
+        tiny_trainer("grpo", tiny_model_dir, tmp_path, run_name="cpu", cuda_graphs=True, device="cpu")
+    # DiffusionNFT samples with its old model (an adapter switched on the policy), which the copy would not follow
+    with pytest.raises(ConfigError, match="objective 'nft' samples the rollouts with its old model"):
+        tiny_trainer("grpo", tiny_sd3_dir, tmp_path, run_name="nft", cuda_graphs=True, device="cpu",
+                     **FAMILY_OVERRIDES["sd3"], **{"algorithm.objective": "nft", "sample.deterministic": True,
+                                                    "kl.beta": 0.0, "kl.use_reference_model": False})
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_cuda_graphs_on_cuda_sample_as_the_plain_denoiser_and_the_run_trains(tiny_sd3_dir, tmp_path):
+    from torch._dynamo.utils import counters
+
+    overrides = {**FAMILY_OVERRIDES["sd3"], "device": "cuda", "mixed_precision": "bf16", "num_epochs": 2}
+    runs = {}
+    for graphs in (False, True):
+        counters.clear()
+        trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, f"graphs_{graphs}", cuda_graphs=graphs, **overrides)
+        batch = trainer.rollouts.collect(0, trainer.sampling_model)[0].batch
+        metrics = trainer.run()  # two epochs: the second samples after the first's update, through the same graphs
+        runs[graphs] = (trainer, batch, metrics)
+        assert (trainer.sampling_model is trainer.family.model) != graphs
+        assert counters["inductor"]["cudagraph_skips"] == 0  # no forward fell back to launching its kernels
+    (plain, plain_batch, plain_metrics), (_, batch, metrics) = runs[False], runs[True]
+    relative = float((batch["log_probs"] - plain_batch["log_probs"]).abs().max() / plain_batch["log_probs"].abs().max())
+    assert relative <= 5e-2 and torch.allclose(batch["next_latents"], plain_batch["next_latents"], atol=5e-2)
+    assert metrics["perf/nfe_sampling"] == plain_metrics["perf/nfe_sampling"] > 0  # the copy's forwards are counted
+    assert torch.isfinite(torch.tensor(metrics["train/policy_loss"]))

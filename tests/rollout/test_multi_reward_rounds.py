@@ -56,7 +56,7 @@ def test_one_epoch_logs_each_components_advantages(tiny_model_dir, tmp_path):
         "prompt_fn": "tiny_shapes", "reward_fn": COMBINATION, "algorithm.multi_reward_mix": "advantage_aggr",
         "algorithm.global_std": True, "kl.beta": 0.0, "kl.use_reference_model": False})
     rounds, collect = [], trainer.rollouts.collect
-    trainer.rollouts.collect = lambda epoch: rounds.append(collect(epoch)) or rounds[-1]
+    trainer.rollouts.collect = lambda epoch, model=None: rounds.append(collect(epoch, model)) or rounds[-1]
     before = [p.detach().clone() for p in trainer.updater.params]
     metrics = trainer.run()
     (logged,) = [json.loads(line) for line in (tmp_path / "gdpo" / "metrics.jsonl").read_text().splitlines()]

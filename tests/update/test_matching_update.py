@@ -316,9 +316,27 @@ def test_nft_samples_with_the_old_model(tiny_sd3_dir, tmp_path):
     trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "nft_old", **matching_overrides(**{
         "algorithm.objective": "nft"}))
     model = trainer.accelerator.unwrap_model(trainer.model)
-    with trainer.rollout_policy():
-        assert model.active_adapters() == [OLD_ADAPTER]
+    with trainer.rollout_policy() as sampler:
+        assert sampler is model and model.active_adapters() == [OLD_ADAPTER]
     assert model.active_adapters() == ["default"]
     assert any(p.requires_grad for name, p in model.named_parameters() if ".default." in name)
     assert not any(p.requires_grad for name, p in model.named_parameters() if f".{OLD_ADAPTER}." in name)
     trainer.rollouts.close()
+    # full fine-tuning: the old model is a copy of the denoiser, and the rollouts sample with that copy
+    full = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "nft_full", **matching_overrides(**{
+        "algorithm.objective": "nft", "use_lora": False}))
+    with torch.no_grad():  # an old model whose velocity is 0: its deterministic steps leave the latents as they are
+        for param in full.old.weights.copy.parameters():
+            param.zero_()
+    with full.rollout_policy() as sampler:
+        assert sampler is full.old.weights.copy and sampler is not full.family.model
+        batch = full.rollouts.collect(0, sampler)[0].batch
+    assert torch.equal(batch["next_latents"], batch["latents"])
+    policy_batch = full.rollouts.collect(0)[0].batch  # the policy's (the default) moves them
+    assert float((policy_batch["next_latents"] - policy_batch["latents"]).abs().max()) > 1e-3
+    full.rollouts.close()
+    # an objective without an old model samples with the policy's sampling denoiser
+    policy = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "grpo", **FAMILY_OVERRIDES["sd3"])
+    with policy.rollout_policy() as sampler:
+        assert sampler is policy.sampling_model is policy.family.model
+    policy.rollouts.close()
