@@ -23,7 +23,8 @@ Steps (``--only`` picks some), each a subprocess, so one that fails leaves the o
 4. ``epochs`` on four cores: a two-epoch run of each shape's recipe (``SHAPES``: grpo on SD-1.5, flow_grpo_sd35 and
    flow_grpo_flux on the others; bf16, LoRA, ``train.pairs_per_forward="auto"``), the second epoch reported by
    bench/epoch.py, under a 24 GiB cap and on the whole card (once the building, which initialises on the GPU, is
-   over), one after the other in ``ORDER`` (what the budget may leave out last): peak CUDA memory, the phase split,
+   over), one after the other in ``ORDER`` or ``--runs`` (a run the budget cannot hold by its ``EXPECTED_S`` is not
+   started, the next ones are tried): peak CUDA memory, the phase split,
    images/s, pairs/s, training and sampling MFU. The whole-card runs keep config/base.py's speed options
    (``compile_denoiser="auto"`` compiles the transformers' blocks in the first epoch; a reached recompile limit is
    reported); the capped and full fine-tuning runs are eager (``EAGER``), to keep the budget. A run that fails with a
@@ -76,12 +77,20 @@ SHAPES = {
 }
 EAGER = {"compile_denoiser": "False"}  # the capped and full fine-tuning runs: no compilation minute in the budget
 FULL_FT_SHAPE, FULL_FT = "sd35m", {"use_lora": "False", "train.gradient_checkpointing": "True", **EAGER}
-# the epoch runs in turn: the capped ones of the shapes built first (beside the building), the default configuration
-# (compiled) on the whole card of the transformer shapes, FLUX.1's capped run, SD-1.5's whole-card run, the full
-# fine-tuning (the longest: its checkpoint writes every weight and Adam's state)
-ORDER = (("sd15", "cap"), ("sd35m", "cap"), ("sd35m", "whole"), ("flux", "whole"), ("flux", "cap"), ("sd15", "whole"),
+# the epoch runs in turn, what no check has measured yet first: SD-1.5 under the cap (beside the building, its model
+# saved first), the default configuration (compiled) on the whole card at SD3.5-M and FLUX.1 shapes, FLUX.1 under the
+# cap; then those measured before: SD3.5-M under the cap, SD-1.5 on the whole card, the full fine-tuning (its
+# checkpoint writes every weight and Adam's state). On an H200 the first three take the 9 minutes (EXPECTED_S); --runs
+# picks others
+ORDER = (("sd15", "cap"), ("sd35m", "whole"), ("flux", "whole"), ("flux", "cap"), ("sd35m", "cap"), ("sd15", "whole"),
          (FULL_FT_SHAPE, "full"))
 assert {shape for shape, _ in ORDER} == set(SHAPES), "every shape has its runs in ORDER"
+# seconds a run takes on an H200 beside the suite, start-up and checkpoint included (the check's runs of 2026-11-26:
+# their "exit after"; the compiled first epoch about 70 s more than eager; FLUX.1's estimated from its size): a run
+# whose estimate exceeds what the budget leaves is not started (named so), and the next ones in order are tried
+EXPECTED_S = {("sd15", "cap"): 70, ("sd35m", "cap"): 75, ("sd35m", "whole"): 170, ("flux", "whole"): 200,
+              ("flux", "cap"): 100, ("sd15", "whole"): 55, (FULL_FT_SHAPE, "full"): 150}
+assert set(EXPECTED_S) == set(ORDER)
 DRY_SUITE = "tests/run/test_throughput.py"  # a few seconds
 DRY = {"sample.num_steps": "2", "sample.batch_size": "4", "train.batch_size": "4", "train.group_size": "4",
        "sample.resolution": "0", "mixed_precision": "no", "pretrained.max_sequence_length": "16"}
@@ -93,6 +102,9 @@ def parse_args(argv=None):
     parser.add_argument("--dry-run", action="store_true", help="CPU: the tiny models, two steps, a few tests")
     parser.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps of {', '.join(STEPS)}")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated shapes of {', '.join(SHAPES)}")
+    parser.add_argument("--runs", default=",".join(f"{shape}:{kind}" for shape, kind in ORDER),
+                        help="the epoch runs in the order to run them, comma-separated shape:kind (kind: cap, the "
+                             "24 GiB cap; whole, the whole card; full, full fine-tuning); default: ORDER")
     parser.add_argument("--budget-s", type=float, default=530.0, help="seconds for the whole check")
     parser.add_argument("--suite", default="", help="pytest's arguments for the suite step, space-separated (default: "
                                                    "tests; with --dry-run: DRY_SUITE)")
@@ -112,6 +124,11 @@ def parse_args(argv=None):
         if unknown := [s for s in chosen if s not in allowed]:
             parser.error(f"--{name}: {', '.join(unknown)} unknown; allowed: {', '.join(allowed)}")
         setattr(args, name, chosen)
+    runs = [tuple(r.split(":", 1)) for r in args.runs.split(",") if r]
+    if bad := [":".join(r) for r in runs if r not in EXPECTED_S]:
+        parser.error(f"--runs: {', '.join(bad)} unknown; allowed: "
+                     f"{', '.join(f'{shape}:{kind}' for shape, kind in ORDER)}")
+    args.runs = runs
     return args
 
 
@@ -488,27 +505,38 @@ def run_steps(check: Check) -> None:
     # (name, shape, fields, memory cap GiB, GiB left to others): a "whole card" run beside the suite leaves SUITE_GB
     whole = SUITE_GB if beside else None
     runs = []  # in ORDER: what the budget may leave out comes last
-    for shape, kind in ORDER:
+    for shape, kind in args.runs:
         if shape not in args.shapes or ("full_ft" if kind == "full" else "epochs") not in args.only:
             continue
+        expected = None if args.dry_run else EXPECTED_S[shape, kind]
         if kind == "cap" and not args.dry_run:  # a memory cap is CUDA's
-            runs.append((f"{shape} ({CAP_GB} GiB cap)", shape, EAGER, CAP_GB, None))
+            runs.append((f"{shape} ({CAP_GB} GiB cap)", shape, EAGER, CAP_GB, None, expected))
         elif kind == "whole":
-            runs.append((shape, shape, {}, None, whole))
+            runs.append((shape, shape, {}, None, whole, expected))
         elif kind == "full":
-            runs.append((f"{shape} full fine-tuning", shape, FULL_FT, None, whole))
+            runs.append((f"{shape} full fine-tuning", shape, FULL_FT, None, whole, expected))
     if "full_ft" in args.only and FULL_FT_SHAPE not in args.shapes:
         check.not_run(f"{FULL_FT_SHAPE} full fine-tuning", f"no {FULL_FT_SHAPE} model (--shapes)")
-    for name, shape, extra, cap, leave in runs:
+    for name, shape, extra, cap, leave, expected in runs:
         if models and cap is None:  # the building initialises on the GPU (FLUX's held 34 GiB): a run sized to the
             models.join(timeout=max(check.left(), 1))  # whole card starts after it, the capped ones beside it
         model = models.ready(shape) if models else None
-        if model is not None:
+        if model is not None and start_or_skip(check, name, expected):
             epoch_run(check, name, shape, model, extra, cap, leave, parts["epochs"])
     if models:
         models.join(timeout=max(check.left(), 1))
     if suite:
         wait_suite(check, suite, check.left() - GRACE_S - 5)
+
+
+def start_or_skip(check: Check, name: str, expected: float | None) -> bool:
+    """Whether the run ``name`` of ``expected`` seconds (None: unknown, the dry run's) fits what the budget leaves; a
+    run that does not is listed as not run."""
+    left = check.left() - GRACE_S
+    if expected is not None and expected > left:
+        check.not_run(name, f"about {expected} s on an H200 (EXPECTED_S), {max(left, 0):.0f} s of the budget left")
+        return False
+    return True
 
 
 def wait_suite(check: Check, suite, timeout: float) -> None:

@@ -1,6 +1,7 @@
 """bench/gpu_check.py: its dry run on the tiny models goes through every step, and its junit reading."""
 
 import json
+import shutil
 import sys
 import tarfile
 from pathlib import Path
@@ -52,3 +53,22 @@ def test_the_dry_run_goes_through_every_step_on_the_tiny_models(tmp_path):
     with tarfile.open(tmp_path / "details.tar.gz") as tar:
         assert sorted(tar.getnames()) == sorted(f"{name}.json" for name in results["steps"])
     assert len(list(tmp_path.iterdir())) <= 8  # what the GPU machine's tool sends back
+
+
+def test_runs_are_chosen_in_order_and_a_run_the_budget_cannot_hold_is_not_started(tmp_path, capsys):
+    import gpu_check
+
+    args = gpu_check.parse_args(["--out", str(tmp_path), "--runs", "flux:cap,sd15:whole"])
+    assert args.runs == [("flux", "cap"), ("sd15", "whole")]
+    assert gpu_check.parse_args(["--out", str(tmp_path)]).runs == list(gpu_check.ORDER)
+    with pytest.raises(SystemExit):
+        gpu_check.parse_args(["--out", str(tmp_path), "--runs", "sd15:half"])
+    assert "--runs: sd15:half unknown; allowed: sd15:cap, sd35m:whole" in capsys.readouterr().err
+    # on a GPU each run has its expected seconds: with 60 s left, SD-1.5's capped run (70 s) is not started
+    check = gpu_check.Check(gpu_check.parse_args(["--out", str(tmp_path), "--budget-s", "80",
+                                                  "--runs", "sd15:cap", "--only", "epochs"]))
+    assert gpu_check.start_or_skip(check, "sd15 (24 GiB cap)", gpu_check.EXPECTED_S["sd15", "cap"]) is False
+    assert check.results["not_run"][0]["why"].startswith("about 70 s on an H200 (EXPECTED_S)")
+    assert gpu_check.start_or_skip(check, "sd15", gpu_check.EXPECTED_S["sd15", "whole"]) is True  # 55 s fit
+    check.log.close()
+    shutil.rmtree(check.work)
