@@ -77,11 +77,11 @@ SHAPES = {
 }
 EAGER = {"compile_denoiser": "False"}  # the capped and full fine-tuning runs: no compilation minute in the budget
 FULL_FT_SHAPE, FULL_FT = "sd35m", {"use_lora": "False", "train.gradient_checkpointing": "True", **EAGER}
-# the epoch runs in turn, what no check has measured yet first: SD-1.5 under the cap (beside the building, its model
-# saved first), the default configuration (compiled) on the whole card at SD3.5-M and FLUX.1 shapes, FLUX.1 under the
+# the epoch runs in turn: SD-1.5 under the cap (beside the building: its model is saved first), then what no check has
+# measured yet: the default configuration (compiled) on the whole card at SD3.5-M and FLUX.1 shapes, FLUX.1 under the
 # cap; then those measured before: SD3.5-M under the cap, SD-1.5 on the whole card, the full fine-tuning (its
-# checkpoint writes every weight and Adam's state). On an H200 the first three take the 9 minutes (EXPECTED_S); --runs
-# picks others
+# checkpoint writes every weight and Adam's state). On an H200 the building and the first three take about 8 of the 9
+# minutes (EXPECTED_S; an H100 is slower); --runs picks others
 ORDER = (("sd15", "cap"), ("sd35m", "whole"), ("flux", "whole"), ("flux", "cap"), ("sd35m", "cap"), ("sd15", "whole"),
          (FULL_FT_SHAPE, "full"))
 assert {shape for shape, _ in ORDER} == set(SHAPES), "every shape has its runs in ORDER"

@@ -50,9 +50,10 @@ def base() -> ml_collections.ConfigDict:
     config.compile_denoiser = FieldReference("auto", field_type=object)
     # CUDA graphs for the sampling steps: the rollouts' (and ReMax's greedy) denoiser forwards go through a copy of the
     # denoiser sharing its weights, compiled with torch.compile(mode="reduce-overhead"), each batch shape recorded once
-    # and replayed (a minute or more of compilation in the first epoch; training keeps compile_denoiser's, evaluation
-    # the plain denoiser). CUDA only, not under FSDP. Off: measured 2.09x eager sampling at SD3.5-M shape, not yet
-    # beside regional compilation's 1.7x (docs/performance.md)
+    # and replayed (a minute or more of compilation in the first epoch; the graphs' memory stays reserved through
+    # training, which pairs_per_forward="auto" measures after it; training keeps compile_denoiser's, evaluation the
+    # plain denoiser). CUDA only, not under FSDP, nor with an objective that samples with its old model (nft). Off:
+    # measured 2.09x eager sampling at SD3.5-M shape, not yet beside regional compilation's 1.7x (docs/performance.md)
     config.cuda_graphs = False
     # the scaled-dot-product attention kernels torch may use: "auto" (torch's choice among all but cuDNN's, whose
     # backward failed at FLUX.1 shape), "flash", "cudnn", "efficient" (these two CUDA only) or "math"; flash and cudnn

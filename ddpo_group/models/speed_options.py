@@ -116,12 +116,9 @@ def raise_recompile_limit(model: torch.nn.Module, names: tuple[str, ...]) -> int
 
 def shared_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model``'s modules sharing its parameters and buffers: the same weights (an optimizer step or a
-    checkpoint load changes both, in place) under modules of its own (its own hooks and adapter switches), none of
-    them compiled (a compiled module's code would still call the original's)."""
-    clone = copy.deepcopy(model, memo={id(t): t for t in itertools.chain(model.parameters(), model.buffers())})
-    for module in clone.modules():
-        module._compiled_call_impl = None
-    return clone
+    checkpoint load changes both, in place) under modules of its own (its own hooks and adapter switches; none
+    compiled: a module's copy drops its compiled call, Module.__getstate__)."""
+    return copy.deepcopy(model, memo={id(t): t for t in itertools.chain(model.parameters(), model.buffers())})
 
 
 def check_cuda_graphs(cuda_graphs, device, sharded: bool = False) -> None:
@@ -138,16 +135,32 @@ def check_cuda_graphs(cuda_graphs, device, sharded: bool = False) -> None:
 
 def sampling_denoiser(model: torch.nn.Module, cuda_graphs: bool) -> torch.nn.Module:
     """The denoiser the sampling steps call: ``model`` itself, or with ``cuda_graphs`` a shared copy of it (without
-    what ``compile_denoiser`` did to ``model``) whose whole forward is compiled with torch.compile's "reduce-overhead"
-    mode: on CUDA each sampling batch shape's forward is recorded once as a CUDA graph and replayed, its kernels
-    launched without the Python and launch overhead of each (on the CPU: the same compiled code, no graphs). Training
-    keeps ``model`` (the copy never computes gradients); the copy stays on the policy's adapter whatever the reference
-    or old model switch on ``model``. check_cuda_graphs says where it can run."""
+    what ``compile_denoiser`` did to ``model``), in eval mode, whose forward is compiled with torch.compile's
+    "reduce-overhead" mode: on CUDA each sampling batch shape's forward is recorded once as a CUDA graph and replayed,
+    its kernels launched without the Python and launch overhead of each (on the CPU: the same compiled code, no
+    graphs). A graph's outputs live in its memory pool and the next replay overwrites them, so the copy returns clones
+    (a forward hook, outside the compiled forward): a family that keeps the conditional output while it computes the
+    unconditional one (Qwen-Image, Wan) reads what it kept. Training keeps ``model`` (the copy never computes
+    gradients); the copy stays on the policy's adapter whatever the reference or old model switch on ``model``.
+    check_cuda_graphs says where it can run."""
     if not cuda_graphs:
         return model
-    copy_ = shared_copy(model)
-    copy_.compile(mode="reduce-overhead")
+    copy_ = shared_copy(model).eval()
+    copy_.forward = torch.compile(copy_.forward, mode="reduce-overhead")  # accelerate's mixed-precision forward too
+    copy_.register_forward_hook(lambda module, args, output: _cloned(output))
     return copy_
+
+
+def _cloned(output):
+    """``output`` (a tensor, a tuple / list of them or diffusers' output dict) with every tensor cloned."""
+    if isinstance(output, torch.Tensor):
+        return output.clone()
+    if isinstance(output, (tuple, list)):
+        return type(output)(_cloned(value) for value in output)
+    if isinstance(output, dict):  # diffusers' BaseOutput is an OrderedDict whose items are its attributes
+        for key, value in output.items():
+            output[key] = _cloned(value)
+    return output
 
 
 def attention_backends(name: str, device, mixed_precision: str | None = None) -> tuple[SDPBackend, ...]:

@@ -401,6 +401,9 @@ def objective_errors(config, estimator) -> list[str]:
     need(a.old_decay_ramp >= 0, f"algorithm.old_decay_ramp={a.old_decay_ramp} must be >= 0")
     need(0 <= a.old_decay_max < 1, f"algorithm.old_decay_max={a.old_decay_max} must be in [0, 1) (1 would freeze the "
          "old model)")
+    need(not (config.cuda_graphs and objective.needs_old_model), f"cuda_graphs=True: algorithm.objective="
+         f"{a.objective!r} samples the rollouts with its old model, which the CUDA-graph copy of the policy does not "
+         "follow: set cuda_graphs=False")
     return errors
 
 

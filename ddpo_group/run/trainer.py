@@ -141,10 +141,6 @@ class Trainer:
         optimizer = make_optimizer(config, self.params)
         set_attention_backend(config.attention_backend, self.accelerator.device, config.mixed_precision)
         sharded = self.accelerator.distributed_type == DistributedType.FSDP
-        if config.cuda_graphs and self.old is not None and self.objective.needs_old_model:
-            raise ConfigError(f"cuda_graphs=True: objective {config.algorithm.objective!r} samples the rollouts with its "
-                              f"old model, which the CUDA-graph copy of the policy does not follow; set "
-                              f"cuda_graphs=False")
         check_cuda_graphs(config.cuda_graphs, self.accelerator.device, sharded)
         # in place: names, hooks, state dict unchanged
         compiled = compile_denoiser(self.family.model, config.compile_denoiser, self.accelerator.device, sharded,

@@ -64,11 +64,11 @@ def test_runs_are_chosen_in_order_and_a_run_the_budget_cannot_hold_is_not_starte
     with pytest.raises(SystemExit):
         gpu_check.parse_args(["--out", str(tmp_path), "--runs", "sd15:half"])
     assert "--runs: sd15:half unknown; allowed: sd15:cap, sd35m:whole" in capsys.readouterr().err
-    # on a GPU each run has its expected seconds: with 60 s left, SD-1.5's capped run (70 s) is not started
-    check = gpu_check.Check(gpu_check.parse_args(["--out", str(tmp_path), "--budget-s", "80",
-                                                  "--runs", "sd15:cap", "--only", "epochs"]))
-    assert gpu_check.start_or_skip(check, "sd15 (24 GiB cap)", gpu_check.EXPECTED_S["sd15", "cap"]) is False
-    assert check.results["not_run"][0]["why"].startswith("about 70 s on an H200 (EXPECTED_S)")
-    assert gpu_check.start_or_skip(check, "sd15", gpu_check.EXPECTED_S["sd15", "whole"]) is True  # 55 s fit
+    # on a GPU each run has its expected seconds: with 80 s left, FLUX.1's whole-card run (200 s) is not started,
+    # SD-1.5's (55 s) is
+    check = gpu_check.Check(gpu_check.parse_args(["--out", str(tmp_path), "--budget-s", "100", "--only", "epochs"]))
+    assert gpu_check.start_or_skip(check, "flux", gpu_check.EXPECTED_S["flux", "whole"]) is False
+    assert check.results["not_run"][0]["why"].startswith("about 200 s on an H200 (EXPECTED_S)")
+    assert gpu_check.start_or_skip(check, "sd15", gpu_check.EXPECTED_S["sd15", "whole"]) is True
     check.log.close()
     shutil.rmtree(check.work)
