@@ -29,7 +29,7 @@ setup(
     ],
     extras_require={
         # the OCR reward's engine is small and CPU-only: its tests run with the others (its wheel stops at 3.12)
-        "test": ["pytest>=7", "hypothesis>=6", "msgpack>=1.0", *OCR],
+        "test": ["pytest>=7", "pytest-xdist>=3.2", "hypothesis>=6", "msgpack>=1.0", *OCR],
         "msgpack": ["msgpack>=1.0"],  # format="msgpack" of the HTTP reward client
         "ocr": OCR,  # reward_fn=ocr: RapidOCR with its ONNX models inside the wheel, Levenshtein distance
         "hps": HPS,  # reward_fn=hpsv2: open_clip (needs a torchvision built for the installed torch)

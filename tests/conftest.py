@@ -28,7 +28,7 @@ def fresh_accelerator_state():
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``cuda`` need a GPU: skipped (with the reason) on a machine without one. Under pytest-xdist (the
-    GPU check's suite on many cores) the tests marked ``slow`` go first, in their order: with work stealing
+    README's test command, the GPU check's suite) the tests marked ``slow`` go first, in their order: with work stealing
     (``--dist worksteal``) the long ones start early and the quick ones fill the gaps, instead of a long one started
     last ending the run alone."""
     if hasattr(config, "workerinput"):  # an xdist worker: its collection is the order the controller hands out
