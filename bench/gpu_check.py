@@ -91,6 +91,7 @@ assert {shape for shape, _ in ORDER} == set(SHAPES), "every shape has its runs i
 EXPECTED_S = {("sd15", "cap"): 70, ("sd35m", "cap"): 75, ("sd35m", "whole"): 170, ("flux", "whole"): 200,
               ("flux", "cap"): 100, ("sd15", "whole"): 55, (FULL_FT_SHAPE, "full"): 150}
 assert set(EXPECTED_S) == set(ORDER)
+BUILT = "built_by_gpu_check.txt"  # in a pipeline's folder once built: a later call with --models-dir keeps it
 DRY_SUITE = "tests/run/test_throughput.py"  # a few seconds
 DRY = {"sample.num_steps": "2", "sample.batch_size": "4", "train.batch_size": "4", "train.group_size": "4",
        "sample.resolution": "0", "mixed_precision": "no", "pretrained.max_sequence_length": "16"}
@@ -116,7 +117,8 @@ def parse_args(argv=None):
                         help="with --suite-first: seconds the suite may take before it is interrupted (default: "
                              "the budget less 5 minutes for the epochs)")
     parser.add_argument("--models-dir", default="", help="where the random pipelines are saved (default: a temporary "
-                                                         "folder, removed at the end)")
+                                                         "folder, removed at the end); one an earlier call built "
+                                                         "there whole is kept")
     args = parser.parse_args(argv)
     args.suite = args.suite or (DRY_SUITE if args.dry_run else "tests")
     for name, allowed in (("only", STEPS), ("shapes", SHAPES)):
@@ -337,12 +339,18 @@ class Models(threading.Thread):
                        "save_pipeline; save_pipeline(TINY_BUILDERS[sys.argv[1]](), sys.argv[2])", family, str(target)]
         else:
             command = [python(), str(BENCH / "random_model.py"), *builder, "--out", str(target)]
+        built = target / BUILT  # a pipeline a call before this one built whole in --models-dir, by the same command
+        recipe = " ".join(command[1:])
+        if built.is_file() and built.read_text() == recipe:
+            check.say(f"models/{shape}: kept from an earlier call ({target})")
+            return target
         code = check.run(f"models/{shape}", command, check.left() - 60, cores=self.cores, output=output)
         if output.exists():
             check.say(f"models/{shape} printed: " + " | ".join(output.read_text().strip().splitlines()[-3:]))
         if code != 0:
             check.not_run(f"the {shape} epochs", "its random pipeline was not built (log.txt)")
             return None
+        built.write_text(recipe)
         return target
 
     def ready(self, shape: str) -> Path | None:

@@ -72,3 +72,17 @@ def test_runs_are_chosen_in_order_and_a_run_the_budget_cannot_hold_is_not_starte
     assert gpu_check.start_or_skip(check, "sd15", gpu_check.EXPECTED_S["sd15", "whole"]) is True
     check.log.close()
     shutil.rmtree(check.work)
+
+
+def test_a_pipeline_an_earlier_call_built_in_the_models_folder_is_kept(tmp_path):
+    import gpu_check
+
+    args = ["--out", str(tmp_path / "out"), "--dry-run", "--models-dir", str(tmp_path / "models"), "--shapes", "sd35m"]
+    checks = [gpu_check.Check(gpu_check.parse_args(args)) for _ in range(2)]
+    built = [gpu_check.Models(check, None).build("sd35m") for check in checks]  # the second call keeps the first's
+    assert built == [tmp_path / "models" / "sd35m"] * 2 and (built[0] / "model_index.json").is_file()
+    log = (tmp_path / "out" / "log.txt").read_text()
+    assert log.count("models/sd35m: exit 0") == 1 and "models/sd35m: kept from an earlier call" in log  # built once
+    for check in checks:
+        check.log.close()
+        shutil.rmtree(check.work)
