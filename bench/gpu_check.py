@@ -512,7 +512,7 @@ def run_steps(check: Check) -> None:
     check.results["epochs_beside_the_suite"] = beside
     # (name, shape, fields, memory cap GiB, GiB left to others): a "whole card" run beside the suite leaves SUITE_GB
     whole = SUITE_GB if beside else None
-    runs = []  # in ORDER: what the budget may leave out comes last
+    runs = []  # in --runs' order (ORDER by default): what the budget may leave out comes last
     for shape, kind in args.runs:
         if shape not in args.shapes or ("full_ft" if kind == "full" else "epochs") not in args.only:
             continue

@@ -185,6 +185,7 @@ def collect_rollouts(
     """
     batches, futures = [], []
     size = sample_config.batch_size
+    model = model if model is not None else family.model
     critic_reads_x0 = critic is not None and critic.reads_x0
     # x0_hat(x_n) is kept at the Tweedie steps, or at every step for a critic that reads it
     x0_steps = list(range(sample_config.num_steps)) if critic_reads_x0 else tweedie_steps
@@ -205,7 +206,7 @@ def collect_rollouts(
         negative = rows_of(all_negative, rows) if all_negative is not None else None
         with timer.phase("sampling"):
             traj = sample_trajectories(
-                family, model if model is not None else family.model, cond, negative if negative is not None else family.negative_condition(),
+                family, model, cond, negative if negative is not None else family.negative_condition(),
                 sample_config.num_steps,
                 sample_config.guidance_scale, noise_levels,
                 generator=generators[rows] if generators is not None else None,
@@ -281,6 +282,7 @@ def greedy_rewards(family, prompts: list[str], metadata: list[dict], keys: list[
     aligned with ``keys``, equal within a group), from its group's x_T. ``model``: the denoiser the steps call (None:
     ``family.model``).
     """
+    model = model if model is not None else family.model
     first = {}
     for i, key in enumerate(keys):
         first.setdefault(key, i)
@@ -294,7 +296,7 @@ def greedy_rewards(family, prompts: list[str], metadata: list[dict], keys: list[
         batch_metadata = [metadata[first[k]] for k in chunk]
         generators = [torch.Generator(device=device).manual_seed(int(seed) * 1_000_003 + int(k)) for k in chunk]
         traj = sample_trajectories(
-            family, model if model is not None else family.model, family.condition(batch_prompts, batch_metadata), family.negative_for(batch_metadata),
+            family, model, family.condition(batch_prompts, batch_metadata), family.negative_for(batch_metadata),
             sample_config.num_steps,
             sample_config.guidance_scale, [0.0] * sample_config.num_steps, generator=generators, compute_log_prob=False,
             initial_noise=torch.stack([initial_noise[first[k]] for k in chunk]) if initial_noise is not None else None,

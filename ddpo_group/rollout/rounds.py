@@ -172,7 +172,7 @@ class RolloutCollector:
 
     def collect(self, epoch: int, model=None) -> list[Round]:
         """The epoch's rounds (one, or more under dynamic sampling), sampled, scored and gathered; ``model``: the
-        denoiser the sampling steps call (None: the family's; the trainer's rollout policy)."""
+        denoiser the sampling steps call (None: the family's; the trainer passes its rollout policy's)."""
         snapshot = SamplingSnapshot(self.prompt_sampler, self.stat_tracker)
         try:
             rounds = [self.sample_round(epoch, 0, model)]
