@@ -11,6 +11,7 @@ import copy
 import itertools
 
 import torch
+from accelerate.utils import recursively_apply
 from torch.nn.attention import SDPBackend
 
 from ddpo_group.errors import ConfigError
@@ -147,20 +148,8 @@ def sampling_denoiser(model: torch.nn.Module, cuda_graphs: bool) -> torch.nn.Mod
         return model
     copy_ = shared_copy(model).eval()
     copy_.forward = torch.compile(copy_.forward, mode="reduce-overhead")  # accelerate's mixed-precision forward too
-    copy_.register_forward_hook(lambda module, args, output: _cloned(output))
+    copy_.register_forward_hook(lambda module, args, output: recursively_apply(torch.clone, output))
     return copy_
-
-
-def _cloned(output):
-    """``output`` (a tensor, a tuple / list of them or diffusers' output dict) with every tensor cloned."""
-    if isinstance(output, torch.Tensor):
-        return output.clone()
-    if isinstance(output, (tuple, list)):
-        return type(output)(_cloned(value) for value in output)
-    if isinstance(output, dict):  # diffusers' BaseOutput is an OrderedDict whose items are its attributes
-        for key, value in output.items():
-            output[key] = _cloned(value)
-    return output
 
 
 def attention_backends(name: str, device, mixed_precision: str | None = None) -> tuple[SDPBackend, ...]:
