@@ -174,3 +174,24 @@ def bench_config(args, model: str):
     config.sample.num_steps = args.steps
     config.train.batch_size = args.batch_size
     return config
+
+
+def train_batches(cond: dict, traj, advantages: torch.Tensor, batch_size: int) -> tuple:
+    """The sampled ``traj`` (sampling/trajectories.py's Trajectories) under ``cond`` with ``advantages`` [B, T], as the
+    reference loops read it (a dict of tensors, ddpo-pytorch's ``samples``) and as ours does (the trainer's batch
+    record, sampling/batch.py's RolloutBatch): (the dict, its train batches of ``batch_size`` samples, the record,
+    its train batches of the same rows)."""
+    from ddpo_group.sampling.batch import RolloutBatch
+
+    def record(part: dict) -> RolloutBatch:
+        n = len(part["log_probs"])
+        return RolloutBatch(prompts=[""] * n, metadata=[{}] * n, cond={key: part[key] for key in cond},
+                            latents=part["latents"], next_latents=part["next_latents"], log_probs=part["log_probs"],
+                            steps={key: part[key] for key in traj.steps}, images=torch.zeros(n, 0),
+                            rewards=torch.zeros(n, dtype=torch.float64), reward_info={}, advantages=part["advantages"])
+
+    batch = {**cond, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], "log_probs": traj.log_probs,
+             **traj.steps, "advantages": advantages}
+    parts = [{key: value[i : i + batch_size] for key, value in batch.items()}
+             for i in range(0, len(traj.log_probs), batch_size)]
+    return batch, parts, record(batch), [record(part) for part in parts]

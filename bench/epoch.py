@@ -86,7 +86,7 @@ def main(argv=None) -> dict:
                 reward_compute[0] += time.perf_counter() - start
 
         # the sampling's reward calls only (the evaluation during training keeps its scorer)
-        trainer.rollouts.reward_scorer = RewardScorer(timed_reward, config.reward_fn)
+        trainer.rollouts.sampler.score = RewardScorer(timed_reward, config.reward_fn)
         unet_timer = UNetTimer(trainer.family.model, trainer.accelerator.device)  # the denoiser, UNet or transformer
         trainer.accelerator.backward = unet_timer.wrap_backward(trainer.accelerator.backward)
         # cuda_graphs: the sampling steps' forwards go through the denoiser's compiled copy

@@ -40,7 +40,7 @@ from config.base import base
 from ddpo_group.models import TINY_SHAPES, load_family
 from ddpo_group.models.tiny_random import TINY_BUILDERS, save_pipeline
 from ddpo_group.prompts import PromptSampler
-from ddpo_group.sampling.trajectories import sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -107,9 +107,10 @@ def run(args, model: str) -> dict:
     def ours():
         generator = torch.Generator(args.device).manual_seed(0)
         traj = sample_trajectories(family, family.model, family.encode(prompts), family.negative_condition(),
-                                   args.steps, args.guidance, noise_levels, generator=generator,
-                                   log_prob_reduce=config.sample.log_prob_reduce,
-                                   compute_log_prob=any(level > 0 for level in noise_levels))
+                                   SamplingOptions(args.steps, args.guidance, noise_levels,
+                                                   log_prob_reduce=config.sample.log_prob_reduce,
+                                                   compute_log_prob=any(level > 0 for level in noise_levels)),
+                                   generator=generator)
         results["ours"] = traj.images
 
     @torch.no_grad()
@@ -120,9 +121,10 @@ def run(args, model: str) -> dict:
         negative = family.negative_condition()  # SDXL base's is zeros (force_zeros_for_empty_prompt), used as it is
         if any(bool(value.any()) for value in negative.values()):
             negative = family.encode([family.negative_prompt] * len(prompts))
-        return sample_trajectories(family, family.model, family.encode(prompts), negative, args.steps, args.guidance,
-                                   pipeline_noise, generator=generator,
-                                   compute_log_prob=any(level > 0 for level in pipeline_noise)).images
+        return sample_trajectories(family, family.model, family.encode(prompts), negative,
+                                   SamplingOptions(args.steps, args.guidance, pipeline_noise,
+                                                   compute_log_prob=any(level > 0 for level in pipeline_noise)),
+                                   generator=generator).images
 
     times = side_by_side({"diffusers": diffusers_call, "ours": ours}, args.repeats, args.device)
     outside = {name: outside_models(family, fn, args.device) for name, fn in (("diffusers", diffusers_call), ("ours", ours))}

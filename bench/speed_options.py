@@ -55,14 +55,14 @@ from accelerate import Accelerator
 from torch.nn.attention import sdpa_kernel
 
 from _common import (add_common_args, bench_config, bench_model, machine, median_ratio, setup_threads, side_by_side,
-                     sync)
+                     sync, train_batches)
 
 from ddpo_group.models.speed_options import attention_backends, compile_denoiser, sampling_denoiser, shared_copy
 from ddpo_group.models.tiny_random import TINY_BUILDERS
 from ddpo_group.models.trainable import build_policy, make_optimizer
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.run.throughput import device_peak_flops, measure_model_flops
-from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from ddpo_group.update.policy_update import PolicyUpdater
 
 OPTIONS = ("compile_regional", "compile_full", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "fused_qkv",
@@ -136,17 +136,13 @@ class Bench:
         prompts, _ = PromptSampler(args.prompt_fn, seed=0).sample(args.samples)
         cond = self.family.encode(prompts)
         with torch.no_grad(), accelerator.autocast():
-            traj = sample_trajectories(self.family, self.model, cond, self.negative, args.steps,
-                                       config.sample.guidance_scale, self.noise_levels,
-                                       generator=torch.Generator(self.device).manual_seed(0), decode=False)
-        self.batch = {
-            **cond, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], "log_probs": traj.log_probs,
-            **traj.steps,
-            "advantages": torch.randn(args.samples, 1, generator=torch.Generator().manual_seed(0))
-            .expand(-1, args.steps).contiguous().to(self.device),
-        }
-        self.train_batches = [{key: value[i: i + args.batch_size] for key, value in self.batch.items()}
-                              for i in range(0, args.samples, args.batch_size)]
+            traj = sample_trajectories(self.family, self.model, cond, self.negative,
+                                       SamplingOptions(args.steps, config.sample.guidance_scale, self.noise_levels,
+                                                       decode=False),
+                                       generator=torch.Generator(self.device).manual_seed(0))
+        advantages = torch.randn(args.samples, 1, generator=torch.Generator().manual_seed(0))
+        _, _, self.batch, self.train_batches = train_batches(
+            cond, traj, advantages.expand(-1, args.steps).contiguous().to(self.device), args.batch_size)
         self.sample_cond = {key: value[: args.images] for key, value in cond.items()}
         # the pairs whose log-probs are compared: one training forward's worth of (sample, step) pairs
         pairs = [(r, s) for r in range(args.samples) for s in range(args.steps)][: args.pairs_per_forward]
@@ -243,9 +239,10 @@ class Bench:
 
     def sample(self, model, context):
         with torch.no_grad(), context(), self.accelerator.autocast():
-            return sample_trajectories(self.family, model, self.sample_cond, self.negative, self.args.steps,
-                                       self.config.sample.guidance_scale, self.noise_levels,
-                                       generator=torch.Generator(self.device).manual_seed(1), decode=True)
+            return sample_trajectories(self.family, model, self.sample_cond, self.negative,
+                                       SamplingOptions(self.args.steps, self.config.sample.guidance_scale,
+                                                       self.noise_levels, decode=True),
+                                       generator=torch.Generator(self.device).manual_seed(1))
 
     def timed(self, fn) -> tuple[float, object]:
         sync(self.device)

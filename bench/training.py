@@ -47,7 +47,7 @@ import torch
 from accelerate import Accelerator
 
 from _common import (UNetTimer, add_common_args, bench_config, bench_model, machine, median_ratio, setup_threads,
-                     side_by_side, sync)
+                     side_by_side, sync, train_batches)
 
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 from ddpo_group.models.speed_options import compile_denoiser
@@ -58,7 +58,7 @@ from ddpo_group.prompts import PromptSampler
 from ddpo_group.sampling.ddim import ddim_step_with_logprob
 from ddpo_group.sampling.flow_steps import flow_step_with_logprob
 from ddpo_group.models.tiny_random import TINY_BUILDERS
-from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 
 
 def parse_args(argv=None):
@@ -250,18 +250,16 @@ def build(args, model: str):
     prompts, _ = PromptSampler(args.prompt_fn, seed=0).sample(args.samples)
     cond = family.encode(prompts)
     with torch.no_grad(), accelerator.autocast():
-        traj = sample_trajectories(family, family.model, cond, family.negative_condition(), args.steps,
-                                   config.sample.guidance_scale, family.noise_levels(config.sample),
-                                   generator=torch.Generator(accelerator.device).manual_seed(0), decode=False)
-    batch = {
-        **cond, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], "log_probs": traj.log_probs,
-        **traj.steps,
-        "advantages": torch.randn(args.samples, 1, generator=torch.Generator().manual_seed(0))
-        .expand(-1, args.steps).contiguous().to(accelerator.device),
-    }
+        traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
+                                   SamplingOptions(args.steps, config.sample.guidance_scale,
+                                                   family.noise_levels(config.sample), decode=False),
+                                   generator=torch.Generator(accelerator.device).manual_seed(0))
+    advantages = torch.randn(args.samples, 1, generator=torch.Generator().manual_seed(0))
+    batches = train_batches(cond, traj, advantages.expand(-1, args.steps).contiguous().to(accelerator.device),
+                            args.batch_size)
     updater = PolicyUpdater(config, accelerator, unet, optimizer, params, TransitionScorer.from_config(config, family),
                             pairs_per_forward=PairsPerForward(config, accelerator, family, {}))  # as the trainer
-    return config, accelerator, pipe, unet, optimizer, params, negative, batch, updater
+    return config, accelerator, pipe, unet, optimizer, params, negative, batches, updater
 
 
 def main(argv=None) -> dict:
@@ -273,14 +271,13 @@ def main(argv=None) -> dict:
 
 
 def run(args, model: str) -> dict:
-    config, accelerator, pipe, unet, optimizer, params, negative, batch, updater = build(args, model)
+    config, accelerator, pipe, unet, optimizer, params, negative, batches, updater = build(args, model)
+    _, train_dicts, record, records = batches  # the reference loops' dicts, ours: the trainer's batch records
     family = updater.scorer.family
     trainable = family.stochastic_steps(config.sample).nonzero().flatten().tolist()  # the SDE window's steps
     k = max(1, int(len(trainable) * args.timestep_fraction))  # per sample, as ours draws them (random_step_mask)
     pairs = args.samples * k * config.train.num_inner_epochs
     round_pairs = args.batch_size * k * config.train.num_inner_epochs
-    train_batches = [{key: value[i : i + args.batch_size] for key, value in batch.items()}
-                     for i in range(0, args.samples, args.batch_size)]
     reference = None if args.no_reference_loop else reference_loop(family)
     if reference == "ddpo-pytorch loop" and len(trainable) < args.steps:
         raise SystemExit(f"--sde-window-size {args.sde_window_size}: the ddpo-pytorch loop trains every step "
@@ -294,14 +291,14 @@ def run(args, model: str) -> dict:
             return flow_grpo_epoch(train_batch, unet, family, optimizer, params, accelerator, config, trainable[:k],
                                    update=update)
 
-    check = same_loss_and_gradient(updater, reference_epoch, train_batches[0], trainable[:k], params) \
+    check = same_loss_and_gradient(updater, reference_epoch, records[0], train_dicts[0], trainable[:k], params) \
         if reference and (reference == "Flow-GRPO loop" or k == args.steps) else None
     counter = {"ours": 0, "reference": 0}
     trained = []
 
     def next_batch(name):
         counter[name] += 1
-        return train_batches[(counter[name] - 1) % len(train_batches)]
+        return (records if name == "ours" else train_dicts)[(counter[name] - 1) % len(records)]
 
     contenders = {"ours": lambda: trained.append(updater.train_epoch(next_batch("ours"), show_progress=False)["pairs"])}
     if reference:
@@ -316,13 +313,13 @@ def run(args, model: str) -> dict:
     accelerator.backward = timer.wrap_backward(plain_backward)
     sync(args.device)
     start = time.perf_counter()
-    updater.train_epoch(batch, show_progress=False)
+    updater.train_epoch(record, show_progress=False)
     sync(args.device)
     wall = time.perf_counter() - start
     accelerator.backward = plain_backward
     timer.remove()
     share = (timer.forward_s + timer.backward_s) / wall
-    chunk = updater.chunk_size(batch)
+    chunk = updater.chunk_size(record)
 
     print(f"machine: {machine(args.device)}; device {args.device}, mixed precision {args.mixed_precision}")
     window = f"{len(trainable)} stochastic" if len(trainable) < args.steps else "all stochastic"
@@ -364,14 +361,15 @@ def run(args, model: str) -> dict:
     return out
 
 
-def same_loss_and_gradient(updater, reference_epoch, train_batch, steps, params) -> dict:
-    """Ours (``PolicyUpdater.accumulate_gradients``, the trainer's code) and the reference loop on the same pairs of one
-    train batch (every sample at ``steps``), before any update: both losses, and the max |difference| of the losses
-    and of the accumulated LoRA gradients. The gradients are zeroed after each; no optimizer step is taken."""
+def same_loss_and_gradient(updater, reference_epoch, train_batch, train_dict, steps, params) -> dict:
+    """Ours (``PolicyUpdater.accumulate_gradients``, the trainer's code, on the batch record ``train_batch``) and the
+    reference loop (on ``train_dict``, the same rows) on the same pairs of one train batch (every sample at
+    ``steps``), before any update: both losses, and the max |difference| of the losses and of the accumulated LoRA
+    gradients. The gradients are zeroed after each; no optimizer step is taken."""
     updater.model.train()
     updater.chunk_size(train_batch)  # "auto" measured now (as train_epoch does before any update), not within the check
-    rows = torch.arange(len(train_batch["latents"]), device=train_batch["latents"].device)
-    mask = torch.zeros(train_batch["log_probs"].shape)
+    rows = torch.arange(len(train_batch))
+    mask = torch.zeros(train_batch.log_probs.shape)
     mask[:, steps] = 1.0
     updater.optimizer.zero_grad(set_to_none=True)
     updater.scorer.prepare(updater.config.sample.num_steps, updater.accelerator.device)
@@ -380,7 +378,7 @@ def same_loss_and_gradient(updater, reference_epoch, train_batch, steps, params)
     updater.model.eval()
     ours_grad = [p.grad.detach().float().clone() for p in params]
     updater.optimizer.zero_grad(set_to_none=True)
-    theirs = reference_epoch(train_batch, update=False).float()
+    theirs = reference_epoch(train_dict, update=False).float()
     grad_diff = max(float((p.grad.float() - g).abs().max()) for p, g in zip(params, ours_grad))
     updater.optimizer.zero_grad(set_to_none=True)
     return {"loss_ours": float(ours), "loss_reference": float(theirs), "loss_max_abs_diff": float((ours - theirs).abs()),

@@ -23,7 +23,7 @@ silence_known_noise()  # before diffusers and transformers load
 
 from config.base import base  # noqa: E402
 from ddpo_group.run.cli_errors import USAGE_ERROR, exit_with  # noqa: E402
-from ddpo_group.run.evaluation import evaluate, format_report  # noqa: E402
+from ddpo_group.run.evaluation import EvaluationRequest, evaluate, format_report  # noqa: E402
 
 
 class _WithDefaults(argparse.HelpFormatter):
@@ -40,9 +40,9 @@ def parse_args(argv=None):
     p.add_argument("--finetuned", required=True, help="a run directory (its newest checkpoint that verifies), a "
                    "checkpoint directory or a diffusers LoRA directory")
     p.add_argument("--base_model", default=None, help="the base model (default: the run's pretrained.model)")
-    p.add_argument("--num_prompts", type=int, default=8, help="prompts drawn from the prompt function")
-    p.add_argument("--num_seeds", type=int, default=2, help="initial noises per prompt (n = prompts x seeds pairs)")
-    p.add_argument("--seed", type=int, default=0, help="first seed; each prompt row takes seeds seed .. seed + "
+    p.add_argument("--num_prompts", type=int, default=EvaluationRequest.num_prompts, help="prompts drawn from the prompt function")
+    p.add_argument("--num_seeds", type=int, default=EvaluationRequest.num_seeds, help="initial noises per prompt (n = prompts x seeds pairs)")
+    p.add_argument("--seed", type=int, default=EvaluationRequest.seed, help="first seed; each prompt row takes seeds seed .. seed + "
                    "num_seeds - 1, a prompt drawn again (a prompt set smaller than --num_prompts is cycled) the next "
                    "num_seeds")
     p.add_argument("--prompt_fn", default=None, help="prompt function (default: the run's prompt_fn)")
@@ -58,8 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--noise_level", type=float, default=None, help="DDIM's eta for Stable Diffusion (default: the "
                    "run's sample.noise_level); the flow families sample with their pipeline's deterministic sampler")
     p.add_argument("--eta", type=float, default=None, help=argparse.SUPPRESS)  # --noise_level's former name
-    p.add_argument("--batch_size", type=int, default=8, help="images per pipeline call")
-    p.add_argument("--out", default=None, help="output directory (default: <run dir>/evaluation)")
+    p.add_argument("--batch_size", type=int, default=EvaluationRequest.batch_size, help="images per pipeline call")
+    p.add_argument("--out", dest="out_dir", default=None, help="output directory (default: <run dir>/evaluation)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: the GPU when there is one)")
     return p.parse_args(argv)
 
@@ -74,12 +74,8 @@ def main(argv=None):
         if getattr(a, name) < 1:
             raise SystemExit(f"--{name}={getattr(a, name)} must be >= 1")
     try:
-        report = evaluate(
-            a.finetuned, base(), base_model=a.base_model, num_prompts=a.num_prompts, num_seeds=a.num_seeds,
-            seed=a.seed, prompt_fn=a.prompt_fn, prompt_fn_kwargs=a.prompt_fn_kwargs, reward_fn=a.reward_fn,
-            reward_fn_kwargs=a.reward_fn_kwargs, num_steps=a.num_steps, guidance_scale=a.guidance_scale,
-            noise_level=a.noise_level, batch_size=a.batch_size, out_dir=a.out, device=a.device,
-        )
+        options = {key: value for key, value in vars(a).items() if key != "eta"}
+        report = evaluate(EvaluationRequest(**options), base())
     except (FileNotFoundError, ValueError) as error:  # a path or a value of the command line: its one message
         exit_with(error, USAGE_ERROR)
     print(format_report(report))

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 from config.base import base
 from ddpo_group.models.families.sd import StableDiffusionFamily
-from ddpo_group.sampling.trajectories import Trajectories, sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, Trajectories, sample_trajectories
 
 
 def sd_trajectories(pipe, prompt_embeds, negative_prompt_embeds, num_steps: int, guidance_scale: float, eta: float,
-                    unet=None, **kwargs) -> Trajectories:
-    """Trajectories of ``unet`` (default ``pipe.unet``) with noise level ``eta`` on every step; ``kwargs`` go to
-    sample_trajectories (generator, decode, compute_log_prob, initial_noise, log_prob_reduce, ...)."""
+                    unet=None, generator=None, initial_noise=None, **options) -> Trajectories:
+    """Trajectories of ``unet`` (default ``pipe.unet``) with noise level ``eta`` on every step; ``options`` are
+    SamplingOptions fields (decode, compute_log_prob, log_prob_reduce, ...)."""
     negative = None if negative_prompt_embeds is None else {"prompt_embeds": negative_prompt_embeds}
+    sampling = SamplingOptions(num_steps, guidance_scale, (float(eta),) * num_steps, **options)
     return sample_trajectories(StableDiffusionFamily(pipe, base()), unet if unet is not None else pipe.unet,
-                               {"prompt_embeds": prompt_embeds}, negative, num_steps, guidance_scale,
-                               [float(eta)] * num_steps, **kwargs)
+                               {"prompt_embeds": prompt_embeds}, negative, sampling, generator, initial_noise)
 
 
 def sd_step_output(pipe, unet, latents, next_latents, timesteps, prompt_embeds, negative_prompt_embeds,

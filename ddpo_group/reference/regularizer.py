@@ -67,14 +67,14 @@ class KLRegularizer:
         return self.kind(policy_step, reference_step, self.reduce)
 
     @torch.no_grad()
-    def rollout_kl(self, batch: dict, scorer, policy_model, pairs_per_forward: int, steps: torch.Tensor) -> torch.Tensor:
+    def rollout_kl(self, batch, scorer, policy_model, pairs_per_forward: int, steps: torch.Tensor) -> torch.Tensor:
         """KL_n [B, T] of the sampled trajectories (for the reward), chunked over (sample, step) pairs.
 
         ``steps`` [T] bool are the stochastic steps; a deterministic step (outside an SDE window) is no action of
         the policy and gets KL 0 without a forward.
         """
-        num_samples, num_steps = batch["log_probs"].shape
-        device = batch["log_probs"].device
+        num_samples, num_steps = batch.log_probs.shape
+        device = batch.log_probs.device
         chosen = torch.nonzero(steps.cpu()).flatten()
         pair_rows = torch.arange(num_samples, device=device).repeat_interleave(len(chosen))
         pair_steps = chosen.to(device).repeat(num_samples)

@@ -8,7 +8,8 @@ critic's values of all steps are one batched forward after each trajectory batch
 from __future__ import annotations
 
 from collections import OrderedDict
-from concurrent.futures import Executor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -17,7 +18,9 @@ from tqdm.auto import tqdm
 from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rewards import RewardUnavailable, check_rewards
 from ddpo_group.rollout.tweedie import tweedie_values, with_rewards
-from ddpo_group.sampling.trajectories import concatenate_rows, negative_record, rows_of, sample_trajectories
+from ddpo_group.sampling.batch import RolloutBatch
+from ddpo_group.sampling.trajectories import (SamplingOptions, Trajectories, concatenate_rows, rows_of,
+                                             sample_trajectories)
 from ddpo_group.timing import NULL_TIMER
 
 
@@ -137,130 +140,90 @@ def failing_images(reward_fn, images, prompts: list[str], metadata: list[dict]) 
     return f"it raised on batch indices {bad} {scope}, prompts {[prompts[i] for i in bad]}"
 
 
-def collect_rollouts(
-    family,
-    prompts: list[str],
-    metadata: list[dict],
-    score: RewardScorer,
-    executor: Executor,
-    sample_config,
-    show_progress: bool = True,
-    desc: str = "sampling",
-    generators: list[torch.Generator] | None = None,
-    critic=None,
-    should_stop: Callable[[], bool] | None = None,
-    timer=NULL_TIMER,
-    initial_noise: torch.Tensor | None = None,
-    text_cache: TextEmbeddingCache | None = None,
-    record_means: bool = False,
-    tweedie_steps: list[int] | None = None,
-    branches: dict[int, int] | None = None,
-    model=None,
-) -> dict:
-    """Sample this process's prompts in ``num_batches_per_epoch`` batches with ``family`` and score them (``score``).
+class RolloutSampler:
+    """One process's sampling phase (module docstring): its prompts in ``options.batch_size`` batches, trajectories
+    with log-probs sampled with ``family`` (``SamplingOptions``: the training sampler, what to record), scored by
+    ``score`` in a worker thread while the next batch samples.
 
-    Returns the batch record: prompts, metadata, the condition's tensors (``family.cond_keys``: prompt_embeds, ...),
-    the per-sample negative condition when a prompt has its own negative prompt (``negative_<cond key>``:
-    sampling/trajectories.py ``negative_record``; each distinct negative prompt encoded once, ``family.negative_rows``),
-    latents / next_latents [B, T, ...], log_probs [B, T], the per-step tensors (``family.step_keys``: timesteps,
-    sigmas, ...) [B, T], rewards [B] (float64, checked), images [B, 3, H, W] and reward_info; values [B, T]
-    (pre-step critic values) when ``critic`` is given. ``generators`` (one per sample) make each sample's noise
-    independent of the batch layout; ``initial_noise`` [B, ...] gives each sample's x_T (e.g. shared by the copies
-    of a prompt). ``timer`` (a PhaseTimer) charges the time to "sampling", "critic" and "reward" (waiting for the
-    reward workers once sampling is done).
-    ``should_stop()``, asked before each batch, abandons the sampling (EpochAbandoned) when true.
-    ``sample_config.deterministic``: every step is the family's deterministic step (noise level 0) and log_probs are
-    zeros (the matching objectives, algorithms/objectives.py, need the final samples only).
-    ``record_means`` adds step_means [B, T, ...]: the rollout policy's mean of each step (a policy loss that declares
-    ``needs_old_means``, e.g. ratio_norm).
-    ``tweedie_steps`` adds tweedie_values [B, T] float64: the reward of each of those steps' one-step prediction of
-    the clean image, the sample's reward in the other columns (rollout/tweedie.py; B x len(tweedie_steps) more reward
-    queries, charged to "reward").
-    A critic that reads x0_hat (``critic.input="latent_x0"``) gets it at every step, and the record keeps it:
-    pred_x0 [B, T, ...] (what the critic trains on).
-    ``model``: the denoiser the steps call (None: ``family.model``; the trainer's copy under ``cuda_graphs``).
-    ``branches`` {step: children} samples each batch as trees (sampling/trajectories.py; consecutive rows of a prompt
-    are a tree's leaves) and adds tree_nodes [B, T+1]: for each sample and state x_n, this process's row of the first
-    sample sharing it.
+    ``critic`` adds its pre-step values V(x_n, t_n, c) [B, T] (one batched forward after each trajectory batch); a
+    critic that reads x0_hat (``critic.input="latent_x0"``) gets it at every step, and the record keeps it (pred_x0).
+    ``tweedie_steps`` adds GROUP_PPO's Tweedie values [B, T] float64: the reward of each of those steps' one-step
+    prediction of the clean image, the sample's reward in the other columns (rollout/tweedie.py; B x
+    len(tweedie_steps) more reward queries, charged to "reward"). ``text_cache`` keeps the condition of recent prompts
+    over the run. ``timer`` (a PhaseTimer) charges the time to "sampling", "critic" and "reward" (waiting for the
+    reward workers once sampling is done); ``should_stop()``, asked before each batch, abandons the sampling
+    (EpochAbandoned) when true.
     """
-    batches, futures = [], []
-    size = sample_config.batch_size
-    model = model if model is not None else family.model
-    critic_reads_x0 = critic is not None and critic.reads_x0
-    # x0_hat(x_n) is kept at the Tweedie steps, or at every step for a critic that reads it
-    x0_steps = list(range(sample_config.num_steps)) if critic_reads_x0 else tweedie_steps
-    tweedie_columns = None if tweedie_steps is None else [x0_steps.index(n) for n in tweedie_steps]  # of pred_x0
-    deterministic = bool(sample_config.deterministic)  # the deterministic solver on every step, no log-probs
-    noise_levels = [0.0] * sample_config.num_steps if deterministic else family.noise_levels(sample_config)
-    with timer.phase("sampling"):
-        all_cond = encode_unique(family, prompts, text_cache, metadata)
-        all_negative = family.negative_rows(metadata)  # None: no prompt has its own negative prompt (the run's one row)
-    for i in tqdm(range(sample_config.num_batches_per_epoch), desc=desc, disable=not show_progress, leave=False):
-        if should_stop is not None and should_stop():
-            for future in futures:
-                future.cancel()
-            wait(futures)  # a reward call already running finishes before the caller restores and checkpoints
-            raise EpochAbandoned(f"sampling stopped before batch {i} of {sample_config.num_batches_per_epoch}")
-        rows = slice(i * size, (i + 1) * size)
-        batch_prompts, batch_metadata, cond = prompts[rows], metadata[rows], rows_of(all_cond, rows)
-        negative = rows_of(all_negative, rows) if all_negative is not None else None
+
+    def __init__(self, family, options: SamplingOptions, score: RewardScorer, critic=None,
+                 tweedie_steps: list[int] | None = None, text_cache: TextEmbeddingCache | None = None,
+                 timer=NULL_TIMER, should_stop: Callable[[], bool] = lambda: False):
+        self.family, self.score, self.critic, self.tweedie_steps = family, score, critic, tweedie_steps
+        self.text_cache, self.timer, self.should_stop = text_cache, timer, should_stop
+        critic_reads_x0 = critic is not None and critic.reads_x0
+        # x0_hat(x_n) is kept at the Tweedie steps, or at every step for a critic that reads it
+        x0_steps = tuple(range(options.num_steps)) if critic_reads_x0 else tuple(tweedie_steps or ())
+        self.options = replace(options, record_x0=x0_steps)
+        self.tweedie_columns = None if tweedie_steps is None else [x0_steps.index(n) for n in tweedie_steps]
+        self.executor = ThreadPoolExecutor(max_workers=2)  # reward calls run while the next batch samples
+
+    def sample(self, model, prompts: list[str], metadata: list[dict], generators: list | None = None,
+               initial_noise: torch.Tensor | None = None, desc: str = "sampling") -> RolloutBatch:
+        """The batch record of ``prompts`` (sampling/batch.py). ``model``: the denoiser the steps call (the policy's,
+        or the trainer's rollout policy); ``generators`` (one per sample) make each sample's noise independent of the
+        batch layout; ``initial_noise`` [B, ...] gives each sample's x_0 (e.g. shared by the copies of a prompt);
+        ``desc``: the progress bar's (None: no bar)."""
+        family, options, timer, size = self.family, self.options, self.timer, self.options.batch_size
         with timer.phase("sampling"):
-            traj = sample_trajectories(
-                family, model, cond, negative if negative is not None else family.negative_condition(),
-                sample_config.num_steps,
-                sample_config.guidance_scale, noise_levels,
-                generator=generators[rows] if generators is not None else None,
-                initial_noise=initial_noise[rows] if initial_noise is not None else None,
-                log_prob_reduce=sample_config.log_prob_reduce,
-                decode_batch_size=int(sample_config.decode_batch_size), record_means=record_means,
-                record_x0=x0_steps, compute_log_prob=not deterministic, branches=branches,
-            )
-        critic_x0 = traj.pred_x0 if critic_reads_x0 else None  # x0_hat of every step (recorded for the critic)
-        if critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
-            with timer.phase("critic"):
-                traj.values = critic.values(traj.latents[:, :-1], traj.timesteps, cond["prompt_embeds"], critic_x0)
-        futures.append(executor.submit(score, traj.images, batch_prompts, batch_metadata))
+            cond = encode_unique(family, prompts, self.text_cache, metadata)
+            negative = family.negative_rows(metadata)  # None: no prompt has its own negative prompt (the family's row)
+        parts, futures = [], []
+        num_batches = len(prompts) // size
+        for i in tqdm(range(num_batches), desc=desc, disable=desc is None, leave=False):
+            if self.should_stop():
+                for future in futures:
+                    future.cancel()
+                wait(futures)  # a reward call already running finishes before the caller restores and checkpoints
+                raise EpochAbandoned(f"sampling stopped before batch {i} of {num_batches}")
+            rows = slice(i * size, (i + 1) * size)
+            with timer.phase("sampling"):
+                traj = sample_trajectories(
+                    family, model, rows_of(cond, rows),
+                    rows_of(negative, rows) if negative is not None else family.negative_condition(), options,
+                    generator=generators[rows] if generators is not None else None,
+                    initial_noise=initial_noise[rows] if initial_noise is not None else None,
+                )
+            if self.critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
+                with timer.phase("critic"):
+                    x0 = traj.pred_x0 if self.critic.reads_x0 else None
+                    traj.values = self.critic.values(traj.latents[:, :-1], traj.timesteps, cond["prompt_embeds"][rows],
+                                                     x0)
+            futures.append(self.executor.submit(self.score, traj.images, prompts[rows], metadata[rows]))
+            tweedie = None
+            if self.tweedie_steps is not None:
+                with timer.phase("reward"):
+                    tweedie = tweedie_values(
+                        family, traj.pred_x0[:, self.tweedie_columns], self.tweedie_steps, options.num_steps,
+                        lambda images, p, m: self.score(images, p, m)[0], prompts[rows], metadata[rows],
+                        dtype=next(iter(cond.values())).dtype, decode_batch_size=options.decode_batch_size)
+            parts.append((traj, tweedie))
+        with timer.phase("reward"):
+            scored = [future.result() for future in futures]
+        traj = Trajectories.concatenate([traj for traj, _ in parts])
+        rewards = torch.cat([r for r, _ in scored])
         tweedie = None
-        if tweedie_steps is not None:
-            with timer.phase("reward"):
-                tweedie = tweedie_values(
-                    family, traj.pred_x0[:, tweedie_columns], tweedie_steps, sample_config.num_steps,
-                    lambda images, p, m: score(images, p, m)[0],
-                    batch_prompts, batch_metadata, dtype=next(iter(cond.values())).dtype,
-                    decode_batch_size=int(sample_config.decode_batch_size))
-        batches.append(
-            {
-                "prompts": batch_prompts,
-                "metadata": batch_metadata,
-                **cond,
-                **negative_record(negative),
-                "latents": traj.latents[:, :-1],
-                "next_latents": traj.latents[:, 1:],
-                "log_probs": traj.log_probs,
-                **traj.steps,
-                "images": traj.images,
-                **({"values": traj.values} if critic is not None else {}),
-                **({"pred_x0": critic_x0} if critic_reads_x0 else {}),
-                **({"step_means": traj.means} if record_means else {}),
-                **({"tweedie_values": tweedie} if tweedie is not None else {}),
-                **({"tree_nodes": traj.shared_from + i * size} if branches else {}),
-            }
+        if self.tweedie_steps is not None:
+            tweedie = with_rewards(torch.cat([t for _, t in parts]), rewards)
+        return RolloutBatch(
+            prompts=list(prompts), metadata=list(metadata), cond=cond, negative=negative,
+            latents=traj.latents[:, :-1], next_latents=traj.latents[:, 1:], log_probs=traj.log_probs,
+            steps=traj.steps, images=traj.images, rewards=rewards, reward_info=_merge_infos([i for _, i in scored]),
+            values=traj.values, pred_x0=traj.pred_x0 if self.critic is not None and self.critic.reads_x0 else None,
+            step_means=traj.means, tweedie_values=tweedie, tree_nodes=traj.shared_from,
         )
 
-    infos = []
-    with timer.phase("reward"):
-        for batch, future in zip(batches, futures):
-            batch["rewards"], info = future.result()
-            infos.append(info)
-            if "tweedie_values" in batch:
-                batch["tweedie_values"] = with_rewards(batch["tweedie_values"], batch["rewards"])
-
-    record = {}
-    for key in batches[0]:
-        values = [b[key] for b in batches]
-        record[key] = sum(values, []) if isinstance(values[0], list) else torch.cat(values)
-    record["reward_info"] = _merge_infos(infos)
-    return record
+    def close(self, wait: bool = True) -> None:
+        self.executor.shutdown(wait=wait, cancel_futures=not wait)
 
 
 def _merge_infos(infos: list[dict]) -> dict:
@@ -273,32 +236,29 @@ def _merge_infos(infos: list[dict]) -> dict:
 
 
 @torch.no_grad()
-def greedy_rewards(family, prompts: list[str], metadata: list[dict], keys: list[int], score: RewardScorer,
-                   sample_config, seed: int, initial_noise: torch.Tensor | None = None, model=None) -> torch.Tensor:
-    """ReMax's baseline: the reward [B] of one greedy (noise level 0) sample per distinct ``keys`` entry (prompt group).
+def greedy_rewards(family, model, prompts: list[str], metadata: list[dict], keys: list[int], score: RewardScorer,
+                   options: SamplingOptions, seed: int, initial_noise: torch.Tensor | None = None) -> torch.Tensor:
+    """ReMax's baseline: the reward [B] of one greedy sample (``options``: the deterministic sampler) per distinct
+    ``keys`` entry (prompt group), sampled with ``model``.
 
-    The greedy sample of a group starts from noise seeded by (seed, key), so every process that
-    holds a copy of the group gets the same baseline; or, given ``initial_noise`` [B, ...] (rows
-    aligned with ``keys``, equal within a group), from its group's x_T. ``model``: the denoiser the steps call (None:
-    ``family.model``).
+    The greedy sample of a group starts from noise seeded by (seed, key), so every process that holds a copy of the
+    group gets the same baseline; or, given ``initial_noise`` [B, ...] (rows aligned with ``keys``, equal within a
+    group), from its group's x_0.
     """
-    model = model if model is not None else family.model
     first = {}
     for i, key in enumerate(keys):
         first.setdefault(key, i)
     order = list(first)
     device = family.device
     rewards = {}
-    size = sample_config.batch_size
-    for start in range(0, len(order), size):
-        chunk = order[start : start + size]
+    for start in range(0, len(order), options.batch_size):
+        chunk = order[start : start + options.batch_size]
         batch_prompts = [prompts[first[k]] for k in chunk]
         batch_metadata = [metadata[first[k]] for k in chunk]
         generators = [torch.Generator(device=device).manual_seed(int(seed) * 1_000_003 + int(k)) for k in chunk]
         traj = sample_trajectories(
             family, model, family.condition(batch_prompts, batch_metadata), family.negative_for(batch_metadata),
-            sample_config.num_steps,
-            sample_config.guidance_scale, [0.0] * sample_config.num_steps, generator=generators, compute_log_prob=False,
+            options, generator=generators,
             initial_noise=torch.stack([initial_noise[first[k]] for k in chunk]) if initial_noise is not None else None,
         )
         values, _ = score(traj.images, batch_prompts, batch_metadata)

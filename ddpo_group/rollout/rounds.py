@@ -15,8 +15,7 @@ and further rounds are sampled until every process holds a full batch of kept ro
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -24,19 +23,21 @@ from ddpo_group.algorithms import (
     AdvantageInputs, AdvantageOutput, component_metrics, component_normalized_sum, get_objective, get_policy_loss,
     zero_variance_group_filter,
 )
+from ddpo_group.algorithms.advantages import EstimatorSpec
+from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 from ddpo_group.algorithms.objectives import PREFERENCE
 from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import ConfigError, EpochAbandoned
 from ddpo_group.rewards.combine import component_label
 from ddpo_group.rollout.branching import AdaptiveBranches
-from ddpo_group.rollout.collect import RewardScorer, TextEmbeddingCache, collect_rollouts, greedy_rewards
+from ddpo_group.rollout.collect import RewardScorer, RolloutSampler, TextEmbeddingCache, greedy_rewards
 from ddpo_group.rollout.snapshot import SamplingSnapshot
 from ddpo_group.rollout.tweedie import valued_steps
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
 from ddpo_group.sampling.tree import tree_branches
-from ddpo_group.sampling.trajectories import with_negative_rows
+from ddpo_group.sampling.batch import RolloutBatch
+from ddpo_group.sampling.trajectories import SamplingOptions
 from ddpo_group.timing import NULL_TIMER
-from ddpo_group.update.memory_fit import CPU_PAIRS_PER_FORWARD, configured_pairs
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Round:
     multi_reward_mix="advantage_aggr". ``RolloutCollector.estimate_round`` adds the estimator's output ``out`` and
     the batch's advantages."""
 
-    batch: dict
+    batch: RolloutBatch
     gathered: dict
     estimator_rewards: torch.Tensor  # [B_global] the weighted sum, or the normalised sum S under advantage_aggr
     prompts: list  # [B_global]
@@ -59,11 +60,27 @@ class Round:
     component_metrics: dict = field(default_factory=dict)
     out: AdvantageOutput | None = None  # the estimator's output on the round (estimate_round)
 
+    def advantage_inputs(self, num_steps: int, stat_tracker=None) -> AdvantageInputs:
+        """The estimator's inputs on the whole round (float64). Every step is in the estimator's step mask (the
+        policy update chooses its trained steps itself; the advantages of untrained steps are simply not used)."""
+        gathered = self.gathered
+
+        def double(key):
+            return gathered[key].double() if key in gathered else None
+
+        return AdvantageInputs(
+            rewards=self.estimator_rewards.double(), step_mask=torch.ones(len(self.prompts), num_steps, dtype=torch.float64),
+            group_index=torch.as_tensor(self.groups, dtype=torch.long), prompts=list(self.prompts),
+            stat_tracker=stat_tracker, values=double("values"), step_rewards=double("step_rewards"),
+            greedy_rewards=double("greedy_rewards"), tweedie_values=double("tweedie_values"),
+            tree_nodes=gathered.get("tree_nodes"),
+        )
+
 
 @dataclass
 class EpochRollouts:
     rounds: list
-    batch: dict  # the rows this process trains on (pooled from the rounds under dynamic sampling)
+    batch: RolloutBatch  # the rows this process trains on (pooled from the rounds under dynamic sampling)
     batch_fill: float | None = None  # dynamic sampling: the share of kept rows in every process's batch
 
     @property
@@ -81,75 +98,57 @@ class EpochRollouts:
         return torch.cat([r.gathered[key] for r in self.rounds])
 
 
-def estimate_advantages(estimator, config, rewards, groups, prompts, num_steps: int, stat_tracker=None, values=None,
-                        step_rewards=None, greedy_rewards=None, controller=None, tweedie_values=None,
-                        tree_nodes=None) -> AdvantageOutput:
-    """The estimator's output on the whole (gathered) round: advantages [B, T], returns, masks, metrics.
+@dataclass
+class Estimation:
+    """What computes the advantages: the estimator (algorithms/advantages.py), DDPO's per-prompt stat tracker, the
+    estimator's controller (GROUP_PPO's threshold) and the critic whose values it reads (an estimator that needs one)."""
 
-    Its keywords are its declared config fields, ``algorithm.adv_estimator_kwargs`` and its controller's. Every
-    step is in the estimator's step mask (the policy update chooses its trained steps itself; the advantages of
-    untrained steps are simply not used).
-    """
-    inputs = AdvantageInputs(
-        rewards=rewards.double(), step_mask=torch.ones(len(prompts), num_steps, dtype=torch.float64),
-        group_index=torch.as_tensor(groups, dtype=torch.long), prompts=list(prompts), stat_tracker=stat_tracker,
-        values=None if values is None else values.double(),
-        step_rewards=None if step_rewards is None else step_rewards.double(),
-        greedy_rewards=None if greedy_rewards is None else greedy_rewards.double(),
-        tweedie_values=None if tweedie_values is None else tweedie_values.double(),
-        tree_nodes=tree_nodes,
-    )
+    estimator: EstimatorSpec
+    stat_tracker: PerPromptStatTracker
+    controller: object | None = None
+    critic: object | None = None
+
+
+def estimate_advantages(estimator, config, inputs: AdvantageInputs, controller=None) -> AdvantageOutput:
+    """The estimator's output on a whole (gathered) round: advantages [B, T], returns, masks, metrics. Its keywords
+    are its declared config fields, ``algorithm.adv_estimator_kwargs`` and its controller's."""
     return estimator(inputs, adv_clip_max=config.train.adv_clip_max, **estimator.params_from(config, controller))
 
 
-def pool_rows(batches: list[dict], keeps: list[torch.Tensor], size: int) -> dict:
-    """The first ``size`` kept rows of this process's rounds, padded with dropped rows; adds ``row_mask`` [size].
+def pool_rows(batches: list[RolloutBatch], keeps: list[torch.Tensor], size: int) -> RolloutBatch:
+    """The first ``size`` kept rows of this process's rounds, padded with dropped rows, and their ``row_mask`` [size].
 
-    ``batches`` are the rounds' local batch records, ``keeps`` their local keep masks [local] bool.
-    Tensor and list entries are gathered row by row; ``reward_info`` is the first round's.
+    ``batches`` are the rounds' local batch records, ``keeps`` their local keep masks [local] bool; reward_info is the
+    first round's.
     """
     kept = [(r, i) for r, keep in enumerate(keeps) for i in range(len(keep)) if keep[i]]
     dropped = [(r, i) for r, keep in enumerate(keeps) for i in range(len(keep)) if not keep[i]]
     picks = (kept + dropped)[:size]
-    pooled = {}
-    for key, first in batches[0].items():
-        if key == "reward_info":
-            pooled[key] = first
-        elif isinstance(first, list):
-            pooled[key] = [batches[r][key][i] for r, i in picks]
-        elif isinstance(first, torch.Tensor):
-            pooled[key] = torch.stack([batches[r][key][i] for r, i in picks])
-    device = batches[0]["log_probs"].device
-    pooled["row_mask"] = torch.tensor([1.0 if keeps[r][i] else 0.0 for r, i in picks], device=device)
+    pooled = batches[0].take([(batches[r], i) for r, i in picks])
+    pooled.row_mask = torch.tensor([1.0 if keeps[r][i] else 0.0 for r, i in picks], device=pooled.log_probs.device)
     return pooled
 
 
 class RolloutCollector:
     """Samples, scores and estimates an epoch (module docstring). ``should_stop()`` is asked before each sampling
     batch and after the last round: when true, the epoch is abandoned (EpochAbandoned) and what sampling changed
-    (prompt sampler, stat tracker, random generators) is restored."""
+    (prompt sampler, stat tracker, random generators) is restored.
 
-    def __init__(self, config, accelerator, family, reward_fn, prompt_sampler, stat_tracker, estimator, controller=None,
-                 critic=None, kl=None, scorer=None, should_stop=lambda: False, timer=NULL_TIMER, chunk_size=None,
-                 shards=None):
-        self.config, self.accelerator, self.family, self.reward_fn = config, accelerator, family, reward_fn
-        self.prompt_sampler, self.stat_tracker = prompt_sampler, stat_tracker
-        self.estimator, self.controller, self.critic = estimator, controller, critic
-        self.kl, self.scorer = kl, scorer  # scorer: recorded transitions' log-probs (the KL in the reward)
+    ``shards``: the round's slices and gathers over the processes (distributed.py); ``estimation``: the estimator and
+    what it reads (``Estimation``); ``kl_in_reward(batch)`` -> (KL [B, T], step rewards [B, T]) of the sampled steps,
+    for the KL term in the reward (kl.in_reward; reference/regularizer.py); ``timer``: the trainer's PhaseTimer.
+    """
+
+    def __init__(self, config, shards: ProcessShards, family, reward_fn, prompt_sampler, estimation: Estimation,
+                 kl_in_reward=None, timer=NULL_TIMER, should_stop=lambda: False):
+        self.config, self.shards, self.family, self.reward_fn = config, shards, family, reward_fn
+        self.accelerator = shards.accelerator
+        self.prompt_sampler, self.estimation, self.kl_in_reward = prompt_sampler, estimation, kl_in_reward
         self.should_stop, self.timer = should_stop, timer
-        # (sample, step) pairs per forward of the rollout KL: the training chunk (train.pairs_per_forward, "auto" too)
-        self.chunk_size = chunk_size or (lambda batch: configured_pairs(config.train.pairs_per_forward)
-                                             or CPU_PAIRS_PER_FORWARD)
-        # the round's slices and gathers (the trainer's; a collector alone makes its own)
-        self.shards = shards or ProcessShards(accelerator, config.sample.batch_size * config.sample.num_batches_per_epoch)
+        estimator = estimation.estimator
         # (label, weight) of each reward component: a combination's, or the single reward itself with weight 1
         single = [(component_label(str(config.reward_fn)), 1.0)]
         self.reward_components = list(getattr(reward_fn, "components", None) or single)
-        self.executor = ThreadPoolExecutor(max_workers=2)  # reward calls run while the next batch samples
-        # the reward calls; after an out-of-memory error the batch size that fits is kept for the run
-        self.reward_scorer = RewardScorer(reward_fn, config.reward_fn)
-        # the rollout policy's step means are recorded only for a loss that needs them (a latent-sized tensor a step)
-        self.record_means = get_policy_loss(config.algorithm.policy_loss).needs_old_means
         # tree rollouts (sample.branch_steps, or GROUP_PPO's default tree): {step: children}, None for flat sampling
         stochastic = family.stochastic_steps(config.sample).nonzero().flatten().tolist()
         self.branches = tree_branches(config, estimator.reads(config, "tree_nodes"), stochastic) or None
@@ -164,16 +163,29 @@ class RolloutCollector:
         # trees (its leaves consecutive)
         self.whole_groups = get_objective(config.algorithm.objective).kind == PREFERENCE or self.branches is not None
         # GROUP_PPO's Tweedie values: the steps whose one-step prediction is scored (rollout/tweedie.py)
-        self.tweedie_steps = None
+        tweedie_steps = None
         if estimator.reads(config, "tweedie_values"):
-            self.tweedie_steps = valued_steps(family.stochastic_steps(config.sample))
+            tweedie_steps = valued_steps(family.stochastic_steps(config.sample))
         cache_size = int(config.sample.text_embedding_cache)
-        self.text_cache = TextEmbeddingCache(cache_size) if cache_size > 0 else None
+        # the rollout policy's step means are recorded only for a loss that needs them (a latent-sized tensor a step)
+        options = SamplingOptions.rollouts(
+            config.sample, family, record_means=get_policy_loss(config.algorithm.policy_loss).needs_old_means,
+            branches=self.branches)
+        # the reward calls (RewardScorer: after an out-of-memory error the batch size that fits is kept for the run)
+        self.sampler = RolloutSampler(family, options, RewardScorer(reward_fn, config.reward_fn),
+                                      critic=estimation.critic, tweedie_steps=tweedie_steps,
+                                      text_cache=TextEmbeddingCache(cache_size) if cache_size > 0 else None,
+                                      timer=timer, should_stop=should_stop)
+
+    @property
+    def reward_scorer(self) -> RewardScorer:
+        """The run's reward calls (the sampling's; ReMax's greedy samples and the evaluation during training share it)."""
+        return self.sampler.score
 
     def collect(self, epoch: int, model=None) -> list[Round]:
-        """The epoch's rounds (one, or more under dynamic sampling), sampled, scored and gathered; ``model``: the
-        denoiser the sampling steps call (None: the family's; the trainer passes its rollout policy's)."""
-        snapshot = SamplingSnapshot(self.prompt_sampler, self.stat_tracker)
+        """The epoch's rounds (one, or more under dynamic sampling), sampled with ``model`` (the denoiser the
+        sampling steps call: the trainer's rollout policy; None: the family's), scored and gathered."""
+        snapshot = SamplingSnapshot(self.prompt_sampler, self.estimation.stat_tracker)
         try:
             rounds = [self.sample_round(epoch, 0, model)]
             if self.config.algorithm.filter_groups:  # DAPO: more rounds until every process holds a full batch
@@ -194,12 +206,16 @@ class RolloutCollector:
         if not self.config.algorithm.filter_groups:
             return EpochRollouts(rounds, rounds[0].batch)
         keeps = [self.shards.local_rows(r.keep).bool() for r in rounds]
-        batch = pool_rows(with_negative_rows(self.family, [r.batch for r in rounds]), keeps, self.shards.local)
-        return EpochRollouts(rounds, batch, batch_fill=float(self.shards.gather(batch["row_mask"]).mean()))
+        batches = [r.batch for r in rounds]
+        if any(b.negative is not None for b in batches):  # rows with a prompt's own negative condition beside rows
+            batches = [b.with_negative(self.family) for b in batches]  # without: each row gets its own
+        batch = pool_rows(batches, keeps, self.shards.local)
+        return EpochRollouts(rounds, batch, batch_fill=float(self.shards.gather(batch.row_mask).mean()))
 
     def sample_round(self, epoch: int, round_index: int, model=None) -> Round:
-        """Sample one round, score it and gather it (module docstring)."""
+        """Sample one round, score it and gather it (module docstring); ``model`` None: the family's denoiser."""
         config, shards, accelerator = self.config, self.shards, self.accelerator
+        model = model if model is not None else self.family.model
         group_size = config.train.group_size
         prompts, metadata, groups = self.prompt_sampler.sample_epoch(shards.total // group_size, group_size,
                                                                      whole_groups=self.whole_groups)
@@ -208,48 +224,44 @@ class RolloutCollector:
         initial_noise = None
         if config.sample.same_initial_noise:
             initial_noise = group_initial_noise(seed, groups[mine], self.family.latent_shape(), accelerator.device)
+        if self.branching is not None:  # the branch steps the last epoch chose
+            self.sampler.options = replace(self.sampler.options, branches=self.branching.branches)
         with accelerator.autocast():  # the precision the training forward recomputes log-probs in
-            batch = collect_rollouts(
-                self.family, prompts[mine], metadata[mine], self.reward_scorer, self.executor,
-                config.sample, show_progress=accelerator.is_local_main_process,
-                desc=f"epoch {epoch}: sampling", generators=sample_generators(seed, mine, accelerator.device),
-                critic=self.critic, should_stop=self.should_stop, timer=self.timer, initial_noise=initial_noise,
-                text_cache=self.text_cache, record_means=self.record_means, tweedie_steps=self.tweedie_steps,
-                branches=self.branching.branches if self.branching is not None else self.branches, model=model,
-            )
-            extra = self.estimator_extras(epoch, batch, groups[mine], initial_noise, model)
+            batch = self.sampler.sample(
+                model, prompts[mine], metadata[mine], generators=sample_generators(seed, mine, accelerator.device),
+                initial_noise=initial_noise, desc=f"epoch {epoch}: sampling" if accelerator.is_local_main_process else None)
+            extra = self.estimator_extras(epoch, batch, groups[mine], model, initial_noise)
         return self.gather_round(batch, extra, prompts, groups)
 
-    def estimator_extras(self, epoch: int, batch: dict, groups: list[int], initial_noise=None, model=None) -> dict:
-        """Per-sample inputs the estimator declares it needs: critic values, ReMax's greedy rewards, KL step rewards.
-
-        With shared initial noise, ReMax's greedy sample of a group starts from the group's x_T too.
-        """
-        config, extra = self.config, {}
-        if self.estimator.needs_critic:
-            extra["values"] = batch["values"]
-        if "tweedie_values" in batch:
-            extra["tweedie_values"] = batch["tweedie_values"]
-        if "tree_nodes" in batch:  # rows of this process -> rows of the gathered round
-            extra["tree_nodes"] = batch["tree_nodes"] + self.shards.mine.start
-        if self.estimator.needs_greedy_rewards:
+    def estimator_extras(self, epoch: int, batch: RolloutBatch, groups: list[int], model,
+                         initial_noise=None) -> dict:
+        """Per-sample inputs the estimator declares it needs: critic values, Tweedie values, the tree, ReMax's greedy
+        rewards, KL step rewards. With shared initial noise, ReMax's greedy sample of a group starts from the group's
+        x_0 too."""
+        config, estimator, extra = self.config, self.estimation.estimator, {}
+        if estimator.needs_critic:
+            extra["values"] = batch.values
+        if batch.tweedie_values is not None:
+            extra["tweedie_values"] = batch.tweedie_values
+        if batch.tree_nodes is not None:  # rows of this process -> rows of the gathered round
+            extra["tree_nodes"] = batch.tree_nodes + self.shards.mine.start
+        if estimator.needs_greedy_rewards:
             with self.timer.phase("sampling"):  # greedy samples and their rewards
                 extra["greedy_rewards"] = greedy_rewards(
-                    self.family, batch["prompts"], batch["metadata"], groups, self.reward_scorer,
-                    config.sample, seed=config.seed * 1_000_003 + epoch, initial_noise=initial_noise, model=model,
+                    self.family, model, batch.prompts, batch.metadata, groups, self.reward_scorer,
+                    SamplingOptions.deterministic(config.sample), seed=config.seed * 1_000_003 + epoch,
+                    initial_noise=initial_noise,
                 )
-        if self.kl is not None and self.kl.in_reward:
+        if self.kl_in_reward is not None:
             with self.timer.phase("reference"):
-                kl = self.kl.rollout_kl(batch, self.scorer, self.family.model, self.chunk_size(batch),
-                                        self.family.stochastic_steps(config.sample))
-            extra["step_kl"], extra["step_rewards"] = kl, self.kl.step_rewards(kl)
+                extra["step_kl"], extra["step_rewards"] = self.kl_in_reward(batch)
         return extra
 
-    def gather_round(self, batch: dict, extra: dict, prompts: list[str], groups: list[int]) -> Round:
+    def gather_round(self, batch: RolloutBatch, extra: dict, prompts: list[str], groups: list[int]) -> Round:
         """Gather the round's rewards, what the estimator reads and the reward info over the processes."""
         config, shards = self.config, self.shards
-        gathered = {key: shards.gather(value) for key, value in {"rewards": batch["rewards"], **extra}.items()}
-        gathered.update({f"reward_info/{key}": shards.gather(value) for key, value in batch["reward_info"].items()})
+        gathered = {key: shards.gather(value) for key, value in {"rewards": batch.rewards, **extra}.items()}
+        gathered.update({f"reward_info/{key}": shards.gather(value) for key, value in batch.reward_info.items()})
         rewards, metrics = gathered["rewards"], {}  # what the estimator normalises: the weighted sum by default
         if config.algorithm.multi_reward_mix == "advantage_aggr":
             rewards, metrics = self.component_advantages(batch, gathered["rewards"], groups)
@@ -260,8 +272,8 @@ class RolloutCollector:
         queries = len(groups)
         if "greedy_rewards" in extra:  # ReMax's greedy samples are reward queries too
             queries += int(shards.gather(torch.tensor([len(set(groups[shards.mine]))])).sum())
-        if self.tweedie_steps:  # so are the one-step predictions GROUP_PPO's Tweedie values score
-            queries += len(groups) * len(self.tweedie_steps)
+        if self.sampler.tweedie_steps:  # so are the one-step predictions GROUP_PPO's Tweedie values score
+            queries += len(groups) * len(self.sampler.tweedie_steps)
         return Round(batch=batch, gathered=gathered, estimator_rewards=rewards, prompts=list(prompts),
                      groups=list(groups), keep=keep, dropped_share=dropped_share, num_groups=len(set(groups)),
                      reward_queries=queries, component_metrics=metrics)
@@ -269,22 +281,17 @@ class RolloutCollector:
     def estimate_round(self, r: Round) -> Round:
         """The estimator on the whole gathered round (every prompt group complete); each process keeps its rows of the
         advantages (and of the critic's targets and mask)."""
-        gathered, shards = r.gathered, self.shards
-        r.out = estimate_advantages(
-            self.estimator, self.config, r.estimator_rewards, torch.tensor(r.groups), r.prompts,
-            r.batch["log_probs"].shape[1], self.stat_tracker, values=gathered.get("values"),
-            step_rewards=gathered.get("step_rewards"), greedy_rewards=gathered.get("greedy_rewards"),
-            controller=self.controller, tweedie_values=gathered.get("tweedie_values"),
-            tree_nodes=gathered.get("tree_nodes"),
-        )
-        r.batch["advantages"] = shards.local_rows(r.out.advantages)
-        r.batch["group_index"] = torch.tensor(r.groups)[shards.mine].to(r.batch["advantages"].device)  # prompt groups
-        if self.critic is not None:
-            targets, mask = self.estimator.critic_regression(r.out)
-            r.batch["critic_targets"], r.batch["critic_mask"] = shards.local_rows(targets), shards.local_rows(mask)
+        shards, estimation, batch = self.shards, self.estimation, r.batch
+        inputs = r.advantage_inputs(batch.num_steps, estimation.stat_tracker)
+        r.out = estimate_advantages(estimation.estimator, self.config, inputs, estimation.controller)
+        batch.advantages = shards.local_rows(r.out.advantages)
+        batch.group_index = torch.tensor(r.groups)[shards.mine].to(batch.advantages.device)  # prompt groups
+        if estimation.critic is not None:
+            targets, mask = estimation.estimator.critic_regression(r.out)
+            batch.critic_targets, batch.critic_mask = shards.local_rows(targets), shards.local_rows(mask)
         return r
 
-    def component_advantages(self, batch: dict, rewards: torch.Tensor, groups) -> tuple[torch.Tensor, dict]:
+    def component_advantages(self, batch: RolloutBatch, rewards: torch.Tensor, groups) -> tuple[torch.Tensor, dict]:
         """GDPO's decoupled normalisation on the gathered round: (S [B_global], adv/<component>/* metrics), with
         S_i = sum_k w_k (r_{i,k} - mean_g(r_k)) / (std_g(r_k) + eps) (algorithms/multi_reward.py).
 
@@ -293,7 +300,7 @@ class RolloutCollector:
         """
         labels = [label for label, _ in self.reward_components]
         if getattr(self.reward_fn, "components", None):
-            components = torch.stack([self.shards.gather(batch["reward_info"][label]) for label in labels], dim=1)
+            components = torch.stack([self.shards.gather(batch.reward_info[label]) for label in labels], dim=1)
         else:
             components = rewards.double()[:, None]
         group_index = torch.as_tensor(groups)
@@ -307,9 +314,9 @@ class RolloutCollector:
 
     def critic_fit(self, rounds: list[Round]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(targets, old values, mask) of the critic over the kept rows of every round (the controller's input)."""
-        pairs = [self.estimator.critic_regression(r.out) + (r.gathered["values"], r.keep) for r in rounds]
+        pairs = [self.estimation.estimator.critic_regression(r.out) + (r.gathered["values"], r.keep) for r in rounds]
         return (torch.cat([t[k] for t, _, _, k in pairs]), torch.cat([v[k] for _, _, v, k in pairs]),
                 torch.cat([m[k] for _, m, _, k in pairs]))
 
     def close(self, wait: bool = True) -> None:
-        self.executor.shutdown(wait=wait, cancel_futures=not wait)
+        self.sampler.close(wait)

@@ -47,7 +47,7 @@ class EpochLogger:
         self.log_images_every = log_images_every
         self.print = print_fn
 
-    def log(self, epoch: int, metrics: dict, batch: dict) -> None:
+    def log(self, epoch: int, metrics: dict, batch) -> None:
         main = self.accelerator.is_main_process
         if main:
             append_metrics(self.run_dir / "metrics.jsonl", metrics)
@@ -61,9 +61,9 @@ class EpochLogger:
             self.accelerator.log(metrics, step=epoch)
         every = self.log_images_every
         if main and every and epoch % every == 0:
-            n = min(16, len(batch["prompts"]))
-            captions = [f"{p}\nreward {r:.3f}" for p, r in zip(batch["prompts"][:n], batch["rewards"][:n].tolist())]
-            grid = image_grid(with_sources(batch["images"][:n], batch.get("metadata") or []), captions)
+            n = min(16, len(batch.prompts))
+            captions = [f"{p}\nreward {r:.3f}" for p, r in zip(batch.prompts[:n], batch.rewards[:n].tolist())]
+            grid = image_grid(with_sources(batch.images[:n], batch.metadata), captions)
             samples_dir = self.run_dir / "samples"
             samples_dir.mkdir(parents=True, exist_ok=True)
             grid.save(samples_dir / f"epoch_{epoch:05d}.png")

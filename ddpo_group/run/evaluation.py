@@ -17,6 +17,7 @@ import copy
 import json
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -202,48 +203,69 @@ def comparison_grid(base_images, tuned_images, prompts, seeds, base_rewards, tun
     return image_grid(torch.stack(images), captions, columns=2 * m)
 
 
-def evaluate(finetuned: str, defaults, base_model: str | None = None, num_prompts: int = 8, num_seeds: int = 2, seed: int = 0,
-             prompt_fn: str | None = None, prompt_fn_kwargs: dict | None = None, reward_fn=None,
-             reward_fn_kwargs: dict | None = None, num_steps: int | None = None, guidance_scale: float | None = None,
-             noise_level: float | None = None, batch_size: int = 8, out_dir: str | None = None, device: str | None = None,
-             show_progress: bool = True) -> dict:
+@dataclass
+class EvaluationRequest:
+    """What ``evaluate`` compares and how (scripts/evaluate.py's command line); None: the fine-tuned run's config.json
+    value (merged onto config/base.py's ``base()``)."""
+
+    finetuned: str  # a run directory (its newest checkpoint that verifies), a checkpoint or a diffusers LoRA directory
+    base_model: str | None = None  # the base model (pretrained.model)
+    num_prompts: int = 8  # prompts drawn from the prompt function
+    num_seeds: int = 2  # initial noises per prompt (n = prompts x seeds pairs)
+    seed: int = 0  # the first seed (prompt_seeds)
+    prompt_fn: str | None = None
+    prompt_fn_kwargs: dict | None = None
+    reward_fn: object = None  # a name, module:factory, or {name: weight}
+    reward_fn_kwargs: dict | None = None
+    num_steps: int | None = None  # sampling steps (sample.eval_num_steps, or sample.num_steps)
+    guidance_scale: float | None = None  # sample.guidance_scale
+    noise_level: float | None = None  # DDIM's eta for Stable Diffusion (sample.noise_level)
+    batch_size: int = 8  # images per pipeline call
+    out_dir: str | None = None  # default: <run dir>/evaluation
+    device: str | None = None  # default: the GPU when there is one
+    show_progress: bool = True
+
+
+def evaluate(request: EvaluationRequest, defaults) -> dict:
     """Sample both models on the same prompts x seeds, score them, write report.json and grid.png; return the report.
 
-    Unset arguments come from the fine-tuned run's config.json (found above ``finetuned``) merged onto ``defaults``
-    (config/base.py's ``base()``): the model and its family, prompts, rewards, ``sample.eval_num_steps`` (or
-    ``num_steps``), the guidance, the noise level (DDIM's eta on Stable Diffusion; the flow families sample with their pipeline's
-    deterministic Euler sampler), the resolution.
+    Unset fields of ``request`` come from the fine-tuned run's config.json (found above ``request.finetuned``) merged
+    onto ``defaults`` (config/base.py's ``base()``): the model and its family, prompts, rewards,
+    ``sample.eval_num_steps`` (or ``num_steps``), the guidance, the noise level (DDIM's eta on Stable Diffusion; the
+    flow families sample with their pipeline's deterministic Euler sampler), the resolution.
     """
     from ddpo_group.models import load_family
 
+    r, finetuned = request, request.finetuned
     saved, run_dir = find_run_config(finetuned)
     config = run_config(defaults, saved)
-    base_model = base_model or config.pretrained.model
-    prompt_fn = prompt_fn or config.prompt_fn
-    prompt_fn_kwargs = prompt_fn_kwargs if prompt_fn_kwargs is not None else config.prompt_fn_kwargs.to_dict()
-    reward_fn = reward_fn or (config.reward_fn.to_dict() if hasattr(config.reward_fn, "to_dict") else config.reward_fn)
-    reward_fn_kwargs = reward_fn_kwargs if reward_fn_kwargs is not None else config.reward_fn_kwargs.to_dict()
-    num_steps = num_steps or config.sample.eval_num_steps or config.sample.num_steps
-    guidance_scale = guidance_scale if guidance_scale is not None else config.sample.guidance_scale
-    if noise_level is not None:
-        config.sample.noise_level = noise_level
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    base_model = r.base_model or config.pretrained.model
+    prompt_fn = r.prompt_fn or config.prompt_fn
+    prompt_fn_kwargs = r.prompt_fn_kwargs if r.prompt_fn_kwargs is not None else config.prompt_fn_kwargs.to_dict()
+    reward_fn = r.reward_fn or (config.reward_fn.to_dict() if hasattr(config.reward_fn, "to_dict") else config.reward_fn)
+    reward_fn_kwargs = r.reward_fn_kwargs if r.reward_fn_kwargs is not None else config.reward_fn_kwargs.to_dict()
+    num_steps = r.num_steps or config.sample.eval_num_steps or config.sample.num_steps
+    guidance_scale = r.guidance_scale if r.guidance_scale is not None else config.sample.guidance_scale
+    if r.noise_level is not None:
+        config.sample.noise_level = r.noise_level
+    device = r.device or ("cuda" if torch.cuda.is_available() else "cpu")
     kind, source = resolve_finetuned(finetuned)
-    out_dir = Path(out_dir) if out_dir else (run_dir or Path.cwd()) / "evaluation"
+    out_dir = Path(r.out_dir) if r.out_dir else (run_dir or Path.cwd()) / "evaluation"
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    prompts, metadata = draw_prompts(prompt_fn, dict(prompt_fn_kwargs), num_prompts, seed)
-    seeds = prompt_seeds(prompts, seed, num_seeds)
+    num_seeds = r.num_seeds
+    prompts, metadata = draw_prompts(prompt_fn, dict(prompt_fn_kwargs), r.num_prompts, r.seed)
+    seeds = prompt_seeds(prompts, r.seed, num_seeds)
     combined = make_combined_reward(reward_fn, reward_fn_kwargs)
     family = load_family(base_model, family=config.pretrained.family, config=config)  # the run's negative prompt, frames
     pipe = family.pipe.to(device)
     pipe.set_progress_bar_config(disable=True)
-    batch_size = min(batch_size, family.pipeline_max_batch or batch_size)  # e.g. Qwen-Image-Edit-Plus: one a call
+    batch_size = min(r.batch_size, family.pipeline_max_batch or r.batch_size)  # e.g. Qwen-Image-Edit-Plus: one a call
     batches = math.ceil(len(prompts) * num_seeds / batch_size)
     settings = dict(num_steps=num_steps, guidance_scale=guidance_scale, batch_size=batch_size,
                     **family.pipeline_kwargs(config.sample, config.pretrained))
     rows = dict(metadata=metadata, row_kwargs=family.pipeline_row_kwargs)  # e.g. an editing family's source images
-    with tqdm(total=2 * batches, desc="evaluate (base, then fine-tuned)", disable=not show_progress) as progress:
+    with tqdm(total=2 * batches, desc="evaluate (base, then fine-tuned)", disable=not r.show_progress) as progress:
         base_images = sample_images(pipe, prompts, seeds, progress=progress, **rows, **settings)
         if kind == "lora":
             pipe.load_lora_weights(str(source))

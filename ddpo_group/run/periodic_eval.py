@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import random
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ddpo_group.errors import ConfigError
-from ddpo_group.sampling.trajectories import rows_of, sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, rows_of, sample_trajectories
 
 EVAL_SEED_OFFSET = 7_919  # the prompt draw's seed is seed + this: apart from the training prompt sampler (seed)
 GRID_PROMPTS = 16  # prompts shown in the evaluation grid (each with its M images)
@@ -165,12 +165,13 @@ class PeriodicEvaluation:
         model.eval()
         try:
             with preserved_rng_states(), self.accelerator.autocast():
-                steps = int(sample.eval_num_steps or sample.num_steps)
-                rewards, components, images = self.sample_and_score(steps, [0.0] * steps, stochastic=False)
+                deterministic = SamplingOptions.deterministic(sample, sample.eval_num_steps)
+                rewards, components, images = self.sample_and_score(deterministic, stochastic=False)
                 stochastic = None
-                if self.config.eval_train_sampler:
-                    stochastic = self.sample_and_score(sample.num_steps, self.family.noise_levels(sample),
-                                                       stochastic=True)[:2]
+                if self.config.eval_train_sampler:  # the training sampler's noise levels, no log-probs
+                    sampler = replace(deterministic, num_steps=sample.num_steps,
+                                      noise_levels=tuple(self.family.noise_levels(sample)))
+                    stochastic = self.sample_and_score(sampler, stochastic=True)[:2]
         finally:
             model.train(training)
             self.family.schedule(sample.num_steps, self.accelerator.device)  # the training sampler's timesteps
@@ -181,27 +182,26 @@ class PeriodicEvaluation:
         grid = self.grid(images, rewards) if self.accelerator.is_main_process else None
         return EvalResult(metrics, grid, rewards)
 
-    def sample_and_score(self, num_steps: int, noise_levels: list[float], stochastic: bool):
-        """(rewards [R] float64, components [R, C] float64, images [R, 3, H, W] uint8) of every row, gathered."""
-        family, sample = self.family, self.config.sample
+    def sample_and_score(self, options: SamplingOptions, stochastic: bool):
+        """(rewards [R] float64, components [R, C] float64, images [R, 3, H, W] uint8) of every row sampled with
+        ``options`` (``stochastic``: the step noise of each row from its own generator), gathered."""
+        family = self.family
         if self._cond is None:
             self._cond = family.condition(self.prompts, self.metadata)
         rows = self.my_rows()
         device = self.accelerator.device
         noise = self.initial_noise(rows)
         rewards, infos, images = [], [], []
-        for start in range(0, len(rows), sample.batch_size):
-            chunk = rows[start : start + sample.batch_size]
+        for start in range(0, len(rows), options.batch_size):
+            chunk = rows[start : start + options.batch_size]
             prompt_index = [r // self.num_seeds for r in chunk]
             generators = None
             if stochastic:
                 generators = [torch.Generator(device=device).manual_seed(step_seed(self.config.seed, r)) for r in chunk]
             traj = sample_trajectories(
                 family, family.model, rows_of(self._cond, torch.tensor(prompt_index, device=device)),
-                family.negative_for([self.metadata[i] for i in prompt_index]), num_steps, sample.guidance_scale,
-                noise_levels, generator=generators,
-                compute_log_prob=False, initial_noise=noise[start : start + len(chunk)].to(device),
-                decode_batch_size=int(sample.decode_batch_size),
+                family.negative_for([self.metadata[i] for i in prompt_index]), options, generator=generators,
+                initial_noise=noise[start : start + len(chunk)].to(device),
             )
             values, info = self.reward_scorer(traj.images, [self.prompts[i] for i in prompt_index],
                                               [dict(self.metadata[i]) for i in prompt_index])

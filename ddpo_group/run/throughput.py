@@ -123,7 +123,7 @@ class ModelFlops:
     sample_per_image: int  # F_image
 
 
-def measure_model_flops(scorer, model, batch: dict, params: list, step: int, sample_guidance: float, num_steps: int,
+def measure_model_flops(scorer, model, batch, params: list, step: int, sample_guidance: float, num_steps: int,
                         reference_forward: bool, autocast=contextlib.nullcontext) -> ModelFlops:
     """F_pair and F_image (module docstring) on sample 0 of ``batch`` at step ``step`` (every step costs the same).
 
@@ -131,7 +131,7 @@ def measure_model_flops(scorer, model, batch: dict, params: list, step: int, sam
     parameters, whose gradients are left as they were; ``autocast`` the training's (accelerator.autocast). No random
     number is drawn from the run's generators.
     """
-    device = batch["log_probs"].device
+    device = batch.log_probs.device
     rows = torch.zeros(1, dtype=torch.long, device=device)
     steps = torch.full((1,), step, dtype=torch.long, device=device)
     sampling = dataclasses.replace(scorer, guidance_scale=sample_guidance)
@@ -236,7 +236,7 @@ class Throughput:
         if self.cuda:  # host-side allocator statistics: no device sync
             torch.cuda.reset_peak_memory_stats(self.accelerator.device)
 
-    def metrics(self, images: int, local_pairs: int, sampling_s: float, training_s: float, batch: dict,
+    def metrics(self, images: int, local_pairs: int, sampling_s: float, training_s: float, batch,
                 local_nfe: list[int], cuda_peak_floor: int = 0) -> dict:
         """perf/* of the epoch: ``images`` over every process, ``local_pairs`` and ``local_nfe`` (DenoiserEvaluations
         .take()) this process's, the phases' seconds; ``cuda_peak_floor``: a peak seen before something reset torch's

@@ -39,7 +39,7 @@ from ddpo_group.models.trainable import build_policy, lora_config, make_optimize
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
 from ddpo_group.rewards import make_reward_fn
-from ddpo_group.rollout.rounds import RolloutCollector
+from ddpo_group.rollout.rounds import Estimation, RolloutCollector
 from ddpo_group.run.config_checks import config_warnings, validate_config
 from ddpo_group.run.cpu_fsdp import enable_fsdp_on_cpu
 from ddpo_group.run.epoch_logger import EpochLogger
@@ -88,10 +88,11 @@ class Trainer:
         self.build_algorithm(config)
         # the epoch's samples over the processes: each process's slice, and the gathers the loop calls
         self.shards = ProcessShards(self.accelerator, config.sample.batch_size * config.sample.num_batches_per_epoch)
+        estimation = Estimation(self.estimator, self.stat_tracker, self.estimator_controller, self.critic)
         self.rollouts = RolloutCollector(
-            config, self.accelerator, self.family, self.reward_fn, self.prompt_sampler, self.stat_tracker, self.estimator,
-            self.estimator_controller, self.critic, self.kl, self.scorer, should_stop=self.session.stop_agreed,
-            timer=self.timer, chunk_size=lambda batch: self.updater.chunk_size(batch), shards=self.shards,
+            config, self.shards, self.family, self.reward_fn, self.prompt_sampler, estimation,
+            kl_in_reward=self.kl_in_reward if self.kl is not None and self.kl.in_reward else None,
+            timer=self.timer, should_stop=self.session.stop_agreed,
         )
         self.evaluation = None  # evaluation during training (eval_freq): the same on every process
         if config.eval_freq:
@@ -171,21 +172,16 @@ class Trainer:
         self.pairs_per_forward = PairsPerForward(config, self.accelerator, self.family, self.session.state.sizes,
                                                  say=self.session.print)
         self.ema = EMAWeights.from_config(config, self.params)  # None unless train.ema
-        after_step = self.ema.step if self.ema is not None else None
+        # the update loop (update/updater.py) with the objective's loss: the policy gradient, a matching objective on
+        # the final samples, or a preference objective on each group's units
+        shared = (config, self.accelerator, self.model, self.optimizer, self.params, self.scorer, self.kl,
+                  self.pairs_per_forward, self.ema.step if self.ema is not None else None)
         if self.objective.kind == PREFERENCE:
-            self.updater = PreferenceUpdater(config, self.accelerator, self.model, self.optimizer, self.params,
-                                             self.family, self.objective, self.kl,
-                                             pairs_per_forward=self.pairs_per_forward, after_optimizer_step=after_step,
-                                             scorer=self.scorer)
+            self.updater = PreferenceUpdater(*shared)
         elif self.objective.is_matching:
-            self.updater = MatchingUpdater(config, self.accelerator, self.model, self.optimizer, self.params,
-                                           self.family, self.objective, self.kl, self.old,
-                                           pairs_per_forward=self.pairs_per_forward, after_optimizer_step=after_step,
-                                           step_count=lambda: self.state.global_step, scorer=self.scorer)
+            self.updater = MatchingUpdater(*shared, old=self.old, step_count=lambda: self.state.global_step)
         else:
-            self.updater = PolicyUpdater(config, self.accelerator, self.model, self.optimizer, self.params, self.scorer,
-                                         self.kl, pairs_per_forward=self.pairs_per_forward,
-                                         after_optimizer_step=after_step)
+            self.updater = PolicyUpdater(*shared)
 
     def denoiser_copies(self) -> list[torch.nn.Module]:
         """The frozen denoiser copies of full fine-tuning: the KL reference's and the old model's (with LoRA both are
@@ -255,8 +251,7 @@ class Trainer:
             critic = {}
             if self.critic is not None:
                 with self.timer.phase("critic"):
-                    mask = batch["critic_mask"] * batch["row_mask"][:, None] if "row_mask" in batch else batch["critic_mask"]
-                    critic = self.critic.train_epoch(batch, batch["critic_targets"], mask, self.config.train.batch_size)
+                    critic = self.critic.train_epoch(batch, self.config.train.batch_size)
         except NonFiniteLossError as error:
             raise self.session.non_finite_loss(error, epoch) from error
         # 5. after the epoch: the KL coefficient and the reference, the estimator's controller
@@ -283,6 +278,13 @@ class Trainer:
         copy: cuda_graphs)."""
         with (self.updater.rollout_policy() if self.objective.is_matching else nullcontext()) as old:
             yield old if old is not None else self.sampling_model
+
+    def kl_in_reward(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The KL to the reference of every sampled step [B, T] and the step rewards -beta KL_n (kl.in_reward), the
+        transitions scored as the update scores them."""
+        kl = self.kl.rollout_kl(batch, self.scorer, self.family.model, self.updater.chunk_size(batch),
+                                self.family.stochastic_steps(self.config.sample))
+        return kl, self.kl.step_rewards(kl)
 
     def critic_warming_up(self, epoch: int) -> bool:
         """The first ``critic.warmup_epochs`` epochs train the critic only (their rollouts are reward queries too)."""
@@ -320,7 +322,7 @@ class Trainer:
             self.epoch_logger.log_evaluation(epoch, result.metrics, result.grid, "ema" if use_ema else "training")
         return result.metrics
 
-    def model_flops(self, batch: dict):
+    def model_flops(self, batch):
         """F_pair and F_image of run/throughput.py, on this epoch's first sample at its first trained step."""
         sample = self.config.sample
         step = int(self.family.stochastic_steps(sample).nonzero()[0])

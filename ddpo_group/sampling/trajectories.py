@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from tqdm.auto import tqdm
+
+from ddpo_group.sampling.batch import RolloutBatch
 
 
 @dataclass
@@ -43,39 +44,20 @@ class Trajectories:
     def timesteps(self) -> torch.Tensor:
         return self.steps["timesteps"]
 
+    @staticmethod
+    def concatenate(parts: list["Trajectories"]) -> "Trajectories":
+        """The rows of ``parts`` in order (a tree's ``shared_from`` rows offset by the rows before each part)."""
+        def cat(name):
+            values = [getattr(part, name) for part in parts]
+            return None if values[0] is None else torch.cat(values)
 
-NEGATIVE_PREFIX = "negative_"  # the batch record's per-sample negative condition: negative_<cond key> (e.g.
-# negative_prompt_embeds), present when a prompt of the epoch has its own negative prompt (models/families/base.py)
-
-
-def negative_record(negative: dict | None) -> dict:
-    """The batch record's entries of a per-sample negative condition (B rows; none for None: the run's one row)."""
-    return {} if negative is None else {NEGATIVE_PREFIX + key: value for key, value in negative.items()}
-
-
-def recorded_negative(family, batch: dict, rows) -> dict:
-    """The negative condition of some rows of a batch record: the recorded per-sample one when the record has it,
-    else the run's one row (``family.negative_condition()``)."""
-    if NEGATIVE_PREFIX + family.cond_keys[0] in batch:
-        return {key: batch[NEGATIVE_PREFIX + key][rows] for key in family.cond_keys}
-    return family.negative_condition()
-
-
-def with_negative_rows(family, batches: list[dict]) -> list[dict]:
-    """Batch records that can be pooled row by row: when one of them holds a per-sample negative condition, the
-    others get the run's one-row negative repeated for each of their rows (a dynamic-sampling round whose prompts had
-    no negative prompt); unchanged when none holds one."""
-    key = NEGATIVE_PREFIX + family.cond_keys[0]
-    if all(key in batch for batch in batches) or not any(key in batch for batch in batches):
-        return batches
-    negative = family.negative_condition()
-    out = []
-    for batch in batches:
-        if key not in batch:
-            n = batch["latents"].shape[0]
-            batch = {**batch, **negative_record({k: v.expand(n, *v.shape[1:]).clone() for k, v in negative.items()})}
-        out.append(batch)
-    return out
+        offsets = torch.tensor([0] + [len(part.latents) for part in parts[:-1]]).cumsum(0).tolist()
+        shared = None
+        if parts[0].shared_from is not None:
+            shared = torch.cat([part.shared_from + offset for part, offset in zip(parts, offsets)])
+        return Trajectories(images=cat("images"), latents=cat("latents"), log_probs=cat("log_probs"),
+                            steps={key: torch.cat([part.steps[key] for part in parts]) for key in parts[0].steps},
+                            values=cat("values"), means=cat("means"), pred_x0=cat("pred_x0"), shared_from=shared)
 
 
 def rows_of(cond: dict, rows) -> dict:
@@ -98,88 +80,113 @@ def concatenate_rows(conditions: list[dict], prompts: list[str], device) -> dict
     return out
 
 
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How ``sample_trajectories`` samples and what it records besides the latents and log-probs."""
+
+    num_steps: int  # T
+    guidance_scale: float  # of the family's guidance (CFG, or its guidance embedding)
+    noise_levels: tuple  # [T] each step's noise level (family.noise_levels: the SDE window); 0: the deterministic step
+    compute_log_prob: bool = True  # False: log_probs are zeros (nothing trains on them)
+    log_prob_reduce: str = "mean"  # sample.log_prob_reduce
+    batch_size: int = 1  # samples per denoiser batch of the callers that split their prompts (sample.batch_size)
+    decode: bool = True  # False: no images (Trajectories.images None)
+    decode_batch_size: int = 0  # final latents decoded that many at a time (0: all at once): the VAE's peak memory
+    record_means: bool = False  # keep each step's mean mu_n (a loss with needs_old_means: one latent a step)
+    record_x0: tuple = ()  # steps n whose x0_hat(x_n) is kept (GROUP_PPO's Tweedie values; every step for a critic
+    # that reads it)
+    branches: dict | None = None  # {step: children}: sample trees (sample_trees); None: independent trajectories
+
+    def __post_init__(self):
+        object.__setattr__(self, "noise_levels", tuple(float(level) for level in self.noise_levels))
+        object.__setattr__(self, "record_x0", tuple(self.record_x0))
+        if len(self.noise_levels) != self.num_steps:
+            raise ValueError(f"noise_levels has {len(self.noise_levels)} values for {self.num_steps} steps")
+        if self.compute_log_prob and not any(level > 0 for level in self.noise_levels):
+            raise ValueError(f"noise levels {list(self.noise_levels)}: every step is deterministic, so no step has a "
+                             "log-probability")
+
+    @classmethod
+    def rollouts(cls, sample, family, **recorded) -> "SamplingOptions":
+        """The training sampler of ``sample`` (config.sample): its noise levels (every step deterministic and no
+        log-probs with ``sample.deterministic``: the matching objectives need the final samples only)."""
+        deterministic = bool(sample.deterministic)
+        levels = [0.0] * sample.num_steps if deterministic else family.noise_levels(sample)
+        return cls(sample.num_steps, sample.guidance_scale, levels, compute_log_prob=not deterministic,
+                   log_prob_reduce=sample.log_prob_reduce, batch_size=int(sample.batch_size),
+                   decode_batch_size=int(sample.decode_batch_size), **recorded)
+
+    @classmethod
+    def deterministic(cls, sample, num_steps: int | None = None) -> "SamplingOptions":
+        """The deterministic sampler (noise level 0 on every step, no log-probs) of ``sample`` with ``num_steps``
+        steps (default: sample.num_steps): the evaluation's and ReMax's greedy samples."""
+        num_steps = int(num_steps or sample.num_steps)
+        return cls(num_steps, sample.guidance_scale, (0.0,) * num_steps, compute_log_prob=False,
+                   batch_size=int(sample.batch_size), decode_batch_size=int(sample.decode_batch_size))
+
+
 @torch.no_grad()
-def sample_trajectories(
-    family,
-    model,
-    cond: dict,
-    negative: dict | None,
-    num_steps: int,
-    guidance_scale: float,
-    noise_levels: list[float],
-    generator: torch.Generator | list[torch.Generator] | None = None,
-    decode: bool = True,
-    progress: bool = False,
-    compute_log_prob: bool = True,
-    initial_noise: torch.Tensor | None = None,
-    log_prob_reduce: str = "mean",
-    decode_batch_size: int = 0,
-    record_means: bool = False,
-    record_x0: list[int] | None = None,
-    branches: dict[int, int] | None = None,
-) -> Trajectories:
-    """Sample B images and record the trajectory: latents [B, T+1, ...], log_probs [B, T], the per-step tensors.
+def sample_trajectories(family, model, cond: dict, negative: dict | None, options: SamplingOptions,
+                        generator=None, initial_noise: torch.Tensor | None = None) -> Trajectories:
+    """Sample B images and record their trajectories (module docstring); trees when ``options.branches``.
 
     ``cond`` holds B rows (``family.encode``), ``negative`` one row (``family.negative_condition``) or B
-    (``family.negative_rows``: rows with their own negative prompts).
-    ``noise_levels`` has one value per step (``family.noise_levels``: an SDE window). ``initial_noise`` [B, ...]
-    (standard normal) replaces the x_T drawn from ``generator``, which then draws the step noise only.
-    ``decode_batch_size`` > 0 decodes the final latents that many at a time (the VAE's activations at high
-    resolution are the sampling phase's peak memory). ``record_means`` keeps each step's mean [B, T, ...] (one more
-    latent-sized tensor per step: only a policy loss that needs the rollout policy's means asks for it, ratio_norm).
-    ``record_x0`` (step indices) keeps those steps' one-step predictions x0_hat(x_n) [B, S, ...] (GROUP_PPO's Tweedie
-    values; every step for a critic that reads x0_hat), only those: one latent-sized tensor per listed step.
-    ``branches`` {step: children}: the B rows are a tree's leaves (module docstring), ``generator`` one per leaf.
+    (``family.negative_rows``: rows with their own negative prompts). ``generator``: one, or one per sample (each
+    sample's noise independent of the batch layout); ``initial_noise`` [B, ...] (standard normal) replaces the x_0
+    drawn from ``generator``, which then draws the step noise only.
     """
+    if options.branches:
+        return sample_trees(family, model, cond, negative, options, generator, initial_noise)
     first = next(iter(cond.values()))
     batch, device, dtype = first.shape[0], first.device, first.dtype
-    schedule = family.schedule(num_steps, device)
-    if len(noise_levels) != num_steps:
-        raise ValueError(f"noise_levels has {len(noise_levels)} values for {num_steps} steps")
-    if compute_log_prob and not any(level > 0 for level in noise_levels):
-        raise ValueError(f"noise levels {noise_levels}: every step is deterministic, so no step has a log-probability")
-    branches = branches or {}
-    size = tree_leaves(branches, batch, noise_levels, generator)  # leaves below each node row
+    schedule = family.schedule(options.num_steps, device)
+    record = _Record(batch, options, schedule, device)
+    latents = family.initial_latents(batch, generator, device, dtype, initial_noise)
+    record.start(latents)
+    for n in range(options.num_steps):
+        step = {key: values[n] for key, values in schedule.items()}
+        output = family.model_output(model, latents, step, cond, negative, options.guidance_scale)
+        out = family.step(output, latents, step, options.noise_levels[n], generator=generator,
+                          compute_log_prob=record.log_prob_at(n), reduce=options.log_prob_reduce)
+        latents = out.next_latents.to(dtype)
+        record.step(n, out)
+    return record.trajectories(family, latents)
+
+
+@torch.no_grad()
+def sample_trees(family, model, cond: dict, negative: dict | None, options: SamplingOptions,
+                 generator: list | None = None, initial_noise: torch.Tensor | None = None) -> Trajectories:
+    """``sample_trajectories`` on trees (``options.branches`` {step: children}; module docstring): the B rows are
+    the leaves of B / L roots, L = prod(children), each root's leaves consecutive, ``generator`` one per leaf."""
+    branches = options.branches
+    first = next(iter(cond.values()))
+    batch, device, dtype = first.shape[0], first.device, first.dtype
+    schedule = family.schedule(options.num_steps, device)
+    size = tree_leaves(branches, batch, options.noise_levels, generator)  # leaves below each node row
     nodes = torch.arange(0, batch, size, device=device)  # each node row's first leaf
     node_cond, node_negative, node_generator = _node_rows(nodes, size, cond, negative, generator)
     latents = family.initial_latents(len(nodes), node_generator, device, dtype,
                                      initial_noise[nodes.cpu()] if initial_noise is not None else None)
-    all_latents, log_probs, means, pred_x0 = [_leaves(latents.float(), size)], [], [], []
+    record = _Record(batch, options, schedule, device)
+    record.start(latents, size)
     shared = [nodes.repeat_interleave(size)]
-    for n in tqdm(range(num_steps), desc="denoising", leave=False, disable=not progress):
+    for n in range(options.num_steps):
         step = {key: values[n] for key, values in schedule.items()}
-        output = family.model_output(model, latents, step, node_cond, node_negative, guidance_scale)
+        output = family.model_output(model, latents, step, node_cond, node_negative, options.guidance_scale)
         if n in branches:  # each node's children: its output and state repeated, their own noise from here on
             factor = branches[n]
             size //= factor
             nodes = (nodes[:, None] + size * torch.arange(factor, device=device)).flatten()
             output, latents = output.repeat_interleave(factor, 0), latents.repeat_interleave(factor, 0)
             node_cond, node_negative, node_generator = _node_rows(nodes, size, cond, negative, generator)
-        stochastic = noise_levels[n] > 0
-        out = family.step(output, latents, step, noise_levels[n], generator=node_generator,
-                          compute_log_prob=compute_log_prob and stochastic, reduce=log_prob_reduce)
+        out = family.step(output, latents, step, options.noise_levels[n], generator=node_generator,
+                          compute_log_prob=record.log_prob_at(n), reduce=options.log_prob_reduce)
         latents = out.next_latents.to(dtype)
-        all_latents.append(_leaves(out.next_latents, size))
-        if branches:
-            shared.append(nodes.repeat_interleave(size))
-        if record_means:
-            means.append(_leaves(out.mean, size))
-        if record_x0 and n in record_x0:
-            pred_x0.append(_leaves(out.pred_x0.float(), size))
-        if compute_log_prob:
-            log_probs.append(_leaves(out.log_prob, size) if stochastic else torch.zeros(batch, device=device))
-    images = None
-    if decode:
-        images = decode_latents(family, latents, decode_batch_size)
-    return Trajectories(
-        images=images,
-        latents=torch.stack(all_latents, dim=1),
-        log_probs=torch.stack(log_probs, dim=1) if compute_log_prob else torch.zeros(batch, num_steps, device=device),
-        steps={key: values.to(device).unsqueeze(0).expand(batch, -1).clone() for key, values in schedule.items()},
-        means=torch.stack(means, dim=1) if record_means else None,
-        pred_x0=torch.stack(pred_x0, dim=1) if pred_x0 else None,
-        shared_from=torch.stack(shared, dim=1) if branches else None,
-    )
+        record.step(n, out, size)
+        shared.append(nodes.repeat_interleave(size))
+    traj = record.trajectories(family, latents)
+    traj.shared_from = torch.stack(shared, dim=1)
+    return traj
 
 
 def tree_leaves(branches: dict[int, int], batch: int, noise_levels: list[float], generator) -> int:
@@ -214,6 +221,46 @@ def _node_rows(nodes: torch.Tensor, size: int, cond: dict, negative: dict | None
 def _leaves(values: torch.Tensor, size: int) -> torch.Tensor:
     """Per-node ``values`` repeated for the ``size`` leaves below each node."""
     return values if size == 1 else values.repeat_interleave(size, 0)
+
+
+
+class _Record:
+    """What a sampling loop records, per leaf row: the latents, each step's log-prob, and the means and one-step
+    predictions the options ask for (a tree's node tensors repeated for the ``size`` leaves below each node)."""
+
+    def __init__(self, batch: int, options: SamplingOptions, schedule: dict, device):
+        self.batch, self.options, self.schedule, self.device = batch, options, schedule, device
+        self.latents, self.log_probs, self.means, self.pred_x0 = [], [], [], []
+
+    def log_prob_at(self, n: int) -> bool:
+        return self.options.compute_log_prob and self.options.noise_levels[n] > 0
+
+    def start(self, latents: torch.Tensor, size: int = 1) -> None:
+        self.latents.append(_leaves(latents.float(), size))
+
+    def step(self, n: int, out, size: int = 1) -> None:
+        options = self.options
+        self.latents.append(_leaves(out.next_latents, size))
+        if options.record_means:
+            self.means.append(_leaves(out.mean, size))
+        if n in options.record_x0:
+            self.pred_x0.append(_leaves(out.pred_x0.float(), size))
+        if options.compute_log_prob:
+            self.log_probs.append(_leaves(out.log_prob, size) if self.log_prob_at(n)
+                                  else torch.zeros(self.batch, device=self.device))
+
+    def trajectories(self, family, final: torch.Tensor) -> Trajectories:
+        """The record, with the images of the ``final`` latents when the options decode."""
+        batch, device, options = self.batch, self.device, self.options
+        return Trajectories(
+            images=decode_latents(family, final, options.decode_batch_size) if options.decode else None,
+            latents=torch.stack(self.latents, dim=1),
+            log_probs=torch.stack(self.log_probs, dim=1) if self.options.compute_log_prob
+            else torch.zeros(batch, self.options.num_steps, device=device),
+            steps={key: values.to(device).unsqueeze(0).expand(batch, -1).clone() for key, values in self.schedule.items()},
+            means=torch.stack(self.means, dim=1) if self.options.record_means else None,
+            pred_x0=torch.stack(self.pred_x0, dim=1) if self.pred_x0 else None,
+        )
 
 
 def decode_latents(family, latents: torch.Tensor, chunk: int = 0) -> torch.Tensor:
@@ -257,13 +304,12 @@ class TransitionScorer:
         """Set the schedule of ``num_steps`` steps (a DDIM step reads its previous timestep from it)."""
         self.family.schedule(num_steps, device)
 
-    def __call__(self, model, batch: dict, rows: torch.Tensor, steps: torch.Tensor):
+    def __call__(self, model, batch: RolloutBatch, rows: torch.Tensor, steps: torch.Tensor):
         family = self.family
-        step = {key: batch[key][rows, steps] for key in family.step_keys}
-        cond = {key: batch[key][rows] for key in family.cond_keys}
-        latents = batch["latents"][rows, steps]
+        step = {key: batch.steps[key][rows, steps] for key in family.step_keys}
+        latents = batch.latents[rows, steps]
         guided = self.guidance_scale > family.no_guidance
-        negative = recorded_negative(family, batch, rows) if guided else family.negative_condition()
-        output = family.model_output(model, latents, step, cond, negative, self.guidance_scale)
-        return family.step(output, latents, step, self.noise_level, next_latents=batch["next_latents"][rows, steps],
+        negative = batch.negative_rows(family, rows) if guided else family.negative_condition()
+        output = family.model_output(model, latents, step, rows_of(batch.cond, rows), negative, self.guidance_scale)
+        return family.step(output, latents, step, self.noise_level, next_latents=batch.next_latents[rows, steps],
                            reduce=self.reduce)

@@ -130,13 +130,16 @@ class Critic:
                                  x0)
         return values.view(b, t)
 
-    def train_epoch(self, batch: dict, targets: torch.Tensor, mask: torch.Tensor, batch_size: int) -> dict:
-        """``critic.num_updates`` passes of clipped value regression over the local samples.
-
-        targets, mask [B, T] in pre-step indexing. Every process runs the same number of steps
-        (one per train batch of ``batch_size`` samples), whatever its number of masked pairs.
+    def train_epoch(self, batch, batch_size: int) -> dict:
+        """``critic.num_updates`` passes of clipped value regression over the local samples of ``batch`` (a
+        RolloutBatch): its ``critic_targets`` under its ``critic_mask`` [B, T] (pre-step indexing; dynamic sampling's
+        padding rows left out). Every process runs the same number of steps (one per train batch of ``batch_size``
+        samples), whatever its number of masked pairs.
         """
         c = self.config.critic
+        targets, mask = batch.critic_targets, batch.critic_mask
+        if batch.row_mask is not None:
+            mask = mask * batch.row_mask[:, None]
         num_samples, num_steps = mask.shape
         sums, count = {}, 0
         self.network.train()
@@ -145,13 +148,13 @@ class Critic:
             for start in range(0, num_samples, batch_size):
                 rows = perm[start : start + batch_size].to(mask.device)
                 b = len(rows)
-                latents = batch["latents"][rows].flatten(0, 1)
-                timesteps = batch["timesteps"][rows].flatten(0, 1)
-                embeds = batch["prompt_embeds"][rows].repeat_interleave(num_steps, dim=0)
-                x0 = batch["pred_x0"][rows].flatten(0, 1) if self.reads_x0 else None
+                latents = batch.latents[rows].flatten(0, 1)
+                timesteps = batch.timesteps[rows].flatten(0, 1)
+                embeds = batch.cond["prompt_embeds"][rows].repeat_interleave(num_steps, dim=0)
+                x0 = batch.pred_x0[rows].flatten(0, 1) if self.reads_x0 else None
                 values = self.network(latents, timesteps, embeds, x0).view(b, num_steps)
                 loss, info = clipped_value_loss(
-                    values, batch["values"][rows].float(), targets[rows].float(), mask[rows],
+                    values, batch.values[rows].float(), targets[rows].float(), mask[rows],
                     c.clip_range, "step-mean",
                 )
                 self.optimizer.zero_grad(set_to_none=True)

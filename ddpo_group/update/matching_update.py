@@ -24,15 +24,14 @@ scheduler's prediction_type; algorithms/objectives.py). An objective runs only o
 
 from __future__ import annotations
 
-from collections import defaultdict
 from contextlib import nullcontext
 
 import torch
 
+from ddpo_group.algorithms import get_objective
 from ddpo_group.algorithms.objectives import ddpm_forward, draw_times, flow_forward
 from ddpo_group.errors import ConfigError
-from ddpo_group.sampling.trajectories import recorded_negative
-from ddpo_group.update.policy_update import PolicyUpdater
+from ddpo_group.update.updater import Chunk, Updater
 
 
 def forward_process(family) -> str:
@@ -46,15 +45,15 @@ def forward_process(family) -> str:
                       "for a matching objective")
 
 
-class MatchingUpdater(PolicyUpdater):
-    """``train.num_inner_epochs`` passes of a matching objective over an epoch's final samples (module docstring).
+class MatchingUpdater(Updater):
+    """``train.num_inner_epochs`` passes of a matching objective (``algorithm.objective``, an ObjectiveSpec of kind
+    "matching") over an epoch's final samples (module docstring). ``old`` (update/old_model.OldModel) when the
+    objective needs an old model; ``step_count()``: the optimizer steps taken before this epoch (the old model's decay
+    schedule reads it)."""
 
-    ``objective``: an ObjectiveSpec of kind "matching"; ``old`` (update/old_model.OldModel) when it needs one;
-    ``step_count()``: the optimizer steps taken before this epoch (the old model's decay schedule reads it).
-    """
-
-    def __init__(self, config, accelerator, model, optimizer, trainable_params, family, objective, kl=None, old=None,
-                 pairs_per_forward=None, after_optimizer_step=None, step_count=lambda: 0, scorer=None):
+    def __init__(self, config, accelerator, model, optimizer, trainable_params, scorer, kl=None, pairs_per_forward=None,
+                 after_optimizer_step=None, old=None, step_count=lambda: 0):
+        family, objective = scorer.family, get_objective(config.algorithm.objective)
         self.process = forward_process(family)
         if self.process not in objective.processes:
             raise ConfigError(f"algorithm.objective={objective.name!r} is defined on the {objective.processes} forward "
@@ -70,17 +69,12 @@ class MatchingUpdater(PolicyUpdater):
         if objective.uses_old_model(kwargs) and old is None:
             raise ValueError(f"objective {objective.name!r} with algorithm.objective_kwargs={dict(kwargs)} needs an old "
                              "model")
-        super().__init__(config, accelerator, model, optimizer, trainable_params, scorer, kl=kl,
-                         pairs_per_forward=pairs_per_forward, after_optimizer_step=after_optimizer_step)
+        super().__init__(config, accelerator, model, optimizer, trainable_params, scorer, kl, pairs_per_forward,
+                         after_optimizer_step)
         self.family, self.objective, self.old = family, objective, old
-        kwargs = config.algorithm.objective_kwargs
         self.objective_kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
         self.guidance_scale = family.training_guidance(config)
         self.step_count = step_count
-
-    @property
-    def uses_reference(self) -> bool:
-        return self.kl is not None and self.kl.beta > 0
 
     def trainable_steps(self) -> torch.Tensor:
         """Every step of the rollout schedule: a matching objective draws its times among all of them."""
@@ -93,9 +87,8 @@ class MatchingUpdater(PolicyUpdater):
             return nullcontext()
         return self.old.applied(self.accelerator.unwrap_model(self.model))
 
-    def train_epoch(self, batch: dict, show_progress: bool = True) -> dict:
-        """The policy update (PolicyUpdater.train_epoch's loop on this objective's loss), then the old model's
-        update."""
+    def train_epoch(self, batch, show_progress: bool = True) -> dict:
+        """The update loop on this objective's loss, then the old model's update."""
         out = super().train_epoch(batch, show_progress)
         if self.old is not None:
             unwrapped = self.accelerator.unwrap_model(self.model)
@@ -103,31 +96,10 @@ class MatchingUpdater(PolicyUpdater):
             out.update(self.old.metrics(unwrapped))
         return out
 
-    def accumulate_gradients(self, batch: dict, rows: torch.Tensor, step_mask: torch.Tensor,
-                             pairs_per_forward: int | None = None) -> dict:
-        """Backpropagate one train batch's matching loss (module docstring), chunk by chunk of (sample, time) pairs:
-        every pair weighs 1 / (the batch's pairs). Returns detached metrics."""
-        device = rows.device
-        pair_rows, pair_steps = step_mask.nonzero(as_tuple=True)
-        weight = 1.0 / max(int(pair_rows.numel()), 1)
-        if pair_rows.numel() == 0:  # every row padded: one zero-weight pair keeps the processes' backward calls in step
-            pair_rows = pair_steps = torch.zeros(1, dtype=torch.long, device=step_mask.device)
-            weight = 0.0
-        pair_rows, pair_steps = pair_rows.to(device, non_blocking=True), pair_steps.to(device, non_blocking=True)
-        size = pairs_per_forward or self.chunk_size(batch)
-        chunks = torch.split(torch.arange(pair_rows.numel(), device=device), size)
-        sums = defaultdict(float)
-        for k, chunk in enumerate(chunks):
-            r, n = rows[pair_rows[chunk]], pair_steps[chunk]
-            sync = nullcontext() if k == len(chunks) - 1 else self.accelerator.no_sync(self.model)
-            with sync, self.accelerator.autocast():
-                self._backward_pairs(batch, r, n, weight, len(chunk) * weight, sums)
-        return dict(sums)
-
-    def noised(self, batch: dict, r: torch.Tensor, step: dict, noise: torch.Tensor):
+    def noised(self, batch, r: torch.Tensor, step: dict, noise: torch.Tensor):
         """(x_s, target, sigma) of rows ``r``'s final latents at their ``step``, with ``noise``: the family's forward
         process (module docstring); x_s in the condition's dtype."""
-        x0 = batch["next_latents"][r, -1].float()  # the rollout's final latents
+        x0 = batch.next_latents[r, -1].float()  # the rollout's final latents
         if self.process == "flow":
             sigma = step["sigmas"].float()
             x_s, target = flow_forward(x0, noise, sigma)
@@ -136,13 +108,13 @@ class MatchingUpdater(PolicyUpdater):
             alpha_bar = scheduler.alphas_cumprod.to(x0.device, torch.float32)[step["timesteps"].long()]
             x_s, target = ddpm_forward(x0, noise, alpha_bar, scheduler.config.prediction_type)
             sigma = (1 - alpha_bar).sqrt()
-        return x_s.to(batch[self.family.cond_keys[0]].dtype), target, sigma
+        return x_s.to(batch.cond[self.family.cond_keys[0]].dtype), target, sigma
 
-    def train_step(self, batch: dict, r: torch.Tensor, n: torch.Tensor) -> dict:
+    def train_step(self, batch, r: torch.Tensor, n: torch.Tensor) -> dict:
         """The step tensors the forward process and the denoiser read for rows ``r``: the rollout schedule's at steps
         ``n`` (``algorithm.objective_times="schedule"``), or drawn times s (flow: sigmas s, timesteps 1000 s; DDPM: the
         timestep nearest to 1000 s)."""
-        step = {key: batch[key][r, n] for key in self.family.step_keys}
+        step = {key: batch.steps[key][r, n] for key in self.family.step_keys}
         a = self.config.algorithm
         if a.objective_times == "schedule":
             return step
@@ -155,23 +127,26 @@ class MatchingUpdater(PolicyUpdater):
             step["timesteps"] = (s * scale).long().clamp(0, scale - 1).to(step["timesteps"].dtype)
         return step
 
-    def velocity(self, model, batch: dict, r: torch.Tensor, step: dict, x_s: torch.Tensor) -> torch.Tensor:
+    def velocity(self, model, batch, r: torch.Tensor, step: dict, x_s: torch.Tensor) -> torch.Tensor:
         """The denoiser's output (velocity, eps, v or x0) on x_s for rows ``r``, under the training guidance."""
-        cond = {key: batch[key][r] for key in self.family.cond_keys}
-        negative = recorded_negative(self.family, batch, r)  # each row's own when the record has them
+        cond = {key: batch.cond[key][r] for key in self.family.cond_keys}
+        negative = batch.negative_rows(self.family, r)  # each row's own when the record has them
         return self.family.model_output(model, x_s, step, cond, negative, self.guidance_scale)
 
-    def _backward_pairs(self, batch: dict, r: torch.Tensor, n: torch.Tensor, weight: float, share: float,
-                        sums) -> None:
+    def chunk_loss(self, batch, chunk: Chunk, sums: dict) -> None:
+        """The chunk's matching loss: every pair weighs ``chunk.weights`` (1 / the train batch's pairs), plus the KL
+        term beta mean (v_theta - v_ref)^2 with the KL in the loss; backpropagated now."""
+        device = self.accelerator.device
+        r, n, weight = chunk.units.to(device, non_blocking=True), chunk.steps.to(device, non_blocking=True), chunk.weights
         step = self.train_step(batch, r, n)
-        x_s, target, sigma = self.noised(batch, r, step, torch.randn_like(batch["next_latents"][r, -1].float()))
+        x_s, target, sigma = self.noised(batch, r, step, torch.randn_like(batch.next_latents[r, -1].float()))
         unwrapped = self.accelerator.unwrap_model(self.model)
         old_pred = None
         if self.old is not None:
             with torch.no_grad(), self.old.applied(unwrapped) as old_model:
                 old_pred = self.velocity(old_model, batch, r, step, x_s)
         pred = self.velocity(self.model, batch, r, step, x_s)
-        losses, info = self.objective(pred, target, batch["advantages"][r, 0].float(), sigma, old_pred=old_pred,
+        losses, info = self.objective(pred, target, batch.advantages[r, 0].float(), sigma, old_pred=old_pred,
                                       adv_clip_max=float(self.config.train.adv_clip_max), **self.objective_kwargs)
         policy_loss = weight * losses.sum()
         loss = policy_loss
@@ -186,4 +161,4 @@ class MatchingUpdater(PolicyUpdater):
         self.accelerator.backward(loss)
         sums["policy_loss"] += policy_loss.detach()
         for key, value in info.items():
-            sums[key] += share * (value.detach() if isinstance(value, torch.Tensor) else value)
+            sums[key] += chunk.share * (value.detach() if isinstance(value, torch.Tensor) else value)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 
 import torch
 
@@ -82,19 +83,20 @@ def memory_budget(device: torch.device) -> int:
     return reachable - torch.cuda.memory_allocated(device)
 
 
-def probe_batch(batch: dict, pairs: int, trainable: torch.Tensor) -> tuple[dict, torch.Tensor, torch.Tensor]:
+def probe_batch(batch, pairs: int, trainable: torch.Tensor) -> tuple[object, torch.Tensor, torch.Tensor]:
     """(batch, rows, step mask) holding ``pairs`` (sample, step) pairs of trainable steps, row after row, from the
-    epoch's real batch; advantages are zeros where the batch has none yet (a rollout KL before the first update)."""
-    num_samples, num_steps = batch["log_probs"].shape
+    epoch's real batch (a RolloutBatch); advantages are zeros where the batch has none yet (a rollout KL before the
+    first update)."""
+    num_samples, num_steps = batch.log_probs.shape
     steps = torch.nonzero(trainable.cpu()).flatten()
     rows_needed = min(num_samples, math.ceil(pairs / max(len(steps), 1)))
     mask = torch.zeros(rows_needed, num_steps)
     flat = [(i, int(n)) for i in range(rows_needed) for n in steps][:pairs]
     for i, n in flat:
         mask[i, n] = 1.0
-    if "advantages" not in batch:
-        batch = {**batch, "advantages": torch.zeros_like(batch["log_probs"])}
-    rows = torch.arange(rows_needed, device=batch["log_probs"].device)
+    if batch.advantages is None:
+        batch = replace(batch, advantages=torch.zeros_like(batch.log_probs))
+    rows = torch.arange(rows_needed, device=batch.log_probs.device)
     return batch, rows, mask
 
 
@@ -133,7 +135,7 @@ class PairsPerForward:
         if self.sizes.get("gradient_checkpointing") and not self._checkpointing():
             self.family.model.enable_gradient_checkpointing()
 
-    def __call__(self, updater, batch: dict) -> int:
+    def __call__(self, updater, batch) -> int:
         value = self.value
         if value is None:
             value = self.resolve(updater, batch)
@@ -142,7 +144,7 @@ class PairsPerForward:
     def _checkpointing(self) -> bool:
         return bool(self.family.model.is_gradient_checkpointing)
 
-    def resolve(self, updater, batch: dict) -> int:
+    def resolve(self, updater, batch) -> int:
         """Steps 1-6 of the module docstring; records and prints the result."""
         n, detail = self._fit(updater, batch)
         if n < MIN_PAIRS_WITHOUT_CHECKPOINTING and not self._checkpointing() and \
@@ -156,7 +158,7 @@ class PairsPerForward:
         self.say(f"train.pairs_per_forward=auto: {n} pairs per forward ({detail})")
         return n
 
-    def _fit(self, updater, batch: dict) -> tuple[int, str]:
+    def _fit(self, updater, batch) -> tuple[int, str]:
         device = self.accelerator.device
         trainable = self.family.stochastic_steps(self.config.sample)
         t = self.config.train
@@ -199,7 +201,7 @@ class PairsPerForward:
             return 0
         return sum(2 * 4 * p.numel() for p in updater.params)
 
-    def _peak(self, updater, batch: dict, pairs: int, trainable) -> int:
+    def _peak(self, updater, batch, pairs: int, trainable) -> int:
         """Peak bytes above the current allocation of one forward + backward of ``pairs`` pairs (step 1)."""
         device = self.accelerator.device
         probe, rows, mask = probe_batch(batch, pairs, trainable)

@@ -14,6 +14,7 @@ from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy_update import PolicyUpdater
 from ddpo_group.models.tiny_random import build_tiny_pipeline
+from batch_helpers import batch_of
 from sd_helpers import sd_trajectories
 from tolerances import reordered_sum_atol
 from trainer_helpers import tiny_config, tiny_trainer
@@ -73,7 +74,7 @@ def test_a_file_estimator_with_a_parameter_trains_one_epoch(plugin_files, tiny_m
     rewards, g = round0.gathered["rewards"], torch.tensor(round0.groups)
     mean = torch.stack([rewards[g == k].mean() for k in range(int(g.max()) + 1)])
     want = (2.5 * (rewards - mean[g])).float()[:, None].expand(8, 4)
-    torch.testing.assert_close(round0.batch["advantages"].cpu(), want, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(round0.batch.advantages.cpu(), want, rtol=1e-6, atol=1e-7)
     trainer.rollouts.close()
 
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "plugin_run", **{
@@ -121,8 +122,7 @@ def test_a_file_policy_loss_with_a_matrix_takes_the_chunked_update(plugin_files)
         embeds = encode_prompts(pipe, ["a cat", "a dog"])
         traj = sd_trajectories(pipe, embeds, neg.expand(2, -1, -1), 3, 1.0, 1.0, decode=False,
                                generator=torch.Generator().manual_seed(0))
-        batch = {"prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
-                 "log_probs": traj.log_probs, "timesteps": traj.timesteps, "advantages": torch.tensor([[1.0], [-2.0]]).expand(2, 3)}
+        batch = batch_of(traj, {"prompt_embeds": embeds}, advantages=torch.tensor([[1.0], [-2.0]]).expand(2, 3))
         pipe.unet.zero_grad()
         updater.accumulate_gradients(batch, torch.arange(2), torch.ones(2, 3))
         grads.append([p.grad.clone() for p in pipe.unet.parameters() if p.grad is not None])

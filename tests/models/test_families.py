@@ -11,8 +11,9 @@ from config.base import PRESETS
 from ddpo_group.models import load_family
 from ddpo_group.models.families import family_name
 from ddpo_group.models.tiny_random import TINY_BUILDERS
-from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from batch_helpers import batch_of
 
 PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
 
@@ -49,8 +50,8 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(name, family_model_d
     family.pipe.set_progress_bar_config(disable=True)
     want = family.pipe(PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4), height=32,
                        width=32, max_sequence_length=16, output_type="pt").images
-    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4), 4, guidance,
-                               [0.0] * 4, generator=generators(4), compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4),
+                               SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False), generator=generators(4))
     assert torch.equal(traj.images, want)
     assert traj.latents.shape == (4, 5, *family.latent_shape())
     assert torch.equal(traj.steps["next_sigmas"][:, -1], torch.zeros(4))  # the schedule ends at s = 0
@@ -67,8 +68,8 @@ def test_sd3_with_t5_reproduces_its_pipeline(tmp_path):
     family.pipe.set_progress_bar_config(disable=True)
     want = family.pipe(PROMPTS, num_inference_steps=3, guidance_scale=4.5, generator=generators(4), height=32, width=32,
                        max_sequence_length=16, output_type="pt").images
-    traj = sample_trajectories(family, family.model, cond, family.encode([""] * 4), 3, 4.5, [0.0] * 3,
-                               generator=generators(4), compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, cond, family.encode([""] * 4),
+                               SamplingOptions(3, 4.5, [0.0] * 3, compute_log_prob=False), generator=generators(4))
     assert torch.equal(traj.images, want)
 
 
@@ -96,8 +97,9 @@ def test_sdxl_sampler_reproduces_the_pipelines_own_call(noise_level, guidance, r
         for key in family.cond_keys:
             torch.testing.assert_close(negative[key].expand_as(batched[key]), batched[key], rtol=1e-5, atol=1e-5)
         negative = batched
-    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), negative, 4, guidance,
-                               [noise_level] * 4, generator=generators(4), compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), negative,
+                               SamplingOptions(4, guidance, [noise_level] * 4, compute_log_prob=False),
+                               generator=generators(4))
     side = resolution or 16  # the tiny UNet's 8x8 latents, a VAE scale factor of 2
     assert traj.images.shape == (4, 3, side, side) and traj.latents.shape == (4, 5, 4, side // 2, side // 2)
     assert torch.equal(traj.images, want)
@@ -156,16 +158,17 @@ def test_sdxl_trains_a_grpo_epoch_and_its_lora_loads_in_the_pipeline(tiny_sdxl_d
     base.load_lora_weights(str(lora))
     loaded = base(PROMPTS, generator=generators(4), **call).images
     family = trainer.family
-    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4,
-                                  guidance, [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
+                                  SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
+                                  generator=generators(4)).images
     assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
 
     from config.base import base as base_config
-    from ddpo_group.run.evaluation import evaluate
+    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
 
-    report = evaluate(str(tmp_path / "lora"), base_config(), num_prompts=2, num_seeds=2, batch_size=4,
-                      show_progress=False)
+    report = evaluate(EvaluationRequest(str(tmp_path / "lora"), num_prompts=2, num_seeds=2, batch_size=4,
+                                        show_progress=False), base_config())
     assert report["family"] == "sdxl" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
     assert report["rewards"]["reward"]["difference"]["std"] > 0
 
@@ -179,10 +182,11 @@ def test_the_first_training_forwards_ratio_is_one(name, family_model_dirs):
     family, config = family_of(name, family_model_dirs[name], sde_window_size=0)
     sample = config.sample
     cond = family.encode(PROMPTS)
-    traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4, sample.guidance_scale,
-                               family.noise_levels(sample), generator=generators(4))
+    traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
+                               SamplingOptions(4, sample.guidance_scale, family.noise_levels(sample)),
+                               generator=generators(4))
     assert bool((traj.log_probs != 0).all())
-    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
+    batch = batch_of(traj, cond)
     scorer = TransitionScorer.from_config(config, family)
     with torch.no_grad():
         for n in range(4):  # the sampling batch: all 4 samples at step n
@@ -214,16 +218,18 @@ def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(name,
     base.load_lora_weights(str(lora))
     loaded = base(PROMPTS, generator=generators(4), **call).images
     family = trainer.family
-    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4), 4, guidance,
-                                  [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4),
+                                  SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
+                                  generator=generators(4)).images
     assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
 
     # scripts/evaluate.py's comparison on the run: the family's pipeline, the run's resolution and token count
     from config.base import base
-    from ddpo_group.run.evaluation import evaluate
+    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
 
-    report = evaluate(str(tmp_path / "lora"), base(), num_prompts=2, num_seeds=2, batch_size=4, show_progress=False)
+    report = evaluate(EvaluationRequest(str(tmp_path / "lora"), num_prompts=2, num_seeds=2, batch_size=4,
+                                        show_progress=False), base())
     assert report["family"] == name and report["loaded"].startswith("lora:") and report["num_steps"] == 4
     difference = report["rewards"]["reward"]["difference"]
     assert difference["n"] == 4 and difference["std"] > 0  # the fine-tuned images differ from the base ones
@@ -253,7 +259,7 @@ def test_the_flow_grpo_recipes_run_on_the_tiny_models(recipe, name, family_model
     assert trainer.family.name == name and trainer.family.model.is_gradient_checkpointing
     metrics = trainer.run()
     assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
-    assert len(trainer.rollouts.text_cache.entries) > 0  # every prompt met the text encoders once
+    assert len(trainer.rollouts.sampler.text_cache.entries) > 0  # every prompt met the text encoders once
 
 
 @pytest.mark.slow
@@ -296,7 +302,9 @@ def test_cached_text_embeddings_and_chunked_decoding_change_nothing(name, family
     encode_unique(family, [PROMPTS[3]], cache)
     assert list(cache.entries) == [PROMPTS[0], PROMPTS[2], PROMPTS[3]]
     cond = family.encode(PROMPTS)
-    whole, chunked = (sample_trajectories(family, family.model, cond, family.negative_condition(), 2, 1.0, [0.0, 0.0],
-                                          generator=generators(4), compute_log_prob=False, decode_batch_size=size).images
+    whole, chunked = (sample_trajectories(family, family.model, cond, family.negative_condition(),
+                                          SamplingOptions(2, 1.0, [0.0, 0.0], compute_log_prob=False,
+                                                          decode_batch_size=size),
+                                          generator=generators(4)).images
                       for size in (0, 3))
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)

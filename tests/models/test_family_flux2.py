@@ -10,8 +10,9 @@ from diffusers import Flux2KleinPipeline, Flux2Pipeline
 from config.base import base as base_config
 from ddpo_group.models import load_family
 from ddpo_group.models.tiny_random import QWEN3_CHAT_TEMPLATE
-from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from batch_helpers import batch_of
 
 PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
 
@@ -42,8 +43,9 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(distilled, tiny_flux
     for guidance in (1.0, 4.0):
         want = family.pipe(prompt=PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
                            output_type="pt", **kwargs).images
-        traj = sample_trajectories(family, family.model, cond, negative, 4, guidance, [0.0] * 4,
-                                   generator=generators(4), compute_log_prob=False)
+        traj = sample_trajectories(family, family.model, cond, negative,
+                                   SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
+                                   generator=generators(4))
         assert torch.equal(traj.images, want), guidance
         images[guidance] = want
     assert traj.images.shape == (4, 3, 32, 32) and traj.latents.shape == (4, 5, 64, 16)  # 8x8 tokens of 4 x 4 channels
@@ -88,8 +90,9 @@ def test_flux2_dev_reproduces_its_pipeline_with_the_guidance_embedding(tiny_flux
     for guidance in (1.0, 4.0):
         want = family.pipe(prompt=PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
                            output_type="pt", **kwargs).images
-        traj = sample_trajectories(family, family.model, cond, None, 4, guidance, [0.0] * 4, generator=generators(4),
-                                   compute_log_prob=False)
+        traj = sample_trajectories(family, family.model, cond, None,
+                                   SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
+                                   generator=generators(4))
         assert torch.equal(traj.images, want), guidance
         images[guidance] = want
     assert float((images[4.0] - images[1.0]).abs().max()) > 1e-3
@@ -129,9 +132,9 @@ def test_the_base_models_cfg_training_forward_gives_ratio_one(tiny_flux2_dir):
                                   sde_window_size=0)
     assert family.config_errors(config) == [] and family.training_guidance(config) == 4.0
     cond = family.encode(PROMPTS)
-    traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4, 4.0,
-                               family.noise_levels(config.sample), generator=generators(4))
-    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
+    traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
+                               SamplingOptions(4, 4.0, family.noise_levels(config.sample)), generator=generators(4))
+    batch = batch_of(traj, cond)
     scorer = TransitionScorer.from_config(config, family)
     with torch.no_grad():
         for n in range(4):
@@ -169,16 +172,17 @@ def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(name,
     base.load_lora_weights(str(lora))
     loaded = base(prompt=PROMPTS, generator=generators(4), **call).images
     family = trainer.family
-    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4,
-                                  guidance, [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
+                                  SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
+                                  generator=generators(4)).images
     assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
 
     from config.base import base as base_config
-    from ddpo_group.run.evaluation import evaluate
+    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
 
-    report = evaluate(str(tmp_path / "lora"), base_config(), num_prompts=2, num_seeds=2, batch_size=4,
-                      show_progress=False)
+    report = evaluate(EvaluationRequest(str(tmp_path / "lora"), num_prompts=2, num_seeds=2, batch_size=4,
+                                        show_progress=False), base_config())
     assert report["family"] == name and report["loaded"].startswith("lora:") and report["num_steps"] == 4
     assert report["rewards"]["reward"]["difference"]["std"] > 0
 
@@ -208,7 +212,7 @@ def test_the_flow_factory_recipes_run_on_the_tiny_model(recipe, distilled, steps
     assert trainer.family.stochastic_steps(config.sample).tolist() == [False, True] + [False] * (steps - 2)
     metrics = trainer.run()
     assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
-    assert len(trainer.rollouts.text_cache.entries) > 0
+    assert len(trainer.rollouts.sampler.text_cache.entries) > 0
 
 
 def test_the_full_size_bench_shape_composes():
@@ -265,6 +269,6 @@ def test_a_text_encoder_with_fewer_layers_takes_its_own_out_layers(tiny_flux2_di
     assert cond["prompt_embeds"].shape == (4, 32, 48)
     want = family.pipe(prompt=PROMPTS, num_inference_steps=3, guidance_scale=1.0, generator=generators(4),
                        output_type="pt", **kwargs).images
-    traj = sample_trajectories(family, family.model, cond, None, 3, 1.0, [0.0] * 3, generator=generators(4),
-                               compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, cond, None,
+                               SamplingOptions(3, 1.0, [0.0] * 3, compute_log_prob=False), generator=generators(4))
     assert torch.equal(traj.images, want)

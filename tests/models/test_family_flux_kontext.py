@@ -14,8 +14,9 @@ from PIL import Image
 from config.base import PRESETS
 from ddpo_group.models import load_family
 from ddpo_group.rollout.collect import TextEmbeddingCache, encode_unique
-from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from batch_helpers import batch_of
 
 EDIT_REWARD = str(Path(__file__).resolve().parents[2] / "examples" / "edit_reward.py") + ":edit_reward"
 COLOURS = [(220, 30, 30), (30, 200, 60), (40, 60, 230)]
@@ -66,12 +67,13 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, tiny_flux_
     cond = family.condition(prompts, metadata)
     assert cond["image_latents"].shape == (2, 64, 16) and cond["image_ids"].shape == (2, 64, 3)
     assert torch.equal(cond["image_ids"][:, :, 0], torch.ones(2, 64))  # the image tokens' first coordinate is 1
-    traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4, guidance, [0.0] * 4,
-                               generator=generators(2), compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
+                               SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False), generator=generators(2))
     assert torch.equal(traj.images, want)
     text_only = family.pipe(prompt=prompts, generator=generators(2), **call).images
-    plain = sample_trajectories(family, family.model, family.condition(prompts), family.negative_condition(), 4,
-                                guidance, [0.0] * 4, generator=generators(2), compute_log_prob=False)
+    plain = sample_trajectories(family, family.model, family.condition(prompts), family.negative_condition(),
+                                SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
+                                generator=generators(2))
     assert torch.equal(plain.images, text_only)
     assert float((text_only - want).abs().max()) > 1e-3  # the source image changes the images
     assert Path(path).exists()
@@ -80,7 +82,7 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, tiny_flux_
     metadata = [{"image": str(tmp_path / "wide.png")}] * 2
     want = family.pipe(prompt=prompts, generator=generators(2), **family.pipeline_row_kwargs(metadata), **call).images
     traj = sample_trajectories(family, family.model, family.condition(prompts, metadata), family.negative_condition(),
-                               4, guidance, [0.0] * 4, generator=generators(2), compute_log_prob=False)
+                               SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False), generator=generators(2))
     assert torch.equal(traj.images, want)
     with pytest.raises(ValueError, match="cannot mix rows with and without a source image"):
         family.pipeline_row_kwargs([metadata[0], {}])
@@ -94,10 +96,11 @@ def test_the_first_training_forwards_ratio_is_one(tiny_flux_kontext_dir, tmp_pat
     prompts = ["make the square blue", "make it red", "a", "turn the background green"]
     metadata = [{"image": str(tmp_path / f"source_{i % 3}.png")} for i in range(4)]
     cond = family.condition(prompts, metadata)
-    traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4, config.sample.guidance_scale,
-                               family.noise_levels(config.sample), generator=generators(4))
+    traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
+                               SamplingOptions(4, config.sample.guidance_scale, family.noise_levels(config.sample)),
+                               generator=generators(4))
     assert bool((traj.log_probs != 0).all())
-    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
+    batch = batch_of(traj, cond)
     scorer = TransitionScorer.from_config(config, family)
     with torch.no_grad():
         for n in range(4):
@@ -171,17 +174,19 @@ def test_an_editing_dataset_trains_an_epoch_and_the_lora_loads_in_the_pipeline(t
     pipe.load_lora_weights(str(lora))
     loaded = pipe(generator=generators(2), **call).images
     trained = sample_trajectories(family, family.model, family.condition(prompts, metadata),
-                                  family.negative_condition(), 4, trainer.config.sample.guidance_scale, [0.0] * 4,
-                                  generator=generators(2), compute_log_prob=False).images
+                                  family.negative_condition(),
+                                  SamplingOptions(4, trainer.config.sample.guidance_scale, [0.0] * 4,
+                                                  compute_log_prob=False),
+                                  generator=generators(2)).images
     assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
 
     # scripts/evaluate.py's comparison on the run: the pipeline gets each prompt's source image
     from config.base import base
-    from ddpo_group.run.evaluation import evaluate
+    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
 
-    report = evaluate(str(tmp_path / "edits"), base(), num_prompts=2, num_seeds=2, batch_size=4, show_progress=False,
-                      device="cpu")
+    report = evaluate(EvaluationRequest(str(tmp_path / "edits"), num_prompts=2, num_seeds=2, batch_size=4,
+                                        show_progress=False, device="cpu"), base())
     assert report["family"] == "flux_kontext" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
     difference = report["rewards"]["reward"]["difference"]
     assert difference["n"] == 4 and difference["std"] > 0
@@ -244,5 +249,5 @@ def test_the_flow_factory_kontext_recipe_runs_on_the_tiny_model(tiny_flux_kontex
     assert trainer.family.name == "flux_kontext" and trainer.family.model.is_gradient_checkpointing
     metrics = trainer.run()
     assert metrics["global_step"] >= 1 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
-    keys = list(trainer.rollouts.text_cache.entries)
+    keys = list(trainer.rollouts.sampler.text_cache.entries)
     assert keys and all(isinstance(key, tuple) and key[1].endswith(".png") for key in keys)

@@ -8,7 +8,7 @@ from diffusers import QwenImagePipeline
 
 from config.base import base as base_config
 from ddpo_group.models.families.qwenimage import QwenImageFamily
-from ddpo_group.sampling.trajectories import sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
@@ -38,8 +38,8 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, tiny_qweni
                       **({"negative_prompt": " "} if guidance > 1 else {})}
     family.pipe.set_progress_bar_config(disable=True)
     want = family.pipe(PROMPTS, num_inference_steps=4, generator=generators(4), output_type="pt", **kwargs).images
-    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4, guidance,
-                               [0.0] * 4, generator=generators(4), compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
+                               SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False), generator=generators(4))
     assert torch.equal(traj.images, want)
     assert traj.latents.shape == (4, 5, 16, 16)  # 32 px, VAE factor 4: an 8x8 latent packed into 4x4 tokens of 4 x 4
     assert torch.equal(traj.steps["next_sigmas"][:, -1], torch.zeros(4))
@@ -137,16 +137,17 @@ def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(tiny_
     base_images = base(PROMPTS, generator=generators(4), **call).images
     base.load_lora_weights(str(lora))
     loaded = base(PROMPTS, generator=generators(4), **call).images
-    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4,
-                                  guidance, [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
+                                  SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
+                                  generator=generators(4)).images
     assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
 
     from config.base import base as base_config
-    from ddpo_group.run.evaluation import evaluate
+    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
 
-    report = evaluate(str(tmp_path / "lora"), base_config(), num_prompts=2, num_seeds=2, batch_size=4,
-                      show_progress=False)
+    report = evaluate(EvaluationRequest(str(tmp_path / "lora"), num_prompts=2, num_seeds=2, batch_size=4,
+                                        show_progress=False), base_config())
     assert report["family"] == "qwenimage" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
     assert report["rewards"]["reward"]["difference"]["std"] > 0
 
@@ -165,7 +166,7 @@ def test_the_flow_grpo_recipe_runs_on_the_tiny_model(tiny_qwenimage_dir, tmp_pat
     metrics = trainer.run()
     assert metrics["global_step"] == 1  # 8 samples, train batches of 4, 2 accumulated per optimizer step
     assert torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
-    assert len(trainer.rollouts.text_cache.entries) > 0  # every prompt met the text encoder once
+    assert len(trainer.rollouts.sampler.text_cache.entries) > 0  # every prompt met the text encoder once
 
 
 def test_the_bench_shape_is_qwen_images_full_size():

@@ -19,8 +19,9 @@ from PIL import Image
 
 from config.base import PRESETS
 from ddpo_group.models import load_family
-from ddpo_group.sampling.trajectories import TransitionScorer, negative_record, sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from batch_helpers import batch_of
 
 NAME = "qwenimage_edit_plus"
 # examples/edit_reward.py compares an edit with one source image; these prompts have two: a built-in reward
@@ -84,8 +85,10 @@ def assert_the_lora_gives_the_trained_edit(pipe, trainer, prompt: str, metadata:
     pipe.load_lora_weights(str(lora))
     loaded = pipe(generator=generators(1), **call).images
     trained = sample_trajectories(family, family.model, family.condition([prompt], metadata),
-                                  family.negative_for(metadata), 4, trainer.config.sample.guidance_scale, [0.0] * 4,
-                                  generator=generators(1), compute_log_prob=False).images
+                                  family.negative_for(metadata),
+                                  SamplingOptions(4, trainer.config.sample.guidance_scale, [0.0] * 4,
+                                                  compute_log_prob=False),
+                                  generator=generators(1)).images
     assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
 
@@ -112,13 +115,14 @@ def test_the_sampler_reproduces_the_pipelines_own_call_given_the_text(count, gui
     want = pipe(image=images, prompt_embeds=embeds, prompt_embeds_mask=ones, negative_prompt_embeds=negative,
                 negative_prompt_embeds_mask=torch.ones(1, 5, dtype=torch.long), true_cfg_scale=guidance, height=32,
                 width=32, num_inference_steps=4, generator=generators(1), output_type="pt").images
-    traj = sample_trajectories(family, family.model, cond, negative_cond, 4, guidance, [0.0] * 4,
-                               generator=generators(1), compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, cond, negative_cond,
+                               SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False), generator=generators(1))
     assert torch.equal(traj.images, want)
     if count == 2:  # the second source changes the images
         one, negative_one, _ = given_text(family, [images[:1]], [7])
-        first = sample_trajectories(family, family.model, one, negative_one, 4, guidance, [0.0] * 4,
-                                    generator=generators(1), compute_log_prob=False).images
+        first = sample_trajectories(family, family.model, one, negative_one,
+                                    SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
+                                    generator=generators(1)).images
         assert float((first - want).abs().max()) > 1e-3
 
 
@@ -132,11 +136,11 @@ def test_the_first_training_forwards_ratio_is_one(tiny_qwenimage_edit_plus_dir, 
     cond, negative, _ = given_text(family, [[wide], [tall], [wide], [tall]], [7, 3, 9, 7])
     assert cond["image_shapes"][:2].tolist() == [[[8, 12]], [[12, 8]]]
     assert config.train.cfg and config.sample.guidance_scale == 5.0
-    traj = sample_trajectories(family, family.model, cond, negative, 4, config.sample.guidance_scale,
-                               family.noise_levels(config.sample), generator=generators(4))
+    traj = sample_trajectories(family, family.model, cond, negative,
+                               SamplingOptions(4, config.sample.guidance_scale, family.noise_levels(config.sample)),
+                               generator=generators(4))
     assert bool((traj.log_probs != 0).all())
-    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond,
-             **negative_record(negative)}  # the record's per-sample negative condition (negative_<key>)
+    batch = batch_of(traj, cond, negative=negative)  # the record's per-sample negative condition
     scorer = TransitionScorer.from_config(config, family)
     assert family.negative_condition() == {}  # each row's negative is its own, in the record
     with torch.no_grad():
@@ -155,8 +159,10 @@ def test_chunked_decoding_changes_nothing(tiny_qwenimage_edit_plus_dir, tmp_path
     family, _ = family_of(tiny_qwenimage_edit_plus_dir)
     images = [Image.open(path).convert("RGB") for path in sources(tmp_path)[:2]]
     cond, negative, _ = given_text(family, [images] * 4, [7, 3, 9, 7])
-    whole, chunked = (sample_trajectories(family, family.model, cond, negative, 2, 4.0, [0.0, 0.0], generator=generators(4),
-                                          compute_log_prob=False, decode_batch_size=size).images for size in (0, 3))
+    whole, chunked = (sample_trajectories(family, family.model, cond, negative,
+                                          SamplingOptions(2, 4.0, [0.0, 0.0], compute_log_prob=False,
+                                                          decode_batch_size=size),
+                                          generator=generators(4)).images for size in (0, 3))
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
 
 
@@ -215,8 +221,9 @@ def test_the_condition_and_sampler_reproduce_the_pipelines_own_call(count, tiny_
     want = family.pipe(prompt=["make it red"], generator=generators(1), num_inference_steps=4, output_type="pt",
                        **family.pipeline_row_kwargs(metadata), **kwargs).images
     cond = family.condition(["make it red"], metadata)
-    traj = sample_trajectories(family, family.model, cond, family.negative_for(metadata), 4,
-                               config.sample.guidance_scale, [0.0] * 4, generator=generators(1), compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, cond, family.negative_for(metadata),
+                               SamplingOptions(4, config.sample.guidance_scale, [0.0] * 4, compute_log_prob=False),
+                               generator=generators(1))
     assert torch.equal(traj.images, want)
 
 
@@ -234,8 +241,9 @@ def test_a_rows_negative_prompt_sees_its_images_as_in_the_pipeline(tiny_qwenimag
                        **{**family.pipeline_kwargs(config.sample, config.pretrained), **rows}).images
     negative = family.negative_for(metadata)
     assert list(family._negatives) == [("blurry", tuple(paths[:2]))]
-    traj = sample_trajectories(family, family.model, family.condition(["make it red"], metadata), negative, 4,
-                               config.sample.guidance_scale, [0.0] * 4, generator=generators(1), compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, family.condition(["make it red"], metadata), negative,
+                               SamplingOptions(4, config.sample.guidance_scale, [0.0] * 4, compute_log_prob=False),
+                               generator=generators(1))
     assert torch.equal(traj.images, want)
     default = family.negative_for([{"image": paths[:2]}])
     assert not torch.equal(default["prompt_embeds"], negative["prompt_embeds"])
@@ -264,10 +272,10 @@ def test_an_editing_dataset_trains_an_epoch_and_the_lora_loads_in_the_pipeline(t
                                            trainer, "edit", metadata, tmp_path / "edits" / "lora")
 
     from config.base import base
-    from ddpo_group.run.evaluation import evaluate
+    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
 
-    report = evaluate(str(tmp_path / "edits"), base(), num_prompts=2, num_seeds=2, batch_size=4, show_progress=False,
-                      device="cpu")
+    report = evaluate(EvaluationRequest(str(tmp_path / "edits"), num_prompts=2, num_seeds=2, batch_size=4,
+                                        show_progress=False, device="cpu"), base())
     assert report["family"] == NAME and report["batch_size"] == 1 and report["num_steps"] == 4
     assert report["rewards"]["reward"]["difference"]["n"] == 4
 
@@ -337,8 +345,8 @@ def test_qwen_image_edit_reproduces_its_pipelines_own_call_given_the_text(guidan
                        negative_prompt_embeds=negative, negative_prompt_embeds_mask=torch.ones(1, 5, dtype=torch.long),
                        true_cfg_scale=guidance, height=32, width=32, num_inference_steps=4, generator=generators(1),
                        output_type="pt").images
-    traj = sample_trajectories(family, family.model, cond, negative_cond, 4, guidance, [0.0] * 4,
-                               generator=generators(1), compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, cond, negative_cond,
+                               SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False), generator=generators(1))
     assert torch.equal(traj.images, want)
     with pytest.raises(ValueError, match="edits one source image a prompt"):
         family.sources("edit", {"image": sources(tmp_path)[:2]})
@@ -353,8 +361,9 @@ def test_qwen_image_edit_condition_reproduces_its_pipelines_own_call(tiny_qwenim
                        **family.pipeline_row_kwargs(metadata),
                        **family.pipeline_kwargs(config.sample, config.pretrained)).images
     traj = sample_trajectories(family, family.model, family.condition(["make it red"], metadata),
-                               family.negative_for(metadata), 4, config.sample.guidance_scale, [0.0] * 4,
-                               generator=generators(1), compute_log_prob=False)
+                               family.negative_for(metadata),
+                               SamplingOptions(4, config.sample.guidance_scale, [0.0] * 4, compute_log_prob=False),
+                               generator=generators(1))
     assert torch.equal(traj.images, want)
 
 

@@ -8,9 +8,10 @@ from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler, 
 
 from config.base import base as base_config
 from ddpo_group.models.families.wan import WanFamily
-from ddpo_group.sampling.trajectories import sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 from test_families import PROMPTS, family_of, generators
 from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from batch_helpers import batch_of
 
 
 @pytest.mark.parametrize("guidance, negative", [(5.0, ""), (5.0, "blurred, static"), (1.0, "")])
@@ -31,8 +32,8 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, negative, 
     family.pipe.set_progress_bar_config(disable=True)
     want = family.pipe(PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
                        output_type="pt", **kwargs).frames
-    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4, guidance,
-                               [0.0] * 4, generator=generators(4), compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
+                               SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False), generator=generators(4))
     assert traj.images.shape == (4, 5, 3, 16, 16) and traj.latents.shape == (4, 5, 16, 2, 2, 2)
     assert torch.equal(traj.images, want)
     assert float(traj.images.std()) > 0.01  # not a constant video
@@ -75,11 +76,11 @@ def test_two_experts_sample_as_the_pipeline_and_only_the_high_noise_steps_are_tr
     kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
     want = family.pipe(PROMPTS, num_inference_steps=4, guidance_scale=5.0, generator=generators(4), output_type="pt",
                        **kwargs).frames
-    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4, 5.0,
-                               [0.0] * 4, generator=generators(4), compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
+                               SamplingOptions(4, 5.0, [0.0] * 4, compute_log_prob=False), generator=generators(4))
     assert torch.equal(traj.images, want)
     one = sample_trajectories(family, family.pipe.transformer_2, family.encode(PROMPTS), family.negative_condition(),
-                              4, 5.0, [0.0] * 4, generator=generators(4), compute_log_prob=False)
+                              SamplingOptions(4, 5.0, [0.0] * 4, compute_log_prob=False), generator=generators(4))
     assert not torch.equal(one.images, want)  # the experts differ: the switch is what makes the frames equal
     # rows of both experts in one training forward: each row as its expert computes it alone
     latents = traj.latents[:, 1]
@@ -105,10 +106,10 @@ def test_two_experts_recorded_log_probs_equal_a_re_score(tiny_wan22_dir):
 
     family, config = family_of("wan", tiny_wan22_dir, **{"sample.sde_window_size": 0})
     cond = family.encode(PROMPTS)
-    traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4, 5.0,
-                               family.noise_levels(config.sample), generator=generators(4))
+    traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
+                               SamplingOptions(4, 5.0, family.noise_levels(config.sample)), generator=generators(4))
     assert bool((traj.log_probs[:, :2] != 0).all()) and bool((traj.log_probs[:, 2:] == 0).all())
-    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
+    batch = batch_of(traj, cond)
     scorer = TransitionScorer.from_config(config, family)
     with torch.no_grad():
         for n in range(2):
@@ -131,8 +132,8 @@ def test_an_a14b_like_model_trains_its_high_noise_expert_and_its_lora_loads(tiny
     base.load_lora_weights(str(tmp_path / "wan22" / "lora"))  # into transformer, the high-noise expert
     loaded = base(PROMPTS, generator=generators(4), **call).frames
     family = trainer.family
-    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4, 5.0,
-                                  [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
+                                  SamplingOptions(4, 5.0, [0.0] * 4, compute_log_prob=False), generator=generators(4)).images
     assert float((trained - base_frames).abs().max()) > 1e-4  # training moved the model, so the check can fail
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
 
@@ -199,18 +200,19 @@ def test_exported_lora_loads_in_the_pipeline_and_evaluate_runs_on_the_video_run(
     base.load_lora_weights(str(lora))
     loaded = base(PROMPTS, generator=generators(4), **call).frames
     family = trainer.family
-    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 4,
-                                  guidance, [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
+                                  SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
+                                  generator=generators(4)).images
     assert float((trained - base_frames).abs().max()) > 1e-4  # training moved the model, so the check can fail
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
 
     from PIL import Image
 
     from config.base import base as base_config
-    from ddpo_group.run.evaluation import evaluate
+    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
 
-    report = evaluate(str(tmp_path / "lora"), base_config(), num_prompts=2, num_seeds=2, batch_size=4,
-                      show_progress=False)
+    report = evaluate(EvaluationRequest(str(tmp_path / "lora"), num_prompts=2, num_seeds=2, batch_size=4,
+                                        show_progress=False), base_config())
     assert report["family"] == "wan" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
     difference = report["rewards"]["reward"]["difference"]
     assert difference["n"] == 4 and difference["std"] > 0
@@ -231,7 +233,7 @@ def test_the_flow_factory_wan_recipe_runs_on_the_tiny_model(tiny_wan_dir, tmp_pa
     assert trainer.family.name == "wan" and trainer.family.model.is_gradient_checkpointing
     metrics = trainer.run()
     assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
-    assert len(trainer.rollouts.text_cache.entries) > 0
+    assert len(trainer.rollouts.sampler.text_cache.entries) > 0
 
 
 def test_the_full_size_bench_shape_builds():
@@ -266,8 +268,8 @@ def test_per_token_timesteps_of_wan22_ti2v_reproduce_the_pipeline(tmp_path):
     family.pipe.set_progress_bar_config(disable=True)
     want = family.pipe(PROMPTS, num_inference_steps=3, guidance_scale=5.0, generator=generators(4), output_type="pt",
                        **family.pipeline_kwargs(config.sample, config.pretrained)).frames
-    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 3, 5.0,
-                               [0.0] * 3, generator=generators(4), compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
+                               SamplingOptions(3, 5.0, [0.0] * 3, compute_log_prob=False), generator=generators(4))
     assert traj.images.shape == (4, 5, 3, 32, 32) and torch.equal(traj.images, want)
 
 

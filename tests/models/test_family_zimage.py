@@ -6,8 +6,9 @@ import pytest
 import torch
 from diffusers import ZImagePipeline
 
-from ddpo_group.sampling.trajectories import sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 from test_families import PROMPTS, family_of, generators
+from batch_helpers import batch_of
 
 
 def test_the_condition_is_the_pipelines_list_of_embeddings(tiny_zimage_dir):
@@ -51,8 +52,8 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, options, t
     family.pipe.set_progress_bar_config(disable=True)
     want = family.pipe(list(PROMPTS), num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
                        output_type="pt", **kwargs).images
-    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4), 4, guidance,
-                               [0.0] * 4, generator=generators(4), compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4),
+                               SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False), generator=generators(4))
     assert traj.images.shape == (4, 3, 32, 32) and traj.latents.shape == (4, 5, 16, 16, 16)
     assert torch.equal(traj.images, want)
     assert torch.equal(traj.steps["next_sigmas"][:, -1], torch.zeros(4))
@@ -75,9 +76,10 @@ def test_the_first_training_forwards_ratio_is_one_with_the_guidance_options(opti
     family, config = family_of("zimage", tiny_zimage_dir, **options)
     sample = config.sample
     cond = family.encode(PROMPTS)
-    traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4, sample.guidance_scale,
-                               family.noise_levels(sample), generator=generators(4))
-    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
+    traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
+                               SamplingOptions(4, sample.guidance_scale, family.noise_levels(sample)),
+                               generator=generators(4))
+    batch = batch_of(traj, cond)
     scorer = TransitionScorer.from_config(config, family)
     with torch.no_grad():
         for n in range(4):
@@ -151,16 +153,17 @@ def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(tiny_
     base.load_lora_weights(str(lora))
     loaded = base(list(PROMPTS), generator=generators(4), **call).images
     family = trainer.family
-    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4), 4, guidance,
-                                  [0.0] * 4, generator=generators(4), compute_log_prob=False).images
+    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.encode([""] * 4),
+                                  SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
+                                  generator=generators(4)).images
     assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
     torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
 
     from config.base import base as base_config
-    from ddpo_group.run.evaluation import evaluate
+    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
 
-    report = evaluate(str(tmp_path / "lora"), base_config(), num_prompts=2, num_seeds=2, batch_size=4,
-                      show_progress=False)
+    report = evaluate(EvaluationRequest(str(tmp_path / "lora"), num_prompts=2, num_seeds=2, batch_size=4,
+                                        show_progress=False), base_config())
     assert report["family"] == "zimage" and report["loaded"].startswith("lora:") and report["num_steps"] == 4
     difference = report["rewards"]["reward"]["difference"]
     assert difference["n"] == 4 and difference["std"] > 0  # the fine-tuned images differ from the base ones
@@ -190,7 +193,7 @@ def test_the_flow_factory_recipes_run_on_the_tiny_model(recipe, tiny_zimage_dir,
     assert trainer.family.name == "zimage" and trainer.family.model.is_gradient_checkpointing
     metrics = trainer.run()
     assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
-    assert len(trainer.rollouts.text_cache.entries) > 0  # every prompt met the text encoder once
+    assert len(trainer.rollouts.sampler.text_cache.entries) > 0  # every prompt met the text encoder once
 
 
 def test_the_bench_shape_has_the_real_models_sizes():

@@ -5,14 +5,15 @@ prompt changes its own images only, and a grpo epoch on such a file trains."""
 
 import json
 from pathlib import Path
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 import torch
 
 from ddpo_group.models import load_family
-from ddpo_group.rollout.collect import RewardScorer, collect_rollouts, greedy_rewards
-from ddpo_group.sampling.trajectories import NEGATIVE_PREFIX, TransitionScorer, sample_trajectories
+from ddpo_group.rollout.collect import RewardScorer, RolloutSampler, greedy_rewards
+from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
+from batch_helpers import rollout_batch
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
@@ -46,18 +47,18 @@ def test_recorded_log_probs_equal_a_rescore_with_per_row_negatives(name, guidanc
     sample = config.sample
     assert sample.guidance_scale > family.no_guidance and config.train.cfg
     prompts, metadata = PROMPTS * 2, METADATA + METADATA[::-1]
-    with ThreadPoolExecutor(1) as executor:
-        record = collect_rollouts(family, prompts, metadata, RewardScorer(mean_reward, "mean"), executor, sample,
-                                  show_progress=False, generators=generators(8))
+    sampler = RolloutSampler(family, SamplingOptions.rollouts(sample, family), RewardScorer(mean_reward, "mean"))
+    record = sampler.sample(family.model, prompts, metadata, generators=generators(8), desc=None)
+    sampler.close()
     for key in family.cond_keys:
-        negative = record[NEGATIVE_PREFIX + key]
+        negative = record.negative[key]
         assert negative.shape[0] == 8
         default = family.negative_condition()[key][0]
         for i, meta in enumerate(metadata):  # rows without one hold the run's negative condition, the others theirs
             text = meta.get("negative_prompt")
             want = default if text is None else family.encode([text])[key][0]
             assert torch.equal(negative[i], want), (key, i)
-    assert not torch.equal(record[NEGATIVE_PREFIX + "prompt_embeds"][0], record[NEGATIVE_PREFIX + "prompt_embeds"][1])
+    assert not torch.equal(record.negative["prompt_embeds"][0], record.negative["prompt_embeds"][1])
 
     scorer = TransitionScorer.from_config(config, family)
     scorer.prepare(sample.num_steps, family.device)
@@ -67,7 +68,7 @@ def test_recorded_log_probs_equal_a_rescore_with_per_row_negatives(name, guidanc
             rows = torch.arange(start, start + 4)
             for n in range(steps):
                 out = scorer(family.model, record, rows, torch.full((4,), n))
-                assert torch.equal(out.log_prob, record["log_probs"][rows, n]), (start, n)
+                assert torch.equal(out.log_prob, record.log_probs[rows, n]), (start, n)
         rows, columns = torch.arange(8).repeat_interleave(steps), torch.arange(steps).repeat(8)
         # the training forward's chunks of (sample, step) pairs: other batch sizes round differently in float32 (a few
         # ulps: up to 4.2e-6 in the ratio measured on the tiny SD UNet at chunk 1), so the ratio is 1 to within 1e-5,
@@ -75,13 +76,13 @@ def test_recorded_log_probs_equal_a_rescore_with_per_row_negatives(name, guidanc
         for chunk in (1, 3, 32):
             out = torch.cat([scorer(family.model, record, rows[c], columns[c]).log_prob
                              for c in torch.split(torch.arange(8 * steps), chunk)])
-            ratio = torch.exp(out - record["log_probs"][rows, columns])
+            ratio = torch.exp(out - record.log_probs[rows, columns])
             assert float((ratio - 1).abs().max()) < 1e-5, chunk
         # the one-row negative would score the rows with their own negative prompt differently (the check can fail)
-        plain = {k: v for k, v in record.items() if not k.startswith(NEGATIVE_PREFIX)}
+        plain = replace(record, negative=None)
         other = scorer(family.model, plain, torch.arange(4), torch.zeros(4, dtype=torch.long))
-        assert not torch.equal(other.log_prob[0], record["log_probs"][0, 0])
-        assert torch.equal(other.log_prob[1], record["log_probs"][1, 0])
+        assert not torch.equal(other.log_prob[0], record.log_probs[0, 0])
+        assert torch.equal(other.log_prob[1], record.log_probs[1, 0])
 
 
 def zero_noise(sample):
@@ -106,8 +107,9 @@ def test_noise_level_zero_with_per_row_negatives_reproduces_the_pipelines_own_ca
     cond, batched, rows = family.encode(PROMPTS), family.encode(NEGATIVES), family.negative_rows(METADATA)
 
     def images(negative):
-        return sample_trajectories(family, family.model, cond, negative, 4, guidance, [0.0] * 4,
-                                   generator=generators(4), compute_log_prob=False).images
+        return sample_trajectories(family, family.model, cond, negative,
+                                   SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
+                                   generator=generators(4)).images
 
     assert torch.equal(images(batched), want)
     for key in family.cond_keys:
@@ -126,8 +128,9 @@ def test_a_rows_negative_prompt_changes_its_own_images_only_with_guidance():
     levels = family.noise_levels(config.sample)
 
     def images(metadata, guidance):
-        return sample_trajectories(family, family.model, cond, family.negative_for(metadata), 4, guidance, levels,
-                                   generator=generators(4), compute_log_prob=False).images
+        return sample_trajectories(family, family.model, cond, family.negative_for(metadata),
+                                   SamplingOptions(4, guidance, levels, compute_log_prob=False),
+                                   generator=generators(4)).images
 
     one = [{}, {"negative_prompt": "a green triangle"}, {}, {}]
     plain, negated = images([{}] * 4, 5.0), images(one, 5.0)
@@ -170,14 +173,14 @@ def test_a_grpo_epoch_on_a_file_with_negative_prompts_trains_and_both_evaluation
 
     from config.base import base as base_config
     from ddpo_group.models.families.base import ModelFamily
-    from ddpo_group.run.evaluation import evaluate
+    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
 
     calls = []
     original = ModelFamily.pipeline_row_kwargs
     ModelFamily.pipeline_row_kwargs = lambda self, metadata: calls.append(original(self, metadata)) or calls[-1]
     try:
-        report = evaluate(str(tmp_path / "negatives" / "lora"), base_config(), num_prompts=4, num_seeds=1,
-                          batch_size=4, show_progress=False)
+        report = evaluate(EvaluationRequest(str(tmp_path / "negatives" / "lora"), num_prompts=4, num_seeds=1,
+                                            batch_size=4, show_progress=False), base_config())
     finally:
         ModelFamily.pipeline_row_kwargs = original
     assert report["loaded"].startswith("lora:")
@@ -189,8 +192,9 @@ def test_remaxs_greedy_baseline_uses_the_rows_negative_prompts():
     family, config = family_of("sd", "tiny-shapes")
     score = RewardScorer(mean_reward, "mean")
     keys = [0, 1, 2, 3]
-    plain = greedy_rewards(family, PROMPTS, [{}] * 4, keys, score, config.sample, seed=7)
-    negated = greedy_rewards(family, PROMPTS, METADATA, keys, score, config.sample, seed=7)
+    options = SamplingOptions.deterministic(config.sample)
+    plain = greedy_rewards(family, family.model, PROMPTS, [{}] * 4, keys, score, options, seed=7)
+    negated = greedy_rewards(family, family.model, PROMPTS, METADATA, keys, score, options, seed=7)
     assert negated[0] != plain[0]
     # row 2's explicit "" is SD's default negative prompt (the empty one, encoded): the same baseline
     assert negated[1] == plain[1] and negated[2] == plain[2] and negated[3] == plain[3]
@@ -200,18 +204,19 @@ def test_rounds_with_and_without_negative_prompts_pool_row_by_row():
     """Dynamic sampling pools the rows of several rounds: a round whose prompts had no negative prompt gets the run's
     one-row negative for each of its rows; rounds that all lack one are left as they are."""
     from ddpo_group.rollout.rounds import pool_rows
-    from ddpo_group.sampling.trajectories import with_negative_rows
 
     family, _ = family_of("sd", "tiny-shapes")
-    key = NEGATIVE_PREFIX + "prompt_embeds"
     own = family.negative_rows(METADATA)
-    rounds = [{"latents": torch.zeros(4, 2), "log_probs": torch.zeros(4, 1)},
-              {"latents": torch.ones(4, 2), "log_probs": torch.ones(4, 1), key: own["prompt_embeds"]}]
-    assert with_negative_rows(family, rounds[:1]) == rounds[:1]
-    pooled = pool_rows(with_negative_rows(family, rounds), [torch.tensor([True, False] * 2)] * 2, 4)
-    default = family.negative_condition()["prompt_embeds"][0]
-    assert torch.equal(pooled[key][0], default) and torch.equal(pooled[key][1], default)
-    assert torch.equal(pooled[key][2], own["prompt_embeds"][0]) and torch.equal(pooled[key][3], own["prompt_embeds"][2])
+    cond = family.encode(PROMPTS)
+    rounds = [rollout_batch(cond, torch.zeros(4, 1, 2), torch.zeros(4, 1, 2), torch.zeros(4, 1), {}),
+              rollout_batch(cond, torch.ones(4, 1, 2), torch.ones(4, 1, 2), torch.ones(4, 1), {}, negative=own)]
+    assert rounds[0].with_negative(family).negative["prompt_embeds"].shape[0] == 4
+    assert rounds[1].with_negative(family) is rounds[1]
+    pooled = pool_rows([r.with_negative(family) for r in rounds], [torch.tensor([True, False] * 2)] * 2, 4)
+    default, negative = family.negative_condition()["prompt_embeds"][0], pooled.negative["prompt_embeds"]
+    assert torch.equal(negative[0], default) and torch.equal(negative[1], default)
+    assert torch.equal(negative[2], own["prompt_embeds"][0]) and torch.equal(negative[3], own["prompt_embeds"][2])
+    assert pooled.row_mask.tolist() == [1.0, 1.0, 1.0, 1.0] and torch.equal(pooled.latents[2], torch.ones(1, 2))
 
 
 @pytest.mark.parametrize("name", ["sdxl", "zimage", "wan", "qwenimage"])

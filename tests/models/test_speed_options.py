@@ -10,7 +10,7 @@ from ddpo_group.errors import ConfigError
 from ddpo_group.models import speed_options
 from ddpo_group.models.speed_options import compile_denoiser, sampling_denoiser, set_attention_backend
 from ddpo_group.models.tiny_random import TINY_BUILDERS
-from ddpo_group.sampling.trajectories import sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 from tests.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
@@ -160,9 +160,10 @@ def test_cuda_graphs_sample_through_a_compiled_copy_that_follows_the_policys_wei
 
     def sample(denoiser):  # as the rollouts sample: under the run's autocast
         with torch.no_grad(), trainer.accelerator.autocast():
-            return sample_trajectories(family, denoiser, cond, family.negative_condition(), steps, 4.5,
-                                       family.noise_levels(trainer.config.sample),
-                                       generator=[torch.Generator().manual_seed(i) for i in range(2)], decode=False)
+            return sample_trajectories(family, denoiser, cond, family.negative_condition(),
+                                       SamplingOptions(steps, 4.5, family.noise_levels(trainer.config.sample),
+                                                       decode=False),
+                                       generator=[torch.Generator().manual_seed(i) for i in range(2)])
 
     def close(a, b):  # bf16: the compiled kernels round otherwise (0.05 here; the update below moves them 0.5)
         return float((a.log_probs - b.log_probs).abs().max()) <= 5e-2 * float(b.log_probs.abs().max()) and \
@@ -211,8 +212,8 @@ def test_cuda_graphs_on_cuda_sample_as_the_plain_denoiser_and_the_run_trains(nam
     (plain, plain_batch, plain_metrics), (trainer, batch, metrics) = runs[False], runs[True]
 
     def close(a, b):  # bf16: compiled kernels round otherwise (about 0.05 on the CPU)
-        relative = float((a["log_probs"] - b["log_probs"]).abs().max() / b["log_probs"].abs().max())
-        return relative <= 5e-2 and torch.allclose(a["next_latents"], b["next_latents"], atol=0.1)
+        relative = float((a["log_probs"] - b.log_probs).abs().max() / b.log_probs.abs().max())
+        return relative <= 5e-2 and torch.allclose(a["next_latents"], b.next_latents, atol=0.1)
 
     assert close(batch, plain_batch)
     assert metrics["perf/nfe_sampling"] == plain_metrics["perf/nfe_sampling"] > 0  # the copy's forwards are counted

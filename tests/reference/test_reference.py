@@ -111,11 +111,8 @@ def test_kl_is_zero_at_the_first_step_and_positive_after_updates(tiny_model_dir,
     # one train batch = one optimizer step per call of train_epoch
     config, accelerator = trainer.config, trainer.accelerator
     prompts, metadata, groups = trainer.prompt_sampler.sample_epoch(1, 4)
-    from ddpo_group.rollout.collect import RewardScorer, collect_rollouts
-
-    batch = collect_rollouts(trainer.family, prompts, metadata, RewardScorer(trainer.reward_fn, config.reward_fn),
-                             trainer.rollouts.executor, config.sample, show_progress=False)
-    batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, -0.5], device=batch["log_probs"].device)[:, None].expand(4, 4).clone()
+    batch = trainer.rollouts.sampler.sample(trainer.family.model, prompts, metadata, desc=None)
+    batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5], device=batch.log_probs.device)[:, None].expand(4, 4).clone()
     first = trainer.updater.train_epoch(batch, show_progress=False)
     assert first["kl"] == 0.0 and first["kl_loss"] == 0.0
     second = trainer.updater.train_epoch(batch, show_progress=False)

@@ -6,6 +6,7 @@ import torch
 from ddpo_group.algorithms import zero_variance_group_filter
 from ddpo_group.rollout.rounds import pool_rows
 from ddpo_group.rewards import REWARD_REGISTRY, register_reward
+from batch_helpers import rollout_batch
 from trainer_helpers import tiny_trainer
 
 if "test_half_constant" not in REWARD_REGISTRY:
@@ -24,12 +25,18 @@ if "test_half_constant" not in REWARD_REGISTRY:
 def test_keep_mask_and_pooling():
     keep, share = zero_variance_group_filter(torch.tensor([1.0, 1.0, 0.0, 2.0, 3.0, 3.0]), torch.tensor([0, 0, 1, 1, 2, 2]))
     assert keep.tolist() == [False, False, True, True, False, False] and share == 2 / 3
-    first = {"x": torch.arange(4), "prompts": list("abcd"), "log_probs": torch.zeros(4, 2), "reward_info": {}}
-    second = {"x": torch.arange(4) + 10, "prompts": list("efgh"), "log_probs": torch.zeros(4, 2), "reward_info": {}}
+    def batch(start, prompts):
+        latents = torch.arange(start, start + 4.0)[:, None, None].expand(4, 2, 3)
+        return rollout_batch({"prompt_embeds": latents}, latents, latents + 1, torch.zeros(4, 2),
+                             {"timesteps": torch.ones(4, 2)}, prompts=list(prompts), advantages=torch.zeros(4, 2))
+
     keeps = [torch.tensor([False, True, False, False]), torch.tensor([True, False, True, False])]
-    pooled = pool_rows([first, second], keeps, 4)
-    assert pooled["x"].tolist() == [1, 10, 12, 0] and pooled["prompts"] == ["b", "e", "g", "a"]
-    assert pooled["row_mask"].tolist() == [1.0, 1.0, 1.0, 0.0]
+    pooled = pool_rows([batch(0, "abcd"), batch(10, "efgh")], keeps, 4)
+    assert pooled.latents[:, 0, 0].tolist() == [1, 10, 12, 0] and pooled.prompts == ["b", "e", "g", "a"]
+    assert torch.equal(pooled.next_latents, pooled.latents + 1) and torch.equal(pooled.cond["prompt_embeds"],
+                                                                                pooled.latents)
+    assert pooled.advantages.shape == (4, 2) and pooled.steps["timesteps"].shape == (4, 2)
+    assert pooled.row_mask.tolist() == [1.0, 1.0, 1.0, 0.0]
 
 
 def test_trainer_drops_constant_groups_and_samples_more(tiny_model_dir, tmp_path):
@@ -52,17 +59,17 @@ def test_same_initial_noise_shares_x_T_within_each_group_only(tiny_model_dir, tm
         return batch
 
     shared, independent = initial_latents(True), initial_latents(False)
-    x_T = shared["latents"][:, 0].flatten(1)
+    x_T = shared.latents[:, 0].flatten(1)
     same = torch.cdist(x_T, x_T) == 0  # [8, 8]: rows with the same x_T
     # 8 samples = 2 groups of 4: each row shares x_T with exactly its 3 copies, which have its prompt
     assert same.sum(1).tolist() == [4] * 8
-    prompts = shared["prompts"]
+    prompts = shared.prompts
     assert all(prompts[i] == prompts[j] for i in range(8) for j in range(8) if same[i, j])
     # the step noise still differs: the copies' next latents are not equal
-    first_step = shared["next_latents"][:, 0].flatten(1)
+    first_step = shared.next_latents[:, 0].flatten(1)
     assert (torch.cdist(first_step, first_step) > 0).sum() == 8 * 7
     # without the option every sample has its own x_T
-    x_T = independent["latents"][:, 0].flatten(1)
+    x_T = independent.latents[:, 0].flatten(1)
     assert ((torch.cdist(x_T, x_T) == 0).sum(1) == 1).all()
 
 
@@ -77,13 +84,13 @@ def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir,
                                                                                "device": "cpu"})
     round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
     batch, config = round0.batch, trainer.config
-    x_T = batch["latents"][:, 0]  # the DDIM scheduler's init_noise_sigma is 1
+    x_T = batch.latents[:, 0]  # the DDIM scheduler's init_noise_sigma is 1
     with torch.no_grad():
         greedy = sd_trajectories(
-            trainer.pipe, encode_prompts(trainer.pipe, batch["prompts"]), trainer.family.negative_condition()["prompt_embeds"].expand(8, -1, -1),
+            trainer.pipe, encode_prompts(trainer.pipe, batch.prompts), trainer.family.negative_condition()["prompt_embeds"].expand(8, -1, -1),
             config.sample.num_steps, config.sample.guidance_scale, eta=0.0, compute_log_prob=False, initial_noise=x_T,
         )
-    want, _ = RewardScorer(trainer.reward_fn, config.reward_fn)(greedy.images, batch["prompts"], batch["metadata"])
+    want, _ = RewardScorer(trainer.reward_fn, config.reward_fn)(greedy.images, batch.prompts, batch.metadata)
     torch.testing.assert_close(round0.gathered["greedy_rewards"], want)
     trainer.rollouts.close()
 
@@ -96,7 +103,7 @@ def test_sde_window_samples_and_trains_only_its_steps(preset, tiny_model_dir, tm
         "sample.sde_window_start": 1, "sample.sde_window_size": 2})
     round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
     batch = round0.batch
-    assert (batch["log_probs"][:, [0, 3]] == 0).all() and (batch["log_probs"][:, 1:3] != 0).all()
+    assert (batch.log_probs[:, [0, 3]] == 0).all() and (batch.log_probs[:, 1:3] != 0).all()
     if preset == "reinforce_pp":  # KL in the reward: deterministic steps are no action, so no KL
         assert (round0.gathered["step_kl"][:, [0, 3]] == 0).all()
     trained_steps = []

@@ -63,7 +63,7 @@ def test_one_epoch_logs_each_components_advantages(tiny_model_dir, tmp_path):
 
     round0 = rounds[0][0]
     batch, groups = round0.batch, torch.tensor(round0.groups)
-    info = batch["reward_info"]
+    info = batch.reward_info
     jpeg, shapes = info["jpeg_compressibility"], info["shapes_alignment"]
     torch.testing.assert_close(round0.gathered["rewards"], jpeg + 2 * shapes, rtol=0, atol=1e-12)  # the sum is logged
     zs = {}
@@ -80,7 +80,7 @@ def test_one_epoch_logs_each_components_advantages(tiny_model_dir, tmp_path):
         assert logged[f"adv/{label}/zero_std_ratio"] == 0.0
     S = zs["jpeg_compressibility"] + 2 * zs["shapes_alignment"]
     gdpo = ((S - S.mean()) / (S.std() + 1e-6)).clamp(-5, 5)
-    torch.testing.assert_close(batch["advantages"].cpu(), gdpo.float()[:, None].expand(-1, 4), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(batch.advantages.cpu(), gdpo.float()[:, None].expand(-1, 4), rtol=1e-6, atol=1e-6)
     assert logged["adv/std"] == pytest.approx(float(gdpo.std(unbiased=False)), abs=1e-9)
     assert metrics["adv/jpeg_compressibility/std"] == logged["adv/jpeg_compressibility/std"]
     assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
@@ -95,4 +95,4 @@ def test_default_logs_no_component_advantages(tiny_model_dir, tmp_path):
     R, groups = round0.gathered["rewards"], torch.tensor(round0.groups)
     mean = torch.stack([R[groups == g].mean() for g in groups.tolist()])
     std = torch.stack([R[groups == g].std() for g in groups.tolist()])
-    torch.testing.assert_close(round0.batch["advantages"][:, 0].cpu(), ((R - mean) / (std + 1e-6)).clamp(-5, 5).float())
+    torch.testing.assert_close(round0.batch.advantages[:, 0].cpu(), ((R - mean) / (std + 1e-6)).clamp(-5, 5).float())

@@ -26,19 +26,19 @@ def test_each_prompt_group_is_sampled_as_a_tree(name, family_model_dirs, tmp_pat
     family, sample = trainer.family, trainer.config.sample
     cfg_rows = 2 if sample.guidance_scale > family.no_guidance and not family.guidance_embedded else 1
     assert trainer.nfe.take()[0] == (2 + 2 + 4 + 8) * cfg_rows
-    nodes = batch["tree_nodes"].cpu()
+    nodes = batch.tree_nodes.cpu()
     assert nodes.shape == (8, 5)  # the states x_0 .. x_4
     assert torch.equal(nodes[:, 1], torch.tensor([0, 0, 0, 0, 4, 4, 4, 4]))
     assert torch.equal(nodes[:, 2], torch.tensor([0, 0, 2, 2, 4, 4, 6, 6]))
     assert torch.equal(nodes[:, 4], torch.arange(8))
     for row in range(8):
-        assert batch["prompts"][row] == batch["prompts"][int(nodes[row, 0])]
+        assert batch.prompts[row] == batch.prompts[int(nodes[row, 0])]
         for n in range(4):
             first = int(nodes[row, n + 1])  # transition n is shared by the samples sharing x_{n+1}
             for key in ("latents", "next_latents", "log_probs"):
-                assert torch.equal(batch[key][row, n], batch[key][first, n]), (key, row, n)
-    assert not torch.equal(batch["next_latents"][0, 1], batch["next_latents"][2, 1])  # the children of the branch
-    assert not torch.equal(batch["next_latents"][0, 2], batch["next_latents"][1, 2])
+                assert torch.equal(getattr(batch, key)[row, n], getattr(batch, key)[first, n]), (key, row, n)
+    assert not torch.equal(batch.next_latents[0, 1], batch.next_latents[2, 1])  # the children of the branch
+    assert not torch.equal(batch.next_latents[0, 2], batch.next_latents[1, 2])
 
 
 def test_an_epoch_trains_every_leaf(tiny_model_dir, tmp_path):
@@ -57,7 +57,7 @@ def test_group_ppo_measures_its_values_on_the_default_tree(tiny_model_dir, tmp_p
     rollouts = trainer.rollouts.estimate(trainer.rollouts.collect(0))
     endpoints = rollouts.rounds[0].out.extras["step_endpoints"]
     assert not endpoints[:, [0, 2]].any() and endpoints[:, 3].all()  # an endpoint before a branch step, or the last
-    advantages = rollouts.batch["advantages"]
+    advantages = rollouts.batch.advantages
     assert torch.isfinite(advantages).all() and advantages.abs().sum() > 0
     assert rollouts.rounds[0].out.metrics["tree/value_ev"] <= 1  # measured (x_1, x_3 shared by 2 leaves)
     metrics = trainer.run()

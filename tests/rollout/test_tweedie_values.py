@@ -38,19 +38,19 @@ def test_tweedie_values_are_the_reward_of_the_decoded_one_step_prediction(family
                            **{"group_ppo.value_source": "tweedie", "critic.input": critic_input, "sample.num_steps": 4,
                               "sample.sde_window_size": 3, **FAMILY_OVERRIDES[family_name]})
     family = trainer.family
-    assert trainer.rollouts.tweedie_steps == [1, 2]  # window [0, 3): x_1, x_2 valued; x_3 is followed by no noise
+    assert trainer.rollouts.sampler.tweedie_steps == [1, 2]  # window [0, 3): x_1, x_2 valued; x_3 is followed by no noise
     rollouts = trainer.rollouts.estimate(trainer.rollouts.collect(0))
     batch = rollouts.batch
-    values, rewards = batch["tweedie_values"], batch["rewards"]
+    values, rewards = batch.tweedie_values, batch.rewards
     B = len(rewards)
     assert rollouts.reward_queries == B + 2 * B  # the images, then one one-step prediction per sample and valued step
     torch.testing.assert_close(values[:, [0, 3]], rewards.double()[:, None].expand(B, 2), rtol=0, atol=0)
     family.schedule(4, trainer.accelerator.device)
     for b in (0, B - 1):
         for n in (1, 2):
-            step = {key: batch[key][b : b + 1, n] for key in family.step_keys}
-            cond = {key: batch[key][b : b + 1] for key in family.cond_keys}
-            latents = batch["latents"][b : b + 1, n]
+            step = {key: batch.steps[key][b : b + 1, n] for key in family.step_keys}
+            cond = {key: batch.cond[key][b : b + 1] for key in family.cond_keys}
+            latents = batch.latents[b : b + 1, n]
             with torch.no_grad():
                 output = family.model_output(family.model, latents, step, cond, family.negative_condition(),
                                              trainer.config.sample.guidance_scale)
@@ -61,7 +61,7 @@ def test_tweedie_values_are_the_reward_of_the_decoded_one_step_prediction(family
                 # one row here, every row at once while sampling: on CUDA, convolutions in TF32 (cuDNN's default)
                 # round the two differently by about 1e-3
                 tol = 1e-4 if latents.device.type == "cpu" else 5e-3
-                torch.testing.assert_close(batch["pred_x0"][b : b + 1, n], x0, rtol=tol, atol=tol)
-    assert ("pred_x0" in batch) == (critic_input == "latent_x0")
+                torch.testing.assert_close(batch.pred_x0[b : b + 1, n], x0, rtol=tol, atol=tol)
+    assert (batch.pred_x0 is not None) == (critic_input == "latent_x0")
     # the estimator reads them: V = the Tweedie values (a plain critic run on the same values gives the same advantages)
-    assert torch.isfinite(batch["advantages"]).all()
+    assert torch.isfinite(batch.advantages).all()

@@ -2,7 +2,7 @@
 
 import torch
 
-from ddpo_group.algorithms import get_adv_estimator
+from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator
 from ddpo_group.rollout.rounds import estimate_advantages
 from trainer_helpers import tiny_config, tiny_trainer
 
@@ -13,14 +13,14 @@ def rollout(B=16, T=6, G=4, seed=0):
     values = torch.rand(B, T, generator=g, dtype=torch.float64)
     groups = torch.arange(B) // G
     prompts = [f"prompt {int(i)}" for i in groups]
-    return rewards, values, groups, prompts
+    return AdvantageInputs(rewards, torch.ones(B, T, dtype=torch.float64), groups, prompts, values=values)
 
 
 def test_critic_mask_is_the_endpoint_mask():
-    rewards, values, groups, prompts = rollout()
+    inputs = rollout()
     config = tiny_config("group_ppo", "unused", "unused", **{"group_ppo.max_segment_steps": 3})
     estimator = get_adv_estimator("group_ppo")
-    out = estimate_advantages(estimator, config, rewards, groups, prompts, 6, values=values)
+    out = estimate_advantages(estimator, config, inputs)
     targets, mask = estimator.critic_regression(out)
     assert torch.equal(mask, out.endpoint_mask) and torch.equal(targets, out.critic_targets)
     # K - 1 targets per trajectory, at the column after each endpoint but the last (pre-step indexing)
@@ -31,12 +31,12 @@ def test_critic_mask_is_the_endpoint_mask():
     gae = tiny_config("ppo_gae", "unused", "unused")
     gae_estimator = get_adv_estimator("gae")
     _, gae_mask = gae_estimator.critic_regression(
-        estimate_advantages(gae_estimator, gae, rewards, groups, prompts, 6, values=values))
+        estimate_advantages(gae_estimator, gae, inputs))
     assert bool((gae_mask == 1).all())
 
 
 def test_group_max_size_one_equals_ppo_gae_on_the_same_rollout():
-    rewards, values, groups, prompts = rollout()
+    inputs = rollout()
     for lam in (1.0, 0.9, 0.0):
         # the limit holds for the plain critic's values without std scaling (the preset uses neither: docs/group_ppo.md)
         group = tiny_config("group_ppo", "unused", "unused", **{
@@ -45,8 +45,8 @@ def test_group_max_size_one_equals_ppo_gae_on_the_same_rollout():
         gae = tiny_config("ppo_gae", "unused", "unused", **{
             "algorithm.gae_lambda": lam, "algorithm.gae_whiten": False, "algorithm.gae_start_value": "group_mean",
             "train.adv_clip_max": 1e9})
-        a = estimate_advantages(get_adv_estimator("group_ppo"), group, rewards, groups, prompts, 6, values=values)
-        b = estimate_advantages(get_adv_estimator("gae"), gae, rewards, groups, prompts, 6, values=values)
+        a = estimate_advantages(get_adv_estimator("group_ppo"), group, inputs)
+        b = estimate_advantages(get_adv_estimator("gae"), gae, inputs)
         assert a.metrics["group/mean_len"] == 1.0
         torch.testing.assert_close(a.advantages, b.advantages, rtol=0, atol=1e-12)
 

@@ -6,22 +6,24 @@ from config.base import base
 
 from ddpo_group.sampling.ddim import check_trainable_schedule, ddim_step_with_logprob, step_std
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, guided_model_output
-from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from ddpo_group.models.tiny_random import build_tiny_pipeline
+from batch_helpers import batch_of
 
 PROMPTS = ["a red circle on a blue background", "a green square", "x", "a yellow star on a black background"]
 
 
-def sample(pipe, embeds, neg, steps, guidance_scale, noise_levels, **kwargs):
-    """Stable Diffusion trajectories as the rollouts sample them (sampling/trajectories.py with the family)."""
+def sample(pipe, embeds, neg, steps, guidance_scale, noise_levels, generator=None, initial_noise=None, **options):
+    """Stable Diffusion trajectories as the rollouts sample them (sampling/trajectories.py with the family);
+    ``options``: SamplingOptions fields."""
     return sample_trajectories(StableDiffusionFamily(pipe, base()), pipe.unet, {"prompt_embeds": embeds},
-                               {"prompt_embeds": neg}, steps, guidance_scale, noise_levels, **kwargs)
+                               {"prompt_embeds": neg}, SamplingOptions(steps, guidance_scale, noise_levels, **options),
+                               generator, initial_noise)
 
 
 def score(pipe, traj, embeds, rows, steps, guidance_scale, eta):
     """The step output of the recorded transitions (rows, steps) of ``traj``, as training scores them."""
-    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], "timesteps": traj.timesteps,
-             "prompt_embeds": embeds}
+    batch = batch_of(traj, {"prompt_embeds": embeds})
     return TransitionScorer(StableDiffusionFamily(pipe, base()), guidance_scale, eta)(pipe.unet, batch, rows, steps)
 
 
@@ -189,8 +191,7 @@ def test_log_prob_reduce_sum_scales_the_recorded_log_probs_and_the_ratio_exponen
     rows, steps = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 2, 1, 3])
     log_ratio = {}
     for reduce, t in traj.items():
-        batch = {"latents": t.latents[:, :-1], "next_latents": t.latents[:, 1:], "timesteps": t.timesteps,
-                 "prompt_embeds": embeds}
+        batch = batch_of(t, {"prompt_embeds": embeds})
         with torch.no_grad():
             out = TransitionScorer(StableDiffusionFamily(tiny_pipe, base()), 5.0, 1.0, reduce)(tiny_pipe.unet, batch, rows, steps)
         log_ratio[reduce] = out.log_prob - t.log_probs[rows, steps]

@@ -6,7 +6,8 @@ import torch
 
 from ddpo_group.models import load_family
 from ddpo_group.run.throughput import DenoiserEvaluations
-from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
+from batch_helpers import batch_of
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config
 
 PROMPTS = ["a red circle", "a cat"]  # two roots
@@ -24,14 +25,14 @@ def generators(n):
     return [torch.Generator().manual_seed(1000 + i) for i in range(n)]
 
 
-def sample_tree(family, config, leaves_per_root, branches, **kwargs):
+def sample_tree(family, config, leaves_per_root, branches, initial_noise=None):
     prompts = [p for p in PROMPTS for _ in range(leaves_per_root)]  # each root's leaves consecutive
     guidance = config.sample.guidance_scale
     negative = family.negative_condition() if guidance > family.no_guidance else None
     cond = family.encode(prompts)
-    traj = sample_trajectories(family, family.model, cond, negative, 4, guidance,
-                               family.noise_levels(config.sample), generator=generators(len(prompts)),
-                               branches=branches, **kwargs)
+    traj = sample_trajectories(family, family.model, cond, negative,
+                               SamplingOptions(4, guidance, family.noise_levels(config.sample), branches=branches),
+                               generator=generators(len(prompts)), initial_noise=initial_noise)
     return traj, cond
 
 
@@ -52,7 +53,7 @@ def test_siblings_share_their_prefix_and_draw_their_own_noise_after_each_branch(
     want = torch.tensor([[r, r, r + 2 * (k // 2), r + k, r + k] for r in (0, 4) for k in range(4)])  # x_0 .. x_4
     assert torch.equal(traj.shared_from, want)
     # every (leaf, step) transition scored again as training scores it: the recorded log-prob
-    batch = {"latents": x[:, :-1], "next_latents": x[:, 1:], **traj.steps, **cond}
+    batch = batch_of(traj, cond)
     scorer = TransitionScorer(family, config.sample.guidance_scale, family.noise_level(config.sample))
     scorer.prepare(4, torch.device("cpu"))
     rows, steps = torch.arange(8).repeat_interleave(3), torch.arange(3).repeat(8)  # the SDE window's steps
@@ -72,8 +73,8 @@ def test_one_branch_at_the_first_step_is_flat_sampling_from_a_shared_initial_noi
         tree, cond = sample_tree(family, config, 4, {0: 4}, initial_noise=x0)
     tree_rows = counter.take()[0]
     with counter.counting("sampling"):
-        flat = sample_trajectories(family, family.model, cond, family.negative_condition(), 4,
-                                   config.sample.guidance_scale, family.noise_levels(config.sample),
+        flat = sample_trajectories(family, family.model, cond, family.negative_condition(),
+                                   SamplingOptions(4, config.sample.guidance_scale, family.noise_levels(config.sample)),
                                    generator=generators(8), initial_noise=x0)
     flat_rows = counter.take()[0]
     torch.testing.assert_close(tree.latents, flat.latents, rtol=0, atol=1e-5)
@@ -87,11 +88,11 @@ def test_bad_trees_are_refused(family_model_dirs):
     flat, _ = sample_tree(family, config, 2, {})
     assert flat.shared_from is None
     with pytest.raises(ValueError, match="6 rows are not whole trees of 4 leaves"):
-        sample_trajectories(family, family.model, family.encode(["a"] * 6), None, 4, 1.0, [1.0] * 4,
-                            generator=generators(6), branches={1: 4})
+        sample_trajectories(family, family.model, family.encode(["a"] * 6), None,
+                            SamplingOptions(4, 1.0, [1.0] * 4, branches={1: 4}), generator=generators(6))
     with pytest.raises(ValueError, match=r"branch step 1: a tree branches at a stochastic step, one of \[0, 2, 3\]"):
-        sample_trajectories(family, family.model, family.encode(["a"] * 4), None, 4, 1.0, [1.0, 0.0, 1.0, 1.0],
-                            generator=generators(4), branches={1: 4})
+        sample_trajectories(family, family.model, family.encode(["a"] * 4), None,
+                            SamplingOptions(4, 1.0, [1.0, 0.0, 1.0, 1.0], branches={1: 4}), generator=generators(4))
     with pytest.raises(ValueError, match="one generator per row"):
-        sample_trajectories(family, family.model, family.encode(["a"] * 4), None, 4, 1.0, [1.0] * 4,
-                            generator=torch.Generator(), branches={1: 4})
+        sample_trajectories(family, family.model, family.encode(["a"] * 4), None,
+                            SamplingOptions(4, 1.0, [1.0] * 4, branches={1: 4}), generator=torch.Generator())

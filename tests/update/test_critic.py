@@ -5,17 +5,16 @@ import torch
 from accelerate import Accelerator
 
 from ddpo_group.update.critic import Critic, ValueNetwork
+from batch_helpers import rollout_batch
 from trainer_helpers import tiny_config, tiny_trainer
 
 
 def fake_batch(B=8, T=5, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return {
-        "latents": torch.randn(B, T, 4, 8, 8, generator=g),
-        "timesteps": torch.linspace(900, 100, T).long().expand(B, T).clone(),
-        "prompt_embeds": torch.randn(B, 16, 32, generator=g),
-        "values": torch.zeros(B, T),
-    }
+    latents = torch.randn(B, T, 4, 8, 8, generator=g)
+    return rollout_batch({"prompt_embeds": torch.randn(B, 16, 32, generator=g)}, latents, latents, torch.zeros(B, T),
+                         {"timesteps": torch.linspace(900, 100, T).long().expand(B, T).clone()},
+                         values=torch.zeros(B, T))
 
 
 def test_value_network_shapes():
@@ -70,18 +69,19 @@ def test_critic_regresses_its_targets_under_its_mask():
     config = tiny_config("ppo_gae", "unused", "unused", **{"critic.clip_range": None, "critic.learning_rate": 3e-3})
     critic = Critic(config, Accelerator(cpu=True), 4, 32)
     batch = fake_batch()
-    targets = batch["latents"].mean(dim=(2, 3, 4)) * 3 + 1.0  # a learnable function of the latent
+    targets = batch.latents.mean(dim=(2, 3, 4)) * 3 + 1.0  # a learnable function of the latent
     mask = torch.zeros(8, 5)
     mask[:, 2] = 1  # endpoints only: the other entries never enter the loss, even as NaN
     targets = torch.where(mask > 0, targets, torch.full_like(targets, float("nan")))
-    first = critic.train_epoch(batch, targets, mask, batch_size=4)["critic/value_loss"]
+    batch.critic_targets, batch.critic_mask = targets, mask
+    first = critic.train_epoch(batch, batch_size=4)["critic/value_loss"]
     for _ in range(150):
-        last = critic.train_epoch(batch, targets, mask, batch_size=4)["critic/value_loss"]
+        last = critic.train_epoch(batch, batch_size=4)["critic/value_loss"]
     assert torch.isfinite(torch.tensor(last)) and last < 0.2 * first
     # values while sampling: one per pre-step latent, from the same network
-    values = critic.values(batch["latents"][:2, 2:3], batch["timesteps"][:2, 2:3], batch["prompt_embeds"][:2])
+    values = critic.values(batch.latents[:2, 2:3], batch.timesteps[:2, 2:3], batch.cond["prompt_embeds"][:2])
     with torch.no_grad():
-        want = critic.module(batch["latents"][:2, 2], batch["timesteps"][:2, 2], batch["prompt_embeds"][:2])
+        want = critic.module(batch.latents[:2, 2], batch.timesteps[:2, 2], batch.cond["prompt_embeds"][:2])
     torch.testing.assert_close(values[:, 0], want)
 
 
@@ -91,9 +91,9 @@ def test_batched_values_equal_the_per_step_values():
     critic = Critic(tiny_config("ppo_gae", "unused", "unused"), Accelerator(cpu=True), 4, 32)
     batch = fake_batch(B=3, T=4)
     with torch.no_grad():
-        per_step = torch.stack([critic.module(batch["latents"][:, n], batch["timesteps"][:, n], batch["prompt_embeds"])
+        per_step = torch.stack([critic.module(batch.latents[:, n], batch.timesteps[:, n], batch.cond["prompt_embeds"])
                                 for n in range(4)], dim=1)
-    batched = critic.values(batch["latents"], batch["timesteps"], batch["prompt_embeds"])
+    batched = critic.values(batch.latents, batch.timesteps, batch.cond["prompt_embeds"])
     assert batched.shape == (3, 4)
     torch.testing.assert_close(batched, per_step, rtol=1e-5, atol=1e-6)
 
@@ -101,34 +101,35 @@ def test_batched_values_equal_the_per_step_values():
 def test_sampling_records_critic_values_for_every_step(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "values")
     round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
-    values = round0.batch["values"]
+    values = round0.batch.values
     assert values.shape == (8, 4)
     with torch.no_grad():
         b = round0.batch
-        want = trainer.critic.module(b["latents"][:, 1], b["timesteps"][:, 1], b["prompt_embeds"])
+        want = trainer.critic.module(b.latents[:, 1], b.timesteps[:, 1], b.cond["prompt_embeds"])
     torch.testing.assert_close(values[:, 1], want, rtol=1e-5, atol=1e-6)
     # the critic mask of group_ppo is the estimator's endpoint mask (local rows)
-    torch.testing.assert_close(b["critic_mask"].cpu(), round0.out.endpoint_mask.float().cpu())
+    torch.testing.assert_close(b.critic_mask.cpu(), round0.out.endpoint_mask.float().cpu())
     trainer.rollouts.close()
 
 
 def test_a_critic_reading_x0_hat_gets_every_steps_prediction_while_sampling_and_training(tiny_model_dir, tmp_path):
-    """critic.input="latent_x0": the rollout keeps x0_hat(x_n) of every step in batch["pred_x0"] [B, T, ...]; the
+    """critic.input="latent_x0": the rollout keeps x0_hat(x_n) of every step in batch.pred_x0 [B, T, ...]; the
     values recorded while sampling are V(x_n, x0_hat(x_n), t_n, c); on DDIM x0_hat = (x_n - sqrt(1 - a_t) eps) /
     sqrt(a_t), so at the last step (a_t near 1) it is close to the final latent, and at the first far from it."""
     trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "x0", **{"critic.input": "latent_x0"})
     assert trainer.critic.reads_x0
     b = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0)).batch
-    assert b["pred_x0"].shape == b["latents"].shape  # [8, 4, C, h, w]: every pre-step latent's prediction
+    assert b.pred_x0.shape == b.latents.shape  # [8, 4, C, h, w]: every pre-step latent's prediction
     with torch.no_grad():
-        want = trainer.critic.module(b["latents"][:, 2], b["timesteps"][:, 2], b["prompt_embeds"], b["pred_x0"][:, 2])
-    torch.testing.assert_close(b["values"][:, 2], want, rtol=1e-5, atol=1e-6)
-    final = b["next_latents"][:, -1]
-    gap = [float((b["pred_x0"][:, n] - final).norm() / final.norm()) for n in range(4)]
+        want = trainer.critic.module(b.latents[:, 2], b.timesteps[:, 2], b.cond["prompt_embeds"], b.pred_x0[:, 2])
+    torch.testing.assert_close(b.values[:, 2], want, rtol=1e-5, atol=1e-6)
+    final = b.next_latents[:, -1]
+    gap = [float((b.pred_x0[:, n] - final).norm() / final.norm()) for n in range(4)]
     assert gap[-1] < gap[0], gap
-    mask = torch.zeros(8, 4, device=b["latents"].device)  # the trainer's masks live beside the batch
+    mask = torch.zeros(8, 4, device=b.latents.device)  # the trainer's masks live beside the batch
     mask[:, 1] = 1
-    info = trainer.critic.train_epoch(b, torch.ones_like(mask), mask, batch_size=4)
+    b.critic_targets, b.critic_mask = torch.ones_like(mask), mask
+    info = trainer.critic.train_epoch(b, batch_size=4)
     assert torch.isfinite(torch.tensor(info["critic/value_loss"]))
     trainer.rollouts.close()
 

@@ -204,7 +204,7 @@ def test_the_memory_probe_runs_on_preference_units(tiny_sd3_dir, tmp_path):
     trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "probe", **matching_overrides(**{
         "algorithm.objective": "dgpo", "kl.use_reference_model": True}))
     batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
-    assert trainer.updater.prepare_units(batch) == 2  # 2 units (groups of 4) for 6 probed sample rows
+    assert trainer.updater.epoch_units(batch)[1] == {"preference_units": 2}  # 2 groups of 4 for 6 probed rows
     trainer.rollouts.close()
     probe, rows, mask = probe_batch(batch, 6, trainer.family.stochastic_steps(trainer.config.sample))
     sums = trainer.updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=6)
@@ -242,38 +242,56 @@ def test_pad_units():
         pad_units(torch.tensor([[5, 2], [7, 6]]), 1, 2)
 
 
-def test_padded_units_change_neither_the_gradient_nor_the_metrics(tiny_sd3_dir, tmp_path):
-    """The units another process's larger count adds here (several processes) run forwards and a backward with weight
-    0: a train batch of 2 dpo pairs gives the same gradients and metrics with 2 padded units after them."""
+def test_padding_units_take_no_part_in_the_loss_or_the_metrics(tiny_sd3_dir, tmp_path):
+    """The units another process's larger count adds here (several processes: ``pad_units``) run after the real ones
+    and weigh nothing: an epoch of 2 dpo pairs (one train batch) gives the same first gradient and the same metrics
+    padded to 4 units (a second train batch of padding only, which adds no metrics)."""
     from ddpo_group.update.preference_update import pad_units
 
     trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "pad", **matching_overrides(**{  # bitwise: the CPU's kernels
         "algorithm.objective": "dpo", "kl.use_reference_model": True, "algorithm.objective_kwargs": {"beta": 100.0},
-        "device": "cpu"}))
+        "device": "cpu", "train.batch_size": 4}))
     updater = trainer.updater
     batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
     trainer.rollouts.close()
-    assert updater.prepare_units(batch) == 2
-    real_units = updater.units.clone()
-    mask = torch.zeros(4, trainer.config.sample.num_steps)
-    mask[:, [0, 2]] = 1.0  # 2 times per unit: 4 (unit, time) pairs of real units, then 4 of padded ones
+    start = [p.detach().clone() for p in updater.params]
+    grads, calls = [], []
+    accumulate = updater.accumulate_gradients
 
-    def accumulate(num_units):
-        updater.optimizer.zero_grad(set_to_none=True)
+    def first_gradient(*args, **kwargs):
+        sums = accumulate(*args, **kwargs)
+        calls.append(sums)
+        if len(calls) == 1:
+            grads.append([p.grad.clone() for p in updater.params if p.grad is not None])
+        return sums
+
+    updater.accumulate_gradients = first_gradient
+    def padded_to(count):  # this process's units, padded to another process's count
+        def epoch_units(b):
+            real, info = type(updater).epoch_units(updater, b)
+            assert real.tolist() == [True, True] and info == {"preference_units": 2}
+            updater.units, real = pad_units(updater.units, count, 2)
+            return real, info
+        return epoch_units
+
+    outs = []
+    for count in (2, 4):
+        updater.epoch_units = padded_to(count)
+        with torch.no_grad():
+            for p, p0 in zip(updater.params, start):
+                p.copy_(p0)
+        updater.optimizer.state.clear()
+        calls.clear()
         torch.manual_seed(3)
-        # 8 (sample, time) pairs per forward: 4 (unit, time) pairs of 2 rows, the real units' chunk the same in both
-        sums = updater.accumulate_gradients(batch, torch.arange(num_units), mask[:num_units], pairs_per_forward=8)
-        return sums, [p.grad.clone() for p in updater.params if p.grad is not None]
-
-    alone, alone_grads = accumulate(2)
-    updater.units, updater.real = pad_units(real_units, 4, 2)
-    padded, padded_grads = accumulate(4)
-    assert sorted(alone) == sorted(padded) == ["accuracy", "implicit_score", "policy_loss"]
-    for key in alone:
-        assert float(padded[key]) == float(alone[key]), key
-    assert 0.6 < float(alone["policy_loss"]) < 0.8  # about log 2 at the reference: weighed 1 / 4 real pairs, not 1 / 8
-    assert len(alone_grads) == len(padded_grads) > 0 and any(bool(g.abs().max() > 0) for g in alone_grads)
-    assert all(torch.equal(a, b) for a, b in zip(alone_grads, padded_grads))
+        outs.append(updater.train_epoch(batch, show_progress=False))
+        assert len(calls) == count // 2  # 2 units a train batch: padding adds a batch of its own
+    alone, padded = outs
+    assert padded["optimizer_steps"] == 2 and alone["optimizer_steps"] == 1 and padded["pairs"] == alone["pairs"]
+    for key in ("accuracy", "implicit_score", "policy_loss"):
+        assert padded[key] == alone[key], key
+    assert 0.6 < alone["policy_loss"] < 0.8  # about log 2 at the reference
+    assert len(grads[0]) == len(grads[1]) > 0 and any(bool(g.abs().max() > 0) for g in grads[0])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
 @pytest.mark.parametrize("family, times", [("sd3", "logit_normal"), ("sd", "uniform")])
@@ -287,7 +305,7 @@ def test_drawn_training_times(family, times, tiny_sd3_dir, tiny_model_dir, tmp_p
     trainer.rollouts.close()
     r, n = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2])
     step = trainer.updater.train_step(batch, r, n)
-    scheduled = {key: batch[key][r, n] for key in trainer.family.step_keys}
+    scheduled = {key: batch.steps[key][r, n] for key in trainer.family.step_keys}
     assert not torch.equal(step["timesteps"].cpu(), scheduled["timesteps"].cpu())  # drawn, not the rollout's
     if family == "sd3":
         assert torch.allclose(step["timesteps"], step["sigmas"] * 1000)
@@ -331,9 +349,9 @@ def test_nft_samples_with_the_old_model(tiny_sd3_dir, tmp_path):
     with full.rollout_policy() as sampler:
         assert sampler is full.old.weights.copy and sampler is not full.family.model
         batch = full.rollouts.collect(0, sampler)[0].batch
-    assert torch.equal(batch["next_latents"], batch["latents"])
+    assert torch.equal(batch.next_latents, batch.latents)
     policy_batch = full.rollouts.collect(0)[0].batch  # the policy's (the default) moves them
-    assert float((policy_batch["next_latents"] - policy_batch["latents"]).abs().max()) > 1e-3
+    assert float((policy_batch.next_latents - policy_batch.latents).abs().max()) > 1e-3
     full.rollouts.close()
     # an objective without an old model samples with the policy's sampling denoiser
     policy = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "grpo", **FAMILY_OVERRIDES["sd3"])

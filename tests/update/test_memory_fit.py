@@ -6,6 +6,7 @@ import torch
 
 from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
+from batch_helpers import rollout_batch
 from ddpo_group.rollout.collect import RewardScorer
 from ddpo_group.sampling.trajectories import decode_latents
 from ddpo_group.update.memory_fit import (
@@ -29,12 +30,12 @@ def test_auto_is_the_cpu_value_on_the_cpu_and_is_logged(tiny_model_dir, tmp_path
 
 
 def test_the_probe_batch_holds_exactly_the_asked_pairs_of_trainable_steps():
-    batch = {"log_probs": torch.zeros(5, 6)}
+    batch = rollout_batch({}, torch.zeros(5, 6, 1), torch.zeros(5, 6, 1), torch.zeros(5, 6), {})
     trainable = torch.tensor([False, True, True, True, False, False])  # an SDE window of 3 steps
     probe, rows, mask = probe_batch(batch, 7, trainable)
     assert rows.tolist() == [0, 1, 2] and mask.sum() == 7 and mask[:, ~trainable].sum() == 0
     assert mask.tolist()[:2] == [[0, 1, 1, 1, 0, 0]] * 2 and mask[2].tolist() == [0, 1, 0, 0, 0, 0]
-    assert torch.equal(probe["advantages"], torch.zeros(5, 6))  # a rollout-KL batch has none yet
+    assert torch.equal(probe.advantages, torch.zeros(5, 6))  # a rollout-KL batch has none yet
 
 
 def test_out_of_memory_names_the_setting_to_lower():

@@ -19,6 +19,7 @@ from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy_update import PolicyUpdater
 from ddpo_group.timing import PhaseTimer
 from ddpo_group.models.tiny_random import build_tiny_pipeline
+from batch_helpers import batch_of
 from sd_helpers import sd_trajectories
 from trainer_helpers import tiny_config
 
@@ -75,8 +76,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_model_dir):
         embeds, neg = encode_prompts(pipe, ["a cat", "a dog", "a cow"]), encode_prompts(pipe, [""])
         traj = sd_trajectories(pipe, embeds, neg.expand(3, -1, -1), 3, 5.0, 1.0,
                                generator=torch.Generator().manual_seed(1), decode=False)
-        batch = {"prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
-                 "log_probs": traj.log_probs, "timesteps": traj.timesteps, "advantages": torch.randn(3, 3)}
+        batch = batch_of(traj, {"prompt_embeds": embeds}, advantages=torch.randn(3, 3))
         grads.append(_lora_grads(config, batch, neg, pipe, params))
     for plain, checkpointed in zip(*grads):
         torch.testing.assert_close(checkpointed, plain, rtol=1e-4, atol=1e-8)
@@ -95,8 +95,7 @@ def test_reference_forward_only_when_beta_positive():
     embeds, neg = encode_prompts(pipe, ["a cat", "a dog"]), encode_prompts(pipe, [""])
     traj = sd_trajectories(pipe, embeds, neg.expand(2, -1, -1), 2, 5.0, 1.0, decode=False,
                            generator=torch.Generator().manual_seed(0))
-    batch = {"prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
-             "log_probs": traj.log_probs, "timesteps": traj.timesteps, "advantages": torch.ones(2, 2)}
+    batch = batch_of(traj, {"prompt_embeds": embeds}, advantages=torch.ones(2, 2))
     params = list(pipe.unet.parameters())
     kl = KLRegularizer(_ForbiddenReference(), "gaussian", FixedKLController(0.0), in_reward=False)
     updater = PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, params,

@@ -5,10 +5,12 @@ import torch
 from accelerate import Accelerator
 
 from config.base import get_config
-from ddpo_group.update.policy_update import PolicyUpdater, random_step_mask
+from ddpo_group.update.policy_update import PolicyUpdater
+from ddpo_group.update.updater import random_step_mask
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.models.tiny_random import build_tiny_pipeline
+from batch_helpers import batch_of
 from sd_helpers import sd_step_output, sd_trajectories
 from tolerances import reordered_sum_atol
 
@@ -30,11 +32,8 @@ def test_chunked_gradient_equals_per_timestep_loop(pairs_per_forward, guidance):
     prompts = ["a cat", "a dog", "a cow"]
     embeds, neg = encode_prompts(pipe, prompts), encode_prompts(pipe, [""])
     traj = sd_trajectories(pipe, embeds, neg.expand(3, -1, -1), 4, guidance, 1.0, generator=torch.Generator().manual_seed(1))
-    batch = {
-        "prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
-        "log_probs": traj.log_probs, "timesteps": traj.timesteps,
-        "advantages": torch.tensor([[1.0], [-0.5], [2.0]]).expand(3, 4).clone(),
-    }
+    batch = batch_of(traj, {"prompt_embeds": embeds},
+                     advantages=torch.tensor([[1.0], [-0.5], [2.0]]).expand(3, 4).clone())
     unet = pipe.unet
     with torch.no_grad():  # move the policy away from the sampling policy so that ratios differ from 1
         for p in unet.parameters():
@@ -55,10 +54,10 @@ def test_chunked_gradient_equals_per_timestep_loop(pairs_per_forward, guidance):
         if m.sum() == 0:
             continue
         r = rows
-        out = sd_step_output(pipe, unet, batch["latents"][r, n], batch["next_latents"][r, n],
-                             batch["timesteps"][r, n], embeds[r], neg.expand(3, -1, -1), guidance, 1.0)
-        ratio = torch.exp(out.log_prob - batch["log_probs"][r, n])
-        adv = batch["advantages"][r, n]
+        out = sd_step_output(pipe, unet, batch.latents[r, n], batch.next_latents[r, n],
+                             batch.timesteps[r, n], embeds[r], neg.expand(3, -1, -1), guidance, 1.0)
+        ratio = torch.exp(out.log_prob - batch.log_probs[r, n])
+        adv = batch.advantages[r, n]
         loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
         ((loss * m).sum() / total).backward()
     # a weight's gradient sums one product per trained pair, CFG branch and latent position (8 x 8), added in
@@ -92,11 +91,8 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     prompts = ["a cat", "a dog", "a cow"]
     embeds, neg = encode_prompts(pipe, prompts), encode_prompts(pipe, [""])
     traj = sd_trajectories(pipe, embeds, neg.expand(3, -1, -1), 4, 5.0, 1.0, generator=torch.Generator().manual_seed(1))
-    batch = {
-        "prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
-        "log_probs": traj.log_probs, "timesteps": traj.timesteps,
-        "advantages": torch.tensor([[1.0], [-0.5], [2.0]]).expand(3, 4).clone(),
-    }
+    batch = batch_of(traj, {"prompt_embeds": embeds},
+                     advantages=torch.tensor([[1.0], [-0.5], [2.0]]).expand(3, 4).clone())
     with torch.no_grad():  # policy away from the sampling policy and from the reference (base)
         for p in params:
             p.add_(0.05 * torch.randn_like(p))
@@ -117,16 +113,16 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     # direct: every trained pair in one forward, the registered loss on the [b, T] matrix
     unet.zero_grad()
     r, n = step_mask.nonzero(as_tuple=True)
-    args = (batch["latents"][rows[r], n], batch["next_latents"][rows[r], n], batch["timesteps"][rows[r], n],
+    args = (batch.latents[rows[r], n], batch.next_latents[rows[r], n], batch.timesteps[rows[r], n],
             embeds[rows[r]], neg.expand(len(r), -1, -1), 5.0, 1.0)
     out = sd_step_output(pipe, unet, *args)
     with torch.no_grad(), reference.applied(unet) as reference_unet:
         reference_out = sd_step_output(pipe, reference_unet, *args)
     kl = get_kl_kind(kl_type)(out, reference_out)
-    old = batch["log_probs"][rows]
+    old = batch.log_probs[rows]
     lp = old.clone().index_put((r, n), out.log_prob)
     kl_mat = torch.zeros(3, 4).index_put((r, n), kl)
-    loss, _ = get_policy_loss(loss_name)(old, lp, batch["advantages"][rows], step_mask, "traj-mean-step-mean",
+    loss, _ = get_policy_loss(loss_name)(old, lp, batch.advantages[rows], step_mask, "traj-mean-step-mean",
                                          clip_low=0.2, clip_high=0.2)
     (loss + 0.5 * agg_loss(kl_mat, step_mask, "traj-mean-step-mean")).backward()
     direct = [p.grad for p in params]
@@ -138,7 +134,6 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
 
 
 def test_random_step_mask_chooses_only_the_sde_windows_steps():
-    from ddpo_group.update.policy_update import random_step_mask
     from ddpo_group.sampling.window import sde_window_mask
 
     window = sde_window_mask(10, 2, 4)  # steps 2..5

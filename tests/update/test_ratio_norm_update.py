@@ -6,9 +6,10 @@ import torch
 
 from ddpo_group.algorithms.policy_losses import ratio_norm_log_ratio
 from ddpo_group.models import load_family
-from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
+from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from tolerances import reordered_sum_atol
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from batch_helpers import batch_of
 
 RATIO_NORM = {"algorithm.policy_loss": "ratio_norm"}
 
@@ -24,10 +25,12 @@ def test_the_first_training_forwards_normalised_ratio_is_one(name, family_model_
     family = load_family(family_model_dirs[name], config=config)
     cond = family.encode(["a red circle", "a cat", "a blue square on green", "x"])
     gens = [torch.Generator().manual_seed(i) for i in range(4)]
-    traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4, config.sample.guidance_scale,
-                               family.noise_levels(config.sample), generator=gens, record_means=True)
+    traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
+                               SamplingOptions(4, config.sample.guidance_scale, family.noise_levels(config.sample),
+                                               record_means=True),
+                               generator=gens)
     assert traj.means.shape == traj.latents[:, 1:].shape
-    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
+    batch = batch_of(traj, cond)
     scorer = TransitionScorer.from_config(config, family)
     with torch.no_grad():
         for n in range(4):
@@ -49,10 +52,11 @@ def test_the_step_lengths_add_up_to_the_flow_time_covered(family_model_dirs):
         config = tiny_config("grpo", family_model_dirs[name], "unused", **FAMILY_OVERRIDES[name])
         family = load_family(family_model_dirs[name], config=config)
         cond = family.encode(["a cat"] * 2)
-        traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4,
-                                   config.sample.guidance_scale, family.noise_levels(config.sample),
-                                   generator=[torch.Generator().manual_seed(i) for i in range(2)], record_means=True)
-        batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
+        traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
+                                   SamplingOptions(4, config.sample.guidance_scale, family.noise_levels(config.sample),
+                                                   record_means=True),
+                                   generator=[torch.Generator().manual_seed(i) for i in range(2)])
+        batch = batch_of(traj, cond)
         scorer = TransitionScorer.from_config(config, family)
         with torch.no_grad():
             lengths = torch.stack([scorer(family.model, batch, torch.zeros(1, dtype=torch.long),
@@ -72,7 +76,7 @@ def test_the_step_lengths_add_up_to_the_flow_time_covered(family_model_dirs):
 def test_an_epoch_with_ratio_norm_trains(name, family_model_dirs, tmp_path):
     trainer = tiny_trainer("grpo", family_model_dirs[name], tmp_path, f"ratio_norm_{name}",
                            **{**FAMILY_OVERRIDES[name], **RATIO_NORM})
-    assert trainer.rollouts.record_means
+    assert trainer.rollouts.sampler.options.record_means
     before = [p.detach().clone() for p in trainer.updater.params]
     metrics = trainer.run()
     assert metrics["global_step"] == 2
@@ -86,20 +90,22 @@ def test_an_epoch_with_ratio_norm_trains(name, family_model_dirs, tmp_path):
 
 
 def test_only_a_loss_that_needs_them_records_the_step_means(tiny_model_dir, tmp_path):
-    from ddpo_group.rollout.collect import RewardScorer, collect_rollouts
-    from concurrent.futures import ThreadPoolExecutor
+    from ddpo_group.rollout.collect import RewardScorer, RolloutSampler
 
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path)
-    assert not trainer.rollouts.record_means
-    config = trainer.config
+    assert not trainer.rollouts.sampler.options.record_means
+    trainer.rollouts.close()
+    config, family = trainer.config, trainer.family
     score = RewardScorer(trainer.reward_fn, config.reward_fn)
-    with ThreadPoolExecutor(1) as executor:
-        batch = collect_rollouts(trainer.family, ["a cat"] * 8, [{}] * 8, score, executor, config.sample,
-                                 show_progress=False)
-        assert "step_means" not in batch
-        batch = collect_rollouts(trainer.family, ["a cat"] * 8, [{}] * 8, score, executor, config.sample,
-                                 show_progress=False, record_means=True)
-    assert batch["step_means"].shape == batch["next_latents"].shape
+    for record_means in (False, True):
+        sampler = RolloutSampler(family, SamplingOptions.rollouts(config.sample, family, record_means=record_means),
+                                 score)
+        batch = sampler.sample(family.model, ["a cat"] * 8, [{}] * 8, desc=None)
+        sampler.close()
+        if record_means:
+            assert batch.step_means.shape == batch.next_latents.shape
+        else:
+            assert batch.step_means is None
 
 
 def test_the_chunked_ratio_norm_gradient_is_independent_of_the_chunk_size():
@@ -118,12 +124,10 @@ def test_the_chunked_ratio_norm_gradient_is_independent_of_the_chunk_size():
     config.sample.num_steps, config.train.clip_range, config.algorithm.policy_loss = 4, 0.2, "ratio_norm"
     family = StableDiffusionFamily(pipe, config)
     embeds, neg = encode_prompts(pipe, ["a cat", "a dog", "a cow"]), encode_prompts(pipe, [""])
-    traj = sample_trajectories(family, pipe.unet, {"prompt_embeds": embeds}, family.negative_condition(), 4,
-                               config.sample.guidance_scale, [1.0] * 4, generator=torch.Generator().manual_seed(1),
-                               record_means=True)
-    batch = {"prompt_embeds": embeds, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:],
-             "log_probs": traj.log_probs, "step_means": traj.means, **traj.steps,
-             "advantages": torch.tensor([[1.0], [-0.5], [2.0]]).expand(3, 4).clone()}
+    traj = sample_trajectories(family, pipe.unet, {"prompt_embeds": embeds}, family.negative_condition(),
+                               SamplingOptions(4, config.sample.guidance_scale, [1.0] * 4, record_means=True),
+                               generator=torch.Generator().manual_seed(1))
+    batch = batch_of(traj, {"prompt_embeds": embeds}, step_means=traj.means, advantages=torch.tensor([[1.0], [-0.5], [2.0]]).expand(3, 4).clone())
     with torch.no_grad():
         for p in pipe.unet.parameters():
             p.add_(0.01 * torch.randn_like(p))
