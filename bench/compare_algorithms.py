@@ -45,7 +45,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from config.base import PRESETS, RECIPES, get_config  # noqa: E402
+from config.base import PRESETS, get_config  # noqa: E402
+from config.recipes import RECIPES  # noqa: E402
 from ddpo_group.algorithms import get_adv_estimator  # noqa: E402
 from ddpo_group.run.epoch_logger import EVAL_LOG  # noqa: E402
 from ddpo_group.run.metrics_log import read_metrics  # noqa: E402

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from config import base as base_module  # noqa: E402
+from config.recipes import RECIPES  # noqa: E402
 from ddpo_group.run.renamed_fields import RENAMED, RENAMED_SECTIONS  # noqa: E402
 
 OUT = ROOT / "docs" / "configuration.md"
@@ -103,10 +104,11 @@ def reference() -> str:
             text += ["", f"## {group[0].upper() + group[1:]}", "", "| field | default | meaning |", "|---|---|---|"]
         text.append(f"| `{field}` | {value_text(read(base, field))} | {doc.replace('|', '/')} |")
     text += ["", "## Presets and recipes", "",
-             "What each preset (`config/base.py:NAME`) sets differently from the defaults above.", "",
+             "What each preset (config/base.py) and recipe (config/recipes.py), both named as `config/base.py:NAME`, "
+             "sets differently from the defaults above.", "",
              "| preset | fields |", "|---|---|"]
     defaults = dict(flat(base))
-    for name in list(base_module.PRESETS) + list(base_module.RECIPES):
+    for name in list(base_module.PRESETS) + list(RECIPES):
         config = base_module.get_config(name)
         changed = [f"`{key}={value_text(value)[1:-1]}`" for key, value in flat(config)
                    if key in defaults and repr(value) != repr(defaults[key])]

@@ -1,6 +1,6 @@
 """Fine-tune a diffusion model with RL.
 
-    accelerate launch scripts/train.py --config config/base.py:ddpo [--config.FIELD=VALUE ...]
+    accelerate launch scripts/train.py --config config/base.py:group_ppo [--config.FIELD=VALUE ...]
 
 A run that does not finish prints one message as its last lines and exits with 1 (a failure while training), 2 (a
 usage error: the run did not start) or 128 + signal (130: Ctrl-C); DDPO_GROUP_TRACEBACK=1 adds the traceback
@@ -22,7 +22,7 @@ from ddpo_group.run.cli_errors import FAILURE, PREFIX, USAGE_ERROR, exit_with, i
 from ddpo_group.run.process_failures import exit_launched_process, release_process_group  # noqa: E402
 from ddpo_group.run.quiet import one_bar_per_phase, silence_known_noise  # noqa: E402
 
-_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config", "base.py") + ":ddpo"
+_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config", "base.py") + ":group_ppo"
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Training configuration (path:preset).")
 
 

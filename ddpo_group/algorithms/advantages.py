@@ -343,8 +343,8 @@ def ddpo_advantage(inputs: AdvantageInputs, **_) -> AdvantageOutput:
 
 @register_adv_est("grpo", needs_groups=True,
                   params={"norm_adv_by_std": "train.scale_rewards", "global_std": "algorithm.global_std"})
-def grpo_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by_std: bool = True,
-                   global_std: bool = False, **_) -> AdvantageOutput:
+def grpo_advantage(inputs: AdvantageInputs, *, norm_adv_by_std: bool, global_std: bool, eps: float = 1e-6,
+                   **_) -> AdvantageOutput:
     """GRPO: A_i = (R_i - mean_g) / (std_g + eps), broadcast over steps.
 
     std_g is the Bessel-corrected std of the G rewards of the group (torch.std, as verl);
@@ -361,8 +361,7 @@ def grpo_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by_std: 
 
 @register_adv_est("tree_grpo", needs_groups=True, params={"norm_adv_by_std": "train.scale_rewards"},
                   optional_inputs=lambda config: {"tree_nodes"})
-def tree_grpo_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by_std: bool = True,
-                        **_) -> AdvantageOutput:
+def tree_grpo_advantage(inputs: AdvantageInputs, *, norm_adv_by_std: bool, eps: float = 1e-6, **_) -> AdvantageOutput:
     """GRPO on tree rollouts, BranchGRPO-style: the steps are cut into segments at each branch step b_k (a segment from
     step 0 to the first branch step, when it is later than 0, and one from each b_k to b_{k+1} - 1, the last to T - 1),
     and the steps of a segment [a, e] get the difference of the values at its ends,
@@ -408,7 +407,7 @@ def rloo_advantage(inputs: AdvantageInputs, **_) -> AdvantageOutput:
 
 
 @register_adv_est("grpo_passk", needs_groups=True, params={"norm_adv_by_std": "train.scale_rewards"})
-def grpo_passk_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by_std: bool = True,
+def grpo_passk_advantage(inputs: AdvantageInputs, *, norm_adv_by_std: bool, eps: float = 1e-6,
                          **_) -> AdvantageOutput:
     """Pass@k GRPO: only the group's best sample gets A = r_max - r_second_max (divided by
     std_g + eps, Bessel-corrected, if norm_adv_by_std); every other sample gets 0. With ties at
@@ -434,7 +433,7 @@ def grpo_passk_advantage(inputs: AdvantageInputs, eps: float = 1e-6, norm_adv_by
 
 @register_adv_est("reinforce_plus_plus", accepts_step_rewards=True, params={"gamma": "algorithm.gamma"},
                   check=_gamma_in_range)
-def reinforce_plus_plus_advantage(inputs: AdvantageInputs, gamma: float = 1.0, **_) -> AdvantageOutput:
+def reinforce_plus_plus_advantage(inputs: AdvantageInputs, *, gamma: float, **_) -> AdvantageOutput:
     """REINFORCE++: G_n = sum_{m >= n} gamma^(m-n) r_m with r = step_rewards + R at the last
     step; A = masked_whiten(G) over the batch's trained steps (mean 0, unbiased var 1);
     returns = G.
@@ -462,15 +461,15 @@ def remax_advantage(inputs: AdvantageInputs, **_) -> AdvantageOutput:
                   params={"gamma": "algorithm.gamma", "gae_lambda": "algorithm.gae_lambda", "whiten": "algorithm.gae_whiten",
                           "gae_start_value": "algorithm.gae_start_value"},
                   check=_gae_checks)
-def gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, gae_lambda: float = 1.0, whiten: bool = True,
-                  gae_start_value: str = "critic", **_) -> AdvantageOutput:
+def gae_advantage(inputs: AdvantageInputs, *, gamma: float, gae_lambda: float, whiten: bool, gae_start_value: str,
+                  **_) -> AdvantageOutput:
     """GAE(gamma, lambda) over the T steps with the critic's pre-step values V_n = values[:, n]:
 
         r_n     = step_rewards_n + [n = T-1] R,     V_T = 0
         delta_n = r_n + gamma V_{n+1} - V_n
         A_n     = delta_n + gamma lambda A_{n+1}       (lambda = gae_lambda)
         returns = A + V          (critic targets, un-whitened)
-        A       = masked_whiten(A) if whiten (default), then * mask
+        A       = masked_whiten(A) if whiten, then * mask
 
     gae_start_value="group_mean" replaces V_0 = V(x_0) by the group mean reward b_g, which is
     the GROUP_PPO convention u_{-1} = b_g (then GROUP_PPO with tau = 0 equals this estimator
@@ -509,10 +508,10 @@ def gae_advantage(inputs: AdvantageInputs, gamma: float = 1.0, gae_lambda: float
                           "norm_adv_by_std": "train.scale_rewards", "value_source": "group_ppo.value_source",
                           "value_blend": "group_ppo.value_blend"},
                   check=_group_ppo_checks, optional_inputs=_group_ppo_inputs)
-def group_ppo_advantage(inputs: AdvantageInputs, tau: float = 1.0, max_segment_steps: int = 16,
-                        numerical_floor: float = 1e-6, gae_lambda: float = 1.0, norm_adv_by_std: bool = False,
+def group_ppo_advantage(inputs: AdvantageInputs, *, tau: float, max_segment_steps: int, numerical_floor: float,
+                        gae_lambda: float, norm_adv_by_std: bool, value_source: str, value_blend: float,
                         critic_gae_lambda: Optional[float] = None, segment_weight_by_mask: bool = False,
-                        value_source: str = "critic", value_blend: float = 0.5, **_) -> AdvantageOutput:
+                        **_) -> AdvantageOutput:
     """GROUP_PPO (GROUP_PPO.md; formulas in group_ppo.py): dynamic segments of steps, the segment
     advantage A_k = sum_{j >= k} lambda^(j-k) Delta_j (lambda = gae_lambda) broadcast to its steps (optionally
     / (std_g(R) + numerical_floor), 0 for a group whose rewards are all equal), never whitened. tau comes from the

@@ -146,7 +146,7 @@ def vanilla_loss_matrix(
     step_mask: torch.Tensor,
     clip_low: float,
     clip_high: float,
-    clip_ratio_c: Optional[float] = 3.0,
+    clip_ratio_c: Optional[float],
     **_,
 ) -> Tuple[torch.Tensor, dict]:
     """Unaggregated PPO-clip loss matrix [B, T] (asymmetric clip + dual clip) and its metrics.
@@ -175,8 +175,8 @@ def vanilla_loss_matrix(
 
 @register_policy_loss("vanilla", loss_matrix=vanilla_loss_matrix)
 def vanilla_policy_loss(
-    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str = "step-mean",
-    clip_low: float = None, clip_high: float = None, clip_ratio_c: Optional[float] = 3.0, **_,
+    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str, *,
+    clip_low: float, clip_high: float, clip_ratio_c: Optional[float], **_,
 ):
     """PPO-clip with asymmetric clip range and dual clip, aggregated with ``loss_agg_mode``.
 
@@ -192,8 +192,8 @@ def vanilla_policy_loss(
 
 @register_policy_loss("gspo")
 def gspo_policy_loss(
-    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str = "traj-mean-step-mean",
-    clip_low: float = None, clip_high: float = None, clip_ratio_c: Optional[float] = 3.0, **_,
+    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str, *,
+    clip_low: float, clip_high: float, clip_ratio_c: Optional[float], **_,
 ):
     """GSPO: a trajectory-level importance ratio applied per step, clipped like vanilla.
 
@@ -228,8 +228,8 @@ def gspo_policy_loss(
 
 @register_policy_loss("geo_mean")
 def geo_mean_policy_loss(
-    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str = "traj-mean-step-mean",
-    clip_low: float = None, clip_high: float = None, clip_ratio_c: Optional[float] = 3.0, **_,
+    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str, *,
+    clip_low: float, clip_high: float, clip_ratio_c: Optional[float], **_,
 ):
     """GMPO (geometric-mean policy optimisation): clip in log space by the sign of A.
 
@@ -307,7 +307,7 @@ def ratio_norm_loss_matrix(
     step_mask: torch.Tensor,
     clip_low: float,
     clip_high: float,
-    clip_ratio_c: Optional[float] = 3.0,
+    clip_ratio_c: Optional[float],
     *,
     mean: torch.Tensor = None,
     old_mean: torch.Tensor = None,
@@ -397,8 +397,8 @@ def ratio_norm_config_errors(kwargs: dict) -> list:
 @register_policy_loss("ratio_norm", loss_matrix=ratio_norm_loss_matrix, needs_old_means=True,
                       check=ratio_norm_config_errors)
 def ratio_norm_policy_loss(
-    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str = "step-mean",
-    clip_low: float = None, clip_high: float = None, clip_ratio_c: Optional[float] = 3.0, **kwargs,
+    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str, *,
+    clip_low: float, clip_high: float, clip_ratio_c: Optional[float], **kwargs,
 ):
     """GRPO-Guard's RatioNorm PPO-clip (ratio_norm_loss_matrix) aggregated with ``loss_agg_mode``; ``kwargs`` hold
     mean / old_mean [B, T, ...], std / step_length [B, T], log_prob_reduce and reweight."""

@@ -41,8 +41,8 @@ def _to_numpy_f64(rewards) -> np.ndarray:
 class PerPromptStatTracker:
     def __init__(
         self,
-        buffer_size: Optional[int] = 16,
-        min_count: int = 16,
+        buffer_size: Optional[int],
+        min_count: int,
         mode: str = "buffer",
         use_std: bool = True,
         eps: float = 1e-6,

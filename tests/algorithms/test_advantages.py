@@ -24,6 +24,7 @@ GI = torch.tensor([0, 0, 0, 1, 1, 1])
 MASK = torch.tensor(
     [[1, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 1], [1, 1, 1, 1]], dtype=D
 )
+from estimator_params import params as estimator_params
 T = 4
 
 
@@ -32,7 +33,7 @@ def run(name, **kw):
     fields = set(AdvantageInputs.__dataclass_fields__)
     params = {k: v for k, v in kw.items() if k not in fields}
     inp.update({k: v for k, v in kw.items() if k in fields})
-    return get_adv_estimator(name)(AdvantageInputs(**inp), **params)
+    return get_adv_estimator(name)(AdvantageInputs(**inp), **estimator_params(name, **params))
 
 
 def expect_broadcast(out, per_sample):
@@ -69,7 +70,8 @@ def test_grpo_passk_hand():
     expect_broadcast(run("grpo_passk"), [0, 0, 1 / (1 + EPS), 0, 0, 3 / (math.sqrt(3) + EPS)])
     # ties at the top: gap 0 everywhere
     out = get_adv_estimator("grpo_passk")(
-        AdvantageInputs(torch.tensor([2.0, 2.0, 1.0], dtype=D), torch.ones(3, 2, dtype=D), torch.zeros(3, dtype=torch.long)))
+        AdvantageInputs(torch.tensor([2.0, 2.0, 1.0], dtype=D), torch.ones(3, 2, dtype=D), torch.zeros(3, dtype=torch.long)),
+        norm_adv_by_std=True)
     assert torch.all(out.advantages == 0)
 
 
@@ -122,11 +124,11 @@ def test_remax_hand():
 def test_gae_hand():
     V = torch.tensor([[0.5, 0.8]], dtype=D)
     inp = AdvantageInputs(torch.tensor([1.0], dtype=D), torch.ones(1, 2, dtype=D), values=V)
-    out = get_adv_estimator("gae")(inp, gamma=1.0, gae_lambda=0.5, whiten=False)
+    out = get_adv_estimator("gae")(inp, gamma=1.0, gae_lambda=0.5, whiten=False, gae_start_value="critic")
     # delta_1 = 1 - 0.8 = 0.2; delta_0 = 0.8 - 0.5 = 0.3; A_0 = 0.3 + 0.5 * 0.2
     torch.testing.assert_close(out.advantages, torch.tensor([[0.4, 0.2]], dtype=D))
     torch.testing.assert_close(out.returns, torch.tensor([[0.9, 1.0]], dtype=D))
-    out = get_adv_estimator("gae")(inp, gamma=0.9, gae_lambda=0.5, whiten=False)
+    out = get_adv_estimator("gae")(inp, gamma=0.9, gae_lambda=0.5, whiten=False, gae_start_value="critic")
     # delta_0 = 0.9 * 0.8 - 0.5 = 0.22; A_0 = 0.22 + 0.9 * 0.5 * 0.2 = 0.31
     torch.testing.assert_close(out.advantages, torch.tensor([[0.31, 0.2]], dtype=D))
     # whitened over masked entries: mean 0, unbiased var ~1
@@ -150,7 +152,7 @@ def test_mask_and_clip_and_dtype():
     out = run("dr_grpo", adv_clip_max=1.5)
     expect_broadcast(out, [-1, 0, 1, -1, -1, 1.5])
     assert "adv/clipfrac" in out.metrics
-    out32 = get_adv_estimator("grpo")(AdvantageInputs(R.float(), MASK.bool(), GI))
+    out32 = get_adv_estimator("grpo")(AdvantageInputs(R.float(), MASK.bool(), GI), **estimator_params("grpo"))
     assert out32.advantages.dtype == torch.float32 and out32.advantages.shape == (6, T)
     assert all(isinstance(v, float) for v in out32.metrics.values())
 
@@ -164,9 +166,10 @@ def test_group_estimators_reject_singleton_groups_and_step_rewards():
     gi = torch.tensor([0, 0, 0, 1, 1, 2])
     for name in ("grpo", "dr_grpo", "rloo", "grpo_passk"):
         with pytest.raises(ValueError, match="at least 2 samples"):
-            get_adv_estimator(name)(AdvantageInputs(R, MASK, gi))
+            get_adv_estimator(name)(AdvantageInputs(R, MASK, gi), **estimator_params(name))
         with pytest.raises(ValueError, match="step_rewards"):
-            get_adv_estimator(name)(AdvantageInputs(R, MASK, GI, step_rewards=torch.zeros(6, T, dtype=D)))
+            get_adv_estimator(name)(AdvantageInputs(R, MASK, GI, step_rewards=torch.zeros(6, T, dtype=D)),
+                                    **estimator_params(name))
     # what each estimator declares: the start-of-run checks and the trainer read these, never the name
     assert [n for n in ADV_ESTIMATOR_REGISTRY if get_adv_estimator(n).needs_groups] == [
         "dr_grpo", "group_ppo", "grpo", "grpo_passk", "rloo", "tree_grpo"]
@@ -237,7 +240,7 @@ def grouped_batch(draw, min_g=2):
 @given(grouped_batch(), st.sampled_from(["grpo", "dr_grpo", "rloo", "grpo_passk"]))
 def test_vectorised_matches_loop(batch, name):
     R_, gi, mask = batch
-    out = get_adv_estimator(name)(AdvantageInputs(R_, mask, gi))
+    out = get_adv_estimator(name)(AdvantageInputs(R_, mask, gi), **estimator_params(name))
     ref = loop_reference(name, R_, gi)
     torch.testing.assert_close(out.advantages, ref[:, None] * mask, rtol=1e-7, atol=1e-7)
 
@@ -253,7 +256,8 @@ def test_finite_for_constant_groups(batch):
     flat = torch.arange(len(R_))[:, None].expand(-1, mask.shape[1] + 1)  # tree_nodes of flat sampling
     for name in ADV_ESTIMATOR_REGISTRY:
         out = get_adv_estimator(name)(AdvantageInputs(
-            R_, mask, gi, prompts=prompts, values=V, greedy_rewards=R_, stat_tracker=tracker, tree_nodes=flat))
+            R_, mask, gi, prompts=prompts, values=V, greedy_rewards=R_, stat_tracker=tracker, tree_nodes=flat),
+            **estimator_params(name))
         assert torch.isfinite(out.advantages).all(), name
         assert torch.isfinite(out.returns).all(), name
         if name in ("grpo", "dr_grpo", "rloo", "grpo_passk", "ddpo", "tree_grpo"):
@@ -265,7 +269,7 @@ def test_finite_for_constant_groups(batch):
 def test_grpo_group_mean_zero_std_one(batch):
     R_, gi, mask = batch
     ones = torch.ones_like(mask)
-    A = get_adv_estimator("grpo")(AdvantageInputs(R_, ones, gi)).advantages[:, 0]
+    A = get_adv_estimator("grpo")(AdvantageInputs(R_, ones, gi), **estimator_params("grpo")).advantages[:, 0]
     for g in gi.unique():
         a = A[gi == g]
         r = R_[gi == g]

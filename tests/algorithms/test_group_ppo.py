@@ -17,6 +17,7 @@ from ddpo_group.algorithms import (
     post_step_values,
     td_deltas,
 )
+from estimator_params import params as estimator_params
 
 D = torch.float64
 EPS = 1e-6
@@ -33,7 +34,7 @@ GI1 = torch.tensor([0, 0])
 
 def est(R, V, gi, mask=None, **kw):
     mask = torch.ones(V.shape, dtype=D) if mask is None else mask
-    return get_adv_estimator("group_ppo")(AdvantageInputs(R, mask, gi, values=V), **kw)
+    return get_adv_estimator("group_ppo")(AdvantageInputs(R, mask, gi, values=V), **estimator_params("group_ppo", **kw))
 
 
 def test_hand_case_endpoints_advantages_critic():
@@ -129,7 +130,7 @@ def problem(draw):
 def test_vectorised_matches_loop_reference(prob, weighted):
     R, V, gi, tau, max_size, lam, mask = prob
     res = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, numerical_floor=EPS, gae_lambda=lam,
-                               step_mask=mask, weight_by_mask=weighted)
+                               step_mask=mask, weight_by_mask=weighted, norm_adv_by_std=False)
     u = post_step_values(V, R)
     b = [float(R[gi == gi[i]].mean()) for i in range(len(R))]
     ends, adv = ref_group_ppo(u.tolist(), b, gi.tolist(), tau, max_size, EPS, lam,
@@ -175,7 +176,8 @@ def test_tau_zero_equals_gae(prob):
     # the same GAE on values_pre[:, n] = u[:, n-1], i.e. V(x_0) replaced by b_g by hand
     Vb = V.clone()
     Vb[:, 0] = torch.stack([R[gi == g].mean() for g in gi])
-    gae2 = get_adv_estimator("gae")(AdvantageInputs(R, mask, gi, values=Vb), gamma=1.0, gae_lambda=lam, whiten=False)
+    gae2 = get_adv_estimator("gae")(AdvantageInputs(R, mask, gi, values=Vb), gamma=1.0, gae_lambda=lam, whiten=False,
+                                    gae_start_value="critic")
     torch.testing.assert_close(out.advantages, gae2.advantages, rtol=1e-9, atol=1e-12)
     # critic targets at every post-step state = GAE returns (same lambda) on columns 1..T-1
     torch.testing.assert_close(out.critic_targets[:, 1:], gae.returns[:, 1:], rtol=1e-9, atol=1e-12)
@@ -193,7 +195,7 @@ def test_tau_inf_equals_dr_grpo_and_grpo(prob):
         torch.testing.assert_close(out.advantages, dr.advantages, rtol=1e-9, atol=1e-12)
         assert out.endpoint_mask.sum() == 0
         outs = est(R, V, gi, mask, tau=math.inf, max_segment_steps=max_size, gae_lambda=lam, norm_adv_by_std=True)
-        grpo = get_adv_estimator("grpo")(AdvantageInputs(R, mask, gi), eps=EPS)
+        grpo = get_adv_estimator("grpo")(AdvantageInputs(R, mask, gi), eps=EPS, norm_adv_by_std=True, global_std=False)
         torch.testing.assert_close(outs.advantages, grpo.advantages, rtol=1e-9, atol=1e-12)
 
 
@@ -213,7 +215,7 @@ def test_residual_critic_is_the_plain_one_shifted_by_the_group_mean_and_grpo_at_
     assert torch.all(residual.critic_targets[~on] == 0)
     # an untrained residual critic (output 0) gives grpo's advantage on every step, whatever the grouping (lam = 1)
     zero = est(R, torch.zeros_like(V), gi, mask, value_source="residual_critic", **{**kw, "gae_lambda": 1.0})
-    grpo = get_adv_estimator("grpo")(AdvantageInputs(R, mask, gi), eps=EPS)
+    grpo = get_adv_estimator("grpo")(AdvantageInputs(R, mask, gi), eps=EPS, norm_adv_by_std=True, global_std=False)
     torch.testing.assert_close(zero.advantages, grpo.advantages, rtol=1e-9, atol=1e-12)
 
 
@@ -227,7 +229,7 @@ def test_tweedie_and_blend_values(prob, w):
 
     def run(values, tweedie=None, **extra):
         inputs = AdvantageInputs(R, mask, gi, values=values, tweedie_values=tweedie)
-        return get_adv_estimator("group_ppo")(inputs, **kw, **extra)
+        return get_adv_estimator("group_ppo")(inputs, **estimator_params("group_ppo", **kw, **extra))
 
     tweedie = run(V, Q, value_source="tweedie")  # the critic's output is not read
     torch.testing.assert_close(tweedie.advantages, run(Q).advantages, rtol=1e-9, atol=1e-12)
@@ -258,11 +260,13 @@ def test_lambda_limits(prob):
     b = torch.stack([R[gi == g].mean() for g in gi])
     u = post_step_values(V, R)
     # gae_lambda = 0: the group advantages (one per group, read at the endpoints) telescope to R - b_g
-    r0 = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, gae_lambda=0.0)
+    r0 = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, gae_lambda=0.0, numerical_floor=1e-6,
+                              norm_adv_by_std=False)
     per_traj = (r0.advantages * r0.step_endpoints).sum(dim=1)
     torch.testing.assert_close(per_traj, R - b, rtol=1e-9, atol=1e-12)
     # gae_lambda = 1: A = R - u_start, u_start = u at the endpoint before the group (b_g for the first group)
-    r1 = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, gae_lambda=1.0)
+    r1 = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, gae_lambda=1.0, numerical_floor=1e-6,
+                              norm_adv_by_std=False)
     u_ext = torch.cat([b[:, None], u], dim=1)  # u_ext[:, e + 1] = u_e
     ends = r1.step_endpoints.long()
     start_idx = torch.cumsum(torch.cat([torch.zeros_like(ends[:, :1]), ends[:, :-1]], 1), 1)  # group id
@@ -279,7 +283,8 @@ def test_lambda_limits(prob):
 def test_step_rewards_enter_delta():
     sr = torch.tensor([[0.0, -0.1, -0.2], [-0.3, 0.0, 0.0]], dtype=D)
     out = get_adv_estimator("group_ppo")(
-        AdvantageInputs(R1, torch.ones(2, 3, dtype=D), GI1, values=V1, step_rewards=sr), tau=math.inf, gae_lambda=1.0)
+        AdvantageInputs(R1, torch.ones(2, 3, dtype=D), GI1, values=V1, step_rewards=sr),
+        **estimator_params("group_ppo", tau=math.inf, gae_lambda=1.0))
     # one group, lam = 1: A = R + sum of all step rewards - b_g
     torch.testing.assert_close(out.advantages[:, 0], R1 + sr.sum(1) - 0.5)
 
@@ -320,7 +325,7 @@ def test_find_group_endpoints_api_and_errors():
         with pytest.raises(ValueError):
             find_segment_endpoints(u, delta, **kw)
     with pytest.raises(ValueError, match="values"):
-        get_adv_estimator("group_ppo")(AdvantageInputs(R, torch.ones(2, 3), GI1))
+        get_adv_estimator("group_ppo")(AdvantageInputs(R, torch.ones(2, 3), GI1), **estimator_params("group_ppo"))
 
 
 def test_group_metrics_hand():

@@ -8,6 +8,7 @@ import torch
 
 from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator
 from ddpo_group.algorithms.group_ppo import group_ppo_advantages, tree_value_ev, tree_values
+from estimator_params import params as estimator_params
 
 # one prompt group, one root of 4 leaves, 3 steps: branch 2 at step 0, 2 at step 1 (x_2, x_3: the leaves)
 NODES = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1], [0, 2, 2, 2], [0, 2, 3, 3]])
@@ -35,7 +36,8 @@ def test_group_ppo_limits_on_a_tree(tau, gae_lambda, want):
     """tau = inf: one segment, grpo; tau = 0: a segment from each branch step (the only cuts allowed), the last one
     closed at T-1; lambda = 0 the segments' own value differences, lambda = 1 the Monte-Carlo returns."""
     values, branch = tree_values(NODES, R)
-    out = group_ppo_advantages(values, R, GROUP, tau=tau, gae_lambda=gae_lambda, cut_steps=branch)
+    out = group_ppo_advantages(values, R, GROUP, tau=tau, gae_lambda=gae_lambda, cut_steps=branch, max_segment_steps=16,
+                               numerical_floor=1e-6, norm_adv_by_std=False)
     assert out.advantages.tolist() == want
     assert out.step_endpoints.tolist() == [[tau == 0.0, False, True]] * 4
 
@@ -49,10 +51,11 @@ def test_tree_grpo_gives_each_branch_its_nodes_difference():
     torch.testing.assert_close(out.advantages, want, rtol=0, atol=1e-12)
     once = torch.tensor([[0, 0, 0, 0], [0, 1, 1, 1], [0, 2, 2, 2], [0, 3, 3, 3]])  # 4 children at step 0
     flat = AdvantageInputs(R, torch.ones(4, 3, dtype=torch.float64), GROUP, tree_nodes=once)
-    torch.testing.assert_close(get_adv_estimator("tree_grpo")(flat).advantages,
-                               get_adv_estimator("grpo")(flat).advantages, rtol=0, atol=1e-12)
+    torch.testing.assert_close(get_adv_estimator("tree_grpo")(flat, norm_adv_by_std=True).advantages,
+                               get_adv_estimator("grpo")(flat, **estimator_params("grpo")).advantages, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match="tree_grpo needs inputs.tree_nodes"):
-        get_adv_estimator("tree_grpo")(AdvantageInputs(R, torch.ones(4, 3, dtype=torch.float64), GROUP))
+        get_adv_estimator("tree_grpo")(AdvantageInputs(R, torch.ones(4, 3, dtype=torch.float64), GROUP),
+                                       norm_adv_by_std=True)
 
 
 def test_the_tree_values_explained_variance_by_hand():
@@ -99,7 +102,7 @@ def test_the_per_leaf_policy_gradient_of_a_tree_is_the_flat_one_in_expectation()
             returns = torch.stack([reward[a0, a1] for a0, a1 in leaves])
             advantages = (returns - (returns.mean() if group_mean else baseline))[:, None].expand(-1, 2)
             loss, _ = vanilla_policy_loss(log_prob.detach(), log_prob, advantages, torch.ones_like(log_prob),
-                                          loss_agg_mode="step-mean", clip_low=0.2, clip_high=0.2)
+                                          loss_agg_mode="step-mean", clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
             total = total + probability * loss
         return torch.autograd.grad(total, theta)[0]
 

@@ -5,6 +5,7 @@ import math
 import torch
 
 from ddpo_group.algorithms import AdvantageInputs, component_metrics, component_normalized_sum, get_adv_estimator
+from estimator_params import params as estimator_params
 
 D = torch.float64
 EPS = 1e-6
@@ -12,7 +13,7 @@ EPS = 1e-6
 
 def estimate(name, rewards, groups, **params):
     inputs = AdvantageInputs(rewards=rewards, step_mask=torch.ones(len(rewards), 3, dtype=D), group_index=groups)
-    return get_adv_estimator(name)(inputs, **params).advantages[:, 0]
+    return get_adv_estimator(name)(inputs, **estimator_params(name, **params)).advantages[:, 0]
 
 
 def test_per_component_normalisation_against_a_hand_computation():

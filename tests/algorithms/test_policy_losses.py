@@ -34,7 +34,8 @@ def test_vanilla_hand():
     expected = [[-1.2, 1.5, 3.0], [-0.5, 0.8, -2.0]]
     mat, metrics = vanilla_loss_matrix(old, new, A, mask, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
     torch.testing.assert_close(mat, torch.tensor(expected, dtype=D))
-    loss, metrics = get_policy_loss("vanilla")(old, new, A, mask, "step-mean", clip_low=0.2, clip_high=0.2)
+    loss, metrics = get_policy_loss("vanilla")(old, new, A, mask, "step-mean",
+                                               clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
     assert math.isclose(float(loss), (-1.2 + 1.5 + 3.0 - 0.5 + 0.8) / 5, rel_tol=1e-12)
     assert math.isclose(metrics["clipfrac"], 2 / 5)  # (A=1,r=1.5), (A=-1,r=0.5); r=5 is dual-clipped
     assert math.isclose(metrics["clipfrac_lower"], 1 / 5)
@@ -44,7 +45,8 @@ def test_vanilla_hand():
     assert math.isclose(metrics["approx_kl"], float((0.5 * d ** 2).mean()))
     assert math.isclose(metrics["ppo_kl"], float((-d).mean()))
     # other aggregation: traj-mean-step-sum = ((-1.2 + 1.5 + 3) + (-0.5 + 0.8)) / 2
-    loss, _ = get_policy_loss("vanilla")(old, new, A, mask, "seq-mean-token-sum", clip_low=0.2, clip_high=0.2)
+    loss, _ = get_policy_loss("vanilla")(old, new, A, mask, "seq-mean-token-sum",
+                                         clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
     assert math.isclose(float(loss), (3.3 + 0.3) / 2, rel_tol=1e-12)
 
 
@@ -53,7 +55,7 @@ def test_vanilla_asymmetric_and_no_dual_clip():
     new = lp([[1.5, 0.5]])
     A = torch.tensor([[1.0, -1.0]], dtype=D)
     mask = torch.ones(1, 2, dtype=D)
-    mat, _ = vanilla_loss_matrix(old, new, A, mask, clip_low=0.1, clip_high=0.3)
+    mat, _ = vanilla_loss_matrix(old, new, A, mask, clip_low=0.1, clip_high=0.3, clip_ratio_c=3.0)
     torch.testing.assert_close(mat, torch.tensor([[-1.3, 0.9]], dtype=D))
     new = lp([[1.0, 10.0]])
     mat, _ = vanilla_loss_matrix(old, new, A, mask, clip_low=0.1, clip_high=0.3, clip_ratio_c=None)
@@ -65,7 +67,8 @@ def test_vanilla_asymmetric_and_no_dual_clip():
 def test_log_ratio_clamp():
     old = torch.zeros(1, 1, dtype=D)
     new = torch.full((1, 1), 100.0, dtype=D)
-    _, m = vanilla_loss_matrix(old, new, torch.ones(1, 1, dtype=D), torch.ones(1, 1, dtype=D), 0.2, 0.2)
+    _, m = vanilla_loss_matrix(old, new, torch.ones(1, 1, dtype=D), torch.ones(1, 1, dtype=D), 0.2, 0.2,
+                               clip_ratio_c=3.0)
     assert math.isclose(m["ratio_max"], math.exp(20.0))
 
 
@@ -75,10 +78,12 @@ def test_gspo_hand():
     A = torch.ones(1, 2, dtype=D)
     mask = torch.ones(1, 2, dtype=D)
     s = math.sqrt(1.1 * 1.3)  # geometric mean ratio 1.19583
-    loss, m = get_policy_loss("gspo")(old, new, A, mask, "traj-mean-step-mean", clip_low=0.1, clip_high=0.1)
+    loss, m = get_policy_loss("gspo")(old, new, A, mask, "traj-mean-step-mean",
+                                      clip_low=0.1, clip_high=0.1, clip_ratio_c=3.0)
     assert math.isclose(float(loss.detach()), -1.1, rel_tol=1e-12)  # clipped to 1 + 0.1
     assert m["clipfrac"] == 1.0 and math.isclose(m["traj_ratio_mean"], s, rel_tol=1e-12)
-    loss, m = get_policy_loss("gspo")(old, new, A, mask, "traj-mean-step-mean", clip_low=0.3, clip_high=0.3)
+    loss, m = get_policy_loss("gspo")(old, new, A, mask, "traj-mean-step-mean",
+                                      clip_low=0.3, clip_high=0.3, clip_ratio_c=3.0)
     assert math.isclose(float(loss.detach()), -s, rel_tol=1e-12)
     loss.backward()
     # d loss / d l_n = -A * s / T (each step's gradient carries the trajectory ratio)
@@ -90,7 +95,8 @@ def test_geo_mean_hand():
     new = torch.tensor([[0.1, -0.05], [0.1, -0.05]], dtype=D)
     A = torch.tensor([[1.0, 1.0], [-1.0, -1.0]], dtype=D)
     mask = torch.ones(2, 2, dtype=D)
-    loss, m = get_policy_loss("geo_mean")(old, new, A, mask, "step-mean", clip_low=0.08, clip_high=0.08)
+    loss, m = get_policy_loss("geo_mean")(old, new, A, mask, "step-mean",
+                                          clip_low=0.08, clip_high=0.08, clip_ratio_c=3.0)
     # A > 0: d~ = [min(0.1, 0.08), -0.05] -> mean 0.015; A < 0: d~ = [0.1, max(-0.05, -0.05)] -> 0.025
     expected = 0.5 * (-math.exp(0.015) + math.exp(0.025))
     assert math.isclose(float(loss), expected, rel_tol=1e-12)
@@ -98,7 +104,7 @@ def test_geo_mean_hand():
     # A < 0, d = -0.1 below -clip_low is floored at -0.08
     loss, _ = get_policy_loss("geo_mean")(old[:1], torch.tensor([[-0.1, 0.0]], dtype=D),
                                           -torch.ones(1, 2, dtype=D), mask[:1], "step-mean",
-                                          clip_low=0.08, clip_high=0.08)
+                                          clip_low=0.08, clip_high=0.08, clip_ratio_c=3.0)
     assert math.isclose(float(loss), math.exp(-0.04), rel_tol=1e-12)
 
 
@@ -114,7 +120,7 @@ def test_gradient_direction(B, T, seed, name, mode):
     new = old.clone().requires_grad_(True)  # ratio 1: inside every clip range
     A = torch.randn(B, 1, dtype=D, generator=g).expand(B, T).contiguous()
     mask = (torch.rand(B, T, generator=g) < 0.7).to(D)
-    loss, metrics = get_policy_loss(name)(old, new, A, mask, mode, clip_low=0.2, clip_high=0.2)
+    loss, metrics = get_policy_loss(name)(old, new, A, mask, mode, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
     loss.backward()
     grad = new.grad
     on = (mask > 0) & (A != 0)
@@ -126,7 +132,7 @@ def test_gradient_direction(B, T, seed, name, mode):
         i, j = [int(x) for x in on.nonzero()[0]]
         bumped = new.detach().clone()
         bumped[i, j] += 1e-3 * float(torch.sign(A[i, j]))
-        loss2, _ = get_policy_loss(name)(old, bumped, A, mask, mode, clip_low=0.2, clip_high=0.2)
+        loss2, _ = get_policy_loss(name)(old, bumped, A, mask, mode, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
         assert float(loss2) < float(loss.detach())
 
 
@@ -138,13 +144,13 @@ def test_vanilla_chunked_matches_full():
     A = torch.randn(B, T, dtype=D, generator=g)
     mask = (torch.rand(B, T, generator=g) < 0.6).to(D)
     for mode in ("token-mean", "seq-mean-token-mean", "traj-mean-step-sum", "traj-mean-step-sum-norm"):
-        full, _ = get_policy_loss("vanilla")(old, new, A, mask, mode, clip_low=0.1, clip_high=0.2)
+        full, _ = get_policy_loss("vanilla")(old, new, A, mask, mode, clip_low=0.1, clip_high=0.2, clip_ratio_c=3.0)
         w = aggregation_weights(mask, mode, dtype=D).reshape(-1)
         flat = [x.reshape(-1) for x in (old, new, A, mask)]
         total = 0.0
         for s in range(0, B * T, 5):  # chunks of flattened (sample, step) pairs
             chunk = [x[s:s + 5] for x in flat]
-            mat, _ = vanilla_loss_matrix(*chunk, clip_low=0.1, clip_high=0.2)
+            mat, _ = vanilla_loss_matrix(*chunk, clip_low=0.1, clip_high=0.2, clip_ratio_c=3.0)
             total = total + (w[s:s + 5] * mat).sum()
         assert math.isclose(float(total), float(full), rel_tol=1e-12, abs_tol=1e-14)
 
@@ -158,4 +164,4 @@ def test_policy_loss_registry():
         register_policy_loss("vanilla")(lambda *a, **k: None)
     # extra kwargs are ignored
     x = torch.zeros(1, 1, dtype=D)
-    get_policy_loss("vanilla")(x, x, x + 1, x + 1, "step-mean", clip_low=0.1, clip_high=0.1, foo=1)
+    get_policy_loss("vanilla")(x, x, x + 1, x + 1, "step-mean", clip_low=0.1, clip_high=0.1, foo=1, clip_ratio_c=3.0)

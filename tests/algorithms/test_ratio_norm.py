@@ -115,8 +115,9 @@ def test_the_aggregated_loss_is_the_weighted_matrix_and_the_registration_declare
     lp = gaussian_log_prob(x.flatten(0, 1), (old_mean + dmu).flatten(0, 1), std.flatten()).view(2, 3)
     mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
     kwargs = dict(mean=old_mean + dmu, old_mean=old_mean, std=std, step_length=torch.full((2, 3), 0.25))
-    loss, _ = spec(old_lp, lp, torch.ones(2, 3), mask, "step-mean", clip_low=0.2, clip_high=0.2, **kwargs)
-    mat, _ = ratio_norm_loss_matrix(old_lp, lp, torch.ones(2, 3), mask, 0.2, 0.2, **kwargs)
+    loss, _ = spec(old_lp, lp, torch.ones(2, 3), mask, "step-mean", clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0,
+                   **kwargs)
+    mat, _ = ratio_norm_loss_matrix(old_lp, lp, torch.ones(2, 3), mask, 0.2, 0.2, clip_ratio_c=3.0, **kwargs)
     torch.testing.assert_close(loss, (mat * mask).sum() / mask.sum())
 
 
@@ -129,10 +130,10 @@ def test_keywords_are_checked_and_missing_inputs_are_named():
     ]
     lp = torch.zeros(2)
     with pytest.raises(ValueError, match=r"ratio_norm needs mean, old_mean and std"):
-        ratio_norm_loss_matrix(lp, lp, lp, torch.ones(2), 0.2, 0.2)
+        ratio_norm_loss_matrix(lp, lp, lp, torch.ones(2), 0.2, 0.2, clip_ratio_c=3.0)
     with pytest.raises(ValueError, match=r"reweight='dt' needs the step's length"):
         ratio_norm_loss_matrix(lp, lp, lp, torch.ones(2), 0.2, 0.2, mean=torch.zeros(2, 3), old_mean=torch.zeros(2, 3),
-                               std=torch.ones(2))
+                               std=torch.ones(2), clip_ratio_c=3.0)
 
 
 def test_a_wrong_keyword_is_a_config_error():

@@ -37,7 +37,7 @@ def test_min_count_falls_back_to_batch_stats():
 
 
 def test_group_mode_clears_every_update():
-    t = PerPromptStatTracker(mode="group")
+    t = PerPromptStatTracker(16, 16, mode="group")
     adv = t.update(["a", "a", "b", "b"], [1.0, 3.0, 5.0, 5.0])
     np.testing.assert_allclose(adv, [-1 / (1 + EPS), 1 / (1 + EPS), 0.0, 0.0], atol=1e-12)
     st = t.get_stats()
@@ -51,7 +51,7 @@ def test_group_mode_clears_every_update():
 
 
 def test_use_std_false_and_dtypes():
-    t = PerPromptStatTracker(mode="group", use_std=False)
+    t = PerPromptStatTracker(16, 16, mode="group", use_std=False)
     adv = t.update(["x", "x"], torch.tensor([1.0, 2.0], dtype=torch.float32))
     assert adv.dtype == np.float64
     np.testing.assert_allclose(adv, [-0.5, 0.5])
@@ -60,7 +60,7 @@ def test_use_std_false_and_dtypes():
     with pytest.raises(ValueError, match="non-finite"):
         t.update(["x", "x"], [1.0, float("nan")])
     with pytest.raises(ValueError, match="mode"):
-        PerPromptStatTracker(mode="epoch")
+        PerPromptStatTracker(16, 16, mode="epoch")
 
 
 def test_state_round_trip():
@@ -76,11 +76,11 @@ def test_state_round_trip():
     new = rng.normal(size=4)
     np.testing.assert_array_equal(t.update(prompts, new), t2.update(prompts, new))
     with pytest.raises(ValueError, match="mode"):
-        PerPromptStatTracker(mode="group").load_state_dict(state)
+        PerPromptStatTracker(16, 16, mode="group").load_state_dict(state)
 
 
 def test_get_metrics_flat_floats():
-    t = PerPromptStatTracker(mode="group")
+    t = PerPromptStatTracker(16, 16, mode="group")
     t.update(["a", "a", "b", "b"], [0.0, 1.0, 2.0, 2.0])
     m = t.get_metrics()
     assert m["stat_tracker/zero_std_ratio"] == 0.5 and m["stat_tracker/num_groups"] == 2.0

@@ -74,7 +74,8 @@ def assert_reported(out, code: int, *expected: str, lines: int = 3) -> str:
 # ---------------------------------------------------------------- usage errors: the run does not start
 def test_an_unknown_preset_names_the_valid_ones():
     out = train([], preset="nope")
-    from config.base import PRESETS, RECIPES
+    from config.base import PRESETS
+    from config.recipes import RECIPES
 
     valid = ", ".join(sorted({**PRESETS, **RECIPES}))
     assert len(valid.split(", ")) > 12  # the presets and the recipes

@@ -24,7 +24,9 @@ def defined_presets() -> set:
     spec = importlib.util.spec_from_file_location("config_base_for_sweeps", ROOT / "config" / "base.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return set(module.PRESETS) | set(module.RECIPES)
+    from config.recipes import RECIPES  # what get_config of the file loaded by path reads too
+
+    return set(module.PRESETS) | set(RECIPES)
 
 
 def values_of(name: str, spec: dict) -> list:

@@ -197,7 +197,7 @@ def test_an_unset_noise_level_is_the_familys_standard_one():
 
 
 def test_the_flow_model_on_the_sd_models_task_is_warned_about_and_its_recipe_is_not():
-    from config.base import RECIPES
+    from config.recipes import RECIPES
     from ddpo_group.run.config_checks import config_warnings
 
     config = get_config("grpo")

@@ -1,5 +1,6 @@
 """Every default lives in config/base.py: package code reads ``config.section.field`` and never restates a default
-with ``.get("field", default)`` or ``getattr(x, "field", default)``."""
+with ``.get("field", default)`` or ``getattr(x, "field", default)``, and an algorithm function declares no default
+for a parameter the trainer fills from the config."""
 
 import ast
 from pathlib import Path
@@ -66,3 +67,45 @@ def test_the_configuration_reference_is_generated_from_base_py():
     for field in ("kl.beta", "group_ppo.max_segment_steps", "sample.sde_window_size", "eval_num_seeds"):
         assert f"| `{field}` |" in text
     assert "| `train.epsilon` | `train.clip_range` |" in text  # the former names
+
+
+def defaulted(fn, keywords: set) -> list:
+    """The ``keywords`` of ``fn`` that have a default (each must be one of its parameters)."""
+    import inspect
+
+    parameters = inspect.signature(fn).parameters
+    missing = keywords - set(parameters)
+    assert not missing, f"{fn.__qualname__} has no parameter {sorted(missing)}"
+    return sorted(k for k in keywords if parameters[k].default is not inspect.Parameter.empty)
+
+
+def config_driven_parameters():
+    """(function, the keywords the trainer fills from the config) of every algorithm function it calls so: each
+    registered estimator's declared ``params``, each policy loss's aggregation and clip settings (PolicyUpdater), the
+    GROUP_PPO advantages' settings (group_ppo_advantage), DDPO's stat tracker (Trainer.build_algorithm)."""
+    from ddpo_group.algorithms import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY, get_adv_estimator, get_policy_loss
+    from ddpo_group.algorithms.group_ppo import group_ppo_advantages
+    from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
+
+    clip = {"clip_low", "clip_high", "clip_ratio_c"}
+    for name in ADV_ESTIMATOR_REGISTRY:
+        spec = get_adv_estimator(name)
+        yield spec.fn, set(spec.params)
+    for name in POLICY_LOSS_REGISTRY:
+        spec = get_policy_loss(name)
+        yield spec.fn, {"loss_agg_mode"} | clip
+        if spec.loss_matrix is not None:
+            yield spec.loss_matrix, clip
+    yield group_ppo_advantages, {"tau", "max_segment_steps", "numerical_floor", "gae_lambda", "norm_adv_by_std"}
+    yield PerPromptStatTracker.__init__, {"buffer_size", "min_count"}
+
+
+def test_no_algorithm_function_restates_a_config_default():
+    def plugin(inputs, *, gamma: float = 1.0, gae_lambda: float, **_):
+        return inputs
+
+    assert defaulted(plugin, {"gamma", "gae_lambda"}) == ["gamma"]  # the scan finds one
+    found = [(fn.__qualname__, defaulted(fn, keywords)) for fn, keywords in config_driven_parameters()]
+    assert len(found) >= 15
+    offenders = [(name, keywords) for name, keywords in found if keywords]
+    assert not offenders, f"config-driven parameters with a default of their own: {offenders}"

@@ -113,7 +113,8 @@ def test_resume_is_exact(objective, tiny_sd3_dir, tmp_path):
 
 
 def test_presets_and_published_recipes():
-    from config.base import RECIPES, get_config
+    from config.base import get_config
+    from config.recipes import RECIPES
     from ddpo_group.run.config_checks import validate_config
 
     for name in ("awm", "nft", "dpo", "dgpo"):

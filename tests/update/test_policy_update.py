@@ -123,7 +123,7 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     lp = old.clone().index_put((r, n), out.log_prob)
     kl_mat = torch.zeros(3, 4).index_put((r, n), kl)
     loss, _ = get_policy_loss(loss_name)(old, lp, batch.advantages[rows], step_mask, "traj-mean-step-mean",
-                                         clip_low=0.2, clip_high=0.2)
+                                         clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
     (loss + 0.5 * agg_loss(kl_mat, step_mask, "traj-mean-step-mean")).backward()
     direct = [p.grad for p in params]
     terms = int(step_mask.sum()) * 2 * 64  # products per LoRA weight gradient: pairs, CFG branches, latent positions
