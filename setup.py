@@ -1,4 +1,4 @@
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 OCR = ['rapidocr-onnxruntime>=1.4.4,<1.5; python_version < "3.13"', "rapidfuzz>=3"]
 HPS = ["open_clip_torch>=2.24"]
@@ -7,10 +7,10 @@ setup(
     name="ddpo_group",
     version="0.1.0",
     description="Reinforcement-learning fine-tuning of diffusion models: DDPO, the GRPO family, PPO/GAE and GROUP_PPO",
-    packages=find_packages(include=["ddpo_group", "ddpo_group.*"]),
-    include_package_data=True,
-    package_data={"ddpo_group": ["models/tiny_shapes/*", "models/tiny_shapes/*/*", "models/tiny_shapes_flow/*",
-                              "models/tiny_shapes_flow/*/*", "models/tiny_shapes_classifier/*", "assets/*"]},
+    # the embedded models' folders and assets/ hold data only: packages without an __init__.py (namespace packages)
+    packages=find_namespace_packages(include=["ddpo_group", "ddpo_group.*"], exclude=["*.__pycache__"]),
+    package_dir={"": "."},  # an editable install puts the checkout on the path (a .pth file, no import hook)
+    package_data={"": ["*.json", "*.safetensors", "*.txt"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.1,<3",
