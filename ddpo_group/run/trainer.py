@@ -56,6 +56,7 @@ from ddpo_group.update.critic import Critic
 from ddpo_group.update.ema import EMAWeights
 from ddpo_group.update.matching_update import MatchingUpdater
 from ddpo_group.update.old_model import OldModel
+from ddpo_group.update.on_policy import OnPolicyWatch
 from ddpo_group.update.memory_fit import PairsPerForward, names_the_setting
 from ddpo_group.update.policy_update import PolicyUpdater
 from ddpo_group.update.preference_update import PreferenceUpdater
@@ -106,6 +107,7 @@ class Trainer:
                                         config.log_images_every, self.session.print)
         self.throughput = Throughput(self.accelerator, config.mixed_precision, self.model_flops, self.session.print)
         self.nfe = DenoiserEvaluations()  # perf/nfe_*: the denoisers' forwards while sampling and while training
+        self.on_policy = OnPolicyWatch(config.mixed_precision, self.session.print)  # train/ratio_before_update
         sampling_copy = [self.sampling_model] if self.sampling_model is not self.family.model else []
         for module in self.family.denoisers() + self.denoiser_copies() + sampling_copy:
             self.nfe.watch(module)
@@ -245,6 +247,7 @@ class Trainer:
                 with self.timer.phase("training"), names_the_setting("training", self.chunk_setting()), \
                         self.nfe.counting("training"):
                     train = self.updater.train_epoch(batch, show_progress=self.accelerator.is_local_main_process)
+            self.on_policy(train.get("ratio_before_update"))  # warned once: the update is off-policy from its start
             self.state.global_step += train.pop("optimizer_steps")
             pairs = train.pop("pairs")
             # 4. update the critic

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ddpo_group.algorithms import aggregation_weights, get_policy_loss
+from ddpo_group.distributed import check_peers
 from ddpo_group.update.updater import Chunk, Updater
 
 
@@ -40,6 +41,19 @@ class PolicyUpdater(Updater):
         self.clip_range = float(config.train.clip_range)
         # a loss with a per-step matrix backpropagates chunk by chunk; any other once per train batch
         self.backward_per_chunk = self.loss.loss_matrix is not None
+        self.ratio_gap = None  # max |ratio - 1| at the rollout weights this epoch (update/on_policy.py), on the device
+
+    def train_epoch(self, batch, show_progress: bool = True) -> dict:
+        """The update loop (update/updater.py), and ``ratio_before_update``: the largest |ratio - 1| of the pairs
+        trained before the epoch's first optimizer step, over every process (update/on_policy.py)."""
+        self.ratio_gap = torch.zeros((), device=self.accelerator.device)
+        out = super().train_epoch(batch, show_progress)
+        gap = self.ratio_gap[None]
+        if self.accelerator.num_processes > 1:  # one gather per epoch
+            check_peers(self.accelerator)
+            gap = self.accelerator.gather(gap)
+        out["ratio_before_update"] = float(gap.max())
+        return out
 
     def pair_weights(self, step_mask: torch.Tensor, num_pairs: int) -> torch.Tensor:
         """The aggregation weights w_{i,n} of ``algorithm.loss_agg_mode`` over the train batch's step mask, of each
@@ -56,6 +70,10 @@ class PolicyUpdater(Updater):
         device = self.accelerator.device
         r, n = chunk.units.to(device, non_blocking=True), chunk.steps.to(device, non_blocking=True)
         out = self.scorer(self.model, batch, r, n)
+        if chunk.at_rollout_weights:  # the policy is still the rollout policy: each ratio is 1 up to rounding
+            with torch.no_grad():
+                ratio = torch.exp(out.log_prob.float() - batch.log_probs[r, n].float())
+                self.ratio_gap = torch.maximum(self.ratio_gap, (ratio - 1).abs().max())
         kl = None
         if self.uses_reference:
             kl = self.kl.step_kl(out, lambda model: self.scorer(model, batch, r, n),

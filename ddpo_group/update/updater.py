@@ -62,6 +62,7 @@ class Chunk:
     weights: torch.Tensor | float
     num_pairs: int
     share: float
+    at_rollout_weights: bool = False  # no optimizer step yet this epoch: the policy is the rollout policy
 
 
 class Updater:
@@ -134,7 +135,8 @@ class Updater:
             for start in range(0, num_units, per_batch):
                 units = order[start : start + per_batch]
                 position = f"train batch {start // per_batch} of inner epoch {inner}"
-                metrics = self.train_batch(batch, units, step_mask[units], position, optimizer_steps)
+                metrics = self.train_batch(batch, units, step_mask[units], position, optimizer_steps,
+                                           at_rollout_weights=optimizer_steps == 0)
                 grad_norm = metrics.pop("grad_norm", None)
                 if grad_norm is not None:  # only on optimizer steps
                     sums["grad_norm"] += grad_norm
@@ -152,10 +154,11 @@ class Updater:
         return out
 
     def train_batch(self, batch, units: torch.Tensor, step_mask: torch.Tensor, position: str,
-                    optimizer_steps: int) -> dict:
-        """One train batch: its gradients, the non-finite check (naming ``position``), the optimizer step."""
+                    optimizer_steps: int, at_rollout_weights: bool = False) -> dict:
+        """One train batch: its gradients, the non-finite check (naming ``position``), the optimizer step;
+        ``at_rollout_weights``: no optimizer step yet this epoch."""
         with self.accelerator.accumulate(self.model):
-            metrics = self.accumulate_gradients(batch, units, step_mask)
+            metrics = self.accumulate_gradients(batch, units, step_mask, at_rollout_weights=at_rollout_weights)
             if self.accelerator.sync_gradients:
                 norm = self.accelerator.clip_grad_norm_(self.params, self.config.train.max_grad_norm)
                 metrics["grad_norm"] = norm.detach() if isinstance(norm, torch.Tensor) else norm  # read at epoch end
@@ -171,7 +174,7 @@ class Updater:
         return metrics
 
     def accumulate_gradients(self, batch, units: torch.Tensor, step_mask: torch.Tensor,
-                             pairs_per_forward: int | None = None) -> dict:
+                             pairs_per_forward: int | None = None, at_rollout_weights: bool = False) -> dict:
         """Backpropagate one train batch's loss, chunk by chunk of (unit, step) pairs: the pairs are ``step_mask``'s
         [b, T] nonzero entries, ``units`` [b] the train batch's units (its rows, for a sample a unit). The chunks'
         gradients add up to the whole train batch's; memory is one chunk's activations. ``step_mask`` may live on the
@@ -187,9 +190,11 @@ class Updater:
         sums, outputs = defaultdict(float), []
         for k, index in enumerate(chunks):
             if isinstance(weights, torch.Tensor):
-                chunk = Chunk(pair_rows[index], pair_steps[index], weights[index], num_pairs, len(index) / num_pairs)
+                chunk = Chunk(pair_rows[index], pair_steps[index], weights[index], num_pairs, len(index) / num_pairs,
+                              at_rollout_weights)
             else:
-                chunk = Chunk(pair_rows[index], pair_steps[index], weights, num_pairs, len(index) * weights)
+                chunk = Chunk(pair_rows[index], pair_steps[index], weights, num_pairs, len(index) * weights,
+                              at_rollout_weights)
             # gradients are all-reduced once per train batch, on its last chunk
             last = k == len(chunks) - 1
             sync = nullcontext() if last or not self.backward_per_chunk else self.accelerator.no_sync(self.model)
