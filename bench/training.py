@@ -36,7 +36,6 @@ trainer does (compile_denoiser); the reference loop then runs the same modules u
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import tempfile
@@ -50,6 +49,7 @@ from _common import (UNetTimer, add_common_args, bench_config, bench_model, mach
                      side_by_side, sync, train_batches)
 
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
+from ddpo_group.models.speed_options import eager
 from ddpo_group.models.speed_options import compile_denoiser
 from ddpo_group.models.trainable import build_policy, make_optimizer
 from ddpo_group.update.memory_fit import PairsPerForward
@@ -202,19 +202,6 @@ def flow_grpo_epoch(batch, transformer, family, optimizer, params, accelerator, 
         {key: torch.mean(torch.stack(value)).item() for key, value in info.items()}  # noqa: B018 (its logging)
     transformer.eval()
     return torch.stack(losses).mean()
-
-
-@contextlib.contextmanager
-def eager(model: torch.nn.Module):
-    """Inside, the modules Module.compile compiled run their plain forward (the reference loop, uncompiled)."""
-    compiled = [(m, m._compiled_call_impl) for m in model.modules() if getattr(m, "_compiled_call_impl", None)]
-    for m, _ in compiled:
-        m._compiled_call_impl = None
-    try:
-        yield
-    finally:
-        for m, impl in compiled:
-            m._compiled_call_impl = impl
 
 
 def reference_loop(family) -> str | None:

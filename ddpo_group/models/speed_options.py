@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from contextlib import contextmanager
 
 import torch
 from accelerate.utils import recursively_apply
@@ -113,6 +114,20 @@ def raise_recompile_limit(model: torch.nn.Module, names: tuple[str, ...]) -> int
     field = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"  # its name before torch 2.6
     setattr(dynamo, field, max(getattr(dynamo, field), RECOMPILES_PER_SHAPE * len(signatures)))
     return getattr(dynamo, field)
+
+
+@contextmanager
+def eager(model: torch.nn.Module):
+    """Inside, the modules of ``model`` that Module.compile compiled (compile_denoiser: the whole denoiser or its
+    repeated blocks) run their plain forward."""
+    compiled = [(m, m._compiled_call_impl) for m in model.modules() if getattr(m, "_compiled_call_impl", None)]
+    for m, _ in compiled:
+        m._compiled_call_impl = None
+    try:
+        yield
+    finally:
+        for m, impl in compiled:
+            m._compiled_call_impl = impl
 
 
 def shared_copy(model: torch.nn.Module) -> torch.nn.Module:

@@ -163,7 +163,7 @@ class PairsPerForward:
         trainable = self.family.stochastic_steps(self.config.sample)
         t = self.config.train
         most = min(MAX_PAIRS, max(1, int(t.batch_size * int(trainable.sum()) * t.timestep_fraction)))
-        first, second = (self._peak(updater, batch, k, trainable) for k in (1, 2))
+        first, second = (self.peak(updater, batch, k, trainable) for k in (1, 2))
         state = self._optimizer_state_bytes(updater)
         budget = HEADROOM * memory_budget(device)
         per_pair = max(second - first, 1)
@@ -174,7 +174,7 @@ class PairsPerForward:
         n, refits = fits(per_pair), []
         while True:  # step 5: n strictly decreases until it runs within the budget
             try:
-                peak = self._peak(updater, batch, n, trainable)
+                peak = self.peak(updater, batch, n, trainable)
             except torch.OutOfMemoryError:
                 if n == 1:
                     raise
@@ -201,7 +201,7 @@ class PairsPerForward:
             return 0
         return sum(2 * 4 * p.numel() for p in updater.params)
 
-    def _peak(self, updater, batch, pairs: int, trainable) -> int:
+    def peak(self, updater, batch, pairs: int, trainable) -> int:
         """Peak bytes above the current allocation of one forward + backward of ``pairs`` pairs (step 1)."""
         device = self.accelerator.device
         probe, rows, mask = probe_batch(batch, pairs, trainable)

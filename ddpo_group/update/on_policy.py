@@ -12,7 +12,7 @@ bf16 exactly 0; a GPU's kernels depend on the batch size); ``scripts/check.py`` 
 
 from __future__ import annotations
 
-RATIO_TOLERANCE = {"no": 1e-4, "fp16": 1e-3, "bf16": 1e-2}  # by mixed_precision
+RATIO_TOLERANCE = {"no": 1e-4, "fp16": 1e-3, "bf16": 5e-3}  # by mixed_precision
 CHECK_COMMAND = "python scripts/check.py --config config/base.py:PRESET (with this run's --config.* settings)"
 
 

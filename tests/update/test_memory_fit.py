@@ -66,7 +66,7 @@ def test_a_probe_peak_over_the_budget_fits_the_pairs_again_from_the_peak_of_many
                          "sample": {}})
     family = SimpleNamespace(stochastic_steps=lambda sample: torch.ones(16, dtype=torch.bool))  # at most 256 pairs
     probe = memory_fit.PairsPerForward(config, SimpleNamespace(device=torch.device("cpu")), family, {})
-    probe._peak = lambda updater, batch, k, trainable: peak(k)
+    probe.peak = lambda updater, batch, k, trainable: peak(k)
     updater = SimpleNamespace(optimizer=None)
     for budget, expected, sizes, said in ((1000, 30, [1, 2, 86, 30], "86 peaked at "),
                                           (4000, 64, [1, 2, 256, 128, 64], "256 ran out of memory, 128 ran out")):
@@ -158,7 +158,7 @@ def test_auto_pairs_fit_a_memory_cap_and_are_kept_in_the_checkpoint(tiny_sd3_dir
 
     rollouts = trainer.rollouts.estimate(trainer.rollouts.collect(0))
     trainer.updater.model.train()
-    peaks = [PairsPerForward._peak(trainer.pairs_per_forward, trainer.updater, rollouts.batch, k,
+    peaks = [PairsPerForward.peak(trainer.pairs_per_forward, trainer.updater, rollouts.batch, k,
                                    trainer.family.stochastic_steps(trainer.config.sample)) for k in (1, 2)]
     per = peaks[1] - peaks[0]
     cap = torch.cuda.memory_allocated(device) + peaks[0] + 6 * per  # room for about 7 pairs before the headroom

@@ -1,0 +1,42 @@
+"""The pre-flight check: does the training forward reproduce the sampler's log-probabilities (is the run on-policy)?
+
+    python scripts/check.py --config config/base.py:PRESET [--config.FIELD=VALUE ...]
+
+Builds the run as training would, samples one batch with the training sampler, re-scores it through the training
+forward and prints per step the largest |log-prob difference| and |ratio - 1| against the precision's tolerance; on a
+mismatch, the likely cause; then the memory a training chunk takes, the seconds an epoch will take and the config's
+warnings (ddpo_group/run/preflight.py). Exit code 0: consistent; 1: not; 2: a usage error.
+"""
+
+import os
+import sys
+
+from absl import app, logging
+from ml_collections import config_flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a source checkout too
+
+from ddpo_group.run.cli import config_flag_first, parse_flags_or_exit  # noqa: E402
+from ddpo_group.run.cli_errors import USAGE_ERROR, exit_with  # noqa: E402
+from ddpo_group.run.quiet import silence_known_noise  # noqa: E402
+
+_DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config", "base.py") + ":group_ppo"
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Training configuration (path:preset).")
+
+
+def main(argv):
+    del argv
+    logging.set_verbosity(logging.WARNING)
+    try:
+        from ddpo_group.run.preflight import run_check
+
+        result = run_check(_CONFIG.value)
+    except Exception as error:  # a config, model, reward or prompt function that cannot be built
+        exit_with(error, USAGE_ERROR)
+    sys.exit(0 if result.consistent else 1)
+
+
+if __name__ == "__main__":
+    silence_known_noise()
+    sys.argv[:] = config_flag_first(sys.argv)
+    app.run(main, flags_parser=parse_flags_or_exit)
