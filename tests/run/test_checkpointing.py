@@ -44,8 +44,10 @@ def test_rotation_keeps_newest_complete_and_resume_finds_latest(tmp_path):
     resumed, skipped = resolve_resume_path(str(tmp_path / "run"))
     assert resumed.name == "checkpoint_00003"
     assert skipped == [f"skipped checkpoint_00005: {root / 'checkpoint_00005'} is incomplete: it has no COMPLETE "
-                       "marker (its save did not finish)"]
-    assert resolve_resume_path(str(root / "checkpoint_00002")) == (root / "checkpoint_00002", [])
+                       "marker (its save did not finish)",
+                       f"{root / '.tmp_checkpoint_00004'} is what a save that never finished left (never resumed "
+                       "from; the next save removes it)"]
+    assert resolve_resume_path(str(root / "checkpoint_00002")) == (root / "checkpoint_00002", skipped[1:])
 
     with torch.no_grad():
         model.weight.zero_()
