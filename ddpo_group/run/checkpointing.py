@@ -4,9 +4,10 @@ Layout: ``<run_dir>/checkpoints/checkpoint_<epoch:05d>/`` holds accelerate's sta
 optimizer, the random states), the training state's pieces (run/state_files.py: safetensors + JSON), the files
 ``extra`` adds, ``COMPLETE`` and, written last, ``MANIFEST.json`` (run/manifest.py: size and sha256 of every file).
 Only complete ones are resumed from or kept. A crash at any point of a save leaves every complete checkpoint written
-before it, and at worst a hidden ``.tmp_*`` / ``.replaced_*`` / ``.deleting_*`` directory that the next save clears up.
-A file that cannot be written (a full disk) stops the save with a WriteError naming it; the unfinished checkpoint is
-removed at once.
+before it, and at worst a hidden ``.tmp_*`` / ``.replaced_*`` / ``.deleting_*`` directory that the next save clears up
+(a resume names it). A file that cannot be written (a full disk) stops the save with a WriteError naming it; the
+unfinished checkpoint is removed at once. With several processes each writes its part (run/process_parts.py) into the
+one directory; a failure on any of them stops every process at that step of the save (``save_checkpoint``).
 
 The prepared models' weights (accelerate's ``model*.safetensors``) hold what training changes only
 (``trained_weights``): the trainable parameters and every LoRA adapter's weights (the KL reference's and the old

@@ -30,7 +30,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, broadcast_object_list
 
 from ddpo_group.distributed import check_peers
 from ddpo_group.errors import CheckpointError, NonFiniteLossError, TrainingInterrupted, signal_name
@@ -131,8 +131,6 @@ class RunSession:
         accelerator = self.accelerator
         if accelerator.num_processes == 1:
             return
-        from accelerate.utils import broadcast_object_list
-
         decided = broadcast_object_list([str(self.run_dir), self.creates_run_dir])
         self.run_dir, self.creates_run_dir = Path(decided[0]), bool(decided[1])
         accelerator.project_configuration.project_dir = str(self.run_dir)  # accelerate's own paths (trackers)
