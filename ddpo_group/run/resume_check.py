@@ -125,8 +125,8 @@ def check_resume(checkpoint: Path, config, num_processes: int, sharded: bool = F
 def process_count_note(saved: int, now: int, sharded: bool) -> str:
     """The one warning of a resume on another process count: what continues exactly, what does not."""
     if now > saved:
-        fresh = f"process {saved}" if now == saved + 1 else f"processes {saved}..{now - 1}"
-        random = f"{fresh} start from the seed's random states (seed + process index), the checkpoint has none of theirs"
+        fresh = f"process {saved} starts" if now == saved + 1 else f"processes {saved}..{now - 1} start"
+        random = f"{fresh} from the seed's random states (seed + process index), which the checkpoint does not hold"
     else:
         unused = f"process {now}'s" if saved == now + 1 else f"processes {now}..{saved - 1}'s"
         random = f"{unused} random states are not used"

@@ -11,6 +11,8 @@ run/process_parts.py, run/resume_check.py).
   is: each epoch is one optimizer step, and the checkpoint after it holds exactly one AdamW step from the checkpoint
   before (its weights and both moments, by torch's update formula), so the resumed run started from the saved weights
   and optimizer state; the training state goes on (the optimizer steps counted on, the same wandb run id).
+* The launch a checkpoint was written under (FSDP or DDP, recorded, or for an older checkpoint read off its files) is
+  checked before any model loads, and the warning of another process count says what continues and what does not.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ import shutil
 
 import pytest
 
-from ddpo_group.errors import CheckpointError
+from ddpo_group.errors import CheckpointError, ConfigError
 from ddpo_group.run.checkpointing import resolve_resume_path
 from ddpo_group.run.manifest import write_manifest
+from ddpo_group.run.resume_check import STATE_FIELDS_FILE, check_resume, process_count_note, write_state_fields
 from launch_helpers import launch_environment, start_workers
 from resume_helpers import assert_continued_on_another_count, assert_every_process_part, read_metrics
-from trainer_helpers import MECHANICS
+from trainer_helpers import MECHANICS, tiny_config
 
 TIMEOUT = 300
 # one optimizer step an epoch (4 samples a process, one train batch of 4), on any process count
@@ -97,3 +100,32 @@ def test_staggered_processes_share_one_run_directory_and_the_run_resumes_on_1_th
         assert_resumed_on_another_count(output, run, epoch, saved, now)
         print({f"{saved} -> {now} processes, rank {w.rank} seconds": round(w.seconds, 1) for w in workers})
     assert sorted(p.name for p in logs.iterdir()) == [run.name]
+
+
+def test_the_launch_a_checkpoint_was_written_under_is_checked_and_another_process_count_warns(tiny_model_dir, tmp_path):
+    config = tiny_config("ddpo", tiny_model_dir, tmp_path)
+    write_state_fields(tmp_path, config, 2)  # a DDP checkpoint of 2 processes
+    assert check_resume(tmp_path, config, 2) == []
+    with pytest.raises(ConfigError, match=re.escape(f"resume_from='{tmp_path}' was written under DDP: its weights and "
+                                                    "optimizer are whole (model.safetensors, optimizer.bin); this "
+                                                    "launch shards them with FSDP")):
+        check_resume(tmp_path, config, 2, sharded=True)
+    # written before checkpoints recorded it: an FSDP checkpoint by its sharded model directory
+    fields = json.loads((tmp_path / STATE_FIELDS_FILE).read_text())
+    del fields["distributed"]
+    (tmp_path / STATE_FIELDS_FILE).write_text(json.dumps(fields))
+    (tmp_path / "pytorch_model_fsdp_0").mkdir()
+    with pytest.raises(ConfigError, match="was written under FSDP: its weights and optimizer are sharded"):
+        check_resume(tmp_path, config, 2)
+    # another process count resumes, with one warning that says what continues exactly and what does not
+    assert check_resume(tmp_path, config, 4, sharded=True) == [process_count_note(2, 4, True)]
+    assert process_count_note(2, 4, True) == (
+        "the checkpoint was written by 2 process(es), this run has 4: the weights and the optimizer state (resharded by "
+        "torch.distributed.checkpoint) and every piece of the training state (the prompt sampler, the counters, the "
+        "stat tracker, the controllers) continue exactly as saved; the run is not the exact continuation of a run on "
+        "2: processes 2..3 start from the seed's random states (seed + process index), which the checkpoint does not "
+        "hold, and each process samples another slice of an epoch's prompts")
+    assert "(loaded by every process)" in process_count_note(1, 2, False)
+    assert ": process 1 starts from the seed's random states" in process_count_note(1, 2, False)
+    assert ": process 1's random states are not used" in process_count_note(2, 1, False)
+    assert ": processes 1..2's random states are not used" in process_count_note(3, 1, False)
