@@ -140,11 +140,14 @@ def assert_one_adamw_step(before, after) -> None:
 
 
 def assert_every_process_part(checkpoint, processes: int) -> None:
+    """The manifest of ``checkpoint`` lists the part of each of its ``processes``: its random states and, under FSDP,
+    its shard of the weights and of the optimizer; each is there, and the checkpoint verifies."""
     manifest = json.loads((checkpoint / MANIFEST).read_text())
     assert manifest["processes"] == processes
+    sharded = [d for d in ("pytorch_model_fsdp_0", "optimizer_0") if (checkpoint / d).is_dir()]
     for rank in range(processes):
-        assert f"random_states_{rank}.pkl" in manifest["parts"][str(rank)] and \
-            (checkpoint / f"random_states_{rank}.pkl").is_file()
+        part = [f"random_states_{rank}.pkl", *[f"{d}/__{rank}_0.distcp" for d in sharded]]
+        assert sorted(manifest["parts"][str(rank)]) == sorted(part) and all((checkpoint / f).is_file() for f in part)
     assert not (checkpoint / f"random_states_{processes}.pkl").exists()
     assert checkpoint_problem(checkpoint) is None
 

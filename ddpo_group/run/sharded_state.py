@@ -89,7 +89,8 @@ def sharded_state_problem(checkpoint: Path) -> str | None:
 def _absent_file(path: Path, loaded) -> str | None:
     """None when every file the DCP metadata ``path`` names is beside it, else the first one missing (one per process:
     ``__<process>_<n>.distcp``)."""
-    for index, info in sorted((loaded.storage_data or {}).items(), key=lambda item: str(item[1].relative_path)):
+    for index, info in sorted((loaded.storage_data or {}).items(),
+                              key=lambda item: (str(item[1].relative_path), item[0].fqn)):
         file = path.parent / info.relative_path
         if not file.is_file():
             owner = re.match(r"__(\d+)_", str(info.relative_path))
