@@ -364,7 +364,7 @@ def _every_process(accelerator, final: Path):
     error = None
     try:
         yield
-    except Exception as raised:  # noqa: BLE001 - every error of the step is shared, then raised again
+    except Exception as raised:  # every error of the step: shared with the others, then raised again
         error = raised
         if isinstance(raised, WriteError):
             error = WriteError(f"{raised}; {final.name} was not saved (its unfinished files are removed)")
@@ -429,8 +429,9 @@ def _complete(tmp: Path, epoch: int, parts: list[dict[str, int]], pieces: list, 
     if extra is not None:
         with writing(tmp, "the files the run adds to a checkpoint"):
             extra(tmp)
-    with writing(tmp / COMPLETE_MARKER, "the marker of a complete checkpoint"):
+    with writing(tmp, "the checkpoint's files, synced to the disk"):
         sync(sorted(path for path in tmp.rglob("*") if path.is_file()))
+    with writing(tmp / COMPLETE_MARKER, "the marker of a complete checkpoint"):
         (tmp / COMPLETE_MARKER).write_text(f"epoch {epoch}\n")
     write_manifest(tmp, parts_record(parts))  # last: it proves every file written before it
     with writing(tmp, "the complete checkpoint, synced to the disk"):
