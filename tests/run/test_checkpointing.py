@@ -423,3 +423,21 @@ def test_a_weight_under_two_names_is_saved_once_and_loads(tmp_path):
     model.ids += 1  # another buffer than the one trained with: refused
     with pytest.raises(CheckpointError, match=r"1 weight\(s\) \(ids\) differ"):
         load_checkpoint(accelerator, checkpoint, [])
+
+
+def test_a_save_stops_when_its_directory_lacks_a_process_part_and_the_manifest_lists_each_part(tmp_path):
+    """What processes that write to two directories (each its own run directory, or a disk the other machine cannot
+    see) leave: the main process's directory lacks process 1's random states. A one-process save lists its part."""
+    from ddpo_group.run.manifest import MANIFEST
+    from ddpo_group.run.process_parts import absent_parts
+
+    accelerator, _, state, root = linear_state(tmp_path)
+    checkpoint = save_checkpoint(accelerator, root, 0, keep=1, pieces=[state])
+    manifest = json.loads((checkpoint / MANIFEST).read_text())
+    assert (manifest["processes"], manifest["parts"]) == (1, {"0": ["random_states_0.pkl"]})
+    size = (checkpoint / "random_states_0.pkl").stat().st_size
+    assert absent_parts(checkpoint, [{"random_states_0.pkl": size}]) is None
+    assert absent_parts(checkpoint, [{"random_states_0.pkl": size}, {"random_states_1.pkl": size}]) == (
+        f"{checkpoint} does not hold every process's part: process 1's random_states_1.pkl (each process writes its "
+        "part into the run directory it names: every process must see the same one, on a filesystem every machine "
+        "shares)")
