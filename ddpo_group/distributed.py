@@ -36,15 +36,20 @@ class ProcessLost(RuntimeError):
 def check_peers(accelerator) -> None:
     """Before a collective, on every process: raise ProcessFailed if another process failed (a no-op alone)."""
     if accelerator.num_processes > 1:
-        try:
-            failures = exchange_failures(accelerator, None)
-        except RuntimeError as error:  # torch.distributed's errors: a timeout, a peer's closed connection
-            raise ProcessLost(
-                "another process did not reach this point: it died, or it hung past collective_timeout_s (raise it for "
-                f"a slow reward or checkpoint); its own output says why. torch.distributed: {error}"
-            ) from error
+        failures = exchange_or_lost(accelerator, None)
         if failures:
             raise ProcessFailed(failures)
+
+
+def exchange_or_lost(accelerator, message: str | None) -> list[tuple[int, str]]:
+    """``exchange_failures``, a peer that never arrives raised as ProcessLost."""
+    try:
+        return exchange_failures(accelerator, message)
+    except RuntimeError as error:  # torch.distributed's errors: a timeout, a peer's closed connection
+        raise ProcessLost(
+            "another process did not reach this point: it died, or it hung past collective_timeout_s (raise it for "
+            f"a slow reward or checkpoint); its own output says why. torch.distributed: {error}"
+        ) from error
 
 
 def exchange_failures(accelerator, message: str | None) -> list[tuple[int, str]]:

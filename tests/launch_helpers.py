@@ -92,16 +92,20 @@ class Worker:
 
 
 def start_workers(args: list[str], num_processes: int, logs: Path, env: dict | None = None,
-                  timeout: float = 300, grace_after_first_exit: float | None = None) -> list[Worker]:
+                  timeout: float = 300, grace_after_first_exit: float | None = None,
+                  stagger_s: float = 0.0) -> list[Worker]:
     """Run ``scripts/train.py args`` as ``num_processes`` workers of one process group (env:// rendezvous, as torchrun
     sets it up on each machine) and wait for all; their output goes to ``logs``/rank<i>.out / .err. A worker still
     running after ``timeout`` seconds is killed (returncode -9), or ``grace_after_first_exit`` seconds after the first
-    worker exited (what torchrun does to the workers of a failed one)."""
+    worker exited (what torchrun does to the workers of a failed one). ``stagger_s``: the seconds between two workers'
+    starts (machines whose processes start apart)."""
     env = env or launch_environment()
     port = free_port()
     logs.mkdir(parents=True, exist_ok=True)
     workers = []
     for rank in range(num_processes):
+        if rank and stagger_s:
+            time.sleep(stagger_s)
         worker_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(num_processes),
                       "LOCAL_WORLD_SIZE": str(num_processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         worker_env.update(cpu_environment(num_processes))

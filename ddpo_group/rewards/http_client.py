@@ -30,6 +30,7 @@ config.json), and no message names it. ``https://`` URLs work as they are (TLS i
 from __future__ import annotations
 
 import base64
+import functools
 import http.client
 import io
 import json
@@ -202,14 +203,13 @@ class RewardClient:
         raise AssertionError("unreachable")
 
     def exchange(self, request) -> tuple[bytes, str | None]:
-        """One attempt: the answer's body and Content-Type, within ``timeout`` seconds (TimeoutError past it)."""
-        deadline = time.monotonic() + self.timeout
-        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+        """One attempt: the answer's body and Content-Type, within ``timeout`` seconds from its start (TimeoutError
+        past it), however slowly the server connects, reads the request or sends its status, headers and body."""
+        opener = urllib.request.build_opener(*deadline_handlers(time.monotonic() + self.timeout))
+        with opener.open(request, timeout=self.timeout) as response:
             chunks = []
-            while chunk := response.read1(1 << 16):  # a server that trickles its answer ends at the deadline too
+            while chunk := response.read1(1 << 16):
                 chunks.append(chunk)
-                if time.monotonic() > deadline:
-                    raise TimeoutError("the answer was still incomplete at the timeout")
             if response.length:  # the connection closed before the Content-Length bytes came
                 raise http.client.IncompleteRead(b"".join(chunks), response.length)
             return b"".join(chunks), response.headers.get("Content-Type")
@@ -252,6 +252,88 @@ class RewardClient:
             if value.shape == (n,):
                 info[key] = value
         return rewards, info
+
+
+# ---------------------------------------------------------------- one attempt's deadline
+# A socket timeout bounds each wait for the server, not the attempt: a server that sends a byte of its status line,
+# headers or body every few seconds would hold an attempt for ever. Every read of an attempt's connection waits at most
+# until the attempt's deadline instead, and connecting and sending the request share the same bound.
+class _ReadsBefore(io.RawIOBase):
+    """The raw reader of a response (the socket's own, ``raw``) whose every read ends by ``deadline``."""
+
+    def __init__(self, raw, sock, deadline: float):
+        super().__init__()
+        self.raw, self.sock, self.deadline = raw, sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int | None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer was still incomplete at the timeout")
+        self.sock.settimeout(left)
+        return self.raw.readinto(buffer)
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.raw.close()  # the socket's reference: urllib closes the connection once the response is closed
+        super().close()
+
+
+class _ResponseBefore(http.client.HTTPResponse):
+    """http.client's response, its status line, headers and body read through ``_ReadsBefore``."""
+
+    def __init__(self, sock, *args, deadline: float, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        self.fp = io.BufferedReader(_ReadsBefore(self.fp.detach(), sock, deadline))
+
+
+@functools.cache
+def _connection_before(connection_class):
+    """``connection_class`` (http.client's HTTP or HTTPS connection) whose connect, request and response end by the
+    ``deadline`` its constructor takes."""
+
+    class ConnectionBefore(connection_class):
+        def __init__(self, *args, deadline: float, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.deadline = deadline
+            self.response_class = functools.partial(_ResponseBefore, deadline=deadline)
+
+        def connect(self):
+            # the socket's timeout: connecting (and TLS's handshake), then sendall's total for the request
+            self.timeout = max(self.deadline - time.monotonic(), 1e-3)
+            super().connect()
+
+    return ConnectionBefore
+
+
+class _DeadlineHandler:
+    """urllib's HTTP(S) handler opening connections that end by ``deadline`` (time.monotonic())."""
+
+    def __init__(self, deadline: float, **kwargs):
+        super().__init__(**kwargs)
+        self.deadline = deadline
+
+    def do_open(self, http_class, req, **kwargs):
+        return super().do_open(functools.partial(_connection_before(http_class), deadline=self.deadline), req,
+                               **kwargs)
+
+
+class _HTTPBefore(_DeadlineHandler, urllib.request.HTTPHandler):
+    pass
+
+
+class _HTTPSBefore(_DeadlineHandler, urllib.request.HTTPSHandler):
+    pass
+
+
+def deadline_handlers(deadline: float) -> list:
+    """The handlers of an opener (``urllib.request.build_opener``) whose requests end by ``deadline``."""
+    return [_HTTPBefore(deadline), _HTTPSBefore(deadline)]
 
 
 @register_reward("http")

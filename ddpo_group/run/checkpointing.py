@@ -4,9 +4,10 @@ Layout: ``<run_dir>/checkpoints/checkpoint_<epoch:05d>/`` holds accelerate's sta
 optimizer, the random states), the training state's pieces (run/state_files.py: safetensors + JSON), the files
 ``extra`` adds, ``COMPLETE`` and, written last, ``MANIFEST.json`` (run/manifest.py: size and sha256 of every file).
 Only complete ones are resumed from or kept. A crash at any point of a save leaves every complete checkpoint written
-before it, and at worst a hidden ``.tmp_*`` / ``.replaced_*`` / ``.deleting_*`` directory that the next save clears up.
-A file that cannot be written (a full disk) stops the save with a WriteError naming it; the unfinished checkpoint is
-removed at once.
+before it, and at worst a hidden ``.tmp_*`` / ``.replaced_*`` / ``.deleting_*`` directory that the next save clears up
+(a resume names it). A file that cannot be written (a full disk) stops the save with a WriteError naming it; the
+unfinished checkpoint is removed at once. With several processes each writes its part (run/process_parts.py) into the
+one directory; a failure on any of them stops every process at that step of the save (``save_checkpoint``).
 
 The prepared models' weights (accelerate's ``model*.safetensors``) hold what training changes only
 (``trained_weights``): the trainable parameters and every LoRA adapter's weights (the KL reference's and the old
@@ -36,9 +37,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from accelerate.utils import DistributedType, gather_object
 
 from ddpo_group.errors import CheckpointError
-from ddpo_group.run.manifest import manifest_problem, write_manifest
+from ddpo_group.run.manifest import MANIFEST, manifest_problem, write_manifest
+from ddpo_group.run.process_failures import settle
+from ddpo_group.run.process_parts import absent_parts, missing_part, parts_record, process_part, sync
+from ddpo_group.run.resume_check import recorded_processes
 from ddpo_group.run.sharded_state import sharded_state_problem
 from ddpo_group.run.state_files import load_pieces, save_pieces, write_states
 from ddpo_group.run.write_errors import WriteError, writing
@@ -91,7 +96,9 @@ def checkpoint_problem(checkpoint: Path) -> str | None:
     if pickled:
         return (f"{pickled[0]} is a pickle, and loading a pickle can run any code it holds, so it is not loaded; "
                 f"if you trust this checkpoint, convert it with: {CONVERT_COMMAND.format(checkpoint=checkpoint)}")
-    return manifest_problem(checkpoint) or sharded_state_problem(checkpoint)  # the files verified, then FSDP's
+    # every process's part, then every file as the manifest says, then FSDP's sharded state
+    return (missing_part(checkpoint, recorded_processes(checkpoint)) or manifest_problem(checkpoint)
+            or sharded_state_problem(checkpoint))
 
 
 def _epoch(path: Path) -> int | None:
@@ -120,7 +127,8 @@ def fallback_hint(checkpoint: Path, next_step: Callable[[Path], str]) -> str:
 def resolve_resume_path(resume_from: str, next_step: Callable[[Path], str] = lambda path: f"--config.resume_from="
                         f"{path}") -> tuple[Path, list[str]]:
     """The checkpoint to resume and what was skipped on the way: ``resume_from`` is a checkpoint directory (it must
-    verify), or a run directory whose newest checkpoint that verifies is taken (each newer one skipped, with why).
+    verify), or a run directory whose newest checkpoint that verifies is taken (each newer one skipped, with why);
+    what unfinished saves left beside it is named too.
     A CheckpointError names the file at fault and the next step (``next_step(path)``: how to resume from ``path``)."""
     path = Path(resume_from).expanduser()
     if not path.exists():
@@ -130,13 +138,13 @@ def resolve_resume_path(resume_from: str, next_step: Callable[[Path], str] = lam
         if problem is not None:
             raise CheckpointError(f"resume_from={resume_from!r} cannot be resumed: {problem}. "
                                   f"{fallback_hint(path, next_step)}")
-        return path, []
+        return path, _leftover_notes(path.parent)
     skipped = []
     for root in (path / "checkpoints", path):
         for checkpoint in _candidates(root):
             problem = checkpoint_problem(checkpoint)
             if problem is None:
-                return checkpoint, skipped
+                return checkpoint, skipped + _leftover_notes(root)
             skipped.append(f"skipped {checkpoint.name}: {problem}")
         if skipped:
             raise CheckpointError(f"resume_from={resume_from!r}: no checkpoint verifies:\n  - "
@@ -319,6 +327,19 @@ def later_checkpoints(checkpoint: Path) -> list[Path]:
     return siblings[names.index(checkpoint.name) + 1 :] if checkpoint.name in names else []
 
 
+LEFTOVERS = (".tmp_checkpoint_*", ".replaced_checkpoint_*", ".deleting_checkpoint_*")  # a save's, while it runs
+
+
+def leftovers(root: Path) -> list[Path]:
+    """What saves that never finished (a kill, a lost machine) left in ``root``."""
+    return sorted(path for pattern in LEFTOVERS for path in Path(root).glob(pattern))
+
+
+def _leftover_notes(root: Path) -> list[str]:
+    return [f"{path} is what a save that never finished left (never resumed from; the next save removes it)"
+            for path in leftovers(root)]
+
+
 def clear_leftovers(root: Path) -> None:
     """Remove what an interrupted save left in ``root``; a complete checkpoint moved aside to be replaced by a
     new save of its epoch goes back into place if that save never finished."""
@@ -327,14 +348,28 @@ def clear_leftovers(root: Path) -> None:
         if (replaced / COMPLETE_MARKER).exists() and not (original / COMPLETE_MARKER).exists():
             shutil.rmtree(original, ignore_errors=True)
             os.replace(replaced, original)
-    for pattern in (".tmp_checkpoint_*", ".replaced_checkpoint_*", ".deleting_checkpoint_*"):
-        for leftover in root.glob(pattern):
-            shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in leftovers(root):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def checkpoint_dir(checkpoint_root: str | os.PathLike, epoch: int) -> Path:
     """Where the checkpoint of finished epoch ``epoch`` lives (complete once it holds COMPLETE)."""
     return Path(checkpoint_root) / f"checkpoint_{epoch:05d}"
+
+
+@contextmanager
+def _every_process(accelerator, final: Path):
+    """One step of a save, on every process: an error of it on any process stops every process at its end
+    (run/process_failures.py: settle); a write that failed says that ``final`` was not saved."""
+    error = None
+    try:
+        yield
+    except Exception as raised:  # every error of the step: shared with the others, then raised again
+        error = raised
+        if isinstance(raised, WriteError):
+            error = WriteError(f"{raised}; {final.name} was not saved (its unfinished files are removed)")
+            error.__cause__ = raised
+    settle(accelerator, error)
 
 
 def save_checkpoint(
@@ -344,49 +379,80 @@ def save_checkpoint(
     """Save the accelerate state and ``pieces`` (objects with ``state_dict``) for ``epoch`` atomically, with its
     manifest; keep the newest ``keep`` complete checkpoints.
 
-    ``extra(directory)`` (main process) adds files to the checkpoint before it is marked complete
-    (e.g. the diffusers-format LoRA in ``lora/``).
+    Every process writes its part of accelerate's state (its random states; under FSDP its shards of the weights and
+    the optimizer) into the one temporary directory and syncs it; then the main process checks that every process's
+    part is there (run/process_parts.py), adds the training state and ``extra(directory)`` (e.g. the diffusers-format
+    LoRA in ``lora/``), syncs, marks the checkpoint complete, writes the manifest listing each process's files and
+    renames it into place. A failure on any process at any step stops every process at the end of that step, the
+    unfinished checkpoint removed (``_every_process``); every complete checkpoint stays.
     """
     root = Path(checkpoint_root)
     final = checkpoint_dir(root, epoch)
     tmp = root / f".tmp_{final.name}"
-    if accelerator.is_main_process:
-        root.mkdir(parents=True, exist_ok=True)
-        clear_leftovers(root)
-    accelerator.wait_for_everyone()
+    main, rank = accelerator.is_main_process, accelerator.process_index
     try:
-        with writing(tmp, "accelerate's state: the weights, the optimizer, the random states"), \
-                trained_weights_only(accelerator):
-            accelerator.save_state(str(tmp))
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            save_pieces(tmp, list(pieces))
-            if extra is not None:
-                with writing(tmp, "the files the run adds to a checkpoint"):
-                    extra(tmp)
-            with writing(tmp / COMPLETE_MARKER, "the marker of a complete checkpoint"):
-                (tmp / COMPLETE_MARKER).write_text(f"epoch {epoch}\n")
-            write_manifest(tmp)  # last: it proves every file written before it
-    except WriteError as error:  # a full disk: the unfinished checkpoint goes, every complete one stays
-        if accelerator.is_main_process:
+        with _every_process(accelerator, final):
+            if main:
+                root.mkdir(parents=True, exist_ok=True)
+                clear_leftovers(root)
+        with _every_process(accelerator, final):
+            what = ("accelerate's state: the weights, the optimizer, the random states" if main else
+                    f"process {rank}'s part of accelerate's state: its random states"
+                    f"{', its shards of the weights and the optimizer' if _sharded(accelerator) else ''}")
+            with writing(tmp, what), trained_weights_only(accelerator):
+                accelerator.save_state(str(tmp))
+            with writing(tmp, f"process {rank}'s part of the checkpoint, synced to the disk"):
+                part = process_part(tmp, rank)
+        parts = gather_object([part]) if accelerator.num_processes > 1 else [part]
+        with _every_process(accelerator, final):
+            if main:
+                _complete(tmp, epoch, parts, pieces, extra)
+                _into_place(root, tmp, final, keep)
+    except BaseException:
+        if main:  # the unfinished checkpoint goes, every complete one stays
             shutil.rmtree(tmp, ignore_errors=True)
-        raise WriteError(f"{error}; {final.name} was not saved (its unfinished files are removed)") from error
-    if accelerator.is_main_process:
-        if final.exists():  # the same epoch saved again: move the old one aside, never leave neither
-            stale = root / f".replaced_{final.name}"
-            shutil.rmtree(stale, ignore_errors=True)
-            os.replace(final, stale)
-            os.replace(tmp, final)
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
-        # rotation: the newest ``keep`` by epoch, and never the checkpoint just written; each is renamed out of
-        # the checkpoint pattern first, so a crash while deleting never leaves a half-deleted "complete" one
-        for old in complete_checkpoints(root)[:-keep]:
-            if old != final:
-                doomed = root / f".deleting_{old.name}"
-                shutil.rmtree(doomed, ignore_errors=True)
-                os.replace(old, doomed)
-                shutil.rmtree(doomed, ignore_errors=True)
-    accelerator.wait_for_everyone()
+        raise
     return final
+
+
+def _sharded(accelerator) -> bool:
+    return accelerator.distributed_type == DistributedType.FSDP
+
+
+def _complete(tmp: Path, epoch: int, parts: list[dict[str, int]], pieces: list, extra) -> None:
+    """On the main process: every process's part checked, the training state and ``extra`` added, every file synced,
+    then ``COMPLETE`` and, last, the manifest with each process's files."""
+    absent = absent_parts(tmp, parts)
+    if absent is not None:
+        raise CheckpointError(absent)
+    save_pieces(tmp, list(pieces))
+    if extra is not None:
+        with writing(tmp, "the files the run adds to a checkpoint"):
+            extra(tmp)
+    with writing(tmp, "the checkpoint's files, synced to the disk"):
+        sync(sorted(path for path in tmp.rglob("*") if path.is_file()))
+    with writing(tmp / COMPLETE_MARKER, "the marker of a complete checkpoint"):
+        (tmp / COMPLETE_MARKER).write_text(f"epoch {epoch}\n")
+    write_manifest(tmp, parts_record(parts))  # last: it proves every file written before it
+    with writing(tmp, "the complete checkpoint, synced to the disk"):
+        sync([tmp / COMPLETE_MARKER, tmp / MANIFEST])
+
+
+def _into_place(root: Path, tmp: Path, final: Path, keep: int) -> None:
+    """On the main process: the complete checkpoint renamed into place, then the rotation."""
+    if final.exists():  # the same epoch saved again: move the old one aside, never leave neither
+        stale = root / f".replaced_{final.name}"
+        shutil.rmtree(stale, ignore_errors=True)
+        os.replace(final, stale)
+        os.replace(tmp, final)
+        shutil.rmtree(stale, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    # rotation: the newest ``keep`` by epoch, and never the checkpoint just written; each is renamed out of the
+    # checkpoint pattern first, so a crash while deleting never leaves a half-deleted "complete" one
+    for old in complete_checkpoints(root)[:-keep]:
+        if old != final:
+            doomed = root / f".deleting_{old.name}"
+            shutil.rmtree(doomed, ignore_errors=True)
+            os.replace(old, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)

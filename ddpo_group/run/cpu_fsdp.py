@@ -30,6 +30,12 @@ def fsdp_requested() -> bool:
     return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
 
 
+def launch_shards(num_processes: int, on_gpu: bool) -> bool:
+    """Whether this launch's weights and optimizer will be sharded by FSDP: an FSDP launch, unless it is one process
+    on the CPU (accelerate then starts no process group and keeps the model whole)."""
+    return fsdp_requested() and (num_processes > 1 or on_gpu)
+
+
 def enable_fsdp_on_cpu(accelerator, mixed_precision: str) -> bool:
     """When ``accelerator`` runs several processes on the CPU and the launcher asked for FSDP, make its state FSDP
     with the launcher's plugin (module docstring); returns whether it did. Call before ``accelerator.prepare``."""

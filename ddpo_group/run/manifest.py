@@ -1,4 +1,5 @@
-"""A checkpoint's ``MANIFEST.json``: the name, size and sha256 of every other file in it, written last.
+"""A checkpoint's ``MANIFEST.json``: the name, size and sha256 of every other file in it, written last (with the
+processes that wrote it and each one's files: run/process_parts.py).
 
 A checkpoint whose files all match its manifest holds exactly what its save wrote; ``manifest_problem`` names the
 first file that does not (missing, truncated, changed, or added after the save).
@@ -29,13 +30,14 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_manifest(directory: Path) -> None:
-    """Record every file of ``directory`` (call it last: a file written after it fails the verification)."""
+def write_manifest(directory: Path, record: dict | None = None) -> None:
+    """Record every file of ``directory`` (call it last: a file written after it fails the verification), and
+    ``record``'s entries beside them (the processes and their parts: run/process_parts.py)."""
     directory = Path(directory)
     files = {name: {"size": (directory / name).stat().st_size, "sha256": _sha256(directory / name)}
              for name in _files(directory)}
     with writing(directory / MANIFEST, "the checkpoint's manifest"):
-        (directory / MANIFEST).write_text(json.dumps({"files": files}, indent=1) + "\n")
+        (directory / MANIFEST).write_text(json.dumps({"files": files, **(record or {})}, indent=1) + "\n")
 
 
 def manifest_problem(directory: Path) -> str | None:

@@ -10,9 +10,12 @@ the others would wait in their next collective forever. Two mechanisms bound tha
   which processes failed and why: the healthy ones raise ``ProcessFailed`` naming them and their errors, a failed one
   raises its own error. Every process stops with the same exit code (run/cli_errors.py: FAILURE), no checkpoint is
   written, the last complete one is kept.
+* the same exchange at each step of a checkpoint's save (``settle``, run/checkpointing.py): a process whose part of
+  the save failed (a full disk on any process) meets the others there with its error, so every process stops at that
+  step, the unfinished checkpoint removed, instead of waiting at the save's next barrier;
 * a timeout on the process group (``collective_timeout_s``, through accelerate's InitProcessGroupKwargs): a collective
-  the exchange does not guard (the gradient all-reduce inside backward, a checkpoint barrier) or a process that hangs
-  ends in an error after that many seconds instead of never.
+  the exchange does not guard (the gradient all-reduce inside backward, torch.distributed.checkpoint's own) or a
+  process that hangs ends in an error after that many seconds instead of never.
 
 A non-finite loss needs no exchange of its own: DDP and FSDP all-reduce the gradients, so a NaN on one process makes
 the gradient norm non-finite on every process, and every process raises at the same optimizer step
@@ -23,10 +26,10 @@ from __future__ import annotations
 
 import datetime
 
-from ddpo_group.distributed import ProcessFailed, ProcessLost, exchange_failures
+from ddpo_group.distributed import ProcessFailed, ProcessLost, exchange_failures, exchange_or_lost
 from ddpo_group.errors import EpochAbandoned, TrainingInterrupted
 
-
+SHARED = "shared_with_peers"  # set on an error its process has already told the others of (settle)
 
 def process_group_kwargs(config):
     """accelerate's InitProcessGroupKwargs with ``collective_timeout_s`` (the backstop above)."""
@@ -39,11 +42,12 @@ def process_group_kwargs(config):
 def share_failure(accelerator, error: BaseException) -> None:
     """On a process whose epoch raised ``error``: tell the others, which wait at their next ``check_peers``.
 
-    Not for stops every process takes together (a stop signal, the others' failure: ProcessFailed), nor for
-    KeyboardInterrupt / SystemExit, which reach every process of a launch alike."""
+    Not for stops every process takes together (a stop signal, the others' failure: ProcessFailed, an error ``settle``
+    shared already), nor for KeyboardInterrupt / SystemExit, which reach every process of a launch alike."""
     if accelerator.num_processes == 1 or not isinstance(error, Exception):
         return
-    if isinstance(error, (ProcessFailed, ProcessLost, TrainingInterrupted, EpochAbandoned)):
+    if getattr(error, SHARED, False) or isinstance(error, (ProcessFailed, ProcessLost, TrainingInterrupted,
+                                                               EpochAbandoned)):
         return
     from ddpo_group.run.cli_errors import describe
 
@@ -51,6 +55,29 @@ def share_failure(accelerator, error: BaseException) -> None:
         exchange_failures(accelerator, describe(error))
     except Exception:  # the others are gone too (their process died): the caller raises ``error`` all the same
         pass
+
+
+def settle(accelerator, error: Exception | None) -> None:
+    """At a step every process reaches (a checkpoint's): tell the others whether this process's part failed, and stop
+    every process there if any did: this process raises its own ``error`` (marked as shared: ``share_failure`` does
+    not send it again), the others ProcessFailed naming it. Alone: raise ``error`` if any."""
+    if accelerator.num_processes == 1:
+        if error is not None:
+            raise error
+        return
+    from ddpo_group.run.cli_errors import describe
+
+    try:
+        failures = exchange_or_lost(accelerator, None if error is None else describe(error))
+    except ProcessLost:
+        if error is not None:  # the others are gone: this process's own error says most
+            raise error from None
+        raise
+    if error is not None:
+        setattr(error, SHARED, True)
+        raise error
+    if failures:
+        raise ProcessFailed(failures)
 
 
 def release_process_group() -> bool:

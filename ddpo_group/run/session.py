@@ -2,9 +2,11 @@
 
 The trainer owns the algorithm; the session owns everything that makes a run survivable:
 
-* start: the run directory, the wandb mode, a resume checked against the checkpoint's state fields before any
-  model loads; once the pieces exist, their registration for checkpoints, the resume itself (state loaded,
-  metrics.jsonl rewound to the checkpoint's epoch) and the trackers;
+* start: the run directory, the wandb mode, a resume checked against the checkpoint's state fields (and the launch:
+  FSDP or not, the process count) before any model loads; once the processes have met, the run directory the main
+  process named, taken by every process before anything is written (a name from each process's clock would part
+  processes started on either side of a second); once the pieces exist, their registration for checkpoints, the
+  resume itself (state loaded, metrics.jsonl rewound to the checkpoint's epoch) and the trackers;
 * the epoch loop: Ctrl-C / SIGTERM while sampling drops the epoch, while updating finishes it; every process
   agrees on a stop; a checkpoint every ``save_freq`` epochs, at the last epoch and at a stop (atomic, rotated,
   never the one just written);
@@ -28,6 +30,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
+from accelerate.utils import DistributedType, broadcast_object_list
 
 from ddpo_group.distributed import check_peers
 from ddpo_group.errors import CheckpointError, NonFiniteLossError, TrainingInterrupted, signal_name
@@ -43,6 +46,7 @@ from ddpo_group.run.checkpointing import (
     save_checkpoint,
 )
 from ddpo_group.run.cli_errors import is_main_process
+from ddpo_group.run.cpu_fsdp import launch_shards
 from ddpo_group.run.epoch_logger import EVAL_LOG, resolve_wandb_mode
 from ddpo_group.run.interrupts import StopRequest
 from ddpo_group.run.metrics_log import read_metrics, rewind_metrics
@@ -68,7 +72,7 @@ class RunSession:
                 self.print(f"warning: {note}")
         if self.resume_path is not None:
             self.run_dir = run_dir_of_checkpoint(self.resume_path)
-        else:
+        else:  # the main process's name is the run's (agree_on_run_dir): the processes' clocks may differ
             name = config.run_name or f"{config.preset or 'run'}_{datetime.datetime.now():%Y%m%d_%H%M%S}"
             self.run_dir = Path(config.logdir) / name
         # this attempt creates the run directory: it may remove it again if no epoch finishes
@@ -76,7 +80,8 @@ class RunSession:
         self.run_dir_removed = False
         self.wandb_mode, self.wandb_note = resolve_wandb_mode(config.wandb.mode)
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.resume_warnings = check_resume(self.resume_path, config, world) if self.resume_path else []
+        sharded = launch_shards(world, on_gpu=config.device != "cpu" and torch.cuda.is_available())
+        self.resume_warnings = check_resume(self.resume_path, config, world, sharded) if self.resume_path else []
         self.state = TrainingState()
         self.stop = StopRequest()  # installed by running(): Ctrl-C / SIGTERM
         self.saved_epoch = None  # the epoch of the checkpoint last written or resumed from
@@ -91,6 +96,7 @@ class RunSession:
         holds inside ``lora_weights()`` (the EMA's with train.ema_export)."""
         self.accelerator, self.model, self.family, self.timer = accelerator, model, family, timer
         self.lora_weights = lora_weights
+        self.agree_on_run_dir()
         if self.wandb_note:
             self.print(self.wandb_note)
         for warning in self.resume_warnings:
@@ -117,6 +123,18 @@ class RunSession:
             except BaseException:
                 self.discard_unstarted_run()
                 raise
+
+    def agree_on_run_dir(self) -> None:
+        """Every process takes the main process's run directory (and whether this attempt creates it), before anything
+        is written: each named one from its own clock, and processes started on either side of a second would write
+        their parts of a checkpoint to two directories."""
+        accelerator = self.accelerator
+        if accelerator.num_processes == 1:
+            return
+        decided = broadcast_object_list([str(self.run_dir), self.creates_run_dir])
+        self.run_dir, self.creates_run_dir = Path(decided[0]), bool(decided[1])
+        accelerator.project_configuration.project_dir = str(self.run_dir)  # accelerate's own paths (trackers)
+        accelerator.project_configuration.logging_dir = str(self.run_dir)
 
     def _init_trackers(self) -> None:
         """wandb through accelerate, in the run directory; a resumed run continues the same wandb run."""
@@ -207,7 +225,8 @@ class RunSession:
         """Write the checkpoint of finished epoch ``epoch`` (atomic; rotation keeps num_checkpoint_limit)."""
         def extra(directory: Path) -> None:  # main process, before the checkpoint is marked complete
             with writing(directory / STATE_FIELDS_FILE, "the config fields a resume checks"):
-                write_state_fields(directory, self.config, self.accelerator.num_processes)
+                write_state_fields(directory, self.config, self.accelerator.num_processes,
+                                   sharded=self.accelerator.distributed_type == DistributedType.FSDP)
             if self.exports_lora:
                 with self.lora_weights(), writing(directory / "lora", "the LoRA in diffusers format"):
                     self.family.save_lora(self.model, directory / "lora")

@@ -7,13 +7,14 @@ it unpickles ``.metadata`` with plain ``pickle.load`` and the non-tensor values 
 ``torch.load(weights_only=False)``: either can run any code a changed file holds. ``sharded_state_problem`` reads
 them first the safe way: ``.metadata`` with an unpickler that builds only DCP's metadata records and torch's dtypes,
 layouts and sizes, each non-tensor value with ``torch.load(weights_only=True)``; it names the first file that holds
-anything else.
+anything else, or that the metadata names and is missing (a process's shard).
 """
 
 from __future__ import annotations
 
 import io
 import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -79,7 +80,20 @@ def sharded_state_problem(checkpoint: Path) -> str | None:
             loaded = read_metadata(path)
         except Exception as error:
             return f"{path} does not load as plain data ({type(error).__name__}: {error})"
-        problem = _values_problem(path.parent, loaded)
+        problem = _absent_file(path, loaded) or _values_problem(path.parent, loaded)
         if problem is not None:
             return problem
+    return None
+
+
+def _absent_file(path: Path, loaded) -> str | None:
+    """None when every file the DCP metadata ``path`` names is beside it, else the first one missing (one per process:
+    ``__<process>_<n>.distcp``)."""
+    for index, info in sorted((loaded.storage_data or {}).items(),
+                              key=lambda item: (str(item[1].relative_path), item[0].fqn)):
+        file = path.parent / info.relative_path
+        if not file.is_file():
+            owner = re.match(r"__(\d+)_", str(info.relative_path))
+            whose = f", process {owner.group(1)}'s shard" if owner else ""
+            return f"{file} is missing: {path} keeps {index.fqn!r} in it{whose}"
     return None

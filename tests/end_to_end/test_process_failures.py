@@ -1,15 +1,16 @@
 """One process failing stops them all (ddpo_group/run/process_failures.py): 2 CPU workers over gloo, started one by one
 as torchrun starts them on each machine of a multi-node run, so no launcher kills the healthy one for us. Only
-process 1 fails, at epoch 1 (its reward raises, returns NaN, or its policy loss turns NaN); each worker must stop by
-itself, well within the subprocess timeout, with the exit code of a failure (run/cli_errors.py), the main process
-naming the failed process and its cause, and the checkpoint of epoch 0 must resume.
+process 1 fails, at epoch 1 (its reward raises, returns NaN, or its policy loss turns NaN, or its part of epoch 1's
+checkpoint cannot be written); each worker must stop by itself, well within the subprocess timeout, with the exit code
+of a failure (run/cli_errors.py), the main process naming the failed process and its cause, and the checkpoint of
+epoch 0 must resume.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from ddpo_group.run.checkpointing import complete_checkpoints
+from ddpo_group.run.checkpointing import checkpoint_problem, complete_checkpoints
 from ddpo_group.run.cli_errors import FAILURE
 from launch_helpers import ROOT, launch_environment, start_workers
 from trainer_helpers import MECHANICS
@@ -124,3 +125,28 @@ def test_a_reward_server_killed_mid_run_stops_both_processes_and_the_run_resumes
         resume_one_epoch(tiny_model_dir, tmp_path, tmp_path / "logs_resume", **http)
     finally:
         server.kill()
+
+
+@pytest.mark.slow
+def test_a_save_failing_on_process_1_stops_both_processes_at_that_save(tiny_model_dir, tmp_path):
+    """Process 1's random states in epoch 1's checkpoint cannot be written (the file on /dev/full: the kernel's
+    ENOSPC under torch.save). Both processes stop at that save, seconds apart, not at a barrier after
+    collective_timeout_s (1800 s: the subprocess timeout would end them first); the unfinished checkpoint is removed and
+    epoch 0's verifies, with both processes' parts."""
+    env = launch_environment(WRITE_FAULTS_TRACE=str(tmp_path / "trace.txt"), WRITE_FAULTS_RANK="1",
+                             WRITE_FAULTS_MATCH="random_states_1.pkl", WRITE_FAULTS_NTH="2", WRITE_FAULTS_DO="disk-full")
+    args = worker_args(tiny_model_dir, tmp_path, reward_fn=f"{PLUGINS / 'write_faults.py'}:make")
+    workers = start_workers(args, 2, tmp_path / "logs", env, timeout=TIMEOUT)
+    cause = ".tmp_checkpoint_00001 (process 1's part of accelerate's state: its random states) could not be written"
+    assert_every_worker_stopped(workers, f"process 1 failed: {tmp_path / 'run' / 'checkpoints'}/{cause}",
+                                "checkpoint_00001 was not saved (its unfinished files are removed) (every process "
+                                "stopped)", "(epoch 0), is kept")
+    assert cause in workers[1].stderr and "[ddpo_group rank 1] error:" in workers[1].stderr
+    assert abs(workers[0].seconds - workers[1].seconds) < 10, [w.seconds for w in workers]
+    assert "random_states_1.pkl <- disk-full" in (tmp_path / "trace.txt").read_text()
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint_00000"]  # nothing unfinished left
+    assert checkpoint_problem(checkpoints / "checkpoint_00000") is None
+    assert sorted(p.name for p in (checkpoints / "checkpoint_00000").glob("random_states_*")) == [
+        "random_states_0.pkl", "random_states_1.pkl"]
+    print({f"rank {w.rank} seconds": round(w.seconds, 1) for w in workers})

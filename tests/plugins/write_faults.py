@@ -2,8 +2,8 @@
 any of its moments, or fill its disk while it writes a chosen file.
 
 ``brightness``: the mean pixel value of each image. With ``WRITE_FAULTS_TRACE=<file>`` in the environment, ``make``
-wraps, in this process, each moment a test may stop at; each is an event, appended to the trace as a line
-``<time> <number> <kind> <paths>`` before it happens:
+wraps, in this process (with ``WRITE_FAULTS_RANK=<i>``: only in the process of rank i of a launch), each moment a test
+may stop at; each is an event, appended to the trace as a line ``<time> <number> <kind> <paths>`` before it happens:
 
 =========================  ==================================================================
 ``reward``                 a reward call (sampling)
@@ -179,7 +179,8 @@ def install(faults: Faults) -> None:
 
 
 def make():
-    if "WRITE_FAULTS_TRACE" in os.environ and not INSTALLED:
+    rank = os.environ.get("WRITE_FAULTS_RANK")
+    if "WRITE_FAULTS_TRACE" in os.environ and not INSTALLED and rank in (None, os.environ.get("RANK", "0")):
         INSTALLED["faults"] = Faults(os.environ)
         install(INSTALLED["faults"])
     faults = INSTALLED.get("faults")

@@ -164,24 +164,38 @@ def test_a_silent_server_ends_each_attempt_at_the_timeout(serve):
     assert attempt_bound(0.3, 2, 0.05) <= elapsed < attempt_bound(0.3, 2, 0.05) + SLACK_S  # 1.05 s and not 4.5
 
 
-def test_an_answer_trickling_in_ends_at_the_timeout_too(serve):
+def trickle_bytes(handler, data: bytes, every_s: float = 0.1) -> None:
+    for byte in data:  # never silent for the 0.5 s timeout
+        handler.wfile.write(bytes([byte]))
+        handler.wfile.flush()
+        time.sleep(every_s)
+
+
+@pytest.mark.parametrize("part", ["status line", "headers", "body"])
+def test_an_answer_trickling_in_ends_at_the_timeout_whatever_part_trickles(serve, part):
+    """One byte every 0.1 s, for 20 s, of the status line, of a header, or of the body: each of the 2 attempts ends at
+    its 0.5 s timeout (a socket timeout alone bounds each wait for a byte, not the attempt)."""
     def trickle(attempt, handler, body):
+        if part == "status line":
+            trickle_bytes(handler, b"HTTP/1.1 200 OK" + b" " * 200)
+            return
         handler.send_response(200)
         handler.send_header("Content-Type", "application/json")
+        if part == "headers":
+            handler.flush_headers()
+            trickle_bytes(handler, b"X-Slow: " + b"a" * 200)
+            return
         handler.send_header("Content-Length", "200")
         handler.end_headers()
-        for _ in range(200):  # 20 s in all, one byte every 0.1 s: never silent for the 0.5 s timeout
-            handler.wfile.write(b" ")
-            handler.wfile.flush()
-            time.sleep(0.1)
+        trickle_bytes(handler, b" " * 200)
 
     handler = scripted(trickle)
-    fn = make_reward_fn("http", url=serve(handler).url, timeout=0.5, retries=0)
+    fn = make_reward_fn("http", url=serve(handler).url, timeout=0.5, retries=1, retry_backoff=0.05)
     start = time.perf_counter()
-    with pytest.raises(RewardServerUnavailable, match=r"1 attempt failed over 0\.\d s: no answer within timeout=0\.5 s"):
+    with pytest.raises(RewardServerUnavailable, match=r"2 attempts failed over 1\.\d s: no answer within timeout=0\.5 s"):
         fn(torch.rand(1, 3, 4, 4), ["a"], [{}])
-    assert time.perf_counter() - start < 0.5 + SLACK_S
-    assert len(handler.attempts) == 1
+    assert attempt_bound(0.5, 1, 0.05) <= time.perf_counter() - start < attempt_bound(0.5, 1, 0.05) + SLACK_S
+    assert len(handler.attempts) == 2
 
 
 def test_a_server_dying_mid_request_is_retried(serve):

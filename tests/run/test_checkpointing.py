@@ -44,8 +44,10 @@ def test_rotation_keeps_newest_complete_and_resume_finds_latest(tmp_path):
     resumed, skipped = resolve_resume_path(str(tmp_path / "run"))
     assert resumed.name == "checkpoint_00003"
     assert skipped == [f"skipped checkpoint_00005: {root / 'checkpoint_00005'} is incomplete: it has no COMPLETE "
-                       "marker (its save did not finish)"]
-    assert resolve_resume_path(str(root / "checkpoint_00002")) == (root / "checkpoint_00002", [])
+                       "marker (its save did not finish)",
+                       f"{root / '.tmp_checkpoint_00004'} is what a save that never finished left (never resumed "
+                       "from; the next save removes it)"]
+    assert resolve_resume_path(str(root / "checkpoint_00002")) == (root / "checkpoint_00002", skipped[1:])
 
     with torch.no_grad():
         model.weight.zero_()
@@ -421,3 +423,21 @@ def test_a_weight_under_two_names_is_saved_once_and_loads(tmp_path):
     model.ids += 1  # another buffer than the one trained with: refused
     with pytest.raises(CheckpointError, match=r"1 weight\(s\) \(ids\) differ"):
         load_checkpoint(accelerator, checkpoint, [])
+
+
+def test_a_save_stops_when_its_directory_lacks_a_process_part_and_the_manifest_lists_each_part(tmp_path):
+    """What processes that write to two directories (each its own run directory, or a disk the other machine cannot
+    see) leave: the main process's directory lacks process 1's random states. A one-process save lists its part."""
+    from ddpo_group.run.manifest import MANIFEST
+    from ddpo_group.run.process_parts import absent_parts
+
+    accelerator, _, state, root = linear_state(tmp_path)
+    checkpoint = save_checkpoint(accelerator, root, 0, keep=1, pieces=[state])
+    manifest = json.loads((checkpoint / MANIFEST).read_text())
+    assert (manifest["processes"], manifest["parts"]) == (1, {"0": ["random_states_0.pkl"]})
+    size = (checkpoint / "random_states_0.pkl").stat().st_size
+    assert absent_parts(checkpoint, [{"random_states_0.pkl": size}]) is None
+    assert absent_parts(checkpoint, [{"random_states_0.pkl": size}, {"random_states_1.pkl": size}]) == (
+        f"{checkpoint} does not hold every process's part: process 1's random_states_1.pkl (each process writes its "
+        "part into the run directory it names: every process must see the same one, on a filesystem every machine "
+        "shares)")

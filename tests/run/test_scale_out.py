@@ -4,7 +4,9 @@ epochs that was never stopped (the same weights, optimizer state, training state
 * FSDP2 full fine-tuning of the tiny SD3 (float32) and FLUX (bf16) transformers under the shipped ``fsdp_sd3.yaml`` /
   ``fsdp_flux.yaml``, 2 gloo processes (the files' GPU fields overridden: ``--num_processes 2`` and
   ``ACCELERATE_USE_CPU``, tests/launch_helpers.py); the checkpoint holds the sharded model and optimizer
-  (torch.distributed.checkpoint, one file per process), not a gathered copy; one epoch gives DDP's weights;
+  (torch.distributed.checkpoint, one file per process), not a gathered copy; one epoch gives DDP's weights; SD3's
+  FSDP run resumes on 4 processes (resharded), its DDP run of full fine-tuning on 1, each one AdamW step on from its
+  checkpoint, and a checkpoint resumed under the other kind (FSDP or DDP) is refused;
 * 2 machines on one: two ``accelerate launch --config_file multi_node.yaml`` commands, machine ranks 0 and 1, one
   process each, meeting at 127.0.0.1 (LoRA on the tiny SD model).
 """
@@ -19,9 +21,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from ddpo_group.errors import ConfigError
+from ddpo_group.run.resume_check import check_resume
 from launch_helpers import ACCELERATE_CONFIGS, ROOT, accelerate_command, cpu_environment, free_port, launch_environment
-from resume_helpers import assert_identical, comparable, load_everything, read_metrics
-from trainer_helpers import FAMILY_OVERRIDES, MECHANICS
+from resume_helpers import (assert_continued_on_another_count, assert_identical, comparable, load_everything,
+                            read_metrics)
+from trainer_helpers import FAMILY_OVERRIDES, MECHANICS, tiny_config
 
 TINY = {
     "prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "sample.num_steps": 2, "sample.batch_size": 4,
@@ -121,7 +126,8 @@ def test_fsdp_full_fine_tuning_on_the_cpu_resumes_exactly(config_name, family, p
 def test_fsdp_on_the_cpu_trains_the_weights_ddp_trains(config_name, family, family_model_dirs, tmp_path):
     """The sharded forwards and backwards give DDP's update (within the order of the sums): FSDP's hooks gather every
     block's weights where they are used and reduce every gradient (torch warns that FLUX's single blocks return views,
-    which an in-place op would let escape the backward's gather)."""
+    which an in-place op would let escape the backward's gather). SD3's runs then resume on another process count
+    (``resumed_on_another_count``)."""
     model_dir = family_model_dirs[family]
     args = train_args(model_dir, tmp_path, "fsdp", 1, **FULL, **FAMILY_OVERRIDES[family])
     fsdp = fsdp_launch(config_name, args, tmp_path / "fsdp.log")
@@ -139,6 +145,32 @@ def test_fsdp_on_the_cpu_trains_the_weights_ddp_trains(config_name, family, fami
     moved = max((replicated[k] - initial[k]).abs().max().item() for k in replicated)
     apart = max((sharded[k] - replicated[k]).abs().max().item() for k in replicated)
     assert moved > 1e-5 and apart < 1e-6, (moved, apart)  # an Adam step of lr 1e-4; float32 sums in another order
+    if family == "sd3":
+        resumed_on_another_count(config_name, model_dir, tmp_path)
+
+
+def resumed_on_another_count(config_name: str, model_dir: str, tmp_path: Path) -> None:
+    """The FSDP run (2 processes) resumed on 4: torch.distributed.checkpoint reshards its weights and optimizer; the DDP
+    run of full fine-tuning (2 processes) resumed on 1. Each continues one AdamW step from its checkpoint, with the
+    note said once (tests/resume_helpers.py). A checkpoint resumed under the other kind is refused, naming it."""
+    extra = {**FULL, **FAMILY_OVERRIDES["sd3"]}
+    launches = {}  # run -> (processes, its launch, its log): both at once
+    for run, processes, config_file in (("fsdp", 4, ACCELERATE_CONFIGS / config_name), ("ddp", 1, None)):
+        command, env = accelerate_command(processes, config_file)
+        log = tmp_path / f"{run}_on_{processes}.log"
+        args = train_args(model_dir, tmp_path, run, 2, resume_from=tmp_path / run, **extra)
+        launches[run] = (processes, [start(command + args, launch_environment(**env), log)], log)
+    for run, (processes, launch, log) in launches.items():  # the FSDP run's 4 processes each hold a shard
+        checkpoints = tmp_path / run / "checkpoints"
+        assert_continued_on_another_count(finish(launch, log), checkpoints / "checkpoint_00000",
+                                          checkpoints / "checkpoint_00001", 2, processes)
+
+    # each checkpoint resumed under the other kind: refused before any model loads (the launch's kind, run/session.py)
+    config = tiny_config("grpo", model_dir, tmp_path, **extra)
+    with pytest.raises(ConfigError, match="was written under FSDP: its weights and optimizer are sharded"):
+        check_resume(tmp_path / "fsdp" / "checkpoints" / "checkpoint_00001", config, 1, sharded=False)
+    with pytest.raises(ConfigError, match="was written under DDP: its weights and optimizer are whole"):
+        check_resume(tmp_path / "ddp" / "checkpoints" / "checkpoint_00001", config, 2, sharded=True)
 
 
 @pytest.mark.slow

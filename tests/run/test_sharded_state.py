@@ -43,6 +43,14 @@ def test_a_sharded_state_of_tensors_and_plain_values_passes(tmp_path):
     assert sharded_state_problem(tmp_path) is None
 
 
+def test_a_shard_the_metadata_names_and_that_is_missing_is_named_with_its_process(tmp_path):
+    save_sharded(tmp_path / "optimizer_0", {"lr": 1e-4})
+    (tmp_path / "optimizer_0" / "__0_0.distcp").unlink()
+    assert sharded_state_problem(tmp_path) == (
+        f"{tmp_path / 'optimizer_0' / '__0_0.distcp'} is missing: {tmp_path / 'optimizer_0' / '.metadata'} keeps "
+        "'model.weight' in it, process 0's shard")
+
+
 def test_metadata_that_builds_anything_else_is_refused_naming_the_file(tmp_path):
     save_sharded(tmp_path / "pytorch_model_fsdp_0", {"lr": 1e-4})
     (tmp_path / "pytorch_model_fsdp_0" / ".metadata").write_bytes(pickle.dumps(Payload()))
