@@ -68,7 +68,7 @@ class StubOpenAI:
                     self.send_error(429 if self.path == "/v1/chat/completions" else 404)
                     return
                 stub.requests.append(body)
-                stub.headers.append(dict(self.headers))
+                stub.headers.append({k.lower(): v for k, v in self.headers.items()})  # names are case-free
                 data = json.dumps(stub.answer(body, with_logprobs)).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -173,7 +173,7 @@ def test_vlm_judge_through_the_http_client(stub_openai, reward_server, mode):
     for prompt, sent in zip(prompts, images):
         question = judge.question.format(prompt=prompt, max_score="10")
         assert any(torch.equal(received, sent) for received in by_prompt[question])  # 8-bit exact round trip
-    assert all(h.get("Authorization") == "Bearer sk-test" for h in stub.headers)
+    assert all(h.get("authorization") == "Bearer sk-test" for h in stub.headers)
 
 
 def test_vlm_judge_errors_reach_the_trainer(stub_openai, reward_server):
