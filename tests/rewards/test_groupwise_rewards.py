@@ -1,12 +1,11 @@
-"""Groupwise rewards: the call per prompt group (RewardScorer, the sampler's pending groups, the evaluation's slices),
-the win rate and rank by hand, the pairwise judges (from a reward, and a VLM behind a stub OpenAI-compatible endpoint
+"""Groupwise rewards: the call per prompt group (RewardScorer, the sampler's pending groups), the win rate and rank by
+hand, the pairwise judges (from a reward, and a VLM behind a stub OpenAI-compatible endpoint
 through the real openai client), combinations, and the start-up checks."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -244,16 +243,17 @@ def test_start_up_checks_name_what_cannot_score_whole_groups(tmp_path):
         Trainer(config)  # the built reward tells: refused before any model loads
 
 
-def test_the_evaluation_gives_each_process_whole_prompts_for_a_groupwise_reward():
-    from ddpo_group.run.periodic_eval import PeriodicEvaluation
+def test_the_base_against_fine_tuned_evaluation_scores_a_prompts_images_of_both_models_as_one_group():
+    from ddpo_group.rewards.combine import make_combined_reward
+    from ddpo_group.run.evaluation import score_both
 
-    evaluation = PeriodicEvaluation.__new__(PeriodicEvaluation)
-    evaluation.prompts, evaluation.num_seeds, evaluation.groupwise = ["a", "b", "c"], 2, True  # 6 rows
-    slices = []
-    for rank in range(2):
-        evaluation.accelerator = SimpleNamespace(num_processes=2, process_index=rank)
-        slices.append(evaluation.my_rows())
-    assert slices == [[0, 1, 2, 3], [4, 5, 5, 5]]  # 2 prompts each; the padding is a whole group of row 5
-    evaluation.groupwise = False
-    assert [evaluation.my_rows() for evaluation.accelerator in (SimpleNamespace(num_processes=2, process_index=r)
-                                                                 for r in range(2))] == [[0, 1, 2], [3, 4, 5]]
+    rank = make_combined_reward("rank", {"reward_fn": BRIGHTNESS})
+    base, tuned = grey_images([0.2, 0.6, 0.4, 0.4]), grey_images([0.8, 0.4, 0.2, 0.6])  # 2 prompts x 2 seeds
+    prompts = ["a", "a", "b", "b"]
+    base_scores, tuned_scores = score_both(rank, base, tuned, prompts, [{}] * 4, num_seeds=2)
+    # prompt a: 0.2, 0.6 (base) and 0.8, 0.4 (tuned) ranked together; prompt b: 0.4, 0.4 and 0.2, 0.6
+    assert base_scores["reward"].tolist() == pytest.approx([0.0, 2 / 3, 0.5, 0.5])
+    assert tuned_scores["reward"].tolist() == pytest.approx([1.0, 1 / 3, 0.0, 1.0])
+    plain = make_combined_reward({"jpeg_compressibility": 1.0})  # a pointwise reward scores each model's images
+    base_plain, _ = score_both(plain, base, tuned, prompts, [{}] * 4, num_seeds=2)
+    torch.testing.assert_close(base_plain["reward"], plain(base, prompts, [{}] * 4)[0])
