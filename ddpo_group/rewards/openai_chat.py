@@ -79,7 +79,7 @@ class ChatEndpoint:
                 model=self.model, messages=[{"role": "user", "content": content}], temperature=0.0, **params)
         except openai.APIStatusError as error:
             detail = str(error.message)[:300]
-            if error.status_code in (401, 403) or error.status_code in (408, 409, 429) or error.status_code >= 500:
+            if error.status_code in (401, 403, 408, 409, 429) or error.status_code >= 500:  # retried, or the key
                 raise JudgeUnavailable(f"{self.who}: endpoint {self.url} answered HTTP {error.status_code}: "
                                        f"{detail}") from None
             raise RuntimeError(f"{self.who}: endpoint {self.url} answered HTTP {error.status_code}: {detail}") from None

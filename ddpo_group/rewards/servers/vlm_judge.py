@@ -117,8 +117,8 @@ def main(argv=None):
     parser.add_argument("--port", type=int, default=8001)
     args = parser.parse_args(argv)
     judge = OpenAIJudge(args.base_url, args.model, mode=args.mode, question=args.question, max_score=args.max_score,
-                        api_key=args.api_key, timeout=args.timeout, max_workers=args.max_workers, fallback=args.fallback,
-                        retries=args.retries)
+                        api_key=args.api_key, timeout=args.timeout, max_workers=args.max_workers,
+                        fallback=args.fallback, retries=args.retries)
     serve(make_vlm_reward(judge), f"VLM judge ({args.model}, {args.mode})", args.host, args.port)
 
 
