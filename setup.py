@@ -2,6 +2,7 @@ from setuptools import find_namespace_packages, setup
 
 OCR = ['rapidocr-onnxruntime>=1.4.4,<1.5; python_version < "3.13"', "rapidfuzz>=3"]
 HPS = ["open_clip_torch>=2.24"]
+JUDGE = ["openai>=1"]  # the VLM judges' client for OpenAI-compatible endpoints (vLLM, SGLang, a hosted API)
 
 setup(
     name="ddpo_group",
@@ -29,10 +30,11 @@ setup(
     ],
     extras_require={
         # the OCR reward's engine is small and CPU-only: its tests run with the others (its wheel stops at 3.12)
-        "test": ["pytest>=7", "pytest-xdist>=3.2", "hypothesis>=6", "msgpack>=1.0", *OCR],
+        "test": ["pytest>=7", "pytest-xdist>=3.2", "hypothesis>=6", "msgpack>=1.0", *OCR, *JUDGE],
         "msgpack": ["msgpack>=1.0"],  # format="msgpack" of the HTTP reward client
         "ocr": OCR,  # reward_fn=ocr: RapidOCR with its ONNX models inside the wheel, Levenshtein distance
         "hps": HPS,  # reward_fn=hpsv2: open_clip (needs a torchvision built for the installed torch)
-        "rewards": OCR + HPS,  # every optional reward; pickscore, clipscore and aesthetic need only transformers
+        "judge": JUDGE,  # win_rate's judge "vlm" and the VLM judge server: the openai client
+        "rewards": OCR + HPS + JUDGE,  # every optional reward; pickscore, clipscore and aesthetic need only transformers
     },
 )

@@ -11,6 +11,11 @@ reward receives the frames flattened, [B * F, 3, H, W], prompts and metadata rep
 per-frame rewards are averaged per video; a video reward receives [B, F, 3, H, W] (``rewards/base.py``'s
 ``scores_frames``; tests/plugins/video_reward.py is an example).
 
+Groupwise rewards: a reward function with the attribute ``groupwise = True`` (``fn.groupwise = True``) is called
+once per prompt group, with the group's G images, prompts and metadata, and returns G rewards that may depend on
+each other (``pairwise.py``: a win rate under a pairwise judge, a rank). The trainer then gives each process whole
+groups and scores each group where it was sampled (rollout/collect.py's RewardScorer).
+
 A factory is found by registered name, by ``"package.module:factory"`` (or
 ``"/path/file.py:factory"``), or as an entry point of group ``ddpo_group.rewards``
 (see :mod:`ddpo_group.registry`). ``config.reward_fn`` is one such name, or a weighted
@@ -22,7 +27,7 @@ from __future__ import annotations
 from ddpo_group.registry import import_submodules
 from ddpo_group.rewards.base import (  # noqa: F401  (the package's interface)
     REWARD_ENTRY_POINT_GROUP, REWARD_REGISTRY, RewardFn, RewardUnavailable, check_rewards, get_reward_factory,
-    register_reward,
+    is_groupwise, register_reward,
 )
 
 

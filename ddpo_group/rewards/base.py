@@ -53,6 +53,18 @@ def get_reward_factory(name: str) -> Callable[..., RewardFn]:
     return build
 
 
+# ----------------------------------------------------------------------------- groupwise rewards
+GROUPWISE_ATTRIBUTE = "groupwise"  # set True on a reward function called once per prompt group
+
+
+def is_groupwise(reward_fn) -> bool:
+    """Whether ``reward_fn`` scores a prompt group's images together (its factory set ``fn.groupwise = True``): it is
+    called once per group, with the group's G images, prompts and metadata, and returns G rewards that may depend on
+    each other (a win rate, a rank). Any other reward function scores each image on its own, in batches of any
+    composition."""
+    return bool(getattr(reward_fn, GROUPWISE_ATTRIBUTE, False))
+
+
 # ----------------------------------------------------------------------------- videos (the video families, e.g. Wan)
 VIDEO_ATTRIBUTE = "takes_videos"  # set True on a reward function that scores whole videos [B, F, 3, H, W]
 
@@ -71,6 +83,9 @@ def scores_frames(reward_fn: RewardFn, name: str) -> RewardFn:
                              f"this model makes images of shape {tuple(images.shape)}")
         if takes_videos or dims != 5:
             return reward_fn(images, prompts, metadata)
+        if is_groupwise(reward_fn):  # its group would be the frames of several videos
+            raise ValueError(f"reward function {name!r} is groupwise ({GROUPWISE_ATTRIBUTE}=True) and scores images; "
+                             f"on a video model it must score whole videos ({VIDEO_ATTRIBUTE}=True)")
         b, f = images.shape[:2]
         rewards, info = reward_fn(images.flatten(0, 1), [p for p in prompts for _ in range(f)],
                                   [m for m in metadata for _ in range(f)])

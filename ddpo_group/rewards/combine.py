@@ -8,6 +8,9 @@ label (the trainer logs it as ``reward_info/<label>``) and each component's own 
 ``<label>/<key>``. Factory keyword arguments are given per component::
 
     reward_fn_kwargs = {"aesthetic": {"clip_model_path": "...", "head_path": "..."}}
+
+A combination with a groupwise component (rewards/base.py: ``is_groupwise``) is groupwise itself: it is called once
+per prompt group, and its other components score that group's images as a batch.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ddpo_group.rewards.base import RewardFn, check_rewards, get_reward_factory
+from ddpo_group.rewards.base import GROUPWISE_ATTRIBUTE, RewardFn, check_rewards, get_reward_factory, is_groupwise
 
 
 def _as_dict(value):
@@ -114,4 +117,5 @@ def make_combined_reward(spec, kwargs=None) -> RewardFn:
         return total, info
 
     combined.components = [(label, weight) for label, weight, _ in parts]
+    setattr(combined, GROUPWISE_ATTRIBUTE, any(is_groupwise(fn) for _, _, fn in parts))
     return combined

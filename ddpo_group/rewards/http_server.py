@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
+from ddpo_group.rewards.base import is_groupwise
 from ddpo_group.rewards.http_client import (
     FORMATS, TOKEN_ENV, decode, encode, format_of, png_to_images, token_from_environment,
 )
@@ -89,7 +90,11 @@ def _to_list(value):
 
 def make_server(reward_fn, host: str = "127.0.0.1", port: int = 8000, token: str | None = None) -> ThreadingHTTPServer:
     """An HTTP server (not yet serving) for ``reward_fn``; port 0 picks a free port (``server.server_port``).
-    With ``token``, requests must carry ``Authorization: Bearer <token>`` (HTTP 401 otherwise)."""
+    With ``token``, requests must carry ``Authorization: Bearer <token>`` (HTTP 401 otherwise). A groupwise reward
+    function is refused: the client's batches are not prompt groups (the trainer calls it once per group)."""
+    if is_groupwise(reward_fn):
+        raise ValueError("a groupwise reward function (groupwise=True) scores a prompt group's images together; the "
+                         "HTTP protocol's batches are not groups: give it to the trainer as reward_fn instead")
     return ThreadingHTTPServer((host, port), make_handler(reward_fn, token))
 
 

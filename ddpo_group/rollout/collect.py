@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ddpo_group.errors import EpochAbandoned
-from ddpo_group.rewards import RewardUnavailable, check_rewards
+from ddpo_group.rewards import RewardUnavailable, check_rewards, is_groupwise
 from ddpo_group.rollout.tweedie import tweedie_values, with_rewards
 from ddpo_group.sampling.batch import RolloutBatch
 from ddpo_group.sampling.trajectories import (SamplingOptions, Trajectories, concatenate_rows, rows_of,
@@ -36,13 +36,21 @@ class RewardScorer:
     that is down), whose cause is not in the images. When it runs out of device memory (a reward model on the
     GPU), the batch is halved, for this call and every later one: ``chunk``, the images per call after such an error,
     stays for the run (the RolloutCollector owns the run's scorer; the evaluation during training shares it).
+
+    A groupwise reward function (rewards/base.py: ``is_groupwise``) is called once per prompt group instead: a call
+    gives each image's group (``groups``, a group's entries consecutive), and an error names the group's prompt; its
+    groups are neither split after an out-of-memory error nor scored image by image.
     """
 
     def __init__(self, reward_fn, reward_name: str):
         self.reward_fn, self.reward_name = reward_fn, reward_name  # a combination's name is its {name: weight}
+        self.groupwise = is_groupwise(reward_fn)
         self.chunk: int | None = None  # images per reward call after an out-of-memory error
 
-    def __call__(self, images, prompts: list[str], metadata: list[dict]) -> tuple[torch.Tensor, dict]:
+    def __call__(self, images, prompts: list[str], metadata: list[dict],
+                 groups: list | None = None) -> tuple[torch.Tensor, dict]:
+        if self.groupwise:
+            return self.by_group(images, prompts, metadata, groups)
         reward_fn, reward_name = self.reward_fn, self.reward_name
         chunk = self.chunk
         if chunk is not None and chunk < len(prompts):  # an earlier call ran out of device memory at a larger batch
@@ -62,23 +70,65 @@ class RewardScorer:
                 f"reward function {reward_name!r} raised {type(error).__name__}: {error} "
                 f"({failing_images(reward_fn, images, prompts, metadata)})"
             ) from error
+        return self.checked(out, len(prompts))
+
+    def checked(self, out, batch_size: int) -> tuple[torch.Tensor, dict]:
+        """The reward function's output ``out`` for ``batch_size`` images as (rewards [B] float64, info)."""
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError(
-                f"reward function {reward_name!r} returned {type(out).__name__}; expected a (rewards, info) pair "
-                f"with {len(prompts)} rewards"
+                f"reward function {self.reward_name!r} returned {type(out).__name__}; expected a (rewards, info) pair "
+                f"with {batch_size} rewards"
             )
         rewards, info = out
-        return check_rewards(rewards, len(prompts), reward_name), info or {}
+        return check_rewards(rewards, batch_size, self.reward_name), info or {}
+
+    def by_group(self, images, prompts: list[str], metadata: list[dict], groups: list | None):
+        """A groupwise reward function called once per run of equal ``groups`` entries (a prompt group)."""
+        if groups is None or len(groups) != len(prompts):
+            raise ValueError(f"reward function {self.reward_name!r} is groupwise: it needs the prompt group of each of "
+                             f"the {len(prompts)} images, got {None if groups is None else len(groups)}")
+        parts = []
+        for start, stop in group_runs(groups):
+            try:
+                out = self.reward_fn(images[start:stop], prompts[start:stop], metadata[start:stop])
+            except Exception as error:
+                raise RuntimeError(
+                    f"reward function {self.reward_name!r} raised {type(error).__name__}: {error} (groupwise, on the "
+                    f"group of {stop - start} images of prompt {prompts[start]!r})") from error
+            parts.append(self.checked(out, stop - start))
+        return concatenate_scores(parts)
 
     def in_parts(self, images, prompts: list[str], metadata: list[dict], chunk: int):
         """The scores of consecutive parts of ``chunk`` images: rewards concatenated, per-image info entries too."""
-        parts = [self(images[i : i + chunk], prompts[i : i + chunk], metadata[i : i + chunk])
-                 for i in range(0, len(prompts), chunk)]
-        info = {}
-        for key, first in parts[0][1].items():
-            per_image = isinstance(first, torch.Tensor) and first.dim() > 0 and len(first) == min(chunk, len(prompts))
-            info[key] = torch.cat([part[1][key] for part in parts]) if per_image else first
-        return torch.cat([part[0] for part in parts]), info
+        return concatenate_scores([self(images[i : i + chunk], prompts[i : i + chunk], metadata[i : i + chunk])
+                                   for i in range(0, len(prompts), chunk)])
+
+
+def group_runs(groups: list) -> list[tuple[int, int]]:
+    """The [start, stop) row ranges of the runs of equal consecutive ``groups`` entries; a group in two runs (its
+    copies not consecutive) is an error."""
+    runs, seen = [], set()
+    for i, group in enumerate(groups):
+        if i and group == groups[i - 1]:
+            continue
+        if group in seen:
+            raise ValueError(f"prompt group {group!r} is not consecutive in the groups {list(groups)}: a groupwise "
+                             "reward scores each group's images together")
+        seen.add(group)
+        runs.append(i)
+    return list(zip(runs, runs[1:] + [len(groups)]))
+
+
+def concatenate_scores(parts: list[tuple[torch.Tensor, dict]]) -> tuple[torch.Tensor, dict]:
+    """(rewards, info) of consecutive parts of a batch: the rewards concatenated, and each info entry that holds one
+    value per image in every part (a tensor) too; any other entry is the first part's."""
+    info = {}
+    for key, first in parts[0][1].items():
+        values = [part[1].get(key) for part in parts]
+        per_image = all(isinstance(value, torch.Tensor) and value.dim() > 0 and len(value) == len(rewards)
+                        for value, (rewards, _) in zip(values, parts))
+        info[key] = torch.cat(values) if per_image else first
+    return torch.cat([rewards for rewards, _ in parts]), info
 
 
 class TextEmbeddingCache:
@@ -168,16 +218,20 @@ class RolloutSampler:
         self.executor = ThreadPoolExecutor(max_workers=2)  # reward calls run while the next batch samples
 
     def sample(self, model, prompts: list[str], metadata: list[dict], generators: list | None = None,
-               initial_noise: torch.Tensor | None = None, desc: str = "sampling") -> RolloutBatch:
+               initial_noise: torch.Tensor | None = None, desc: str = "sampling",
+               groups: list | None = None) -> RolloutBatch:
         """The batch record of ``prompts`` (sampling/batch.py). ``model``: the denoiser the steps call (the policy's,
         or the trainer's rollout policy); ``generators`` (one per sample) make each sample's noise independent of the
         batch layout; ``initial_noise`` [B, ...] gives each sample's x_0 (e.g. shared by the copies of a prompt);
-        ``desc``: the progress bar's (None: no bar)."""
+        ``desc``: the progress bar's (None: no bar). ``groups``: each sample's prompt group, a group's samples
+        consecutive (whole groups), which a groupwise reward needs: each group is scored once all its samples are
+        drawn (a group may span two sampling batches), in the worker thread."""
         family, options, timer, size = self.family, self.options, self.timer, self.options.batch_size
         with timer.phase("sampling"):
             cond = encode_unique(family, prompts, self.text_cache, metadata)
             negative = family.negative_rows(metadata)  # None: no prompt has its own negative prompt (the family's row)
         parts, futures = [], []
+        pending = PendingGroups(groups) if self.score.groupwise else None  # sampled rows not yet scored
         num_batches = len(prompts) // size
         for i in tqdm(range(num_batches), desc=desc, disable=desc is None, leave=False):
             if self.should_stop():
@@ -198,7 +252,14 @@ class RolloutSampler:
                     x0 = traj.pred_x0 if self.critic.reads_x0 else None
                     traj.values = self.critic.values(traj.latents[:, :-1], traj.timesteps, cond["prompt_embeds"][rows],
                                                      x0)
-            futures.append(self.executor.submit(self.score, traj.images, prompts[rows], metadata[rows]))
+            if pending is None:
+                futures.append(self.executor.submit(self.score, traj.images, prompts[rows], metadata[rows]))
+            else:  # the groups whose samples are all drawn
+                done = pending.add(traj.images)
+                if done is not None:
+                    images, rows = done
+                    futures.append(self.executor.submit(self.score, images, prompts[rows], metadata[rows],
+                                                        groups[rows]))
             tweedie = None
             if self.tweedie_steps is not None:
                 with timer.phase("reward"):
@@ -224,6 +285,30 @@ class RolloutSampler:
 
     def close(self, wait: bool = True) -> None:
         self.executor.shutdown(wait=wait, cancel_futures=not wait)
+
+
+class PendingGroups:
+    """The sampled images of prompt groups not yet complete, for a groupwise reward: ``add(images)`` takes the next
+    sampling batch and returns (images, rows) of the groups it completes (None when it completes none); the last
+    batch completes every group."""
+
+    def __init__(self, groups: list | None):
+        if groups is None:
+            raise ValueError("a groupwise reward needs each sample's prompt group (RolloutSampler.sample's groups)")
+        self.groups, self.start, self.images = list(groups), 0, None  # rows [start, start + len(images)) held
+
+    def add(self, images: torch.Tensor):
+        self.images = images if self.images is None else torch.cat([self.images, images])
+        stop = self.start + len(self.images)
+        end = stop  # rows [start, end) hold whole groups: the group of row stop - 1 may go on in the next batch
+        if stop < len(self.groups):
+            while end > self.start and self.groups[end - 1] == self.groups[stop]:
+                end -= 1
+        if end == self.start:
+            return None
+        done, self.images = self.images[: end - self.start], self.images[end - self.start :]
+        rows, self.start = slice(self.start, end), end
+        return done, rows
 
 
 def _merge_infos(infos: list[dict]) -> dict:

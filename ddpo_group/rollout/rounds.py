@@ -1,8 +1,9 @@
 """An epoch's rollouts: sampling rounds over all processes, the estimator's inputs, advantages, DAPO's dynamic
 sampling.
 
-A round is P prompts x group_size copies spread over the processes (for a preference objective or tree rollouts each
-process holds whole groups, each group's copies consecutive: PromptSampler.sample_epoch's ``whole_groups``).
+A round is P prompts x group_size copies spread over the processes (for a preference objective, tree rollouts or a
+groupwise reward each process holds whole groups, each group's copies consecutive: PromptSampler.sample_epoch's
+``whole_groups``; a groupwise reward scores each group on the process that sampled it).
 ``RolloutCollector.collect``: each process samples and scores its slice (collect.py), and the rewards (and critic
 values, greedy baselines, KL step rewards, reward info) are gathered. ``RolloutCollector.estimate``: the estimator computes the advantages on each whole round
 (so every prompt group is complete), and each process keeps its own rows. With ``algorithm.multi_reward_mix="advantage_aggr"`` each component of a weighted combination
@@ -28,6 +29,7 @@ from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 from ddpo_group.algorithms.objectives import PREFERENCE
 from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import ConfigError, EpochAbandoned
+from ddpo_group.rewards import is_groupwise
 from ddpo_group.rewards.combine import component_label
 from ddpo_group.rollout.branching import AdaptiveBranches
 from ddpo_group.rollout.collect import RewardScorer, RolloutSampler, TextEmbeddingCache, greedy_rewards
@@ -160,8 +162,9 @@ class RolloutCollector:
         if config.sample.adaptive_branching:
             self.branching = AdaptiveBranches(self.branches or {}, stochastic)
         # whole prompt groups on each process (PromptSampler.sample_epoch): a preference objective's units, a group's
-        # trees (its leaves consecutive)
-        self.whole_groups = get_objective(config.algorithm.objective).kind == PREFERENCE or self.branches is not None
+        # trees (its leaves consecutive), a groupwise reward's calls (one per group, on the process that sampled it)
+        self.whole_groups = (get_objective(config.algorithm.objective).kind == PREFERENCE or self.branches is not None
+                             or is_groupwise(reward_fn))
         # GROUP_PPO's Tweedie values: the steps whose one-step prediction is scored (rollout/tweedie.py)
         tweedie_steps = None
         if estimator.reads(config, "tweedie_values"):
@@ -227,9 +230,10 @@ class RolloutCollector:
         if self.branching is not None:  # the branch steps the last epoch chose
             self.sampler.options = replace(self.sampler.options, branches=self.branching.branches)
         with accelerator.autocast():  # the precision the training forward recomputes log-probs in
+            desc = f"epoch {epoch}: sampling" if accelerator.is_local_main_process else None
             batch = self.sampler.sample(
                 model, prompts[mine], metadata[mine], generators=sample_generators(seed, mine, accelerator.device),
-                initial_noise=initial_noise, desc=f"epoch {epoch}: sampling" if accelerator.is_local_main_process else None)
+                initial_noise=initial_noise, desc=desc, groups=groups[mine])
             extra = self.estimator_extras(epoch, batch, groups[mine], model, initial_noise)
         return self.gather_round(batch, extra, prompts, groups)
 

@@ -21,9 +21,11 @@ WANDB_MODES = ("online", "offline", "disabled")
 __all__ = ["ConfigError", "validate_config", "algorithm_errors", "config_warnings"]
 
 
-def validate_config(config, num_processes: int = 1) -> None:
-    """Raise ConfigError listing every contradiction found in ``config``."""
-    errors = sampling_and_training_errors(config, num_processes) + run_errors(config, num_processes)
+def validate_config(config, num_processes: int = 1, groupwise_reward: bool = False) -> None:
+    """Raise ConfigError listing every contradiction found in ``config``. ``groupwise_reward``: the built reward
+    function is groupwise (rewards/base.py's ``is_groupwise``: known once its factory ran)."""
+    errors = sampling_and_training_errors(config, num_processes, groupwise_reward) + run_errors(config, num_processes)
+    errors.extend(groupwise_reward_errors(config) if groupwise_reward else [])
     errors.extend(evaluation_and_ema_errors(config))
     errors.extend(family_errors(config))
     errors.extend(algorithm_errors(config))
@@ -117,7 +119,7 @@ def _collector(errors: list):
     return need
 
 
-def sampling_and_training_errors(config, num_processes: int) -> list[str]:
+def sampling_and_training_errors(config, num_processes: int, groupwise_reward: bool = False) -> list[str]:
     """Contradictions of the sample.* and train.* fields (steps, batch sizes, group size, guidance)."""
     errors = []
     need = _collector(errors)
@@ -181,15 +183,39 @@ def sampling_and_training_errors(config, num_processes: int) -> list[str]:
             f"sample.batch_size * sample.num_batches_per_epoch = {num_processes} * {s.batch_size} * "
             f"{s.num_batches_per_epoch} = {samples_per_epoch}"
         )
-    if num_processes > 1 and t.group_size >= 1 and samples_per_process % t.group_size != 0 and _is_preference(config):
-        errors.append(
-            f"algorithm.objective={config.algorithm.objective!r} needs whole prompt groups on each of the "
-            f"{num_processes} processes: train.group_size={t.group_size} must divide the samples per process, "
-            f"sample.batch_size * sample.num_batches_per_epoch = {s.batch_size} * {s.num_batches_per_epoch} = "
-            f"{samples_per_process}"
-        )
+    if num_processes > 1 and t.group_size >= 1 and samples_per_process % t.group_size != 0:
+        wholes = ([f"algorithm.objective={config.algorithm.objective!r}"] if _is_preference(config) else []) + (
+            [f"the groupwise reward_fn={_as_plain(config.reward_fn)!r}"] if groupwise_reward else [])
+        errors.extend(
+            f"{what} needs whole prompt groups on each of the {num_processes} processes: train.group_size="
+            f"{t.group_size} must divide the samples per process, sample.batch_size * sample.num_batches_per_epoch = "
+            f"{s.batch_size} * {s.num_batches_per_epoch} = {samples_per_process}"
+            for what in wholes)
 
     return errors
+
+
+def groupwise_reward_errors(config) -> list[str]:
+    """A groupwise reward scores whole prompt groups: the estimators that score single samples outside a group refuse
+    it (ReMax's greedy baseline: one sample per group; GROUP_PPO's Tweedie values: one-step predictions)."""
+    spec = _estimator(config.algorithm.adv_estimator)
+    if spec is None:
+        return []
+    head = (f"reward_fn={_as_plain(config.reward_fn)!r} is groupwise (it scores a prompt group's images together) "
+            f"and algorithm.adv_estimator={config.algorithm.adv_estimator!r}")
+    errors = []
+    if spec.needs_greedy_rewards:
+        errors.append(f"{head} scores one greedy sample per group, which has no group to be scored in: use a group "
+                      "estimator (grpo, rloo, dr_grpo, group_ppo, ...) or a pointwise reward")
+    if spec.reads(config, "tweedie_values"):
+        errors.append(f"{head} with group_ppo.value_source={config.group_ppo.value_source!r} scores each step's "
+                      "one-step prediction alone: set group_ppo.value_source to 'critic', 'residual_critic' or "
+                      "'tree', or use a pointwise reward")
+    return errors
+
+
+def _as_plain(value):
+    return value.to_dict() if hasattr(value, "to_dict") else value
 
 
 def _is_preference(config) -> bool:

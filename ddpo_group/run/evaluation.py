@@ -8,7 +8,9 @@ are all distinct and the interval below is not narrowed by copies. Statistics ov
 
     mean, std (ddof = 1), ci95 = mean -+ 1.96 * std / sqrt(n)     (normal approximation)
 
-and the same for the paired difference fine-tuned - base.
+and the same for the paired difference fine-tuned - base. A groupwise reward (rewards/base.py's ``is_groupwise``: a win
+rate, a rank) scores each prompt's M base and M fine-tuned images as one group, so its rewards compare the two models:
+a fine-tuned mean win rate above 1/2 says its images win more often than the base model's.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from tqdm.auto import tqdm
 from ddpo_group.run.checkpointing import ADAPTER_WEIGHT, resolve_resume_path
 from ddpo_group.models.lora_export import is_lora_dir
 from ddpo_group.prompts import PromptSampler
+from ddpo_group.rewards import is_groupwise
 from ddpo_group.rewards.combine import make_combined_reward
+from ddpo_group.rollout.collect import RewardScorer
 
 
 def find_run_config(path: str | Path, levels: int = 4) -> tuple[dict | None, Path | None]:
@@ -147,11 +151,31 @@ def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: i
     return torch.cat(out)
 
 
-def score(reward_fn, images: torch.Tensor, prompts: list[str], metadata: list[dict]) -> dict[str, torch.Tensor]:
-    """{"reward": sum_k w_k r_k} (a combined reward function) plus each component's reward when there are several."""
-    total, info = reward_fn(images, prompts, metadata)
+def score(reward_fn, images: torch.Tensor, prompts: list[str], metadata: list[dict],
+          groups: list | None = None) -> dict[str, torch.Tensor]:
+    """{"reward": sum_k w_k r_k} (a combined reward function) plus each component's reward when there are several;
+    ``groups``: each image's group, for a groupwise reward (one call per group)."""
+    if groups is not None:
+        total, info = RewardScorer(reward_fn, "reward_fn")(images, prompts, metadata, groups)
+    else:
+        total, info = reward_fn(images, prompts, metadata)
     labels = [label for label, _ in reward_fn.components]
     return {"reward": total, **({label: info[label] for label in labels} if len(labels) > 1 else {})}
+
+
+def score_both(reward_fn, base_images: torch.Tensor, tuned_images: torch.Tensor, prompts: list[str],
+               metadata: list[dict], num_seeds: int) -> tuple[dict, dict]:
+    """The scores of the base and the fine-tuned images (rows prompt-major, ``num_seeds`` a prompt); a groupwise
+    reward scores each prompt's base and fine-tuned images as one group (module docstring)."""
+    if not is_groupwise(reward_fn):
+        return score(reward_fn, base_images, prompts, metadata), score(reward_fn, tuned_images, prompts, metadata)
+    rows = [(model, r) for start in range(0, len(prompts), num_seeds) for model in (0, 1)
+            for r in range(start, start + num_seeds)]
+    images = torch.stack([(base_images, tuned_images)[model][r] for model, r in rows])
+    scored = score(reward_fn, images, [prompts[r] for _, r in rows], [metadata[r] for _, r in rows],
+                   groups=[r // num_seeds for _, r in rows])
+    return tuple({key: value[[k for k, (model, _) in enumerate(rows) if model == which]]
+                  for key, value in scored.items()} for which in (0, 1))
 
 
 def stats(values: torch.Tensor) -> dict:
@@ -274,8 +298,7 @@ def evaluate(request: EvaluationRequest, defaults) -> dict:
         tuned_images = sample_images(pipe, prompts, seeds, progress=progress, **rows, **settings)
     metadata_all = [metadata[i] for i in range(len(prompts)) for _ in range(num_seeds)]
     prompts_all = [p for p in prompts for _ in range(num_seeds)]
-    base_rewards = score(combined, base_images, prompts_all, metadata_all)
-    tuned_rewards = score(combined, tuned_images, prompts_all, metadata_all)
+    base_rewards, tuned_rewards = score_both(combined, base_images, tuned_images, prompts_all, metadata_all, num_seeds)
 
     info = {"base_model": str(base_model), "family": family.name, "finetuned": str(finetuned), "loaded": f"{kind}:{source}",
             "reward_fn": reward_fn, "prompt_fn": prompt_fn, **settings,

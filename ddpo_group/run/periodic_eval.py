@@ -16,7 +16,9 @@ everything but the weights fixed, so its change is the training's:
 
 Rows are prompt-major (row r = prompt r // M, noise r % M, M = eval_num_seeds). Each process samples its slice of the
 rows (padded to equal slices with copies of the last row, so every process makes the same denoiser forwards, as FSDP
-needs) and the rewards and images are gathered in row order. Metrics:
+needs) and the rewards and images are gathered in row order. A groupwise reward (rewards/base.py's ``is_groupwise``)
+scores each prompt's M images together, once they are all sampled: each process then takes whole prompts, and its
+padding is whole groups of copies of the last row. Metrics:
 
     eval/reward_mean, eval/reward_std          over the N x M images (std with ddof 1)
     eval/reward_info/<key>                     the mean of each per-image entry of the reward's info (a combination's
@@ -133,6 +135,7 @@ class PeriodicEvaluation:
                                   f"has no such key; the prompt function's metadata keys are {keys} ('' groups by "
                                   "prompt)")
         self.labels: list[str] = []  # the reward info's per-image entries (set by each sampling)
+        self.groupwise = bool(getattr(reward_scorer, "groupwise", False))  # a call per prompt's M images
         self._cond = None  # the prompts' condition, encoded at the first evaluation
 
     @property
@@ -144,9 +147,11 @@ class PeriodicEvaluation:
         return self.freq > 0 and ((epoch + 1) % self.freq == 0 or epoch == self.num_epochs - 1)
 
     def my_rows(self) -> list[int]:
-        """This process's rows: a contiguous slice of ceil(rows / processes), padded with the last row."""
+        """This process's rows: a contiguous slice of ceil(rows / processes), padded with the last row; for a
+        groupwise reward, of ceil(prompts / processes) whole prompts' rows."""
         world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        per = -(-self.num_rows // world)
+        unit = self.num_seeds if self.groupwise else 1
+        per = -(-self.num_rows // (world * unit)) * unit
         rows = list(range(rank * per, min((rank + 1) * per, self.num_rows)))
         return rows + [self.num_rows - 1] * (per - len(rows))
 
@@ -191,7 +196,7 @@ class PeriodicEvaluation:
         rows = self.my_rows()
         device = self.accelerator.device
         noise = self.initial_noise(rows)
-        rewards, infos, images = [], [], []
+        rewards, infos, images, sampled = [], [], [], []
         for start in range(0, len(rows), options.batch_size):
             chunk = rows[start : start + options.batch_size]
             prompt_index = [r // self.num_seeds for r in chunk]
@@ -203,11 +208,21 @@ class PeriodicEvaluation:
                 family.negative_for([self.metadata[i] for i in prompt_index]), options, generator=generators,
                 initial_noise=noise[start : start + len(chunk)].to(device),
             )
-            values, info = self.reward_scorer(traj.images, [self.prompts[i] for i in prompt_index],
-                                              [dict(self.metadata[i]) for i in prompt_index])
-            rewards.append(values)
-            infos.append(per_image(info, len(chunk)))
+            if self.groupwise:  # scored below, each prompt's M images together
+                sampled.append(traj.images)
+            else:
+                values, info = self.reward_scorer(traj.images, [self.prompts[i] for i in prompt_index],
+                                                  [dict(self.metadata[i]) for i in prompt_index])
+                rewards.append(values)
+                infos.append(per_image(info, len(chunk)))
             images.append((traj.images.float().clamp(0, 1) * 255).round().to(torch.uint8).cpu())
+        if self.groupwise:  # groups by position: the padding (copies of the last row) is whole groups of its own
+            prompt_index = [r // self.num_seeds for r in rows]
+            values, info = self.reward_scorer(torch.cat(sampled), [self.prompts[i] for i in prompt_index],
+                                              [dict(self.metadata[i]) for i in prompt_index],
+                                              groups=[k // self.num_seeds for k in range(len(rows))])
+            rewards.append(values)
+            infos.append(per_image(info, len(rows)))
         # the entries every batch has (a reward returns the same keys on every process: they are gathered together)
         self.labels = sorted(set.intersection(*(set(info) for info in infos)))
         parts = torch.stack([torch.cat([info[key] for info in infos]) for key in self.labels], 1) if self.labels \

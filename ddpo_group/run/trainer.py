@@ -38,7 +38,7 @@ from ddpo_group.models.speed_options import (check_cuda_graphs, compile_denoiser
 from ddpo_group.models.trainable import build_policy, lora_config, make_optimizer
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
-from ddpo_group.rewards import make_reward_fn
+from ddpo_group.rewards import is_groupwise, make_reward_fn
 from ddpo_group.rollout.rounds import Estimation, RolloutCollector
 from ddpo_group.run.config_checks import config_warnings, validate_config
 from ddpo_group.run.cpu_fsdp import enable_fsdp_on_cpu
@@ -76,7 +76,8 @@ class Trainer:
         if config.deterministic:  # before the first CUDA kernel (cuBLAS reads its workspace setting once)
             make_deterministic()
         self.accelerator = self.make_accelerator(config, self.session)
-        validate_config(config, num_processes=self.accelerator.num_processes)
+        validate_config(config, num_processes=self.accelerator.num_processes,
+                        groupwise_reward=is_groupwise(self.reward_fn))
         # accelerate launch's default OMP_NUM_THREADS=1 would leave a CPU run on one core (run/threads.py)
         apply_num_threads(config.num_cpu_threads, self.accelerator.device.type == "cpu",
                           int(os.environ.get("LOCAL_WORLD_SIZE", self.accelerator.num_processes)))

@@ -250,3 +250,67 @@ def test_two_processes_and_one_sample_and_score_a_matching_objective_alike(famil
     assert one["perf/pairs_trained"] == two["perf/pairs_trained"] == 8 * 4
     assert one["global_step"] == two["global_step"] == 2
     assert one["train/old_decay"] == two["train/old_decay"] == 0.5
+
+
+GROUPWISE_PLUGIN = """import json
+import os
+
+from ddpo_group.rewards.builtin import jpeg_size_kb
+
+
+def relative_size(log=""):
+    # each image's JPEG size over the largest of its group's: a reward that depends on the group's other images
+    def fn(images, prompts, metadata):
+        kb = jpeg_size_kb(images)
+        rewards = kb / kb.max()
+        with open(log, "a") as out:
+            out.write(json.dumps({"rank": int(os.environ.get("RANK", "0")), "prompts": prompts,
+                                  "rewards": rewards.tolist()}) + "\\n")
+        return rewards, {"jpeg_kb": kb}
+
+    fn.groupwise = True
+    return fn
+"""
+
+
+@pytest.mark.slow
+def test_a_groupwise_plugin_reward_trains_on_one_process_and_two_alike(tiny_model_dir, tmp_path):
+    """A groupwise reward from a plugin file (reward_fn=/path/file.py:factory) on 1 process x 6 batches of 2 or 2
+    processes x 3: groups of 3 span sampling batches; each group is scored once, by the process that sampled it, and
+    the rewards, advantages and evaluations (each prompt's 2 images together) are the same."""
+    plugin = tmp_path / "relative_size.py"
+    plugin.write_text(GROUPWISE_PLUGIN)
+    metrics, evaluations, calls = [], [], []
+    for processes in (1, 2):
+        run, log = f"groupwise_{processes}", tmp_path / f"calls_{processes}.jsonl"
+        args = tiny_args(tiny_model_dir, tmp_path, run, **{
+            "reward_fn": f"{plugin}:relative_size", "reward_fn_kwargs": json.dumps({"log": str(log)}),
+            "sample.batch_size": 2, "sample.num_batches_per_epoch": 6 // processes, "train.batch_size": 3,
+            "train.group_size": 3, "eval_freq": 1, "eval_num_prompts": 3, "eval_num_seeds": 2,
+            "log_images_every": 0, "save_freq": 0, **SAME_DEVICE})
+        args[1] = "config/base.py:grpo"
+        launch(args, num_processes=processes)
+        (epoch0,) = read_metrics(tmp_path / run)
+        metrics.append(epoch0)
+        evaluations.append([json.loads(line) for line in (tmp_path / run / "eval.jsonl").read_text().splitlines()])
+        calls.append([json.loads(line) for line in log.read_text().splitlines()])
+    # training: 12 samples in 4 groups of 3 (one prompt each), each scored in one call; evaluation: a call per
+    # prompt's 2 images (3 prompts; 2 processes: 2 prompts each, the second padded with a copy of the last prompt's)
+    for processes, made in zip((1, 2), calls):
+        train_calls = [c for c in made if len(c["prompts"]) == 3]
+        assert len(train_calls) == 4 and all(len(set(c["prompts"])) == 1 for c in train_calls)
+        assert {c["rank"] for c in train_calls} == set(range(processes))
+        assert all(max(c["rewards"]) == 1.0 for c in train_calls)  # the group's largest file
+        eval_calls = 2 * (3 if processes == 1 else 4)  # before training and after the epoch
+        assert sum(len(c["prompts"]) == 2 for c in made) == eval_calls == len(made) - len(train_calls)
+    groups = [sorted(json.dumps([c["prompts"], c["rewards"]]) for c in made if len(c["prompts"]) == 3)
+              for made in calls]
+    assert groups[0] == groups[1]  # the same groups, the same rewards, wherever they were scored
+    one, two = metrics
+    assert one["reward_count"] == two["reward_count"] == 12
+    for key in ["reward_mean", "reward_std", "adv/mean", "adv/std", "adv/min", "adv/max", "reward_info/jpeg_kb"]:
+        assert one[key] == pytest.approx(two[key], rel=1e-6, abs=1e-9), key
+    assert [e["epoch"] for e in evaluations[0]] == [e["epoch"] for e in evaluations[1]] == [-1, 0]
+    for a, b in zip(*evaluations):
+        assert a["eval/reward_mean"] == pytest.approx(b["eval/reward_mean"], rel=1e-6)
+        assert a["eval/reward_info/jpeg_kb"] == pytest.approx(b["eval/reward_info/jpeg_kb"], rel=1e-6)

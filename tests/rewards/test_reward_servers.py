@@ -4,17 +4,14 @@ Everything listens on 127.0.0.1 only; the stub OpenAI-compatible endpoint answer
 of requests and shuts itself down after a deadline, whatever the test does.
 """
 
-import base64
-import io
 import json
 import math
 import random
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
 import torch
+from openai_stub import StubOpenAI, completion, decode_data_url, serve
 from PIL import Image
 
 from ddpo_group.prompts import PromptSampler
@@ -24,92 +21,35 @@ from ddpo_group.rewards.http_server import make_server
 from ddpo_group.rewards.servers.geneval import load_geneval, make_geneval_reward, score_result
 from ddpo_group.rewards.servers.vlm_judge import OpenAIJudge, make_vlm_reward, score_of_answer, yes_probability
 
-MAX_REQUESTS, DEADLINE_S = 64, 30.0
-
-
-def serve(server):
-    """Serve in a daemon thread; stop after DEADLINE_S at the latest. Returns a stop function."""
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    timer = threading.Timer(DEADLINE_S, server.shutdown)
-    timer.daemon = True
-    timer.start()
-
-    def stop():
-        timer.cancel()
-        server.shutdown()
-        server.server_close()
-
-    return stop
-
 
 def images_8bit(n, seed=0):
     torch.manual_seed(seed)
     return (torch.rand(n, 3, 16, 16) * 255).round() / 255
 
 
-def decode_data_url(url: str) -> torch.Tensor:
-    assert url.startswith("data:image/png;base64,")
-    array = np.asarray(Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).convert("RGB"))
-    return torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255
-
-
-class StubOpenAI:
-    """A minimal OpenAI-compatible /v1/chat/completions: answers from the prompt, records requests."""
-
-    def __init__(self, with_logprobs=True):
-        self.requests, self.headers = [], []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                if len(stub.requests) >= MAX_REQUESTS or self.path != "/v1/chat/completions":
-                    self.send_error(429 if self.path == "/v1/chat/completions" else 404)
-                    return
-                stub.requests.append(body)
-                stub.headers.append(dict(self.headers))
-                data = json.dumps(stub.answer(body, with_logprobs)).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.base_url = f"http://127.0.0.1:{self.server.server_port}/v1"
-        self.stop = serve(self.server)
-
-    @staticmethod
-    def answer(body, with_logprobs):
-        text = body["messages"][0]["content"][1]["text"]
-        if body.get("logprobs"):
-            # "cat" prompts: P(Yes)+P( yes) = 0.5+0.1, P(No) = 0.3 -> 2/3; "void" prompts: no yes/no token
-            if "void" in text:
-                top = [{"token": "Maybe", "logprob": math.log(0.9)}]
-            elif "cat" in text:
-                top = [{"token": "Yes", "logprob": math.log(0.5)}, {"token": "No", "logprob": math.log(0.3)},
-                       {"token": " yes", "logprob": math.log(0.1)}, {"token": "The", "logprob": math.log(0.05)}]
-            else:
-                top = [{"token": "No", "logprob": math.log(0.8)}, {"token": "Yes.", "logprob": math.log(0.2)}]
-            choice = {"message": {"role": "assistant", "content": top[0]["token"]},
-                      "logprobs": {"content": [{"token": top[0]["token"], "logprob": top[0]["logprob"],
-                                                "top_logprobs": top}]} if with_logprobs else None}
+def answer_from_prompt(body, with_logprobs):
+    """The stub VLM's answer, from the prompt in the question: "cat" prompts are judged a match, "void" prompts get an
+    answer the judge cannot parse."""
+    text = body["messages"][0]["content"][1]["text"]
+    if body.get("logprobs"):
+        # "cat" prompts: P(Yes)+P( yes) = 0.5+0.1, P(No) = 0.3 -> 2/3; "void" prompts: no yes/no token
+        if "void" in text:
+            top = [{"token": "Maybe", "logprob": math.log(0.9)}]
+        elif "cat" in text:
+            top = [{"token": "Yes", "logprob": math.log(0.5)}, {"token": "No", "logprob": math.log(0.3)},
+                   {"token": " yes", "logprob": math.log(0.1)}, {"token": "The", "logprob": math.log(0.05)}]
         else:
-            content = "I cannot rate this." if "void" in text else ("Score: 7" if "cat" in text else "3/10")
-            choice = {"message": {"role": "assistant", "content": content}}
-        return {"id": "stub", "object": "chat.completion", "choices": [{"index": 0, **choice, "finish_reason": "stop"}]}
+            top = [{"token": "No", "logprob": math.log(0.8)}, {"token": "Yes.", "logprob": math.log(0.2)}]
+        return completion(top[0]["token"], top if with_logprobs else None)
+    return completion("I cannot rate this." if "void" in text else ("Score: 7" if "cat" in text else "3/10"))
 
 
 @pytest.fixture
 def stub_openai():
     stubs = []
 
-    def start(**kwargs):
-        stubs.append(StubOpenAI(**kwargs))
+    def start(with_logprobs=True):
+        stubs.append(StubOpenAI(lambda body: answer_from_prompt(body, with_logprobs)))
         return stubs[-1]
 
     yield start
@@ -173,7 +113,7 @@ def test_vlm_judge_through_the_http_client(stub_openai, reward_server, mode):
     for prompt, sent in zip(prompts, images):
         question = judge.question.format(prompt=prompt, max_score="10")
         assert any(torch.equal(received, sent) for received in by_prompt[question])  # 8-bit exact round trip
-    assert all(h.get("Authorization") == "Bearer sk-test" for h in stub.headers)
+    assert all(h.get("authorization") == "Bearer sk-test" for h in stub.headers)
 
 
 def test_vlm_judge_errors_reach_the_trainer(stub_openai, reward_server):

@@ -96,7 +96,7 @@ def test_the_evaluation_uses_the_ema_weights_and_gives_the_training_weights_back
 
 def test_processes_take_equal_padded_slices_that_gather_in_row_order():
     evaluation = PeriodicEvaluation.__new__(PeriodicEvaluation)
-    evaluation.prompts, evaluation.num_seeds = ["a", "b", "c", "d"], 2  # 8 rows
+    evaluation.prompts, evaluation.num_seeds, evaluation.groupwise = ["a", "b", "c", "d"], 2, False  # 8 rows
     slices = []
     for rank in range(3):
         evaluation.accelerator = SimpleNamespace(num_processes=3, process_index=rank)
@@ -105,6 +105,12 @@ def test_processes_take_equal_padded_slices_that_gather_in_row_order():
     assert sum(slices, [])[:8] == list(range(8))  # gathered in process order, cut to the rows: row order
     evaluation.accelerator = SimpleNamespace(num_processes=16, process_index=15)
     assert evaluation.my_rows() == [7]  # more processes than rows: a padded slice of one copy
+    evaluation.groupwise = True  # a groupwise reward scores a prompt's 2 images together: whole prompts on a process
+    slices = []
+    for rank in range(3):
+        evaluation.accelerator = SimpleNamespace(num_processes=3, process_index=rank)
+        slices.append(evaluation.my_rows())
+    assert slices == [[0, 1, 2, 3], [4, 5, 6, 7], [7, 7, 7, 7]]  # 2 prompts each; the padding is whole groups
 
 
 def test_the_reward_infos_per_image_entries_are_evaluated_too():
