@@ -109,9 +109,9 @@ def test_sde_window_samples_and_trains_only_its_steps(preset, tiny_model_dir, tm
     trained_steps = []
     original = policy_update.PolicyUpdater.accumulate_gradients
 
-    def spy(self, batch, rows, step_mask):
+    def spy(self, batch, rows, step_mask, **kwargs):
         trained_steps.append(step_mask.sum(0))
-        return original(self, batch, rows, step_mask)
+        return original(self, batch, rows, step_mask, **kwargs)
 
     monkeypatch.setattr(policy_update.PolicyUpdater, "accumulate_gradients", spy)
     before = [p.detach().clone() for p in trainer.updater.params]
