@@ -115,14 +115,14 @@ def base() -> ml_collections.ConfigDict:
     # every step the family's deterministic step (noise level 0; the ODE solver of flow models) and no log-probs: only
     # for a matching objective (algorithm.objective), which trains on the final samples
     sample.deterministic = False
-    sample.same_initial_noise = False  # the copies of a prompt share x_T and differ by their step noise only
+    sample.same_initial_noise = False  # the copies of a prompt share their initial noise x_0 and differ by their step noise only
     # SDE window (Flow-GRPO-Fast): only steps [start, start + size) are stochastic and trained; the others are
     # deterministic DDIM steps. Size 0: every step. Early steps decide the composition, so a small early window
     # concentrates the credit of the reward on few steps (and trains size / num_steps of the pairs).
     # Default: the first 2 of 10 steps, where the embedded model decides the shape (docs/learning_proof.md).
     sample.sde_window_start = 0  # the window's first step
     sample.sde_window_size = 2  # the window's number of steps (0: every step is stochastic and trained)
-    # tree rollouts (docs/design/TREES.md): a prompt group's copies share x_T and their first steps and split at these
+    # tree rollouts (docs/design/TREES.md): a prompt group's copies share x_0 and their first steps and split at these
     # steps (stochastic ones, ascending) into children that draw their own step noise; (): flat sampling. A root has
     # prod(branch_factors) leaves, which divide train.group_size (the quotient: roots per prompt) and
     # sample.batch_size (a sampling batch holds whole trees); a node's steps are computed once. Each leaf is recorded

@@ -6,9 +6,9 @@ everything but the weights fixed, so its change is the training's:
 * prompts: ``eval_num_prompts`` distinct prompts drawn once from the training prompt function by a generator of their
   own, seeded by ``seed`` + EVAL_SEED_OFFSET (the training prompt sampler's stream is untouched; a prompt set with
   fewer distinct prompts gives those), or every distinct line of ``eval_prompt_file``;
-* noise: ``eval_num_seeds`` initial noises x_T per prompt; noise j (the same for every prompt)
+* noise: ``eval_num_seeds`` initial noises x_0 per prompt; noise j (the same for every prompt)
   is ``torch.randn`` of a CPU generator seeded by ``noise_seed(seed, j)``, so every evaluation starts from the same
-  x_T on any device and process count;
+  x_0 on any device and process count;
 * sampler: the deterministic one (noise level 0 on every step) with ``sample.eval_num_steps`` steps (0:
   ``sample.num_steps``); with ``eval_train_sampler`` also the training sampler (its noise level, SDE window and
   ``sample.num_steps``), whose step noise of row r comes from a generator seeded by ``step_seed(seed, r)``, fresh at

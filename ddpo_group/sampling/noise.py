@@ -18,10 +18,10 @@ def sample_generators(base_seed: int, mine: slice, device) -> list[torch.Generat
 
 
 def group_initial_noise(base_seed: int, groups: list[int], shape: tuple[int, ...], device) -> torch.Tensor:
-    """x_T [B, *shape] drawn once per prompt group (seeded by the group index) and shared by its copies.
+    """x_0 [B, *shape] drawn once per prompt group (seeded by the group index) and shared by its copies.
 
     The copies then differ only by their step noise, so the group baseline also removes the reward
-    variance due to x_T, which no action can be credited with (DanceGRPO's shared initial noise).
+    variance due to x_0, which no action can be credited with (DanceGRPO's shared initial noise).
     """
     base = base_seed + 2**40  # apart from the per-sample generators' seeds
     noise = {g: torch.randn(shape, generator=torch.Generator().manual_seed((base + g) % 2**63)) for g in set(groups)}

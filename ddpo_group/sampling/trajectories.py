@@ -1,6 +1,6 @@
 """Trajectories with log-probabilities for any model family, and their recomputation for training.
 
-    x_0 = family.initial_latents(...)                    (the pipeline's own noise draw: same generator, same x_T)
+    x_0 = family.initial_latents(...)                    (the pipeline's own noise draw: same generator, same x_0)
     for n in 0..T-1:
         out     = family.model_output(model, x_n, step_n, cond, negative, guidance)
         x_{n+1} = family.step(out, x_n, step_n, noise_n)   (mean + std z, and log N(x_{n+1}; mean, std^2))

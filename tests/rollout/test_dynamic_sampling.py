@@ -51,7 +51,7 @@ def test_trainer_drops_constant_groups_and_samples_more(tiny_model_dir, tmp_path
     assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
 
 
-def test_same_initial_noise_shares_x_T_within_each_group_only(tiny_model_dir, tmp_path):
+def test_same_initial_noise_shares_x_0_within_each_group_only(tiny_model_dir, tmp_path):
     def initial_latents(same: bool):
         trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, f"noise_{same}", **{"sample.same_initial_noise": same})
         batch = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0)).batch
@@ -59,21 +59,21 @@ def test_same_initial_noise_shares_x_T_within_each_group_only(tiny_model_dir, tm
         return batch
 
     shared, independent = initial_latents(True), initial_latents(False)
-    x_T = shared.latents[:, 0].flatten(1)
-    same = torch.cdist(x_T, x_T) == 0  # [8, 8]: rows with the same x_T
-    # 8 samples = 2 groups of 4: each row shares x_T with exactly its 3 copies, which have its prompt
+    x_0 = shared.latents[:, 0].flatten(1)
+    same = torch.cdist(x_0, x_0) == 0  # [8, 8]: rows with the same x_0
+    # 8 samples = 2 groups of 4: each row shares x_0 with exactly its 3 copies, which have its prompt
     assert same.sum(1).tolist() == [4] * 8
     prompts = shared.prompts
     assert all(prompts[i] == prompts[j] for i in range(8) for j in range(8) if same[i, j])
     # the step noise still differs: the copies' next latents are not equal
     first_step = shared.next_latents[:, 0].flatten(1)
     assert (torch.cdist(first_step, first_step) > 0).sum() == 8 * 7
-    # without the option every sample has its own x_T
-    x_T = independent.latents[:, 0].flatten(1)
-    assert ((torch.cdist(x_T, x_T) == 0).sum(1) == 1).all()
+    # without the option every sample has its own x_0
+    x_0 = independent.latents[:, 0].flatten(1)
+    assert ((torch.cdist(x_0, x_0) == 0).sum(1) == 1).all()
 
 
-def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir, tmp_path):
+def test_remax_greedy_baseline_starts_from_the_groups_shared_x_0(tiny_model_dir, tmp_path):
     from ddpo_group.rollout.collect import RewardScorer
     from ddpo_group.models.families.sd import encode_prompts
     from sd_helpers import sd_trajectories
@@ -84,11 +84,11 @@ def test_remax_greedy_baseline_starts_from_the_groups_shared_x_T(tiny_model_dir,
                                                                                "device": "cpu"})
     round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
     batch, config = round0.batch, trainer.config
-    x_T = batch.latents[:, 0]  # the DDIM scheduler's init_noise_sigma is 1
+    x_0 = batch.latents[:, 0]  # the DDIM scheduler's init_noise_sigma is 1
     with torch.no_grad():
         greedy = sd_trajectories(
             trainer.pipe, encode_prompts(trainer.pipe, batch.prompts), trainer.family.negative_condition()["prompt_embeds"].expand(8, -1, -1),
-            config.sample.num_steps, config.sample.guidance_scale, eta=0.0, compute_log_prob=False, initial_noise=x_T,
+            config.sample.num_steps, config.sample.guidance_scale, eta=0.0, compute_log_prob=False, initial_noise=x_0,
         )
     want, _ = RewardScorer(trainer.reward_fn, config.reward_fn)(greedy.images, batch.prompts, batch.metadata)
     torch.testing.assert_close(round0.gathered["greedy_rewards"], want)

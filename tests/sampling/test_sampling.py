@@ -144,11 +144,11 @@ def test_sde_window_steps_outside_are_deterministic_ddim_without_log_prob(tiny_p
     assert stochastic_steps(ConfigDict({"num_steps": 4, "sde_window_start": 2, "sde_window_size": 1})).tolist() == [
         False, False, True, False]
     embeds, neg = encode_prompts(tiny_pipe, PROMPTS), encode_prompts(tiny_pipe, [""] * len(PROMPTS))
-    x_T = torch.randn(len(PROMPTS), 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    x_0 = torch.randn(len(PROMPTS), 4, 8, 8, generator=torch.Generator().manual_seed(0))
 
     def sample_window(etas, seed):
         return sample(tiny_pipe, embeds, neg, 5, 5.0, etas, generator=torch.Generator().manual_seed(seed),
-                      initial_noise=x_T)
+                      initial_noise=x_0)
 
     window_etas = noise_levels(1.0, 1, 2)
     windowed, other_noise = sample_window(window_etas, 0), sample_window(window_etas, 1)
