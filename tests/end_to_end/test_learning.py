@@ -9,17 +9,16 @@ A run and its negated control run at the same time, in two spawned processes of 
 learning proof's runs): on two cores that takes about the time of one run at two threads, and the result does not
 depend on the machine's core count."""
 
+import json
 import multiprocessing
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from config.base import get_config
 from ddpo_group.algorithms import advantages
 from test_presets_embedded import embedded_model_available
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not embedded_model_available(), reason="the embedded tiny-shapes model is not installed")]
@@ -28,17 +27,25 @@ EPOCHS = 20
 
 
 def default_run(preset: str, out: Path, epochs: int = EPOCHS, sets: tuple = (), seed: int = 0) -> dict:
-    """The preset's default configuration (with ``sets``: FIELD=VALUE) for ``epochs`` epochs of 32 reward queries,
-    through the study script."""
-    import compare_algorithms
+    """The preset's default configuration (with ``sets``: FIELD=VALUE, parsed as the field's type) for ``epochs``
+    epochs, as the learning proof's study runs it (bench/compare_algorithms.py: nothing written but the metrics and
+    the evaluations); its evaluations (eval.jsonl) as {"before", "after", "evaluations"}."""
+    from ddpo_group.run.trainer import Trainer
 
-    args = ["--presets", preset, "--seeds", str(seed), "--queries", str(32 * epochs), "--out", str(out),
-            "--set", "device=cpu"]
-    for item in sets:
-        args += ["--set", item]
-    (row,) = compare_algorithms.main(args)
-    assert row["queries"] == 32 * epochs and row["evaluations"][-1]["epoch"] == epochs - 1
-    return row
+    config = get_config(preset)
+    for item in ("device=cpu", *sets):
+        key, _, raw = item.partition("=")
+        section, _, name = key.rpartition(".")
+        target = config[section] if section else config
+        target[name] = type(target[name])(raw)
+    config.seed, config.num_epochs, config.wandb.mode = seed, epochs, "disabled"
+    config.save_freq, config.log_images_every, config.logdir, config.run_name = 0, 0, str(out), f"{preset}_seed{seed}"
+    trainer = Trainer(config)
+    trainer.run()
+    evaluations = [json.loads(line) for line in (trainer.run_dir / "eval.jsonl").read_text().splitlines()]
+    assert evaluations[0]["epoch"] == -1 and evaluations[-1]["epoch"] == epochs - 1
+    rewards = [record["eval/reward_mean"] for record in evaluations]
+    return {"before": rewards[0], "after": rewards[-1], "evaluations": rewards}
 
 
 FINALIZE = advantages._finalize
