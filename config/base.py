@@ -291,6 +291,25 @@ def base() -> ml_collections.ConfigDict:
     config.eval_prompt_file = ""  # a text file, one prompt a line: evaluate these instead of the drawn ones
     config.eval_group_by = ""  # a prompt metadata key (tiny_shapes: "shape", "color", ...) to group eval/ by; "": prompt
     config.eval_train_sampler = False  # also evaluate with the training sampler (noise level, SDE window)
+    # held-out rewards scored on the evaluation's images beside the training reward, never trained on (a proxy's
+    # hacking shows as these falling): a name, a path or {name: weight}, as reward_fn; "": none (eval_heldout/*)
+    config.eval_reward_fn = FieldReference("", field_type=object)
+    config.eval_reward_fn_kwargs = ml_collections.ConfigDict()  # its factory's keywords, as reward_fn_kwargs
+    # the image features of eval/diversity (ddpo_group/run/image_stats.py): "" a reward's own CLIP image encoder when
+    # one has it (pickscore, clipscore, aesthetic), else "pixels" (the images at 32 x 32 px: no download); or a CLIP
+    # model to load (a hub id or directory of a transformers CLIPModel)
+    config.eval_diversity_features = ""
+
+    # ---- the guard (ddpo_group/run/guard.py): rules over the evaluations that name reward hacking when it starts ----
+    config.guard = guard = ml_collections.ConfigDict()
+    # what an alarm does: "warn" (one line naming the rule, its numbers and the best evaluation), "stop" (a checkpoint,
+    # then a clean exit 0 with the resume command) or "off"; the best evaluation's weights are kept either way
+    guard.on_alarm = "warn"
+    # held-out reward below its best by more than this many standard errors of the evaluation while the evaluation's
+    # training reward rose above its value then (eval_reward_fn set)
+    guard.heldout_drop = 2.0
+    guard.min_diversity = 0.5  # eval/diversity below this fraction of its value before training
+    guard.max_drift = 0.15  # some |eval/drift/*| above this (brightness, contrast, saturation, high-frequency share)
 
     # ---- logging ----
     config.wandb = wandb = ml_collections.ConfigDict()

@@ -40,6 +40,14 @@ class TrainingInterrupted(Exception):
         self.immediate = immediate
 
 
+class GuardStopped(TrainingInterrupted):
+    """The guard stopped the run (guard.on_alarm="stop", run/guard.py): a checkpoint is written, the exit is clean (0)."""
+
+    def __init__(self, message: str):
+        super().__init__(0, message)
+        self.exit_code = 0
+
+
 def signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name

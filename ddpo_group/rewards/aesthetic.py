@@ -128,11 +128,15 @@ class AestheticScorer(nn.Module):
 
     @torch.no_grad()
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(images)).squeeze(-1)
+
+    @torch.no_grad()
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """L2-normalised CLIP image embeddings [B, d] (float32)."""
         device = next(self.parameters()).device
         pixels = preprocess(images.to(device), self.size, self.mean, self.std)
         embeds = self.clip(pixel_values=pixels.to(self.clip.dtype)).image_embeds.float()
-        embeds = embeds / embeds.norm(dim=-1, keepdim=True)
-        return self.head(embeds).squeeze(-1)
+        return embeds / embeds.norm(dim=-1, keepdim=True)
 
 
 @register_reward("aesthetic")
@@ -144,4 +148,7 @@ def aesthetic(clip_model_path: str = "", head_path: str = "", batch_size: int = 
         scores = torch.cat([scorer(images[i : i + batch_size]) for i in range(0, len(images), batch_size)])
         return scores.double().cpu(), {}
 
+    # its CLIP image encoder (eval/diversity: run/image_stats.py)
+    fn.image_features = lambda images: torch.cat([scorer.embed(images[i : i + batch_size])
+                                                 for i in range(0, len(images), batch_size)])
     return fn

@@ -65,6 +65,15 @@ def is_groupwise(reward_fn) -> bool:
     return bool(getattr(reward_fn, GROUPWISE_ATTRIBUTE, False))
 
 
+IMAGE_FEATURES_ATTRIBUTE = "image_features"  # images [B, 3, H, W] -> [B, d]: a reward's own image encoder (CLIP's)
+
+
+def image_features_of(reward_fn):
+    """The image encoder a reward function carries (``fn.image_features``: a CLIP model it loaded, which
+    run/image_stats.py's diversity reuses), or None."""
+    return getattr(reward_fn, IMAGE_FEATURES_ATTRIBUTE, None)
+
+
 # ----------------------------------------------------------------------------- videos (the video families, e.g. Wan)
 VIDEO_ATTRIBUTE = "takes_videos"  # set True on a reward function that scores whole videos [B, F, 3, H, W]
 

@@ -68,13 +68,22 @@ class ClipPair:
         """L2-normalised float32 embeddings (image [B, d], text [B, d]) on the model's device."""
         with self.follower.lock:
             device = self.follower.place(images)
-            image_embeds = torch.cat([self._image(images[i : i + self.batch_size].to(device))
-                                      for i in range(0, len(images), self.batch_size)])
+            image_embeds = self._images(images, device)
             unique = list(dict.fromkeys(prompts))  # a prompt group repeats one prompt: encode it once
             text = torch.cat([self._text(unique[i : i + self.batch_size], device)
                               for i in range(0, len(unique), self.batch_size)])
             text_embeds = text[torch.tensor([unique.index(p) for p in prompts], device=device)]
         return image_embeds, text_embeds
+
+    @torch.no_grad()
+    def image_embeddings(self, images: torch.Tensor) -> torch.Tensor:
+        """L2-normalised float32 image embeddings [B, d] (a reward's ``image_features``: run/image_stats.py)."""
+        with self.follower.lock:
+            return self._images(images, self.follower.place(images))
+
+    def _images(self, images: torch.Tensor, device) -> torch.Tensor:
+        return torch.cat([self._image(images[i : i + self.batch_size].to(device))
+                          for i in range(0, len(images), self.batch_size)])
 
     def _image(self, images: torch.Tensor) -> torch.Tensor:
         pixels = resize_shortest_crop(images, self.shortest_edge, self.crop, self.mean, self.std).to(self.dtype)

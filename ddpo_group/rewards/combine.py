@@ -21,7 +21,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ddpo_group.rewards.base import GROUPWISE_ATTRIBUTE, RewardFn, check_rewards, get_reward_factory, is_groupwise
+from ddpo_group.rewards.base import (GROUPWISE_ATTRIBUTE, IMAGE_FEATURES_ATTRIBUTE, RewardFn, check_rewards,
+                                     get_reward_factory, image_features_of, is_groupwise)
 
 
 def _as_dict(value):
@@ -118,4 +119,7 @@ def make_combined_reward(spec, kwargs=None) -> RewardFn:
 
     combined.components = [(label, weight) for label, weight, _ in parts]
     setattr(combined, GROUPWISE_ATTRIBUTE, any(is_groupwise(fn) for _, _, fn in parts))
+    encoders = [image_features_of(fn) for _, _, fn in parts if image_features_of(fn) is not None]
+    if encoders:  # the first component's image encoder
+        setattr(combined, IMAGE_FEATURES_ATTRIBUTE, encoders[0])
     return combined

@@ -155,8 +155,21 @@ def resolve_resume_path(resume_from: str, next_step: Callable[[Path], str] = lam
     )
 
 
+# the best evaluation's weights in the run directory (run/guard.py): a LoRA in diffusers format, or full fine-tuning's
+# trained weights (model.safetensors); BEST_RECORD names the evaluation
+BEST_LORA, BEST_WEIGHTS, BEST_RECORD = "lora_best", "best", "best.json"
 ADAPTER_WEIGHT = "lora_"  # in the name of every LoRA adapter's weight (peft: lora_A, lora_B, lora_magnitude_vector)
 FROZEN_WEIGHTS = "frozen_weights.json"  # what a checkpoint leaves out, summed: checked against the model on resume
+
+
+def best_weights(run_dir: Path) -> str | None:
+    """The kept weights of a run's best evaluation and which it was ("<dir> (epoch E, <measure> S)"), or None."""
+    for name in (BEST_LORA, BEST_WEIGHTS):
+        record = Path(run_dir) / name / BEST_RECORD
+        if record.is_file():
+            best = json.loads(record.read_text())
+            return f"{record.parent} (epoch {best['epoch']}, {best['measure']} {best['score']:.4f})"
+    return None
 
 
 def trained_weights(model) -> set[str]:

@@ -278,6 +278,17 @@ def evaluation_and_ema_errors(config) -> list[str]:
              "eval_num_prompts prompts from prompt_fn")
         need(isinstance(config.eval_group_by, str),
              f"eval_group_by={config.eval_group_by!r} must be a prompt metadata key (a string), or '' (per prompt)")
+    else:
+        need(not config.eval_reward_fn, f"eval_reward_fn={config.eval_reward_fn!r} is scored by the evaluation during "
+                                        "training, which eval_freq=0 turns off: set eval_freq > 0")
+    g = config.guard
+    need(g.on_alarm in ("warn", "stop", "off"), f"guard.on_alarm={g.on_alarm!r} must be one of ('warn', 'stop', 'off')")
+    need(isinstance(g.heldout_drop, (int, float)) and g.heldout_drop >= 0,
+         f"guard.heldout_drop={g.heldout_drop!r} must be >= 0 (standard errors of the evaluation)")
+    need(isinstance(g.min_diversity, (int, float)) and 0 <= g.min_diversity <= 1,
+         f"guard.min_diversity={g.min_diversity!r} must be in [0, 1] (a fraction of the diversity before training)")
+    need(isinstance(g.max_drift, (int, float)) and g.max_drift > 0,
+         f"guard.max_drift={g.max_drift!r} must be > 0 (the statistics are in [0, 1])")
     t = config.train
     decay, interval = t.ema_decay, t.ema_update_interval
     if t.ema:

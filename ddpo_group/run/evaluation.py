@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ddpo_group.run.checkpointing import ADAPTER_WEIGHT, resolve_resume_path
+from ddpo_group.run.checkpointing import ADAPTER_WEIGHT, BEST_RECORD, resolve_resume_path
 from ddpo_group.models.lora_export import is_lora_dir
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.rewards import is_groupwise
@@ -49,7 +49,8 @@ def find_run_config(path: str | Path, levels: int = 4) -> tuple[dict | None, Pat
 
 
 def resolve_finetuned(path: str | Path) -> tuple[str, Path]:
-    """("lora", dir) for a diffusers LoRA directory (or a checkpoint / run holding one), else ("weights", checkpoint)."""
+    """("lora", dir) for a diffusers LoRA directory (or a checkpoint / run holding one; a run's lora_best/), else
+    ("weights", checkpoint, or a run's best/)."""
     path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"fine-tuned model {str(path)!r} does not exist")
@@ -57,6 +58,8 @@ def resolve_finetuned(path: str | Path) -> tuple[str, Path]:
         return "lora", path
     if is_lora_dir(path / "lora") and not (path / "checkpoints").is_dir():
         return "lora", path / "lora"
+    if (path / BEST_RECORD).is_file():  # a run's best/: full fine-tuning's trained weights of its best evaluation
+        return "weights", path
     checkpoint, _ = resolve_resume_path(str(path))  # the newest that verifies (run/checkpointing.py)
     if is_lora_dir(checkpoint / "lora"):
         return "lora", checkpoint / "lora"

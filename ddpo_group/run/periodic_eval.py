@@ -26,6 +26,10 @@ padding is whole groups of copies of the last row. Metrics:
     eval/prompt/<prompt>                       the mean over a prompt's M images (per prompt group), or with
     eval/<key>/<value>                         ``eval_group_by=key``: over the prompts whose metadata[key] is value
     eval_stochastic/...                        the same with the training sampler (``eval_train_sampler``)
+    eval_heldout/reward_mean, reward_std       the held-out rewards (``eval_reward_fn``) of the deterministic images,
+    eval_heldout/<name>, reward_info/<key>     each one's mean, their info's entries: scored, never trained on
+    eval/diversity, eval/image/*, eval/drift/* how alike each prompt's images are, the images' look and its move from
+                                               the evaluation before training (run/image_stats.py)
 
 No training randomness is used: sampling draws only from the evaluation's own generators, and the global random
 states (torch CPU and CUDA, numpy, random) are saved before and restored after, in case a reward function draws from
@@ -44,6 +48,9 @@ import numpy as np
 import torch
 
 from ddpo_group.errors import ConfigError
+from ddpo_group.rewards.combine import component_label
+from ddpo_group.run.image_stats import (PIXELS, STATISTICS, as_images, diversity, drift, image_statistics,
+                                         pixel_features)
 from ddpo_group.sampling.trajectories import SamplingOptions, rows_of, sample_trajectories
 
 EVAL_SEED_OFFSET = 7_919  # the prompt draw's seed is seed + this: apart from the training prompt sampler (seed)
@@ -117,12 +124,17 @@ class EvalResult:
 class PeriodicEvaluation:
     """The fixed evaluation of a run (module docstring). ``run(epoch)`` on every process at the same epochs."""
 
-    def __init__(self, config, accelerator, family, reward_scorer, gather):
+    def __init__(self, config, accelerator, family, reward_scorer, gather, heldout_scorer=None,
+                 image_features=None):
         """``reward_scorer`` (rollout/collect.py's RewardScorer) scores a batch of images: the sampling's own, so a
         batch size halved after an out-of-memory error holds for both. ``gather(tensor)`` concatenates a per-process
-        tensor over the processes in process order (ddpo_group/distributed.py's ProcessShards.gather)."""
+        tensor over the processes in process order (ddpo_group/distributed.py's ProcessShards.gather).
+        ``heldout_scorer``: a RewardScorer of the held-out rewards (eval_reward_fn); ``image_features``: images
+        [N, 3, H, W] -> [N, d] unit vectors for eval/diversity (a CLIP image encoder), None: the pixel feature."""
         self.config, self.accelerator, self.family, self.reward_scorer, self.gather = (
             config, accelerator, family, reward_scorer, gather)
+        self.heldout_scorer, self.image_features = heldout_scorer, image_features
+        self.start: dict | None = None  # eval/image/* before training (eval/drift/*'s origin)
         self.freq, self.num_epochs = int(config.eval_freq), int(config.num_epochs)
         self.prompts, self.metadata = eval_prompts(config)
         self.num_seeds = int(config.eval_num_seeds)
@@ -134,9 +146,34 @@ class PeriodicEvaluation:
                 raise ConfigError(f"eval_group_by={self.group_by!r}: the metadata of evaluation prompt {missing[0]!r} "
                                   f"has no such key; the prompt function's metadata keys are {keys} ('' groups by "
                                   "prompt)")
-        self.labels: list[str] = []  # the reward info's per-image entries (set by each sampling)
-        self.groupwise = bool(getattr(reward_scorer, "groupwise", False))  # a call per prompt's M images
+        # a call per prompt's M images: each process evaluates whole prompts
+        self.groupwise = any(getattr(scorer, "groupwise", False) for scorer in (reward_scorer, heldout_scorer))
         self._cond = None  # the prompts' condition, encoded at the first evaluation
+
+    @classmethod
+    def from_config(cls, config, accelerator, family, reward_scorer, gather) -> "PeriodicEvaluation":
+        """The run's evaluation: its held-out rewards (eval_reward_fn) and eval/diversity's image features
+        (eval_diversity_features: a named CLIP model, else a reward's own CLIP image encoder, else the pixels)."""
+        from ddpo_group.rewards import image_features_of, make_reward_fn
+        from ddpo_group.rollout.collect import RewardScorer
+
+        heldout = None
+        if config.eval_reward_fn:
+            kwargs = config.eval_reward_fn_kwargs.to_dict()
+            heldout = RewardScorer(make_reward_fn(config.eval_reward_fn, **kwargs), config.eval_reward_fn)
+        chosen = config.eval_diversity_features
+        if chosen == PIXELS:
+            features = None
+        elif chosen:
+            from ddpo_group.rewards.clip_pair import ClipPair
+
+            features = ClipPair(chosen, None, "eval_diversity_features", model_argument="eval_diversity_features",
+                                processor_argument="eval_diversity_features").image_embeddings
+        else:
+            fns = [heldout.reward_fn] if heldout is not None else []
+            features = next((image_features_of(fn) for fn in fns + [reward_scorer.reward_fn]
+                             if image_features_of(fn) is not None), None)
+        return cls(config, accelerator, family, reward_scorer, gather, heldout, features)
 
     @property
     def num_rows(self) -> int:
@@ -171,32 +208,66 @@ class PeriodicEvaluation:
         try:
             with preserved_rng_states(), self.accelerator.autocast():
                 deterministic = SamplingOptions.deterministic(sample, sample.eval_num_steps)
-                rewards, components, images = self.sample_and_score(deterministic, stochastic=False)
+                scorers = [self.reward_scorer] + ([self.heldout_scorer] if self.heldout_scorer is not None else [])
+                scored, images = self.sample_and_score(deterministic, False, scorers)
                 stochastic = None
                 if self.config.eval_train_sampler:  # the training sampler's noise levels, no log-probs
                     sampler = replace(deterministic, num_steps=sample.num_steps,
                                       noise_levels=tuple(self.family.noise_levels(sample)))
-                    stochastic = self.sample_and_score(sampler, stochastic=True)[:2]
+                    stochastic = self.sample_and_score(sampler, True, [self.reward_scorer])[0][0]
+                looks = self.image_metrics(images, epoch)
         finally:
             model.train(training)
             self.family.schedule(sample.num_steps, self.accelerator.device)  # the training sampler's timesteps
-        metrics = self.metrics("eval", rewards, components)
+        rewards = scored[0][0]
+        metrics = self.metrics("eval", *scored[0])
+        if self.heldout_scorer is not None:
+            metrics.update(self.metrics("eval_heldout", *scored[1], groups=False))
+            components = getattr(self.heldout_scorer.reward_fn, "components", None)
+            for label, _ in components or []:  # a combination's: each component's mean
+                metrics[f"eval_heldout/{label}"] = metrics.pop(f"eval_heldout/reward_info/{label}")
+            if not components:  # one reward: its mean under its name too
+                metrics[f"eval_heldout/{component_label(str(self.heldout_scorer.reward_name))}"] = \
+                    metrics["eval_heldout/reward_mean"]
         if stochastic is not None:
             metrics.update(self.metrics("eval_stochastic", *stochastic))
         metrics["eval/num_images"] = self.num_rows
+        metrics.update(looks)
         grid = self.grid(images, rewards) if self.accelerator.is_main_process else None
         return EvalResult(metrics, grid, rewards)
 
-    def sample_and_score(self, options: SamplingOptions, stochastic: bool):
-        """(rewards [R] float64, components [R, C] float64, images [R, 3, H, W] uint8) of every row sampled with
-        ``options`` (``stochastic``: the step noise of each row from its own generator), gathered."""
+    def image_metrics(self, images: torch.Tensor, epoch: int) -> dict:
+        """eval/diversity, eval/image/* and eval/drift/* of the deterministic images (run/image_stats.py); the ones
+        before training are eval/drift/*'s origin."""
+        statistics = image_statistics(images)
+        if epoch < 0 or self.start is None:
+            self.start = statistics
+        if self.image_features is not None and images.ndim == 4:
+            features = self.image_features(as_images(images).to(self.accelerator.device)).float().cpu()
+        else:
+            features = pixel_features(images)
+        return {"eval/diversity": diversity(features, self.num_seeds, cosine=self.image_features is not None),
+                **{f"eval/image/{name}": value for name, value in statistics.items()},
+                **drift(statistics, self.start)}
+
+    def restore(self, records: list[dict]) -> None:
+        """A resumed run: eval/drift/*'s origin from its evaluation before training (eval.jsonl's epoch -1)."""
+        before = [r for r in records if r.get("epoch") == -1 and f"eval/image/{STATISTICS[0]}" in r]
+        if before:
+            self.start = {name: before[0][f"eval/image/{name}"] for name in STATISTICS}
+
+    def sample_and_score(self, options: SamplingOptions, stochastic: bool, scorers: list):
+        """([(rewards [R] float64, components [R, C] float64, their labels) of each of ``scorers``], images [R, 3, H, W]
+        uint8) of every row sampled with ``options`` (``stochastic``: the step noise of each row from its own
+        generator), gathered; components: the reward info's per-image entries every batch has."""
         family = self.family
         if self._cond is None:
             self._cond = family.condition(self.prompts, self.metadata)
         rows = self.my_rows()
         device = self.accelerator.device
         noise = self.initial_noise(rows)
-        rewards, infos, images, sampled = [], [], [], []
+        scored = [([], []) for _ in scorers]  # (rewards, infos) of each scorer
+        images, sampled = [], []
         for start in range(0, len(rows), options.batch_size):
             chunk = rows[start : start + options.batch_size]
             prompt_index = [r // self.num_seeds for r in chunk]
@@ -208,39 +279,46 @@ class PeriodicEvaluation:
                 family.negative_for([self.metadata[i] for i in prompt_index]), options, generator=generators,
                 initial_noise=noise[start : start + len(chunk)].to(device),
             )
-            if self.groupwise:  # scored below, each prompt's M images together
+            if self.groupwise:  # a groupwise scorer scores below, each prompt's M images together
                 sampled.append(traj.images)
-            else:
-                values, info = self.reward_scorer(traj.images, [self.prompts[i] for i in prompt_index],
-                                                  [dict(self.metadata[i]) for i in prompt_index])
-                rewards.append(values)
-                infos.append(per_image(info, len(chunk)))
+            for scorer, (rewards, infos) in zip(scorers, scored):
+                if not getattr(scorer, "groupwise", False):
+                    values, info = scorer(traj.images, [self.prompts[i] for i in prompt_index],
+                                          [dict(self.metadata[i]) for i in prompt_index])
+                    rewards.append(values)
+                    infos.append(per_image(info, len(chunk)))
             images.append((traj.images.float().clamp(0, 1) * 255).round().to(torch.uint8).cpu())
-        if self.groupwise:  # groups by position: the padding (copies of the last row) is whole groups of its own
-            prompt_index = [r // self.num_seeds for r in rows]
-            values, info = self.reward_scorer(torch.cat(sampled), [self.prompts[i] for i in prompt_index],
-                                              [dict(self.metadata[i]) for i in prompt_index],
-                                              groups=[k // self.num_seeds for k in range(len(rows))])
-            rewards.append(values)
-            infos.append(per_image(info, len(rows)))
-        # the entries every batch has (a reward returns the same keys on every process: they are gathered together)
-        self.labels = sorted(set.intersection(*(set(info) for info in infos)))
-        parts = torch.stack([torch.cat([info[key] for info in infos]) for key in self.labels], 1) if self.labels \
-            else torch.zeros(len(rows), 0, dtype=torch.float64)
-        n = self.num_rows
-        gathered = self.gather(torch.cat(rewards).double())[:n]
-        return gathered, self.gather(parts)[:n], self.gather(torch.cat(images))[:n]
+        prompt_index = [r // self.num_seeds for r in rows]
+        for scorer, (rewards, infos) in zip(scorers, scored):
+            if getattr(scorer, "groupwise", False):  # groups by position: the padding (copies of the last row) is whole groups of its own
+                values, info = scorer(torch.cat(sampled), [self.prompts[i] for i in prompt_index],
+                                      [dict(self.metadata[i]) for i in prompt_index],
+                                      groups=[k // self.num_seeds for k in range(len(rows))])
+                rewards.append(values)
+                infos.append(per_image(info, len(rows)))
+        n, out = self.num_rows, []
+        for rewards, infos in scored:
+            # the entries every batch has (a reward returns the same keys on every process: they are gathered together)
+            labels = sorted(set.intersection(*(set(info) for info in infos)))
+            parts = torch.stack([torch.cat([info[key] for info in infos]) for key in labels], 1) if labels \
+                else torch.zeros(len(rows), 0, dtype=torch.float64)
+            out.append((self.gather(torch.cat(rewards).double())[:n], self.gather(parts)[:n], labels))
+        return out, self.gather(torch.cat(images))[:n]
 
-    def metrics(self, prefix: str, rewards: torch.Tensor, components: torch.Tensor) -> dict:
-        """Mean and std of the rewards, each component's mean, and the mean of each prompt group (module docstring)."""
+    def metrics(self, prefix: str, rewards: torch.Tensor, components: torch.Tensor, labels: list,
+                groups: bool = True) -> dict:
+        """Mean and std of the rewards, each component's mean, and (``groups``) the mean of each prompt group (module
+        docstring)."""
         out = {f"{prefix}/reward_mean": float(rewards.mean()),
                f"{prefix}/reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0}
-        for k, label in enumerate(self.labels):
+        for k, label in enumerate(labels):
             out[f"{prefix}/reward_info/{label}"] = float(components[:, k].mean())
-        groups: dict[str, list[float]] = {}
+        if not groups:
+            return out
+        values_of: dict[str, list[float]] = {}
         for r, value in enumerate(rewards.tolist()):
-            groups.setdefault(self.group_of(r // self.num_seeds), []).append(value)
-        for name, values in groups.items():
+            values_of.setdefault(self.group_of(r // self.num_seeds), []).append(value)
+        for name, values in values_of.items():
             out[f"{prefix}/{name}"] = sum(values) / len(values)
         return out
 

@@ -49,12 +49,22 @@ def reward_curve_figure(metrics: list[dict], title: str = "", evaluations: list[
     if evaluated:
         axes.plot([p[0] for p in evaluated], [p[1] for p in evaluated], marker="s", markersize=4, color="black",
                   label="fixed evaluation\n(epoch -1: before training)")
+    heldout = [(e["epoch"], e["eval_heldout/reward_mean"]) for e in evaluations or [] if "eval_heldout/reward_mean" in e]
+    handles = []
+    if heldout:  # eval_reward_fn, on an axis of its own: its scale is not the trained reward's
+        right = axes.twinx()
+        handles = right.plot([p[0] for p in heldout], [p[1] for p in heldout], marker="D", markersize=4,
+                             color="tab:red", label="held-out reward\n(right axis; not trained on)")
+        right.set_ylabel("held-out reward", color="tab:red")
+        right.tick_params(axis="y", colors="tab:red")
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("epoch")
     axes.set_ylabel("reward")
     axes.set_title(title or "reward per epoch")
     axes.grid(alpha=0.3)
-    axes.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8)
+    lines = axes.get_legend_handles_labels()[0] + handles
+    axes.legend(lines, [line.get_label() for line in lines], loc="upper left", bbox_to_anchor=(1.17 if handles else 1.02,
+                1.0), borderaxespad=0.0, fontsize=8)
     return figure
 
 

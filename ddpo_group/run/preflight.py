@@ -29,7 +29,6 @@ from __future__ import annotations
 import copy
 import tempfile
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
 import torch

@@ -33,9 +33,13 @@ import torch
 from accelerate.utils import DistributedType, broadcast_object_list
 
 from ddpo_group.distributed import check_peers
-from ddpo_group.errors import CheckpointError, NonFiniteLossError, TrainingInterrupted, signal_name
+from ddpo_group.errors import CheckpointError, GuardStopped, NonFiniteLossError, TrainingInterrupted, signal_name
 from ddpo_group.run.checkpointing import (
+    BEST_LORA,
+    BEST_RECORD,
+    BEST_WEIGHTS,
     TrainingState,
+    best_weights,
     checkpoint_dir,
     complete_checkpoints,
     fallback_hint,
@@ -44,6 +48,7 @@ from ddpo_group.run.checkpointing import (
     resolve_resume_path,
     run_dir_of_checkpoint,
     save_checkpoint,
+    trained_weights,
 )
 from ddpo_group.run.cli_errors import is_main_process
 from ddpo_group.run.cpu_fsdp import launch_shards
@@ -85,6 +90,8 @@ class RunSession:
         self.state = TrainingState()
         self.stop = StopRequest()  # installed by running(): Ctrl-C / SIGTERM
         self.saved_epoch = None  # the epoch of the checkpoint last written or resumed from
+        self.guard_stop: str | None = None  # the guard's stop message (stop_by_guard)
+        self.guard_notes: list[str] = []  # the guard's alarms, for the summary
         self.pieces = []  # the training state's pieces a checkpoint holds besides accelerate's (attach)
         self.model = self.family = None  # the policy model (accelerate-wrapped) and its family, for the LoRA export
         self.timer = NULL_TIMER
@@ -199,19 +206,64 @@ class RunSession:
             raise
 
     def end_of_epoch(self, epoch: int) -> None:
-        """``epoch`` finished: checkpoint when due; after a stop signal, checkpoint and raise TrainingInterrupted."""
+        """``epoch`` finished: checkpoint when due; after a stop signal, checkpoint and raise TrainingInterrupted; after
+        the guard's stop (``stop_by_guard``), checkpoint and raise GuardStopped."""
         self.state.epoch = epoch
         config = self.config
         stopping = self.stop_agreed()
         last = epoch == config.num_epochs - 1
-        if last or stopping or (config.save_freq > 0 and (epoch + 1) % config.save_freq == 0):
+        if last or stopping or self.guard_stop or (config.save_freq > 0 and (epoch + 1) % config.save_freq == 0):
             path = self.save(epoch)
-        if stopping and not last:
+        if (stopping or self.guard_stop) and not last:
             if self.accelerator.is_main_process:
                 self.write_summary()
+            if self.guard_stop:  # every process decided it from the same evaluation
+                raise GuardStopped(f"{self.guard_stop}; checkpoint {path} (epoch {epoch}). {self.resume_hint()}")
             signum = self.stop.signum or signal.SIGTERM
             raise TrainingInterrupted(signum, f"training stopped by {signal_name(signum)} after epoch {epoch}; "
                                               f"checkpoint {path}. {self.resume_hint()}")
+
+    def evaluations(self) -> list[dict]:
+        """The run's evaluation records so far (eval.jsonl; a resumed run's, rewound to its checkpoint)."""
+        return read_metrics(self.run_dir / EVAL_LOG)
+
+    def best_path(self) -> Path:
+        """Where the best evaluation's weights are kept (keep_best)."""
+        return self.run_dir / (BEST_LORA if self.config.use_lora else BEST_WEIGHTS)
+
+    def stop_by_guard(self, message: str) -> None:
+        """Stop after this epoch, with a checkpoint and a clean exit: the guard's alarm (run/guard.py)."""
+        self.guard_stop = f"training stopped by the guard after an alarm: {message}"
+
+    def keep_best(self, epoch: int, measure: str, score: float, weights=nullcontext) -> Path:
+        """The weights of evaluation ``epoch``, the best so far by ``measure`` (run/guard.py), inside ``weights()``
+        (the EMA's when the evaluation sampled with it): with LoRA lora_best/ (diffusers format), else best/ (the
+        trained weights, model.safetensors, as scripts/evaluate.py loads them); each with best.json naming the
+        evaluation. Written beside and then moved in: an interruption leaves the previous best whole."""
+        target, state = self.best_path(), None
+        if not self.config.use_lora:  # every process (FSDP gathers the full weights on the main process)
+            with weights():
+                state = self.accelerator.get_state_dict(self.model)
+        if self.accelerator.is_main_process:
+            partial = target.with_name(target.name + ".tmp")
+            shutil.rmtree(partial, ignore_errors=True)
+            with writing(partial, f"the weights of the best evaluation (epoch {epoch})"):
+                if self.config.use_lora:
+                    with weights():
+                        self.family.save_lora(self.model, partial)
+                else:
+                    from safetensors.torch import save_file
+
+                    kept = trained_weights(self.accelerator.unwrap_model(self.model))
+                    partial.mkdir(parents=True)
+                    save_file({k: v.detach().cpu().contiguous() for k, v in state.items() if k in kept},
+                              str(partial / "model.safetensors"))
+                record = {"epoch": epoch, "measure": measure, "score": score}
+                (partial / BEST_RECORD).write_text(json.dumps(record) + "\n")
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(partial, target)
+        self.accelerator.wait_for_everyone()
+        return target
 
     def stop_agreed(self) -> bool:
         """True when any process got a stop signal (all processes must stop at the same point)."""
@@ -342,7 +394,10 @@ class RunSession:
             "reward curve": run / "reward_curve.png", "sample grids": run / "samples", "evaluations": run / EVAL_LOG,
             "last checkpoint": checkpoints[-1] if checkpoints else None, "LoRA (diffusers)": run / "lora",
         }
-        text = format_summary(read_metrics(run / "metrics.jsonl"), paths, read_metrics(run / EVAL_LOG))
+        best = best_weights(run)
+        notes = ([f"{'best evaluation':<17}{best}"] if best else []) + [f"{'guard':<17}{line}"
+                                                                        for line in self.guard_notes]
+        text = format_summary(read_metrics(run / "metrics.jsonl"), paths, read_metrics(run / EVAL_LOG), notes)
         with writing(run / "summary.txt", "the run's summary"):
             (run / "summary.txt").write_text(text + "\n")
         print(text, flush=True)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 
 def format_summary(metrics: list[dict], paths: dict[str, str | os.PathLike],
-                   evaluations: list[dict] | None = None) -> str:
+                   evaluations: list[dict] | None = None, notes: list[str] | None = None) -> str:
     """Reward before and after, the best epoch, throughput, and where the artefacts are.
 
     ``metrics`` are the per-epoch records of metrics.jsonl; ``paths`` maps a label to a path
-    (only existing paths are listed). With ``evaluations`` (eval.jsonl's records: the fixed evaluation during
+    (only existing paths are listed), ``notes`` lines after them (the best evaluation's weights). With ``evaluations`` (eval.jsonl's records: the fixed evaluation during
     training), before -> after is the first evaluation (before the first update) against the last, and the epoch
     means follow on one line; without, before -> after is the first epoch's mean reward against the last's (means of
     freshly drawn prompts).
@@ -48,6 +48,7 @@ def format_summary(metrics: list[dict], paths: dict[str, str | os.PathLike],
     for label, path in paths.items():
         if path and Path(path).exists():
             lines.append(f"{label:<17}{path}")
+    lines += notes or []
     lines.append("=" * 72)
     return "\n".join(lines)
 
@@ -69,8 +70,16 @@ def evaluation_lines(evaluations: list[dict]) -> list[str]:
         f"change           {last['eval/reward_mean'] - first['eval/reward_mean']:+.4f}",
     ]
     skip = ("eval/reward_mean", "eval/reward_std", "eval/num_images")
-    for key in [k for k in last if k.startswith("eval/") and k not in skip and k in first]:
+    for key in [k for k in last if k.startswith("eval/") and k not in skip and k in first
+                and not k.startswith("eval/drift/")]:  # a drift is its image statistic's change, shown by that
         lines.append(f"  {key[len('eval/'):]}: {first[key]:.4f} -> {last[key]:.4f}")
+    if "eval_heldout/reward_mean" in first and "eval_heldout/reward_mean" in last:  # eval_reward_fn: never trained on
+        lines += [f"held-out reward  {first['eval_heldout/reward_mean']:.4f} -> {last['eval_heldout/reward_mean']:.4f} "
+                  f"({last['eval_heldout/reward_mean'] - first['eval_heldout/reward_mean']:+.4f}; eval_reward_fn, not "
+                  "trained on)"]
+        heldout = [k for k in last if k.startswith("eval_heldout/") and k in first
+                   and k not in ("eval_heldout/reward_mean", "eval_heldout/reward_std")]
+        lines += [f"  {key[len('eval_heldout/'):]}: {first[key]:.4f} -> {last[key]:.4f}" for key in heldout]
     return lines
 
 

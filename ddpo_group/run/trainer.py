@@ -44,6 +44,7 @@ from ddpo_group.run.config_checks import config_warnings, validate_config
 from ddpo_group.run.cpu_fsdp import enable_fsdp_on_cpu
 from ddpo_group.run.epoch_logger import EpochLogger
 from ddpo_group.run.epoch_metrics import epoch_metrics
+from ddpo_group.run.guard import Guard
 from ddpo_group.run.periodic_eval import PeriodicEvaluation
 from ddpo_group.run.determinism import make_deterministic
 from ddpo_group.run.process_failures import process_group_kwargs
@@ -96,14 +97,19 @@ class Trainer:
             kl_in_reward=self.kl_in_reward if self.kl is not None and self.kl.in_reward else None,
             timer=self.timer, should_stop=self.session.stop_agreed,
         )
-        self.evaluation = None  # evaluation during training (eval_freq): the same on every process
+        self.evaluation = self.guard = None  # evaluation during training (eval_freq): the same on every process
         if config.eval_freq:
-            self.evaluation = PeriodicEvaluation(config, self.accelerator, self.family, self.rollouts.reward_scorer,
-                                                 self.shards.gather)
+            self.evaluation = PeriodicEvaluation.from_config(config, self.accelerator, self.family,
+                                                             self.rollouts.reward_scorer, self.shards.gather)
+            self.guard = Guard(config.guard, heldout=self.evaluation.heldout_scorer is not None)
         export_ema = self.ema is not None and config.train.ema_export  # the exported LoRA holds the EMA weights
         self.session.attach(self.accelerator, self.model, self.family, self.checkpointed_state(), self.timer,
                             lora_weights=self.ema.swapped_in if export_ema else nullcontext)
         self.pairs_per_forward.restore()  # a resumed run: the sizes its first run chose
+        if self.evaluation is not None:  # a resumed run: its evaluations so far (eval.jsonl, rewound to the checkpoint)
+            records = self.session.evaluations()
+            self.evaluation.restore(records)
+            self.guard.replay(records)
         self.epoch_logger = EpochLogger(self.accelerator, self.session.run_dir, self.session.wandb_mode,
                                         config.log_images_every, self.session.print)
         self.throughput = Throughput(self.accelerator, config.mixed_precision, self.model_flops, self.session.print)
@@ -320,10 +326,22 @@ class Trainer:
         """The fixed evaluation after epoch ``epoch`` (-1: before the first update), with the EMA weights when
         train.ema and train.ema_eval; written to eval.jsonl and samples/eval_*.png; returns its eval/* metrics."""
         use_ema = self.ema is not None and self.config.train.ema_eval
-        with self.timer.phase("evaluation"), (self.ema.swapped_in() if use_ema else nullcontext()):
+        weights = self.ema.swapped_in if use_ema else nullcontext
+        with self.timer.phase("evaluation"), weights():
             result = self.evaluation.run(epoch)
         with self.timer.phase("logging"):
             self.epoch_logger.log_evaluation(epoch, result.metrics, result.grid, "ema" if use_ema else "training")
+        best, alarms = self.guard.observe(epoch, result.metrics)
+        if best:  # its weights, as evaluated, kept beside the checkpoints (lora_best/, best/)
+            with self.timer.phase("checkpoint"):
+                self.session.keep_best(epoch, self.guard.measure, result.metrics[self.guard.measure], weights)
+        on_alarm = self.config.guard.on_alarm
+        for alarm in alarms if on_alarm != "off" else []:
+            self.session.print(f"guard ({alarm.rule}): {alarm.message}; {self.guard.best_line()}, its weights in "
+                               f"{self.session.best_path()}")
+            self.session.guard_notes.append(f"{alarm.rule} after epoch {epoch}")
+            if on_alarm == "stop":
+                self.session.stop_by_guard(alarm.message)
         return result.metrics
 
     def model_flops(self, batch):

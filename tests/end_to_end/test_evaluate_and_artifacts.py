@@ -179,6 +179,7 @@ def test_checkpoint_without_lora_export_loads_its_weights(tiny_model_dir, tmp_pa
     checkpoint.mkdir(parents=True)
     (checkpoint / "COMPLETE").write_text("epoch 3\n")
     save_file({k: v.contiguous() for k, v in tuned.unet.state_dict().items()}, str(checkpoint / "model.safetensors"))
+    (checkpoint / "random_states_0.pkl").write_bytes(b"")  # the process's part a complete checkpoint holds
     write_manifest(checkpoint)  # what every save writes last: the evaluation verifies it
     config = {"pretrained": {"model": tiny_model_dir}, "sample": {}, "reward_fn": "jpeg_compressibility", "lora_rank": 2}
     (run / "config.json").write_text(json.dumps(config))

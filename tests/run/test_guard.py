@@ -1,0 +1,134 @@
+"""The guard (run/guard.py): its rules on scripted evaluation sequences, and in a run: held-out rewards scored on the
+evaluation's images, the best evaluation's weights kept (its images reproduce it), a stop that exits 0 with a
+checkpoint that resumes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ml_collections import ConfigDict
+
+from ddpo_group.run.guard import Guard
+from trainer_helpers import tiny_trainer
+
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+RULES = ConfigDict({"on_alarm": "warn", "heldout_drop": 2.0, "min_diversity": 0.5, "max_drift": 0.15})
+
+
+def evaluation(reward, heldout=None, std=0.1, diversity=0.2, drift=0.0, images=16):
+    metrics = {"eval/reward_mean": reward, "eval/num_images": images, "eval/diversity": diversity,
+               "eval/drift/brightness": drift, "eval/drift/contrast": -drift / 2}
+    if heldout is not None:
+        metrics.update({"eval_heldout/reward_mean": heldout, "eval_heldout/reward_std": std})
+    return metrics
+
+
+def test_the_heldout_rule_fires_once_when_the_heldout_reward_falls_while_the_trained_one_rises():
+    guard = Guard(RULES, heldout=True)
+    # SE at the best = 0.1 / sqrt(16) = 0.025: a fall of more than 0.05 below the best, the trained reward above 0.6
+    sequence = [(-1, 0.5, 0.80), (9, 0.6, 0.85), (19, 0.7, 0.81), (29, 0.75, 0.79), (39, 0.8, 0.70), (49, 0.9, 0.60)]
+    seen = []
+    for epoch, reward, heldout in sequence:
+        best, alarms = guard.observe(epoch, evaluation(reward, heldout))
+        seen.append((epoch, best, [a.rule for a in alarms]))
+    assert seen == [(-1, True, []), (9, True, []), (19, False, []), (29, False, ["heldout"]), (39, False, []),
+                    (49, False, [])]  # 0.81 is within 0.05 of 0.85; 0.79 is not; the alarm once
+    assert guard.best == {"epoch": 9, "score": 0.85, "reward": 0.6, "se": pytest.approx(0.025)}
+    assert "epoch 9" in guard.best_line()
+
+
+def test_the_heldout_rule_needs_the_trained_reward_to_rise():
+    guard = Guard(RULES, heldout=True)
+    for epoch, reward, heldout in [(-1, 0.5, 0.8), (9, 0.6, 0.9), (19, 0.5, 0.6)]:  # both fell: no hacking sign
+        _, alarms = guard.observe(epoch, evaluation(reward, heldout))
+        assert alarms == []
+
+
+def test_diversity_and_drift_rules_and_the_best_without_heldout():
+    guard = Guard(RULES, heldout=False)
+    assert guard.observe(-1, evaluation(0.5, diversity=0.2)) == (True, [])
+    best, alarms = guard.observe(9, evaluation(0.4, diversity=0.11, drift=0.1))
+    assert not best and alarms == []  # 0.11 > 0.5 x 0.2; |0.1| <= 0.15
+    best, alarms = guard.observe(19, evaluation(0.7, diversity=0.09, drift=-0.2))
+    assert best and [a.rule for a in alarms] == ["diversity", "drift"]
+    assert "eval/drift/brightness=-0.2000" in alarms[1].message and "0.0900" in alarms[0].message
+    assert guard.observe(29, evaluation(0.6, diversity=0.01, drift=0.5))[1] == []  # each rule once
+
+
+def test_a_resumed_guard_replays_its_evaluations_silently():
+    records = [{"epoch": e, **evaluation(r, h)} for e, r, h in [(-1, 0.5, 0.8), (9, 0.6, 0.85), (19, 0.7, 0.7)]]
+    guard = Guard(RULES, heldout=True)
+    guard.replay(records)
+    assert guard.best["epoch"] == 9 and guard.raised == {"heldout"}
+    assert guard.observe(29, evaluation(0.8, 0.5))[1] == []  # raised before the resume
+
+
+def test_heldout_rewards_are_the_evaluations_images_scored_by_another_reward(tiny_model_dir, tmp_path):
+    """The evaluation before training with reward A and held-out B scores B as a run trained on B evaluates it."""
+    small = {"eval_freq": 1, "eval_num_prompts": 2, "eval_num_seeds": 2, "device": "cpu"}
+    one = tiny_trainer("grpo", tiny_model_dir, tmp_path, "a", reward_fn="jpeg_compressibility",
+                       eval_reward_fn="jpeg_incompressibility", **small)
+    other = tiny_trainer("grpo", tiny_model_dir, tmp_path, "b", reward_fn="jpeg_incompressibility", **small)
+    first, second = one.evaluation.run(-1).metrics, other.evaluation.run(-1).metrics
+    assert first["eval_heldout/reward_mean"] == second["eval/reward_mean"]
+    assert first["eval_heldout/jpeg_incompressibility"] == second["eval/reward_mean"]
+    assert first["eval_heldout/reward_info/jpeg_kb"] == second["eval/reward_info/jpeg_kb"]
+    assert first["eval/diversity"] == second["eval/diversity"] > 0
+    assert first["eval/drift/brightness"] == 0.0  # the evaluation before training is drift's origin
+    for trainer in (one, other):
+        trainer.rollouts.close()
+
+
+@pytest.mark.parametrize("use_lora", [True, False])
+def test_the_best_evaluations_weights_reproduce_its_images(tiny_model_dir, tmp_path, use_lora):
+    from ddpo_group.run.evaluation import load_finetuned_weights
+
+    overrides = {"eval_freq": 1, "eval_num_prompts": 2, "eval_num_seeds": 2, "device": "cpu", "num_epochs": 3,
+                 "use_lora": use_lora, "eval_reward_fn": f"{PLUGINS / 'distance_from_first.py'}:make_distance_from_first"}
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "run", **overrides)
+    trainer.run()
+    records = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
+    best_dir = tmp_path / "run" / ("lora_best" if use_lora else "best")
+    best = json.loads((best_dir / "best.json").read_text())
+    scores = {r["epoch"]: r["eval_heldout/reward_mean"] for r in records}
+    assert best["score"] == max(scores.values()) == scores[best["epoch"]]
+    assert best["measure"] == "eval_heldout/reward_mean" and best["epoch"] >= 0  # trained weights, not the base's
+    fresh = tiny_trainer("grpo", tiny_model_dir, tmp_path, "fresh", **overrides)
+    if use_lora:
+        fresh.pipe.load_lora_weights(str(best_dir), adapter_name="best")
+        fresh.family.model.set_adapter("best")
+    else:
+        load_finetuned_weights(fresh.family, best_dir, fresh.config)
+    again = fresh.evaluation.run(best["epoch"]).metrics  # (the plugin's own first images are these: its 0)
+    evaluated = next(r for r in records if r["epoch"] == best["epoch"])
+    for key in ("eval/reward_mean", "eval/image/brightness", "eval/image/high_frequency", "eval/diversity"):
+        assert again[key] == pytest.approx(evaluated[key], abs=1e-6), key
+    assert records[0]["eval/reward_mean"] != evaluated["eval/reward_mean"]  # not the base model's images
+    text = (tmp_path / "run" / "summary.txt").read_text()
+    assert f"best evaluation  {best_dir} (epoch {best['epoch']}" in text and "held-out reward  " in text
+    fresh.rollouts.close()
+
+
+def test_a_guard_stop_exits_0_with_a_checkpoint_that_resumes(tiny_model_dir, tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    args = [sys.executable, "scripts/train.py", "--config", "config/base.py:grpo",
+            f"--config.pretrained.model={tiny_model_dir}", "--config.prompt_fn=simple_animals",
+            "--config.reward_fn=jpeg_compressibility", "--config.sample.num_steps=3", "--config.sample.batch_size=4",
+            "--config.sample.num_batches_per_epoch=1", "--config.train.batch_size=4", "--config.train.group_size=4",
+            "--config.eval_freq=1", "--config.eval_num_prompts=2", "--config.eval_num_seeds=2",
+            "--config.num_epochs=4", "--config.save_freq=0", "--config.wandb.mode=disabled", "--config.device=cpu",
+            "--config.train.learning_rate=0.05", "--config.guard.max_drift=1e-9", "--config.guard.on_alarm=stop",
+            f"--config.logdir={tmp_path}", "--config.run_name=stopped"]
+    out = subprocess.run(args, cwd=root, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "training stopped by the guard after an alarm" in out.stderr and "guard (drift)" in out.stdout
+    assert "Resume with:" in out.stderr and "checkpoint_00000" in out.stderr
+    lines = [json.loads(line) for line in (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["epoch"] for line in lines] == [0]
+    resumed = subprocess.run(args + [f"--config.resume_from={tmp_path / 'stopped'}"], cwd=root, capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    lines = [json.loads(line) for line in (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()]
+    assert [line["epoch"] for line in lines] == [0, 1, 2, 3]  # the alarm was raised before: no second stop
