@@ -48,9 +48,9 @@ sys.path.insert(0, str(ROOT))
 from config.base import PRESETS, get_config  # noqa: E402
 from config.recipes import RECIPES  # noqa: E402
 from ddpo_group.algorithms import get_adv_estimator  # noqa: E402
-from ddpo_group.run.epoch_logger import EVAL_LOG  # noqa: E402
-from ddpo_group.run.metrics_log import read_metrics  # noqa: E402
-from ddpo_group.run.renamed_fields import new_name, notice  # noqa: E402
+from ddpo_group.run.reporting.epoch_logger import EVAL_LOG  # noqa: E402
+from ddpo_group.run.persistence.metrics_log import read_metrics  # noqa: E402
+from ddpo_group.run.command.renamed_fields import new_name, notice  # noqa: E402
 from ddpo_group.rollout.tweedie import valued_steps  # noqa: E402
 from ddpo_group.run.trainer import Trainer  # noqa: E402
 from ddpo_group.sampling.window import stochastic_steps  # noqa: E402

@@ -61,7 +61,7 @@ from ddpo_group.models.speed_options import attention_backends, compile_denoiser
 from ddpo_group.models.tiny_random import TINY_BUILDERS
 from ddpo_group.models.trainable import build_policy, make_optimizer
 from ddpo_group.prompts import PromptSampler
-from ddpo_group.run.throughput import device_peak_flops, measure_model_flops
+from ddpo_group.run.reporting.throughput import device_peak_flops, measure_model_flops
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from ddpo_group.update.policy_update import PolicyUpdater
 

@@ -31,10 +31,10 @@ def base() -> ml_collections.ConfigDict:
     # has its cost); CPU runs are deterministic already
     config.deterministic = False
     # torch threads per process; 0: the environment's, or the cores per process on a CPU run that accelerate launch
-    # left at its default of one thread (ddpo_group/run/threads.py)
+    # left at its default of one thread (ddpo_group/run/processes/threads.py)
     config.num_cpu_threads = 0
     # several processes: a collective that waits longer than this (a process hung or died) stops every process with an
-    # error instead of leaving them blocked (ddpo_group/run/process_failures.py)
+    # error instead of leaving them blocked (ddpo_group/run/processes/process_failures.py)
     config.collective_timeout_s = 1800
     config.resume_from = ""  # a checkpoint directory or a run directory (its newest checkpoint that verifies); "": a new run
     config.use_lora = True  # train LoRA adapters (peft); False: the whole denoiser
@@ -295,7 +295,7 @@ def base() -> ml_collections.ConfigDict:
     # hacking shows as these falling): a name, a path or {name: weight}, as reward_fn; "": none (eval_heldout/*)
     config.eval_reward_fn = FieldReference("", field_type=object)
     config.eval_reward_fn_kwargs = ml_collections.ConfigDict()  # its factory's keywords, as reward_fn_kwargs
-    # the image features of eval/diversity (ddpo_group/run/image_stats.py): "" a reward's own CLIP image encoder when
+    # the image features of eval/diversity (ddpo_group/run/reporting/image_stats.py): "" a reward's own CLIP image encoder when
     # one has it (pickscore, clipscore, aesthetic), else "pixels" (the images at 32 x 32 px: no download); or a CLIP
     # model to load (a hub id or directory of a transformers CLIPModel)
     config.eval_diversity_features = ""

@@ -3,7 +3,7 @@ our collectives, and the gathers of a round. rollout/ and run/ both build on it.
 
 * the status exchange: before each of our collectives (``ProcessShards.gather``, the run's stop agreement) every
   process first all-reduces a failure flag (``check_peers``). A process whose epoch raised meets the others there
-  once, with flag 1 (run/process_failures.py: ``share_failure``). Then every process knows which processes failed and
+  once, with flag 1 (run/processes/process_failures.py: ``share_failure``). Then every process knows which processes failed and
   why: the healthy ones raise ``ProcessFailed`` naming them and their errors, a failed one raises its own error. A
   peer that never arrives (it died, or hung past ``collective_timeout_s``) makes the exchange fail: ``ProcessLost``.
 * ``ProcessShards``: the global round of samples, each process's slice of it, and the gather over the processes (in

@@ -14,7 +14,7 @@ so the defaults of one prompt function never reach another: a preset that wants,
 registers it (``register_prompt_fn("hard_shapes", defaults={"path": ...})(from_file)``) and names it in
 ``config.prompt_fn``, leaving ``config.prompt_fn_kwargs`` empty; ``--config.prompt_fn=simple_animals`` then runs
 simple_animals with no keyword. A keyword the chosen function does not take is a ConfigError naming the function,
-the keyword and the keywords it takes (run/config_checks.py, at start).
+the keyword and the keywords it takes (run/command/config_checks.py, at start).
 """
 
 from __future__ import annotations

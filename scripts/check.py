@@ -16,9 +16,9 @@ from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a source checkout too
 
-from ddpo_group.run.cli import config_flag_first, parse_flags_or_exit  # noqa: E402
-from ddpo_group.run.cli_errors import USAGE_ERROR, exit_with  # noqa: E402
-from ddpo_group.run.quiet import silence_known_noise  # noqa: E402
+from ddpo_group.run.command.cli import config_flag_first, parse_flags_or_exit  # noqa: E402
+from ddpo_group.run.command.cli_errors import USAGE_ERROR, exit_with  # noqa: E402
+from ddpo_group.run.command.quiet import silence_known_noise  # noqa: E402
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config", "base.py") + ":group_ppo"
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Training configuration (path:preset).")

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from config import base as base_module  # noqa: E402
 from config.recipes import RECIPES  # noqa: E402
-from ddpo_group.run.renamed_fields import RENAMED, RENAMED_SECTIONS  # noqa: E402
+from ddpo_group.run.command.renamed_fields import RENAMED, RENAMED_SECTIONS  # noqa: E402
 
 OUT = ROOT / "docs" / "configuration.md"
 SECTION = re.compile(r"^\s*config\.(\w+) = (\w+) = ml_collections\.ConfigDict\(\)")

@@ -4,7 +4,7 @@
 
 A resume refuses ``custom_checkpoint_<i>.pkl`` files: loading a pickle can run any code it holds. This script does
 load them (so only for a checkpoint you trust), writes them as ``training_state.safetensors`` + ``training_state.json``,
-removes them and writes the checkpoint's ``MANIFEST.json`` (ddpo_group/run/checkpointing.py).
+removes them and writes the checkpoint's ``MANIFEST.json`` (ddpo_group/run/persistence/checkpointing.py).
 """
 
 import argparse
@@ -14,7 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a source checkout too
 
 from ddpo_group.errors import CheckpointError  # noqa: E402
-from ddpo_group.run.checkpointing import convert_pickled_checkpoint  # noqa: E402
+from ddpo_group.run.persistence.checkpointing import convert_pickled_checkpoint  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -17,12 +17,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a source checkout too
 
-from ddpo_group.run.quiet import silence_known_noise  # noqa: E402
+from ddpo_group.run.command.quiet import silence_known_noise  # noqa: E402
 
 silence_known_noise()  # before diffusers and transformers load
 
 from config.base import base  # noqa: E402
-from ddpo_group.run.cli_errors import USAGE_ERROR, exit_with  # noqa: E402
+from ddpo_group.run.command.cli_errors import USAGE_ERROR, exit_with  # noqa: E402
 from ddpo_group.run.evaluation import EvaluationRequest, evaluate, format_report  # noqa: E402
 
 

@@ -49,7 +49,7 @@ from ddpo_group.models import (CLASSIFIER_DIR, TINY_SHAPES_DIR, TINY_SHAPES_FLOW
                                TINY_SHAPES_FLOW_T5_TOKENS, load_pipeline)
 from ddpo_group.models.shapes_classifier import ShapesClassifier  # noqa: E402
 from ddpo_group.models.tokenizer import build_tokenizer, save_classic_files  # noqa: E402
-from ddpo_group.run.epoch_logger import image_grid  # noqa: E402
+from ddpo_group.run.reporting.epoch_logger import image_grid  # noqa: E402
 
 MAX_LENGTH = 20
 SCHEDULER_CONFIG = dict(

@@ -4,7 +4,7 @@
 
 A run that does not finish prints one message as its last lines and exits with 1 (a failure while training), 2 (a
 usage error: the run did not start) or 128 + signal (130: Ctrl-C); DDPO_GROUP_TRACEBACK=1 adds the traceback
-(ddpo_group/run/cli_errors.py).
+(ddpo_group/run/command/cli_errors.py).
 """
 
 import os
@@ -17,10 +17,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from ddpo_group.distributed import ProcessFailed  # noqa: E402
 from ddpo_group.errors import ConfigError, NonFiniteLossError, TrainingInterrupted  # noqa: E402
-from ddpo_group.run.cli import config_flag_first, parse_flags_or_exit  # noqa: E402
-from ddpo_group.run.cli_errors import FAILURE, PREFIX, USAGE_ERROR, exit_with, is_main_process  # noqa: E402
-from ddpo_group.run.process_failures import exit_launched_process, release_process_group  # noqa: E402
-from ddpo_group.run.quiet import one_bar_per_phase, silence_known_noise  # noqa: E402
+from ddpo_group.run.command.cli import config_flag_first, parse_flags_or_exit  # noqa: E402
+from ddpo_group.run.command.cli_errors import FAILURE, PREFIX, USAGE_ERROR, exit_with, is_main_process  # noqa: E402
+from ddpo_group.run.processes.process_failures import exit_launched_process, release_process_group  # noqa: E402
+from ddpo_group.run.command.quiet import one_bar_per_phase, silence_known_noise  # noqa: E402
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config", "base.py") + ":group_ppo"
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Training configuration (path:preset).")

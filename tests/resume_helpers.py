@@ -13,9 +13,9 @@ import torch
 from accelerate.utils import load
 from safetensors.torch import load_file
 
-from ddpo_group.run.checkpointing import checkpoint_problem
-from ddpo_group.run.manifest import MANIFEST
-from ddpo_group.run.state_files import STATE_JSON, read_states
+from ddpo_group.run.persistence.checkpointing import checkpoint_problem
+from ddpo_group.run.persistence.manifest import MANIFEST
+from ddpo_group.run.persistence.state_files import STATE_JSON, read_states
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -148,7 +148,7 @@ def aesthetic(clip_model_path: str = "", head_path: str = "", batch_size: int = 
         scores = torch.cat([scorer(images[i : i + batch_size]) for i in range(0, len(images), batch_size)])
         return scores.double().cpu(), {}
 
-    # its CLIP image encoder (eval/diversity: run/image_stats.py)
+    # its CLIP image encoder (eval/diversity: run/reporting/image_stats.py)
     fn.image_features = lambda images: torch.cat([scorer.embed(images[i : i + batch_size])
                                                  for i in range(0, len(images), batch_size)])
     return fn

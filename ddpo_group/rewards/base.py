@@ -70,7 +70,7 @@ IMAGE_FEATURES_ATTRIBUTE = "image_features"  # images [B, 3, H, W] -> [B, d]: a 
 
 def image_features_of(reward_fn):
     """The image encoder a reward function carries (``fn.image_features``: a CLIP model it loaded, which
-    run/image_stats.py's diversity reuses), or None."""
+    run/reporting/image_stats.py's diversity reuses), or None."""
     return getattr(reward_fn, IMAGE_FEATURES_ATTRIBUTE, None)
 
 

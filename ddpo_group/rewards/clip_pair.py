@@ -77,7 +77,7 @@ class ClipPair:
 
     @torch.no_grad()
     def image_embeddings(self, images: torch.Tensor) -> torch.Tensor:
-        """L2-normalised float32 image embeddings [B, d] (a reward's ``image_features``: run/image_stats.py)."""
+        """L2-normalised float32 image embeddings [B, d] (a reward's ``image_features``: run/reporting/image_stats.py)."""
         with self.follower.lock:
             return self._images(images, self.follower.place(images))
 

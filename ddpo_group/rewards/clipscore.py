@@ -35,5 +35,5 @@ def clipscore(model_path: str = CLIPSCORE_MODEL, processor_path: str | None = No
         reward = cosine if form == "cosine" else 100.0 * cosine.clamp(min=0)
         return reward, {"cosine": cosine}
 
-    fn.image_features = clip.image_embeddings  # its CLIP image encoder (eval/diversity: run/image_stats.py)
+    fn.image_features = clip.image_embeddings  # its CLIP image encoder (eval/diversity: run/reporting/image_stats.py)
     return fn

@@ -34,5 +34,5 @@ def pickscore(model_path: str = PICKSCORE_MODEL, processor_path: str = PICKSCORE
         cosine = (image_embeds * text_embeds).sum(dim=-1)
         return (clip.logit_scale.to(cosine.device) * cosine).double().cpu(), {"cosine": cosine.double().cpu()}
 
-    fn.image_features = clip.image_embeddings  # its CLIP image encoder (eval/diversity: run/image_stats.py)
+    fn.image_features = clip.image_embeddings  # its CLIP image encoder (eval/diversity: run/reporting/image_stats.py)
     return fn

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ddpo_group.run.checkpointing import ADAPTER_WEIGHT, BEST_RECORD, resolve_resume_path
+from ddpo_group.run.persistence.checkpointing import ADAPTER_WEIGHT, BEST_RECORD, resolve_resume_path
 from ddpo_group.models.lora_export import is_lora_dir
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.rewards import is_groupwise
@@ -60,7 +60,7 @@ def resolve_finetuned(path: str | Path) -> tuple[str, Path]:
         return "lora", path / "lora"
     if (path / BEST_RECORD).is_file():  # a run's best/: full fine-tuning's trained weights of its best evaluation
         return "weights", path
-    checkpoint, _ = resolve_resume_path(str(path))  # the newest that verifies (run/checkpointing.py)
+    checkpoint, _ = resolve_resume_path(str(path))  # the newest that verifies (run/persistence/checkpointing.py)
     if is_lora_dir(checkpoint / "lora"):
         return "lora", checkpoint / "lora"
     return "weights", checkpoint
@@ -69,7 +69,7 @@ def resolve_finetuned(path: str | Path) -> tuple[str, Path]:
 def run_config(defaults, saved: dict | None):
     """The config a run trained with: its config.json (``saved``; former field names translated) merged onto
     ``defaults``, config/base.py's ``base()`` (fields a run's file lacks take today's defaults)."""
-    from ddpo_group.run.renamed_fields import translate_saved
+    from ddpo_group.run.command.renamed_fields import translate_saved
 
     config = copy.deepcopy(defaults)
     config.update(translate_saved(saved or {}))
@@ -94,7 +94,7 @@ def load_finetuned_weights(family, checkpoint: Path, config) -> None:
     lora = any(ADAPTER_WEIGHT in key for key in state)
     if lora:
         family.model.add_adapter(lora_config(config, family.lora_target_modules))
-    # the checkpoint holds the trained weights (run/checkpointing.py): the adapter's, or every parameter of a full
+    # the checkpoint holds the trained weights (run/persistence/checkpointing.py): the adapter's, or every parameter of a full
     # fine-tuning; the rest stay the pretrained model's
     missing, unknown = family.model.load_state_dict(state, strict=False)
     parameters = dict(family.model.named_parameters(remove_duplicate=False))
@@ -218,7 +218,7 @@ def build_report(prompts: list[str], seeds: list[list[int]], base: dict[str, tor
 def comparison_grid(base_images, tuned_images, prompts, seeds, base_rewards, tuned_rewards):
     """One row per prompt: its M base images, then its M fine-tuned images, captioned with model and seed, the
     reward, and the whole prompt."""
-    from ddpo_group.run.image_grid import image_grid
+    from ddpo_group.run.reporting.image_grid import image_grid
 
     m = len(seeds[0])
     images, captions = [], []

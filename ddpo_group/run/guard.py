@@ -9,7 +9,7 @@ Each evaluation (epoch -1: before training) gives the guard its metrics:
                that best evaluation: the held-out reward falls while the trained one rises (SE: the held-out reward's
                std over the evaluation's images / sqrt(their number), at the best evaluation)
     diversity  eval/diversity < guard.min_diversity x its value before training: each prompt's images alike
-    drift      some |eval/drift/<statistic>| > guard.max_drift: the images' look moved (run/image_stats.py)
+    drift      some |eval/drift/<statistic>| > guard.max_drift: the images' look moved (run/reporting/image_stats.py)
 
 A rule raises its alarm once; ``guard.on_alarm`` says what an alarm does (the trainer: "warn", "stop", "off"). Every
 process observes the same gathered metrics, so all decide alike. A resumed run replays its eval.jsonl.

@@ -29,7 +29,7 @@ padding is whole groups of copies of the last row. Metrics:
     eval_heldout/reward_mean, reward_std       the held-out rewards (``eval_reward_fn``) of the deterministic images,
     eval_heldout/<name>, reward_info/<key>     each one's mean, their info's entries: scored, never trained on
     eval/diversity, eval/image/*, eval/drift/* how alike each prompt's images are, the images' look and its move from
-                                               the evaluation before training (run/image_stats.py)
+                                               the evaluation before training (run/reporting/image_stats.py)
 
 No training randomness is used: sampling draws only from the evaluation's own generators, and the global random
 states (torch CPU and CUDA, numpy, random) are saved before and restored after, in case a reward function draws from
@@ -49,7 +49,7 @@ import torch
 
 from ddpo_group.errors import ConfigError
 from ddpo_group.rewards.combine import component_label
-from ddpo_group.run.image_stats import (PIXELS, STATISTICS, as_images, diversity, drift, image_statistics,
+from ddpo_group.run.reporting.image_stats import (PIXELS, STATISTICS, as_images, diversity, drift, image_statistics,
                                          pixel_features)
 from ddpo_group.sampling.trajectories import SamplingOptions, rows_of, sample_trajectories
 
@@ -237,7 +237,7 @@ class PeriodicEvaluation:
         return EvalResult(metrics, grid, rewards)
 
     def image_metrics(self, images: torch.Tensor, epoch: int) -> dict:
-        """eval/diversity, eval/image/* and eval/drift/* of the deterministic images (run/image_stats.py); the ones
+        """eval/diversity, eval/image/* and eval/drift/* of the deterministic images (run/reporting/image_stats.py); the ones
         before training are eval/drift/*'s origin."""
         statistics = image_statistics(images)
         if epoch < 0 or self.start is None:
@@ -329,7 +329,7 @@ class PeriodicEvaluation:
 
     def grid(self, images: torch.Tensor, rewards: torch.Tensor):
         """The first GRID_PROMPTS prompts, one row each: their M images captioned with the reward and the prompt."""
-        from ddpo_group.run.image_grid import image_grid
+        from ddpo_group.run.reporting.image_grid import image_grid
 
         n = min(len(self.prompts), GRID_PROMPTS) * self.num_seeds
         captions = [f"{self.prompts[r // self.num_seeds]}\nreward {float(rewards[r]):.3f}" for r in range(n)]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ddpo_group.run.config_checks import config_warnings
+from ddpo_group.run.command.config_checks import config_warnings
 from ddpo_group.sampling.noise import round_seed, sample_generators
 from ddpo_group.update.on_policy import RATIO_TOLERANCE
 

@@ -34,7 +34,7 @@ from accelerate.utils import DistributedType, broadcast_object_list
 
 from ddpo_group.distributed import check_peers
 from ddpo_group.errors import CheckpointError, GuardStopped, NonFiniteLossError, TrainingInterrupted, signal_name
-from ddpo_group.run.checkpointing import (
+from ddpo_group.run.persistence.checkpointing import (
     BEST_LORA,
     BEST_RECORD,
     BEST_WEIGHTS,
@@ -50,15 +50,15 @@ from ddpo_group.run.checkpointing import (
     save_checkpoint,
     trained_weights,
 )
-from ddpo_group.run.cli_errors import is_main_process
-from ddpo_group.run.cpu_fsdp import launch_shards
-from ddpo_group.run.epoch_logger import EVAL_LOG, resolve_wandb_mode
-from ddpo_group.run.interrupts import StopRequest
-from ddpo_group.run.metrics_log import read_metrics, rewind_metrics
-from ddpo_group.run.process_failures import share_failure
-from ddpo_group.run.resume_check import STATE_FIELDS_FILE, check_resume, write_state_fields
-from ddpo_group.run.summary import format_summary
-from ddpo_group.run.write_errors import writing
+from ddpo_group.run.command.cli_errors import is_main_process
+from ddpo_group.run.processes.cpu_fsdp import launch_shards
+from ddpo_group.run.reporting.epoch_logger import EVAL_LOG, resolve_wandb_mode
+from ddpo_group.run.processes.interrupts import StopRequest
+from ddpo_group.run.persistence.metrics_log import read_metrics, rewind_metrics
+from ddpo_group.run.processes.process_failures import share_failure
+from ddpo_group.run.persistence.resume_check import STATE_FIELDS_FILE, check_resume, write_state_fields
+from ddpo_group.run.reporting.summary import format_summary
+from ddpo_group.run.persistence.write_errors import writing
 from ddpo_group.timing import NULL_TIMER
 
 

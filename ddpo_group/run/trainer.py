@@ -11,7 +11,7 @@
        controller (GROUP_PPO's tau), the EMA's metrics (update/ema.py; the EMA itself moves after optimizer steps);
     6. evaluate when due: fixed prompts x fixed noise, deterministic sampler (run/periodic_eval.py); also before the
        first update;
-    7. log (run/epoch_metrics.py, run/throughput.py, run/epoch_logger.py).
+    7. log (run/reporting/epoch_metrics.py, run/reporting/throughput.py, run/reporting/epoch_logger.py).
 
 The run's session (run/session.py) keeps it survivable around the loop: signals, resume, checkpoints, summary.
 ``Trainer.__init__`` builds every piece from the config, in an order that keeps the random streams of a resumed
@@ -40,17 +40,17 @@ from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
 from ddpo_group.rewards import is_groupwise, make_reward_fn
 from ddpo_group.rollout.rounds import Estimation, RolloutCollector
-from ddpo_group.run.config_checks import config_warnings, validate_config
-from ddpo_group.run.cpu_fsdp import enable_fsdp_on_cpu
-from ddpo_group.run.epoch_logger import EpochLogger
-from ddpo_group.run.epoch_metrics import epoch_metrics
+from ddpo_group.run.command.config_checks import config_warnings, validate_config
+from ddpo_group.run.processes.cpu_fsdp import enable_fsdp_on_cpu
+from ddpo_group.run.reporting.epoch_logger import EpochLogger
+from ddpo_group.run.reporting.epoch_metrics import epoch_metrics
 from ddpo_group.run.guard import Guard
 from ddpo_group.run.periodic_eval import PeriodicEvaluation
-from ddpo_group.run.determinism import make_deterministic
-from ddpo_group.run.process_failures import process_group_kwargs
+from ddpo_group.run.processes.determinism import make_deterministic
+from ddpo_group.run.processes.process_failures import process_group_kwargs
 from ddpo_group.run.session import RunSession
-from ddpo_group.run.threads import apply_num_threads
-from ddpo_group.run.throughput import DenoiserEvaluations, Throughput, measure_model_flops
+from ddpo_group.run.processes.threads import apply_num_threads
+from ddpo_group.run.reporting.throughput import DenoiserEvaluations, Throughput, measure_model_flops
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.timing import PHASES, PhaseTimer
 from ddpo_group.update.critic import Critic
@@ -79,7 +79,7 @@ class Trainer:
         self.accelerator = self.make_accelerator(config, self.session)
         validate_config(config, num_processes=self.accelerator.num_processes,
                         groupwise_reward=is_groupwise(self.reward_fn))
-        # accelerate launch's default OMP_NUM_THREADS=1 would leave a CPU run on one core (run/threads.py)
+        # accelerate launch's default OMP_NUM_THREADS=1 would leave a CPU run on one core (run/processes/threads.py)
         apply_num_threads(config.num_cpu_threads, self.accelerator.device.type == "cpu",
                           int(os.environ.get("LOCAL_WORLD_SIZE", self.accelerator.num_processes)))
         if config.allow_tf32 and torch.cuda.is_available():
@@ -131,7 +131,7 @@ class Trainer:
             gradient_accumulation_steps=config.train.gradient_accumulation_steps,
             log_with="wandb" if session.wandb_mode != "disabled" else None,
             project_config=ProjectConfiguration(project_dir=str(session.run_dir)),
-            kwargs_handlers=[process_group_kwargs(config)],  # collective_timeout_s (run/process_failures.py)
+            kwargs_handlers=[process_group_kwargs(config)],  # collective_timeout_s (run/processes/process_failures.py)
         )
         enable_fsdp_on_cpu(accelerator, config.mixed_precision)  # an FSDP launch on the CPU shards too
         return accelerator
@@ -204,7 +204,7 @@ class Trainer:
         pieces = [self.prompt_sampler, self.session.state, self.stat_tracker]
         pieces += [self.critic.optimizer] if self.critic is not None else []
         # the EMA, the old model, then the adaptive branch steps, last: checkpoints written before they existed keep
-        # their order (run/resume_check.py)
+        # their order (run/persistence/resume_check.py)
         return pieces + [p for p in (self.kl, self.estimator_controller, self.ema, self.old, self.rollouts.branching)
                          if p is not None]
 
@@ -345,7 +345,7 @@ class Trainer:
         return result.metrics
 
     def model_flops(self, batch):
-        """F_pair and F_image of run/throughput.py, on this epoch's first sample at its first trained step."""
+        """F_pair and F_image of run/reporting/throughput.py, on this epoch's first sample at its first trained step."""
         sample = self.config.sample
         step = int(self.family.stochastic_steps(sample).nonzero()[0])
         return measure_model_flops(self.scorer, self.accelerator.unwrap_model(self.model), batch, self.params, step,

@@ -161,7 +161,7 @@ class Critic:
                 loss.backward()
                 info["critic/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.network.parameters(), c.max_grad_norm))
                 # checked after backward, before the step: the gradients are all-reduced there, so a NaN on one process
-                # stops every process at the same batch (run/process_failures.py)
+                # stops every process at the same batch (run/processes/process_failures.py)
                 if not (bool(torch.isfinite(loss.detach())) and math.isfinite(info["critic/grad_norm"])):
                     bad = f"value loss={float(loss.detach())}" if not bool(torch.isfinite(loss.detach())) else \
                         f"grad_norm={info['critic/grad_norm']} (the value loss was finite on this process)"

@@ -163,7 +163,7 @@ class Updater:
                 norm = self.accelerator.clip_grad_norm_(self.params, self.config.train.max_grad_norm)
                 metrics["grad_norm"] = norm.detach() if isinstance(norm, torch.Tensor) else norm  # read at epoch end
             # one host-device sync per train batch, before the optimizer step the losses would feed; with several
-            # processes only where the gradients were all-reduced, so all raise at the same step (run/process_failures.py)
+            # processes only where the gradients were all-reduced, so all raise at the same step (run/processes/process_failures.py)
             if self.accelerator.sync_gradients or self.accelerator.num_processes == 1:
                 check_finite(position, optimizer_steps, policy_loss=metrics.get("policy_loss"),
                              kl_loss=metrics.get("kl_loss"), grad_norm=metrics.get("grad_norm"))

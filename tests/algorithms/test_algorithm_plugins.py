@@ -9,7 +9,7 @@ from accelerate import Accelerator
 
 from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator, get_policy_loss
 from ddpo_group.errors import ConfigError
-from ddpo_group.run.config_checks import validate_config
+from ddpo_group.run.command.config_checks import validate_config
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy_update import PolicyUpdater

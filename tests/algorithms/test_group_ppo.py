@@ -244,7 +244,7 @@ def test_tweedie_and_blend_values(prob, w):
 
 def test_value_source_is_checked_by_name():
     from config.base import get_config
-    from ddpo_group.run.config_checks import validate_config
+    from ddpo_group.run.command.config_checks import validate_config
     from ddpo_group.errors import ConfigError
 
     config = get_config("group_ppo")

@@ -138,7 +138,7 @@ def test_keywords_are_checked_and_missing_inputs_are_named():
 
 def test_a_wrong_keyword_is_a_config_error():
     from config.base import get_config
-    from ddpo_group.run.config_checks import algorithm_errors
+    from ddpo_group.run.command.config_checks import algorithm_errors
 
     config = get_config("grpo")
     config.algorithm.policy_loss = "ratio_norm"

@@ -2,7 +2,7 @@
 
 Every case checks the last lines of stderr (the message, and for a stop after training started the kept checkpoint
 and the resume command), that no traceback is printed unless DDPO_GROUP_TRACEBACK is set, and the exit code of
-ddpo_group/run/cli_errors.py: 2 usage error, 1 failure while training, 130 Ctrl-C. The last test records what
+ddpo_group/run/command/cli_errors.py: 2 usage error, 1 failure while training, 130 Ctrl-C. The last test records what
 accelerate's own launcher adds on top.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpo_group.run.cli_errors import FAILURE, USAGE_ERROR
+from ddpo_group.run.command.cli_errors import FAILURE, USAGE_ERROR
 from trainer_helpers import MECHANICS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,11 +15,11 @@ from ddpo_group.run.evaluation import (
     build_report, draw_prompts, format_report, prompt_seeds, load_finetuned_weights, resolve_finetuned, run_config, stats,
 )
 from ddpo_group.models.families.sd import StableDiffusionFamily
-from ddpo_group.run.image_grid import MARGIN, caption_font, line_height
-from ddpo_group.run.manifest import write_manifest
-from ddpo_group.run.metrics_log import read_metrics
-from ddpo_group.run.plots import plot_reward_curve
-from ddpo_group.run.summary import format_summary
+from ddpo_group.run.reporting.image_grid import MARGIN, caption_font, line_height
+from ddpo_group.run.persistence.manifest import write_manifest
+from ddpo_group.run.persistence.metrics_log import read_metrics
+from ddpo_group.run.reporting.plots import plot_reward_curve
+from ddpo_group.run.reporting.summary import format_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,8 +1,8 @@
-"""One process failing stops them all (ddpo_group/run/process_failures.py): 2 CPU workers over gloo, started one by one
+"""One process failing stops them all (ddpo_group/run/processes/process_failures.py): 2 CPU workers over gloo, started one by one
 as torchrun starts them on each machine of a multi-node run, so no launcher kills the healthy one for us. Only
 process 1 fails, at epoch 1 (its reward raises, returns NaN, or its policy loss turns NaN, or its part of epoch 1's
 checkpoint cannot be written); each worker must stop by itself, well within the subprocess timeout, with the exit code
-of a failure (run/cli_errors.py), the main process naming the failed process and its cause, and the checkpoint of
+of a failure (run/command/cli_errors.py), the main process naming the failed process and its cause, and the checkpoint of
 epoch 0 must resume.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from ddpo_group.run.checkpointing import checkpoint_problem, complete_checkpoints
-from ddpo_group.run.cli_errors import FAILURE
+from ddpo_group.run.persistence.checkpointing import checkpoint_problem, complete_checkpoints
+from ddpo_group.run.command.cli_errors import FAILURE
 from launch_helpers import ROOT, launch_environment, start_workers
 from trainer_helpers import MECHANICS
 

@@ -125,7 +125,8 @@ def install(faults: Faults) -> None:
     import torch
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-    from ddpo_group.run import epoch_logger, metrics_log, state_files
+    from ddpo_group.run.persistence import metrics_log, state_files
+    from ddpo_group.run.reporting import epoch_logger
 
     torch.save = file_writer(faults, torch.save, lambda obj, f, *a, **k: f)
     for module in (accelerate_other, state_files):  # their own names for safetensors' save_file

@@ -16,7 +16,7 @@ from ddpo_group.rewards.base import scores_frames
 from ddpo_group.rewards.http_server import make_server
 from ddpo_group.rewards.pairwise import chosen_image, normalized_ranks, pair_means, pair_wins, win_rates
 from ddpo_group.rollout.collect import PendingGroups, RewardScorer
-from ddpo_group.run.config_checks import validate_config
+from ddpo_group.run.command.config_checks import validate_config
 from ddpo_group.errors import ConfigError
 
 

@@ -7,7 +7,7 @@ from PIL import Image
 
 from ddpo_group.prompts import PromptSampler, get_prompt_fn
 from ddpo_group.rewards import check_rewards, make_reward_fn
-from ddpo_group.run.epoch_logger import resolve_wandb_mode
+from ddpo_group.run.reporting.epoch_logger import resolve_wandb_mode
 
 
 def test_jpeg_rewards_are_the_quality_95_file_size_in_kb():

@@ -9,7 +9,7 @@ import torch
 
 from ddpo_group.rewards import make_reward_fn
 from ddpo_group.rewards.combine import make_combined_reward
-from ddpo_group.run.image_grid import image_grid
+from ddpo_group.run.reporting.image_grid import image_grid
 
 PLUGIN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "plugins", "video_reward.py")
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from config.base import get_config
-from ddpo_group.run.config_checks import ConfigError, validate_config
+from ddpo_group.run.command.config_checks import ConfigError, validate_config
 from trainer_helpers import tiny_trainer
 
 COMBINATION = {"jpeg_compressibility": 1.0, "shapes_alignment": 2.0}

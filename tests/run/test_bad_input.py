@@ -17,14 +17,14 @@ import torch
 
 from config.base import base
 import ddpo_group.run.trainer as trainer_module
-from ddpo_group.run.checkpointing import complete_checkpoints
-from ddpo_group.run.config_checks import ConfigError
+from ddpo_group.run.persistence.checkpointing import complete_checkpoints
+from ddpo_group.run.command.config_checks import ConfigError
 from ddpo_group.errors import CheckpointError, NonFiniteLossError
 from ddpo_group.models import load_pipeline
 from ddpo_group.models.families import sd as pipeline_module
 from ddpo_group.models.families.sd import encode_prompts
-from ddpo_group.run.manifest import write_manifest
-from ddpo_group.run.state_files import STATE_JSON
+from ddpo_group.run.persistence.manifest import write_manifest
+from ddpo_group.run.persistence.state_files import STATE_JSON
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 PLUGINS = textwrap.dedent(

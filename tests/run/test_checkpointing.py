@@ -14,7 +14,7 @@ import torch
 from accelerate import Accelerator
 
 from ddpo_group.errors import CheckpointError
-from ddpo_group.run.checkpointing import (
+from ddpo_group.run.persistence.checkpointing import (
     TrainingState,
     clear_leftovers,
     complete_checkpoints,
@@ -23,8 +23,8 @@ from ddpo_group.run.checkpointing import (
     resolve_resume_path,
     save_checkpoint,
 )
-from ddpo_group.run.manifest import write_manifest
-from ddpo_group.run.state_files import STATE_JSON, STATE_TENSORS, load_pieces, save_pieces
+from ddpo_group.run.persistence.manifest import write_manifest
+from ddpo_group.run.persistence.state_files import STATE_JSON, STATE_TENSORS, load_pieces, save_pieces
 
 
 def test_rotation_keeps_newest_complete_and_resume_finds_latest(tmp_path):
@@ -428,8 +428,8 @@ def test_a_weight_under_two_names_is_saved_once_and_loads(tmp_path):
 def test_a_save_stops_when_its_directory_lacks_a_process_part_and_the_manifest_lists_each_part(tmp_path):
     """What processes that write to two directories (each its own run directory, or a disk the other machine cannot
     see) leave: the main process's directory lacks process 1's random states. A one-process save lists its part."""
-    from ddpo_group.run.manifest import MANIFEST
-    from ddpo_group.run.process_parts import absent_parts
+    from ddpo_group.run.persistence.manifest import MANIFEST
+    from ddpo_group.run.persistence.process_parts import absent_parts
 
     accelerator, _, state, root = linear_state(tmp_path)
     checkpoint = save_checkpoint(accelerator, root, 0, keep=1, pieces=[state])

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpo_group.run.config_checks import ConfigError, validate_config
+from ddpo_group.run.command.config_checks import ConfigError, validate_config
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -143,7 +143,7 @@ def test_algorithm_contradictions_are_named(preset, overrides, message):
 def test_a_field_under_its_former_name_is_renamed_with_a_message_naming_the_new_one():
     code = (
         "import sys; from absl import flags; from ml_collections import config_flags;"
-        "from ddpo_group.run.cli import parse_flags_or_exit;"
+        "from ddpo_group.run.command.cli import parse_flags_or_exit;"
         "c = config_flags.DEFINE_config_file('config');"
         "parse_flags_or_exit(sys.argv);"
         "print(c.value.train.clip_range, c.value.kl.beta, c.value.group_ppo.max_segment_steps,"
@@ -168,7 +168,7 @@ def test_a_field_under_its_former_name_is_renamed_with_a_message_naming_the_new_
 
 
 def test_a_saved_config_under_former_names_is_read_with_the_current_ones():
-    from ddpo_group.run.renamed_fields import translate_saved
+    from ddpo_group.run.command.renamed_fields import translate_saved
 
     saved = {"seed": 3, "train": {"beta": 0.1, "epsilon": 0.2, "learning_rate": 1e-3},
              "algorithm": {"kl_type": "k3", "adv_estimator": "grpo"},
@@ -198,7 +198,7 @@ def test_an_unset_noise_level_is_the_familys_standard_one():
 
 def test_the_flow_model_on_the_sd_models_task_is_warned_about_and_its_recipe_is_not():
     from config.recipes import RECIPES
-    from ddpo_group.run.config_checks import config_warnings
+    from ddpo_group.run.command.config_checks import config_warnings
 
     config = get_config("grpo")
     assert config_warnings(config) == []

@@ -9,7 +9,7 @@ import pytest
 from accelerate.utils import DistributedType
 
 from ddpo_group.errors import ConfigError
-from ddpo_group.run.cpu_fsdp import enable_fsdp_on_cpu, launch_shards
+from ddpo_group.run.processes.cpu_fsdp import enable_fsdp_on_cpu, launch_shards
 
 CPU_PROCESSES = SimpleNamespace(distributed_type=DistributedType.MULTI_CPU)
 
@@ -21,7 +21,7 @@ def test_without_an_fsdp_launch_nothing_changes(monkeypatch):
 
 
 def test_an_fsdp_launch_shards_unless_it_is_one_process_on_the_cpu(monkeypatch):
-    """What a resume checks a checkpoint against (run/resume_check.py): one CPU process has no process group, and
+    """What a resume checks a checkpoint against (run/persistence/resume_check.py): one CPU process has no process group, and
     accelerate keeps its model whole."""
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     assert [launch_shards(n, on_gpu) for n in (1, 2) for on_gpu in (False, True)] == [False, True, True, True]

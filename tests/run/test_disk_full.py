@@ -20,8 +20,8 @@ import torch
 from accelerate import Accelerator
 from safetensors import SafetensorError
 
-from ddpo_group.run import metrics_log, state_files, write_errors
-from ddpo_group.run.checkpointing import (
+from ddpo_group.run.persistence import metrics_log, state_files, write_errors
+from ddpo_group.run.persistence.checkpointing import (
     TrainingState,
     checkpoint_problem,
     complete_checkpoints,
@@ -29,8 +29,8 @@ from ddpo_group.run.checkpointing import (
     resolve_resume_path,
     save_checkpoint,
 )
-from ddpo_group.run.metrics_log import append_metrics, read_metrics
-from ddpo_group.run.write_errors import WriteError, describe_write_error
+from ddpo_group.run.persistence.metrics_log import append_metrics, read_metrics
+from ddpo_group.run.persistence.write_errors import WriteError, describe_write_error
 from test_exact_resume import environment, finish, start, train_command
 
 DEV_FULL = Path("/dev/full")

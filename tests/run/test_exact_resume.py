@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpo_group.run.state_files import read_states
+from ddpo_group.run.persistence.state_files import read_states
 from resume_helpers import assert_identical, comparable, load_everything, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Captioned grids show every caption whole, the reward included (ddpo_group/run/image_grid.py)."""
+"""Captioned grids show every caption whole, the reward included (ddpo_group/run/reporting/image_grid.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from ddpo_group.run.evaluation import comparison_grid
 from ddpo_group.models import shapes_data
-from ddpo_group.run.image_grid import (MARGIN, MIN_TILE, caption_font, caption_lines, image_grid, line_height,
+from ddpo_group.run.reporting.image_grid import (MARGIN, MIN_TILE, caption_font, caption_lines, image_grid, line_height,
                                       with_sources)
 
 

@@ -1,9 +1,9 @@
-"""The evaluation's diversity and drift statistics (run/image_stats.py) against hand computations and limits."""
+"""The evaluation's diversity and drift statistics (run/reporting/image_stats.py) against hand computations and limits."""
 
 import pytest
 import torch
 
-from ddpo_group.run.image_stats import diversity, drift, image_statistics, pixel_features
+from ddpo_group.run.reporting.image_stats import diversity, drift, image_statistics, pixel_features
 
 
 def test_statistics_by_hand():

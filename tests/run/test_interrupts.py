@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from ddpo_group.run.checkpointing import complete_checkpoints
+from ddpo_group.run.persistence.checkpointing import complete_checkpoints
 from ddpo_group.errors import TrainingInterrupted
 from trainer_helpers import tiny_trainer
 

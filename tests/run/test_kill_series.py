@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpo_group.run.checkpointing import CHECKPOINT_PATTERN, checkpoint_problem, complete_checkpoints
-from ddpo_group.run.metrics_log import read_metrics
+from ddpo_group.run.persistence.checkpointing import CHECKPOINT_PATTERN, checkpoint_problem, complete_checkpoints
+from ddpo_group.run.persistence.metrics_log import read_metrics
 from resume_helpers import assert_identical, comparable, load_everything
 from test_exact_resume import environment, finish, start, train_command
 

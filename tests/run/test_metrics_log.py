@@ -1,7 +1,7 @@
 """metrics.jsonl after a kill: a cut last line is skipped, and a resume drops the epochs after its checkpoint."""
 
-from ddpo_group.run.metrics_log import append_metrics, read_metric_lines, rewind_metrics
-from ddpo_group.run.metrics_log import read_metrics
+from ddpo_group.run.persistence.metrics_log import append_metrics, read_metric_lines, rewind_metrics
+from ddpo_group.run.persistence.metrics_log import read_metrics
 
 
 def test_a_cut_line_is_skipped_and_rewind_keeps_the_checkpointed_epochs(tmp_path):

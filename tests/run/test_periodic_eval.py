@@ -15,9 +15,9 @@ from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 from ddpo_group.errors import ConfigError
 from ddpo_group.rollout.collect import RewardScorer
-from ddpo_group.run.config_checks import validate_config
+from ddpo_group.run.command.config_checks import validate_config
 from ddpo_group.run.periodic_eval import PeriodicEvaluation
-from ddpo_group.run.summary import format_summary
+from ddpo_group.run.reporting.summary import format_summary
 
 EVAL = {"eval_freq": 1, "eval_num_prompts": 3, "eval_num_seeds": 2}
 

@@ -1,9 +1,9 @@
-"""The reward curve (ddpo_group/run/plots.py): its std band stays within each epoch's rewards, its legend off the
+"""The reward curve (ddpo_group/run/reporting/plots.py): its std band stays within each epoch's rewards, its legend off the
 data."""
 
 from __future__ import annotations
 
-from ddpo_group.run.plots import reward_curve_figure, std_band
+from ddpo_group.run.reporting.plots import reward_curve_figure, std_band
 
 # a reward in [0, 1]: epoch 0 has a std that reaches past both ends; epoch 1 lies inside its range
 METRICS = [

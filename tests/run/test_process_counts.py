@@ -1,5 +1,5 @@
-"""Several processes on the default paths, and resumes on another process count (run/session.py, run/checkpointing.py,
-run/process_parts.py, run/resume_check.py).
+"""Several processes on the default paths, and resumes on another process count (run/session.py, run/persistence/checkpointing.py,
+run/persistence/process_parts.py, run/persistence/resume_check.py).
 
 * One run directory: 2 gloo workers started 2 s apart (as on machines whose processes start seconds apart), on the
   default run name ``<preset>_<start second>``, which each would take from its own clock: one directory, and its
@@ -24,9 +24,9 @@ import shutil
 import pytest
 
 from ddpo_group.errors import CheckpointError, ConfigError
-from ddpo_group.run.checkpointing import resolve_resume_path
-from ddpo_group.run.manifest import write_manifest
-from ddpo_group.run.resume_check import STATE_FIELDS_FILE, check_resume, process_count_note, write_state_fields
+from ddpo_group.run.persistence.checkpointing import resolve_resume_path
+from ddpo_group.run.persistence.manifest import write_manifest
+from ddpo_group.run.persistence.resume_check import STATE_FIELDS_FILE, check_resume, process_count_note, write_state_fields
 from launch_helpers import launch_environment, start_workers
 from resume_helpers import assert_continued_on_another_count, assert_every_process_part, read_metrics
 from trainer_helpers import MECHANICS, tiny_config

@@ -11,7 +11,7 @@ import pytest
 
 import torch.distributed as dist
 
-from ddpo_group.run.process_failures import exit_launched_process, release_process_group
+from ddpo_group.run.processes.process_failures import exit_launched_process, release_process_group
 from launch_helpers import free_port
 
 
@@ -36,7 +36,7 @@ def test_without_a_group_exit_launched_process_returns_and_the_exit_is_python_s(
 
 EXIT_SCRIPT = """
 import sys, torch.distributed as dist
-from ddpo_group.run.process_failures import exit_launched_process
+from ddpo_group.run.processes.process_failures import exit_launched_process
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
 print("last words on stdout", end="")  # no newline: only a flush writes it
 sys.stderr.write("[ddpo_group] error: the message")

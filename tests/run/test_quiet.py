@@ -1,10 +1,10 @@
-"""Known-harmless third-party messages are dropped by logger and text, nothing else (ddpo_group/run/quiet.py)."""
+"""Known-harmless third-party messages are dropped by logger and text, nothing else (ddpo_group/run/command/quiet.py)."""
 
 from __future__ import annotations
 
 import logging
 
-from ddpo_group.run.quiet import KNOWN_HARMLESS, silence_known_noise
+from ddpo_group.run.command.quiet import KNOWN_HARMLESS, silence_known_noise
 
 
 class Collect(logging.Handler):

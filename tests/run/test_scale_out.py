@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from ddpo_group.errors import ConfigError
-from ddpo_group.run.resume_check import check_resume
+from ddpo_group.run.persistence.resume_check import check_resume
 from launch_helpers import ACCELERATE_CONFIGS, ROOT, accelerate_command, cpu_environment, free_port, launch_environment
 from resume_helpers import (assert_continued_on_another_count, assert_identical, comparable, load_everything,
                             read_metrics)

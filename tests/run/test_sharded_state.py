@@ -14,9 +14,9 @@ import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator
 
 from ddpo_group.errors import CheckpointError
-from ddpo_group.run.checkpointing import TrainingState, resolve_resume_path, save_checkpoint
-from ddpo_group.run.manifest import write_manifest
-from ddpo_group.run.sharded_state import sharded_state_problem
+from ddpo_group.run.persistence.checkpointing import TrainingState, resolve_resume_path, save_checkpoint
+from ddpo_group.run.persistence.manifest import write_manifest
+from ddpo_group.run.persistence.sharded_state import sharded_state_problem
 
 
 class Payload:  # a class no checkpoint is made of: unpickling it would import and build what a file names

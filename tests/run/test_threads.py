@@ -1,4 +1,4 @@
-"""The CPU thread count of a run (ddpo_group/run/threads.py): accelerate launch's default of one thread is replaced by
+"""The CPU thread count of a run (ddpo_group/run/processes/threads.py): accelerate launch's default of one thread is replaced by
 the cores per process; a thread count the user gave (config, OMP_NUM_THREADS, the launcher's option) is kept."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpo_group.run.threads import available_cores, choose_num_threads, launcher_chose_threads
+from ddpo_group.run.processes.threads import available_cores, choose_num_threads, launcher_chose_threads
 from trainer_helpers import MECHANICS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def test_the_choice():
 
 PROBE = textwrap.dedent("""
     import os, sys, torch
-    from ddpo_group.run.threads import apply_num_threads
+    from ddpo_group.run.processes.threads import apply_num_threads
     threads, why = apply_num_threads(int(sys.argv[1]), on_cpu=True, local_processes=1)
     print(f"RESULT {os.environ.get('OMP_NUM_THREADS')} {threads} {torch.get_num_threads()}")
 """)
@@ -92,6 +92,6 @@ def test_the_trainer_applies_it_and_starts_quietly(tiny_model_dir, tmp_path):
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"on 1 process(es) x {cores} CPU thread(s)" in out.stdout
-    # and it is quiet (run/quiet.py): no torchvision fallback note, no weight-loading bar inside the pipeline's
+    # and it is quiet (run/command/quiet.py): no torchvision fallback note, no weight-loading bar inside the pipeline's
     assert "requires torchvision" not in out.stderr and "Loading weights" not in out.stderr
     assert "Loading pipeline components" in out.stderr

@@ -1,4 +1,4 @@
-"""Throughput in the logs (run/throughput.py): FLOP counts against hand counts, perf/* of a real epoch from its
+"""Throughput in the logs (run/reporting/throughput.py): FLOP counts against hand counts, perf/* of a real epoch from its
 logged counts and times, MFU from the once-counted model FLOPs, the console line and the run summary."""
 
 import json
@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from ddpo_group.run import throughput
-from ddpo_group.run.epoch_logger import perf_line
-from ddpo_group.run.summary import format_summary
-from ddpo_group.run.throughput import count_flops, measure_model_flops, peak_flops
+from ddpo_group.run.reporting import throughput
+from ddpo_group.run.reporting.epoch_logger import perf_line
+from ddpo_group.run.reporting.summary import format_summary
+from ddpo_group.run.reporting.throughput import count_flops, measure_model_flops, peak_flops
 from trainer_helpers import tiny_trainer
 
 
@@ -161,7 +161,7 @@ def test_summary_rates_are_ratios_of_sums_after_the_first_epoch():
 def test_denoiser_evaluations_count_rows_by_part_however_the_latents_are_passed():
     """Rows counted into the part named (backward: forwards with gradients while training); positional, keyword or a
     list of per-sample latents; nothing outside a part."""
-    from ddpo_group.run.throughput import DenoiserEvaluations
+    from ddpo_group.run.reporting.throughput import DenoiserEvaluations
 
     module, count = torch.nn.Linear(3, 3), DenoiserEvaluations()
     count.watch(module)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ddpo_group.models import load_family
-from ddpo_group.run.throughput import DenoiserEvaluations
+from ddpo_group.run.reporting.throughput import DenoiserEvaluations
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from batch_helpers import batch_of
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config

@@ -47,8 +47,8 @@ def test_resuming_with_another_critic_input_is_refused_and_old_checkpoints_count
     the resume check names the field before anything loads."""
     import json
 
-    from ddpo_group.run.config_checks import ConfigError
-    from ddpo_group.run.resume_check import STATE_FIELDS_FILE, check_resume, write_state_fields
+    from ddpo_group.run.command.config_checks import ConfigError
+    from ddpo_group.run.persistence.resume_check import STATE_FIELDS_FILE, check_resume, write_state_fields
 
     plain = tiny_config("group_ppo", "unused", tmp_path)
     x0 = tiny_config("group_ppo", "unused", tmp_path, **{"critic.input": "latent_x0"})

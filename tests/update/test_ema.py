@@ -112,7 +112,7 @@ def test_ema_state_and_ema_lora_export_round_trip_through_a_checkpoint(tiny_mode
 def test_resuming_with_another_train_ema_is_refused_and_old_checkpoints_count_as_without(tmp_path, tiny_model_dir):
     from trainer_helpers import tiny_config
 
-    from ddpo_group.run.resume_check import STATE_FIELDS_FILE, check_resume, write_state_fields
+    from ddpo_group.run.persistence.resume_check import STATE_FIELDS_FILE, check_resume, write_state_fields
 
     without = tiny_config("ddpo", tiny_model_dir, tmp_path)
     with_ema = tiny_config("ddpo", tiny_model_dir, tmp_path, **{"train.ema": True})

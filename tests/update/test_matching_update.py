@@ -115,7 +115,7 @@ def test_resume_is_exact(objective, tiny_sd3_dir, tmp_path):
 def test_presets_and_published_recipes():
     from config.base import get_config
     from config.recipes import RECIPES
-    from ddpo_group.run.config_checks import validate_config
+    from ddpo_group.run.command.config_checks import validate_config
 
     for name in ("awm", "nft", "dpo", "dgpo"):
         config = get_config(name)
@@ -216,7 +216,7 @@ def test_the_memory_probe_runs_on_preference_units(tiny_sd3_dir, tmp_path):
 def test_several_processes_need_whole_groups_on_each(objective):
     """A preference objective on several processes: each process's samples must hold whole prompt groups."""
     from config.base import get_config
-    from ddpo_group.run.config_checks import validate_config
+    from ddpo_group.run.command.config_checks import validate_config
 
     config = get_config(objective)
     # 12 samples a process: 24 in all are 3 groups of 8, but a process would hold one and a half

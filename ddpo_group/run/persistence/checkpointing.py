@@ -1,12 +1,12 @@
 """Checkpoints: written to a temporary directory then renamed, proven by a manifest, loaded without unpickling.
 
 Layout: ``<run_dir>/checkpoints/checkpoint_<epoch:05d>/`` holds accelerate's state (weights as safetensors, the
-optimizer, the random states), the training state's pieces (run/state_files.py: safetensors + JSON), the files
-``extra`` adds, ``COMPLETE`` and, written last, ``MANIFEST.json`` (run/manifest.py: size and sha256 of every file).
+optimizer, the random states), the training state's pieces (run/persistence/state_files.py: safetensors + JSON), the files
+``extra`` adds, ``COMPLETE`` and, written last, ``MANIFEST.json`` (run/persistence/manifest.py: size and sha256 of every file).
 Only complete ones are resumed from or kept. A crash at any point of a save leaves every complete checkpoint written
 before it, and at worst a hidden ``.tmp_*`` / ``.replaced_*`` / ``.deleting_*`` directory that the next save clears up
 (a resume names it). A file that cannot be written (a full disk) stops the save with a WriteError naming it; the
-unfinished checkpoint is removed at once. With several processes each writes its part (run/process_parts.py) into the
+unfinished checkpoint is removed at once. With several processes each writes its part (run/persistence/process_parts.py) into the
 one directory; a failure on any of them stops every process at that step of the save (``save_checkpoint``).
 
 The prepared models' weights (accelerate's ``model*.safetensors``) hold what training changes only
@@ -21,7 +21,7 @@ without the record, load the same way).
 A resume loads nothing from a checkpoint before it verifies: complete, no pickled training state (loading a pickle can
 run any code it holds; ``scripts/convert_checkpoint.py`` converts one you trust), every file as its manifest says.
 accelerate's own files load with ``weights_only=True``; the sharded state of an FSDP checkpoint, which
-torch.distributed.checkpoint would unpickle, is read as plain data first (run/sharded_state.py). A run directory
+torch.distributed.checkpoint would unpickle, is read as plain data first (run/persistence/sharded_state.py). A run directory
 resumes from its newest checkpoint that verifies; each newer one is named with the reason it was skipped.
 """
 
@@ -40,13 +40,13 @@ import torch
 from accelerate.utils import DistributedType, gather_object
 
 from ddpo_group.errors import CheckpointError
-from ddpo_group.run.manifest import MANIFEST, manifest_problem, write_manifest
-from ddpo_group.run.process_failures import settle
-from ddpo_group.run.process_parts import absent_parts, missing_part, parts_record, process_part, sync
-from ddpo_group.run.resume_check import recorded_processes
-from ddpo_group.run.sharded_state import sharded_state_problem
-from ddpo_group.run.state_files import load_pieces, save_pieces, write_states
-from ddpo_group.run.write_errors import WriteError, writing
+from ddpo_group.run.persistence.manifest import MANIFEST, manifest_problem, write_manifest
+from ddpo_group.run.processes.process_failures import settle
+from ddpo_group.run.persistence.process_parts import absent_parts, missing_part, parts_record, process_part, sync
+from ddpo_group.run.persistence.resume_check import recorded_processes
+from ddpo_group.run.persistence.sharded_state import sharded_state_problem
+from ddpo_group.run.persistence.state_files import load_pieces, save_pieces, write_states
+from ddpo_group.run.persistence.write_errors import WriteError, writing
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint_(\d+)$")
 COMPLETE_MARKER = "COMPLETE"
@@ -277,7 +277,7 @@ def _some(names: set[str], shown: int = 3) -> str:
 
 def load_checkpoint(accelerator, checkpoint: Path, pieces: list) -> None:
     """Load a verified checkpoint: accelerate's state (``weights_only=True``: plain data only), then ``pieces``
-    (run/state_files.py). A CheckpointError names the checkpoint or file that does not load."""
+    (run/persistence/state_files.py). A CheckpointError names the checkpoint or file that does not load."""
     from accelerate.utils import load
 
     random_states = checkpoint / f"random_states_{accelerator.process_index}.pkl"
@@ -373,7 +373,7 @@ def checkpoint_dir(checkpoint_root: str | os.PathLike, epoch: int) -> Path:
 @contextmanager
 def _every_process(accelerator, final: Path):
     """One step of a save, on every process: an error of it on any process stops every process at its end
-    (run/process_failures.py: settle); a write that failed says that ``final`` was not saved."""
+    (run/processes/process_failures.py: settle); a write that failed says that ``final`` was not saved."""
     error = None
     try:
         yield
@@ -394,7 +394,7 @@ def save_checkpoint(
 
     Every process writes its part of accelerate's state (its random states; under FSDP its shards of the weights and
     the optimizer) into the one temporary directory and syncs it; then the main process checks that every process's
-    part is there (run/process_parts.py), adds the training state and ``extra(directory)`` (e.g. the diffusers-format
+    part is there (run/persistence/process_parts.py), adds the training state and ``extra(directory)`` (e.g. the diffusers-format
     LoRA in ``lora/``), syncs, marks the checkpoint complete, writes the manifest listing each process's files and
     renames it into place. A failure on any process at any step stops every process at the end of that step, the
     unfinished checkpoint removed (``_every_process``); every complete checkpoint stays.

@@ -31,7 +31,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from ddpo_group.errors import CheckpointError
-from ddpo_group.run.write_errors import writing
+from ddpo_group.run.persistence.write_errors import writing
 
 STATE_JSON = "training_state.json"
 STATE_TENSORS = "training_state.safetensors"

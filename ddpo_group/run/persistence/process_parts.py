@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from ddpo_group.run.manifest import MANIFEST
+from ddpo_group.run.persistence.manifest import MANIFEST
 
 RANDOM_STATES = "random_states_{rank}.pkl"  # accelerate's name for process ``rank``'s random states
 PART_PATTERNS = (RANDOM_STATES, "**/__{rank}_*.distcp", "*_rank{rank}.bin")

@@ -3,7 +3,7 @@
 ml_collections' config flag requires ``--config=FILE:PRESET`` before any ``--config.field=value``
 override. A wandb sweep that chooses the preset as a parameter (``config``) emits its arguments
 in no guaranteed order, so the preset argument is moved to the front first. A field under its former name is renamed
-(run/renamed_fields.py).
+(run/command/renamed_fields.py).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ def config_flag_first(argv: list[str], name: str = "config") -> list[str]:
 def parse_flags_or_exit(argv: list[str]) -> list[str]:
     """absl's flag parsing (with ml_collections' config flag: the preset and every override), for ``app.run``'s
     ``flags_parser``: a bad command line (unknown preset or flag, an override of a field that does not exist, a value
-    of the wrong type) is one usage error (run/cli_errors.py) instead of absl's report or ml_collections' traceback."""
+    of the wrong type) is one usage error (run/command/cli_errors.py) instead of absl's report or ml_collections' traceback."""
     from absl import flags
 
-    from ddpo_group.run.cli_errors import USAGE_ERROR, exit_with, is_main_process
-    from ddpo_group.run.renamed_fields import translate_argv
+    from ddpo_group.run.command.cli_errors import USAGE_ERROR, exit_with, is_main_process
+    from ddpo_group.run.command.renamed_fields import translate_argv
 
     say = (lambda line: print(line, file=sys.stderr)) if is_main_process() else (lambda line: None)
     argv = translate_argv(argv, say)

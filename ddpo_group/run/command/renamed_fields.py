@@ -2,7 +2,7 @@
 
 ``RENAMED`` maps a former dotted name to its name in config/base.py. A command line (``--config.OLD=value``), a sweep
 file's parameters and a saved run's config.json (scripts/evaluate.py) are translated with it; a checkpoint's recorded
-state fields too (run/resume_check.py). Remove an entry one release after its rename.
+state fields too (run/persistence/resume_check.py). Remove an entry one release after its rename.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import os
 from contextlib import suppress
 from pathlib import Path
 
-from ddpo_group.run.write_errors import WriteError, describe_write_error
+from ddpo_group.run.persistence.write_errors import WriteError, describe_write_error
 
 
 def append_metrics(path: str | os.PathLike, record: dict) -> None:

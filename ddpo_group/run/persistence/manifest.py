@@ -1,5 +1,5 @@
 """A checkpoint's ``MANIFEST.json``: the name, size and sha256 of every other file in it, written last (with the
-processes that wrote it and each one's files: run/process_parts.py).
+processes that wrote it and each one's files: run/persistence/process_parts.py).
 
 A checkpoint whose files all match its manifest holds exactly what its save wrote; ``manifest_problem`` names the
 first file that does not (missing, truncated, changed, or added after the save).
@@ -11,7 +11,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from ddpo_group.run.write_errors import writing
+from ddpo_group.run.persistence.write_errors import writing
 
 MANIFEST = "MANIFEST.json"
 
@@ -32,7 +32,7 @@ def _sha256(path: Path) -> str:
 
 def write_manifest(directory: Path, record: dict | None = None) -> None:
     """Record every file of ``directory`` (call it last: a file written after it fails the verification), and
-    ``record``'s entries beside them (the processes and their parts: run/process_parts.py)."""
+    ``record``'s entries beside them (the processes and their parts: run/persistence/process_parts.py)."""
     directory = Path(directory)
     files = {name: {"size": (directory / name).stat().st_size, "sha256": _sha256(directory / name)}
              for name in _files(directory)}

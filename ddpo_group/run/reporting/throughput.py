@@ -95,7 +95,7 @@ def device_peak_flops(device: torch.device, mixed_precision: str) -> tuple[float
     name = torch.cuda.get_device_name(device)
     peak = peak_flops(name, mixed_precision, torch.backends.cuda.matmul.allow_tf32)
     if peak is None:
-        return None, f"no perf/mfu_*: the peak FLOP/s of {name!r} is unknown (PEAK_TFLOPS in ddpo_group/run/throughput.py)"
+        return None, f"no perf/mfu_*: the peak FLOP/s of {name!r} is unknown (PEAK_TFLOPS in ddpo_group/run/reporting/throughput.py)"
     return peak, None
 
 

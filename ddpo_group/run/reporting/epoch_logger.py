@@ -1,16 +1,16 @@
 """Experiment tracking: wandb through accelerate (online, offline or disabled), metrics.jsonl, the reward curve,
-sample grids (run/image_grid.py) and the console line; the evaluations during training (eval.jsonl, their grids)."""
+sample grids (run/reporting/image_grid.py) and the console line; the evaluations during training (eval.jsonl, their grids)."""
 
 from __future__ import annotations
 
 import netrc
 import os
 
-from ddpo_group.run.image_grid import image_grid, with_sources
-from ddpo_group.run.metrics_log import append_metrics, read_metrics
+from ddpo_group.run.reporting.image_grid import image_grid, with_sources
+from ddpo_group.run.persistence.metrics_log import append_metrics, read_metrics
 
 EVAL_LOG = "eval.jsonl"  # one record per evaluation during training (epoch -1: before the first update)
-from ddpo_group.run.plots import plot_reward_curve
+from ddpo_group.run.reporting.plots import plot_reward_curve
 
 
 def wandb_api_key_available() -> bool:

@@ -8,9 +8,9 @@ the others would wait in their next collective forever. Two mechanisms bound tha
   all-reduces a failure flag (``check_peers``, ddpo_group/distributed.py). A process whose epoch raised meets the
   others there once, with flag 1 (``share_failure``, where the error leaves the epoch loop). Then every process knows
   which processes failed and why: the healthy ones raise ``ProcessFailed`` naming them and their errors, a failed one
-  raises its own error. Every process stops with the same exit code (run/cli_errors.py: FAILURE), no checkpoint is
+  raises its own error. Every process stops with the same exit code (run/command/cli_errors.py: FAILURE), no checkpoint is
   written, the last complete one is kept.
-* the same exchange at each step of a checkpoint's save (``settle``, run/checkpointing.py): a process whose part of
+* the same exchange at each step of a checkpoint's save (``settle``, run/persistence/checkpointing.py): a process whose part of
   the save failed (a full disk on any process) meets the others there with its error, so every process stops at that
   step, the unfinished checkpoint removed, instead of waiting at the save's next barrier;
 * a timeout on the process group (``collective_timeout_s``, through accelerate's InitProcessGroupKwargs): a collective
@@ -49,7 +49,7 @@ def share_failure(accelerator, error: BaseException) -> None:
     if getattr(error, SHARED, False) or isinstance(error, (ProcessFailed, ProcessLost, TrainingInterrupted,
                                                                EpochAbandoned)):
         return
-    from ddpo_group.run.cli_errors import describe
+    from ddpo_group.run.command.cli_errors import describe
 
     try:
         exchange_failures(accelerator, describe(error))
@@ -65,7 +65,7 @@ def settle(accelerator, error: Exception | None) -> None:
         if error is not None:
             raise error
         return
-    from ddpo_group.run.cli_errors import describe
+    from ddpo_group.run.command.cli_errors import describe
 
     try:
         failures = exchange_or_lost(accelerator, None if error is None else describe(error))

@@ -84,7 +84,7 @@ def evaluation_lines(evaluations: list[dict]) -> list[str]:
 
 
 def throughput_lines(metrics: list[dict]) -> list[str]:
-    """Images sampled and pairs trained per second, peak memory and MFU over the run (run/throughput.py).
+    """Images sampled and pairs trained per second, peak memory and MFU over the run (run/reporting/throughput.py).
 
     Rates are total count / total phase time, MFU the time-weighted mean of the epochs' (the same ratio of sums),
     both over the epochs after the first when there are several (the first carries the warm-up: allocator growth,
