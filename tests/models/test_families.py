@@ -86,7 +86,8 @@ def test_sdxl_sampler_reproduces_the_pipelines_own_call(noise_level, guidance, r
     family.pipe.register_to_config(force_zeros_for_empty_prompt=zeros)
     family.pipe.set_progress_bar_config(disable=True)
     kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
-    assert kwargs == {"eta": noise_level, **({"height": 32, "width": 32} if resolution else {})}
+    side = resolution or 16  # the tiny UNet's 8x8 latents, a VAE scale factor of 2: the pipeline's default
+    assert kwargs == {"eta": noise_level, "height": side, "width": side}  # the size named, the default too
     want = family.pipe(PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
                        output_type="pt", **kwargs).images
     negative = family.negative_condition()
@@ -98,7 +99,6 @@ def test_sdxl_sampler_reproduces_the_pipelines_own_call(noise_level, guidance, r
         negative = batched
     traj = sample_trajectories(family, family.model, family.encode(PROMPTS), negative, 4, guidance,
                                [noise_level] * 4, generator=generators(4), compute_log_prob=False)
-    side = resolution or 16  # the tiny UNet's 8x8 latents, a VAE scale factor of 2
     assert traj.images.shape == (4, 3, side, side) and traj.latents.shape == (4, 5, 4, side // 2, side // 2)
     assert torch.equal(traj.images, want)
 

@@ -10,7 +10,7 @@ from config.base import base as base_config
 from ddpo_group.models.families.wan import WanFamily
 from ddpo_group.sampling.trajectories import sample_trajectories
 from test_families import PROMPTS, family_of, generators
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 
 @pytest.mark.parametrize("guidance, negative", [(5.0, ""), (5.0, "blurred, static"), (1.0, "")])
@@ -151,18 +151,29 @@ def test_a_pipeline_without_its_trained_transformer_is_refused(tiny_wan_dir):
 
 
 def test_config_errors_and_sizes(tiny_wan_dir):
+    """The frames and the size against the model, refused when the family is built (the run's start), each naming
+    its field: frames not 4 k + 1, a size not a multiple of 16 (the VAE's 8 times the patch's 2), and the pipeline's
+    own 480 x 832 (sample.resolution=0), 52 patches a side, beyond the tiny transformer's RoPE table of 32."""
+    from ddpo_group.errors import ConfigError
 
-    family, config = family_of("wan", tiny_wan_dir, **{"sample.num_frames": 4})
+    config = tiny_config("grpo", tiny_wan_dir, "unused", **{**FAMILY_OVERRIDES["wan"], "sample.num_frames": 4})
     assert any("sample.num_frames=4 must be 4 k + 1" in e for e in WanFamily.config_errors(config))
-    with pytest.raises(ValueError, match="sample.num_frames=4 must be 1 more than a multiple of 4"):
-        family.latent_shape()
-    family, config = family_of("wan", tiny_wan_dir, **{"sample.resolution": 24})
-    with pytest.raises(ValueError, match="sample.resolution=24 must be a multiple of 16"):
-        family.latent_shape()
+    with pytest.raises(ConfigError, match=r"sample.num_frames=4 must be 1 more than a multiple of 4"):
+        family_of("wan", tiny_wan_dir, **{"sample.num_frames": 4})
+    with pytest.raises(ConfigError, match=r"sample.resolution=24 is not a multiple of 16 px"):
+        family_of("wan", tiny_wan_dir, **{"sample.resolution": 24})
+    with pytest.raises(ConfigError, match=r"sample.resolution=0 \(the pipeline's default, 480 x 832 px\) is 52 patches "
+                                          r"of 16 px a side, beyond this model's position table \(WanTransformer3DModel's "
+                                          r"rope_max_seq_len=32: 32 patches a side, 512 px\): set sample.resolution to "
+                                          r"a multiple of 16 up to 512"):
+        family_of("wan", tiny_wan_dir, **{"sample.resolution": 0})
+    with pytest.raises(ConfigError, match=r"sample.num_frames=129 is 33 latent frames, beyond .* at most 125"):
+        family_of("wan", tiny_wan_dir, **{"sample.num_frames": 129})
     family, config = family_of("wan", tiny_wan_dir, **{"sample.resolution": 32, "sample.num_frames": 9})
     assert WanFamily.config_errors(config) == [] and family.latent_shape() == (16, 3, 4, 4)
-    family, config = family_of("wan", tiny_wan_dir, **{"sample.resolution": 0, "sample.num_frames": 0})
-    assert family.latent_shape() == (16, 21, 60, 104)  # the pipeline's 81 frames of 480 x 832
+    family, _ = family_of("wan", tiny_wan_dir, **{"sample.resolution": 512, "sample.num_frames": 0})
+    assert family.latent_shape() == (16, 21, 64, 64)  # the pipeline's 81 frames, the largest size the table takes
+    assert family.pipeline_kwargs(family.config.sample, family.config.pretrained)["num_frames"] == 81
 
 
 def test_the_text_encoder_runs_where_it_is(tiny_wan_dir):

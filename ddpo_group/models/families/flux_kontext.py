@@ -128,6 +128,4 @@ class FluxKontextFamily(FluxFamily):
         """FLUX.1's, with the size fixed (the pipeline rescales height and width to ``max_area``) and the source image
         kept at its size (``_auto_resize=False``)."""
         kwargs = super().pipeline_kwargs(sample_config, pretrained)
-        resolution = int(sample_config.resolution) or self.pipe.default_sample_size * self.pipe.vae_scale_factor
-        return {**kwargs, "height": resolution, "width": resolution, "max_area": resolution ** 2,
-                "_auto_resize": False}
+        return {**kwargs, "max_area": self.resolution ** 2, "_auto_resize": False}

@@ -126,6 +126,15 @@ class StableDiffusionFamily(ModelFamily):
     def latent_shape(self) -> tuple:
         return latent_shape(self.pipe.unet)
 
+    def default_size(self) -> tuple[int, int]:
+        """The UNet's sample size times the VAE factor: the pipeline's default, and the only size this family samples."""
+        side = self.pipe.unet.config.sample_size * self.pipe.vae_scale_factor
+        return side, side
+
+    def size_errors(self) -> list[str]:
+        """None: the UNet's sample size fixes the image (``sample.resolution`` is not read)."""
+        return []
+
     def draw_noise(self, batch, generator, device, dtype):
         return randn_tensor((batch, *self.latent_shape()), generator=generator, device=device, dtype=dtype)
 

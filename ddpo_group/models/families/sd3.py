@@ -24,6 +24,15 @@ from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 class StableDiffusion3Family(FlowMatchingFamily):
     cond_keys = ("prompt_embeds", "pooled_prompt_embeds")
 
+    @property
+    def patch_size(self) -> int:
+        return self.pipe.transformer.config.patch_size
+
+    def position_limit(self) -> tuple[int, str] | None:
+        """The transformer's positional embedding table: ``pos_embed_max_size`` patches a side."""
+        size = self.pipe.transformer.config.pos_embed_max_size
+        return (size, f"{type(self.pipe.transformer).__name__}'s pos_embed_max_size={size}") if size else None
+
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict:
         tokens = {"max_sequence_length": self.max_sequence_length} if self.max_sequence_length else {}

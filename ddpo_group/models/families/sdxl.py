@@ -21,6 +21,7 @@ import torch
 from diffusers import StableDiffusionXLPipeline
 
 from ddpo_group.models.families import register_family
+from ddpo_group.models.families.base import ModelFamily
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 from ddpo_group.models.families.sd import StableDiffusionFamily, guided_model_output
 
@@ -34,6 +35,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
     # flow families do it)
     encode_quietly = FlowMatchingFamily.encode_quietly
     text_encoder_device = FlowMatchingFamily.text_encoder_device
+    size_errors = ModelFamily.size_errors  # SDXL samples sample.resolution (Stable Diffusion's UNet fixes its size)
 
     @classmethod
     def load_pipeline(cls, path, local, revision, dtype_kwargs):
@@ -105,4 +107,4 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         return super().config_errors(config) + cls.resolution_errors(config.sample)
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
-        return {**super().pipeline_kwargs(sample_config, pretrained), **self.size_kwargs(sample_config)}  # and the eta
+        return {**super().pipeline_kwargs(sample_config, pretrained), **self.size_kwargs()}  # and the eta

@@ -30,6 +30,8 @@ A pipeline with ``transformer_2`` only is refused with what is supported.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
@@ -77,34 +79,58 @@ class WanFamily(FlowMatchingFamily):
         return pipe
 
     # ------------------------------------------------------------------ sizes
-    @property
-    def frames(self) -> int:
-        """Video frames: ``sample.num_frames``, or the pipeline's default 81."""
-        chosen = int(self.config.sample.num_frames)
-        return chosen or 81
+    def call_default(self, name: str) -> int:
+        """A size keyword's default in the pipeline's own ``__call__`` (height 480, width 832, num_frames 81)."""
+        return inspect.signature(type(self.pipe).__call__).parameters[name].default
 
     @property
-    def height_width(self) -> tuple[int, int]:
-        """``sample.resolution`` square, or the pipeline's default 480 x 832."""
-        chosen = int(self.config.sample.resolution)
-        return (chosen, chosen) if chosen else (480, 832)
+    def frames(self) -> int:
+        """Video frames: ``sample.num_frames``, or the pipeline's default (81)."""
+        return int(self.config.sample.num_frames) or self.call_default("num_frames")
+
+    def default_size(self) -> tuple[int, int]:
+        """The pipeline's call defaults, 480 x 832 (the pipeline has no default_sample_size)."""
+        return self.call_default("height"), self.call_default("width")
+
+    def size_multiple(self) -> int:
+        """The VAE's spatial factor times the transformer's patch (the pipeline rounds other sizes down)."""
+        return self.pipe.vae_scale_factor_spatial * self.pipe.transformer.config.patch_size[1]
+
+    def position_limit(self) -> tuple[int, str]:
+        """The transformer's RoPE table: ``rope_max_seq_len`` positions on each axis (frames, rows, columns)."""
+        size = self.pipe.transformer.config.rope_max_seq_len
+        return size, f"{type(self.pipe.transformer).__name__}'s rope_max_seq_len={size}"
+
+    def size_errors(self) -> list[str]:
+        """base.py's rule on the height and width, and the frames: 1 more than a multiple of the VAE's temporal
+        factor, their latent frames within the position table."""
+        errors = super().size_errors()
+        pipe, chosen = self.pipe, int(self.config.sample.num_frames)
+        field = f"sample.num_frames={chosen}" if chosen else f"sample.num_frames=0 (the pipeline's default, {self.frames})"
+        temporal = pipe.vae_scale_factor_temporal
+        if (self.frames - 1) % temporal:
+            return errors + [f"{field} must be 1 more than a multiple of {temporal} (the VAE's temporal factor)"]
+        patches = ((self.frames - 1) // temporal + 1) // pipe.transformer.config.patch_size[0]
+        limit, what = self.position_limit()
+        if patches > limit:
+            errors.append(f"{field} is {patches} latent frames, beyond this model's position table ({what}): set "
+                          f"sample.num_frames to at most {(limit * pipe.transformer.config.patch_size[0] - 1) * temporal + 1}")
+        return errors
+
+    @property
+    def latent_channels(self) -> int:
+        """The latent's channels: the transformer's input channels (the pipeline's ``num_channels_latents``)."""
+        return self.pipe.transformer.config.in_channels
 
     def latent_shape(self) -> tuple:
         pipe, (height, width) = self.pipe, self.height_width
-        multiple = pipe.vae_scale_factor_spatial * pipe.transformer.config.patch_size[1]
-        if height % multiple or width % multiple:
-            raise ValueError(f"sample.resolution={height} must be a multiple of {multiple} (the VAE's spatial factor "
-                             "times the transformer's patch size) for this model")
-        if (self.frames - 1) % pipe.vae_scale_factor_temporal:
-            raise ValueError(f"sample.num_frames={self.frames} must be 1 more than a multiple of "
-                             f"{pipe.vae_scale_factor_temporal} (the VAE's temporal factor)")
-        return (pipe.transformer.config.in_channels, (self.frames - 1) // pipe.vae_scale_factor_temporal + 1,
+        return (self.latent_channels, (self.frames - 1) // pipe.vae_scale_factor_temporal + 1,
                 height // pipe.vae_scale_factor_spatial, width // pipe.vae_scale_factor_spatial)
 
     def draw_noise(self, batch, generator, device, dtype):
         height, width = self.height_width
-        latents = self.pipe.prepare_latents(batch, self.pipe.transformer.config.in_channels, height, width,
-                                            self.frames, torch.float32, device, generator)
+        latents = self.pipe.prepare_latents(batch, self.latent_channels, height, width, self.frames, torch.float32,
+                                            device, generator)
         return latents.to(dtype)
 
     # ------------------------------------------------------------------ condition, model, decode
@@ -146,14 +172,18 @@ class WanFamily(FlowMatchingFamily):
         """One expert's velocity with guidance, as the pipeline computes it."""
         n = latents.shape[0]
         t = self.timestep(t, latents)
-        x = latents.to(self.pipe.transformer.dtype)
-        conditional = model(hidden_states=x, timestep=t, encoder_hidden_states=cond["prompt_embeds"],
-                            return_dict=False)[0]
+        inputs = self.transformer_inputs(latents, cond)
+        conditional = model(**inputs, timestep=t, encoder_hidden_states=cond["prompt_embeds"], return_dict=False)[0]
         if guidance_scale > 1.0 and negative is not None:
-            uncond = model(hidden_states=x, timestep=t, encoder_hidden_states=negative["prompt_embeds"].expand(n, -1, -1),
+            uncond = model(**inputs, timestep=t, encoder_hidden_states=negative["prompt_embeds"].expand(n, -1, -1),
                            return_dict=False)[0]
             return uncond + guidance_scale * (conditional - uncond)
         return conditional
+
+    def transformer_inputs(self, latents, cond) -> dict:
+        """The transformer's inputs besides the timestep and the text, the same in both guidance branches: the latents
+        in its dtype (image-to-video adds the image's)."""
+        return {"hidden_states": latents.to(self.pipe.transformer.dtype)}
 
     @torch.no_grad()
     def decode(self, latents):
@@ -195,9 +225,7 @@ class WanFamily(FlowMatchingFamily):
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """The size and tokens (flow_matching.py's), the frame count and the negative prompt."""
-        kwargs = super().pipeline_kwargs(sample_config, pretrained)
-        if sample_config.num_frames:
-            kwargs["num_frames"] = int(sample_config.num_frames)
+        kwargs = {**super().pipeline_kwargs(sample_config, pretrained), "num_frames": self.frames}
         if sample_config.negative_prompt:
             kwargs["negative_prompt"] = sample_config.negative_prompt
         return kwargs
