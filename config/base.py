@@ -65,7 +65,7 @@ def base() -> ml_collections.ConfigDict:
     config.pretrained = pretrained = ml_collections.ConfigDict()
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
-    # "sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux_kontext", "flux2", "flux2_dev", "wan",
+    # "sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux_kontext", "flux2", "flux2_dev", "wan", "wan_i2v",
     # "qwenimage_edit_plus" or "qwenimage_edit"; "": from
     # model_index.json's pipeline class
     pretrained.family = ""
@@ -93,9 +93,10 @@ def base() -> ml_collections.ConfigDict:
     # (coefficients-preserving), "dance_sde" (DanceGRPO, with noise_level 0.3)
     sample.sde_type = "flow_sde"
     # image height and width in pixels (every family but sd, whose UNet fixes it; Wan: each frame's); 0: the pipeline's
-    # default
+    # default (its default_sample_size times its VAE factor; Z-Image's 1024, Wan's 480 x 832). A size the model cannot
+    # take (not a multiple of its VAE factor times its patch, beyond its position table) is refused at start
     sample.resolution = 0
-    # video families (Wan): frames per video, 4 k + 1 (5, 33, 81); 0: the pipeline's default (81)
+    # video families (Wan, Wan image-to-video): frames per video, 4 k + 1 (5, 33, 81); 0: the pipeline's default (81)
     sample.num_frames = 0
     # the run's negative prompt, the unconditional branch of classifier-free guidance, for every family that guides
     # with one: a prompt row's own "negative_prompt" (a .jsonl prompt file's) wins, else this, else ("") the family's
@@ -793,6 +794,41 @@ def flow_factory_wan21() -> ml_collections.ConfigDict:
     return config
 
 
+
+def flow_factory_wan21_i2v() -> ml_collections.ConfigDict:
+    """Flow-Factory's GRPO LoRA recipe for Wan2.1 image-to-video (github:X-GenGroup/Flow-Factory,
+    examples/grpo/lora/wan21/i2v.yaml, commit 5f6cda1a; Flow-GRPO publishes none): Wan2.1-I2V-14B-480P (the 720P
+    model takes the same settings), LoRA rank 64 / alpha 128 on the attention and feed-forward (their adapter's
+    default targets), bf16, 5 frames of 240 px animating each prompt's source image, 10 Flow-SDE steps at noise level
+    0.9 (28 to evaluate), CFG 5.0 in sampling and training, groups of 16, 48 prompts an epoch over 8 processes (96
+    videos a process, one at a time) and 2 optimizer steps an epoch, clip 1e-4, advantages clipped to 5, no KL, lr 1e-4,
+    weight decay 1e-4, EMA 0.9, the PickScore reward. Differences: their one stochastic step is drawn from steps 1-3
+    each rollout, here the window is steps 1-3; their SDE runs on the released UniPC scheduler, here on the flow Euler
+    scheduler of the model's shift (models/families/wan.py); their EMA moves every 4 epochs (8 optimizer steps here);
+    they evaluate at 480 px, here at the training size; their dataset (ShareGPT-4o images with captions) is not
+    shipped: a .jsonl prompt file of yours (prompt_fn from_file, rows {"prompt", "image"}) in prompt_fn_kwargs.path."""
+    config = grpo()
+    config.pretrained.model = "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"
+    config.mixed_precision = "bf16"
+    config.use_lora, config.lora_rank, config.lora_alpha = True, 64, 128
+    config.sample.resolution, config.sample.num_frames = 240, 5
+    config.sample.num_steps, config.sample.eval_num_steps = 10, 28
+    config.sample.sde_type, config.sample.noise_level = "flow_sde", 0.9
+    config.sample.sde_window_start, config.sample.sde_window_size = 1, 3
+    config.sample.guidance_scale, config.train.cfg = 5.0, True
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 1, 96  # 48 groups of 16 over 8 processes
+    config.sample.text_embedding_cache = 1024  # UMT5, CLIP and the VAE meet each (prompt, source image) once
+    config.train.group_size = 16
+    config.train.batch_size, config.train.gradient_accumulation_steps = 1, 48  # 2 optimizer steps an epoch
+    config.train.learning_rate, config.train.adam_weight_decay, config.train.max_grad_norm = 1e-4, 1e-4, 1.0
+    config.train.clip_range, config.train.adv_clip_max = 1e-4, 5.0
+    config.train.ema, config.train.ema_decay, config.train.ema_update_interval = True, 0.9, 8
+    config.kl.beta, config.kl.use_reference_model = 0.0, False
+    config.prompt_fn = "from_file"
+    config.reward_fn = "pickscore"
+    config.num_epochs, config.save_freq, config.eval_freq = 500, 20, 20
+    return config
+
 PRESETS = {
     "ddpo": ddpo, "grpo": grpo, "dr_grpo": dr_grpo, "rloo": rloo, "grpo_passk": grpo_passk,
     "reinforce_pp": reinforce_pp, "remax": remax, "ppo_gae": ppo_gae, "group_ppo": group_ppo,
@@ -806,7 +842,7 @@ RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm,
            "flow_factory_flux2_klein_base": flow_factory_flux2_klein_base, "flow_factory_wan21": flow_factory_wan21,
            "flow_grpo_qwenimage": flow_grpo_qwenimage,
            "flow_grpo_qwenimage_edit_plus": flow_grpo_qwenimage_edit_plus, "nft_sd35": nft_sd35, "awm_sd35": awm_sd35,
-           "dgpo_sd35": dgpo_sd35, "dpo_sd35": dpo_sd35}
+           "dgpo_sd35": dgpo_sd35, "dpo_sd35": dpo_sd35, "flow_factory_wan21_i2v": flow_factory_wan21_i2v}
 
 
 def get_config(name: str = "ddpo") -> ml_collections.ConfigDict:

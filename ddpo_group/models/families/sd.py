@@ -171,4 +171,4 @@ class StableDiffusionFamily(ModelFamily):
         return errors + cls.guidance_errors(config)
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
-        return {"eta": self.noise_level(sample_config)}  # DDIM's eta is the noise level
+        return {"eta": self.noise_level(sample_config), **self.size_kwargs()}  # DDIM's eta is the noise level

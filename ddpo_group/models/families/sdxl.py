@@ -105,6 +105,3 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
     @classmethod
     def config_errors(cls, config) -> list[str]:
         return super().config_errors(config) + cls.resolution_errors(config.sample)
-
-    def pipeline_kwargs(self, sample_config, pretrained) -> dict:
-        return {**super().pipeline_kwargs(sample_config, pretrained), **self.size_kwargs()}  # and the eta

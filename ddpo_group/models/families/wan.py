@@ -1,9 +1,9 @@
 """Wan2.1 / Wan2.2 text-to-video: a 3D DiT predicting the flow velocity of a video latent, a UMT5 text encoder.
 
     condition   prompt_embeds [B, L, D]: UMT5 last hidden states of the prompt's tokens, zeros after its length (the
-                pipeline's own ``encode_prompt``, L = ``pretrained.max_sequence_length`` or the pipeline's 226); the
-                unconditional condition is base.py's negative prompt: a row's own, else ``sample.negative_prompt``
-                ("" by default, the pipeline's default)
+                pipeline's own ``encode_prompt``, L = ``pretrained.max_sequence_length`` or the pipeline's call default
+                512, not ``encode_prompt``'s 226); the unconditional condition is base.py's negative prompt: a row's
+                own, else ``sample.negative_prompt`` ("" by default, the pipeline's default)
     latents     [B, C, F', H/s, W/s] with a time axis: F' = (F - 1) / 4 + 1 latent frames of F = ``sample.num_frames``
                 video frames (the VAE's temporal factor 4), s the VAE's spatial factor (8; 16 on Wan2.2-TI2V-5B);
                 x_T = N(0, I) (``prepare_latents``: the pipeline's draw, float32)
@@ -136,8 +136,8 @@ class WanFamily(FlowMatchingFamily):
     # ------------------------------------------------------------------ condition, model, decode
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict:
-        tokens = {"max_sequence_length": self.max_sequence_length} if self.max_sequence_length else {}
-        embeds, _ = self.encode_quietly(prompts, do_classifier_free_guidance=False, **tokens)
+        tokens = self.max_sequence_length or self.call_default("max_sequence_length")  # __call__'s, not encode_prompt's
+        embeds, _ = self.encode_quietly(prompts, do_classifier_free_guidance=False, max_sequence_length=tokens)
         return {"prompt_embeds": embeds.to(self.device)}
 
     def timestep(self, t: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:

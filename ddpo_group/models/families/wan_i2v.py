@@ -1,9 +1,11 @@
 """Wan image-to-video (Wan2.1-I2V-14B 480P / 720P, Wan2.2-I2V-A14B): Wan's video model animating a source image, its
 first frame.
 
-    condition   Wan's prompt_embeds (models/families/wan.py), and the source image of each prompt (``metadata["image"]``,
-                a .jsonl prompt file's ``image``, as the editing families take it), one a prompt, resized to the video's
-                height and width by the pipeline's video processor, encoded once per sample:
+    condition   Wan's prompt_embeds (models/families/wan.py; 512 UMT5 tokens where the transformer reads CLIP tokens:
+                diffusers' attention splits them off the text by that count), and the source image of each prompt
+                (``metadata["image"]``, a .jsonl prompt file's ``image``, as the editing families take it), one a
+                prompt, resized to the video's height and width by the pipeline's video processor, encoded once a
+                sample:
                   image_condition [B, T + C, F', H/s, W/s]: the first-frame mask (ones on the image's latent frame, in
                       the VAE's temporal factor T = 4 channels, zeros after) and the VAE latent (its mode, less
                       latents_mean, times 1 / latents_std) of the video [the image, then F - 1 zero frames]: the
@@ -31,11 +33,15 @@ from __future__ import annotations
 import torch
 from diffusers import WanImageToVideoPipeline
 
+from ddpo_group.errors import ConfigError
 from ddpo_group.models.families import register_family
 from ddpo_group.models.families.wan import WanFamily
 from ddpo_group.models.source_images import SOURCE_IMAGE_KEY, source_images
 from ddpo_group.sampling.trajectories import concatenate_rows
 
+# diffusers' WanAttnProcessor takes the cross-attention context's last 512 tokens as the text's and the others as the
+# image's (a literal there) when the transformer reads CLIP image tokens through added key / value projections
+TEXT_TOKENS = 512
 SUPPORTED = ("Wan2.1-I2V-14B-480P, Wan2.1-I2V-14B-720P (one transformer, a CLIP image encoder) and Wan2.2-I2V-A14B "
              "(transformer trained, transformer_2 frozen, no image encoder)")
 IMAGE_KEYS = ("image_condition", "image_embeds")
@@ -59,6 +65,13 @@ class WanImageToVideoFamily(WanFamily):
             raise ValueError(f"this WanImageToVideoPipeline's transformer reads CLIP image embeddings (image_dim="
                              f"{pipe.transformer.config.image_dim}) but the pipeline has no image_encoder; supported: "
                              f"{SUPPORTED}")
+        tokens = int(config.pretrained.max_sequence_length)
+        if pipe.transformer is not None and pipe.transformer.config.added_kv_proj_dim is not None and tokens not in (
+                0, TEXT_TOKENS):
+            raise ConfigError(f"pretrained.max_sequence_length={tokens}: this Wan image-to-video transformer reads the "
+                              f"image's CLIP tokens beside the text and takes the last {TEXT_TOKENS} tokens of its "
+                              f"context as the text's (diffusers' WanAttnProcessor): set it to 0 (the pipeline's "
+                              f"{TEXT_TOKENS}) or {TEXT_TOKENS}")
         super().__init__(pipe, config)
 
     @property

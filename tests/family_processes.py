@@ -1,0 +1,37 @@
+"""Train several runs one after another in each process of one process group: tests/models/test_family_matrix.py's
+two processes over gloo, one launch for every family (the processes import torch and diffusers once).
+
+    python tests/family_processes.py RUNS.json      (as the workers of launch_helpers.start_workers)
+
+RUNS.json: [{"name": ..., "config": {"section.field": value, ...}}, ...], each run the grpo preset with those fields.
+Each run is the Trainer's whole path (its Accelerator, the checkpoint, the LoRA export, ``end_training``, which
+releases the process group: the next run's Accelerator joins a new one at the same address)."""
+
+import json
+import os
+import sys
+
+sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(__file__))]
+
+from accelerate.state import AcceleratorState, GradientState  # noqa: E402
+
+from config.base import get_config  # noqa: E402
+from ddpo_group.run.trainer import Trainer  # noqa: E402
+from trainer_helpers import set_fields, small_qwen_edit_sources  # noqa: E402
+
+
+def main(path: str) -> None:
+    small_qwen_edit_sources(setattr)  # as the matrix's in-process runs
+    with open(path) as f:
+        runs = json.load(f)
+    for run in runs:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        config = get_config("grpo")
+        set_fields(config, run["config"])
+        Trainer(config).run()
+        print(f"trained {run['name']}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
