@@ -28,12 +28,15 @@ import pytest
 import torch
 from PIL import Image
 
-from config.base import PRESETS, get_config
-from ddpo_group.errors import ConfigError
-from ddpo_group.models import load_family
-from ddpo_group.models.families import FAMILY_REGISTRY, get_family
-from ddpo_group.models.tiny_random import TINY_BUILDERS
-from ddpo_group.sampling.trajectories import sample_trajectories
+if __name__ == "__main__":  # run as a script (it writes the documented table): the repository on the path, where
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # python -m pytest puts it (the working directory)
+
+from config.base import PRESETS, get_config  # noqa: E402
+from ddpo_group.errors import ConfigError  # noqa: E402
+from ddpo_group.models import load_family  # noqa: E402
+from ddpo_group.models.families import FAMILY_REGISTRY, get_family  # noqa: E402
+from ddpo_group.models.tiny_random import TINY_BUILDERS  # noqa: E402
+from ddpo_group.sampling.trajectories import sample_trajectories  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "model_families.md"
@@ -63,9 +66,14 @@ DEFAULT_SIZES = {"sd": (16, 16), "sdxl": (16, 16), "sd3": (16, 16), "flux": (256
 REFUSED_DEFAULTS = {"zimage": "axes_lens=[256, 32, 32]: 32 patches a side, 128 px",
                     "wan": "rope_max_seq_len=32: 32 patches a side, 512 px",
                     "wan_i2v": "rope_max_seq_len=32: 32 patches a side, 512 px"}
-# (family, run) refused at start: what the message says
-REFUSED = {("sd", "nft"): "is defined on the ('flow',) forward process(es); the 'sd' family's is 'ddpm'",
-           ("sdxl", "nft"): "is defined on the ('flow',) forward process(es); the 'sdxl' family's is 'ddpm'"}
+# (family, run) refused at start: (what the message says, why in the documented table)
+REFUSED = {("sd", "nft"): ("algorithm.objective='nft' is defined on the ('flow',) forward process(es); the 'sd' "
+                           "family's is 'ddpm'", "defined on the flow-matching forward process only"),
+           ("sdxl", "nft"): ("algorithm.objective='nft' is defined on the ('flow',) forward process(es); the 'sdxl' "
+                             "family's is 'ddpm'", "defined on the flow-matching forward process only"),
+           ("zimage", "nft"): ("train.cfg=False contradicts sample.guidance_scale=1.0: the zimage family guides exactly "
+                               "when guidance_scale > 0", "its CFG-free guidance 1 guides Z-Image, whose none is 0")}
+VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81}  # the video families sample their pipeline's default frames everywhere
 # each preset with an option a user picks (the flow step's kind: flow families only)
 OPTIONS = {
     "grpo": {"kl.reference_update_freq": 1, "kl.reference_mixup_alpha": 0.5},  # the mixup adapter
@@ -211,24 +219,26 @@ def test_the_sampler_is_the_pipelines_call_at_its_defaults(name, family_dirs, pr
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_preset_and_objective_trains_an_epoch_or_is_refused(name, run, family_dirs, prompt_rows,
                                                                     tmp_path):
-    """Each preset (with an option a user picks) and each objective's recipe: one optimizer step, most trained tensors
-    moved, the losses finite; or refused at start, the message naming algorithm.objective and why."""
+    """Each preset (with an option a user picks) and each objective's recipe: one optimizer step, the trained tensors
+    moved, the losses finite; or refused at start, the message naming the fields and why."""
     if (name, run) in REFUSED:
-        with pytest.raises(ConfigError, match=re.escape(f"algorithm.objective={run!r} {REFUSED[name, run]}")):
+        with pytest.raises(ConfigError, match=re.escape(REFUSED[name, run][0])):
             trainer_of(name, run, family_dirs, prompt_rows, tmp_path)
         return
     trainer = trainer_of(name, run, family_dirs, prompt_rows, tmp_path)
     assert trainer.family.name == name and trainer.family.height_width == (
         (SIZES[name],) * 2 if name in SIZES else DEFAULT_SIZES[name])
+    assert getattr(trainer.family, "frames", None) == VIDEO_FRAMES.get(name)
     before = [p.detach().clone() for p in trainer.updater.params]
     assert_trained(trainer, trainer.run(), before)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_evaluate_on_a_run_and_its_lora_in_the_pipeline(name, family_dirs, prompt_rows, tmp_path):
-    """A grpo run's LoRA export, loaded by the pipeline's own ``load_lora_weights``, samples what the trained model
-    samples (the pipeline's sampler, the same noise; to float precision on the CPU) and differs from the base (so
-    the check can fail); scripts/evaluate.py's comparison runs on the run with the family's keywords."""
+    """A grpo run adapts every LoRA target module of the family (each matches a module); its LoRA export, loaded by
+    the pipeline's own ``load_lora_weights``, samples what the trained model samples (the pipeline's sampler, the same
+    noise; to float precision on the CPU) and differs from the base (so the check can fail); scripts/evaluate.py's
+    comparison runs on the run with the family's keywords."""
     from config.base import base
     from ddpo_group.prompts import PromptSampler
     from ddpo_group.run.evaluation import evaluate
@@ -236,14 +246,16 @@ def test_evaluate_on_a_run_and_its_lora_in_the_pipeline(name, family_dirs, promp
     trainer = trainer_of(name, "grpo", family_dirs, prompt_rows, tmp_path, "lora", **{"train.learning_rate": 1e-2})
     trainer.run()
     family, cfg = trainer.family, trainer.config
+    adapted = {key.split(".lora_A")[0] for key, _ in family.model.named_parameters() if ".lora_A" in key}
+    assert all(any(module.endswith(target) for module in adapted) for target in family.lora_target_modules)
     prompts, metadata = PromptSampler(cfg.prompt_fn, cfg.prompt_fn_kwargs.to_dict(), seed=1).sample(1)
     pipe = get_family(name).load_pipeline(family_dirs[name], True, None, {})
     pipe.set_progress_bar_config(disable=True)
     kwargs = {**family.pipeline_kwargs(cfg.sample, cfg.pretrained), **family.pipeline_row_kwargs(metadata)}
 
     def call():
-        out = pipe(prompt=list(prompts), num_inference_steps=2, guidance_scale=cfg.sample.guidance_scale, output_type="pt",
-                   generator=[torch.Generator().manual_seed(0)], **kwargs)
+        out = pipe(prompt=list(prompts), num_inference_steps=2, guidance_scale=cfg.sample.guidance_scale,
+                   output_type="pt", generator=[torch.Generator().manual_seed(0)], **kwargs)
         return out.frames if hasattr(out, "frames") else out.images
 
     base_images = call()
@@ -265,16 +277,16 @@ def test_evaluate_on_a_run_and_its_lora_in_the_pipeline(name, family_dirs, promp
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_tree_rollouts(name, family_dirs, prompt_rows, tmp_path):
-    """grpo with each prompt group sampled as a tree (2 leaves splitting at the last step): the leaves share their
-    first transition bitwise and differ after the split; the denoiser ran 1 + 2 node rows a group instead of 2 x 2
-    (twice with classifier-free guidance); the epoch trains."""
+    """grpo with each prompt group sampled as a tree (2 leaves splitting at the last step's noise): the leaves share
+    their first transition bitwise and differ after the split; the denoiser ran one row a step for the group instead
+    of 2 (twice with classifier-free guidance); the epoch trains."""
     trainer = trainer_of(name, "grpo", family_dirs, prompt_rows, tmp_path, "tree", **TREE)
     with trainer.nfe.counting("sampling"):
         batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
     family, sample = trainer.family, trainer.config.sample
     guided = sample.guidance_scale > family.no_guidance and not family.guidance_embedded and (
         getattr(family, "classifier_free", True))
-    assert trainer.nfe.take()[0] == (1 + 2) * (2 if guided else 1)
+    assert trainer.nfe.take()[0] == (1 + 1) * (2 if guided else 1)
     for key in ("latents", "next_latents", "log_probs"):
         assert torch.equal(batch[key][0, 0], batch[key][1, 0]), key
     assert not torch.equal(batch["next_latents"][0, 1], batch["next_latents"][1, 1])
@@ -305,22 +317,23 @@ def test_two_processes_over_gloo_train_every_family(family_dirs, prompt_rows, tm
 # ------------------------------------------------------------------ the documented table
 def paths_table() -> str:
     """docs/model_families.md's table of what this module runs on each family."""
-    header = ("| family | the issue's `grpo` run at the pipeline's defaults | sampler = `pipe()` at its defaults | "
-              f"presets ({len(PRESET_RUNS)}) and objectives ({len(OBJECTIVES)}) | `scripts/evaluate.py`, the LoRA in "
-              "the pipeline | trees | 2 processes (gloo) |\n|---|---|---|---|---|---|---|")
-    lines = [header]
+    lines = [f"| family | the issue's `grpo` run at the pipeline's defaults | the other runs' size | the sampler = "
+             f"`pipe()`, bitwise | presets ({len(PRESET_RUNS)}) and objectives ({len(OBJECTIVES)}) | "
+             "`scripts/evaluate.py`, the LoRA in the pipeline | trees | 2 processes (gloo) |",
+             "|---|---|---|---|---|---|---|---|"]
     for name in FAMILIES:
         height, width = DEFAULT_SIZES[name]
         default = f"{height} x {width} px" if height != width else f"{height} px"
-        if name in REFUSED_DEFAULTS:
-            first = f"refused at start: {default} is beyond the tiny model's position table"
-        else:
-            first = f"trains ({default})"
-        size = f"{SIZES[name]} px" if name in SIZES else f"the default {default}"
-        refused = [run for run in RUNS if (name, run) in REFUSED]
-        runs = f"{len(RUNS) - len(refused)} train" + (f", {', '.join(refused)} refused at start" if refused else "")
-        source = " (source images: a .jsonl file)" if takes_images(name) else ""
-        lines.append(f"| `{name}` | {first} | yes, at {size} | {runs}, at {size}{source} | yes | yes | yes |")
+        first = (f"refused at start: {default} is beyond the tiny model's position table" if name in REFUSED_DEFAULTS
+                 else f"trains ({default})")
+        size = f"{SIZES[name]} px" if name in SIZES else f"the default ({default})"
+        if name in VIDEO_FRAMES:
+            size += f", {VIDEO_FRAMES[name]} frames (the default)"
+        refused = [f"`{run}` refused at start ({REFUSED[name, run][1]})" for run in RUNS if (name, run) in REFUSED]
+        runs = "; ".join([f"{len(RUNS) - len(refused)} train", *refused])
+        if takes_images(name):
+            runs += "; source images from a .jsonl file"
+        lines.append(f"| `{name}` | {first} | {size} | yes | {runs} | yes | yes | yes |")
     return "\n".join(lines)
 
 
@@ -334,7 +347,8 @@ def documented_table() -> str:
 
 
 def test_the_documented_table_is_this_matrix():
-    assert documented_table() == paths_table(), "docs/model_families.md is stale: python tests/models/test_family_matrix.py"
+    assert documented_table() == paths_table(), ("docs/model_families.md is stale: "
+                                                 "python tests/models/test_family_matrix.py")
 
 
 if __name__ == "__main__":  # write the table into docs/model_families.md

@@ -38,6 +38,21 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, negative, 
     assert float(traj.images.std()) > 0.01  # not a constant video
 
 
+def test_the_token_budget_is_the_pipelines_call_default(tiny_wan_dir):
+    """pretrained.max_sequence_length=0: the 512 UMT5 tokens of WanPipeline.__call__ (its encode_prompt's own default
+    is 226, which the pipeline's call overrides): the condition is as wide as the pipeline's and the sampler gives its
+    frames bitwise without a token budget given to either."""
+    family, config = family_of("wan", tiny_wan_dir, **{"pretrained.max_sequence_length": 0})
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    assert "max_sequence_length" not in kwargs and family.encode(PROMPTS)["prompt_embeds"].shape == (4, 512, 32)
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(list(PROMPTS), num_inference_steps=2, guidance_scale=5.0, generator=generators(4),
+                       output_type="pt", **kwargs).frames
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), 2, 5.0,
+                               [0.0] * 2, generator=generators(4), compute_log_prob=False)
+    assert torch.equal(traj.images, want)
+
+
 def test_the_scheduler_swap_keeps_the_shift():
     from ddpo_group.models.families.wan import euler_scheduler
 
@@ -162,10 +177,10 @@ def test_config_errors_and_sizes(tiny_wan_dir):
         family_of("wan", tiny_wan_dir, **{"sample.num_frames": 4})
     with pytest.raises(ConfigError, match=r"sample.resolution=24 is not a multiple of 16 px"):
         family_of("wan", tiny_wan_dir, **{"sample.resolution": 24})
-    with pytest.raises(ConfigError, match=r"sample.resolution=0 \(the pipeline's default, 480 x 832 px\) is 52 patches "
-                                          r"of 16 px a side, beyond this model's position table \(WanTransformer3DModel's "
-                                          r"rope_max_seq_len=32: 32 patches a side, 512 px\): set sample.resolution to "
-                                          r"a multiple of 16 up to 512"):
+    with pytest.raises(ConfigError, match=r"sample.resolution=0 \(the pipeline's default, 480 x 832 px\) is 52 "
+                                          r"patches of 16 px a side, beyond this model's position table "
+                                          r"\(WanTransformer3DModel's rope_max_seq_len=32: 32 patches a side, 512 px\): "
+                                          r"set sample.resolution to a multiple of 16 up to 512"):
         family_of("wan", tiny_wan_dir, **{"sample.resolution": 0})
     with pytest.raises(ConfigError, match=r"sample.num_frames=129 is 33 latent frames, beyond .* at most 125"):
         family_of("wan", tiny_wan_dir, **{"sample.num_frames": 129})

@@ -19,7 +19,7 @@ from ddpo_group.errors import ConfigError
 from ddpo_group.models import load_family
 from ddpo_group.models.families.wan_i2v import WanImageToVideoFamily
 from ddpo_group.models.tiny_random import build_tiny_wan_i2v_pipeline, save_pipeline
-from ddpo_group.sampling.trajectories import TransitionScorer, sample_trajectories
+from ddpo_group.sampling.trajectories import sample_trajectories
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 PROMPTS = ["the square turns", "a red box spins", "x"]
@@ -105,24 +105,14 @@ def test_two_experts_without_an_image_encoder_sample_as_the_pipeline(tiny_a14b_d
 
 def test_the_recorded_log_probs_equal_a_re_score(family_model_dirs, tmp_path):
     """The recorded transitions scored again with the batch record's condition (the image's latent and tokens
-    included): the recorded log-probs bitwise in the sampling batch, the ratio 1 to within 3e-6 in other chunks."""
+    included, rows of two sources): the recorded log-probs bitwise in the sampling batch, the ratio 1 to within 3e-6
+    in other chunks."""
+    from test_families import assert_the_recorded_log_probs_come_back
+
     family, config = family_of(family_model_dirs["wan_i2v"], **{"sample.sde_window_size": 0})
     paths = sources(tmp_path)
     cond = family.condition(PROMPTS + ["y"], [{"image": paths[i % 2]} for i in range(4)])
-    traj = sample_trajectories(family, family.model, cond, family.negative_condition(), 4, config.sample.guidance_scale,
-                               family.noise_levels(config.sample), generator=generators(4))
-    assert bool((traj.log_probs != 0).all())
-    batch = {"latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], **traj.steps, **cond}
-    scorer = TransitionScorer.from_config(config, family)
-    with torch.no_grad():
-        for n in range(4):
-            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
-            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
-        rows, steps = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
-        for chunk in (1, 3, 16):
-            out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
-                             for c in torch.split(torch.arange(16), chunk)])
-            assert float((torch.exp(out - traj.log_probs[rows, steps]) - 1).abs().max()) < 3e-6, chunk
+    assert_the_recorded_log_probs_come_back(family, config, cond, tolerance=3e-6)
 
 
 def test_the_cache_is_keyed_by_prompt_and_image(family_model_dirs, tmp_path):
@@ -132,7 +122,8 @@ def test_the_cache_is_keyed_by_prompt_and_image(family_model_dirs, tmp_path):
 
     family, _ = family_of(family_model_dirs["wan_i2v"])
     red, blue = sources(tmp_path)
-    prompts, metadata = ["spin", "spin", "other", "spin"], [{"image": red}, {"image": blue}, {"image": red}, {"image": red}]
+    prompts = ["spin", "spin", "other", "spin"]
+    metadata = [{"image": red}, {"image": blue}, {"image": red}, {"image": red}]
     cache = TextEmbeddingCache(size=8)
     cached = encode_unique(family, prompts, cache, metadata)
     assert list(cache.entries) == [("spin", red), ("spin", blue), ("other", red)]

@@ -106,15 +106,17 @@ class WanFamily(FlowMatchingFamily):
         factor, their latent frames within the position table."""
         errors = super().size_errors()
         pipe, chosen = self.pipe, int(self.config.sample.num_frames)
-        field = f"sample.num_frames={chosen}" if chosen else f"sample.num_frames=0 (the pipeline's default, {self.frames})"
+        field = (f"sample.num_frames={chosen}" if chosen else
+                 f"sample.num_frames=0 (the pipeline's default, {self.frames})")
         temporal = pipe.vae_scale_factor_temporal
         if (self.frames - 1) % temporal:
             return errors + [f"{field} must be 1 more than a multiple of {temporal} (the VAE's temporal factor)"]
-        patches = ((self.frames - 1) // temporal + 1) // pipe.transformer.config.patch_size[0]
+        per_patch = pipe.transformer.config.patch_size[0]
+        patches = ((self.frames - 1) // temporal + 1) // per_patch
         limit, what = self.position_limit()
         if patches > limit:
             errors.append(f"{field} is {patches} latent frames, beyond this model's position table ({what}): set "
-                          f"sample.num_frames to at most {(limit * pipe.transformer.config.patch_size[0] - 1) * temporal + 1}")
+                          f"sample.num_frames to at most {(limit * per_patch - 1) * temporal + 1}")
         return errors
 
     @property

@@ -58,16 +58,17 @@ class WanImageToVideoFamily(WanFamily):
 
     def __init__(self, pipe, config):
         if pipe.config.expand_timesteps:
-            raise ValueError(f"this WanImageToVideoPipeline has expand_timesteps=True (Wan2.2-TI2V-5B's image-to-video: "
-                             f"the image replaces the first latent frame): not supported; the wan_i2v family trains "
-                             f"{SUPPORTED}")
-        if pipe.transformer is not None and pipe.transformer.config.image_dim is not None and pipe.image_encoder is None:
+            raise ValueError(f"this WanImageToVideoPipeline has expand_timesteps=True (Wan2.2-TI2V-5B's "
+                             f"image-to-video: the image replaces the first latent frame): not supported; the wan_i2v "
+                             f"family trains {SUPPORTED}")
+        transformer = pipe.transformer
+        if transformer is not None and transformer.config.image_dim is not None and pipe.image_encoder is None:
             raise ValueError(f"this WanImageToVideoPipeline's transformer reads CLIP image embeddings (image_dim="
-                             f"{pipe.transformer.config.image_dim}) but the pipeline has no image_encoder; supported: "
+                             f"{transformer.config.image_dim}) but the pipeline has no image_encoder; supported: "
                              f"{SUPPORTED}")
         tokens = int(config.pretrained.max_sequence_length)
-        if pipe.transformer is not None and pipe.transformer.config.added_kv_proj_dim is not None and tokens not in (
-                0, TEXT_TOKENS):
+        reads_clip_tokens = transformer is not None and transformer.config.added_kv_proj_dim is not None
+        if reads_clip_tokens and tokens not in (0, TEXT_TOKENS):
             raise ConfigError(f"pretrained.max_sequence_length={tokens}: this Wan image-to-video transformer reads the "
                               f"image's CLIP tokens beside the text and takes the last {TEXT_TOKENS} tokens of its "
                               f"context as the text's (diffusers' WanAttnProcessor): set it to 0 (the pipeline's "
