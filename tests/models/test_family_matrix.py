@@ -91,8 +91,8 @@ def takes_images(name: str) -> bool:
 
 
 def values(name: str, run: str, at_defaults: bool = False) -> dict:
-    """The config overrides of ``run`` on family ``name``: ``RUN``, 2 copies a group, the run's option, the prompt file
-    of an image-reading family (``prompt_rows``' path is filled in by ``config``), ``SIZES``."""
+    """The config overrides of ``run`` on family ``name``: ``RUN``, 2 copies a group, the run's option (``OPTIONS``),
+    the family's size (``SIZES``) unless ``at_defaults``."""
     out = dict(RUN)
     if get_config(run).train.group_size > 1:
         out["train.group_size"] = 2
@@ -171,6 +171,7 @@ def test_the_matrix_holds_every_family():
     assert all(name in FAMILIES and run in RUNS for name, run in REFUSED)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FAMILIES)
 def test_the_issues_grpo_run_at_the_pipelines_defaults(name, family_dirs, prompt_rows, tmp_path):
     """``--config config/base.py:grpo --config.pretrained.model=DIR --config.reward_fn=jpeg_compressibility``, no size,
