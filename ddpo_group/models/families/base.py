@@ -19,6 +19,10 @@ pipeline and says:
   condition is one row (``negative_condition``, encoded once); when any row of a batch has one, it is one row per
   sample (``negative_rows``: each distinct negative prompt encoded once, alone, and kept), stored in the batch record
   as ``negative_<cond key>`` (sampling/trajectories.py ``NEGATIVE_PREFIX``), which the training forward reads;
+* the image size, one rule for every family: ``sample.resolution`` square, or at 0 what the pipeline's own ``__call__``
+  samples given none (``default_size``: its ``default_sample_size`` times its VAE factor, or a pipeline's call default
+  where it has none); a size the model cannot take (not a multiple of its VAE factor times its patch, beyond its
+  position table) refused by name when the family is built, at the run's start (``size_errors``);
 * latents and the schedule: ``latent_shape``, ``initial_latents`` (the pipeline's own noise draw),
   ``schedule(num_steps)`` -> row-broadcastable per-step tensors (``step_keys``: timesteps, sigmas), stored per
   sample and step in the batch record (the rollout's values are the ones training reads, never reconstructed);

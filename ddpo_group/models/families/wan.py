@@ -80,7 +80,8 @@ class WanFamily(FlowMatchingFamily):
 
     # ------------------------------------------------------------------ sizes
     def call_default(self, name: str) -> int:
-        """A size keyword's default in the pipeline's own ``__call__`` (height 480, width 832, num_frames 81)."""
+        """A keyword's default in the pipeline's own ``__call__`` (height 480, width 832, num_frames 81,
+        max_sequence_length 512)."""
         return inspect.signature(type(self.pipe).__call__).parameters[name].default
 
     @property
