@@ -27,6 +27,8 @@ setup(
         "tqdm",
         "absl-py",
         "matplotlib",
+        # WanImageToVideoPipeline cleans every prompt with ftfy, which diffusers imports only when it is installed
+        "ftfy>=6",
     ],
     extras_require={
         # the OCR reward's engine is small and CPU-only: its tests run with the others (its wheel stops at 3.12)

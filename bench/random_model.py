@@ -9,6 +9,7 @@ and throughput on when the real weights are not at hand.
     python bench/random_model.py --shape flux_kontext --out /tmp/kontext  # FLUX.1 Kontext [dev]: the same in its pipeline
     python bench/random_model.py --shape flux2_klein4b --out /tmp/klein4b  # FLUX.2 [klein] 4B, Qwen3-4B, FLUX.2 VAE
     python bench/random_model.py --shape wan13b --out /tmp/wan    # Wan2.1-T2V-1.3B's transformer, VAE and UMT5-XXL
+    python bench/random_model.py --shape wan21_i2v14b --out /tmp/i2v  # Wan2.1-I2V-14B, its CLIP ViT-H encoder
     python bench/random_model.py --shape qwenimage --out /tmp/qwen  # Qwen-Image (20.4B) and Qwen2.5-VL-7B: ~57 GB
     python bench/random_model.py --shape qwenimage_edit_plus --out /tmp/qwenedit  # Qwen-Image-Edit-Plus: the same
 
@@ -20,6 +21,8 @@ projection, the 16-channel SD3 VAE, no T5 (the pipeline then feeds zeros for its
 2048, the "text_time" added embedding; 2.6B), a CLIP-L-sized and a CLIP-G-sized text encoder (the second with
 projection), the SD VAE with SDXL's scaling factor, DDIM (SDXL base ships Euler; the sdxl family swaps it for DDIM).
 wan13b: Wan2.1-T2V-1.3B (``build_wan13b``: the transformer 1.4B, the Wan VAE, a UMT5-XXL-sized encoder 5.7B).
+wan21_i2v14b: Wan2.1-I2V-14B-480P (``build_wan21_i2v14b``: the transformer 16.4B, a CLIP ViT-H/14 vision encoder 0.6B,
+wan13b's VAE and encoder; ``--blocks`` keeps a fraction of the transformer's layers).
 Weights are saved in bfloat16.
 """
 
@@ -120,6 +123,33 @@ def build_wan13b(text_layers: int = 24):
 
 
 BUILDERS = {"sd15": build_sd15, "sd35m": build_sd35m, "sdxl": build_sdxl, "wan13b": build_wan13b}
+
+
+def build_wan21_i2v14b(blocks: float = 1.0, text_layers: int = 24):
+    """Wan2.1-I2V-14B-480P (720P: the same shapes): its WanTransformer3DModel (40 layers of 40 heads of 128, FFN 13824,
+    36 input channels: the latent, the first-frame mask and the image's latent; CLIP image tokens of width 1280 through
+    the cross-attention's added key / value projections), a CLIP ViT-H/14-shaped vision encoder (32 layers of 1280,
+    224 px in 14 px patches: 257 tokens) with its image processor, build_wan13b's Wan VAE, UMT5-XXL-shaped encoder and
+    scheduler; ``blocks``: the fraction of the transformer's layers kept."""
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    t2v = build_wan13b(text_layers)
+    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128,
+                                        in_channels=36, out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824,
+                                        num_layers=max(1, round(40 * blocks)), cross_attn_norm=True,
+                                        qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=1280,
+                                        added_kv_proj_dim=5120, rope_max_seq_len=1024)
+    image_encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32,
+                                                     num_attention_heads=16, image_size=224, patch_size=14,
+                                                     hidden_act="gelu"))
+    image_processor = CLIPImageProcessor(crop_size=224, size=224)
+    return WanImageToVideoPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, vae=t2v.vae,
+                                   scheduler=t2v.scheduler, image_processor=image_processor,
+                                   image_encoder=image_encoder, transformer=transformer)
+
+
+BUILDERS["wan21_i2v14b"] = build_wan21_i2v14b
 
 
 def build_zimage():
@@ -290,11 +320,12 @@ def main(argv=None) -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--blocks", type=float, default=1.0,
                         help="the fraction of the transformer's (and T5's) blocks kept, widths unchanged: flux, "
-                             "flux_kontext and qwenimage_edit_plus")
+                             "flux_kontext, qwenimage_edit_plus and wan21_i2v14b")
     args = parser.parse_args(argv)
     builder = BUILDERS[args.shape]
     if args.blocks != 1.0 and "blocks" not in inspect.signature(builder).parameters:
-        parser.error(f"--blocks {args.blocks} applies to flux, flux_kontext and qwenimage_edit_plus, not {args.shape}")
+        parser.error(f"--blocks {args.blocks} applies to flux, flux_kontext, qwenimage_edit_plus and wan21_i2v14b, not "
+                     f"{args.shape}")
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init on the GPU: seconds, not minutes
         pipe = builder(blocks=args.blocks) if args.blocks != 1.0 else builder()

@@ -65,7 +65,7 @@ def base() -> ml_collections.ConfigDict:
     config.pretrained = pretrained = ml_collections.ConfigDict()
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
-    # "sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux_kontext", "flux2", "flux2_dev", "wan",
+    # "sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux_kontext", "flux2", "flux2_dev", "wan", "wan_i2v",
     # "qwenimage_edit_plus" or "qwenimage_edit"; "": from
     # model_index.json's pipeline class
     pretrained.family = ""
@@ -93,9 +93,10 @@ def base() -> ml_collections.ConfigDict:
     # (coefficients-preserving), "dance_sde" (DanceGRPO, with noise_level 0.3)
     sample.sde_type = "flow_sde"
     # image height and width in pixels (every family but sd, whose UNet fixes it; Wan: each frame's); 0: the pipeline's
-    # default
+    # default (its default_sample_size times its VAE factor; Z-Image's 1024, Wan's 480 x 832). A size the model cannot
+    # take (not a multiple of its VAE factor times its patch, beyond its position table) is refused at start
     sample.resolution = 0
-    # video families (Wan): frames per video, 4 k + 1 (5, 33, 81); 0: the pipeline's default (81)
+    # video families (Wan, Wan image-to-video): frames per video, 4 k + 1 (5, 33, 81); 0: the pipeline's default (81)
     sample.num_frames = 0
     # the run's negative prompt, the unconditional branch of classifier-free guidance, for every family that guides
     # with one: a prompt row's own "negative_prompt" (a .jsonl prompt file's) wins, else this, else ("") the family's
@@ -295,9 +296,9 @@ def base() -> ml_collections.ConfigDict:
     # hacking shows as these falling): a name, a path or {name: weight}, as reward_fn; "": none (eval_heldout/*)
     config.eval_reward_fn = FieldReference("", field_type=object)
     config.eval_reward_fn_kwargs = ml_collections.ConfigDict()  # its factory's keywords, as reward_fn_kwargs
-    # the image features of eval/diversity (ddpo_group/run/reporting/image_stats.py): "" a reward's own CLIP image encoder when
-    # one has it (pickscore, clipscore, aesthetic), else "pixels" (the images at 32 x 32 px: no download); or a CLIP
-    # model to load (a hub id or directory of a transformers CLIPModel)
+    # the image features of eval/diversity (ddpo_group/run/reporting/image_stats.py): "" a reward's own CLIP image
+    # encoder when one has it (pickscore, clipscore, aesthetic), else "pixels" (the images at 32 x 32 px: no download);
+    # or a CLIP model to load (a hub id or directory of a transformers CLIPModel)
     config.eval_diversity_features = ""
 
     # ---- the guard (ddpo_group/run/guard.py): rules over the evaluations that name reward hacking when it starts ----

@@ -403,6 +403,32 @@ def flow_factory_wan21() -> ml_collections.ConfigDict:
     return config
 
 
+def flow_factory_wan21_i2v() -> ml_collections.ConfigDict:
+    """Flow-Factory's GRPO LoRA recipe for Wan2.1 image-to-video (examples/grpo/lora/wan21/i2v.yaml, commit 5f6cda1a;
+    Flow-GRPO publishes none): Wan2.1-I2V-14B-480P (the 720P model takes the same settings), 5 frames of 240 px
+    animating each prompt's source image, 10 Flow-SDE steps at noise level 0.9 (28 to evaluate), CFG 5.0 in sampling
+    and training, 48 prompts an epoch over 8 processes (96 videos a process, one at a time) and 2 optimizer steps an
+    epoch, lr 1e-4, weight decay 1e-4, EMA 0.9. Differences: their one stochastic step is drawn from steps 1-3 each
+    rollout, here the window is steps 1-3; their SDE runs on the released UniPC scheduler, here on the flow Euler
+    scheduler of the model's shift (models/families/wan.py); their EMA moves every 4 epochs (8 optimizer steps here);
+    they evaluate at 480 px, here at the training size; their dataset (ShareGPT-4o images with captions) is not
+    shipped: a .jsonl prompt file of yours (rows {"prompt", "image"}) in prompt_fn_kwargs.path."""
+    config = flow_factory("Wan-AI/Wan2.1-I2V-14B-480P-Diffusers")
+    config.sample.resolution, config.sample.num_frames = 240, 5
+    config.sample.num_steps, config.sample.eval_num_steps = 10, 28
+    config.sample.noise_level = 0.9
+    config.sample.sde_window_start, config.sample.sde_window_size = 1, 3
+    config.sample.guidance_scale, config.train.cfg = 5.0, True
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 1, 96  # 48 groups of 16 over 8 processes
+    config.sample.text_embedding_cache = 1024  # UMT5, CLIP and the VAE meet each (prompt, source image) once
+    config.train.batch_size, config.train.gradient_accumulation_steps = 1, 48  # 2 optimizer steps an epoch
+    config.train.learning_rate, config.train.adam_weight_decay = 1e-4, 1e-4
+    config.train.ema, config.train.ema_decay, config.train.ema_update_interval = True, 0.9, 8
+    config.prompt_fn = "from_file"
+    config.num_epochs, config.save_freq, config.eval_freq = 500, 20, 20
+    return config
+
+
 RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm, "nft": nft, "dpo": dpo, "dgpo": dgpo,
            "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux,
            "flow_factory_zimage": flow_factory_zimage, "flow_factory_zimage_turbo": flow_factory_zimage_turbo,
@@ -410,4 +436,5 @@ RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm,
            "flow_factory_flux2_klein_base": flow_factory_flux2_klein_base, "flow_factory_wan21": flow_factory_wan21,
            "flow_grpo_qwenimage": flow_grpo_qwenimage,
            "flow_grpo_qwenimage_edit_plus": flow_grpo_qwenimage_edit_plus, "nft_sd35": nft_sd35, "awm_sd35": awm_sd35,
-           "dgpo_sd35": dgpo_sd35, "dpo_sd35": dpo_sd35}
+           "dgpo_sd35": dgpo_sd35, "dpo_sd35": dpo_sd35,
+           "flow_factory_wan21_i2v": flow_factory_wan21_i2v}

@@ -93,12 +93,12 @@ class Worker:
 
 def start_workers(args: list[str], num_processes: int, logs: Path, env: dict | None = None,
                   timeout: float = 300, grace_after_first_exit: float | None = None,
-                  stagger_s: float = 0.0) -> list[Worker]:
-    """Run ``scripts/train.py args`` as ``num_processes`` workers of one process group (env:// rendezvous, as torchrun
-    sets it up on each machine) and wait for all; their output goes to ``logs``/rank<i>.out / .err. A worker still
-    running after ``timeout`` seconds is killed (returncode -9), or ``grace_after_first_exit`` seconds after the first
-    worker exited (what torchrun does to the workers of a failed one). ``stagger_s``: the seconds between two workers'
-    starts (machines whose processes start apart)."""
+                  stagger_s: float = 0.0, script: str = "scripts/train.py") -> list[Worker]:
+    """Run ``script args`` (scripts/train.py) as ``num_processes`` workers of one process group (env:// rendezvous, as
+    torchrun sets it up on each machine) and wait for all; their output goes to ``logs``/rank<i>.out / .err. A worker
+    still running after ``timeout`` seconds is killed (returncode -9), or ``grace_after_first_exit`` seconds after the
+    first worker exited (what torchrun does to the workers of a failed one). ``stagger_s``: the seconds between two
+    workers' starts (machines whose processes start apart)."""
     env = env or launch_environment()
     port = free_port()
     logs.mkdir(parents=True, exist_ok=True)
@@ -110,7 +110,7 @@ def start_workers(args: list[str], num_processes: int, logs: Path, env: dict | N
                       "LOCAL_WORLD_SIZE": str(num_processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         worker_env.update(cpu_environment(num_processes))
         with open(logs / f"rank{rank}.out", "w") as out, open(logs / f"rank{rank}.err", "w") as err:
-            process = subprocess.Popen([sys.executable, "scripts/train.py", *args], cwd=ROOT, env=worker_env,
+            process = subprocess.Popen([sys.executable, script, *args], cwd=ROOT, env=worker_env,
                                        stdout=out, stderr=err, text=True)
         workers.append(Worker(rank, process, logs))
     deadline = time.perf_counter() + timeout

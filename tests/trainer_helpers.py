@@ -43,6 +43,38 @@ FAMILY_OVERRIDES["qwenimage"] = {"sample.resolution": 32, "pretrained.max_sequen
 # the prompt's, so 128 tokens
 FAMILY_OVERRIDES["qwenimage_edit_plus"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 128}
 FAMILY_OVERRIDES["qwenimage_edit"] = FAMILY_OVERRIDES["qwenimage_edit_plus"]  # one source image a prompt
+# Wan image-to-video: Wan's size and frames, source images from a .jsonl prompt file, the pipeline's 512 UMT5 tokens
+# (the transformer takes its context's last 512 tokens as the text's)
+FAMILY_OVERRIDES["wan_i2v"] = {"sample.resolution": 16, "sample.num_frames": 5}
+
+
+def small_qwen_edit_sources(setattr) -> None:
+    """The Qwen-Image-Edit pipelines' source sizes, constants of their modules (Plus: CONDITION_IMAGE_SIZE 384^2 px
+    for the text encoder, VAE_IMAGE_SIZE 1024^2 for the VAE; Edit: a 1024^2 literal passed to its module's
+    ``calculate_dimensions``), which the families read there too, made 64^2 and 32^2 px through ``setattr``
+    (pytest's ``monkeypatch.setattr``, or ``setattr`` in a process of its own): a 1024^2 source is 16384 tokens of the
+    tiny model."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit, pipeline_qwenimage_edit_plus
+
+    setattr(pipeline_qwenimage_edit_plus, "CONDITION_IMAGE_SIZE", 64 * 64)
+    setattr(pipeline_qwenimage_edit_plus, "VAE_IMAGE_SIZE", 32 * 32)
+    original = pipeline_qwenimage_edit.calculate_dimensions
+    if not getattr(original, "shrunk", False):
+        def calculate_dimensions(area, ratio):
+            return original(area * 32 * 32 // (1024 * 1024), ratio)
+
+        calculate_dimensions.shrunk = True
+        setattr(pipeline_qwenimage_edit, "calculate_dimensions", calculate_dimensions)
+
+
+def set_fields(config, values: dict) -> None:
+    """Set ``config``'s fields named "section.field" (the command line's --config.section.field) to ``values``'."""
+    for key, value in values.items():
+        section, _, field = key.rpartition(".")
+        target = config
+        for part in section.split(".") if section else []:
+            target = target[part]
+        target[field] = value
 
 
 def tiny_config(preset: str, model_dir: str, logdir, run_name: str = "run", **overrides):
@@ -51,12 +83,7 @@ def tiny_config(preset: str, model_dir: str, logdir, run_name: str = "run", **ov
     if config.train.group_size > 1:
         values["train.group_size"] = 4
     values.update(overrides)
-    for key, value in values.items():
-        section, _, field = key.rpartition(".")
-        target = config
-        for part in section.split(".") if section else []:
-            target = target[part]
-        target[field] = value
+    set_fields(config, values)
     return config
 
 

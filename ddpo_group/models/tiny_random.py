@@ -176,13 +176,48 @@ def build_tiny_wan_pipeline(seed: int = 0, boundary_ratio: float | None = None):
                        boundary_ratio=boundary_ratio)
 
 
+def build_tiny_wan_i2v_pipeline(seed: int = 0, boundary_ratio: float | None = None):
+    """Wan image-to-video at the size of diffusers' own pipeline test: the tiny Wan text-to-video's text encoder,
+    tokenizer, VAE and scheduler (``build_tiny_wan_pipeline``), a WanTransformer3DModel reading 36 channels (the
+    noisy latent, the first-frame mask's 4 and the image's latent 16) and, as Wan2.1-I2V, a CLIP vision encoder
+    (32 px images in 8 px patches: 17 tokens of width 4) with its image processor, whose tokens the cross-attention
+    reads through its added key / value projections (``added_kv_proj_dim``: the transformer then takes the context's
+    last 512 tokens as the text's). With ``boundary_ratio``:
+    Wan2.2-I2V-A14B's layout, two experts and no image encoder."""
+    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    t2v = build_tiny_wan_pipeline(seed)
+    torch.manual_seed(seed)
+    with_encoder = boundary_ratio is None
+
+    def transformer():
+        return WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+                                     in_channels=36, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32,
+                                     num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+                                     rope_max_seq_len=32, image_dim=4 if with_encoder else None,
+                                     added_kv_proj_dim=24 if with_encoder else None)
+
+    image_encoder = image_processor = None
+    if with_encoder:
+        image_encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=4, num_hidden_layers=2, num_attention_heads=2,
+                                                         image_size=32, intermediate_size=16, patch_size=8)).eval()
+        image_processor = CLIPImageProcessor(crop_size=32, size=32)
+    return WanImageToVideoPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, vae=t2v.vae,
+                                   scheduler=t2v.scheduler, image_processor=image_processor,
+                                   image_encoder=image_encoder, transformer=transformer(),
+                                   transformer_2=None if with_encoder else transformer(),
+                                   boundary_ratio=boundary_ratio)
+
+
 def save_pipeline(pipe, path) -> str:
     pipe.save_pretrained(str(path))
     return str(path)
 
 
 TINY_BUILDERS = {"sd": build_tiny_pipeline, "sdxl": build_tiny_sdxl_pipeline, "sd3": build_tiny_sd3_pipeline,
-                 "flux": build_tiny_flux_pipeline, "wan": build_tiny_wan_pipeline}
+                 "flux": build_tiny_flux_pipeline, "wan": build_tiny_wan_pipeline,
+                 "wan_i2v": build_tiny_wan_i2v_pipeline}
 
 # --------------------------------------------------------------- Qwen tokenizers (Z-Image, FLUX.2 klein, Qwen-Image)
 # Qwen3's chat template for one user message (no tools, no history): what Z-Image's and FLUX.2 klein's encode_prompt
@@ -381,7 +416,8 @@ def qwenimage_scheduler():
 def build_tiny_qwenimage_pipeline(seed: int = 0):
     """Qwen-Image at the size of diffusers' own pipeline tests: a QwenImageTransformer2DModel with two blocks on packed
     16-channel tokens of a 4-channel AutoencoderKLQwenImage (latents_mean / latents_std not the identity, so the decode's
-    de-normalization is exercised), a two-layer Qwen2.5-VL text encoder, ``qwen_tokenizer`` with merges learned on
+    de-normalization is exercised; 4 wide, where diffusers' test's is 24: the pipeline's default 512 px decodes in a
+    second on a CPU core), a two-layer Qwen2.5-VL text encoder, ``qwen_tokenizer`` with merges learned on
     the pipeline's prompt template, Qwen-Image's scheduler (dynamic shifting, exponential time shift, shift_terminal
     0.02)."""
     from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
@@ -391,7 +427,7 @@ def build_tiny_qwenimage_pipeline(seed: int = 0):
     transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2,
                                               attention_head_dim=16, num_attention_heads=3, joint_attention_dim=16,
                                               guidance_embeds=False, axes_dims_rope=(8, 4, 4))
-    vae = AutoencoderKLQwenImage(base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
+    vae = AutoencoderKLQwenImage(base_dim=4, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
                                  temperal_downsample=[False, True], latents_mean=[0.1, -0.2, 0.05, 0.3],
                                  latents_std=[1.5, 0.8, 2.0, 1.2])
     scheduler = qwenimage_scheduler()

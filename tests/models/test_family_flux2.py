@@ -1,7 +1,7 @@
 """FLUX.2 [klein] and [dev] (models/families/flux2.py) on the tiny random pipelines: the sampler against
 Flux2KleinPipeline's own call (step-distilled: no guidance; base: CFG with the empty prompt) and Flux2Pipeline's (the
 guidance embedding), the Qwen3 / Mistral3 conditions, the text encoder on its own device, the base model's CFG ratio,
-the LoRA export loaded by the pipelines, the Flow-Factory recipe, the full-size bench shape."""
+the Flow-Factory recipe, the full-size bench shape (the LoRA export in the pipelines: test_family_matrix.py)."""
 
 import pytest
 import torch
@@ -148,43 +148,6 @@ def test_the_base_models_cfg_training_forward_gives_ratio_one(tiny_flux2_dir):
         assert float((unguided - traj.log_probs[rows, steps]).abs().max()) > 1e-4  # the guidance is in the forward
     config.train.cfg = False
     assert "train.cfg=False contradicts sample.guidance_scale=4.0" in family.config_errors(config)[0]
-
-
-@pytest.mark.parametrize("name", ["flux2", "flux2_dev"])
-def test_exported_lora_loads_in_the_pipeline_and_samples_the_trained_model(name, family_model_dirs, tmp_path):
-    """grpo with LoRA on the joint blocks' attention and the single blocks' fused projection: the diffusers-format
-    export loads with the pipeline's load_lora_weights and samples the trained model's images (CPU, float
-    precision); scripts/evaluate.py's comparison runs on the run with the family's pipeline_kwargs."""
-    model_dir = family_model_dirs[name]
-    trainer = tiny_trainer("grpo", model_dir, tmp_path, "lora", **FAMILY_OVERRIDES[name], device="cpu")
-    trainer.run()
-    adapted = {name.split(".lora_A")[0] for name, _ in trainer.family.model.named_parameters() if ".lora_A" in name}
-    assert "single_transformer_blocks.0.attn.to_qkv_mlp_proj" in adapted
-    assert "transformer_blocks.0.attn.add_q_proj" in adapted
-    lora = tmp_path / "lora" / "lora"
-    assert (lora / "pytorch_lora_weights.safetensors").exists()
-    base = {"flux2": Flux2KleinPipeline, "flux2_dev": Flux2Pipeline}[name].from_pretrained(model_dir)
-    base.set_progress_bar_config(disable=True)
-    guidance = trainer.config.sample.guidance_scale
-    call = dict(num_inference_steps=4, guidance_scale=guidance, output_type="pt",
-                **trainer.family.pipeline_kwargs(trainer.config.sample, trainer.config.pretrained))
-    base_images = base(prompt=PROMPTS, generator=generators(4), **call).images
-    base.load_lora_weights(str(lora))
-    loaded = base(prompt=PROMPTS, generator=generators(4), **call).images
-    family = trainer.family
-    trained = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
-                                  SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
-                                  generator=generators(4)).images
-    assert float((trained - base_images).abs().max()) > 1e-4  # training moved the model, so the check can fail
-    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
-
-    from config.base import base as base_config
-    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
-
-    report = evaluate(EvaluationRequest(str(tmp_path / "lora"), num_prompts=2, num_seeds=2, batch_size=4,
-                                        show_progress=False), base_config())
-    assert report["family"] == name and report["loaded"].startswith("lora:") and report["num_steps"] == 4
-    assert report["rewards"]["reward"]["difference"]["std"] > 0
 
 
 @pytest.mark.slow

@@ -2,7 +2,7 @@
 own call with one and two source images, the image latents and their grids, true CFG with each row's own
 unconditional branch, log-prob recomputation, rows whose images have other grids, the condition itself (transformers'
 Qwen2VLProcessor: without torchvision, built without its video processor, tests/processor_without_video.py), the
-cache, an editing dataset's epoch, the LoRA export and the presets.
+cache, an editing dataset's epoch and the LoRA export (the presets: test_family_matrix.py).
 
 The pipeline resizes the source images to CONDITION_IMAGE_SIZE (384^2) and VAE_IMAGE_SIZE (1024^2) pixels, constants
 of its module, which the family reads there: the tests make them small (``small_sources``), for both."""
@@ -17,10 +17,9 @@ from diffusers import QwenImageEditPlusPipeline
 from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus
 from PIL import Image
 
-from config.base import PRESETS
 from ddpo_group.models import load_family
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from trainer_helpers import FAMILY_OVERRIDES, small_qwen_edit_sources, tiny_config, tiny_trainer
 from batch_helpers import batch_of
 
 NAME = "qwenimage_edit_plus"
@@ -30,10 +29,10 @@ REWARD = "jpeg_compressibility"
 
 @pytest.fixture(autouse=True)
 def small_sources(monkeypatch):
-    """The pipeline's source sizes made tiny (the family reads them from the pipeline's module): 64^2 px for the text
-    encoder, 32^2 px for the VAE (a square source: 4 x 4 packed tokens)."""
-    monkeypatch.setattr(pipeline_qwenimage_edit_plus, "CONDITION_IMAGE_SIZE", 64 * 64)
-    monkeypatch.setattr(pipeline_qwenimage_edit_plus, "VAE_IMAGE_SIZE", 32 * 32)
+    """The pipelines' source sizes made tiny (the families read them from the pipelines' modules): 64^2 px for the
+    Plus pipeline's text encoder, 32^2 px for its VAE (a square source: 4 x 4 packed tokens) and for both of
+    Qwen-Image-Edit's (trainer_helpers.small_qwen_edit_sources)."""
+    small_qwen_edit_sources(monkeypatch.setattr)
 
 
 def sources(folder: Path) -> list[str]:
@@ -180,6 +179,16 @@ def test_what_the_family_refuses(tiny_qwenimage_edit_plus_dir):
             family.condition(["a cat"], [{}])
 
 
+def test_the_pipelines_keywords_name_the_default_size(tiny_qwenimage_edit_plus_dir):
+    """At sample.resolution=0 the family samples default_sample_size times the VAE factor, square (512 px here, 1024 on
+    the real model); the pipeline's own default follows each source's aspect at about 1 MP, so its keywords name the
+    family's size: evaluation samples what training sampled."""
+    family, config = family_of(tiny_qwenimage_edit_plus_dir, **{"sample.resolution": 0})
+    assert family.height_width == (512, 512)
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    assert (kwargs["height"], kwargs["width"]) == (512, 512)
+
+
 def test_the_bench_shape_is_qwenimage_edit_plus_at_its_real_size():
     """bench/random_model.py --shape qwenimage_edit_plus on the meta device: Qwen-Image's 20.4B transformer (the Edit
     models share it) and Qwen2.5-VL-7B's text model and vision tower."""
@@ -281,22 +290,6 @@ def test_an_editing_dataset_trains_an_epoch_and_the_lora_loads_in_the_pipeline(t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_every_preset_trains_an_epoch_on_the_edits(preset, tiny_qwenimage_edit_plus_dir, tmp_path):
-    from test_families import FLOW_OPTIONS
-
-    path = edit_dataset(tmp_path / "data")
-    trainer = tiny_trainer(preset, tiny_qwenimage_edit_plus_dir, tmp_path, f"edit_{preset}", **FAMILY_OVERRIDES[NAME],
-                           prompt_fn="from_file", prompt_fn_kwargs={"path": path}, reward_fn=REWARD,
-                           **FLOW_OPTIONS.get(preset, {}))
-    before = [p.detach().clone() for p in trainer.updater.params]
-    metrics = trainer.run()
-    assert trainer.family.name == NAME and metrics["global_step"] == 2
-    changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
-    assert changed > len(before) // 2, f"{preset}: only {changed} of {len(before)} trained tensors changed"
-
-
-@pytest.mark.slow
 def test_the_flow_grpo_edit_recipe_runs_on_the_tiny_model(tiny_qwenimage_edit_plus_dir, tmp_path):
     path = edit_dataset(tmp_path / "data")
     overrides = {**FAMILY_OVERRIDES[NAME], "sample.text_embedding_cache": 16, "sample.decode_batch_size": 3,
@@ -319,20 +312,8 @@ def test_the_recipe_is_flow_grpos():
 
 
 # ------------------------------------------------------------------ Qwen-Image-Edit (one source image)
-@pytest.fixture
-def small_edit_sources(monkeypatch):
-    """QwenImageEditPipeline sizes its source to 1024^2 px (a literal in its ``__call__``) with its module's
-    ``calculate_dimensions``, which the family calls too: made 32^2 px for both."""
-    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit
-
-    original = pipeline_qwenimage_edit.calculate_dimensions
-    monkeypatch.setattr(pipeline_qwenimage_edit, "calculate_dimensions",
-                        lambda area, ratio: original(area * 32 * 32 // (1024 * 1024), ratio))
-
-
 @pytest.mark.parametrize("guidance", [1.0, 4.0])
-def test_qwen_image_edit_reproduces_its_pipelines_own_call_given_the_text(guidance, tiny_qwenimage_edit_dir,
-                                                                           small_edit_sources, tmp_path):
+def test_qwen_image_edit_reproduces_its_pipelines_own_call_given_the_text(guidance, tiny_qwenimage_edit_dir, tmp_path):
     from diffusers import QwenImageEditPipeline
 
     family, _ = family_of(tiny_qwenimage_edit_dir, **FAMILY_OVERRIDES["qwenimage_edit"])
@@ -352,8 +333,7 @@ def test_qwen_image_edit_reproduces_its_pipelines_own_call_given_the_text(guidan
         family.sources("edit", {"image": sources(tmp_path)[:2]})
 
 
-def test_qwen_image_edit_condition_reproduces_its_pipelines_own_call(tiny_qwenimage_edit_dir, small_edit_sources,
-                                                                     tmp_path):
+def test_qwen_image_edit_condition_reproduces_its_pipelines_own_call(tiny_qwenimage_edit_dir, tmp_path):
     family, config = family_of(tiny_qwenimage_edit_dir, **FAMILY_OVERRIDES["qwenimage_edit"])
     metadata = [{"image": sources(tmp_path)[1]}]
     family.pipe.set_progress_bar_config(disable=True)
@@ -367,8 +347,7 @@ def test_qwen_image_edit_condition_reproduces_its_pipelines_own_call(tiny_qwenim
     assert torch.equal(traj.images, want)
 
 
-def test_qwen_image_edit_trains_an_epoch_on_edits_and_its_lora_loads_in_the_pipeline(tiny_qwenimage_edit_dir,
-                                                                                       small_edit_sources, tmp_path):
+def test_qwen_image_edit_trains_an_epoch_on_edits_and_its_lora_loads_in_the_pipeline(tiny_qwenimage_edit_dir, tmp_path):
     """One source image a prompt (a .jsonl dataset, one row with its own negative prompt): a grpo epoch with true CFG
     trains the LoRA, whose export loaded by QwenImageEditPipeline gives the trained model's edits."""
     from diffusers import QwenImageEditPipeline

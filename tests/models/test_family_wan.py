@@ -10,7 +10,7 @@ from config.base import base as base_config
 from ddpo_group.models.families.wan import WanFamily
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 from test_families import PROMPTS, family_of, generators
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 from batch_helpers import batch_of
 
 
@@ -37,6 +37,21 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, negative, 
     assert traj.images.shape == (4, 5, 3, 16, 16) and traj.latents.shape == (4, 5, 16, 2, 2, 2)
     assert torch.equal(traj.images, want)
     assert float(traj.images.std()) > 0.01  # not a constant video
+
+
+def test_the_token_budget_is_the_pipelines_call_default(tiny_wan_dir):
+    """pretrained.max_sequence_length=0: the 512 UMT5 tokens of WanPipeline.__call__ (its encode_prompt's own default
+    is 226, which the pipeline's call overrides): the condition is as wide as the pipeline's and the sampler gives its
+    frames bitwise without a token budget given to either."""
+    family, config = family_of("wan", tiny_wan_dir, **{"pretrained.max_sequence_length": 0})
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    assert "max_sequence_length" not in kwargs and family.encode(PROMPTS)["prompt_embeds"].shape == (4, 512, 32)
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(list(PROMPTS), num_inference_steps=2, guidance_scale=5.0, generator=generators(4),
+                       output_type="pt", **kwargs).frames
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
+                               SamplingOptions(2, 5.0, [0.0] * 2, compute_log_prob=False), generator=generators(4))
+    assert torch.equal(traj.images, want)
 
 
 def test_the_scheduler_swap_keeps_the_shift():
@@ -152,18 +167,29 @@ def test_a_pipeline_without_its_trained_transformer_is_refused(tiny_wan_dir):
 
 
 def test_config_errors_and_sizes(tiny_wan_dir):
+    """The frames and the size against the model, refused when the family is built (the run's start), each naming
+    its field: frames not 4 k + 1, a size not a multiple of 16 (the VAE's 8 times the patch's 2), and the pipeline's
+    own 480 x 832 (sample.resolution=0), 52 patches a side, beyond the tiny transformer's RoPE table of 32."""
+    from ddpo_group.errors import ConfigError
 
-    family, config = family_of("wan", tiny_wan_dir, **{"sample.num_frames": 4})
+    config = tiny_config("grpo", tiny_wan_dir, "unused", **{**FAMILY_OVERRIDES["wan"], "sample.num_frames": 4})
     assert any("sample.num_frames=4 must be 4 k + 1" in e for e in WanFamily.config_errors(config))
-    with pytest.raises(ValueError, match="sample.num_frames=4 must be 1 more than a multiple of 4"):
-        family.latent_shape()
-    family, config = family_of("wan", tiny_wan_dir, **{"sample.resolution": 24})
-    with pytest.raises(ValueError, match="sample.resolution=24 must be a multiple of 16"):
-        family.latent_shape()
+    with pytest.raises(ConfigError, match=r"sample.num_frames=4 must be 1 more than a multiple of 4"):
+        family_of("wan", tiny_wan_dir, **{"sample.num_frames": 4})
+    with pytest.raises(ConfigError, match=r"sample.resolution=24 is not a multiple of 16 px"):
+        family_of("wan", tiny_wan_dir, **{"sample.resolution": 24})
+    with pytest.raises(ConfigError, match=r"sample.resolution=0 \(the pipeline's default, 480 x 832 px\) is 52 "
+                                          r"patches of 16 px a side, beyond this model's position table "
+                                          r"\(WanTransformer3DModel's rope_max_seq_len=32: 32 patches a side, 512 px\): "
+                                          r"set sample.resolution to a multiple of 16 up to 512"):
+        family_of("wan", tiny_wan_dir, **{"sample.resolution": 0})
+    with pytest.raises(ConfigError, match=r"sample.num_frames=129 is 33 latent frames, beyond .* at most 125"):
+        family_of("wan", tiny_wan_dir, **{"sample.num_frames": 129})
     family, config = family_of("wan", tiny_wan_dir, **{"sample.resolution": 32, "sample.num_frames": 9})
     assert WanFamily.config_errors(config) == [] and family.latent_shape() == (16, 3, 4, 4)
-    family, config = family_of("wan", tiny_wan_dir, **{"sample.resolution": 0, "sample.num_frames": 0})
-    assert family.latent_shape() == (16, 21, 60, 104)  # the pipeline's 81 frames of 480 x 832
+    family, _ = family_of("wan", tiny_wan_dir, **{"sample.resolution": 512, "sample.num_frames": 0})
+    assert family.latent_shape() == (16, 21, 64, 64)  # the pipeline's 81 frames, the largest size the table takes
+    assert family.pipeline_kwargs(family.config.sample, family.config.pretrained)["num_frames"] == 81
 
 
 def test_the_text_encoder_runs_where_it_is(tiny_wan_dir):

@@ -12,7 +12,8 @@ from ddpo_group.sampling.tree import default_tree, tree_branches
 from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 TREE = {"train.group_size": 4, "sample.branch_steps": (1, 2), "sample.branch_factors": (2, 2)}  # 4 leaves a root
-FAMILIES = ["sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux2", "wan"]
+# a DDIM and a flow-matching family; every family samples a smaller tree in tests/models/test_family_matrix.py
+FAMILIES = ["sd", "sd3"]
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -19,6 +19,10 @@ pipeline and says:
   condition is one row (``negative_condition``, encoded once); when any row of a batch has one, it is one row per
   sample (``negative_rows``: each distinct negative prompt encoded once, alone, and kept), stored in the batch record
   as ``negative_<cond key>`` (sampling/trajectories.py ``NEGATIVE_PREFIX``), which the training forward reads;
+* the image size, one rule for every family: ``sample.resolution`` square, or at 0 what the pipeline's own ``__call__``
+  samples given none (``default_size``: its ``default_sample_size`` times its VAE factor, or a pipeline's call default
+  where it has none); a size the model cannot take (not a multiple of its VAE factor times its patch, beyond its
+  position table) refused by name when the family is built, at the run's start (``size_errors``);
 * latents and the schedule: ``latent_shape``, ``initial_latents`` (the pipeline's own noise draw),
   ``schedule(num_steps)`` -> row-broadcastable per-step tensors (``step_keys``: timesteps, sigmas), stored per
   sample and step in the batch record (the rollout's values are the ones training reads, never reconstructed);
@@ -36,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from ddpo_group.errors import ConfigError
 from ddpo_group.models.lora_export import unwrap
 from ddpo_group.models.source_images import NEGATIVE_PROMPT_KEY, SOURCE_IMAGE_KEY
 from ddpo_group.sampling.window import stochastic_steps
@@ -78,6 +83,7 @@ class ModelFamily:
         self.config = config
         self._negative = None
         self._negatives: dict[str, dict] = {}  # the condition of each given negative prompt, on the CPU
+        self.check_size()
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -183,8 +189,8 @@ class ModelFamily:
         raise NotImplementedError
 
     def initial_latents(self, batch: int, generator, device, dtype, initial_noise=None) -> torch.Tensor:
-        """x_T of ``batch`` samples: ``initial_noise`` (checked against latent_shape) or noise drawn as the pipeline
-        draws it, times the scheduler's init_noise_sigma (DDIM's; flow-matching schedulers have none: 1)."""
+        """The initial noise x_0 of ``batch`` samples: ``initial_noise`` (checked against latent_shape) or noise drawn as
+        the pipeline draws it, times the scheduler's init_noise_sigma (DDIM's; flow-matching schedulers have none: 1)."""
         shape = (batch, *self.latent_shape())
         if initial_noise is None:
             latents = self.draw_noise(batch, generator, device, dtype)
@@ -221,23 +227,74 @@ class ModelFamily:
         level = sample_config.noise_level
         return cls.standard_noise_level if level is None else float(level)
 
+    # ------------------------------------------------------------------ image size: one rule for every family
+    # A family samples sample.resolution square pixels, or at 0 the size the pipeline's own __call__ samples when given
+    # none (``default_size``); a size the model cannot take is refused when the family is built (``check_size``).
+    patch_size = 1  # the denoiser's patch side in latent pixels (the packing families: 2 x 2 latent pixels a token)
+
+    def default_size(self) -> tuple[int, int]:
+        """(height, width) in pixels of the pipeline's own ``__call__`` given no size: its ``default_sample_size``
+        times its VAE factor. A family whose pipeline has no ``default_sample_size`` (Z-Image, Wan) says its call's
+        default."""
+        side = self.pipe.default_sample_size * self.pipe.vae_scale_factor
+        return side, side
+
+    @property
+    def height_width(self) -> tuple[int, int]:
+        """(height, width) in pixels: ``sample.resolution`` square, or ``default_size()`` at 0."""
+        chosen = int(self.config.sample.resolution)
+        return (chosen, chosen) if chosen else self.default_size()
+
     @property
     def resolution(self) -> int:
-        """Image height = width in pixels, for the families that read ``sample.resolution``: it, or the pipeline's
-        default."""
+        """Image height = width in pixels, for the families that sample squares: ``height_width``'s side."""
+        return self.height_width[0]
+
+    def size_multiple(self) -> int:
+        """What the height and width must be multiples of: the VAE's factor times ``patch_size``."""
+        return self.pipe.vae_scale_factor * self.patch_size
+
+    def position_limit(self) -> tuple[int, str] | None:
+        """(the most patches a side the denoiser's position table holds, what sets it), or None when positions are
+        computed for any size (FLUX's RoPE from the ids)."""
+        return None
+
+    def size_errors(self) -> list[str]:
+        """The height and width against the model: a multiple of ``size_multiple()``, within ``position_limit()``;
+        each message names ``sample.resolution`` (its pipeline default when 0) and what the model takes."""
+        height, width = self.height_width
         chosen = int(self.config.sample.resolution)
-        return chosen or self.pipe.default_sample_size * self.pipe.vae_scale_factor
+        field = (f"sample.resolution={chosen}" if chosen else
+                 f"sample.resolution=0 (the pipeline's default, {height} x {width} px)")
+        multiple, errors = self.size_multiple(), []
+        if height % multiple or width % multiple:
+            errors.append(f"{field} is not a multiple of {multiple} px (this model's VAE factor times its patch): set "
+                          f"sample.resolution to a multiple of {multiple}")
+            return errors
+        limit = self.position_limit()
+        if limit is not None and max(height, width) // multiple > limit[0]:
+            most = limit[0] * multiple
+            errors.append(f"{field} is {max(height, width) // multiple} patches of {multiple} px a side, beyond this "
+                          f"model's position table ({limit[1]}: {limit[0]} patches a side, {most} px): set "
+                          f"sample.resolution to a multiple of {multiple} up to {most}")
+        return errors
+
+    def check_size(self) -> None:
+        """Raise ConfigError (a usage error at start, before the first batch) when the model cannot take the size."""
+        errors = self.size_errors()
+        if errors:
+            raise ConfigError(f"the {self.name} model cannot sample this size:\n  - " + "\n  - ".join(errors))
 
     @staticmethod
     def resolution_errors(sample_config) -> list[str]:
         resolution = sample_config.resolution
         return [f"sample.resolution={resolution} must be >= 0 (0: the pipeline's default)"] if resolution < 0 else []
 
-    @staticmethod
-    def size_kwargs(sample_config) -> dict:
-        """The pipeline's ``height`` and ``width`` for ``sample.resolution`` (none at 0: the pipeline's default)."""
-        resolution = int(sample_config.resolution)
-        return {"height": resolution, "width": resolution} if resolution else {}
+    def size_kwargs(self) -> dict:
+        """The pipeline's ``height`` and ``width``: the family's (its default named, so that the pipeline's own
+        ``__call__`` samples what the sampler samples whatever its own default depends on)."""
+        height, width = self.height_width
+        return {"height": height, "width": width}
 
     def training_guidance(self, config) -> float:
         """The guidance scale of the training forward: the sampling one when guidance is in the forward (train.cfg, or

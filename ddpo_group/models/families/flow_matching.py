@@ -5,7 +5,7 @@
                 sigmas s and next_sigmas s_next (what the step reads; never reconstructed from the timesteps)
     step        sampling/flow_steps.py: ``sample.sde_type`` (flow_sde, cps, dance_sde) at ``sample.noise_level``; at noise
                 level 0 the pipeline's Euler step x + v (s_next - s)
-    images      ``sample.resolution`` pixels square (0: the pipeline's default)
+    images      ``sample.resolution`` pixels square (0: the pipeline's default; models/families/base.py's size rule)
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class FlowMatchingFamily(ModelFamily):
     model_attribute = "transformer"
     lora_layers_argument = "transformer_lora_layers"
     lora_key_conversion = False  # diffusers' SD3 / FLUX LoRA scripts save peft's state dict as it is
+    patch_size = 2  # the packing pipelines' 2 x 2 latent pixels a token (SD3: its transformer's patch)
     step_keys = ("timesteps", "sigmas", "next_sigmas")
     standard_noise_level = 0.7  # Flow-GRPO's on SD3.5
     # the attention projections of the joint (image + text) blocks: Flow-GRPO's and DanceGRPO's LoRA targets
@@ -88,7 +89,7 @@ class FlowMatchingFamily(ModelFamily):
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """The pipeline's own sampler is the deterministic Euler one (noise level 0): only the size and the tokens."""
-        kwargs = self.size_kwargs(sample_config)
+        kwargs = self.size_kwargs()
         tokens = sequence_length(pretrained)
         if tokens:
             kwargs["max_sequence_length"] = tokens

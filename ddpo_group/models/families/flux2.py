@@ -4,7 +4,7 @@
                 ``text_encoder_out_layers``), stacked per token, of the prompt in Qwen3's chat template (user turn, empty
                 think block) padded to ``max_sequence_length`` (the pipeline's own ``encode_prompt``); text ids
                 (t, h, w, l) = (0, 0, 0, 0..L-1), image ids (0, i, j, 0) over the latent grid: both from the shapes
-    latents     packed [B, (H/2s)(W/2s), 4 C]: x_T = N(0, I) drawn as [B, 4 C, H/2s, W/2s] (the VAE's 2x2-patchified,
+    latents     packed [B, (H/2s)(W/2s), 4 C]: x_0 = N(0, I) drawn as [B, 4 C, H/2s, W/2s] (the VAE's 2x2-patchified,
                 batch-normalised latent) and flattened (``prepare_latents``: the pipeline's draw); s the VAE's factor
     schedule    sigmas linspace(1, 1/T, T) shifted by mu = ``compute_empirical_mu``(image tokens, T) (FLUX.2's fit; not
                 FLUX.1's ``calculate_shift``)

@@ -7,7 +7,7 @@
                 VAE.encode(image) - shift_factor) * scaling_factor) and image_ids [B, L_img, 3] (the latent grid with
                 its first coordinate 1; the noisy tokens' have 0). A prompt without an image has L_img = 0: FLUX.1
                 text-to-image (a batch cannot mix the two)
-    latents     packed [B, (H/16)(W/16), 64], x_T = N(0, I) (``prepare_latents``: the pipeline's draw)
+    latents     packed [B, (H/16)(W/16), 64], x_0 = N(0, I) (``prepare_latents``: the pipeline's draw)
     schedule    FLUX.1's: sigmas linspace(1, 1/T, T) shifted by mu from the noisy tokens' count
     output      v = transformer([x; image_latents], t / 1000, guidance = w (the guidance embedding), pooled,
                 prompt_embeds, txt_ids = 0, img_ids = [latent ids; image_ids])[:, :L_x]: the transformer sees the
@@ -128,6 +128,4 @@ class FluxKontextFamily(FluxFamily):
         """FLUX.1's, with the size fixed (the pipeline rescales height and width to ``max_area``) and the source image
         kept at its size (``_auto_resize=False``)."""
         kwargs = super().pipeline_kwargs(sample_config, pretrained)
-        resolution = int(sample_config.resolution) or self.pipe.default_sample_size * self.pipe.vae_scale_factor
-        return {**kwargs, "height": resolution, "width": resolution, "max_area": resolution ** 2,
-                "_auto_resize": False}
+        return {**kwargs, "max_area": self.resolution ** 2, "_auto_resize": False}

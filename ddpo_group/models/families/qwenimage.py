@@ -8,7 +8,7 @@
                 the rows' longest, the mask None when every one is a token. Unconditional: the negative prompt " "
                 (Flow-GRPO's, and diffusers' documented empty negative prompt)
     latents     packed [B, (H/2f)(W/2f), 4 C]: 2x2 patches of the C-channel, one-frame VAE latent [B, C, 1, H/f, W/f]
-                (f = vae_scale_factor: 8 and C = 16 for Qwen-Image), x_T = N(0, I) drawn as ``prepare_latents``
+                (f = vae_scale_factor: 8 and C = 16 for Qwen-Image), x_0 = N(0, I) drawn as ``prepare_latents``
     schedule    sigmas linspace(1, 1/T, T), shifted by mu = ``calculate_shift`` of the image's token count (the
                 scheduler's dynamic shifting: Qwen-Image's is exponential, with shift_terminal)
     output      v(c) = transformer(x, t / 1000, prompt_embeds, mask, img_shapes); with w = ``sample.guidance_scale`` > 1

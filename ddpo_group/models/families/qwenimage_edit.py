@@ -19,7 +19,7 @@ Qwen2.5-VL text encoder sees (its vision tower) and whose packed VAE latents fol
                       (RoPE positions: the transformer's ``img_shapes`` after the noisy grid)
                 Rows of one batch must have the same number of images with the same token counts (the record's
                 tensors are stacked); rows whose images have other grids are run as separate transformer calls
-    latents     Qwen-Image's (models/families/qwenimage.py): packed [B, (H/2f)(W/2f), 4 C], x_T = N(0, I)
+    latents     Qwen-Image's (models/families/qwenimage.py): packed [B, (H/2f)(W/2f), 4 C], x_0 = N(0, I)
     schedule    Qwen-Image's: sigmas linspace(1, 1/T, T) shifted by mu of the noisy tokens' count
     output      v(c) = transformer([x; image_latents], t / 1000, prompt_embeds, mask,
                                    img_shapes = [noisy grid, image grids])[:, :L_x]

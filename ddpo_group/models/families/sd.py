@@ -1,7 +1,7 @@
 """Stable Diffusion 1.x / 2.x (and the embedded tiny-shapes model): a UNet, epsilon / v prediction, DDIM.
 
     condition   prompt_embeds [B, L, D]: the CLIP text encoder's last hidden state
-    latents     [B, C, h, w], x_T = N(0, I) * init_noise_sigma (the pipeline's draw)
+    latents     [B, C, h, w], x_0 = N(0, I) * init_noise_sigma (the pipeline's draw)
     schedule    the DDIM timesteps (the step reads the previous timestep from the scheduler)
     output      eps (or v) with classifier-free guidance as one batched forward:
                 out = out_uncond + w (out_cond - out_uncond)          (w <= 1: no guidance)
@@ -29,7 +29,7 @@ def ensure_ddim(pipe: StableDiffusionPipeline) -> StableDiffusionPipeline:
 
 
 def latent_shape(unet) -> tuple[int, int, int]:
-    """(C, h, w) of one latent of ``unet`` (the shape of its initial noise x_T)."""
+    """(C, h, w) of one latent of ``unet`` (the shape of its initial noise x_0)."""
     return unet.config.in_channels, unet.config.sample_size, unet.config.sample_size
 
 
@@ -126,6 +126,15 @@ class StableDiffusionFamily(ModelFamily):
     def latent_shape(self) -> tuple:
         return latent_shape(self.pipe.unet)
 
+    def default_size(self) -> tuple[int, int]:
+        """The UNet's sample size times the VAE factor: the pipeline's default, and the only size this family samples."""
+        side = self.pipe.unet.config.sample_size * self.pipe.vae_scale_factor
+        return side, side
+
+    def size_errors(self) -> list[str]:
+        """None: the UNet's sample size fixes the image (``sample.resolution`` is not read)."""
+        return []
+
     def draw_noise(self, batch, generator, device, dtype):
         return randn_tensor((batch, *self.latent_shape()), generator=generator, device=device, dtype=dtype)
 
@@ -162,4 +171,4 @@ class StableDiffusionFamily(ModelFamily):
         return errors + cls.guidance_errors(config)
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
-        return {"eta": self.noise_level(sample_config)}  # DDIM's eta is the noise level
+        return {"eta": self.noise_level(sample_config), **self.size_kwargs()}  # DDIM's eta is the noise level

@@ -3,7 +3,7 @@
     condition   prompt_embeds [B, 77 + L_T5, D]: CLIP-L and CLIP-G hidden states (zero-padded to the T5 width) then T5
                 tokens (zeros without T5); pooled_prompt_embeds [B, 2048]: CLIP-L and CLIP-G pooled (the pipeline's
                 own ``encode_prompt``)
-    latents     [B, 16, H/8, W/8], x_T = N(0, I) (``prepare_latents``: the pipeline's draw)
+    latents     [B, 16, H/8, W/8], x_0 = N(0, I) (``prepare_latents``: the pipeline's draw)
     output      v = transformer(x, t in 0..1000, prompt_embeds, pooled), classifier-free guidance as one batched
                 forward: v = v_uncond + w (v_cond - v_uncond)              (w <= 1: no guidance)
     step        flow matching (models/families/flow_matching.py, sampling/flow_steps.py)
@@ -23,6 +23,15 @@ from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 @register_family("sd3", StableDiffusion3Pipeline)
 class StableDiffusion3Family(FlowMatchingFamily):
     cond_keys = ("prompt_embeds", "pooled_prompt_embeds")
+
+    @property
+    def patch_size(self) -> int:
+        return self.pipe.transformer.config.patch_size
+
+    def position_limit(self) -> tuple[int, str] | None:
+        """The transformer's positional embedding table: ``pos_embed_max_size`` patches a side."""
+        size = self.pipe.transformer.config.pos_embed_max_size
+        return (size, f"{type(self.pipe.transformer).__name__}'s pos_embed_max_size={size}") if size else None
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict:

@@ -4,7 +4,7 @@
                 pooled_prompt_embeds [B, P]: CLIP-G's projected pooled output (the pipeline's own ``encode_prompt``).
                 The unconditional condition is zeros when the pipeline's ``force_zeros_for_empty_prompt`` is set (SDXL
                 base's, as the pipeline does with no negative prompt), else the encoded empty prompt
-    latents     [B, 4, H/8, W/8], x_T = N(0, I) * init_noise_sigma (the pipeline's draw); H = W = ``sample.resolution``
+    latents     [B, 4, H/8, W/8], x_0 = N(0, I) * init_noise_sigma (the pipeline's draw); H = W = ``sample.resolution``
                 (0: the pipeline's default, 1024 for SDXL base)
     output      eps = unet(x, t, prompt_embeds, added_cond_kwargs = {text_embeds: pooled, time_ids: (H, W, 0, 0, H, W)})
                 (the pipeline's default original size, crop and target size), classifier-free guidance as one batched
@@ -21,6 +21,7 @@ import torch
 from diffusers import StableDiffusionXLPipeline
 
 from ddpo_group.models.families import register_family
+from ddpo_group.models.families.base import ModelFamily
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 from ddpo_group.models.families.sd import StableDiffusionFamily, guided_model_output
 
@@ -34,6 +35,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
     # flow families do it)
     encode_quietly = FlowMatchingFamily.encode_quietly
     text_encoder_device = FlowMatchingFamily.text_encoder_device
+    size_errors = ModelFamily.size_errors  # SDXL samples sample.resolution (Stable Diffusion's UNet fixes its size)
 
     @classmethod
     def load_pipeline(cls, path, local, revision, dtype_kwargs):
@@ -103,6 +105,3 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
     @classmethod
     def config_errors(cls, config) -> list[str]:
         return super().config_errors(config) + cls.resolution_errors(config.sample)
-
-    def pipeline_kwargs(self, sample_config, pretrained) -> dict:
-        return {**super().pipeline_kwargs(sample_config, pretrained), **self.size_kwargs(sample_config)}  # and the eta

@@ -1,12 +1,12 @@
 """Wan2.1 / Wan2.2 text-to-video: a 3D DiT predicting the flow velocity of a video latent, a UMT5 text encoder.
 
     condition   prompt_embeds [B, L, D]: UMT5 last hidden states of the prompt's tokens, zeros after its length (the
-                pipeline's own ``encode_prompt``, L = ``pretrained.max_sequence_length`` or the pipeline's 226); the
-                unconditional condition is base.py's negative prompt: a row's own, else ``sample.negative_prompt``
-                ("" by default, the pipeline's default)
+                pipeline's own ``encode_prompt``, L = ``pretrained.max_sequence_length`` or the pipeline's call default
+                512, not ``encode_prompt``'s 226); the unconditional condition is base.py's negative prompt: a row's
+                own, else ``sample.negative_prompt`` ("" by default, the pipeline's default)
     latents     [B, C, F', H/s, W/s] with a time axis: F' = (F - 1) / 4 + 1 latent frames of F = ``sample.num_frames``
                 video frames (the VAE's temporal factor 4), s the VAE's spatial factor (8; 16 on Wan2.2-TI2V-5B);
-                x_T = N(0, I) (``prepare_latents``: the pipeline's draw, float32)
+                x_0 = N(0, I) (``prepare_latents``: the pipeline's draw, float32)
     schedule    FlowMatchEulerDiscreteScheduler with the model's flow shift: T sigmas evenly from 1 down to the
                 shifted 1/1000, each shifted, s' = shift s / (1 + (shift - 1) s), then 0; timesteps 1000 s'. The
                 released models ship a UniPC multistep scheduler (flow_shift 3.0 for 480p): ``load_pipeline`` replaces
@@ -29,6 +29,8 @@ A pipeline with ``transformer_2`` only is refused with what is supported.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
@@ -77,41 +79,68 @@ class WanFamily(FlowMatchingFamily):
         return pipe
 
     # ------------------------------------------------------------------ sizes
-    @property
-    def frames(self) -> int:
-        """Video frames: ``sample.num_frames``, or the pipeline's default 81."""
-        chosen = int(self.config.sample.num_frames)
-        return chosen or 81
+    def call_default(self, name: str) -> int:
+        """A keyword's default in the pipeline's own ``__call__`` (height 480, width 832, num_frames 81,
+        max_sequence_length 512)."""
+        return inspect.signature(type(self.pipe).__call__).parameters[name].default
 
     @property
-    def height_width(self) -> tuple[int, int]:
-        """``sample.resolution`` square, or the pipeline's default 480 x 832."""
-        chosen = int(self.config.sample.resolution)
-        return (chosen, chosen) if chosen else (480, 832)
+    def frames(self) -> int:
+        """Video frames: ``sample.num_frames``, or the pipeline's default (81)."""
+        return int(self.config.sample.num_frames) or self.call_default("num_frames")
+
+    def default_size(self) -> tuple[int, int]:
+        """The pipeline's call defaults, 480 x 832 (the pipeline has no default_sample_size)."""
+        return self.call_default("height"), self.call_default("width")
+
+    def size_multiple(self) -> int:
+        """The VAE's spatial factor times the transformer's patch (the pipeline rounds other sizes down)."""
+        return self.pipe.vae_scale_factor_spatial * self.pipe.transformer.config.patch_size[1]
+
+    def position_limit(self) -> tuple[int, str]:
+        """The transformer's RoPE table: ``rope_max_seq_len`` positions on each axis (frames, rows, columns)."""
+        size = self.pipe.transformer.config.rope_max_seq_len
+        return size, f"{type(self.pipe.transformer).__name__}'s rope_max_seq_len={size}"
+
+    def size_errors(self) -> list[str]:
+        """base.py's rule on the height and width, and the frames: 1 more than a multiple of the VAE's temporal
+        factor, their latent frames within the position table."""
+        errors = super().size_errors()
+        pipe, chosen = self.pipe, int(self.config.sample.num_frames)
+        field = (f"sample.num_frames={chosen}" if chosen else
+                 f"sample.num_frames=0 (the pipeline's default, {self.frames})")
+        temporal = pipe.vae_scale_factor_temporal
+        if (self.frames - 1) % temporal:
+            return errors + [f"{field} must be 1 more than a multiple of {temporal} (the VAE's temporal factor)"]
+        per_patch = pipe.transformer.config.patch_size[0]
+        patches = ((self.frames - 1) // temporal + 1) // per_patch
+        limit, what = self.position_limit()
+        if patches > limit:
+            errors.append(f"{field} is {patches} latent frames, beyond this model's position table ({what}): set "
+                          f"sample.num_frames to at most {(limit * per_patch - 1) * temporal + 1}")
+        return errors
+
+    @property
+    def latent_channels(self) -> int:
+        """The latent's channels: the transformer's input channels (the pipeline's ``num_channels_latents``)."""
+        return self.pipe.transformer.config.in_channels
 
     def latent_shape(self) -> tuple:
         pipe, (height, width) = self.pipe, self.height_width
-        multiple = pipe.vae_scale_factor_spatial * pipe.transformer.config.patch_size[1]
-        if height % multiple or width % multiple:
-            raise ValueError(f"sample.resolution={height} must be a multiple of {multiple} (the VAE's spatial factor "
-                             "times the transformer's patch size) for this model")
-        if (self.frames - 1) % pipe.vae_scale_factor_temporal:
-            raise ValueError(f"sample.num_frames={self.frames} must be 1 more than a multiple of "
-                             f"{pipe.vae_scale_factor_temporal} (the VAE's temporal factor)")
-        return (pipe.transformer.config.in_channels, (self.frames - 1) // pipe.vae_scale_factor_temporal + 1,
+        return (self.latent_channels, (self.frames - 1) // pipe.vae_scale_factor_temporal + 1,
                 height // pipe.vae_scale_factor_spatial, width // pipe.vae_scale_factor_spatial)
 
     def draw_noise(self, batch, generator, device, dtype):
         height, width = self.height_width
-        latents = self.pipe.prepare_latents(batch, self.pipe.transformer.config.in_channels, height, width,
-                                            self.frames, torch.float32, device, generator)
+        latents = self.pipe.prepare_latents(batch, self.latent_channels, height, width, self.frames, torch.float32,
+                                            device, generator)
         return latents.to(dtype)
 
     # ------------------------------------------------------------------ condition, model, decode
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict:
-        tokens = {"max_sequence_length": self.max_sequence_length} if self.max_sequence_length else {}
-        embeds, _ = self.encode_quietly(prompts, do_classifier_free_guidance=False, **tokens)
+        tokens = self.max_sequence_length or self.call_default("max_sequence_length")  # __call__'s, not encode_prompt's
+        embeds, _ = self.encode_quietly(prompts, do_classifier_free_guidance=False, max_sequence_length=tokens)
         return {"prompt_embeds": embeds.to(self.device)}
 
     def timestep(self, t: torch.Tensor, latents: torch.Tensor) -> torch.Tensor:
@@ -146,14 +175,18 @@ class WanFamily(FlowMatchingFamily):
         """One expert's velocity with guidance, as the pipeline computes it."""
         n = latents.shape[0]
         t = self.timestep(t, latents)
-        x = latents.to(self.pipe.transformer.dtype)
-        conditional = model(hidden_states=x, timestep=t, encoder_hidden_states=cond["prompt_embeds"],
-                            return_dict=False)[0]
+        inputs = self.transformer_inputs(latents, cond)
+        conditional = model(**inputs, timestep=t, encoder_hidden_states=cond["prompt_embeds"], return_dict=False)[0]
         if guidance_scale > 1.0 and negative is not None:
-            uncond = model(hidden_states=x, timestep=t, encoder_hidden_states=negative["prompt_embeds"].expand(n, -1, -1),
+            uncond = model(**inputs, timestep=t, encoder_hidden_states=negative["prompt_embeds"].expand(n, -1, -1),
                            return_dict=False)[0]
             return uncond + guidance_scale * (conditional - uncond)
         return conditional
+
+    def transformer_inputs(self, latents, cond) -> dict:
+        """The transformer's inputs besides the timestep and the text, the same in both guidance branches: the latents
+        in its dtype (image-to-video adds the image's)."""
+        return {"hidden_states": latents.to(self.pipe.transformer.dtype)}
 
     @torch.no_grad()
     def decode(self, latents):
@@ -195,9 +228,7 @@ class WanFamily(FlowMatchingFamily):
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """The size and tokens (flow_matching.py's), the frame count and the negative prompt."""
-        kwargs = super().pipeline_kwargs(sample_config, pretrained)
-        if sample_config.num_frames:
-            kwargs["num_frames"] = int(sample_config.num_frames)
+        kwargs = {**super().pipeline_kwargs(sample_config, pretrained), "num_frames": self.frames}
         if sample_config.negative_prompt:
             kwargs["negative_prompt"] = sample_config.negative_prompt
         return kwargs

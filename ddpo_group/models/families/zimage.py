@@ -5,8 +5,9 @@
                 ``pretrained.max_sequence_length`` (0: the pipeline's 512), only the unpadded ones kept: the pipeline's
                 ``encode_prompt`` gives a list of [l_i, D]; stored here left-aligned and zero-padded to L, with
                 prompt_lengths [B] = l_i (int64), so the transformer gets exactly the pipeline's list [e_i[:l_i]]
-    latents     [B, 16, H/8, W/8] (the transformer cuts 2x2 patches itself), x_T = N(0, I) in float32
-                (``prepare_latents``)
+    latents     [B, 16, H/8, W/8] (the transformer cuts 2x2 patches itself), x_0 = N(0, I) in float32
+                (``prepare_latents``); H = W = ``sample.resolution``, or the pipeline's call default 1024 (it has no
+                ``default_sample_size``)
     schedule    sigmas linspace(1, 1/T, T) shifted by the scheduler (Z-Image-Turbo: shift 3, no dynamic shifting; mu
                 from the token count when the scheduler shifts dynamically), then 0
     output      u_c = transformer([x_i], (1000 - t) / 1000, [e_i[:l_i]]) (the transformer's time runs from 0 at noise
@@ -33,6 +34,9 @@ from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 
 # the pipeline's own token count when pretrained.max_sequence_length is 0
 PIPELINE_MAX_SEQUENCE_LENGTH = inspect.signature(ZImagePipeline.encode_prompt).parameters["max_sequence_length"].default
+# the pipeline's own image side when given no size: a literal of its __call__ (``height = height or 1024``); the
+# pipeline has no default_sample_size
+PIPELINE_SIZE = 1024
 
 
 @register_family("zimage", ZImagePipeline)
@@ -74,6 +78,15 @@ class ZImageFamily(FlowMatchingFamily):
         if len(lengths) == 1 and n > 1:
             return [embeds[0, : lengths[0]]] * n
         return [e[:length] for e, length in zip(embeds, lengths)]
+
+    def default_size(self) -> tuple[int, int]:
+        """The pipeline's call default, 1024 x 1024 px (``PIPELINE_SIZE``)."""
+        return PIPELINE_SIZE, PIPELINE_SIZE
+
+    def position_limit(self) -> tuple[int, str]:
+        """The transformer's RoPE tables of the image's rows and columns (``axes_lens``' last two, in patches)."""
+        lens = list(self.pipe.transformer.config.axes_lens)
+        return min(lens[1:]), f"{type(self.pipe.transformer).__name__}'s axes_lens={lens}"
 
     def latent_shape(self) -> tuple:
         size = 2 * (self.resolution // (self.pipe.vae_scale_factor * 2))

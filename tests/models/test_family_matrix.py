@@ -1,0 +1,360 @@
+"""Every model family on every path a user walks, each on its tiny random pipeline (models/tiny_random.py, built once a
+session and saved like a checkpoint): the issue's command at the pipeline's own defaults, the sampler against the
+pipeline's own call at its defaults, every preset and objective, scripts/evaluate.py on a run with its LoRA loaded by
+the pipeline, tree rollouts, and two processes over gloo.
+
+A run is a user's: a preset of config/base.py with only the run made small (``RUN``: one epoch of 2 samples of 2
+steps, the jpeg_compressibility reward); guidance, ``train.cfg``, the token budget, the frames and the negative prompt
+are the defaults. The image size is the pipeline's own default in ``test_the_issues_grpo_run_at_the_pipelines_defaults``
+and in ``test_the_sampler_is_the_pipelines_call_at_its_defaults`` for the families in ``AT_DEFAULT_SIZE``, and
+``SIZES`` elsewhere: the tiny FLUX-class models' default is 4096 image tokens, a few seconds a step on a CPU, and
+Z-Image's and Wan's defaults are beyond their tiny position tables (refused at start, by name). The editing families
+and Wan image-to-video read a two-row .jsonl prompt file of source images (``prompt_rows``).
+
+docs/model_families.md's table "Every family on every path" is ``paths_table()`` (``python
+tests/models/test_family_matrix.py`` writes it there; ``test_the_documented_table_is_this_matrix`` fails while it is
+stale).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+if __name__ == "__main__":  # run as a script (it writes the documented table): the repository on the path, where
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # python -m pytest puts it (the working directory)
+
+from config.base import PRESETS, get_config  # noqa: E402
+from ddpo_group.errors import ConfigError  # noqa: E402
+from ddpo_group.models import load_family  # noqa: E402
+from ddpo_group.models.families import FAMILY_REGISTRY, get_family  # noqa: E402
+from ddpo_group.models.tiny_random import TINY_BUILDERS  # noqa: E402
+from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "model_families.md"
+FAMILIES = tuple(TINY_BUILDERS)
+PRESET_RUNS = tuple(sorted(PRESETS))
+OBJECTIVES = ("awm", "nft", "dpo", "dgpo")  # the matching and preference objectives' recipes (config/base.py)
+RUNS = PRESET_RUNS + OBJECTIVES
+
+# what makes a run small; nothing a family reads from its pipeline
+RUN = {"num_epochs": 1, "sample.num_steps": 2, "sample.batch_size": 2, "sample.num_batches_per_epoch": 1,
+       "train.batch_size": 2, "per_prompt_stat_tracking.min_count": 2, "prompt_fn": "simple_animals",
+       "reward_fn": "jpeg_compressibility", "eval_freq": 0, "save_freq": 0, "log_images_every": 0,
+       "wandb.mode": "disabled", "device": "cpu"}
+# the image size, in pixels, of every run but the issue's at the defaults: the families whose tiny model's default
+# costs seconds a step (4096 tokens: FLUX.1, Kontext, FLUX.2, Qwen-Image) or is beyond its position table (Z-Image,
+# Wan); the others sample their pipeline's default everywhere
+SIZES = {"flux": 32, "flux_kontext": 32, "flux2": 32, "flux2_dev": 32, "qwenimage": 32, "qwenimage_edit_plus": 32,
+         "qwenimage_edit": 32, "zimage": 32, "wan": 16, "wan_i2v": 16}
+AT_DEFAULT_SIZE = tuple(name for name in FAMILIES if name not in SIZES)
+# (height, width) of each tiny model at its pipeline's default: its call's (Z-Image's 1024, Wan's 480 x 832) or
+# default_sample_size times its VAE factor
+DEFAULT_SIZES = {"sd": (16, 16), "sdxl": (16, 16), "sd3": (16, 16), "flux": (256, 256), "flux_kontext": (256, 256),
+                 "flux2": (256, 256), "flux2_dev": (256, 256), "qwenimage": (512, 512),
+                 "qwenimage_edit_plus": (512, 512), "qwenimage_edit": (512, 512), "zimage": (1024, 1024),
+                 "wan": (480, 832), "wan_i2v": (480, 832)}
+# the tiny models whose position table cannot take their pipeline's default: refused at start, naming the field
+REFUSED_DEFAULTS = {"zimage": "axes_lens=[256, 32, 32]: 32 patches a side, 128 px",
+                    "wan": "rope_max_seq_len=32: 32 patches a side, 512 px",
+                    "wan_i2v": "rope_max_seq_len=32: 32 patches a side, 512 px"}
+# (family, run) refused at start: (what the message says, why in the documented table)
+REFUSED = {("sd", "nft"): ("algorithm.objective='nft' is defined on the ('flow',) forward process(es); the 'sd' "
+                           "family's is 'ddpm'", "defined on the flow-matching forward process only"),
+           ("sdxl", "nft"): ("algorithm.objective='nft' is defined on the ('flow',) forward process(es); the 'sdxl' "
+                             "family's is 'ddpm'", "defined on the flow-matching forward process only"),
+           ("zimage", "nft"): ("train.cfg=False contradicts sample.guidance_scale=1.0: the zimage family guides exactly "
+                               "when guidance_scale > 0", "its CFG-free guidance 1 guides Z-Image, whose none is 0")}
+VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81}  # the video families sample their pipeline's default frames everywhere
+# each preset with an option a user picks (the flow step's kind: flow families only)
+OPTIONS = {
+    "grpo": {"kl.reference_update_freq": 1, "kl.reference_mixup_alpha": 0.5},  # the mixup adapter
+    "dr_grpo": {"train.timestep_fraction": 0.5},
+    "rloo": {"sample.same_initial_noise": True, "sample.sde_type": "cps"},
+    "grpo_passk": {"algorithm.filter_groups": True, "sample.sde_type": "dance_sde", "sample.noise_level": 0.3},
+    "ppo_gae": {"use_lora": False, "kl.use_reference_model": True, "kl.beta": 0.01},  # a frozen copy
+}
+FLOW_STEP = ("sample.sde_type", "sample.noise_level")
+TREE = {"sample.branch_steps": (1,), "sample.branch_factors": (2,)}  # 2 leaves a root, splitting at the last step
+
+
+def takes_images(name: str) -> bool:
+    return get_family(name).takes_images
+
+
+def values(name: str, run: str, at_defaults: bool = False) -> dict:
+    """The config overrides of ``run`` on family ``name``: ``RUN``, 2 copies a group, the run's option (``OPTIONS``),
+    the family's size (``SIZES``) unless ``at_defaults``."""
+    out = dict(RUN)
+    if get_config(run).train.group_size > 1:
+        out["train.group_size"] = 2
+    flow = "sigmas" in get_family(name).step_keys
+    out.update({k: v for k, v in OPTIONS.get(run, {}).items() if flow or k not in FLOW_STEP})
+    if name in SIZES and not at_defaults:
+        out["sample.resolution"] = SIZES[name]
+    return out
+
+
+def run_values(name: str, run: str, model_dir: str, logdir, run_name: str, rows: str, at_defaults: bool = False,
+               **extra) -> dict:
+    """``values`` with the model, the run directory and, for a family that reads source images, ``rows``."""
+    images = {"prompt_fn": "from_file", "prompt_fn_kwargs": {"path": rows}} if takes_images(name) else {}
+    return {**values(name, run, at_defaults), "pretrained.model": model_dir, "logdir": str(logdir),
+            "run_name": run_name, **images, **extra}
+
+
+def config(name: str, run: str, model_dir: str, logdir, run_name: str, rows: str, at_defaults: bool = False, **extra):
+    from trainer_helpers import set_fields
+
+    cfg = get_config(run)
+    set_fields(cfg, run_values(name, run, model_dir, logdir, run_name, rows, at_defaults, **extra))
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def prompt_rows(tmp_path_factory) -> str:
+    """A two-row .jsonl prompt file, one source image a row (32 x 32 and 40 x 24 px: a square on a background)."""
+    folder = tmp_path_factory.mktemp("prompt_rows")
+    rows = []
+    for i, (size, colour) in enumerate([((32, 32), (220, 30, 30)), ((40, 24), (30, 60, 230))]):
+        pixels = np.full((size[1], size[0], 3), 240, dtype=np.uint8)
+        pixels[4:20, 4 + 4 * i : 20 + 4 * i] = colour
+        Image.fromarray(pixels).save(folder / f"source_{i}.png")
+        rows.append({"prompt": ["the square turns blue", "a red square spins"][i], "image": f"source_{i}.png"})
+    (folder / "rows.jsonl").write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    return str(folder / "rows.jsonl")
+
+
+@pytest.fixture
+def family_dirs(family_model_dirs, monkeypatch):
+    """conftest.py's ``family_model_dirs`` (a tiny model per family, built once a session), the Qwen-Image-Edit
+    pipelines' source sizes made small (trainer_helpers.small_qwen_edit_sources) for the test."""
+    from trainer_helpers import small_qwen_edit_sources
+
+    small_qwen_edit_sources(monkeypatch.setattr)
+    return family_model_dirs
+
+
+def trainer_of(name, run, family_dirs, rows, tmp_path, run_name="run", at_defaults=False, **extra):
+    from ddpo_group.run.trainer import Trainer
+
+    return Trainer(config(name, run, family_dirs[name], tmp_path, run_name, rows, at_defaults, **extra))
+
+
+def assert_trained(trainer, metrics: dict, before: list) -> None:
+    """One optimizer step on every family and run: the trained tensors moved (at least every LoRA B matrix: peft's
+    A gets no gradient while B is still zero), the losses finite; a critic on every step (ppo_gae) learned."""
+    assert metrics["global_step"] == 1
+    changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    assert changed >= max(1, len(before) // 2), f"only {changed} of {len(before)} trained tensors changed"
+    for key in ("adv/mean", "train/policy_loss", "train/grad_norm"):
+        assert np.isfinite(metrics[key]), (key, metrics[key])
+    if trainer.critic is not None:  # GROUP_PPO's critic has a target only where a segment ends before the last step
+        assert metrics["critic/value_loss"] > 0 if trainer.config.algorithm.adv_estimator == "gae" else np.isfinite(
+            metrics["critic/value_loss"])
+    if trainer.kl is not None and trainer.kl.beta > 0:
+        assert metrics["ref/kl"] >= 0
+
+
+# ------------------------------------------------------------------ the tests
+def test_the_matrix_holds_every_family():
+    assert set(FAMILIES) == set(FAMILY_REGISTRY.names()) == set(DEFAULT_SIZES)
+    assert set(SIZES) | set(AT_DEFAULT_SIZE) == set(FAMILIES) and set(REFUSED_DEFAULTS) <= set(SIZES)
+    assert all(name in FAMILIES and run in RUNS for name, run in REFUSED)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_issues_grpo_run_at_the_pipelines_defaults(name, family_dirs, prompt_rows, tmp_path):
+    """``--config config/base.py:grpo --config.pretrained.model=DIR --config.reward_fn=jpeg_compressibility``, no size,
+    frames, tokens or guidance given: the family samples its pipeline's default size and trains an epoch, or (the
+    tiny models whose position table is smaller) is refused at start with a message naming sample.resolution, the
+    pipeline's default and the largest size the model takes, before any batch."""
+    if name in REFUSED_DEFAULTS:
+        with pytest.raises(ConfigError, match=re.escape(
+                f"sample.resolution=0 (the pipeline's default, {DEFAULT_SIZES[name][0]} x {DEFAULT_SIZES[name][1]} "
+                f"px) is ") + r".*" + re.escape(REFUSED_DEFAULTS[name])):
+            trainer_of(name, "grpo", family_dirs, prompt_rows, tmp_path, at_defaults=True)
+        return
+    trainer = trainer_of(name, "grpo", family_dirs, prompt_rows, tmp_path, at_defaults=True)
+    assert trainer.family.height_width == DEFAULT_SIZES[name]
+    before = [p.detach().clone() for p in trainer.updater.params]
+    assert_trained(trainer, trainer.run(), before)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_sampler_is_the_pipelines_call_at_its_defaults(name, family_dirs, prompt_rows):
+    """The sampler with the pipeline's own sampler (DDIM at eta = the noise level, or the Euler steps: noise level 0)
+    gives the images of the pipeline's own ``__call__`` with the family's keywords, bitwise, at the defaults: the
+    token budget, the guidance 5.0, the negative prompt, the frames (and the size, for AT_DEFAULT_SIZE). The
+    keywords name the size, so that evaluation samples what training did whatever the pipeline's own default."""
+    from ddpo_group.prompts import PromptSampler
+
+    cfg = config(name, "grpo", family_dirs[name], "unused", "unused", prompt_rows)
+    family = load_family(family_dirs[name], config=cfg)
+    prompts, metadata = PromptSampler(cfg.prompt_fn, cfg.prompt_fn_kwargs.to_dict(), seed=0).sample(1)
+    kwargs = family.pipeline_kwargs(cfg.sample, cfg.pretrained)
+    assert (kwargs["height"], kwargs["width"]) == family.height_width  # the size named, not left to the pipeline
+    family.pipe.set_progress_bar_config(disable=True)
+    guidance = cfg.sample.guidance_scale
+    want = family.pipe(prompt=list(prompts), num_inference_steps=2, guidance_scale=guidance, output_type="pt",
+                       generator=[torch.Generator().manual_seed(0)], **kwargs,
+                       **family.pipeline_row_kwargs(metadata))
+    want = want.frames if hasattr(want, "frames") else want.images
+    level = kwargs.get("eta", 0.0)
+    traj = sample_trajectories(family, family.model, family.condition(prompts, metadata), family.negative_for(metadata),
+                               SamplingOptions(2, guidance, [level] * 2, compute_log_prob=False),
+                               generator=[torch.Generator().manual_seed(0)])
+    assert torch.equal(traj.images, want)
+
+
+@pytest.mark.parametrize("run", RUNS)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_preset_and_objective_trains_an_epoch_or_is_refused(name, run, family_dirs, prompt_rows,
+                                                                    tmp_path):
+    """Each preset (with an option a user picks) and each objective's recipe: one optimizer step, the trained tensors
+    moved, the losses finite; or refused at start, the message naming the fields and why."""
+    if (name, run) in REFUSED:
+        with pytest.raises(ConfigError, match=re.escape(REFUSED[name, run][0])):
+            trainer_of(name, run, family_dirs, prompt_rows, tmp_path)
+        return
+    trainer = trainer_of(name, run, family_dirs, prompt_rows, tmp_path)
+    assert trainer.family.name == name and trainer.family.height_width == (
+        (SIZES[name],) * 2 if name in SIZES else DEFAULT_SIZES[name])
+    assert getattr(trainer.family, "frames", None) == VIDEO_FRAMES.get(name)
+    before = [p.detach().clone() for p in trainer.updater.params]
+    assert_trained(trainer, trainer.run(), before)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_evaluate_on_a_run_and_its_lora_in_the_pipeline(name, family_dirs, prompt_rows, tmp_path):
+    """A grpo run adapts every LoRA target module of the family (each matches a module); its LoRA export, loaded by
+    the pipeline's own ``load_lora_weights``, samples what the trained model samples (the pipeline's sampler, the same
+    noise; to float precision on the CPU) and differs from the base (so the check can fail); scripts/evaluate.py's
+    comparison runs on the run with the family's keywords."""
+    from config.base import base
+    from ddpo_group.prompts import PromptSampler
+    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
+
+    trainer = trainer_of(name, "grpo", family_dirs, prompt_rows, tmp_path, "lora", **{"train.learning_rate": 1e-2})
+    trainer.run()
+    family, cfg = trainer.family, trainer.config
+    adapted = {key.split(".lora_A")[0] for key, _ in family.model.named_parameters() if ".lora_A" in key}
+    assert all(any(module.endswith(target) for module in adapted) for target in family.lora_target_modules)
+    prompts, metadata = PromptSampler(cfg.prompt_fn, cfg.prompt_fn_kwargs.to_dict(), seed=1).sample(1)
+    pipe = get_family(name).load_pipeline(family_dirs[name], True, None, {})
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = {**family.pipeline_kwargs(cfg.sample, cfg.pretrained), **family.pipeline_row_kwargs(metadata)}
+
+    def call():
+        out = pipe(prompt=list(prompts), num_inference_steps=2, guidance_scale=cfg.sample.guidance_scale,
+                   output_type="pt", generator=[torch.Generator().manual_seed(0)], **kwargs)
+        return out.frames if hasattr(out, "frames") else out.images
+
+    base_images = call()
+    pipe.load_lora_weights(str(tmp_path / "lora" / "lora"))
+    loaded = call()
+    trained = sample_trajectories(family, family.model, family.condition(prompts, metadata),
+                                  family.negative_for(metadata),
+                                  SamplingOptions(2, cfg.sample.guidance_scale, [kwargs.get("eta", 0.0)] * 2,
+                                                  compute_log_prob=False),
+                                  generator=[torch.Generator().manual_seed(0)]).images
+    assert float((trained - base_images).abs().max()) > 1e-5
+    torch.testing.assert_close(loaded, trained, rtol=1e-4, atol=1e-5)
+
+    report = evaluate(EvaluationRequest(str(tmp_path / "lora"), num_prompts=2, num_seeds=1, batch_size=2,
+                                        show_progress=False, device="cpu"), base())
+    assert report["family"] == name and report["loaded"].startswith("lora:") and report["num_steps"] == 2
+    assert report["rewards"]["reward"]["difference"]["n"] == 2
+    assert (report["height"], report["width"]) == family.height_width
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tree_rollouts(name, family_dirs, prompt_rows, tmp_path):
+    """grpo with each prompt group sampled as a tree (2 leaves splitting at the last step's noise): the leaves share
+    their first transition bitwise and differ after the split; the denoiser ran one row a step for the group instead
+    of 2 (twice with classifier-free guidance); the epoch trains."""
+    trainer = trainer_of(name, "grpo", family_dirs, prompt_rows, tmp_path, "tree", **TREE)
+    with trainer.nfe.counting("sampling"):
+        batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
+    family, sample = trainer.family, trainer.config.sample
+    guided = sample.guidance_scale > family.no_guidance and not family.guidance_embedded and (
+        getattr(family, "classifier_free", True))
+    assert trainer.nfe.take()[0] == (1 + 1) * (2 if guided else 1)
+    for key in ("latents", "next_latents", "log_probs"):
+        assert torch.equal(batch[key][0, 0], batch[key][1, 0]), key
+    assert not torch.equal(batch["next_latents"][0, 1], batch["next_latents"][1, 1])
+    metrics = trainer.run()
+    assert metrics["global_step"] == 1 and np.isfinite(metrics["train/policy_loss"])
+
+
+@pytest.mark.slow
+def test_two_processes_over_gloo_train_every_family(family_dirs, prompt_rows, tmp_path):
+    """Every family's grpo run on 2 processes (one launch, each process training the families one after another, as
+    family_processes.py does): each run gathers both processes' samples (4 rewards) and takes its optimizer step
+    on both."""
+    from launch_helpers import launch_environment, start_workers
+
+    runs = [{"name": name, "config": run_values(name, "grpo", family_dirs[name], tmp_path, name, prompt_rows)}
+            for name in FAMILIES]
+    plan = tmp_path / "runs.json"
+    plan.write_text(json.dumps(runs))
+    workers = start_workers([str(plan)], 2, tmp_path / "logs", env=launch_environment(), timeout=600,
+                            script="tests/family_processes.py")
+    assert [w.returncode for w in workers] == [0, 0], workers[0].stderr[-3000:] + workers[1].stderr[-3000:]
+    for name in FAMILIES:
+        metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert len(metrics) == 1 and metrics[0]["global_step"] == 1, name
+        assert metrics[0]["reward_count"] == 4 and np.isfinite(metrics[0]["train/policy_loss"]), name
+
+
+# ------------------------------------------------------------------ the documented table
+def paths_table() -> str:
+    """docs/model_families.md's table of what this module runs on each family."""
+    lines = [f"| family | the issue's `grpo` run at the pipeline's defaults | the other runs' size | the sampler = "
+             f"`pipe()`, bitwise | presets ({len(PRESET_RUNS)}) and objectives ({len(OBJECTIVES)}) | "
+             "`scripts/evaluate.py`, the LoRA in the pipeline | trees | 2 processes (gloo) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name in FAMILIES:
+        height, width = DEFAULT_SIZES[name]
+        default = f"{height} x {width} px" if height != width else f"{height} px"
+        first = (f"refused at start: {default} is beyond the tiny model's position table" if name in REFUSED_DEFAULTS
+                 else f"trains ({default})")
+        size = f"{SIZES[name]} px" if name in SIZES else f"the default ({default})"
+        if name in VIDEO_FRAMES:
+            size += f", {VIDEO_FRAMES[name]} frames (the default)"
+        refused = [f"`{run}` refused at start ({REFUSED[name, run][1]})" for run in RUNS if (name, run) in REFUSED]
+        runs = "; ".join([f"{len(RUNS) - len(refused)} train", *refused])
+        if takes_images(name):
+            runs += "; source images from a .jsonl file"
+        lines.append(f"| `{name}` | {first} | {size} | yes | {runs} | yes | yes | yes |")
+    return "\n".join(lines)
+
+
+MARKERS = ("<!-- paths table: tests/models/test_family_matrix.py writes it -->", "<!-- end of the paths table -->")
+
+
+def documented_table() -> str:
+    text = DOC.read_text()
+    start, end = (text.index(marker) for marker in MARKERS)
+    return text[start + len(MARKERS[0]) : end].strip()
+
+
+def test_the_documented_table_is_this_matrix():
+    assert documented_table() == paths_table(), ("docs/model_families.md is stale: "
+                                                 "python tests/models/test_family_matrix.py")
+
+
+if __name__ == "__main__":  # write the table into docs/model_families.md
+    text = DOC.read_text()
+    start, end = (text.index(marker) for marker in MARKERS)
+    DOC.write_text(text[: start + len(MARKERS[0])] + "\n" + paths_table() + "\n" + text[end:])
+    sys.exit(0)
