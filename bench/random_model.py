@@ -21,12 +21,20 @@ projection, the 16-channel SD3 VAE, no T5 (the pipeline then feeds zeros for its
 projection), the SD VAE with SDXL's scaling factor, DDIM (SDXL base ships Euler; the sdxl family swaps it for DDIM).
 wan13b: Wan2.1-T2V-1.3B (``build_wan13b``: the transformer 1.4B, the Wan VAE, a UMT5-XXL-sized encoder 5.7B).
 Weights are saved in bfloat16.
+
+    python bench/random_model.py --count-only --shape zimage wan13b [--blocks 1.0] [--json PATH]
+
+``--count-only`` builds each shape on the meta device (no weights in memory, nothing saved: a second a shape once the
+libraries are imported) and prints one JSON line a shape, its description: ``{"shape", "blocks", "pipeline": its class
+name, "parameters": {component: parameter count}, "configs": {component: its config}}`` for every component that is a
+torch module. ``--json PATH`` also writes those lines to PATH (with ``--out``: the saved pipeline's).
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import json
 
 import torch
 from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
@@ -284,25 +292,63 @@ def build_qwenimage_edit_plus(blocks: float = 1.0):
 BUILDERS["qwenimage_edit_plus"] = build_qwenimage_edit_plus
 
 
+def describe(shape: str, blocks: float, pipe) -> dict:
+    """The shape's description (``--count-only``, ``--json``): the pipeline's class, and the parameter count and config
+    of each component that is a torch module."""
+    modules = {name: module for name, module in pipe.components.items() if isinstance(module, torch.nn.Module)}
+    return {"shape": shape, "blocks": blocks, "pipeline": type(pipe).__name__,
+            "parameters": {name: sum(p.numel() for p in module.parameters()) for name, module in modules.items()},
+            "configs": {name: module.config.to_dict() if hasattr(module.config, "to_dict") else dict(module.config)
+                        for name, module in modules.items()}}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=sorted(BUILDERS), required=True)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--shape", choices=sorted(BUILDERS), nargs="+", required=True,
+                        help="the shape to build (several with --count-only)")
+    output = parser.add_mutually_exclusive_group(required=True)
+    output.add_argument("--out", help="the folder the pipeline is saved to")
+    output.add_argument("--count-only", action="store_true",
+                        help="build on the meta device (no weights in memory, nothing saved) and print each shape's "
+                             "parameter counts and configs per component as one JSON line")
     parser.add_argument("--blocks", type=float, default=1.0,
                         help="the fraction of the transformer's (and T5's) blocks kept, widths unchanged: flux, "
                              "flux_kontext and qwenimage_edit_plus")
+    parser.add_argument("--json", default="", metavar="PATH", help="also write the shapes' descriptions to this file, "
+                                                                  "one JSON line each")
     args = parser.parse_args(argv)
-    builder = BUILDERS[args.shape]
-    if args.blocks != 1.0 and "blocks" not in inspect.signature(builder).parameters:
-        parser.error(f"--blocks {args.blocks} applies to flux, flux_kontext and qwenimage_edit_plus, not {args.shape}")
+    if len(args.shape) > 1 and not args.count_only:
+        parser.error(f"--shape {' '.join(args.shape)}: one shape is saved to --out (several with --count-only)")
+    for shape in args.shape:
+        if args.blocks != 1.0 and "blocks" not in inspect.signature(BUILDERS[shape]).parameters:
+            parser.error(f"--blocks {args.blocks} applies to flux, flux_kontext and qwenimage_edit_plus, not {shape}")
+    lines = []
+    for shape in args.shape:
+        lines.append(build(shape, args))
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+
+
+def build(shape: str, args) -> str:
+    """Build ``shape`` (``--count-only``: on the meta device, printing its description; else saved to ``--out``); its
+    description as a JSON line."""
+    builder = BUILDERS[shape]
     torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init on the GPU: seconds, not minutes
+    # random init on the GPU: seconds, not minutes; the meta device allocates nothing
+    device = "meta" if args.count_only else "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
         pipe = builder(blocks=args.blocks) if args.blocks != 1.0 else builder()
+    description = describe(shape, args.blocks, pipe)
+    line = json.dumps(description, default=str)
+    if args.count_only:
+        print(line, flush=True)
+        return line
     pipe.to(torch.bfloat16)
-    counts = {name: sum(p.numel() for p in module.parameters()) / 1e6 for name, module in pipe.components.items()
-              if isinstance(module, torch.nn.Module)}
+    counts = {name: count / 1e6 for name, count in description["parameters"].items()}
     pipe.save_pretrained(args.out)
-    print(f"{args.shape} saved to {args.out}: " + ", ".join(f"{k} {v:.0f}M" for k, v in counts.items()))
+    print(f"{shape} saved to {args.out}: " + ", ".join(f"{k} {v:.0f}M" for k, v in counts.items()))
+    return line
 
 
 if __name__ == "__main__":
