@@ -20,7 +20,8 @@ reward of that row), with a critic its explained variance over the last 10 epoch
 evaluation reward's gain at equal denoiser evaluations (each row's last evaluation within ``--at-nfe``, default the
 fewest any row spent) and the evaluations until ``--threshold``, and the wall time. Prints a markdown table, writes it
 with the raw rows to ``--out``/results.{md,json} and plots evaluation reward against queries and against denoiser
-evaluations, and the epoch-mean reward against queries, to ``--out``/reward_vs_queries.png. No accelerate launch
+evaluations, and the epoch-mean reward against queries, to ``--out``/reward_vs_queries.png (the plotted curves in
+reward_vs_queries.json). No accelerate launch
 needed: runs in this process, or ``--jobs N`` at once in worker processes (each with cpu_count // N threads). Every
 finished run is saved at once; running the same command again (or with more presets, variants or seeds) skips the
 runs already in ``--out``/results.json.
@@ -52,7 +53,6 @@ from ddpo_group.run.reporting.epoch_logger import EVAL_LOG  # noqa: E402
 from ddpo_group.run.persistence.metrics_log import read_metrics  # noqa: E402
 from ddpo_group.run.command.renamed_fields import new_name, notice  # noqa: E402
 from ddpo_group.rollout.tweedie import valued_steps  # noqa: E402
-from ddpo_group.run.trainer import Trainer  # noqa: E402
 from ddpo_group.sampling.window import stochastic_steps  # noqa: E402
 
 
@@ -115,6 +115,8 @@ def parse_variants(presets: list[str], variants: list[str]) -> dict[str, tuple[s
 
 
 def run_one(label: str, seed: int, args) -> dict:
+    from ddpo_group.run.trainer import Trainer  # imported by the first run: a refused command line answers at once
+
     preset, own = args.variants[label]
     config = get_config(preset)
     for item in args.set + own:
@@ -167,6 +169,8 @@ def epochs_for_nfe(config, budget: int) -> int:
     one-epoch probe run of ``config`` (no evaluation; its directory removed after). An epoch 0 unlike the others
     sizes it off: the memory probe's trial forwards (train.pairs_per_forward="auto" on CUDA), a critic warm-up
     (critic.warmup_epochs: no update); the runs' own perf/nfe columns say what they spent."""
+    from ddpo_group.run.trainer import Trainer
+
     probe = config.copy_and_resolve_references()
     probe.num_epochs, probe.eval_freq, probe.run_name = 1, 0, config.run_name + "_nfe_probe"
     run_dir = Path(probe.logdir) / probe.run_name
@@ -291,32 +295,38 @@ def moving_average(values: torch.Tensor, window: int) -> torch.Tensor:
 def plot(rows: list[dict], presets: list[str], path: Path, smooth: int = 5) -> None:
     """Left: the evaluation reward against queries (mean over seeds, the seeds' spread shaded); middle: the same against
     denoiser evaluations; right: the epoch-mean reward of the training prompts (moving average over ``smooth``
-    epochs), which moves with the drawn prompts."""
+    epochs), which moves with the drawn prompts. The plotted curves are written beside the figure (``path`` as .json):
+    per row, {"evaluation": {"queries", "nfe", "reward_mean", "reward_std"}, "training": {"queries",
+    "reward_moving_average"}}."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(19, 5))
+    curves = {}
     for preset in presets:
         runs = [r for r in rows if r["preset"] == preset]
         if not runs:
             continue
         width = 2 if preset in ("ddpo", "grpo", "group_ppo") else 1
         n = min(len(r["evaluations"]) for r in runs)
-        xs = [runs[0]["evaluations"][i]["queries"] for i in range(n)]
+        queries = [runs[0]["evaluations"][i]["queries"] for i in range(n)]
         ys = torch.tensor([[r["evaluations"][i]["reward"] for i in range(n)] for r in runs], dtype=torch.float64)
         mean, std = ys.mean(0), ys.std(0, unbiased=False)
-        line, = left.plot(xs, mean.tolist(), marker="o", markersize=3, label=preset, linewidth=width)
-        left.fill_between(xs, (mean - std).tolist(), (mean + std).tolist(), alpha=0.12, color=line.get_color())
+        line, = left.plot(queries, mean.tolist(), marker="o", markersize=3, label=preset, linewidth=width)
+        left.fill_between(queries, (mean - std).tolist(), (mean + std).tolist(), alpha=0.12, color=line.get_color())
         nfe = [sum(r["evaluations"][i]["nfe"] for r in runs) / len(runs) for i in range(n)]  # the seeds' mean
         middle.plot(nfe, mean.tolist(), marker="o", markersize=3, label=preset, linewidth=width, color=line.get_color())
         middle.fill_between(nfe, (mean - std).tolist(), (mean + std).tolist(), alpha=0.12, color=line.get_color())
         n = min(len(r["curve"]) for r in runs)
-        xs = [runs[0]["curve"][i][0] for i in range(n)]
-        ys = moving_average(torch.tensor([[r["curve"][i][1] for i in range(n)] for r in runs], dtype=torch.float64),
-                            smooth).mean(0)
-        right.plot(xs, ys.tolist(), label=preset, linewidth=width, color=line.get_color())
+        epoch_queries = [runs[0]["curve"][i][0] for i in range(n)]
+        smoothed = moving_average(torch.tensor([[r["curve"][i][1] for i in range(n)] for r in runs],
+                                               dtype=torch.float64), smooth).mean(0)
+        right.plot(epoch_queries, smoothed.tolist(), label=preset, linewidth=width, color=line.get_color())
+        curves[preset] = {"evaluation": {"queries": queries, "nfe": nfe, "reward_mean": mean.tolist(),
+                                         "reward_std": std.tolist()},
+                          "training": {"queries": epoch_queries, "reward_moving_average": smoothed.tolist()}}
     left.set_title("fixed evaluation (deterministic sampler), mean of seeds")
     middle.set_title("the same against denoiser evaluations (forward + backward)")
     middle.set_xlabel("denoiser evaluations")
@@ -330,6 +340,7 @@ def plot(rows: list[dict], presets: list[str], path: Path, smooth: int = 5) -> N
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    path.with_suffix(".json").write_text(json.dumps(curves, indent=1))
 
 
 def main(argv=None) -> list[dict]:

@@ -7,6 +7,7 @@ command meant to take at most 9 minutes (``--budget-s``), everything it measures
     PYTHONPATH=/tmp/site python3 bench/gpu_check.py --out DIR
 
     python bench/gpu_check.py --out DIR --dry-run     # on a CPU: every step on the tiny models (tests/end_to_end)
+    python bench/gpu_check.py --out DIR --plan        # the epoch runs the budget would start, in order; none runs
 
 Steps (``--only`` picks some), each a subprocess, so one that fails leaves the others; by default they run side by side
 (``--suite-first``: the epochs after the suite, alone, which takes longer than 9 minutes on an H100):
@@ -107,6 +108,9 @@ def parse_args(argv=None):
                         help="the epoch runs in the order to run them, comma-separated shape:kind (kind: cap, the "
                              "24 GiB cap; whole, the whole card; full, full fine-tuning); default: ORDER")
     parser.add_argument("--budget-s", type=float, default=530.0, help="seconds for the whole check")
+    parser.add_argument("--plan", action="store_true",
+                        help="run nothing: list the epoch runs in order, each planned or not run as the budget would "
+                             "decide if every run took its EXPECTED_S")
     parser.add_argument("--suite", default="", help="pytest's arguments for the suite step, space-separated (default: "
                                                    "tests; with --dry-run: DRY_SUITE)")
     parser.add_argument("--workers", type=int, default=0, help="pytest-xdist workers (0: the cores left by the bench)")
@@ -454,6 +458,9 @@ def summary(check: Check) -> str:
         for name, e in epochs.items():
             lines.append(f"| {name} | " + " | ".join(f"{e['phases'][p]:.2f}" for p in phases) + " |")
         lines.append("")
+    if "planned" in r:
+        lines += ["**Planned** (--plan: nothing ran):"] + [f"* {p['what']}: about {p['expected_s']} s"
+                                                          for p in r["planned"]] + [""]
     if r["not_run"]:
         lines += ["**Not run**:"] + [f"* {n['what']}: {n['why']}" for n in r["not_run"]]
     lines += ["", f"Whole check: {r['wall_s']:.0f} s."]
@@ -464,7 +471,10 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     check = Check(args)
     try:
-        run_steps(check)
+        if args.plan:
+            plan(check)
+        else:
+            run_steps(check)
     finally:  # an error or Ctrl-C here: no test or epoch process goes on without the check
         for process in check.processes:
             stop(process)
@@ -510,9 +520,24 @@ def run_steps(check: Check) -> None:
         suite = None
     beside = suite is not None and not args.dry_run
     check.results["epochs_beside_the_suite"] = beside
-    # (name, shape, fields, memory cap GiB, GiB left to others): a "whole card" run beside the suite leaves SUITE_GB
-    whole = SUITE_GB if beside else None
-    runs = []  # in --runs' order (ORDER by default): what the budget may leave out comes last
+    # a "whole card" run beside the suite leaves SUITE_GB
+    for name, shape, extra, cap, leave, expected in epoch_runs(check, SUITE_GB if beside else None):
+        if models and cap is None:  # the building initialises on the GPU (FLUX's held 34 GiB): a run sized to the
+            models.join(timeout=max(check.left(), 1))  # whole card starts after it, the capped ones beside it
+        model = models.ready(shape) if models else None
+        if model is not None and start_or_skip(check, name, expected):
+            epoch_run(check, name, shape, model, extra, cap, leave, parts["epochs"])
+    if models:
+        models.join(timeout=max(check.left(), 1))
+    if suite:
+        wait_suite(check, suite, check.left() - GRACE_S - 5)
+
+
+def epoch_runs(check: Check, whole: float | None) -> list[tuple]:
+    """The epoch runs of ``--runs`` (ORDER by default) in that order, those of ``--shapes`` and ``--only``: (name, shape,
+    fields, memory cap GiB, GiB left to others (``whole`` for a run on the whole card), expected seconds: None in the
+    dry run). What the budget may leave out comes last."""
+    args, runs = check.args, []
     for shape, kind in args.runs:
         if shape not in args.shapes or ("full_ft" if kind == "full" else "epochs") not in args.only:
             continue
@@ -525,16 +550,17 @@ def run_steps(check: Check) -> None:
             runs.append((f"{shape} full fine-tuning", shape, FULL_FT, None, whole, expected))
     if "full_ft" in args.only and FULL_FT_SHAPE not in args.shapes:
         check.not_run(f"{FULL_FT_SHAPE} full fine-tuning", f"no {FULL_FT_SHAPE} model (--shapes)")
-    for name, shape, extra, cap, leave, expected in runs:
-        if models and cap is None:  # the building initialises on the GPU (FLUX's held 34 GiB): a run sized to the
-            models.join(timeout=max(check.left(), 1))  # whole card starts after it, the capped ones beside it
-        model = models.ready(shape) if models else None
-        if model is not None and start_or_skip(check, name, expected):
-            epoch_run(check, name, shape, model, extra, cap, leave, parts["epochs"])
-    if models:
-        models.join(timeout=max(check.left(), 1))
-    if suite:
-        wait_suite(check, suite, check.left() - GRACE_S - 5)
+    return runs
+
+
+def plan(check: Check) -> None:
+    """``--plan``: the epoch runs in the order they would start, each started or left out by ``start_or_skip`` as
+    though every run started before it took its EXPECTED_S; nothing runs."""
+    for name, *_, expected in epoch_runs(check, None):
+        if start_or_skip(check, name, expected):
+            check.say(f"planned {name}: about {expected} s on an H200 (EXPECTED_S)")
+            check.results.setdefault("planned", []).append({"what": name, "expected_s": expected})
+            check.start -= expected or 0  # the budget's clock moved on by the run's expected seconds
 
 
 def start_or_skip(check: Check, name: str, expected: float | None) -> bool:

@@ -1,5 +1,5 @@
-"""Full-size pipelines with random weights, built from config (no download): what the GPU benchmarks measure memory
-and throughput on when the real weights are not at hand.
+"""Full-size pipelines with random weights, built from config (no download; ddpo_group/models/full_size.py, which says
+what each shape holds): what the GPU benchmarks measure memory and throughput on when the real weights are not at hand.
 
     python bench/random_model.py --shape sd15 --out /tmp/sd15     # Stable Diffusion 1.5's shapes, 512 px
     python bench/random_model.py --shape sd35m --out /tmp/sd35m   # SD 3.5 Medium's transformer, CLIP-L/G, no T5
@@ -13,327 +13,76 @@ and throughput on when the real weights are not at hand.
     python bench/random_model.py --shape qwenimage --out /tmp/qwen  # Qwen-Image (20.4B) and Qwen2.5-VL-7B: ~57 GB
     python bench/random_model.py --shape qwenimage_edit_plus --out /tmp/qwenedit  # Qwen-Image-Edit-Plus: the same
 
-sd15: UNet 860M (320/640/1280/1280 channels, cross-attention 768), VAE 84M, a CLIP-L-sized text encoder (12 layers,
-768 wide) with the locally built byte-level tokenizer, DDIM. sd35m: SD3Transformer2DModel of SD 3.5 Medium (24 MMDiT-X
-layers, 24 heads of 64, dual attention in layers 0-12, RMS q/k norm, 2.5B), CLIP-L and CLIP-G text encoders with
-projection, the 16-channel SD3 VAE, no T5 (the pipeline then feeds zeros for its tokens, as with
-``text_encoder_3=None``). sdxl: SDXL base's UNet (320/640/1280 channels, 1/2/10 transformer layers, cross-attention
-2048, the "text_time" added embedding; 2.6B), a CLIP-L-sized and a CLIP-G-sized text encoder (the second with
-projection), the SD VAE with SDXL's scaling factor, DDIM (SDXL base ships Euler; the sdxl family swaps it for DDIM).
-wan13b: Wan2.1-T2V-1.3B (``build_wan13b``: the transformer 1.4B, the Wan VAE, a UMT5-XXL-sized encoder 5.7B).
-wan21_i2v14b: Wan2.1-I2V-14B-480P (``build_wan21_i2v14b``: the transformer 16.4B, a CLIP ViT-H/14 vision encoder 0.6B,
-wan13b's VAE and encoder; ``--blocks`` keeps a fraction of the transformer's layers).
 Weights are saved in bfloat16.
+
+    python bench/random_model.py --count-only --shape zimage wan13b [--blocks 1.0] [--json PATH]
+
+``--count-only`` builds each shape on the meta device (no weights in memory, nothing saved: a second a shape once the
+libraries are imported) and prints one JSON line a shape, its description: ``{"shape", "blocks", "pipeline": its class
+name, "parameters": {component: parameter count}, "configs": {component: its config}}`` for every component that is a
+torch module. ``--json PATH`` also writes those lines to PATH (with ``--out``: the saved pipeline's).
 """
+
 
 from __future__ import annotations
 
 import argparse
 import inspect
+import json
 
 import torch
-from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, CLIPTokenizer
 
-from ddpo_group.models.tokenizer import byte_level_vocab
-
-
-def clip_text(hidden: int, layers: int, heads: int, projection: bool):
-    tokenizer = CLIPTokenizer(vocab=byte_level_vocab(), merges=[], model_max_length=77)
-    config = CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=4 * hidden,
-                            num_hidden_layers=layers, num_attention_heads=heads, max_position_embeddings=77,
-                            projection_dim=hidden, bos_token_id=0, eos_token_id=1, pad_token_id=1)
-    return tokenizer, (CLIPTextModelWithProjection if projection else CLIPTextModel)(config)
-
-
-def vae(latent_channels: int, **extra) -> AutoencoderKL:
-    return AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 4,
-                         up_block_types=("UpDecoderBlock2D",) * 4, block_out_channels=(128, 256, 512, 512),
-                         layers_per_block=2, latent_channels=latent_channels, sample_size=512, **extra)
-
-
-def build_sd15() -> StableDiffusionPipeline:
-    tokenizer, text_encoder = clip_text(768, 12, 12, projection=False)
-    unet = UNet2DConditionModel(sample_size=64, cross_attention_dim=768, attention_head_dim=8)  # the rest: SD 1.x's
-    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                              set_alpha_to_one=False, steps_offset=1)
-    return StableDiffusionPipeline(vae=vae(4, scaling_factor=0.18215), text_encoder=text_encoder, tokenizer=tokenizer,
-                                   unet=unet, scheduler=scheduler, safety_checker=None, feature_extractor=None,
-                                   requires_safety_checker=False)
-
-
-def build_sd35m():
-    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-
-    transformer = SD3Transformer2DModel(
-        sample_size=64, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64, num_attention_heads=24,
-        joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048, out_channels=16,
-        pos_embed_max_size=384, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm",
-    )
-    tokenizer, text_encoder = clip_text(768, 12, 12, projection=True)
-    tokenizer_2, text_encoder_2 = clip_text(1280, 32, 20, projection=True)
-    return StableDiffusion3Pipeline(
-        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-        vae=vae(16, shift_factor=0.0609, scaling_factor=1.5305, use_quant_conv=False, use_post_quant_conv=False),
-        text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
-        text_encoder_3=None, tokenizer_3=None,
-    )
-
-
-def build_sdxl():
-    from diffusers import StableDiffusionXLPipeline
-
-    unet = UNet2DConditionModel(  # the rest: UNet2DConditionModel's defaults, as SDXL base's config
-        sample_size=128, down_block_types=("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"), block_out_channels=(320, 640, 1280),
-        transformer_layers_per_block=(1, 2, 10), attention_head_dim=(5, 10, 20), use_linear_projection=True,
-        cross_attention_dim=2048, addition_embed_type="text_time", addition_time_embed_dim=256,
-        projection_class_embeddings_input_dim=2816,  # six size ids of 256 + CLIP-G's pooled 1280
-    )
-    tokenizer, text_encoder = clip_text(768, 12, 12, projection=False)
-    tokenizer_2, text_encoder_2 = clip_text(1280, 32, 20, projection=True)
-    scheduler = DDIMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear", clip_sample=False,
-                              set_alpha_to_one=False, steps_offset=1, timestep_spacing="leading")
-    return StableDiffusionXLPipeline(vae=vae(4, scaling_factor=0.13025), text_encoder=text_encoder,
-                                     text_encoder_2=text_encoder_2, tokenizer=tokenizer, tokenizer_2=tokenizer_2,
-                                     unet=unet, scheduler=scheduler)
-
-
-def build_wan13b(text_layers: int = 24):
-    """Wan2.1-T2V-1.3B: its WanTransformer3DModel (30 layers, 12 heads of 128, FFN 8960, text width 4096), the
-    Wan2.1 VAE (AutoencoderKLWan's defaults are its config), a UMT5-XXL-shaped encoder (24 layers of 4096, 64 heads,
-    FFN 10240, the 256384-token vocabulary; ``text_layers`` fewer to save memory) with the locally built T5-style
-    tokenizer, the released UniPC scheduler (flow_shift 3; the wan family swaps in the flow Euler one)."""
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    from ddpo_group.models.tiny_random import t5_tokenizer
-
-    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128,
-                                        in_channels=16, out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=8960,
-                                        num_layers=30, cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6,
-                                        rope_max_seq_len=1024)
-    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240,
-                                               num_layers=text_layers, num_heads=64, feed_forward_proj="gated-gelu",
-                                               relative_attention_num_buckets=32))
-    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
-        scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
-    return WanPipeline(tokenizer=t5_tokenizer(max_length=512), text_encoder=text_encoder, vae=AutoencoderKLWan(),
-                       scheduler=scheduler, transformer=transformer)
-
-
-BUILDERS = {"sd15": build_sd15, "sd35m": build_sd35m, "sdxl": build_sdxl, "wan13b": build_wan13b}
-
-
-def build_wan21_i2v14b(blocks: float = 1.0, text_layers: int = 24):
-    """Wan2.1-I2V-14B-480P (720P: the same shapes): its WanTransformer3DModel (40 layers of 40 heads of 128, FFN 13824,
-    36 input channels: the latent, the first-frame mask and the image's latent; CLIP image tokens of width 1280 through
-    the cross-attention's added key / value projections), a CLIP ViT-H/14-shaped vision encoder (32 layers of 1280,
-    224 px in 14 px patches: 257 tokens) with its image processor, build_wan13b's Wan VAE, UMT5-XXL-shaped encoder and
-    scheduler; ``blocks``: the fraction of the transformer's layers kept."""
-    from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
-    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
-
-    t2v = build_wan13b(text_layers)
-    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128,
-                                        in_channels=36, out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824,
-                                        num_layers=max(1, round(40 * blocks)), cross_attn_norm=True,
-                                        qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=1280,
-                                        added_kv_proj_dim=5120, rope_max_seq_len=1024)
-    image_encoder = CLIPVisionModel(CLIPVisionConfig(hidden_size=1280, intermediate_size=5120, num_hidden_layers=32,
-                                                     num_attention_heads=16, image_size=224, patch_size=14,
-                                                     hidden_act="gelu"))
-    image_processor = CLIPImageProcessor(crop_size=224, size=224)
-    return WanImageToVideoPipeline(tokenizer=t2v.tokenizer, text_encoder=t2v.text_encoder, vae=t2v.vae,
-                                   scheduler=t2v.scheduler, image_processor=image_processor,
-                                   image_encoder=image_encoder, transformer=transformer)
-
-
-BUILDERS["wan21_i2v14b"] = build_wan21_i2v14b
-
-
-def build_zimage():
-    """Z-Image(-Turbo)'s shapes: ZImageTransformer2DModel at its defaults (dim 3840, 30 layers and 2 + 2 refiner layers,
-    30 heads, caption width 2560: 6.2B), a Qwen3-4B-sized text encoder (36 layers, 2560 wide, 32 query / 8 key-value
-    heads of 128, vocabulary 151936: 4.0B) with the locally built byte-level Qwen tokenizer and chat template, the
-    16-channel FLUX VAE with Z-Image's scaling and shift, Z-Image-Turbo's scheduler (shift 3)."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
-    from transformers import Qwen3Config, Qwen3Model
-
-    from ddpo_group.models.tiny_random import qwen_tokenizer
-
-    text_encoder = Qwen3Model(Qwen3Config(
-        vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1000000.0,
-        tie_word_embeddings=True,
-    ))
-    return ZImagePipeline(
-        transformer=ZImageTransformer2DModel(), text_encoder=text_encoder, tokenizer=qwen_tokenizer(),
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False),
-        vae=vae(16, scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False),
-    )
-
-
-BUILDERS["zimage"] = build_zimage
-
-
-def flux_components(blocks: float = 1.0) -> dict:
-    """FLUX.1 [dev]'s components: FluxTransformer2DModel with 19 double and 38 single blocks (24 heads of 128, guidance
-    embedding; 11.9B), CLIP-L, a T5-XXL-sized encoder (24 layers, 4096 wide, gated GELU; 4.8B) with the locally built
-    T5 tokenizer, the 16-channel FLUX VAE, the dynamic shift. ``blocks`` < 1 keeps that fraction of the transformer's
-    and T5's blocks (at least one each), widths unchanged."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
-    from transformers import T5Config, T5EncoderModel
-
-    from ddpo_group.models.tiny_random import t5_tokenizer
-
-    def kept(n):
-        return max(1, round(n * blocks))
-
-    transformer = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=kept(19), num_single_layers=kept(38),
-                                         attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
-                                         pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))
-    tokenizer, text_encoder = clip_text(768, 12, 12, projection=False)
-    t5 = T5EncoderModel(T5Config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=kept(24), num_heads=64,
-                                 feed_forward_proj="gated-gelu", tie_word_embeddings=False))
-    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
-                                                base_image_seq_len=256, max_image_seq_len=4096)
-    return dict(scheduler=scheduler, vae=vae(16, shift_factor=0.1159, scaling_factor=0.3611, use_quant_conv=False,
-                                             use_post_quant_conv=False),
-                text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=t5, tokenizer_2=t5_tokenizer(512),
-                transformer=transformer)
-
-
-def build_flux(blocks: float = 1.0):
-    """FLUX.1 [dev] text-to-image (FluxPipeline): ``flux_components``."""
-    from diffusers import FluxPipeline
-
-    return FluxPipeline(**flux_components(blocks))
-
-
-def build_flux_kontext(blocks: float = 1.0):
-    """FLUX.1 Kontext [dev]: FLUX.1 [dev]'s shapes (``flux_components``) in FluxKontextPipeline."""
-    from diffusers import FluxKontextPipeline
-
-    return FluxKontextPipeline(**flux_components(blocks))
-
-
-BUILDERS["flux"] = build_flux
-BUILDERS["flux_kontext"] = build_flux_kontext
-
-
-def build_flux2_klein4b(double_blocks: int = 5, single_blocks: int = 20, text_layers: int = 36):
-    """FLUX.2 [klein] 4B (step-distilled): Flux2Transformer2DModel with 5 double and 20 single blocks of 24 heads of 128
-    (3.9B), a Qwen3-4B-sized text encoder (36 layers, 2560 wide, 32 / 8 heads of 128, 151936 embeddings; layers 9, 18,
-    27 stacked: the 7680-wide text input) with the locally built byte-level tokenizer, the 32-channel FLUX.2 VAE, the
-    dynamic shift; fewer blocks or text layers give a stated fraction (at least 27 text layers)."""
-    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from ddpo_group.models.tiny_random import qwen_tokenizer
-
-    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=128, num_layers=double_blocks,
-                                          num_single_layers=single_blocks, attention_head_dim=128,
-                                          num_attention_heads=24, joint_attention_dim=7680, timestep_guidance_channels=256,
-                                          mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6,
-                                          guidance_embeds=False)
-    tokenizer = qwen_tokenizer()
-    text_encoder = Qwen3ForCausalLM(Qwen3Config(
-        vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=text_layers,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000}, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id))
-    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
-                                                base_image_seq_len=256, max_image_seq_len=4096,
-                                                time_shift_type="exponential")
-    return Flux2KleinPipeline(scheduler=scheduler, vae=AutoencoderKLFlux2(), text_encoder=text_encoder,
-                              tokenizer=tokenizer, transformer=transformer, is_distilled=True)
-
-
-BUILDERS["flux2_klein4b"] = build_flux2_klein4b
-def build_qwenimage(layers: int = 60):
-    """Qwen-Image: its QwenImageTransformer2DModel (60 MMDiT blocks of 24 heads of 128 on 64-channel packed tokens,
-    text width 3584; 20.4B; ``layers`` fewer for a fraction), Qwen2.5-VL-7B as its text encoder (28 layers of 3584,
-    28 heads with 4 key-value heads, and the 32-block vision tower the pipeline loads but does not run; 8.3B) with the
-    locally built Qwen tokenizer, merges learned on the prompt template (its token ids below its small vocabulary),
-    the 16-channel AutoencoderKLQwenImage (its defaults are Qwen-Image's latents_mean / latents_std), Qwen-Image's
-    scheduler."""
-    from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-    from ddpo_group.models.tiny_random import qwen_tokenizer, qwenimage_scheduler
-
-    scheduler = qwenimage_scheduler()
-    template = QwenImagePipeline(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None,
-                                 transformer=None).prompt_template_encode
-    transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=layers,
-                                              attention_head_dim=128, num_attention_heads=24, joint_attention_dim=3584,
-                                              guidance_embeds=False, axes_dims_rope=(16, 56, 56))
-    config = Qwen2_5_VLConfig(
-        text_config={"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
-                     "num_attention_heads": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
-                     "max_position_embeddings": 128000, "rope_theta": 1000000.0,
-                     "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}},
-        vision_config={"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
-                       "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31]},
-        vocab_size=152064, hidden_size=3584, tie_word_embeddings=False,
-    )
-    return QwenImagePipeline(scheduler=scheduler, vae=AutoencoderKLQwenImage(), transformer=transformer,
-                             tokenizer=qwen_tokenizer(template=template),
-                             text_encoder=Qwen2_5_VLForConditionalGeneration(config))
-
-
-BUILDERS["qwenimage"] = build_qwenimage
-
-
-def build_qwenimage_edit_plus(blocks: float = 1.0):
-    """Qwen-Image-Edit-Plus (2509 / 2511): Qwen-Image's components (``build_qwenimage``: the Edit models share its
-    transformer and Qwen2.5-VL-7B, whose vision tower now runs on the source images; ``blocks``: the fraction of the
-    60 transformer blocks kept), the tokenizer with the vision tokens (merges on the Edit template) and its
-    Qwen2VLProcessor (None without torchvision, which transformers' processor needs)."""
-    from diffusers import QwenImageEditPlusPipeline
-
-    from ddpo_group.models.tiny_random import qwen_vl_processor, qwen_vl_tokenizer
-
-    base = build_qwenimage(layers=max(1, round(60 * blocks)))
-    template = QwenImageEditPlusPipeline(scheduler=base.scheduler, vae=None, text_encoder=None, tokenizer=None,
-                                         processor=None, transformer=None).prompt_template_encode
-    tokenizer = qwen_vl_tokenizer(template)
-    config = base.text_encoder.config
-    for key, token in (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-                       ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")):
-        setattr(config, key, tokenizer.convert_tokens_to_ids(token))  # this tokenizer's ids, not Qwen's 151652...
-    try:
-        processor = qwen_vl_processor(tokenizer)
-    except ImportError:
-        processor = None
-    return QwenImageEditPlusPipeline(scheduler=base.scheduler, vae=base.vae, text_encoder=base.text_encoder,
-                                     tokenizer=tokenizer, processor=processor, transformer=base.transformer)
-
-
-BUILDERS["qwenimage_edit_plus"] = build_qwenimage_edit_plus
+from ddpo_group.models.full_size import BUILDERS, describe
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", choices=sorted(BUILDERS), required=True)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--shape", choices=sorted(BUILDERS), nargs="+", required=True,
+                        help="the shape to build (several with --count-only)")
+    output = parser.add_mutually_exclusive_group(required=True)
+    output.add_argument("--out", help="the folder the pipeline is saved to")
+    output.add_argument("--count-only", action="store_true",
+                        help="build on the meta device (no weights in memory, nothing saved) and print each shape's "
+                             "parameter counts and configs per component as one JSON line")
     parser.add_argument("--blocks", type=float, default=1.0,
                         help="the fraction of the transformer's (and T5's) blocks kept, widths unchanged: flux, "
                              "flux_kontext, qwenimage_edit_plus and wan21_i2v14b")
+    parser.add_argument("--json", default="", metavar="PATH", help="also write the shapes' descriptions to this file, "
+                                                                  "one JSON line each")
     args = parser.parse_args(argv)
-    builder = BUILDERS[args.shape]
-    if args.blocks != 1.0 and "blocks" not in inspect.signature(builder).parameters:
-        parser.error(f"--blocks {args.blocks} applies to flux, flux_kontext, qwenimage_edit_plus and wan21_i2v14b, not "
-                     f"{args.shape}")
+    if len(args.shape) > 1 and not args.count_only:
+        parser.error(f"--shape {' '.join(args.shape)}: one shape is saved to --out (several with --count-only)")
+    for shape in args.shape:
+        if args.blocks != 1.0 and "blocks" not in inspect.signature(BUILDERS[shape]).parameters:
+            parser.error(f"--blocks {args.blocks} applies to flux, flux_kontext, qwenimage_edit_plus and wan21_i2v14b, "
+                         f"not {shape}")
+    lines = []
+    for shape in args.shape:
+        lines.append(build(shape, args))
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+
+
+def build(shape: str, args) -> str:
+    """Build ``shape`` (``--count-only``: on the meta device, printing its description; else saved to ``--out``); its
+    description as a JSON line."""
+    builder = BUILDERS[shape]
     torch.manual_seed(0)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # random init on the GPU: seconds, not minutes
+    # random init on the GPU: seconds, not minutes; the meta device allocates nothing
+    device = "meta" if args.count_only else "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.device(device):
         pipe = builder(blocks=args.blocks) if args.blocks != 1.0 else builder()
+    description = describe(shape, args.blocks, pipe)
+    line = json.dumps(description, default=str)
+    if args.count_only:
+        print(line, flush=True)
+        return line
     pipe.to(torch.bfloat16)
-    counts = {name: sum(p.numel() for p in module.parameters()) / 1e6 for name, module in pipe.components.items()
-              if isinstance(module, torch.nn.Module)}
+    counts = {name: count / 1e6 for name, count in description["parameters"].items()}
     pipe.save_pretrained(args.out)
-    print(f"{args.shape} saved to {args.out}: " + ", ".join(f"{k} {v:.0f}M" for k, v in counts.items()))
+    print(f"{shape} saved to {args.out}: " + ", ".join(f"{k} {v:.0f}M" for k, v in counts.items()))
+    return line
 
 
 if __name__ == "__main__":

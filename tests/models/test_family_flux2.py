@@ -179,14 +179,10 @@ def test_the_flow_factory_recipes_run_on_the_tiny_model(recipe, distilled, steps
 
 
 def test_the_full_size_bench_shape_composes():
-    """bench/random_model.py --shape flux2_klein4b, built on the meta device (no memory): klein 4B's 3.9B transformer
+    """models/full_size.py's flux2_klein4b, built on the meta device (no memory): klein 4B's 3.9B transformer
     and 4.0B Qwen3, whose stacked layers are the transformer's 7680-wide text input; a 1024 px image is 4096 tokens of
     128 channels, decoded through the VAE's batch norm and 2x2 unpatchify to 32 x 128 x 128 latents."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from random_model import BUILDERS
+    from ddpo_group.models.full_size import BUILDERS
 
     from ddpo_group.models.families.flux2 import Flux2Family
 

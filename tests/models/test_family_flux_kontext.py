@@ -192,22 +192,16 @@ def test_an_editing_dataset_trains_an_epoch_and_the_lora_loads_in_the_pipeline(t
 
 
 def test_the_bench_shape_is_flux_kontext_at_its_real_size():
-    """bench/random_model.py --shape flux_kontext, built on the meta device (no memory): FLUX.1's 11.9B transformer
+    """models/full_size.py's flux_kontext, built on the meta device (no memory): FLUX.1's 11.9B transformer
     and a T5-XXL-sized encoder; a fraction of the blocks keeps the widths."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    try:
-        import random_model
-    finally:
-        sys.path.pop(0)
+    from ddpo_group.models import full_size
 
     def billions(pipe, name):
         return sum(p.numel() for p in getattr(pipe, name).parameters()) / 1e9
 
     with torch.device("meta"):
-        full = random_model.BUILDERS["flux_kontext"]()
-        part = random_model.build_flux_kontext(blocks=0.05)
+        full = full_size.BUILDERS["flux_kontext"]()
+        part = full_size.build_flux_kontext(blocks=0.05)
     assert isinstance(full, FluxKontextPipeline)
     assert billions(full, "transformer") == pytest.approx(11.90, abs=0.01)
     assert billions(full, "text_encoder_2") == pytest.approx(4.76, abs=0.01)

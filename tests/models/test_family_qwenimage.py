@@ -131,14 +131,10 @@ def test_the_flow_grpo_recipe_runs_on_the_tiny_model(tiny_qwenimage_dir, tmp_pat
 
 
 def test_the_bench_shape_is_qwen_images_full_size():
-    """bench/random_model.py --shape qwenimage, built on the meta device (no memory): the published sizes, Qwen-Image's
+    """models/full_size.py's qwenimage, built on the meta device (no memory): the published sizes, Qwen-Image's
     20.4B transformer and Qwen2.5-VL-7B's 8.29B; and the family's condition and latents at that size (1024 px: 4096
     packed tokens of 64)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from random_model import BUILDERS
+    from ddpo_group.models.full_size import BUILDERS
 
     with torch.device("meta"):
         pipe = BUILDERS["qwenimage"]()

@@ -190,18 +190,12 @@ def test_the_pipelines_keywords_name_the_default_size(tiny_qwenimage_edit_plus_d
 
 
 def test_the_bench_shape_is_qwenimage_edit_plus_at_its_real_size():
-    """bench/random_model.py --shape qwenimage_edit_plus on the meta device: Qwen-Image's 20.4B transformer (the Edit
+    """models/full_size.py's qwenimage_edit_plus on the meta device: Qwen-Image's 20.4B transformer (the Edit
     models share it) and Qwen2.5-VL-7B's text model and vision tower."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    try:
-        import random_model
-    finally:
-        sys.path.pop(0)
+    from ddpo_group.models import full_size
     with torch.device("meta"):
-        full = random_model.BUILDERS[NAME]()
-        part = random_model.build_qwenimage_edit_plus(blocks=0.05)
+        full = full_size.BUILDERS[NAME]()
+        part = full_size.build_qwenimage_edit_plus(blocks=0.05)
     assert isinstance(full, QwenImageEditPlusPipeline)
     assert sum(p.numel() for p in full.transformer.parameters()) / 1e9 == pytest.approx(20.43, abs=0.01)
     assert full.text_encoder.config.vision_config.depth == 32

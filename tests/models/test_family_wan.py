@@ -263,13 +263,9 @@ def test_the_flow_factory_wan_recipe_runs_on_the_tiny_model(tiny_wan_dir, tmp_pa
 
 
 def test_the_full_size_bench_shape_builds():
-    """bench/random_model.py --shape wan13b, built on the meta device (no memory, no weights): Wan2.1-T2V-1.3B's
+    """models/full_size.py's wan13b, built on the meta device (no memory, no weights): Wan2.1-T2V-1.3B's
     parameter counts, and the family reads its sizes."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
-    from random_model import build_wan13b
+    from ddpo_group.models.full_size import build_wan13b
 
     with torch.device("meta"):
         pipe = build_wan13b()

@@ -193,16 +193,10 @@ def test_the_flow_factory_recipe_trains_from_a_two_row_jsonl(family_model_dirs, 
 
 
 def test_the_bench_shape_is_wan21_i2v_14b():
-    """bench/random_model.py --shape wan21_i2v14b on the meta device: Wan2.1-I2V-14B's transformer (16.4B, 36 input
+    """models/full_size.py's wan21_i2v14b on the meta device: Wan2.1-I2V-14B's transformer (16.4B, 36 input
     channels, CLIP tokens of width 1280) and CLIP ViT-H/14 vision encoder (0.63B); the family takes it and samples the
     pipeline's 81 frames of 480 x 832 (21 latent frames of 60 x 104)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    try:
-        from random_model import BUILDERS
-    finally:
-        sys.path.pop(0)
+    from ddpo_group.models.full_size import BUILDERS
     with torch.device("meta"):
         pipe = BUILDERS["wan21_i2v14b"]()
     billions = {name: round(sum(p.numel() for p in module.parameters()) / 1e9, 2)

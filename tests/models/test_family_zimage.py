@@ -181,13 +181,9 @@ def test_the_flow_factory_recipes_run_on_the_tiny_model(recipe, tiny_zimage_dir,
 
 
 def test_the_bench_shape_has_the_real_models_sizes():
-    """bench/random_model.py --shape zimage, built on the meta device (no memory): Z-Image's 6.2B transformer reading
+    """models/full_size.py's zimage, built on the meta device (no memory): Z-Image's 6.2B transformer reading
     the 2560-wide hidden states of a 4.0B Qwen3-4B-sized text encoder; the zimage family drives it."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from random_model import BUILDERS
+    from ddpo_group.models.full_size import BUILDERS
 
     with torch.device("meta"):
         pipe = BUILDERS["zimage"]()

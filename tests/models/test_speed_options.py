@@ -8,7 +8,7 @@ from torch.profiler import profile
 
 from ddpo_group.errors import ConfigError
 from ddpo_group.models import speed_options
-from ddpo_group.models.speed_options import compile_denoiser, sampling_denoiser, set_attention_backend
+from ddpo_group.models.speed_options import compile_denoiser, eager, sampling_denoiser, set_attention_backend
 from ddpo_group.models.tiny_random import TINY_BUILDERS
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 from tests.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
@@ -61,6 +61,28 @@ def test_compile_denoiser_off_full_and_regional():
     assert joint and compiled(sd3) == joint
     with pytest.raises(ConfigError, match="Linear declares no repeated blocks.*'full'"):
         compile_denoiser(torch.nn.Linear(2, 2), "regional")
+
+
+def test_eager_runs_the_compiled_modules_plain_inside_and_compiled_after():
+    """eager (bench/training.py's reference loop beside a compiled denoiser): inside, no module reaches the compiler;
+    after, the compiled call is back and the same output is traced once."""
+    traced = []
+
+    def backend(graph, inputs):  # a compiler that counts what reaches it and runs the graph as traced
+        traced.append(graph)
+        return graph.forward
+
+    class Block(torch.nn.Module):  # defined here: dynamo traces no frame of torch's own modules
+        def forward(self, x):
+            return x * 2 + 1
+
+    model = torch.nn.Sequential(Block(), torch.nn.Linear(2, 2))
+    model[0].compile(backend=backend)
+    with eager(model):
+        eager_out = model(torch.ones(1, 2))
+    assert traced == [] and model[0]._compiled_call_impl is not None  # restored after
+    torch.testing.assert_close(model(torch.ones(1, 2)), eager_out)
+    assert len(traced) == 1
 
 
 def test_regional_compilation_raises_the_recompile_limit_per_block_shape():
