@@ -49,8 +49,7 @@ from _common import (UNetTimer, add_common_args, bench_config, bench_model, mach
                      side_by_side, sync, train_batches)
 
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
-from ddpo_group.models.speed_options import eager
-from ddpo_group.models.speed_options import compile_denoiser
+from ddpo_group.models.speed_options import compile_denoiser, eager
 from ddpo_group.models.trainable import build_policy, make_optimizer
 from ddpo_group.update.memory_fit import PairsPerForward
 from ddpo_group.update.policy_update import PolicyUpdater
