@@ -341,3 +341,29 @@ def test_random_model_counts_a_shape_on_the_meta_device(tmp_path):
     assert billions == {"vae": 0.08, "text_encoder": 4.02, "transformer": 6.15}
     assert shape["configs"]["transformer"]["cap_feat_dim"] == shape["configs"]["text_encoder"]["hidden_size"] == 2560
     assert list(tmp_path.iterdir()) == [tmp_path / "zimage.json"]  # nothing saved
+
+
+@pytest.mark.slow
+def test_reward_hacking_study_reports_its_rows_and_keeps_finished_runs(tmp_path):
+    """bench/reward_hacking.py on the embedded model, made small (2 epochs of 8 images, evaluated every epoch): a row
+    per preset and variant with the measures read back from each run's eval.jsonl and lora_best/best.json, the plot
+    and seed 0's grids; a second call runs nothing (the finished runs are kept)."""
+    common = ["--out", tmp_path, "--presets", "grpo", "--variants", "plain,pairwise", "--seeds", "0", "--epochs", "2",
+              "--eval-freq", "1", "--jobs", "1"] + flags("--set", ["sample.num_batches_per_epoch=1",
+                                                                "sample.batch_size=8", "train.batch_size=8",
+                                                                "eval_num_prompts=2", "eval_num_seeds=2"])
+    succeeded("reward_hacking", *common)
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert set(rows) == {"grpo plain", "grpo pairwise"}
+    for label, (run,) in rows.items():
+        assert run["epochs"] == [-1, 0, 1] and len(run["heldout"]) == len(run["proxy"]) == 3
+        assert -1 <= run["best_epoch"] <= 1 and run["best_heldout"] == max(run["heldout"])
+        assert run["proxy_gain"] == pytest.approx(run["proxy"][-1] - run["proxy"][0])
+    assert rows["grpo pairwise"][0]["proxy"][0] == pytest.approx(rows["grpo plain"][0]["proxy"][0])  # same images
+    table = table_rows((tmp_path / "results.md").read_text(), "row")
+    assert set(table) == {"grpo plain", "grpo pairwise"}
+    assert {"hacking.png", "grid_eval_before.png", "grid_eval_epoch_00001.png"} <= {p.name for p in tmp_path.iterdir()}
+    log = tmp_path / "runs" / "grpo_plain_seed0.log"
+    written = log.stat().st_mtime_ns
+    succeeded("reward_hacking", *common)
+    assert log.stat().st_mtime_ns == written
