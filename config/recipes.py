@@ -415,17 +415,16 @@ def flow_factory_wan21_i2v() -> ml_collections.ConfigDict:
     shipped: a .jsonl prompt file of yours (rows {"prompt", "image"}) in prompt_fn_kwargs.path."""
     config = flow_factory("Wan-AI/Wan2.1-I2V-14B-480P-Diffusers")
     config.sample.resolution, config.sample.num_frames = 240, 5
-    config.sample.num_steps, config.sample.eval_num_steps = 10, 28
+    config.sample.eval_num_steps = 28
     config.sample.noise_level = 0.9
     config.sample.sde_window_start, config.sample.sde_window_size = 1, 3
-    config.sample.guidance_scale, config.train.cfg = 5.0, True
     config.sample.batch_size, config.sample.num_batches_per_epoch = 1, 96  # 48 groups of 16 over 8 processes
     config.sample.text_embedding_cache = 1024  # UMT5, CLIP and the VAE meet each (prompt, source image) once
     config.train.batch_size, config.train.gradient_accumulation_steps = 1, 48  # 2 optimizer steps an epoch
-    config.train.learning_rate, config.train.adam_weight_decay = 1e-4, 1e-4
-    config.train.ema, config.train.ema_decay, config.train.ema_update_interval = True, 0.9, 8
+    config.train.learning_rate = 1e-4
+    config.train.ema = True
     config.prompt_fn = "from_file"
-    config.num_epochs, config.save_freq, config.eval_freq = 500, 20, 20
+    config.num_epochs, config.eval_freq = 500, 20
     return config
 
 

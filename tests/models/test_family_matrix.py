@@ -248,7 +248,9 @@ def test_evaluate_on_a_run_and_its_lora_in_the_pipeline(name, family_dirs, promp
     trainer.run()
     family, cfg = trainer.family, trainer.config
     adapted = {key.split(".lora_A")[0] for key, _ in family.model.named_parameters() if ".lora_A" in key}
-    assert all(any(module.endswith(target) for module in adapted) for target in family.lora_target_modules)
+    unmatched = {t for t in family.lora_target_modules if not any(module.endswith(t) for module in adapted)}
+    # the tiny SD3 transformer's one block is its last, whose context is pre-only: it has no to_add_out
+    assert unmatched == ({"attn.to_add_out"} if name == "sd3" else set()), unmatched
     prompts, metadata = PromptSampler(cfg.prompt_fn, cfg.prompt_fn_kwargs.to_dict(), seed=1).sample(1)
     pipe = get_family(name).load_pipeline(family_dirs[name], True, None, {})
     pipe.set_progress_bar_config(disable=True)
@@ -290,8 +292,8 @@ def test_tree_rollouts(name, family_dirs, prompt_rows, tmp_path):
         getattr(family, "classifier_free", True))
     assert trainer.nfe.take()[0] == (1 + 1) * (2 if guided else 1)
     for key in ("latents", "next_latents", "log_probs"):
-        assert torch.equal(batch[key][0, 0], batch[key][1, 0]), key
-    assert not torch.equal(batch["next_latents"][0, 1], batch["next_latents"][1, 1])
+        assert torch.equal(getattr(batch, key)[0, 0], getattr(batch, key)[1, 0]), key
+    assert not torch.equal(batch.next_latents[0, 1], batch.next_latents[1, 1])
     metrics = trainer.run()
     assert metrics["global_step"] == 1 and np.isfinite(metrics["train/policy_loss"])
 

@@ -188,7 +188,7 @@ def test_the_flow_factory_recipe_trains_from_a_two_row_jsonl(family_model_dirs, 
     assert trainer.config.train.group_size == 4  # 16 in the recipe
     metrics = trainer.run()
     assert metrics["global_step"] == 1 and np.isfinite(metrics["train/policy_loss"])
-    keys = set(trainer.rollouts.text_cache.entries)  # the epoch's prompts (drawn from the two rows) with their images
+    keys = set(trainer.rollouts.sampler.text_cache.entries)  # the epoch's prompts (drawn from the two rows) with their images
     assert keys and keys <= {(row["prompt"], str(tmp_path / "data" / row["image"])) for row in rows}
 
 

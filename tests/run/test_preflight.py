@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 import ddpo_group.sampling.trajectories as trajectories
+from ddpo_group.models.families import get_family
 from ddpo_group.models.tiny_random import TINY_BUILDERS
 from ddpo_group.run.preflight import run_check
 from ddpo_group.sampling.trajectories import TransitionScorer
@@ -45,7 +46,7 @@ def test_every_familys_tiny_model_is_consistent(name, family_model_dirs, tmp_pat
     original = pipeline_qwenimage_edit.calculate_dimensions
     monkeypatch.setattr(pipeline_qwenimage_edit, "calculate_dimensions",
                         lambda area, ratio: original(area * 32 * 32 // (1024 * 1024), ratio))
-    editing = edits(tmp_path) if "edit" in name or "kontext" in name else {}
+    editing = edits(tmp_path) if get_family(name).takes_images else {}  # source images from a .jsonl file
     result, report = check("grpo", family_model_dirs[name], tmp_path, **FAMILY_OVERRIDES.get(name, {}), **editing)
     assert result.consistent and result.worst < 1e-5, report
     assert "verdict: consistent" in report and "an epoch, on one process: about" in report

@@ -95,12 +95,13 @@ def test_cps_last_step_is_deterministic_and_the_family_leaves_it_out_of_the_wind
 
     from config.base import base
     from ddpo_group.models.families.flow_matching import FlowMatchingFamily
+    from ddpo_group.models.tiny_random import TINY_BUILDERS
 
     out = flow_step_with_logprob("cps", torch.zeros(1, 4), torch.ones(1, 4), 0.2, 0.0, 0.8, compute_log_prob=False)
     assert float(out.std) == 0.0 and torch.equal(out.next_latents, out.mean)
     sample = ConfigDict({"num_steps": 4, "sde_type": "cps", "noise_level": 0.8, "sde_window_start": 0,
                          "sde_window_size": 0})
-    family = FlowMatchingFamily(pipe=None, config=base())
+    family = FlowMatchingFamily(pipe=TINY_BUILDERS["sd3"](), config=base())  # the step kinds read no weights
     assert family.stochastic_steps(sample).tolist() == [True, True, True, False]
     assert family.noise_levels(sample) == [0.8, 0.8, 0.8, 0.0]
     sample.sde_type = "flow_sde"

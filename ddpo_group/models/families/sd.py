@@ -131,6 +131,11 @@ class StableDiffusionFamily(ModelFamily):
         side = self.pipe.unet.config.sample_size * self.pipe.vae_scale_factor
         return side, side
 
+    @property
+    def height_width(self) -> tuple[int, int]:
+        """``default_size()`` whatever ``sample.resolution`` says: the UNet's sample size fixes the image."""
+        return self.default_size()
+
     def size_errors(self) -> list[str]:
         """None: the UNet's sample size fixes the image (``sample.resolution`` is not read)."""
         return []

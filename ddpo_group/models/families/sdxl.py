@@ -35,7 +35,8 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
     # flow families do it)
     encode_quietly = FlowMatchingFamily.encode_quietly
     text_encoder_device = FlowMatchingFamily.text_encoder_device
-    size_errors = ModelFamily.size_errors  # SDXL samples sample.resolution (Stable Diffusion's UNet fixes its size)
+    # SDXL samples sample.resolution (Stable Diffusion's UNet fixes its size)
+    height_width, size_errors = ModelFamily.height_width, ModelFamily.size_errors
 
     @classmethod
     def load_pipeline(cls, path, local, revision, dtype_kwargs):
