@@ -47,8 +47,8 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, options, t
                                                               "train.cfg": guidance > 0, **options})
     kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
     assert kwargs == {"height": 32, "width": 32, "max_sequence_length": 64,
-                      "cfg_normalization": options.get("sample.cfg_normalization", 0.0),
-                      "cfg_truncation": options.get("sample.cfg_truncation", 1.0)}
+                      "cfg_normalization": config.sample.cfg_normalization,
+                      "cfg_truncation": config.sample.cfg_truncation}
     family.pipe.set_progress_bar_config(disable=True)
     want = family.pipe(list(PROMPTS), num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
                        output_type="pt", **kwargs).images

@@ -11,11 +11,13 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ddpo_group"
 
 
 def leaf_names(config, prefix=""):
+    """Every field's name, alone and dotted ("clip_range", "train.clip_range": a flattened config's key)."""
     for key, value in config.items():
         if hasattr(value, "items") and len(value):
             yield from leaf_names(value, f"{prefix}{key}.")
         else:
             yield key
+            yield prefix + key
 
 
 def restated_defaults(source: str, names: set) -> list:
@@ -39,10 +41,10 @@ def restated_defaults(source: str, names: set) -> list:
 
 
 def test_the_scan_finds_a_restated_default():
-    names = {"eval_num_seeds", "ema_decay"}
+    names = {"eval_num_seeds", "ema_decay", "train.ema_decay"}
     source = ("a = config.get('eval_num_seeds', 2)\nb = getattr(t, 'ema_decay', 0.9)\nc = config.eval_num_seeds\n"
-              "d = state.get('ema_decay', 0.5)\ne = metrics.get('other', 1)\n")
-    assert [line for line, _ in restated_defaults(source, names)] == [1, 2]
+              "d = state.get('ema_decay', 0.5)\ne = metrics.get('other', 1)\nf = flat.get('train.ema_decay', 0.9)\n")
+    assert [line for line, _ in restated_defaults(source, names)] == [1, 2, 6]
 
 
 def test_package_code_restates_no_default():

@@ -36,7 +36,7 @@ def sample_tree(family, config, leaves_per_root, branches, initial_noise=None):
     return traj, cond
 
 
-@pytest.mark.parametrize("name, overrides", KINDS, ids=[f"{n}-{o.get('sample.sde_type', 'ddim')}" for n, o in KINDS])
+@pytest.mark.parametrize("name, overrides", KINDS, ids=[n + "".join(f"-{v}" for v in o.values()) for n, o in KINDS])
 def test_siblings_share_their_prefix_and_draw_their_own_noise_after_each_branch(name, overrides, family_model_dirs):
     """An SDE window of steps 0-2, branches at steps 1 (2 children) and 2 (2 children): 4 leaves a root. x_0..x_1 shared by a root's leaves
     (bitwise), x_2 by each child's two leaves and different between the children, x_3 different between all;

@@ -114,7 +114,7 @@ def check_resume(checkpoint: Path, config, num_processes: int, sharded: bool = F
             + "\nset them as in the checkpoint (its run's config.json), or start a new run (another run_name, no resume_from)"
         )
     warnings = []
-    if saved.get("pretrained.model", now["pretrained.model"]) != now["pretrained.model"]:
+    if "pretrained.model" in saved and saved["pretrained.model"] != now["pretrained.model"]:
         warnings.append(f"pretrained.model is {now['pretrained.model']!r}; the checkpoint was trained from "
                         f"{saved['pretrained.model']!r} (fine if it is the same model at another path)")
     if saved.get("num_processes", num_processes) != num_processes:
