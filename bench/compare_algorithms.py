@@ -21,7 +21,9 @@ evaluation reward's gain at equal denoiser evaluations (each row's last evaluati
 fewest any row spent) and the evaluations until ``--threshold``, and the wall time. Prints a markdown table, writes it
 with the raw rows to ``--out``/results.{md,json} and plots evaluation reward against queries and against denoiser
 evaluations, and the epoch-mean reward against queries, to ``--out``/reward_vs_queries.png (the plotted curves in
-reward_vs_queries.json). No accelerate launch
+reward_vs_queries.json). ``--versus LABEL`` adds a table of every row's difference to that row (the gain after the
+budget and at equal evaluations, mean over seeds) with its 95% t interval, paired by seed (a seed's evaluation is the
+same for every row): a difference whose interval holds 0 is within the seeds' noise. No accelerate launch
 needed: runs in this process, or ``--jobs N`` at once in worker processes (each with cpu_count // N threads). Every
 finished run is saved at once; running the same command again (or with more presets, variants or seeds) skips the
 runs already in ``--out``/results.json.
@@ -233,6 +235,60 @@ def mean_std(values, empty: str = "never"):
     return f"{float(t.mean()):.4g} ± {std:.2g}"
 
 
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile (p > 0.5) of Student's t with ``df`` degrees of freedom: its density integrated numerically
+    (trapezoids on [0, x]) and the integral's inverse found by bisection (no scipy in the install)."""
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+
+    def cdf(x: float) -> float:
+        grid = torch.linspace(0.0, x, 4001, dtype=torch.float64)
+        density = torch.exp(log_c - (df + 1) / 2 * torch.log1p(grid ** 2 / df))
+        return 0.5 + float(torch.trapezoid(density, grid))
+
+    low, high = 0.0, 100.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if cdf(mid) < p else (low, mid)
+    return (low + high) / 2
+
+
+def difference_interval(a: list[float], b: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean(a) - mean(b), the ``level`` t interval's low and high end) of paired values: a[i] and b[i] come from the
+    same seed (whose evaluation both rows share: the same prompts and initial noises), so the interval is the per-seed
+    differences' (n - 1 degrees of freedom)."""
+    d = torch.tensor(a, dtype=torch.float64) - torch.tensor(b, dtype=torch.float64)
+    diff, se = float(d.mean()), float(d.std()) / math.sqrt(len(a))
+    half = t_quantile(0.5 + level / 2, len(a) - 1) * se if se else 0.0
+    return diff, diff - half, diff + half
+
+
+def versus_table(rows: list[dict], presets: list[str], versus: str, at_nfe: int | None = None) -> str:
+    """Each row's difference to row ``versus`` (mean over the seeds, with its 95% t interval paired by seed): the
+    evaluation reward's gain after the whole budget and at equal denoiser evaluations (as the main table's column)."""
+    at_nfe = at_nfe if at_nfe is not None else min((r["nfe"] for r in rows), default=0)
+
+    def gains(preset):
+        rs = sorted((r for r in rows if r["preset"] == preset), key=lambda r: r["seed"])
+        return ([r["seed"] for r in rs], [r["after"] - r["before"] for r in rs],
+                [reward_at_nfe(r["evaluations"], at_nfe)[0] - r["before"] for r in rs])
+
+    if not any(r["preset"] == versus for r in rows):
+        raise SystemExit(f"--versus {versus!r}: not a row of this study ({presets})")
+    base_seeds, base_final, base_equal = gains(versus)
+    out = [f"| variant | seeds | gain - {versus}'s (95% interval) | at {at_nfe} evaluations (95% interval) |",
+           "|---|---|---|---|"]
+    for preset in presets:
+        seeds, final, equal = gains(preset)
+        if preset == versus or len(final) < 2 or len(base_final) < 2:
+            continue
+        if seeds != base_seeds:  # every row runs every seed of the command: only a study cut short differs
+            raise SystemExit(f"--versus {versus!r}: {preset} ran seeds {seeds}, {versus} {base_seeds}")
+        cells = [difference_interval(x, y) for x, y in ((final, base_final), (equal, base_equal))]
+        out.append(f"| {preset} | {len(final)} | " +
+                   " | ".join(f"{d:+.4f} ({low:+.4f} to {high:+.4f})" for d, low, high in cells) + " |")
+    return "\n".join(out)
+
+
 def resolve_threshold(threshold: str | None, rows: list[dict]) -> tuple[float | None, str]:
     """(level, its description): a number, or a row label's mean final evaluation reward."""
     if threshold is None:
@@ -354,6 +410,8 @@ def main(argv=None) -> list[dict]:
                         help="the equal-evaluations column's level (default: the fewest evaluations of any run)")
     parser.add_argument("--threshold", default=None,
                         help="evaluation reward level for 'queries to reach': a number or a row's label (its final)")
+    parser.add_argument("--versus", default=None,
+                        help="a row's label: a second table of every row's difference to it, with 95%% intervals")
     parser.add_argument("--variant", action="append", default=[], metavar='"LABEL=PRESET FIELD=VALUE ..."',
                         help="a row of its own: a preset with overrides")
     parser.add_argument("--out", default="bench/results")
@@ -393,6 +451,8 @@ def main(argv=None) -> list[dict]:
     rows = [r for r in rows if r["preset"] in presets and r["seed"] in seeds]
     rows.sort(key=lambda r: (presets.index(r["preset"]), r["seed"]))
     text = table(rows, presets, args.threshold, args.at_nfe)
+    if args.versus is not None:
+        text += "\n\n" + versus_table(rows, presets, args.versus, args.at_nfe)
     print(text)
     (out / "results.md").write_text(text + "\n")
     plot(rows, presets, out / "reward_vs_queries.png")

@@ -3,6 +3,7 @@ the tiny random models: what they print and the files they write (mechanics only
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,7 @@ def test_compare_algorithms_runs(tiny_model_dir, tmp_path):
     stale = tmp_path / "runs" / "grpo_seed2"
     stale.mkdir(parents=True)
     (stale / "metrics.jsonl").write_text('{"epoch": 0, "reward_queries": 1000, "reward_mean": 0.0}\n')
-    printed = succeeded("compare_algorithms", *[x if x != "0,1" else "0,1,2" for x in args]).stdout
+    printed = succeeded("compare_algorithms", *[x if x != "0,1" else "0,1,2" for x in args], "--versus", "grpo").stdout
     assert f"4 runs already in {tmp_path / 'results.json'}; 2 to go" in printed
     again = saved_rows(tmp_path)
     assert sorted((r["preset"], r["seed"]) for r in again) == [("grpo", 0), ("grpo", 1), ("grpo", 2), ("remax", 0),
@@ -80,6 +81,16 @@ def test_compare_algorithms_runs(tiny_model_dir, tmp_path):
     assert kept[("grpo", 2)]["queries"] == 8
     assert all(kept[(r["preset"], r["seed"])] == r for r in rows)  # as saved
     assert table_rows(printed, "variant")["grpo"]["queries to reach -100"] == "0 ± 0 (3/3 seeds)"
+    # --versus: each row's difference of the mean gains to grpo's, paired by seed (the same 3 seeds: the per-seed
+    # differences' t interval, 2 degrees of freedom, t_0.975 = 4.3027; a normal interval's 1.96 would fail)
+    versus = table_rows(printed[printed.rindex("| variant |"):], "variant")["remax"]  # the second table
+    gain = {(r["preset"], r["seed"]): r["after"] - r["before"] for r in again}
+    differences = [gain[("remax", seed)] - gain[("grpo", seed)] for seed in (0, 1, 2)]
+    half = 4.3027 * statistics.stdev(differences) / 3 ** 0.5
+    mean = statistics.mean(differences)
+    assert versus["seeds"] == "3"
+    printed_interval = re.fullmatch(r"(\S+) \((\S+) to (\S+)\)", versus["gain - grpo's (95% interval)"]).groups()
+    assert [float(x) for x in printed_interval] == pytest.approx([mean, mean - half, mean + half], abs=5.1e-5)
     # another study (other settings) in the same directory is refused, not mixed in
     assert "use another --out" in refused("compare_algorithms", *[x if x != "8" else "16" for x in args])
 
@@ -367,3 +378,20 @@ def test_reward_hacking_study_reports_its_rows_and_keeps_finished_runs(tmp_path)
     written = log.stat().st_mtime_ns
     succeeded("reward_hacking", *common)
     assert log.stat().st_mtime_ns == written
+
+
+def test_tree_credit_compares_both_estimators_on_the_same_trees(tmp_path):
+    """bench/tree_credit.py on the embedded flow model's group_ppo on trees, one epoch: on the same trees tree_grpo
+    gives every row of a shared transition one advantage (none opposed), GROUP_PPO's lambda = 1 gives each row its own
+    return, whose mean over the rows of a transition is tree_grpo's credit (the tree values are the leaves' means);
+    after the last branch (step 1) both are R - V(x_1)."""
+    succeeded("tree_credit", "--seeds", "0", "--queries", "32", "--eval-freq", "0", "--out", tmp_path)
+    (seed,) = json.loads((tmp_path / "credit.json").read_text())["seeds"]
+    (epoch,) = seed["epochs"]
+    step0, step1 = epoch["credit"]["0"], epoch["credit"]["1"]
+    assert step0["own"]["net"] == pytest.approx(step0["other"]["net"], rel=1e-9)
+    assert step0["other"]["opposed"] == 0 and step0["own"]["opposed"] > 0
+    assert step0["own"]["rms"] > step0["other"]["rms"] and step0["own"]["transitions"] == 2 * 4  # 2 a prompt group
+    assert step1["own"] == pytest.approx(step1["other"], rel=1e-9) and step1["own"]["transitions"] == 32
+    assert epoch["group/num_endpoints"] == 2 and epoch["train/clipfrac"] is not None
+    assert "| first half |" in (tmp_path / "credit.md").read_text()
