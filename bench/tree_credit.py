@@ -101,6 +101,8 @@ def mean(values) -> float:
 
 
 def table(seeds: list[dict], own: str, against: str) -> str:
+    """The markdown table of credit.md: per half of the run, each step's rms / net / opposed (``own`` / ``against``)
+    and the run's metrics, each the mean over seeds of the half's epoch means."""
     halves = {}
     for s in seeds:
         n = len(s["epochs"])

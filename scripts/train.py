@@ -35,6 +35,7 @@ def main(argv):
         raise
     finally:  # any other exit: the process group (if any is left) goes before the interpreter does
         release_process_group()
+    exit_launched_process(SystemExit(0))  # a finished run: the same (its files are closed, its summary printed)
 
 
 def train():

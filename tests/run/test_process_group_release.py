@@ -1,9 +1,10 @@
 """run/process_failures: a run that stops with an error destroys its process group itself (an atexit-time destruction
 can abort the process with exit -6 after its message), and a launched process then leaves at once with its exit code
-and its output flushed; both are no-ops without a group."""
+and its output flushed, a finished one too; both are no-ops for a single process."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -43,6 +44,26 @@ sys.stderr.write("[ddpo_group] error: the message")
 exit_launched_process(SystemExit({code!r}))
 print("not reached")
 """
+
+
+FINISHED_SCRIPT = """
+import sys
+from ddpo_group.run.processes.process_failures import exit_launched_process
+print("the run summary", end="")
+exit_launched_process(SystemExit(0))
+print("not reached")
+sys.exit(3)
+"""
+
+
+@pytest.mark.parametrize("world_size, expected", [("2", "the run summary"), ("1", "the run summarynot reached\n")])
+def test_a_finished_launched_process_leaves_at_once_after_its_group_is_gone(world_size, expected):
+    """A finished run of several processes (the launcher's WORLD_SIZE > 1; Accelerator.end_training destroyed the
+    group already) leaves with 0 before interpreter finalization; a single process returns."""
+    done = subprocess.run([sys.executable, "-c", FINISHED_SCRIPT], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "WORLD_SIZE": world_size})
+    assert done.returncode == (0 if world_size == "2" else 3), done.stderr[-2000:]
+    assert done.stdout == expected
 
 
 @pytest.mark.parametrize("code, expected", [(130, 130), ("a message", 1)])

@@ -97,17 +97,20 @@ def release_process_group() -> bool:
 
 
 def exit_launched_process(stop: SystemExit) -> None:
-    """End a process of a multi-process run that stops with ``stop`` (its message printed) at once, with its code.
+    """End a process of a multi-process run that stops with ``stop`` (its message printed; SystemExit(0): a finished
+    run) at once, with its code.
 
     Left to interpreter finalization, the threads of gloo's process group and store can abort the process after its
     message ("terminate called without an active exception", exit -6 instead of the documented code), even after
-    ``destroy_process_group``, depending on which process leaves first (pytorch#190489). Everything this project
-    writes is closed by then (checkpoints, metrics, the trackers finished), so nothing is lost by skipping it; a
-    single process returns and exits as usual."""
+    ``destroy_process_group`` and after a run that finished, depending on which process leaves first
+    (pytorch#190489). Everything this project writes is closed by then (checkpoints, metrics, the trackers finished),
+    so nothing is lost by skipping it; a single process (no group, no WORLD_SIZE > 1 from the launcher) returns and
+    exits as usual."""
     import os
     import sys
 
-    if not release_process_group():
+    released = release_process_group()
+    if not (released or int(os.environ.get("WORLD_SIZE", "1")) > 1):
         return
     code = stop.code
     if code is not None and not isinstance(code, int):  # sys.exit("message"): Python prints it and exits 1
