@@ -126,24 +126,9 @@ def run_one(label: str, seed: int, args) -> dict:
         set_field(config, key, raw)
     if not config.eval_freq:
         raise SystemExit("the study measures with the run's evaluation during training: eval_freq must be > 0")
-    config.seed = seed
-    config.wandb.mode = "disabled"
-    config.save_freq = 0
-    config.log_images_every = 0
-    config.logdir = str(Path(args.out) / "runs")
-    config.run_name = f"{label}_seed{seed}"
-    samples = config.sample.batch_size * config.sample.num_batches_per_epoch
-    estimator = get_adv_estimator(config.algorithm.adv_estimator)
-    per_epoch = samples
-    if estimator.needs_greedy_rewards:  # ReMax: one greedy query per group
-        per_epoch += samples // config.train.group_size
-    if estimator.reads(config, "tweedie_values"):  # GROUP_PPO's Tweedie values: one query per sample and valued step
-        # (the SDE window's steps; a CPS flow's last step, never stochastic, is not subtracted: the queries column
-        # reports what the run really spent)
-        per_epoch += samples * len(valued_steps(stochastic_steps(config.sample)))
-    config.num_epochs = max(1, args.queries // per_epoch) if args.nfe is None else epochs_for_nfe(config, args.nfe)
-    # a run cut short in an earlier attempt is not resumed: start it afresh (its metrics would add up)
-    shutil.rmtree(Path(config.logdir) / config.run_name, ignore_errors=True)
+    study_run(config, seed, Path(args.out) / "runs", f"{label}_seed{seed}")
+    config.num_epochs = (epochs_for_queries(config, args.queries) if args.nfe is None
+                         else epochs_for_nfe(config, args.nfe))
     start = time.perf_counter()
     trainer = Trainer(config)
     trainer.run()
@@ -164,6 +149,33 @@ def run_one(label: str, seed: int, args) -> dict:
             "before": evaluations[0]["reward"], "after": evaluations[-1]["reward"],
             "accuracy_before": evaluations[0]["accuracy"], "accuracy_after": evaluations[-1]["accuracy"],
             "queries": queries, "nfe": nfe, "wall_s": wall, "curve": curve, "evaluations": evaluations}
+
+
+def study_run(config, seed: int, logdir: Path, run_name: str) -> None:
+    """``config`` as a study's run: ``seed``, no wandb, no checkpoints or image logs, in ``logdir``/``run_name``, which
+    is emptied (a run cut short in an earlier attempt is not resumed: its metrics would add up)."""
+    config.seed = seed
+    config.wandb.mode = "disabled"
+    config.save_freq = 0
+    config.log_images_every = 0
+    config.logdir = str(logdir)
+    config.run_name = run_name
+    shutil.rmtree(Path(config.logdir) / config.run_name, ignore_errors=True)
+
+
+def epochs_for_queries(config, queries: int) -> int:
+    """The epochs that spend at most ``queries`` reward queries (at least one), counting ReMax's greedy queries and
+    GROUP_PPO's Tweedie values."""
+    samples = config.sample.batch_size * config.sample.num_batches_per_epoch
+    estimator = get_adv_estimator(config.algorithm.adv_estimator)
+    per_epoch = samples
+    if estimator.needs_greedy_rewards:  # ReMax: one greedy query per group
+        per_epoch += samples // config.train.group_size
+    if estimator.reads(config, "tweedie_values"):  # GROUP_PPO's Tweedie values: one query per sample and valued step
+        # (the SDE window's steps; a CPS flow's last step, never stochastic, is not subtracted: the queries column
+        # reports what the run really spent)
+        per_epoch += samples * len(valued_steps(stochastic_steps(config.sample)))
+    return max(1, queries // per_epoch)
 
 
 def epochs_for_nfe(config, budget: int) -> int:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.compare_algorithms import run_pool, set_field  # noqa: E402
+from bench.compare_algorithms import epochs_for_queries, run_pool, set_field, study_run  # noqa: E402
 from config.base import get_config  # noqa: E402
 from ddpo_group.algorithms import get_adv_estimator  # noqa: E402
 from ddpo_group.rollout.rounds import estimate_advantages  # noqa: E402
@@ -61,10 +60,7 @@ def run_seed(config, seed: int, against: str, out: Path) -> dict:
     from ddpo_group.run.trainer import Trainer
 
     config = config.copy_and_resolve_references()
-    config.seed = seed
-    config.run_name = f"seed{seed}"
-    config.logdir = str(out / "runs")
-    shutil.rmtree(Path(config.logdir) / config.run_name, ignore_errors=True)
+    study_run(config, seed, out / "runs", f"seed{seed}")
     other_config = config.copy_and_resolve_references()
     other_config.algorithm.adv_estimator = against
     other = get_adv_estimator(against)
@@ -142,11 +138,7 @@ def main(argv=None):
     for item in ["device=cpu", f"eval_freq={args.eval_freq}"] + (args.set or ["group_ppo.value_source=tree"]):
         key, _, raw = item.partition("=")
         set_field(config, key, raw)
-    config.wandb.mode = "disabled"
-    config.save_freq = 0
-    config.log_images_every = 0
-    samples = config.sample.batch_size * config.sample.num_batches_per_epoch
-    config.num_epochs = max(1, args.queries // samples)
+    config.num_epochs = epochs_for_queries(config, args.queries)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with run_pool(args.jobs) as pool:
