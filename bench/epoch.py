@@ -29,7 +29,7 @@ import torch
 from _common import UNetTimer, add_common_args, current_rss_mib, machine, peak_rss_mib, setup_threads
 
 from config.base import get_config
-from ddpo_group.rollout.collect import RewardScorer
+from ddpo_group.rollout.reward_scorer import RewardScorer
 from ddpo_group.timing import PHASES
 from ddpo_group.run.trainer import Trainer
 
@@ -125,13 +125,13 @@ def main(argv=None) -> dict:
            "machine": machine(args.device), "mixed_precision": config.mixed_precision,
            "samples": config.sample.batch_size * config.sample.num_batches_per_epoch, "steps": config.sample.num_steps}
     other = wall - sum(out["phases"].values())
-    s, t = config.sample, config.train
+    sample, train = config.sample, config.train
     print(f"machine: {machine(args.device)}; device {trainer.accelerator.device}, mixed precision {config.mixed_precision}")
-    print(f"{args.preset} on {config.pretrained.model}: {s.batch_size * s.num_batches_per_epoch} samples x {s.num_steps} steps, "
-          f"CFG {s.guidance_scale}, train.batch_size {t.batch_size}, timestep_fraction {t.timestep_fraction}, "
+    print(f"{args.preset} on {config.pretrained.model}: {sample.batch_size * sample.num_batches_per_epoch} samples x {sample.num_steps} steps, "
+          f"CFG {sample.guidance_scale}, train.batch_size {train.batch_size}, step_fraction {train.step_fraction}, "
           f"beta {config.kl.beta}; epoch {args.epochs - 1} of {args.epochs} (the last: with a checkpoint)")
     cap = f" under a {args.memory_gb:g} GiB cap" if args.memory_gb else ""
-    print(f"train.pairs_per_forward {t.pairs_per_forward} -> {out['pairs_per_forward']} pairs per forward{cap}, "
+    print(f"train.pairs_per_forward {train.pairs_per_forward} -> {out['pairs_per_forward']} pairs per forward{cap}, "
           f"gradient checkpointing {'on' if out['gradient_checkpointing'] else 'off'}")
     print("| phase | seconds | share |")
     print("|---|---:|---:|")

@@ -14,7 +14,7 @@ contributions ((sample, step) pairs) and optimizer steps; every step is stochast
 * the reference, chosen from the family: Stable Diffusion's UNet (sd) -> the loop as ddpo-pytorch writes it
   (scripts/train.py there); a flow-matching family (sd3, flux, ...) -> the loop as Flow-GRPO writes it
   (scripts/train_sd3.py there). Both are written out below: for each train batch of samples, one timestep at a time
-  (ddpo-pytorch: each sample its own permuted step; Flow-GRPO: the first int(W x timestep_fraction) of the W
+  (ddpo-pytorch: each sample its own permuted step; Flow-GRPO: the first int(W x step_fraction) of the W
   stochastic steps, in order), CFG as a doubled batch (negative and positive embeddings concatenated: one forward of
   2B rows), the step's log-prob of the recorded next latent by the same step function as ours (DDIM's; the flow
   step of ``sample.sde_type``), the PPO clipped loss, backward per timestep (gradients accumulated over the
@@ -120,13 +120,13 @@ def ddpo_pytorch_epoch(batch, unet, scheduler, optimizer, params, accelerator, n
     """The reference on Stable Diffusion: ddpo-pytorch's training loop (one timestep of a train batch of samples at a
     time); ``eta``: DDIM's. Returns the mean over train batches of their loss (the mean over the trained timesteps);
     ``update=False`` only accumulates the gradients (no clipping, no optimizer step)."""
-    t = config.train
+    train = config.train
     num_samples, num_steps = batch["log_probs"].shape
-    k = max(1, int(num_steps * t.timestep_fraction))
+    k = max(1, int(num_steps * train.step_fraction))
     scheduler.set_timesteps(config.sample.num_steps, device=accelerator.device)
     backward, losses = accelerator.backward, []
     unet.train()
-    for _ in range(t.num_inner_epochs):
+    for _ in range(train.num_inner_epochs):
         perm = torch.randperm(num_samples, device=accelerator.device)
         shuffled = {key: value[perm] for key, value in batch.items()}
         # each sample its own random order of timesteps; the first k are trained
@@ -134,8 +134,8 @@ def ddpo_pytorch_epoch(batch, unet, scheduler, optimizer, params, accelerator, n
         for key in ("latents", "next_latents", "log_probs", "timesteps", "advantages"):
             shuffled[key] = shuffled[key][torch.arange(num_samples, device=accelerator.device)[:, None], perms]
         info = {"approx_kl": [], "clipfrac": [], "loss": []}
-        for start in range(0, num_samples, t.batch_size):
-            sample = {key: value[start : start + t.batch_size] for key, value in shuffled.items()}
+        for start in range(0, num_samples, train.batch_size):
+            sample = {key: value[start : start + train.batch_size] for key, value in shuffled.items()}
             embeds = torch.cat([negative.expand(len(sample["prompt_embeds"]), -1, -1), sample["prompt_embeds"]])
             for j in range(k):
                 with accelerator.autocast():
@@ -146,9 +146,9 @@ def ddpo_pytorch_epoch(batch, unet, scheduler, optimizer, params, accelerator, n
                     noise_pred = uncond + config.sample.guidance_scale * (text - uncond)
                     step = ddim_step_with_logprob(scheduler, noise_pred, sample["timesteps"][:, j], sample["latents"][:, j],
                                                   eta, next_latents=sample["next_latents"][:, j])
-                loss = clipped_loss(step.log_prob, sample, j, t, info)
+                loss = clipped_loss(step.log_prob, sample, j, train, info)
                 backward(loss / k)  # accumulated over the k timesteps (ddpo-pytorch's accumulation steps)
-            losses.append(end_of_train_batch(info, k, accelerator, params, optimizer, t, update))
+            losses.append(end_of_train_batch(info, k, accelerator, params, optimizer, train, update))
         {key: torch.mean(torch.stack(value)).item() for key, value in info.items()}  # noqa: B018 (its logging)
     unet.eval()
     return torch.stack(losses).mean()
@@ -162,20 +162,20 @@ def flow_grpo_epoch(batch, transformer, family, optimizer, params, accelerator, 
     recorded next latent under the flow SDE step (sample.sde_type at the family's noise level); the PPO clipped loss;
     backward per timestep (accumulated over the timesteps), one optimizer step per train batch. Returns the mean over
     train batches of their loss; ``update=False`` only accumulates the gradients (no clipping, no optimizer step)."""
-    t, s = config.train, config.sample
+    train, sampling = config.train, config.sample
     num_samples, k = batch["log_probs"].shape[0], len(trained_steps)
     device = accelerator.device
     guidance = family.training_guidance(config)
     guided = guidance > family.no_guidance
-    negative, noise_level = family.negative_condition(), family.noise_level(s)
+    negative, noise_level = family.negative_condition(), family.noise_level(sampling)
     losses = []
     transformer.train()
-    for _ in range(t.num_inner_epochs):
+    for _ in range(train.num_inner_epochs):
         perm = torch.randperm(num_samples, device=device)
         shuffled = {key: value[perm] for key, value in batch.items()}
         info = {"approx_kl": [], "clipfrac": [], "loss": []}
-        for start in range(0, num_samples, t.batch_size):
-            sample = {key: value[start : start + t.batch_size] for key, value in shuffled.items()}
+        for start in range(0, num_samples, train.batch_size):
+            sample = {key: value[start : start + train.batch_size] for key, value in shuffled.items()}
             n = len(sample["latents"])
             if family.name == "sd3" and guided:  # negative prompts concatenated to the prompts: one forward
                 embeds = torch.cat([negative["prompt_embeds"].expand(n, -1, -1), sample["prompt_embeds"]])
@@ -187,17 +187,17 @@ def flow_grpo_epoch(batch, transformer, family, optimizer, params, accelerator, 
                         out = transformer(hidden_states=torch.cat([latents] * 2), timestep=torch.cat([timesteps] * 2),
                                           encoder_hidden_states=embeds, pooled_projections=pooled, return_dict=False)[0]
                         uncond, text = out.chunk(2)
-                        velocity = uncond + s.guidance_scale * (text - uncond)
+                        velocity = uncond + sampling.guidance_scale * (text - uncond)
                     else:
                         cond = {key: sample[key] for key in family.cond_keys}
                         step_j = {key: sample[key][:, j] for key in family.step_keys}
                         velocity = family.model_output(transformer, latents, step_j, cond, negative, guidance)
-                    step = flow_step_with_logprob(s.sde_type, velocity, latents, sample["sigmas"][:, j],
+                    step = flow_step_with_logprob(sampling.sde_type, velocity, latents, sample["sigmas"][:, j],
                                                   sample["next_sigmas"][:, j], noise_level,
-                                                  next_latents=sample["next_latents"][:, j], reduce=s.log_prob_reduce)
-                loss = clipped_loss(step.log_prob, sample, j, t, info)
+                                                  next_latents=sample["next_latents"][:, j], reduce=sampling.log_prob_reduce)
+                loss = clipped_loss(step.log_prob, sample, j, train, info)
                 accelerator.backward(loss / k)  # accumulated over the k timesteps (Flow-GRPO's accumulation steps)
-            losses.append(end_of_train_batch(info, k, accelerator, params, optimizer, t, update))
+            losses.append(end_of_train_batch(info, k, accelerator, params, optimizer, train, update))
         {key: torch.mean(torch.stack(value)).item() for key, value in info.items()}  # noqa: B018 (its logging)
     transformer.eval()
     return torch.stack(losses).mean()
@@ -220,7 +220,7 @@ def build(args, model: str):
     config.sample.sde_window_start, config.sample.sde_window_size = 0, args.sde_window_size
     config.train.pairs_per_forward = args.pairs_per_forward if args.pairs_per_forward == "auto" \
         else int(args.pairs_per_forward)
-    config.train.timestep_fraction = args.timestep_fraction
+    config.train.step_fraction = args.step_fraction
     accelerator = Accelerator(cpu=args.device == "cpu", mixed_precision=args.mixed_precision)
     family, params = build_policy(config, accelerator.device)
     if family.guidance_embedded:  # a --model FLUX: guidance in the forward, no CFG
@@ -261,7 +261,7 @@ def run(args, model: str) -> dict:
     _, train_dicts, record, records = batches  # the reference loops' dicts, ours: the trainer's batch records
     family = updater.scorer.family
     trainable = family.stochastic_steps(config.sample).nonzero().flatten().tolist()  # the SDE window's steps
-    k = max(1, int(len(trainable) * args.timestep_fraction))  # per sample, as ours draws them (random_step_mask)
+    k = max(1, int(len(trainable) * args.step_fraction))  # per sample, as ours draws them (random_step_mask)
     pairs = args.samples * k * config.train.num_inner_epochs
     round_pairs = args.batch_size * k * config.train.num_inner_epochs
     reference = None if args.no_reference_loop else reference_loop(family)

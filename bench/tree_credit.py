@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from bench.compare_algorithms import epochs_for_queries, run_pool, set_field, study_run  # noqa: E402
 from config.base import get_config  # noqa: E402
 from ddpo_group.algorithms import get_adv_estimator  # noqa: E402
-from ddpo_group.rollout.rounds import estimate_advantages  # noqa: E402
+from ddpo_group.rollout.collector import estimate_advantages  # noqa: E402
 from ddpo_group.run.persistence.metrics_log import read_metrics  # noqa: E402
 from ddpo_group.sampling.window import stochastic_steps  # noqa: E402
 

@@ -8,6 +8,8 @@ Field names follow ddpo-pytorch where it has them.
 import ml_collections
 from ml_collections.config_dict import FieldReference
 
+from config.recipes import RECIPES
+
 
 def base() -> ml_collections.ConfigDict:
     """Every field and its default. A field's default lives here only: the package reads ``config.section.field``.
@@ -154,7 +156,9 @@ def base() -> ml_collections.ConfigDict:
     train.cfg = True  # classifier-free guidance in the training forward (must match sampling)
     train.adv_clip_max = 5.0  # advantages are clipped to [-adv_clip_max, adv_clip_max]
     train.clip_range = 1e-4  # PPO's clip range of the probability ratio (GRPO's epsilon)
-    train.timestep_fraction = 1.0  # the fraction of a trajectory's steps trained (ddpo-pytorch's)
+    # the share of a trajectory's trainable steps each inner epoch trains, int(W * step_fraction) of its W drawn at random
+    # (ddpo-pytorch's timestep_fraction: it chooses step indices, not timesteps)
+    train.step_fraction = 1.0
     # (sample, step) pairs per training forward, or "auto": 32 on the CPU; on CUDA the most that fit the card, measured
     # at the first update with the loaded model and kept in checkpoints (ddpo_group/update/memory_fit.py)
     train.pairs_per_forward = FieldReference("auto", field_type=object)
@@ -201,7 +205,7 @@ def base() -> ml_collections.ConfigDict:
     # strength, > 0) and adaptive_weight (True: its adaptive loss weighting); dpo's and dgpo's beta (their temperature,
     # > 0)
     algorithm.objective_kwargs = ml_collections.ConfigDict()
-    # the matching objectives' training times: "schedule" (the rollout schedule's times, int(T * timestep_fraction) of
+    # the matching objectives' training times: "schedule" (the rollout schedule's times, int(T * step_fraction) of
     # them per sample: DiffusionNFT's), "uniform" or "logit_normal" (fresh times s in (0, 1), shifted by
     # objective_time_shift; flow-matching families read timestep = 1000 s, DDPM ones the nearest of theirs)
     algorithm.objective_times = "schedule"
@@ -245,7 +249,7 @@ def base() -> ml_collections.ConfigDict:
     group_ppo.target_explained_variance = 0.5  # the critic quality the threshold controller aims for
     # V at the endpoints: "critic" (the value network), "residual_critic" (the prompt group's mean reward + the value
     # network, which then learns only the deviation: at 0 the advantages are grpo's), "tweedie" (the reward of the
-    # decoded one-step prediction x0_hat(x_n): one more reward query per sample and valued step), "blend", "tree" (the
+    # decoded one-step prediction clean_hat(x_n): one more reward query per sample and valued step), "blend", "tree" (the
     # mean reward of the leaves below each node of tree rollouts, measured, no query more; cuts at the branch steps;
     # without sample.branch_steps a default tree: sampling/tree.py)
     group_ppo.value_source = "critic"
@@ -259,7 +263,7 @@ def base() -> ml_collections.ConfigDict:
     critic.clip_range = 0.2  # clipped value loss range, in reward units (None: unclipped)
     critic.num_updates = 1  # passes over the epoch's samples per epoch
     critic.warmup_epochs = 0  # the first epochs train the critic only: the policy stays as it is
-    # "latent": V(x_n, t_n, c); "latent_x0": V([x_n, x0_hat(x_n)], t_n, c), the step's one-step prediction of the
+    # "latent": V(x_n, t_n, c); "latent_clean_hat": V([x_n, clean_hat(x_n)], t_n, c), the step's one-step prediction of the
     # clean latent too (the rollout keeps it for every step: one more latent-sized tensor per step)
     critic.input = "latent"
     critic.max_grad_norm = 1.0  # the critic's gradient clipping by global norm
@@ -408,12 +412,14 @@ PRESETS = {
 
 
 def get_config(name: str = "group_ppo") -> ml_collections.ConfigDict:
-    """The preset or recipe ``name`` (config/recipes.py), its name in ``config.preset``."""
-    from config.recipes import RECIPES  # the recipes start from the presets
-
-    known = {**PRESETS, **RECIPES}
-    if name not in known:
-        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(sorted(known))}")
-    config = known[name]()
+    """The preset or recipe ``name`` (config/recipes.py: a function of the preset it starts from), its name in
+    ``config.preset``."""
+    if name in PRESETS:
+        config = PRESETS[name]()
+    elif name in RECIPES:
+        preset, change = RECIPES[name]
+        config = change(PRESETS[preset]())
+    else:
+        raise ValueError(f"unknown preset {name!r}; valid presets: {', '.join(sorted({**PRESETS, **RECIPES}))}")
     config.preset = name
     return config

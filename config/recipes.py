@@ -1,11 +1,22 @@
 """The recipes: the embedded flow model's task, the matching objectives on it, and the published recipes on the models
-people train (their weights download from the hub). Each starts from a preset of config/base.py (or another recipe)
-and sets only what differs from it. Pick one as a preset: ``--config config/base.py:NAME``.
+people train (their weights download from the hub). Each is a function that takes a fresh config of the preset of
+config/base.py it names (``@recipe("grpo")``), sets only what differs from it (or from another recipe it calls) and
+returns it. Pick one as a preset: ``--config config/base.py:NAME``.
 """
 
 import ml_collections
 
-from config.base import grpo, group_ppo
+
+RECIPES: dict = {}  # name -> (the preset of config/base.py it starts from, the function that changes that preset's config)
+
+
+def recipe(preset: str):
+    """Registers the decorated function as the recipe of its name: it changes a fresh config of ``preset``
+    (config/base.py's get_config builds it) and returns it."""
+    def register(change):
+        RECIPES[change.__name__] = (preset, change)
+        return change
+    return register
 
 
 def on_flow_model(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -17,20 +28,22 @@ def on_flow_model(config: ml_collections.ConfigDict) -> ml_collections.ConfigDic
     return config
 
 
-def grpo_flow() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def grpo_flow(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """GRPO on the embedded flow-matching model (10 Flow-SDE steps, the first 2 stochastic and trained)."""
-    return on_flow_model(grpo())
+    return on_flow_model(config)
 
 
-def group_ppo_flow() -> ml_collections.ConfigDict:
+@recipe("group_ppo")
+def group_ppo_flow(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """GROUP_PPO on the embedded flow-matching model."""
-    return on_flow_model(group_ppo())
+    return on_flow_model(config)
 
 
-def matching(objective: str) -> ml_collections.ConfigDict:
+def matching(config: ml_collections.ConfigDict, objective: str) -> ml_collections.ConfigDict:
     """A matching objective on the embedded flow-matching model: GRPO's group advantages (group 8), rollouts with the
     deterministic Euler solver (no SDE, no log-probs), every rollout step's time trained once per epoch."""
-    config = on_flow_model(grpo())
+    config = on_flow_model(config)
     config.algorithm.objective = objective
     config.sample.deterministic = True
     config.kl.beta = 0.0
@@ -38,47 +51,50 @@ def matching(objective: str) -> ml_collections.ConfigDict:
     return config
 
 
-def awm() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def awm(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """AWM (advantage weighted matching, arXiv:2509.25050): the flow-matching loss of each sample weighted by its
     group advantage, on the embedded flow model."""
-    return matching("awm")
+    return matching(config, "awm")
 
 
-def nft() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def nft(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """DiffusionNFT (arXiv:2509.16117) on the embedded flow model, CFG-free as the paper trains it (guidance 1 in
     sampling and training): implicit positive / negative policies around an old model that samples the rollouts,
     beta 1, its adaptive loss weighting, the old model's decay min(0.001 k, 0.5) after k optimizer steps."""
-    config = matching("nft")
+    config = matching(config, "nft")
     config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 1.0, "adaptive_weight": True})
     config.sample.guidance_scale, config.train.cfg = 1.0, False
     return config
 
 
-def dpo() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def dpo(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Online Diffusion-DPO (arXiv:2311.12908) on the embedded flow model: each prompt group's best sample against its
     worst (group 8), against the frozen base model (the KL section's reference, no KL term), deterministic rollouts,
     beta 2000 (Flow-Factory's online default)."""
-    config = matching("dpo")
+    config = matching(config, "dpo")
     config.kl.use_reference_model = True
     config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 2000.0})
     return config
 
 
-def dgpo() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def dgpo(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """DGPO (arXiv:2510.08425) on the embedded flow model: a group-level preference over every sample of a prompt group
     (group 8, advantage-weighted), against the frozen base model (no KL term), deterministic rollouts, beta 100
     (Flow-Factory's default)."""
-    config = matching("dgpo")
+    config = matching(config, "dgpo")
     config.kl.use_reference_model = True
     config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 100.0})
     return config
 
 
-def flow_grpo(model: str) -> ml_collections.ConfigDict:
+def flow_grpo(config: ml_collections.ConfigDict, model: str) -> ml_collections.ConfigDict:
     """Flow-GRPO's published recipe on a flow-matching model: GRPO with group 24, 10 rollout steps (40 to evaluate),
     Flow-SDE, clip 1e-4, LoRA rank 32 / alpha 64, lr 3e-4, 512 px; the OCR (text rendering) task, which needs no
     downloaded reward model (RapidOCR ships its own)."""
-    config = grpo()
     config.pretrained.model = model
     config.pretrained.max_sequence_length = 128  # T5 tokens: the captions are short
     config.lora_rank, config.lora_alpha = 32, 64
@@ -88,17 +104,18 @@ def flow_grpo(model: str) -> ml_collections.ConfigDict:
     config.sample.text_embedding_cache = 4096  # T5 meets each caption once
     config.train.group_size = 24
     config.train.learning_rate = 3e-4
-    config.train.timestep_fraction = 0.99
+    config.train.step_fraction = 0.99
     config.prompt_fn = "ocr"
     config.reward_fn = "ocr"
     config.num_epochs = 500
     return config
 
 
-def flow_grpo_sd35() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def flow_grpo_sd35(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Flow-GRPO on Stable Diffusion 3.5 Medium: noise level 0.7, CFG 4.5 in sampling and training, KL beta 0.04 to
     the base model, fp16."""
-    config = flow_grpo("stabilityai/stable-diffusion-3.5-medium")
+    config = flow_grpo(config, "stabilityai/stable-diffusion-3.5-medium")
     config.mixed_precision = "fp16"  # Flow-GRPO's choice for SD3: a smaller rollout / training log-prob mismatch
     config.sample.noise_level = 0.7
     config.sample.guidance_scale = 4.5
@@ -106,10 +123,11 @@ def flow_grpo_sd35() -> ml_collections.ConfigDict:
     return config
 
 
-def flow_grpo_flux() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def flow_grpo_flux(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Flow-GRPO on FLUX.1-dev: 6 rollout steps (28 to evaluate), noise level 0.9, guidance 3.5 as FLUX's guidance
     embedding (no CFG), no KL, bf16."""
-    config = flow_grpo("black-forest-labs/FLUX.1-dev")
+    config = flow_grpo(config, "black-forest-labs/FLUX.1-dev")
     config.mixed_precision = "bf16"
     config.sample.num_steps, config.sample.eval_num_steps = 6, 28
     config.sample.noise_level = 0.9
@@ -119,7 +137,8 @@ def flow_grpo_flux() -> ml_collections.ConfigDict:
     return config
 
 
-def flow_grpo_qwenimage() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def flow_grpo_qwenimage(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Flow-GRPO on Qwen-Image (yifan123/flow_grpo, config/grpo.py ``pickscore_qwenimage``, commit 54809b5): 10 rollout
     steps (50 to evaluate), true CFG 4 in sampling and training (negative prompt " "), noise level 1.2 on a 2-step SDE
     window, groups of 16 sampled 4 at a time, 2 optimizer steps an epoch, no KL, bf16, gradient checkpointing; LoRA rank
@@ -127,7 +146,7 @@ def flow_grpo_qwenimage() -> ml_collections.ConfigDict:
     script in the index; the family's ``lora_target_modules``). Their reward is PickScore and their window starts at a
     step drawn at random in [0, 5); here the OCR task of ``flow_grpo`` (no downloaded reward model) and the window at
     the first steps. Qwen/Qwen-Image-2512 takes the same settings (``pretrained.model``)."""
-    config = flow_grpo("Qwen/Qwen-Image")
+    config = flow_grpo(config, "Qwen/Qwen-Image")
     config.mixed_precision = "bf16"
     config.lora_rank, config.lora_alpha = 64, 128
     config.sample.eval_num_steps = 50
@@ -137,14 +156,15 @@ def flow_grpo_qwenimage() -> ml_collections.ConfigDict:
     config.train.group_size = 16
     config.train.batch_size = 4
     config.train.gradient_accumulation_steps = 2  # theirs: num_batches_per_epoch // 2
-    config.train.timestep_fraction = 1.0  # every step of the window
+    config.train.step_fraction = 1.0  # every step of the window
     config.train.gradient_checkpointing = True  # their activation_checkpointing
     config.kl.beta = 0.0
     config.kl.use_reference_model = False
     return config
 
 
-def flow_grpo_qwenimage_edit_plus() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def flow_grpo_qwenimage_edit_plus(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Flow-GRPO on Qwen-Image-Edit-Plus (yifan123/flow_grpo, scripts/train_qwenimage_edit_plus.py and
     flow_grpo/diffusers_patch/qwenimage_edit_plus_pipeline_with_logprob.py, commit 9dcdc35; launched by
     scripts/single_node/grpo_qwenimage_edit_plus.sh with config/grpo.py ``dual_ref_qwenimage_edit_plus_fast``, which
@@ -155,7 +175,7 @@ def flow_grpo_qwenimage_edit_plus() -> ml_collections.ConfigDict:
     VAE, here the pipeline's own sizes (384^2 px for the text encoder, 1024^2 for the VAE: what the pipeline's
     ``__call__`` evaluates with); their reward (image similarity and GenEval) needs their data: PickScore here, and the
     editing dataset is yours (prompt_fn_kwargs.path)."""
-    config = flow_grpo_qwenimage()
+    config = flow_grpo_qwenimage(config)
     config.pretrained.model = "Qwen/Qwen-Image-Edit-2509"
     # each source image adds its vision tokens (~200 at 384^2 px) to the prompt's: 0 keeps the pipeline's 512
     config.pretrained.max_sequence_length = 0
@@ -164,13 +184,12 @@ def flow_grpo_qwenimage_edit_plus() -> ml_collections.ConfigDict:
     return config
 
 
-def flow_factory(model: str) -> ml_collections.ConfigDict:
+def flow_factory(config: ml_collections.ConfigDict, model: str) -> ml_collections.ConfigDict:
     """What Flow-Factory's GRPO LoRA recipes share (github:X-GenGroup/Flow-Factory, examples/grpo/, commit 5f6cda1a):
     LoRA rank 64 / alpha 128, bf16, Flow-SDE, groups of 16, lr 3e-4, clip 1e-4, advantages clipped at 5, no KL, the
     PickScore reward. Their one stochastic step is drawn at random among the first steps of each rollout; here the
     SDE window is fixed (each recipe says which). Their caption sets are not shipped: simple_animals stands in
     (prompt_fn="from_file" with prompt_fn_kwargs.path reads yours)."""
-    config = grpo()
     config.pretrained.model = model
     config.mixed_precision = "bf16"
     config.lora_rank, config.lora_alpha = 64, 128
@@ -182,13 +201,14 @@ def flow_factory(model: str) -> ml_collections.ConfigDict:
     return config
 
 
-def nft_sd35() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def nft_sd35(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """DiffusionNFT's published recipe on Stable Diffusion 3.5 Medium (NVlabs/DiffusionNFT config/nft.py, its OCR task):
     CFG-free (guidance 1 in sampling and training), deterministic rollouts of 10 steps (40 to evaluate; the paper's
     dpm2 solver is the Euler one here), beta 0.1, the old model's decay min(0.0075 (k - 75), 0.999) after 75 steps,
     KL 1e-4 to the base model, group 24, LoRA rank 32 / alpha 64, lr 3e-4, 512 px, fp16. Its script also multiplies
     the loss by adv_clip_max (5): the learning rate here is the same, the loss 5 times smaller."""
-    config = flow_grpo("stabilityai/stable-diffusion-3.5-medium")
+    config = flow_grpo(config, "stabilityai/stable-diffusion-3.5-medium")
     config.mixed_precision = "fp16"
     config.algorithm.objective = "nft"
     config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 0.1, "adaptive_weight": True})
@@ -200,13 +220,14 @@ def nft_sd35() -> ml_collections.ConfigDict:
     return config
 
 
-def awm_sd35() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def awm_sd35(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """AWM's published settings on Stable Diffusion 3.5 Medium (scxue/advantage_weighted_matching config/dgx_awm.py,
     its GenEval recipe, on the OCR task here: GenEval's detector is not shipped): CFG-free, deterministic rollouts of
     14 steps (40 to evaluate), the generalised Huber weighting (p = 0.25), KL 1e-3 to the base model, group 24, lr 3e-4,
     512 px, fp16. Not reproduced: its EMA-model KL, its time shift 3 on the training times (here the rollout
     schedule's), its advantage scale 1 / adv_clip_max (the loss here is 5 times larger)."""
-    config = flow_grpo("stabilityai/stable-diffusion-3.5-medium")
+    config = flow_grpo(config, "stabilityai/stable-diffusion-3.5-medium")
     config.mixed_precision = "fp16"
     config.algorithm.objective = "awm"
     config.algorithm.objective_kwargs = ml_collections.ConfigDict({"weighting": "ghuber", "ghuber_power": 0.25})
@@ -217,7 +238,8 @@ def awm_sd35() -> ml_collections.ConfigDict:
     return config
 
 
-def dgpo_sd35() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def dgpo_sd35(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """DGPO's published OCR recipe on Stable Diffusion 3.5 Medium (Luo-Yihong/DGPO config/dgpo.py
     ``general_ocr_sd3_4gpu``, commit 01ceb4b, its default mode: rollouts with CFG 4.5), 8 groups of 16 an epoch on one
     process (theirs: 4 GPUs, 2 groups each), one optimizer step an epoch: beta 100, deterministic rollouts of 10 steps
@@ -229,7 +251,7 @@ def dgpo_sd35() -> ml_collections.ConfigDict:
     against an EMA copy, rollouts from that copy after 200 steps and the truncation of the times to the 7 noisiest of
     the 10 steps are not reproduced; the gradient here is beta times theirs (theirs is the sigmoid weight times
     A_k e_k averaged, without the beta / K)."""
-    config = flow_grpo("stabilityai/stable-diffusion-3.5-medium")
+    config = flow_grpo(config, "stabilityai/stable-diffusion-3.5-medium")
     config.mixed_precision = "bf16"  # their base config's
     config.lora_rank, config.lora_alpha = 64, 128
     config.algorithm.objective = "dgpo"
@@ -242,7 +264,7 @@ def dgpo_sd35() -> ml_collections.ConfigDict:
     config.train.group_size = 16
     config.train.batch_size = 16  # one group a train batch
     config.train.gradient_accumulation_steps = 8  # theirs: one optimizer step an epoch
-    config.train.timestep_fraction = 0.4  # int(10 * 0.4) = 4 times a sample: their num_train_timesteps
+    config.train.step_fraction = 0.4  # int(10 * 0.4) = 4 times a sample: their num_train_timesteps
     config.train.ema = True
     config.train.ema_export = True  # their checkpoints hold the EMA weights
     config.kl.beta = 0.0
@@ -250,7 +272,8 @@ def dgpo_sd35() -> ml_collections.ConfigDict:
     return config
 
 
-def dpo_sd35() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def dpo_sd35(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Online Diffusion-DPO as Flow-Factory ships it on Stable Diffusion 3.5 Medium (X-GenGroup/Flow-Factory
     examples/dpo/lora/sd3_5/default.yaml and src/flow_factory/trainers/dpo.py, commit a0b2bc5): each group's best
     against its worst, 48 groups of 4 an epoch on one process (theirs: 8 GPUs), one optimizer step an epoch over the
@@ -259,7 +282,7 @@ def dpo_sd35() -> ml_collections.ConfigDict:
     lr 1e-5 (theirs: 3e-4 collapses), 512 px, bf16, the PickScore reward. Differences: their caption set is not
     shipped (simple_animals stands in, prompt_fn="from_file" reads yours); their times lie in [10, 1000] (timestep
     range 0.99), here in (0, 1000)."""
-    config = flow_grpo("stabilityai/stable-diffusion-3.5-medium")
+    config = flow_grpo(config, "stabilityai/stable-diffusion-3.5-medium")
     config.mixed_precision = "bf16"
     config.algorithm.objective = "dpo"
     config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 100.0})
@@ -270,7 +293,7 @@ def dpo_sd35() -> ml_collections.ConfigDict:
     config.sample.batch_size, config.sample.num_batches_per_epoch = 24, 8  # 48 groups of 4 on one process
     config.train.group_size = 4
     config.train.batch_size = 96  # 48 pairs a train batch: all of an epoch's
-    config.train.timestep_fraction = 0.025  # int(40 * 0.025) = 1 drawn time a pair
+    config.train.step_fraction = 0.025  # int(40 * 0.025) = 1 drawn time a pair
     config.train.learning_rate = 1e-5
     config.train.ema, config.train.ema_decay, config.train.ema_update_interval = True, 0.99, 4
     config.kl.beta = 0.0
@@ -280,14 +303,14 @@ def dpo_sd35() -> ml_collections.ConfigDict:
     return config
 
 
-def flow_factory_zimage_common(model: str) -> ml_collections.ConfigDict:
+def flow_factory_zimage_common(config: ml_collections.ConfigDict, model: str) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO settings for Z-Image (X-GenGroup/Flow-Factory, examples/grpo/lora/z_image/default.yaml and
     examples/grpo/full/z_image_turbo/default.yaml): group 16, 512 px, Flow-SDE at noise level 0.7, clip 1e-4, advantages
     clipped at 5, no KL, the PickScore reward, bf16. Where ours differs: Flow-Factory makes one step of 1..3 stochastic
     (drawn at random), here the window is those 3 steps; their prompts are Pick-a-Pic's captions (dataset/pickscore),
     which are not shipped: simple_animals here (prompt_fn="from_file" with prompt_fn_kwargs.path reads a captions
     file)."""
-    config = flow_factory(model)
+    config = flow_factory(config, model)
     # Qwen3 tokens: only a prompt's own tokens reach the transformer, so this cuts nothing but captions over ~100 tokens
     config.pretrained.max_sequence_length = 128
     config.sample.resolution = 512
@@ -299,19 +322,21 @@ def flow_factory_zimage_common(model: str) -> ml_collections.ConfigDict:
     return config
 
 
-def flow_factory_zimage() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def flow_factory_zimage(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO on Z-Image (the base model): LoRA rank 64 / alpha 128, lr 3e-4, 10 rollout steps (40 to
     evaluate), classifier-free guidance 4.0 (Z-Image's u_c + w (u_c - u_uncond)) in sampling and training."""
-    config = flow_factory_zimage_common("Tongyi-MAI/Z-Image")
+    config = flow_factory_zimage_common(config, "Tongyi-MAI/Z-Image")
     config.sample.eval_num_steps = 40
     config.sample.guidance_scale = 4.0
     return config
 
 
-def flow_factory_zimage_turbo() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def flow_factory_zimage_turbo(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO on Z-Image-Turbo: full fine-tuning at lr 1e-5, 6 rollout steps (10 to evaluate), no guidance
     (guidance_scale 0, as the model card samples it)."""
-    config = flow_factory_zimage_common("Tongyi-MAI/Z-Image-Turbo")
+    config = flow_factory_zimage_common(config, "Tongyi-MAI/Z-Image-Turbo")
     config.use_lora = False
     config.train.learning_rate = 1e-5
     config.sample.num_steps, config.sample.eval_num_steps = 6, 10
@@ -319,7 +344,8 @@ def flow_factory_zimage_turbo() -> ml_collections.ConfigDict:
     return config
 
 
-def flow_factory_flux_kontext() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def flow_factory_flux_kontext(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO LoRA recipe for FLUX.1 Kontext [dev] (github:X-GenGroup/Flow-Factory,
     examples/grpo/lora/flux1_kontext/default.yaml at 5f6cda1): LoRA rank 64 / alpha 128, 384 px (the source images
     too), 10 rollout steps (20 to evaluate), guidance 2.5 as FLUX's guidance embedding, Flow-SDE at noise level 0.9
@@ -328,7 +354,7 @@ def flow_factory_flux_kontext() -> ml_collections.ConfigDict:
     EMA 0.9 every 4 steps, bf16, PickScore. Their evaluation samples at 512 px; ours at the training size. The
     editing dataset is yours: a .jsonl prompt file (prompt_fn from_file, rows {"prompt", "image"}) in
     prompt_fn_kwargs.path."""
-    config = flow_factory("black-forest-labs/FLUX.1-Kontext-dev")
+    config = flow_factory(config, "black-forest-labs/FLUX.1-Kontext-dev")
     config.sample.resolution = 384
     config.sample.eval_num_steps = 20
     config.sample.guidance_scale, config.train.cfg = 2.5, False
@@ -343,14 +369,15 @@ def flow_factory_flux_kontext() -> ml_collections.ConfigDict:
     return config
 
 
-def flow_factory_flux2_klein() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def flow_factory_flux2_klein(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO recipe on FLUX.2 [klein] 9B (step-distilled), X-GenGroup/Flow-Factory
     examples/grpo/lora/flux2_klein/default.yaml (commit 5f6cda1a): LoRA rank 64 / alpha 128, 384 px, 4 rollout steps
     (10 to evaluate), guidance 1 (the distilled model has no CFG), Flow-SDE at noise level 0.5 on one step, group 16,
     clip 1e-4, advantages clipped at 5, no KL, lr 3e-4, EMA 0.9, bf16, PickScore. Differences: their one SDE step is
     drawn from steps {1, 2} per rollout, here the window is step 1; they evaluate at 1024 px, here at the training
     resolution; their prompts (a ShareGPT-4o image-caption set) are not shipped: simple_animals stands in."""
-    config = flow_factory("black-forest-labs/FLUX.2-klein-9B")
+    config = flow_factory(config, "black-forest-labs/FLUX.2-klein-9B")
     config.sample.resolution = 384
     config.sample.num_steps, config.sample.eval_num_steps = 4, 10
     config.sample.guidance_scale, config.train.cfg = 1.0, False
@@ -364,12 +391,13 @@ def flow_factory_flux2_klein() -> ml_collections.ConfigDict:
     return config
 
 
-def flow_factory_flux2_klein_base() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def flow_factory_flux2_klein_base(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO recipe on FLUX.2 [klein] base 9B (not distilled), X-GenGroup/Flow-Factory
     examples/grpo/lora/flux2_klein_base/default.yaml (commit 5f6cda1a): the klein recipe's settings but 8 rollout steps
     (28 to evaluate), CFG 4 with the empty prompt in sampling and training, noise level 0.7 (their one SDE step is
     drawn from steps {1, 2, 3}; here the window is step 1)."""
-    config = flow_factory_flux2_klein()
+    config = flow_factory_flux2_klein(config)
     config.pretrained.model = "black-forest-labs/FLUX.2-klein-base-9B"
     config.sample.num_steps, config.sample.eval_num_steps = 8, 28
     config.sample.guidance_scale, config.train.cfg = 4.0, True
@@ -377,7 +405,8 @@ def flow_factory_flux2_klein_base() -> ml_collections.ConfigDict:
     return config
 
 
-def flow_factory_wan21() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def flow_factory_wan21(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO LoRA recipe for Wan2.1 text-to-video (github:X-GenGroup/Flow-Factory,
     examples/grpo/lora/wan21/t2v.yaml, commit 5f6cda1a; Flow-GRPO publishes no Wan recipe): Wan2.1-T2V-14B, LoRA
     rank 64 / alpha 128, bf16, 5 frames of 256 px, 10 Flow-SDE steps at noise level 0.9 (28 to evaluate), CFG 5.0 in
@@ -387,7 +416,7 @@ def flow_factory_wan21() -> ml_collections.ConfigDict:
     its rewards are CLIP text alignment (1.0) and PickScore (0.5) on the PickScore prompts, here the same rewards
     (their models download) with advantages normalised per reward ("gdpo") on the embedded animal prompts
     (--config.prompt_fn=from_file with the PickScore prompt list for theirs)."""
-    config = flow_factory("Wan-AI/Wan2.1-T2V-14B-Diffusers")
+    config = flow_factory(config, "Wan-AI/Wan2.1-T2V-14B-Diffusers")
     config.sample.resolution, config.sample.num_frames = 256, 5
     config.sample.eval_num_steps = 28
     config.sample.noise_level = 0.9
@@ -403,7 +432,8 @@ def flow_factory_wan21() -> ml_collections.ConfigDict:
     return config
 
 
-def flow_factory_wan21_i2v() -> ml_collections.ConfigDict:
+@recipe("grpo")
+def flow_factory_wan21_i2v(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Flow-Factory's GRPO LoRA recipe for Wan2.1 image-to-video (examples/grpo/lora/wan21/i2v.yaml, commit 5f6cda1a;
     Flow-GRPO publishes none): Wan2.1-I2V-14B-480P (the 720P model takes the same settings), 5 frames of 240 px
     animating each prompt's source image, 10 Flow-SDE steps at noise level 0.9 (28 to evaluate), CFG 5.0 in sampling
@@ -413,7 +443,7 @@ def flow_factory_wan21_i2v() -> ml_collections.ConfigDict:
     scheduler of the model's shift (models/families/wan.py); their EMA moves every 4 epochs (8 optimizer steps here);
     they evaluate at 480 px, here at the training size; their dataset (ShareGPT-4o images with captions) is not
     shipped: a .jsonl prompt file of yours (rows {"prompt", "image"}) in prompt_fn_kwargs.path."""
-    config = flow_factory("Wan-AI/Wan2.1-I2V-14B-480P-Diffusers")
+    config = flow_factory(config, "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers")
     config.sample.resolution, config.sample.num_frames = 240, 5
     config.sample.eval_num_steps = 28
     config.sample.noise_level = 0.9
@@ -427,13 +457,3 @@ def flow_factory_wan21_i2v() -> ml_collections.ConfigDict:
     config.num_epochs, config.eval_freq = 500, 20
     return config
 
-
-RECIPES = {"grpo_flow": grpo_flow, "group_ppo_flow": group_ppo_flow, "awm": awm, "nft": nft, "dpo": dpo, "dgpo": dgpo,
-           "flow_grpo_sd35": flow_grpo_sd35, "flow_grpo_flux": flow_grpo_flux,
-           "flow_factory_zimage": flow_factory_zimage, "flow_factory_zimage_turbo": flow_factory_zimage_turbo,
-           "flow_factory_flux_kontext": flow_factory_flux_kontext, "flow_factory_flux2_klein": flow_factory_flux2_klein,
-           "flow_factory_flux2_klein_base": flow_factory_flux2_klein_base, "flow_factory_wan21": flow_factory_wan21,
-           "flow_grpo_qwenimage": flow_grpo_qwenimage,
-           "flow_grpo_qwenimage_edit_plus": flow_grpo_qwenimage_edit_plus, "nft_sd35": nft_sd35, "awm_sd35": awm_sd35,
-           "dgpo_sd35": dgpo_sd35, "dpo_sd35": dpo_sd35,
-           "flow_factory_wan21_i2v": flow_factory_wan21_i2v}

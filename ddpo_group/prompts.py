@@ -14,7 +14,7 @@ so the defaults of one prompt function never reach another: a preset that wants,
 registers it (``register_prompt_fn("hard_shapes", defaults={"path": ...})(from_file)``) and names it in
 ``config.prompt_fn``, leaving ``config.prompt_fn_kwargs`` empty; ``--config.prompt_fn=simple_animals`` then runs
 simple_animals with no keyword. A keyword the chosen function does not take is a ConfigError naming the function,
-the keyword and the keywords it takes (run/command/config_checks.py, at start).
+the keyword and the keywords it takes (run/config_checks.py, at start).
 """
 
 from __future__ import annotations
@@ -271,6 +271,25 @@ class PromptSampler:
 
 
 @register_prompt_fn("ocr")
+def draw_prompts(prompt_fn: str, kwargs: dict, n: int, seed: int) -> tuple[list[str], list[dict]]:
+    """``n`` prompts of ``prompt_fn`` drawn by a generator of their own seeded by ``seed`` (an evaluation's fixed
+    set), distinct where the prompt function allows (at most 50 n draws), then cycled."""
+    sampler = PromptSampler(prompt_fn, kwargs, seed=seed)
+    prompts, metadata = [], []
+    for _ in range(50 * n):
+        (prompt,), (meta,) = sampler.sample(1)
+        if prompt not in prompts:
+            prompts.append(prompt)
+            metadata.append(meta)
+        if len(prompts) == n:
+            break
+    distinct = len(prompts)
+    for k in range(n - distinct):  # fewer distinct prompts than asked: cycle through them
+        prompts.append(prompts[k % distinct])
+        metadata.append(metadata[k % distinct])
+    return prompts, metadata
+
+
 def ocr(rng: random.Random | None = None):
     """A text-rendering caption with its text in double quotes, e.g. 'a red stop sign that says "STOP"'
     (a text asset); metadata["text"] is the quoted text, the target of the ``ocr`` reward."""

@@ -5,7 +5,7 @@
 Builds the run as training would, samples one batch with the training sampler, re-scores it through the training
 forward and prints per step the largest |log-prob difference| and |ratio - 1| against the precision's tolerance; on a
 mismatch, the likely cause; then the memory a training chunk takes, the seconds an epoch will take and the config's
-warnings (ddpo_group/run/preflight.py). Exit code 0: consistent; 1: not; 2: a usage error.
+warnings (ddpo_group/offline/preflight.py). Exit code 0: consistent; 1: not; 2: a usage error.
 """
 
 import os
@@ -28,7 +28,7 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
     try:
-        from ddpo_group.run.preflight import run_check
+        from ddpo_group.offline.preflight import run_check
 
         result = run_check(_CONFIG.value)
     except Exception as error:  # a config, model, reward or prompt function that cannot be built

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from config import base as base_module  # noqa: E402
 from config.recipes import RECIPES  # noqa: E402
-from ddpo_group.run.command.renamed_fields import RENAMED, RENAMED_SECTIONS  # noqa: E402
+from ddpo_group.run.command.renamed_fields import RENAMED, RENAMED_SECTIONS, RENAMED_VALUES  # noqa: E402
 
 OUT = ROOT / "docs" / "configuration.md"
 SECTION = re.compile(r"^\s*config\.(\w+) = (\w+) = ml_collections\.ConfigDict\(\)")
@@ -113,7 +113,9 @@ def reference() -> str:
         changed = [f"`{key}={value_text(value)[1:-1]}`" for key, value in flat(config)
                    if key in defaults and repr(value) != repr(defaults[key])]
         text.append(f"| `{name}` | {', '.join(changed) or '(the defaults)'} |")
-    renamed = {**RENAMED, **{f"{old}.*": f"{new}.*" for old, new in RENAMED_SECTIONS.items()}}
+    renamed = {**RENAMED, **{f"{old}.*": f"{new}.*" for old, new in RENAMED_SECTIONS.items()},
+               **{f"{field}={old}": f"{field}={new}" for field, values in RENAMED_VALUES.items()
+                  for old, new in values.items()}}
     text += ["", "## Former names", "",
              "Accepted on the command line, in sweep files and in a saved run's config.json for one release, with a "
              "message naming the new name.", "", "| former name | name |", "|---|---|"]

@@ -23,7 +23,7 @@ silence_known_noise()  # before diffusers and transformers load
 
 from config.base import base  # noqa: E402
 from ddpo_group.run.command.cli_errors import USAGE_ERROR, exit_with  # noqa: E402
-from ddpo_group.run.evaluation import EvaluationRequest, evaluate, format_report  # noqa: E402
+from ddpo_group.offline.comparison import EvaluationRequest, evaluate, format_report  # noqa: E402
 
 
 class _WithDefaults(argparse.HelpFormatter):

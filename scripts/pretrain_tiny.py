@@ -16,7 +16,7 @@ Phases (each seeded; with the default single thread a rebuild gives the same wei
 
 With ``--family sd3`` (after the phases above, whose classifier and VAE it reuses from ``--out``):
   3. two CLIP text encoders with projection and an SD3Transformer2DModel (MM-DiT) trained together with the
-     rectified-flow loss ||v - (noise - x0)||^2 at x_s = (1 - s) x0 + s noise, s drawn logit-normal and shifted
+     rectified-flow loss ||v - (noise - x_clean)||^2 at x_s = (1 - s) x_clean + s noise, s drawn logit-normal and shifted
      as the scheduler shifts its sigmas (shift 3); the VAE is the tiny-shapes one with SD3's latent convention
      (latents = (z - shift_factor) * scaling_factor), 10% caption dropout, EMA weights;
   4. measurement as above with the pipeline's Euler sampler at the default 10 steps, guidance 5
@@ -301,16 +301,16 @@ def train_flow(vae, tokenizer, n_images: int, steps: int, batch: int, seed: int,
     progress = tqdm(range(steps), desc="transformer + text encoders")
     for step in progress:
         rows = torch.randint(0, n_images, (batch,), generator=generator)
-        x0 = (means[rows] + stds[rows] * torch.randn(means[rows].shape, generator=generator) - shift_factor) * scaling_factor
+        x_clean = (means[rows] + stds[rows] * torch.randn(means[rows].shape, generator=generator) - shift_factor) * scaling_factor
         tokens = ids[rows].clone()
         tokens[torch.rand(batch, generator=generator) < 0.1] = empty
-        noise = torch.randn(x0.shape, generator=generator)
+        noise = torch.randn(x_clean.shape, generator=generator)
         s = flow_sigmas(batch, generator)
-        x = (1 - s[:, None, None, None]) * x0 + s[:, None, None, None] * noise
+        x = (1 - s[:, None, None, None]) * x_clean + s[:, None, None, None] * noise
         embeds, pooled = clip_condition(text_encoders, tokens, TINY_SHAPES_FLOW_T5_TOKENS)
         velocity = transformer(hidden_states=x, encoder_hidden_states=embeds, pooled_projections=pooled,
                                timestep=s * 1000, return_dict=False)[0]
-        loss = F.mse_loss(velocity, noise - x0)
+        loss = F.mse_loss(velocity, noise - x_clean)
         update(loss, optimizer, params, ema, step, progress)
         if probe is not None and probe_every and (step + 1) % probe_every == 0 and step + 1 < steps:
             probe(step + 1, *with_weights(models, params, ema))

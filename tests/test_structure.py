@@ -8,6 +8,7 @@ Layers, bottom to top (a module may import its own layer's and lower layers' mod
     models/, rewards/, prompts, reference/
     rollout/, update/
     run/
+    offline/
 
 Every ``from ddpo_group.X import`` and ``import ddpo_group.X`` counts, those inside functions too.
 """
@@ -30,6 +31,7 @@ LAYERS = [
     {"models", "rewards", "prompts", "reference"},
     {"rollout", "update"},
     {"run"},
+    {"offline"},
 ]
 
 

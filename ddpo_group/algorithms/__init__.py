@@ -2,10 +2,11 @@
 
 Advantage estimators, policy losses, KL kinds and KL controllers are looked up by name (or plugin path)::
 
-    from ddpo_group.algorithms import get_adv_estimator, get_policy_loss, AdvantageInputs
+    from ddpo_group.algorithms import aggregation_weights, get_adv_estimator, get_policy_loss, AdvantageInputs
     out = get_adv_estimator("grpo")(AdvantageInputs(rewards, step_mask, group_index), **params)
-    loss, metrics = get_policy_loss("vanilla")(old_lp, lp, out.advantages, step_mask,
-                                               "step-mean", clip_low=1e-4, clip_high=1e-4)
+    weights = aggregation_weights(step_mask, "step-mean")
+    loss, metrics = get_policy_loss("vanilla")(old_lp, lp, out.advantages, weights,
+                                               clip_low=1e-4, clip_high=1e-4, clip_ratio_c=3.0)
 """
 
 from ddpo_group.registry import Registry
@@ -44,7 +45,7 @@ from .group_ppo import (
     critic_endpoint_mask_and_targets,
     find_segment_endpoints,
     group_metrics,
-    group_ppo_advantages,
+    group_ppo_from_values,
     post_step_values,
     segment_advantages,
     td_deltas,
@@ -66,9 +67,10 @@ from .policy_losses import (
     PolicyLossSpec,
     get_policy_loss,
     policy_loss,
-    ratio_norm_loss_matrix,
+    clipped_surrogate,
+    ratio_norm_policy_loss,
     register_policy_loss,
-    vanilla_loss_matrix,
+    vanilla_policy_loss,
 )
 
 from .objectives import (

@@ -44,7 +44,7 @@ import torch
 
 from .aggregation import compact_group_index, group_stats, masked_stats, masked_whiten
 from .filters import zero_variance_group_filter
-from .group_ppo import GroupThresholdController, group_ppo_advantages, tree_value_ev, tree_values
+from .group_ppo import GroupThresholdController, group_ppo_from_values, tree_value_ev, tree_values
 from ddpo_group.registry import Registry, read_field
 
 
@@ -57,7 +57,7 @@ class AdvantageInputs:
     values [B, T]: PRE-step critic values V(x_n, t_n, c) (gae, group_ppo).
     step_rewards [B, T]: per-step rewards added to the terminal one (e.g. -beta * KL_n).
     greedy_rewards [B]: reward of the eta = 0 sample of each sample's prompt (remax).
-    tweedie_values [B, T]: V(x_n) = reward of the decoded one-step prediction x0_hat(x_n), the terminal reward where
+    tweedie_values [B, T]: V(x_n) = reward of the decoded one-step prediction clean_hat(x_n), the terminal reward where
         the rest of the trajectory is deterministic (group_ppo's value_source "tweedie" / "blend"; rollout/tweedie.py).
     tree_nodes [B, T+1] long: tree rollouts' first sample sharing each sample's state x_n (group_ppo's value_source
         "tree"; sampling/trajectories.py).
@@ -289,26 +289,26 @@ def _never_std_scaled(config) -> List[str]:
 
 
 def _gae_checks(config) -> List[str]:
-    a, errors = config.algorithm, _gamma_in_range(config)
-    if not 0 <= a.gae_lambda <= 1:
-        errors.append(f"algorithm.gae_lambda={a.gae_lambda} must be in [0, 1]")
-    if a.gae_start_value not in GAE_START_VALUES:
-        errors.append(f"algorithm.gae_start_value={a.gae_start_value!r} must be one of {GAE_START_VALUES}")
+    algorithm, errors = config.algorithm, _gamma_in_range(config)
+    if not 0 <= algorithm.gae_lambda <= 1:
+        errors.append(f"algorithm.gae_lambda={algorithm.gae_lambda} must be in [0, 1]")
+    if algorithm.gae_start_value not in GAE_START_VALUES:
+        errors.append(f"algorithm.gae_start_value={algorithm.gae_start_value!r} must be one of {GAE_START_VALUES}")
     return errors
 
 
 def _group_ppo_checks(config) -> List[str]:
-    g, errors = config.group_ppo, []
-    if g.max_segment_steps < 1:
-        errors.append(f"group_ppo.max_segment_steps={g.max_segment_steps} must be >= 1")
-    if not g.numerical_floor > 0:
-        errors.append(f"group_ppo.numerical_floor={g.numerical_floor} must be > 0")
-    if not 0 <= g.gae_lambda <= 1:
-        errors.append(f"group_ppo.gae_lambda={g.gae_lambda} must be in [0, 1]")
-    if g.value_source not in GROUP_PPO_VALUE_SOURCES:
-        errors.append(f"group_ppo.value_source={g.value_source!r}; allowed: {list(GROUP_PPO_VALUE_SOURCES)}")
-    if not 0 <= g.value_blend <= 1:
-        errors.append(f"group_ppo.value_blend={g.value_blend} must be in [0, 1]")
+    group_ppo, errors = config.group_ppo, []
+    if group_ppo.max_segment_steps < 1:
+        errors.append(f"group_ppo.max_segment_steps={group_ppo.max_segment_steps} must be >= 1")
+    if not group_ppo.numerical_floor > 0:
+        errors.append(f"group_ppo.numerical_floor={group_ppo.numerical_floor} must be > 0")
+    if not 0 <= group_ppo.gae_lambda <= 1:
+        errors.append(f"group_ppo.gae_lambda={group_ppo.gae_lambda} must be in [0, 1]")
+    if group_ppo.value_source not in GROUP_PPO_VALUE_SOURCES:
+        errors.append(f"group_ppo.value_source={group_ppo.value_source!r}; allowed: {list(GROUP_PPO_VALUE_SOURCES)}")
+    if not 0 <= group_ppo.value_blend <= 1:
+        errors.append(f"group_ppo.value_blend={group_ppo.value_blend} must be in [0, 1]")
     return errors + GroupThresholdController.config_errors(config)
 
 
@@ -370,7 +370,7 @@ def tree_grpo_advantage(inputs: AdvantageInputs, *, norm_adv_by_std: bool, eps: 
 
     (group_ppo.tree_values; V(x_T) = R; the first segment starts from the prompt group's mean reward, the mean of its
     roots): each branch's credit from its node's and its parent's leaf means, without GROUP_PPO's variance test
-    (group_ppo_advantages with tau = 0, lambda = 0 and cuts at the branch steps). A tree branching once, at step 0,
+    (group_ppo_from_values with tau = 0, lambda = 0 and cuts at the branch steps). A tree branching once, at step 0,
     gives grpo's advantages. Needs inputs.tree_nodes (sample.branch_steps, or the default tree: sampling/tree.py).
     """
     R, m, gi, P = _prepare(inputs, "tree_grpo")
@@ -380,7 +380,7 @@ def tree_grpo_advantage(inputs: AdvantageInputs, *, norm_adv_by_std: bool, eps: 
         raise ValueError("tree_grpo takes no step_rewards (the KL in the reward): use group_ppo's value_source='tree'")
     V, branch = tree_values(inputs.tree_nodes, R)
     _, _, std, _, _ = group_stats(R, gi, P, unbiased=True)
-    res = group_ppo_advantages(V, R, gi, tau=0.0, max_segment_steps=V.shape[1], numerical_floor=eps, gae_lambda=0.0,
+    res = group_ppo_from_values(V, R, gi, tau=0.0, max_segment_steps=V.shape[1], numerical_floor=eps, gae_lambda=0.0,
                                norm_adv_by_std=norm_adv_by_std, cut_steps=branch)
     segments = float(res.step_endpoints.sum(1).double().mean())
     metrics = {**_group_metrics(R, gi, P, std), "tree/segments": segments,
@@ -545,7 +545,7 @@ def group_ppo_advantage(inputs: AdvantageInputs, *, tau: float, max_segment_step
         if inputs.tree_nodes is None:
             raise ValueError("group_ppo with value_source='tree' needs inputs.tree_nodes [B, T+1] (tree rollouts)")
         V, cut_steps = tree_values(inputs.tree_nodes, R, sr)
-    res = group_ppo_advantages(
+    res = group_ppo_from_values(
         V, R, gi, tau=tau, max_segment_steps=max_segment_steps, numerical_floor=numerical_floor, gae_lambda=gae_lambda,
         norm_adv_by_std=norm_adv_by_std, step_mask=m, step_rewards=sr, critic_gae_lambda=critic_gae_lambda,
         weight_by_mask=segment_weight_by_mask,

@@ -22,7 +22,7 @@ Conventions (B samples, T steps, step n = 0 noisiest):
 
 Step mask and segments: the endpoints are computed over the FULL trajectory of T steps,
 independent of the step mask (the critic values exist for every step, and the mask drawn by
-timestep_fraction may change between inner epochs, so a step's advantage must not depend on
+step_fraction may change between inner epochs, so a step's advantage must not depend on
 which other steps happen to be trained). The mask only zeroes the advantages of untrained
 steps. ``find_segment_endpoints(..., step_mask=m)`` optionally uses the mask as the per-step
 weights w of section 2 (only trained steps count in both variance sums); the estimator does
@@ -262,7 +262,7 @@ class GroupPPOResult:
     metrics: Dict[str, float] = field(default_factory=dict)
 
 
-def group_ppo_advantages(
+def group_ppo_from_values(
     values: torch.Tensor,
     rewards: torch.Tensor,
     group_index: torch.Tensor,
@@ -444,18 +444,18 @@ class GroupThresholdController:
 
     @classmethod
     def from_config(cls, config) -> "GroupThresholdController":
-        g = config.group_ppo
-        return cls(tau=g.variance_threshold, lr=g.threshold_lr, min_tau=g.min_threshold, max_tau=g.max_threshold,
-                   target_ev=g.target_explained_variance, adaptive=g.adaptive_threshold)
+        group_ppo = config.group_ppo
+        return cls(tau=group_ppo.variance_threshold, lr=group_ppo.threshold_lr, min_tau=group_ppo.min_threshold, max_tau=group_ppo.max_threshold,
+                   target_ev=group_ppo.target_explained_variance, adaptive=group_ppo.adaptive_threshold)
 
     @classmethod
     def config_errors(cls, config) -> list:
-        g = config.group_ppo
+        group_ppo = config.group_ppo
         names = {"tau": "group_ppo.variance_threshold", "lr": "group_ppo.threshold_lr",
                  "min_tau": "group_ppo.min_threshold", "max_tau": "group_ppo.max_threshold",
                  "target_ev": "group_ppo.target_explained_variance", "adaptive": "group_ppo.adaptive_threshold"}
-        return cls.errors(g.variance_threshold, g.threshold_lr, g.min_threshold, g.max_threshold,
-                          g.target_explained_variance, g.adaptive_threshold, names)
+        return cls.errors(group_ppo.variance_threshold, group_ppo.threshold_lr, group_ppo.min_threshold, group_ppo.max_threshold,
+                          group_ppo.target_explained_variance, group_ppo.adaptive_threshold, names)
 
     def params(self) -> Dict[str, float]:
         """The estimator's keywords this epoch."""

@@ -26,7 +26,7 @@ the normalisation after the sum:
 
 ``grpo`` dividing S by its *group* std again would give every 2-sample group the advantages +-1/sqrt(2) whatever
 its components did, the collapse of distinct reward combinations that GDPO removes; the config checks reject it
-(run/command/config_checks.py). Estimators that do not compare a prompt group's samples, or that fit a critic to the
+(run/config_checks.py). Estimators that do not compare a prompt group's samples, or that fit a critic to the
 reward (S depends on the group's other samples, not on the sample alone), are rejected too.
 
 The sources agree on the group statistics (torch's Bessel-corrected std in NVlabs/GDPO's TRL and verl versions

@@ -4,8 +4,8 @@ Two kinds:
 
 * ``policy_gradient`` (the default): the clipped policy gradients over the rollout's recorded step log-probs
   (``algorithm.policy_loss`` picks the loss; update/policy_update.py). It needs a stochastic sampler.
-* **matching** objectives (``awm``, ``nft``): the rollout only has to produce final samples x0 (any solver; with
-  ``sample.deterministic`` the deterministic one, and no log-prob is recorded). The update noises x0 with the
+* **matching** objectives (``awm``, ``nft``): the rollout only has to produce final samples x_clean (any solver; with
+  ``sample.deterministic`` the deterministic one, and no log-prob is recorded). The update noises x_clean with the
   forward process at drawn times and trains the denoiser with a weighted matching loss (update/matching_update.py).
   Rewards, the stat tracker, group statistics and advantages are the policy gradient's: the matching loss reads
   each sample's advantage A_i (the estimator's, clipped to ``train.adv_clip_max``).
@@ -15,12 +15,14 @@ Forward processes (``FORWARD_PROCESSES``), eps ~ N(0, I):
 * ``flow``: the flow-matching families (SD3, FLUX, Z-Image; the rectified flow of Esser et al. 2024), sigma s in
   [0, 1] (s = 1: pure noise)::
 
-    x_s = (1 - s) x0 + s eps,        target velocity u = eps - x0,        x0_hat(v) = x_s - s v
+    x_s = (1 - s) x_clean + s eps,        target velocity u = eps - x_clean,        clean_hat(v) = x_s - s v
 
 * ``ddpm``: the DDPM / DDIM families (Stable Diffusion 1.x / 2.x, SDXL), ab_t = alphas_cumprod[t]::
 
-    x_t = sqrt(ab_t) x0 + sqrt(1 - ab_t) eps,   target eps (epsilon), sqrt(ab_t) eps - sqrt(1 - ab_t) x0 (v_prediction)
-    or x0 (sample); the noise level passed to the objectives as ``sigma`` is sqrt(1 - ab_t)
+    x_t = sqrt(ab_t) x_clean + sqrt(1 - ab_t) eps,
+    target eps (epsilon), sqrt(ab_t) eps - sqrt(1 - ab_t) x_clean (v_prediction) or x_clean (sample)
+
+  the noise level passed to the objectives as ``sigma`` is sqrt(1 - ab_t)
 
 An objective registers the processes its paper defines it on (``processes``).
 
@@ -117,31 +119,31 @@ def get_objective(spec: str) -> ObjectiveSpec:
                                            lambda fn, name: ObjectiveSpec(name=name, kind=MATCHING, fn=fn))
 
 
-def flow_forward(x0: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The flow-matching forward process at sigma s [N]: (x_s = (1 - s) x0 + s eps, target u = eps - x0).
+def flow_forward(x_clean: torch.Tensor, noise: torch.Tensor, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The flow-matching forward process at sigma s [N]: (x_s = (1 - s) x_clean + s eps, target u = eps - x_clean).
 
     (The rectified flow alpha_t = 1 - t, sigma_t = t of DiffusionNFT's Sec. 2.1, where the velocity target of its
-    Eq. 1 simplifies to eps - x0.)"""
-    s = _per_row(sigma, x0)
-    return (1 - s) * x0 + s * noise, noise - x0
+    Eq. 1 simplifies to eps - x_clean.)"""
+    s = _per_row(sigma, x_clean)
+    return (1 - s) * x_clean + s * noise, noise - x_clean
 
 
 DDPM_TARGETS = ("epsilon", "v_prediction", "sample")
 FORWARD_PROCESSES = ("flow", "ddpm")
 
 
-def ddpm_forward(x0: torch.Tensor, noise: torch.Tensor, alpha_bar: torch.Tensor,
+def ddpm_forward(x_clean: torch.Tensor, noise: torch.Tensor, alpha_bar: torch.Tensor,
                  prediction_type: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The DDPM forward process at ab_t [N]: (x_t = sqrt(ab) x0 + sqrt(1 - ab) eps, the denoiser's target for its
-    ``prediction_type``: eps, sqrt(ab) eps - sqrt(1 - ab) x0, or x0).
+    """The DDPM forward process at ab_t [N]: (x_t = sqrt(ab) x_clean + sqrt(1 - ab) eps, the denoiser's target for its
+    ``prediction_type``: eps, sqrt(ab) eps - sqrt(1 - ab) x_clean, or x_clean).
 
-    (Diffusion-DPO's q(x_t | x0) = N(alpha_t x0, sigma_t^2 I) of its Eq. 2, with alpha_t = sqrt(ab), sigma_t =
+    (Diffusion-DPO's q(x_t | x_clean) = N(alpha_t x_clean, sigma_t^2 I) of its Eq. 2, with alpha_t = sqrt(ab), sigma_t =
     sqrt(1 - ab).)"""
     if prediction_type not in DDPM_TARGETS:
         raise ValueError(f"prediction_type={prediction_type!r} is not supported; use one of {DDPM_TARGETS}")
-    a, b = _per_row(alpha_bar.sqrt(), x0), _per_row((1 - alpha_bar).sqrt(), x0)
-    x_t = a * x0 + b * noise
-    target = {"epsilon": noise, "v_prediction": a * noise - b * x0, "sample": x0}[prediction_type]
+    a, b = _per_row(alpha_bar.sqrt(), x_clean), _per_row((1 - alpha_bar).sqrt(), x_clean)
+    x_t = a * x_clean + b * noise
+    target = {"epsilon": noise, "v_prediction": a * noise - b * x_clean, "sample": x_clean}[prediction_type]
     return x_t, target
 
 
@@ -224,13 +226,13 @@ def awm_loss(pred, target, advantages, sigma, old_pred=None, weighting: str = "u
     """Advantage Weighted Matching (Xue, Ge, Zhang, Li, Ma 2025, arXiv:2509.25050): the pretraining flow-matching loss
     of each rollout sample, weighted by its advantage,
 
-        L(theta) = E_{c, x0 ~ pi_old(.|c), s, eps} [ A(x0, c) * phi(l, s) ],
-        l = mean_dims || v_theta(x_s, s, c) - (eps - x0) ||^2
+        L(theta) = E_{c, x_clean ~ pi_old(.|c), s, eps} [ A(x_clean, c) * phi(l, s) ],
+        l = mean_dims || v_theta(x_s, s, c) - (eps - x_clean) ||^2
 
     (the paper's AWM objective: DDPO's policy gradient is a noisy denoising score matching, its Theorem 1, and AWM
     replaces it with the matching loss of the forward process; the paper states it for score matching (its EDM
     experiments) and flow matching alike, so it runs on both forward processes: on ``ddpm`` the error is the
-    denoiser's own (eps, v or x0) and s is sqrt(1 - ab_t)). phi (``awm_weighted_error``) is l, s l or the
+    denoiser's own (eps, v or the clean latent) and s is sqrt(1 - ab_t)). phi (``awm_weighted_error``) is l, s l or the
     generalised Huber of l. A > 0 pulls the velocity toward the sample's target, A < 0 pushes it away; A = 0 gives a
     zero loss and a zero gradient. The released script writes it as a PPO ratio exp(-phi + sg(phi)) of the first pass
     (on-policy: the same gradient, -A grad(-phi)) and scales A by advantage_max / adv_clip_max (1 / 5 in its
@@ -283,17 +285,17 @@ def nft_loss(pred, target, advantages, sigma, old_pred=None, adv_clip_max: float
     (the paper's Theorem 3.2) and the reward as an optimality probability r = 1/2 + 1/2 clip(A / Z, -1, 1)
     (``optimality_probability``):
 
-        L(theta) = E_{c, x0 ~ pi_old, s, eps} [ r ||v+(x_s) - u||^2 + (1 - r) ||v-(x_s) - u||^2 ] / beta
+        L(theta) = E_{c, x_clean ~ pi_old, s, eps} [ r ||v+(x_s) - u||^2 + (1 - r) ||v-(x_s) - u||^2 ] / beta
 
-    with u = eps - x0: the paper's Eq. 5 (Theorem 3.2; Algorithm 1, line 12), which has no 1 / beta (the released
+    with u = eps - x_clean: the paper's Eq. 5 (Theorem 3.2; Algorithm 1, line 12), which has no 1 / beta (the released
     script divides by beta). ``adaptive_weight`` (the paper's adaptive loss weighting, Sec. 3.3, an unnumbered display
-    that replaces the w(t) of its Eq. 1 and takes x0_hat = x_t - t v under rectified flow; as released): each squared
-    error is taken on the x0 prediction x0_hat = x_s - s v and divided by sg(mean |x0_hat - x0|), floored at 1e-5; since
-    x0_hat - x0 = -s (v - u), that term is s * mean (v - u)^2 / sg(mean |v - u|). Without it, the plain velocity
-    errors mean (v+- - u)^2.
+    that replaces the w(t) of its Eq. 1 and takes clean_hat = x_t - t v under rectified flow; as released): each squared
+    error is taken on the clean-latent prediction clean_hat = x_s - s v and divided by sg(mean |clean_hat - x_clean|),
+    floored at 1e-5; since clean_hat - x_clean = -s (v - u), that term is s * mean (v - u)^2 / sg(mean |v - u|).
+    Without it, the plain velocity errors mean (v+- - u)^2.
 
-    Defined on the flow-matching forward process only (the paper's velocity parameterisation and x0 weighting): the
-    DDPM families are refused.
+    Defined on the flow-matching forward process only (the paper's velocity parameterisation and clean-latent
+    weighting): the DDPM families are refused.
 
     Limits (tests/algorithms/test_objectives.py): at v_theta = v_old (every update's start) the gradient with respect to
     v_theta is 2 (2r - 1) (v_old - u) / D for every beta (without the adaptive weight), so A = 0 (r = 1/2) gives a zero
@@ -409,7 +411,7 @@ def dgpo_loss(errors, ref_errors, advantages, beta: float = 100.0, **_):
     (the paper's final objective, its Eq. 17 in Sec. 3.2: with the weights w = |A| of its Eq. 14 on the positive
     (A > 0) and negative (A <= 0) groups of its Eq. 13, its sum over G+ minus its sum over G- of w (L_dsm - L_dsm_ref)
     is sum_k A_k (e_k - e_ref_k); its weighting lambda_t and constant T are folded into beta here, and its L_dsm is the
-    x0-prediction error ||f_theta(x_t, t, c) - x||^2. It shares the noise eps within each group "to reduce the
+    clean-latent prediction error ||f_theta(x_t, t, c) - x||^2. It shares the noise eps within each group "to reduce the
     variance".)
 
     The gradient, sigmoid((beta / K) sum_k A_k (e_k - e_ref_k)) * (beta / K) A_k grad e_k, is the gradient-equivalent

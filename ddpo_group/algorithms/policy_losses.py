@@ -1,34 +1,33 @@
-"""Policy losses over [B, T] (sample, denoising step) log-prob matrices, one decorated function each.
+"""Policy losses, one decorated function each (verl's core_algos style), over (sample, denoising step) pairs.
 
-Every loss has the signature
+A per-step loss (``per_step=True``: vanilla, ratio_norm) is a weighted sum over pairs; the update calls it on each
+chunk of pairs and backpropagates at once (memory: one chunk's activations; the chunks' losses add up to the train
+batch's)::
 
-    fn(old_log_prob, log_prob, advantages, step_mask, loss_agg_mode, clip_low, clip_high,
-       clip_ratio_c=3.0, **_) -> (loss scalar, metrics dict of floats)
+    fn(old_log_prob, log_prob, advantages, weights, *, clip_low, clip_high, clip_ratio_c, **_) -> (loss, metrics)
 
-and ignores unknown keyword arguments, so the trainer can pass one params dict. The log-ratio
-is d = l_new - l_old, clamped to [-20, 20] before exponentiation: r = exp(clamp(d)).
+with tensors of one shape: a chunk's [N] pairs, or a batch's [B, T] with weights = aggregation_weights(step_mask,
+loss_agg_mode) (algorithms/aggregation.py), which gives the batch's aggregated loss. A pair of weight 0 takes no part
+in the loss or the metrics.
 
-A loss that is a weighted sum of per-(sample, step) terms registers its unaggregated matrix too::
+A trajectory-level loss (gspo, geo_mean: a ratio over a trajectory's steps) gets the train batch's [B, T] matrices,
+the trained steps' new log-probs gathered from its chunks::
 
-    @register_policy_loss("vanilla", loss_matrix=vanilla_loss_matrix)
+    fn(old_log_prob, log_prob, advantages, step_mask, loss_agg_mode, *, clip_low, clip_high, clip_ratio_c, **_)
 
-    loss_matrix(old_log_prob, log_prob, advantages, step_mask, clip_low, clip_high, clip_ratio_c, **_)
-        -> (L of the inputs' shape, metrics)    with  loss = sum(aggregation_weights(mask, mode) * L)
+Every loss ignores unknown keyword arguments, so the update passes one set. The log-ratio d = l_new - l_old is clamped
+to [-20, 20] before exponentiation. A plugin (``algorithm.policy_loss=/path/file.py:my_loss`` or
+``package.module:my_loss``) is trajectory-level unless it declares ``@policy_loss(per_step=True)``, and receives
+``algorithm.policy_loss_kwargs`` as keywords.
 
-and the policy update then backpropagates chunk by chunk of (sample, step) pairs (memory: one chunk's
-activations) whatever the loss is. A loss without a matrix (gspo, geo_mean: a trajectory-level ratio)
-gets the new log-probs of all trained steps of the train batch at once. A plugin
-(``algorithm.policy_loss=/path/file.py:my_loss`` or ``package.module:my_loss``) declares its matrix with
-``@policy_loss(loss_matrix=...)`` and receives ``algorithm.policy_loss_kwargs`` as keywords.
+A loss that needs the rollout policy's step means (``ratio_norm``) registers ``needs_old_means=True``: rollouts then
+record each step's mean (RolloutBatch.step_means, one latent-sized tensor per step, recorded only then) and the loss
+receives, besides the above, ``mean`` (mu_theta [N, ...], with gradient), ``old_mean`` (mu_old [N, ...]), ``std`` (the
+step's std [N]), ``step_length`` (s_n - s_{n+1} [N], sampling/gaussian.py) and ``log_prob_reduce``.
 
-A loss that needs the rollout policy's step means (``ratio_norm``) registers ``needs_old_means=True``: rollouts
-then record each step's mean (batch["step_means"], one latent-sized tensor per step, recorded only then) and its
-loss matrix receives, besides the above, ``mean`` (mu_theta [N, ...], with gradient), ``old_mean`` (mu_old [N, ...]),
-``std`` (the step's std [N]), ``step_length`` (s_n - s_{n+1} [N], sampling/gaussian.py) and ``log_prob_reduce``.
-
-Metrics (floats, over the masked steps): clipfrac (the clipped branch is active),
-clipfrac_lower (the dual clip is active), approx_kl = mean(d^2 / 2) (DDPO's estimate,
->= 0), ppo_kl = mean(l_old - l_new) (verl's), ratio_mean / ratio_min / ratio_max.
+Metrics (floats, over the trained pairs): clipfrac (the clipped branch is active), clipfrac_lower (the dual clip is
+active), approx_kl = mean(d^2 / 2) (DDPO's estimate, >= 0), ppo_kl = mean(l_old - l_new) (verl's), ratio_mean /
+ratio_min / ratio_max.
 """
 
 from __future__ import annotations
@@ -46,17 +45,17 @@ LOG_RATIO_CLAMP = 20.0
 
 @dataclass(frozen=True)
 class PolicyLossSpec:
-    """A policy loss and, when it is step-decomposable, its per-(sample, step) loss matrix; calling it runs it."""
+    """A policy loss and how the update calls it (module docstring); calling it runs it."""
 
     fn: Callable
     name: str
-    loss_matrix: Optional[Callable] = None
-    needs_old_means: bool = False  # rollouts record the step means; the matrix gets mean, old_mean, std, step_length
+    per_step: bool = False  # a weighted sum over pairs (weights); False: trajectory-level ([B, T], step mask, mode)
+    needs_old_means: bool = False  # rollouts record the step means; the loss gets mean, old_mean, std, step_length
     check: Optional[Callable] = None  # check(policy_loss_kwargs: dict) -> list of config error messages
 
     def __post_init__(self):
-        if self.needs_old_means and self.loss_matrix is None:  # the step means reach the chunked update only
-            raise ValueError(f"policy loss {self.name!r}: needs_old_means=True needs a loss_matrix")
+        if self.needs_old_means and not self.per_step:  # the step means reach a per-step loss's chunks only
+            raise ValueError(f"policy loss {self.name!r}: needs_old_means=True needs per_step=True")
 
     def config_errors(self, kwargs: dict) -> list:
         return list(self.check(dict(kwargs))) if self.check is not None else []
@@ -68,20 +67,19 @@ class PolicyLossSpec:
 POLICY_LOSS_REGISTRY = Registry("policy loss", entry_point_group="ddpo_group.policy_losses")
 
 
-def policy_loss(loss_matrix: Optional[Callable] = None, needs_old_means: bool = False,
+def policy_loss(per_step: bool = False, needs_old_means: bool = False,
                 check: Optional[Callable] = None) -> Callable[[Callable], PolicyLossSpec]:
-    """Decorator declaring a loss's per-step matrix (and what it needs) without registering a name (plugins)."""
+    """Decorator declaring how a loss is called (and what it needs) without registering a name (plugins)."""
     def decorator(fn: Callable) -> PolicyLossSpec:
-        return PolicyLossSpec(fn=fn, name=fn.__name__, loss_matrix=loss_matrix, needs_old_means=needs_old_means,
-                              check=check)
+        return PolicyLossSpec(fn=fn, name=fn.__name__, per_step=per_step, needs_old_means=needs_old_means, check=check)
     return decorator
 
 
-def register_policy_loss(name: str, loss_matrix: Optional[Callable] = None, needs_old_means: bool = False,
+def register_policy_loss(name: str, per_step: bool = False, needs_old_means: bool = False,
                          check: Optional[Callable] = None) -> Callable[[Callable], PolicyLossSpec]:
     """Decorator registering a policy loss under ``name`` (fails if the name is taken)."""
     def decorator(fn: Callable) -> PolicyLossSpec:
-        spec = PolicyLossSpec(fn=fn, name=name, loss_matrix=loss_matrix, needs_old_means=needs_old_means, check=check)
+        spec = PolicyLossSpec(fn=fn, name=name, per_step=per_step, needs_old_means=needs_old_means, check=check)
         return POLICY_LOSS_REGISTRY.register(name)(spec)
     return decorator
 
@@ -91,13 +89,17 @@ def get_policy_loss(spec: str) -> PolicyLossSpec:
     return POLICY_LOSS_REGISTRY.resolve_spec(spec, PolicyLossSpec, lambda fn, name: PolicyLossSpec(fn=fn, name=name))
 
 
-def _check(old_log_prob, log_prob, advantages, step_mask):
-    if not (old_log_prob.shape == log_prob.shape == advantages.shape == step_mask.shape):
+def _check(old_log_prob, log_prob, advantages, mask):
+    """One shape for the four (``mask``: the step mask or the weights)."""
+    if not (old_log_prob.shape == log_prob.shape == advantages.shape == mask.shape):
         raise ValueError(
-            "old_log_prob, log_prob, advantages and step_mask must have the same shape, got "
-            f"{tuple(old_log_prob.shape)}, {tuple(log_prob.shape)}, {tuple(advantages.shape)}, "
-            f"{tuple(step_mask.shape)}"
+            "old_log_prob, log_prob, advantages and the step mask / weights must have the same shape, got "
+            f"{tuple(old_log_prob.shape)}, {tuple(log_prob.shape)}, {tuple(advantages.shape)}, {tuple(mask.shape)}"
         )
+
+
+def _check_trajectories(old_log_prob, log_prob, advantages, step_mask):
+    _check(old_log_prob, log_prob, advantages, step_mask)
     if log_prob.dim() != 2:
         raise ValueError(f"expected [B, T] tensors, got shape {tuple(log_prob.shape)}")
 
@@ -124,8 +126,12 @@ def _ratio_metrics(d: torch.Tensor, mask: torch.Tensor) -> dict:
     }
 
 
-def _clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c):
-    """Per-entry max(-A r, -A clip(r, 1-cl, 1+ch)); for A < 0 then min(., -A c). Returns (loss, clipped, dual)."""
+def clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c):
+    """PPO's clipped surrogate of each entry, and which clip acts: (L, clipped, dual).
+
+        L = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))       clipped: the second term is the larger
+        L = min(L, -A clip_ratio_c)   where A < 0                    dual: this bound acts (None: no dual clip)
+    """
     l1 = -advantages * ratio
     l2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     clip_loss = torch.maximum(l1, l2)
@@ -139,55 +145,46 @@ def _clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c):
     return loss, clipped, dual
 
 
-def vanilla_loss_matrix(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    step_mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    clip_ratio_c: Optional[float],
-    **_,
-) -> Tuple[torch.Tensor, dict]:
-    """Unaggregated PPO-clip loss matrix [B, T] (asymmetric clip + dual clip) and its metrics.
+def weighted_sum(weights: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
+    """sum w L over the pairs, a pair of weight 0 left out even where its L is inf or NaN."""
+    return (weights * losses.masked_fill(weights == 0, 0.0)).sum()
 
-        r = exp(clamp(l_new - l_old, -20, 20))
-        L = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))
-        L = min(L, -A clip_ratio_c)            where A < 0 (dual clip; None disables)
 
-    Works on any matching shapes (e.g. a [N] chunk of flattened (sample, step) pairs); the
-    metrics are over entries where step_mask != 0.
+@register_policy_loss("vanilla", per_step=True)
+def vanilla_policy_loss(old_log_prob, log_prob, advantages, weights, *, clip_low: float, clip_high: float,
+                        clip_ratio_c: Optional[float], **_) -> Tuple[torch.Tensor, dict]:
+    """PPO-clip (ddpo-pytorch's and Flow-GRPO's loss) with an asymmetric clip range and the dual clip.
+
+    Args:
+        old_log_prob: [N] l_old, each pair's recorded step under the rollout policy
+        log_prob: [N] l_theta, the same step under the policy being trained (with gradient)
+        advantages: [N] A
+        weights: [N] w, each pair's aggregation weight (algorithm.loss_agg_mode; 0: not trained)
+        clip_low, clip_high: the clip range below and above 1 (train.clip_range)
+        clip_ratio_c: the dual clip's bound for A < 0, > 1 (None: none)
+    (any shape, the four alike: [B, T] with weights = aggregation_weights(step_mask, mode) is the batch's loss)
+
+    1. r    = exp(clamp(l_theta - l_old, -20, 20))                   the probability ratio
+    2. L    = max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high))     the clipped surrogate
+    3. L    = min(L, -A clip_ratio_c)   where A < 0                  the dual clip
+    4. loss = sum w L                                                the aggregation
+
+    Returns (loss, metrics over the pairs of weight != 0).
     """
-    if not (old_log_prob.shape == log_prob.shape == advantages.shape == step_mask.shape):
-        raise ValueError("old_log_prob, log_prob, advantages and step_mask must have the same shape")
+    _check(old_log_prob, log_prob, advantages, weights)
     _check_clip(clip_low, clip_high, clip_ratio_c)
     d = log_prob - old_log_prob
-    ratio = torch.exp(d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    loss_mat, clipped, dual = _clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c)
+    ratio = torch.exp(d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # 1.
+    losses, clipped, dual = clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c)  # 2., 3.
+    loss = weighted_sum(weights, losses)  # 4.
     with torch.no_grad():
+        trained = weights != 0
         metrics = {
-            "clipfrac": float(masked_mean(clipped.to(d.dtype), step_mask)),
-            "clipfrac_lower": float(masked_mean(dual.to(d.dtype), step_mask)),
-            **_ratio_metrics(d, step_mask),
+            "clipfrac": float(masked_mean(clipped.to(d.dtype), trained)),
+            "clipfrac_lower": float(masked_mean(dual.to(d.dtype), trained)),
+            **_ratio_metrics(d, trained),
         }
-    return loss_mat, metrics
-
-
-@register_policy_loss("vanilla", loss_matrix=vanilla_loss_matrix)
-def vanilla_policy_loss(
-    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str, *,
-    clip_low: float, clip_high: float, clip_ratio_c: Optional[float], **_,
-):
-    """PPO-clip with asymmetric clip range and dual clip, aggregated with ``loss_agg_mode``.
-
-    loss = agg( max(-A r, -A clip(r, 1 - clip_low, 1 + clip_high)), then for A < 0
-    min(., -A clip_ratio_c) ), r = exp(clamp(l_new - l_old, -20, 20)).
-    """
-    _check(old_log_prob, log_prob, advantages, step_mask)
-    loss_mat, metrics = vanilla_loss_matrix(
-        old_log_prob, log_prob, advantages, step_mask, clip_low, clip_high, clip_ratio_c
-    )
-    return agg_loss(loss_mat, step_mask, loss_agg_mode), metrics
+    return loss, metrics
 
 
 @register_policy_loss("gspo")
@@ -204,13 +201,13 @@ def gspo_policy_loss(
 
     Use clip ranges for a trajectory-level ratio (GSPO uses much smaller ones than PPO).
     """
-    _check(old_log_prob, log_prob, advantages, step_mask)
+    _check_trajectories(old_log_prob, log_prob, advantages, step_mask)
     _check_clip(clip_low, clip_high, clip_ratio_c)
     d = log_prob - old_log_prob
     seq_d = masked_mean(d.detach(), step_mask, dim=1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     log_ratio = log_prob - log_prob.detach() + seq_d[:, None]
     ratio = torch.exp(log_ratio)
-    loss_mat, clipped, dual = _clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c)
+    loss_mat, clipped, dual = clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c)
     loss = agg_loss(loss_mat, step_mask, loss_agg_mode)
     with torch.no_grad():
         rows = step_mask.sum(dim=1) > 0
@@ -245,7 +242,7 @@ def geo_mean_policy_loss(
     averages over trajectories). The clip bounds are in log space: for the small clip
     ranges of diffusion (1e-4) they equal the ratio bounds of vanilla to first order.
     """
-    _check(old_log_prob, log_prob, advantages, step_mask)
+    _check_trajectories(old_log_prob, log_prob, advantages, step_mask)
     _check_clip(clip_low, clip_high, None)
     m = (step_mask != 0).to(log_prob.dtype)
     d = log_prob - old_log_prob
@@ -285,7 +282,7 @@ def ratio_norm_log_ratio(old_log_prob, log_prob, mean, old_mean, std, log_prob_r
 
         d = l_theta - l_old                  (divided by D, the latent dims, when log_prob_reduce="sum")
         b = mean_D((mu_theta - mu_old)^2) / (2 s^2)
-        log rho_hat = (d + b) * s            (= mean_D(z * (mu_theta - mu_old)), ratio_norm_loss_matrix)
+        log rho_hat = (d + b) * s            (= mean_D(z * (mu_theta - mu_old)), ratio_norm_policy_loss)
 
     A step whose std is 0 (a deterministic step, never trained) takes s = 1 so that nothing divides by 0.
     """
@@ -300,90 +297,6 @@ def ratio_norm_log_ratio(old_log_prob, log_prob, mean, old_mean, std, log_prob_r
     return (d + b) * s, d, b
 
 
-def ratio_norm_loss_matrix(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    step_mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    clip_ratio_c: Optional[float],
-    *,
-    mean: torch.Tensor = None,
-    old_mean: torch.Tensor = None,
-    std: torch.Tensor = None,
-    step_length: Optional[torch.Tensor] = None,
-    log_prob_reduce: str = "mean",
-    reweight: str = "dt",
-    **_,
-) -> Tuple[torch.Tensor, dict]:
-    """GRPO-Guard's RatioNorm (arXiv 2510.22319; Flow-GRPO's and verl-omni's grpo_guard loss): PPO-clip on a
-    log-ratio normalised by the step's noise scale, with the per-step weight 1 / step_length.
-
-    Per (sample, step), with s the step's std (the same under both policies: it depends on the schedule only;
-    flow_sde: sigma_t sqrt(-dt), DDIM: the DDIM step's sigma), mu_theta / mu_old the step's means under the
-    current and the rollout policy for the recorded x_n, and the recorded next latent x' = mu_old + s z:
-
-        per latent dim:  log N(x'; mu_theta, s^2) - log N(x'; mu_old, s^2)
-                         = ((x' - mu_old)^2 - (x' - mu_theta)^2) / (2 s^2)
-                         = (s^2 z^2 - (s z - dmu)^2) / (2 s^2) = z dmu / s - dmu^2 / (2 s^2),   dmu = mu_theta - mu_old
-        our l reduces the latent dims by their mean (sample.log_prob_reduce="mean"; "sum" is D times it), so
-        d = l_theta - l_old = mean_D(z dmu) / s - b,   b = mean_D(dmu^2) / (2 s^2)
-        log rho_hat = (d + b) * s = mean_D(z * dmu)
-
-    Under the rollout policy z ~ N(0, I) independently of dmu (a function of x_n), so log rho_hat ~ N(0, mean_D(dmu^2)
-    / D): centred on 0 whatever the noise level, where the plain d has mean -b, which grows as 1/s^2. At small noise
-    levels (flow models, late steps) the plain ratio's mean sits below 1 and the clip [1 - eps, 1 + eps] acts on
-    its lower side only: positive-advantage samples are not held back (GRPO-Guard's implicit over-optimisation).
-    b is not detached (as in the reference implementations): the gradient is that of mean_D(z * mu_theta).
-
-        rho_hat = exp(clamp(log rho_hat, -20, 20))
-        L       = w * max(-A rho_hat, -A clip(rho_hat, 1 - clip_low, 1 + clip_high)),  dual clip for A < 0
-        w       = 1 / step_length   (reweight="dt"),  1  (reweight="none")
-
-    step_length is the step's length in flow time: -dt = s_n - s_{n+1} for a flow step (GRPO-Guard's 1/dt), and for
-    DDIM the same on the equivalent flow time s = sqrt(1 - ab) / (sqrt(ab) + sqrt(1 - ab)) (sampling/ddim.py). Why:
-    a flow step's mean moves with the velocity as d mu / d v = dt (1 + sigma_t^2 (1 - s) / (2 s)), so the gradient
-    of log rho_hat scales with |dt|; the weight gives every step a gradient of the same size in the model's output.
-    The lengths of a schedule's steps add up to about 1, so the weights average about T (the steps per trajectory):
-    the effective learning rate is about T times vanilla's; reweight="none" keeps vanilla's scale.
-
-    Metrics: clipfrac, clipfrac_lower and ratio_* / approx_kl / ppo_kl of the normalised ratio (the one clipped);
-    plain_ratio_mean = mean exp(l_theta - l_old) (what vanilla would clip) and mean_shift_bias = mean b.
-    """
-    if mean is None or old_mean is None or std is None:
-        raise ValueError("ratio_norm needs mean, old_mean and std: the policy update passes them when the rollouts "
-                         "recorded the step means (batch['step_means'])")
-    if not (old_log_prob.shape == log_prob.shape == advantages.shape == step_mask.shape == std.shape):
-        raise ValueError("old_log_prob, log_prob, advantages, step_mask and std must have the same shape")
-    if mean.shape != old_mean.shape or mean.shape[: log_prob.dim()] != log_prob.shape:
-        raise ValueError(f"mean {tuple(mean.shape)} and old_mean {tuple(old_mean.shape)} must be the log-probs' shape "
-                         f"{tuple(log_prob.shape)} followed by the latent dims")
-    if reweight not in RATIO_NORM_REWEIGHTS:
-        raise ValueError(f"ratio_norm: reweight={reweight!r} must be one of {RATIO_NORM_REWEIGHTS}")
-    _check_clip(clip_low, clip_high, clip_ratio_c)
-    log_ratio, d, b = ratio_norm_log_ratio(old_log_prob, log_prob, mean, old_mean, std, log_prob_reduce)
-    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-    loss_mat, clipped, dual = _clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c)
-    if reweight == "dt":
-        if step_length is None:
-            raise ValueError("ratio_norm with reweight='dt' needs the step's length (StepOutput.step_length): this "
-                             "model family's step does not report it; set algorithm.policy_loss_kwargs.reweight='none'")
-        # a deterministic step (length 0) is never trained: weight 1 keeps its masked entry finite
-        length = torch.where(step_length > 0, step_length, torch.ones_like(step_length)).to(loss_mat.dtype)
-        loss_mat = loss_mat / length
-    with torch.no_grad():
-        plain = torch.exp((log_prob - old_log_prob).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
-        metrics = {
-            "clipfrac": float(masked_mean(clipped.to(d.dtype), step_mask)),
-            "clipfrac_lower": float(masked_mean(dual.to(d.dtype), step_mask)),
-            **_ratio_metrics(log_ratio, step_mask),
-            "plain_ratio_mean": float(masked_mean(plain, step_mask)),
-            "mean_shift_bias": float(masked_mean(b.detach(), step_mask)),
-        }
-    return loss_mat, metrics
-
-
 def ratio_norm_config_errors(kwargs: dict) -> list:
     """algorithm.policy_loss_kwargs of ratio_norm: only ``reweight``, one of RATIO_NORM_REWEIGHTS."""
     errors = [f"algorithm.policy_loss_kwargs.{key}: ratio_norm takes no keyword {key!r}; its keywords: ['reweight']"
@@ -394,16 +307,78 @@ def ratio_norm_config_errors(kwargs: dict) -> list:
     return errors
 
 
-@register_policy_loss("ratio_norm", loss_matrix=ratio_norm_loss_matrix, needs_old_means=True,
-                      check=ratio_norm_config_errors)
-def ratio_norm_policy_loss(
-    old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str, *,
-    clip_low: float, clip_high: float, clip_ratio_c: Optional[float], **kwargs,
-):
-    """GRPO-Guard's RatioNorm PPO-clip (ratio_norm_loss_matrix) aggregated with ``loss_agg_mode``; ``kwargs`` hold
-    mean / old_mean [B, T, ...], std / step_length [B, T], log_prob_reduce and reweight."""
-    _check(old_log_prob, log_prob, advantages, step_mask)
-    loss_mat, metrics = ratio_norm_loss_matrix(
-        old_log_prob, log_prob, advantages, step_mask, clip_low, clip_high, clip_ratio_c, **kwargs
-    )
-    return agg_loss(loss_mat, step_mask, loss_agg_mode), metrics
+@register_policy_loss("ratio_norm", per_step=True, needs_old_means=True, check=ratio_norm_config_errors)
+def ratio_norm_policy_loss(old_log_prob, log_prob, advantages, weights, *, clip_low: float, clip_high: float,
+                           clip_ratio_c: Optional[float], mean: torch.Tensor = None, old_mean: torch.Tensor = None,
+                           std: torch.Tensor = None, step_length: Optional[torch.Tensor] = None,
+                           log_prob_reduce: str = "mean", reweight: str = "dt", **_) -> Tuple[torch.Tensor, dict]:
+    """GRPO-Guard's RatioNorm (arXiv 2510.22319; Flow-GRPO's and verl-omni's grpo_guard loss): PPO-clip on a
+    log-ratio normalised by the step's noise scale, with the per-step weight 1 / step_length.
+
+    Args:
+        old_log_prob, log_prob, advantages, weights, clip_low, clip_high, clip_ratio_c: [N] each, as vanilla's
+        mean: [N, ...] mu_theta, the step's mean under the policy being trained (with gradient)
+        old_mean: [N, ...] mu_old, the step's mean under the rollout policy (recorded)
+        std: [N] s, the step's std (the same under both policies: it depends on the schedule only; flow_sde:
+            sigma_t sqrt(-dt), DDIM: the DDIM step's sigma)
+        step_length: [N] the step's length in flow time (StepOutput.step_length)
+        log_prob_reduce: how l reduces the latent dims (sample.log_prob_reduce)
+        reweight: "dt" (w_dt = 1 / step_length) or "none" (w_dt = 1)
+
+    1. log rho_hat = (d + b) * s = mean_D(z * (mu_theta - mu_old))      ratio_norm_log_ratio (d, b there)
+    2. rho_hat     = exp(clamp(log rho_hat, -20, 20))
+    3. L           = w_dt * max(-A rho_hat, -A clip(rho_hat, 1 - clip_low, 1 + clip_high)),  dual clip for A < 0
+    4. loss        = sum w L
+
+    Why (1): with the recorded next latent x' = mu_old + s z, per latent dim log N(x'; mu_theta, s^2) - log N(x';
+    mu_old, s^2) = z dmu / s - dmu^2 / (2 s^2), dmu = mu_theta - mu_old; our l reduces the latent dims by their mean,
+    so d = l_theta - l_old = mean_D(z dmu) / s - b with b = mean_D(dmu^2) / (2 s^2). Under the rollout policy z ~ N(0,
+    I) independently of dmu, so log rho_hat ~ N(0, mean_D(dmu^2) / D): centred on 0 whatever the noise level, where
+    the plain d has mean -b, which grows as 1/s^2. At small noise levels (flow models, late steps) the plain ratio's
+    mean sits below 1 and the clip [1 - eps, 1 + eps] acts on its lower side only: positive-advantage samples are not
+    held back (GRPO-Guard's implicit over-optimisation). b is not detached (as in the reference implementations): the
+    gradient is that of mean_D(z * mu_theta).
+
+    Why (3)'s w_dt: the step's length in flow time is -dt = s_n - s_{n+1} for a flow step (GRPO-Guard's 1/dt), and for
+    DDIM the same on the equivalent flow time s = sqrt(1 - ab) / (sqrt(ab) + sqrt(1 - ab)) (sampling/ddim.py). A flow
+    step's mean moves with the velocity as d mu / d v = dt (1 + sigma_t^2 (1 - s) / (2 s)), so the gradient of
+    log rho_hat scales with |dt|; the weight gives every step a gradient of the same size in the model's output. The
+    lengths of a schedule's steps add up to about 1, so the weights average about T (the steps per trajectory): the
+    effective learning rate is about T times vanilla's; reweight="none" keeps vanilla's scale.
+
+    Returns (loss, metrics): clipfrac, clipfrac_lower and ratio_* / approx_kl / ppo_kl of the normalised ratio (the
+    one clipped); plain_ratio_mean = mean exp(l_theta - l_old) (what vanilla would clip) and mean_shift_bias = mean b.
+    """
+    if mean is None or old_mean is None or std is None:
+        raise ValueError("ratio_norm needs mean, old_mean and std: the policy update passes them when the rollouts "
+                         "recorded the step means (RolloutBatch.step_means)")
+    if not (old_log_prob.shape == log_prob.shape == advantages.shape == weights.shape == std.shape):
+        raise ValueError("old_log_prob, log_prob, advantages, weights and std must have the same shape")
+    if mean.shape != old_mean.shape or mean.shape[: log_prob.dim()] != log_prob.shape:
+        raise ValueError(f"mean {tuple(mean.shape)} and old_mean {tuple(old_mean.shape)} must be the log-probs' shape "
+                         f"{tuple(log_prob.shape)} followed by the latent dims")
+    if reweight not in RATIO_NORM_REWEIGHTS:
+        raise ValueError(f"ratio_norm: reweight={reweight!r} must be one of {RATIO_NORM_REWEIGHTS}")
+    _check_clip(clip_low, clip_high, clip_ratio_c)
+    log_ratio, d, b = ratio_norm_log_ratio(old_log_prob, log_prob, mean, old_mean, std, log_prob_reduce)  # 1.
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # 2.
+    losses, clipped, dual = clipped_surrogate(ratio, advantages, clip_low, clip_high, clip_ratio_c)  # 3.
+    if reweight == "dt":
+        if step_length is None:
+            raise ValueError("ratio_norm with reweight='dt' needs the step's length (StepOutput.step_length): this "
+                             "model family's step does not report it; set algorithm.policy_loss_kwargs.reweight='none'")
+        # a deterministic step (length 0) is never trained: weight 1 keeps its masked entry finite
+        length = torch.where(step_length > 0, step_length, torch.ones_like(step_length)).to(losses.dtype)
+        losses = losses / length
+    loss = weighted_sum(weights, losses)  # 4.
+    with torch.no_grad():
+        trained = weights != 0
+        plain = torch.exp((log_prob - old_log_prob).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+        metrics = {
+            "clipfrac": float(masked_mean(clipped.to(d.dtype), trained)),
+            "clipfrac_lower": float(masked_mean(dual.to(d.dtype), trained)),
+            **_ratio_metrics(log_ratio, trained),
+            "plain_ratio_mean": float(masked_mean(plain, trained)),
+            "mean_shift_bias": float(masked_mean(b.detach(), trained)),
+        }
+    return loss, metrics

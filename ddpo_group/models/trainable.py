@@ -45,12 +45,12 @@ def build_policy(config, device) -> tuple:
     reference model (which may copy the denoiser or add an adapter to it) is built.
     """
     inference_dtype = DTYPES[config.mixed_precision]
-    p = config.pretrained
-    family = load_family(p.model, revision=p.revision or None, torch_dtype=inference_dtype, family=p.family,
+    pretrained = config.pretrained
+    family = load_family(pretrained.model, revision=pretrained.revision or None, torch_dtype=inference_dtype, family=pretrained.family,
                          config=config)
     pipe = family.pipe
     pipe.set_progress_bar_config(disable=True)
-    text_device = p.text_encoder_device or device
+    text_device = pretrained.text_encoder_device or device
     for name, module in _frozen(family):
         module.requires_grad_(False)
         place(module, text_device if name in TEXT_ENCODERS else device, inference_dtype)
@@ -83,8 +83,8 @@ def _frozen(family) -> list:
 
 
 def make_optimizer(config, params) -> torch.optim.Optimizer:
-    t = config.train
-    if t.use_8bit_adam:
+    train = config.train
+    if train.use_8bit_adam:
         try:
             import bitsandbytes as bnb
         except ImportError as error:
@@ -93,5 +93,5 @@ def make_optimizer(config, params) -> torch.optim.Optimizer:
     else:
         optimizer_cls = torch.optim.AdamW
     return optimizer_cls(
-        params, lr=t.learning_rate, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.adam_weight_decay, eps=t.adam_epsilon
+        params, lr=train.learning_rate, betas=(train.adam_beta1, train.adam_beta2), weight_decay=train.adam_weight_decay, eps=train.adam_epsilon
     )

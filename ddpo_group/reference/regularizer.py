@@ -59,6 +59,15 @@ class KLRegularizer:
         """The loss carries the term; its reference forward runs only when it has weight (beta > 0)."""
         return not self.in_reward and self.beta > 0
 
+    def loss_term(self, kl: torch.Tensor, weights, num_pairs: int, sums: dict) -> torch.Tensor:
+        """beta * sum_pairs w KL of a chunk's pairs (``kl`` [N], ``weights`` [N] or one number for every pair, the
+        loss's aggregation weights), the term the update adds to its loss; adds ``kl_loss`` (sum w KL) and ``kl`` (the
+        mean KL over the train batch's ``num_pairs`` pairs) to the update's metric ``sums``."""
+        kl_loss = (weights * kl).sum() if isinstance(weights, torch.Tensor) else weights * kl.sum()
+        sums["kl_loss"] += kl_loss.detach()
+        sums["kl"] += kl.detach().sum() / num_pairs
+        return self.beta * kl_loss
+
     def step_kl(self, policy_step, score: Callable, policy_model) -> torch.Tensor:
         """KL_n [N] of N (sample, step) pairs, gradient through ``policy_step``; ``score(model)`` gives the pairs' step
         output under a model (``policy_model``: the unwrapped policy, which the reference may share weights with)."""

@@ -14,7 +14,7 @@ per-frame rewards are averaged per video; a video reward receives [B, F, 3, H, W
 Groupwise rewards: a reward function with the attribute ``groupwise = True`` (``fn.groupwise = True``) is called
 once per prompt group, with the group's G images, prompts and metadata, and returns G rewards that may depend on
 each other (``pairwise.py``: a win rate under a pairwise judge, a rank). The trainer then gives each process whole
-groups and scores each group where it was sampled (rollout/collect.py's RewardScorer).
+groups and scores each group where it was sampled (rollout/reward_scorer.py).
 
 A factory is found by registered name, by ``"package.module:factory"`` (or
 ``"/path/file.py:factory"``), or as an entry point of group ``ddpo_group.rewards``

@@ -1,8 +1,8 @@
 """GROUP_PPO's Tweedie values (``group_ppo.value_source`` "tweedie" or "blend"): the reward of a step's one-step
-prediction of the clean image, as Stepwise-Flow-GRPO scores x0_hat at every step,
+prediction of the clean image, as Stepwise-Flow-GRPO scores clean_hat at every step,
 
-    V(x_n) = r(decode(x0_hat(x_n)), prompt)    x0_hat: DDIM (x_n - sqrt(1 - ab_t) eps_hat) / sqrt(ab_t),
-                                                       flow x_n - s_n v_hat                 (StepOutput.pred_x0)
+    V(x_n) = r(decode(clean_hat(x_n)), prompt)    clean_hat: DDIM (x_n - sqrt(1 - ab_t) eps_hat) / sqrt(ab_t),
+                                                       flow x_n - s_n v_hat                 (StepOutput.clean_hat)
 
 No training; one VAE decode and one reward query per sample and valued step, counted as reward queries. GROUP_PPO reads
 V(x_n) for n >= 1 only (its post-step values; the start value is the group mean). After the last stochastic step the
@@ -24,16 +24,16 @@ def valued_steps(stochastic: torch.Tensor) -> list[int]:
 
 
 @torch.no_grad()
-def tweedie_values(family, pred_x0: torch.Tensor | None, steps: list[int], num_steps: int, score, prompts: list[str],
+def tweedie_values(family, clean_hat: torch.Tensor | None, steps: list[int], num_steps: int, score, prompts: list[str],
                    metadata: list[dict], dtype=None, decode_batch_size: int = 0) -> torch.Tensor:
-    """[B, T] float64: column steps[k] holds score(decode(pred_x0[:, k])), the others NaN (``with_rewards`` fills
-    them). ``pred_x0`` [B, len(steps), ...] (Trajectories.pred_x0 recorded at ``steps``); ``num_steps`` T;
+    """[B, T] float64: column steps[k] holds score(decode(clean_hat[:, k])), the others NaN (``with_rewards`` fills
+    them). ``clean_hat`` [B, len(steps), ...] (Trajectories.clean_hat recorded at ``steps``); ``num_steps`` T;
     ``score(images, prompts, metadata) -> rewards``."""
     batch = len(prompts)
     values = torch.full((batch, num_steps), float("nan"), dtype=torch.float64)
     if not steps:
         return values
-    latents = pred_x0.flatten(0, 1)  # sample-major: row b * len(steps) + k is sample b at steps[k]
+    latents = clean_hat.flatten(0, 1)  # sample-major: row b * len(steps) + k is sample b at steps[k]
     images = decode_latents(family, latents.to(dtype or latents.dtype), decode_batch_size)
     rewards = score(images, [p for p in prompts for _ in steps], [m for m in metadata for _ in steps])
     values[:, steps] = rewards.double().cpu().view(batch, len(steps))

@@ -82,6 +82,23 @@ class Guard:
                     f"guard.max_drift={c.max_drift:g} from before training")))
         return alarms
 
+    def after_evaluation(self, epoch: int, metrics: dict, session, weights) -> None:
+        """Evaluation ``epoch`` observed: its weights, inside ``weights()``, kept when it is the best so far
+        (session.keep_best), and each alarm it raises acted on as guard.on_alarm says: "warn" one line naming the
+        rule, its numbers and the best evaluation; "stop" that line, then the run stops after this epoch with a
+        checkpoint and exit 0 (session.stop_by_guard); "off" nothing."""
+        best, alarms = self.observe(epoch, metrics)
+        if best:
+            session.keep_best(epoch, self.measure, metrics[self.measure], weights)
+        if self.config.on_alarm == "off":
+            return
+        for alarm in alarms:
+            session.print(f"guard ({alarm.rule}): {alarm.message}; {self.best_line()}, its weights in "
+                          f"{session.best_path()}")
+            session.guard_notes.append(f"{alarm.rule} after epoch {epoch}")
+            if self.config.on_alarm == "stop":
+                session.stop_by_guard(alarm.message)
+
     def best_line(self) -> str:
         return (f"the best evaluation so far: epoch {self.best['epoch']}, {self.measure}={self.best['score']:.4f}"
                 if self.best else "no evaluation yet")

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from ddpo_group.errors import ConfigError
+from ddpo_group.prompts import draw_prompts
 from ddpo_group.rewards.combine import component_label
 from ddpo_group.run.reporting.image_stats import (PIXELS, STATISTICS, as_images, diversity, drift, image_statistics,
                                          pixel_features)
@@ -92,8 +93,6 @@ def eval_prompts(config) -> tuple[list[str], list[dict]]:
             raise ConfigError(f"eval_prompt_file={path!r} is not a file holding prompts (one prompt per line)")
         lines = list(dict.fromkeys(lines))
         return lines, [{} for _ in lines]
-    from ddpo_group.run.evaluation import draw_prompts
-
     prompts, metadata = draw_prompts(config.prompt_fn, config.prompt_fn_kwargs.to_dict(), int(config.eval_num_prompts),
                                      config.seed + EVAL_SEED_OFFSET)
     first = {prompt: i for i, prompt in reversed(list(enumerate(prompts)))}  # draw_prompts cycles a small set: once
@@ -126,7 +125,7 @@ class PeriodicEvaluation:
 
     def __init__(self, config, accelerator, family, reward_scorer, gather, heldout_scorer=None,
                  image_features=None):
-        """``reward_scorer`` (rollout/collect.py's RewardScorer) scores a batch of images: the sampling's own, so a
+        """``reward_scorer`` (rollout/reward_scorer.py) scores a batch of images: the sampling's own, so a
         batch size halved after an out-of-memory error holds for both. ``gather(tensor)`` concatenates a per-process
         tensor over the processes in process order (ddpo_group/distributed.py's ProcessShards.gather).
         ``heldout_scorer``: a RewardScorer of the held-out rewards (eval_reward_fn); ``image_features``: images
@@ -155,7 +154,7 @@ class PeriodicEvaluation:
         """The run's evaluation: its held-out rewards (eval_reward_fn) and eval/diversity's image features
         (eval_diversity_features: a named CLIP model, else a reward's own CLIP image encoder, else the pixels)."""
         from ddpo_group.rewards import image_features_of, make_reward_fn
-        from ddpo_group.rollout.collect import RewardScorer
+        from ddpo_group.rollout.reward_scorer import RewardScorer
 
         heldout = None
         if config.eval_reward_fn:

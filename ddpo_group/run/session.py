@@ -240,30 +240,31 @@ class RunSession:
         (the EMA's when the evaluation sampled with it): with LoRA lora_best/ (diffusers format), else best/ (the
         trained weights, model.safetensors, as scripts/evaluate.py loads them); each with best.json naming the
         evaluation. Written beside and then moved in: an interruption leaves the previous best whole."""
-        target, state = self.best_path(), None
-        if not self.config.use_lora:  # every process (FSDP gathers the full weights on the main process)
-            with weights():
-                state = self.accelerator.get_state_dict(self.model)
-        if self.accelerator.is_main_process:
-            partial = target.with_name(target.name + ".tmp")
-            shutil.rmtree(partial, ignore_errors=True)
-            with writing(partial, f"the weights of the best evaluation (epoch {epoch})"):
-                if self.config.use_lora:
-                    with weights():
-                        self.family.save_lora(self.model, partial)
-                else:
-                    from safetensors.torch import save_file
+        with self.timer.phase("checkpoint"):
+            target, state = self.best_path(), None
+            if not self.config.use_lora:  # every process (FSDP gathers the full weights on the main process)
+                with weights():
+                    state = self.accelerator.get_state_dict(self.model)
+            if self.accelerator.is_main_process:
+                partial = target.with_name(target.name + ".tmp")
+                shutil.rmtree(partial, ignore_errors=True)
+                with writing(partial, f"the weights of the best evaluation (epoch {epoch})"):
+                    if self.config.use_lora:
+                        with weights():
+                            self.family.save_lora(self.model, partial)
+                    else:
+                        from safetensors.torch import save_file
 
-                    kept = trained_weights(self.accelerator.unwrap_model(self.model))
-                    partial.mkdir(parents=True)
-                    save_file({k: v.detach().cpu().contiguous() for k, v in state.items() if k in kept},
-                              str(partial / "model.safetensors"))
-                record = {"epoch": epoch, "measure": measure, "score": score}
-                (partial / BEST_RECORD).write_text(json.dumps(record) + "\n")
-                shutil.rmtree(target, ignore_errors=True)
-                os.replace(partial, target)
-        self.accelerator.wait_for_everyone()
-        return target
+                        kept = trained_weights(self.accelerator.unwrap_model(self.model))
+                        partial.mkdir(parents=True)
+                        save_file({k: v.detach().cpu().contiguous() for k, v in state.items() if k in kept},
+                                  str(partial / "model.safetensors"))
+                    record = {"epoch": epoch, "measure": measure, "score": score}
+                    (partial / BEST_RECORD).write_text(json.dumps(record) + "\n")
+                    shutil.rmtree(target, ignore_errors=True)
+                    os.replace(partial, target)
+            self.accelerator.wait_for_everyone()
+            return target
 
     def stop_agreed(self) -> bool:
         """True when any process got a stop signal (all processes must stop at the same point)."""

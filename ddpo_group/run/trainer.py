@@ -1,7 +1,7 @@
 """The training loop. ``Trainer.run`` is the epoch loop; ``Trainer.train_epoch`` is one epoch, read top to bottom:
 
     1. sample and score: P prompts x G copies with log-probs, their rewards and what the estimator reads, gathered
-       over the processes (rollout/rounds.py, rollout/collect.py);
+       over the processes (rollout/collector.py, rollout/sampler.py, rollout/reward_scorer.py);
     2. advantages: the estimator on each whole round; each process keeps its rows (algorithms/advantages.py);
     3. update the policy with the objective (algorithms/objectives.py): the policy gradient on the recorded (sample,
        step) pairs (update/policy_update.py), a matching objective on the noised final samples
@@ -39,8 +39,8 @@ from ddpo_group.models.trainable import build_policy, lora_config, make_optimize
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
 from ddpo_group.rewards import is_groupwise, make_reward_fn
-from ddpo_group.rollout.rounds import Estimation, RolloutCollector
-from ddpo_group.run.command.config_checks import config_warnings, validate_config
+from ddpo_group.rollout.collector import Estimation, RolloutCollector
+from ddpo_group.run.config_checks import config_warnings, validate_config
 from ddpo_group.run.processes.cpu_fsdp import enable_fsdp_on_cpu
 from ddpo_group.run.reporting.epoch_logger import EpochLogger
 from ddpo_group.run.reporting.epoch_metrics import epoch_metrics
@@ -286,7 +286,7 @@ class Trainer:
         """The denoiser the rollouts sample with, inside the block: the old model for an objective that samples with
         one (its adapter switched on, or its copy), else the policy's sampling denoiser (itself, or its CUDA-graph
         copy: cuda_graphs)."""
-        with (self.updater.rollout_policy() if self.objective.is_matching else nullcontext()) as old:
+        with self.updater.rollout_policy() as old:
             yield old if old is not None else self.sampling_model
 
     def kl_in_reward(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -331,17 +331,7 @@ class Trainer:
             result = self.evaluation.run(epoch)
         with self.timer.phase("logging"):
             self.epoch_logger.log_evaluation(epoch, result.metrics, result.grid, "ema" if use_ema else "training")
-        best, alarms = self.guard.observe(epoch, result.metrics)
-        if best:  # its weights, as evaluated, kept beside the checkpoints (lora_best/, best/)
-            with self.timer.phase("checkpoint"):
-                self.session.keep_best(epoch, self.guard.measure, result.metrics[self.guard.measure], weights)
-        on_alarm = self.config.guard.on_alarm
-        for alarm in alarms if on_alarm != "off" else []:
-            self.session.print(f"guard ({alarm.rule}): {alarm.message}; {self.guard.best_line()}, its weights in "
-                               f"{self.session.best_path()}")
-            self.session.guard_notes.append(f"{alarm.rule} after epoch {epoch}")
-            if on_alarm == "stop":
-                self.session.stop_by_guard(alarm.message)
+        self.guard.after_evaluation(epoch, result.metrics, self.session, weights)  # the best weights kept, the alarms
         return result.metrics
 
     def model_flops(self, batch):

@@ -15,7 +15,7 @@ from ddpo_group.sampling.gaussian import REDUCTIONS, StepOutput, gaussian_log_pr
 
 DDIMStepOutput = StepOutput  # the record every sampler step returns (sampling/gaussian.py)
 __all__ = ["DDIMStepOutput", "REDUCTIONS", "reduce_latent_dims", "ddim_step_with_logprob", "step_std", "step_alphas",
-           "check_trainable_schedule", "predict_x0_eps", "flow_time"]
+           "check_trainable_schedule", "predict_clean_eps", "flow_time"]
 
 
 def step_alphas(scheduler: DDIMScheduler, timestep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,8 +54,8 @@ def step_std(scheduler: DDIMScheduler, timestep: torch.Tensor, eta: float) -> to
 def flow_time(alpha_prod: torch.Tensor) -> torch.Tensor:
     """The flow-matching time of a DDIM noise level: s = sqrt(1 - ab) / (sqrt(ab) + sqrt(1 - ab)).
 
-    DDIM's x_t = sqrt(ab) x0 + sqrt(1 - ab) eps divided by sqrt(ab) + sqrt(1 - ab) is exactly the flow
-    interpolation (1 - s) x0 + s eps, so a DDIM step t -> t_prev covers s(t) - s(t_prev) of flow time (s runs
+    DDIM's x_t = sqrt(ab) x_clean + sqrt(1 - ab) eps divided by sqrt(ab) + sqrt(1 - ab) is exactly the flow
+    interpolation (1 - s) x_clean + s eps, so a DDIM step t -> t_prev covers s(t) - s(t_prev) of flow time (s runs
     from about 1 at pure noise to 0 at the data, as the flow families' sigmas do).
     """
     a, b = alpha_prod.sqrt(), (1 - alpha_prod).clamp(min=0).sqrt()
@@ -79,29 +79,31 @@ def check_trainable_schedule(scheduler: DDIMScheduler, num_steps: int, eta: floa
         )
 
 
-def predict_x0_eps(scheduler: DDIMScheduler, model_output, sample, alpha_prod_t) -> tuple[torch.Tensor, torch.Tensor]:
-    """Convert an epsilon / v / sample prediction to (x0_hat, eps_hat) as DDIMScheduler.step does (DDIM paper, eq. (12)'s
-    "predicted x_0" for epsilon; v = sqrt(ab) eps - sqrt(1 - ab) x0 for v-prediction, Salimans and Ho, 2022)."""
+def predict_clean_eps(scheduler: DDIMScheduler, model_output, sample,
+                      alpha_prod_t) -> tuple[torch.Tensor, torch.Tensor]:
+    """Convert an epsilon / v / sample prediction to (clean_hat, eps_hat) as DDIMScheduler.step does (DDIM paper,
+    eq. (12)'s predicted clean latent for epsilon; v = sqrt(ab) eps - sqrt(1 - ab) x_clean for v-prediction, Salimans
+    and Ho, 2022)."""
     a = _per_row(alpha_prod_t, sample)
     b = 1 - a
     kind = scheduler.config.prediction_type
     if kind == "epsilon":
         eps = model_output
-        x0 = (sample - b.sqrt() * eps) / a.sqrt()
+        clean_hat = (sample - b.sqrt() * eps) / a.sqrt()
     elif kind == "sample":
-        x0 = model_output
-        eps = (sample - a.sqrt() * x0) / b.sqrt()
+        clean_hat = model_output
+        eps = (sample - a.sqrt() * clean_hat) / b.sqrt()
     elif kind == "v_prediction":
-        x0 = a.sqrt() * sample - b.sqrt() * model_output
+        clean_hat = a.sqrt() * sample - b.sqrt() * model_output
         eps = a.sqrt() * model_output + b.sqrt() * sample
     else:
         raise ValueError(f"prediction_type={kind!r} is not supported; use epsilon, v_prediction or sample")
     if scheduler.config.thresholding:
-        x0 = scheduler._threshold_sample(x0)
+        clean_hat = scheduler._threshold_sample(clean_hat)
     elif scheduler.config.clip_sample:
         r = scheduler.config.clip_sample_range
-        x0 = x0.clamp(-r, r)
-    return x0, eps
+        clean_hat = clean_hat.clamp(-r, r)
+    return clean_hat, eps
 
 
 def ddim_step_with_logprob(
@@ -125,10 +127,10 @@ def ddim_step_with_logprob(
     Ermon, 2020, arXiv:2010.02502), whose alpha_t is diffusers' alphas_cumprod, written ab_t here:
 
         (1) ab_t, ab_prev                                    alphas_cumprod at t and t_prev (final_alpha_cumprod past 0)
-        (2) x0_hat, eps_hat                                  from the model output, eq. (12)'s "predicted x_0"
+        (2) clean_hat, eps_hat                                  from the model output, eq. (12)'s predicted clean latent
                                                              (epsilon, v or sample prediction; clipped as the scheduler)
         (3) sigma_n = eta sqrt((1 - ab_prev) / (1 - ab_t)) sqrt(1 - ab_t / ab_prev)                             eq. (16)
-        (4) mu_n    = sqrt(ab_prev) x0_hat + sqrt(1 - ab_prev - sigma_n^2) eps_hat        eq. (12) without its noise
+        (4) mu_n    = sqrt(ab_prev) clean_hat + sqrt(1 - ab_prev - sigma_n^2) eps_hat        eq. (12) without its noise
         (5) x_{n+1} = mu_n + sigma_n z,  z ~ N(0, I)         eq. (12); z drawn as DDIMScheduler.step draws it
         (6) l_n     = reduce( -(x_{n+1} - mu_n)^2 / (2 sigma_n^2) - log sigma_n - log sqrt(2 pi) )
                                                              (sampling/gaussian.py)
@@ -147,12 +149,12 @@ def ddim_step_with_logprob(
     # 1. ab_t and ab_prev
     alpha_prod_t, alpha_prod_prev = step_alphas(scheduler, timestep)
     # 2. the predicted clean latent and noise
-    x0, eps = predict_x0_eps(scheduler, model_output, sample, alpha_prod_t)
+    clean_hat, eps = predict_clean_eps(scheduler, model_output, sample, alpha_prod_t)
     # 3. sigma_n, eq. (16)
     std = step_std(scheduler, timestep, eta)
     std_b = _per_row(std, sample)
-    # 4. the mean: eq. (12) without its random noise ("predicted x_0" and "direction pointing to x_t")
-    mean = _per_row(alpha_prod_prev, sample).sqrt() * x0 + (
+    # 4. the mean: eq. (12) without its random noise (its predicted clean latent and "direction pointing to x_t")
+    mean = _per_row(alpha_prod_prev, sample).sqrt() * clean_hat + (
         1 - _per_row(alpha_prod_prev, sample) - std_b**2
     ).clamp(min=0).sqrt() * eps
 
@@ -173,4 +175,4 @@ def ddim_step_with_logprob(
         log_prob = gaussian_log_prob(next_latents, mean, std, reduce)
     # 7. the step's length in flow time (GRPO-Guard's weight, algorithms/policy_losses.py)
     return DDIMStepOutput(next_latents=next_latents, log_prob=log_prob, mean=mean, std=std,
-                          step_length=flow_time(alpha_prod_t) - flow_time(alpha_prod_prev), pred_x0=x0)
+                          step_length=flow_time(alpha_prod_t) - flow_time(alpha_prod_prev), clean_hat=clean_hat)

@@ -5,8 +5,8 @@ runs the sigmas s from 1 down to 0; step n goes from x = x_n at s = s_n to x' = 
 (the trajectory's index convention, sampling/__init__.py):
 
     dt     = s_next - s  (< 0)
-    x0_hat = x - s v                   (the clean latent x_data the velocity points to)
-    x1_hat = x + (1 - s) v             (the noise it points to)
+    clean_hat = x - s v                   (the clean latent the velocity points to)
+    noise_hat = x + (1 - s) v             (the noise it points to)
 
 Each ``sample.sde_type`` gives the step's mean and std (a = ``sample.noise_level``):
 
@@ -15,8 +15,8 @@ Each ``sample.sde_type`` gives the step's mean and std (a = ``sample.noise_level
                              std  = sigma_t sqrt(-dt)
     cps        (coefficients-preserving)
                              std  = s_next sin(a pi / 2)
-                             mean = (1 - s_next) x0_hat + sqrt(s_next^2 - std^2) x1_hat
-    dance_sde  (DanceGRPO)   mean = x + [v + a^2 (x - (1 - s) x0_hat) / (2 s^2)] dt,   std = a sqrt(-dt)
+                             mean = (1 - s_next) clean_hat + sqrt(s_next^2 - std^2) noise_hat
+    dance_sde  (DanceGRPO)   mean = x + [v + a^2 (x - (1 - s) clean_hat) / (2 s^2)] dt,   std = a sqrt(-dt)
                              (flow_sde with sigma_t fixed to a)
 
 Every kind reports the step's length s - s_next (= -dt > 0) as ``step_length``.
@@ -67,8 +67,8 @@ def cps(x, v, s, s_next, a):
     """Coefficients-preserving sampling: the next latent keeps the schedule's signal and noise coefficients."""
     std = s_next * math.sin(a * math.pi / 2)
     s_b, s_next_b = _per_row(s, x), _per_row(s_next, x)
-    x0_hat, x1_hat = x - s_b * v, x + (1 - s_b) * v
-    mean = (1 - s_next_b) * x0_hat + torch.sqrt((s_next_b**2 - _per_row(std, x) ** 2).clamp(min=0)) * x1_hat
+    clean_hat, noise_hat = x - s_b * v, x + (1 - s_b) * v
+    mean = (1 - s_next_b) * clean_hat + torch.sqrt((s_next_b**2 - _per_row(std, x) ** 2).clamp(min=0)) * noise_hat
     return mean, std
 
 
@@ -76,8 +76,8 @@ def cps(x, v, s, s_next, a):
 def dance_sde(x, v, s, s_next, a):
     """DanceGRPO's FLUX step: the flow SDE with a constant diffusion coefficient a."""
     s_b, dt = _per_row(s, x), _per_row(s_next - s, x)
-    x0_hat = x - s_b * v
-    mean = x + (v + a**2 * (x - (1 - s_b) * x0_hat) / (2 * s_b**2)) * dt
+    clean_hat = x - s_b * v
+    mean = x + (v + a**2 * (x - (1 - s_b) * clean_hat) / (2 * s_b**2)) * dt
     return mean, a * torch.sqrt(s - s_next)
 
 
@@ -119,7 +119,7 @@ def flow_step_with_logprob(
                              "no log-probability")
         log_prob = gaussian_log_prob(next_latents, mean, std, reduce)
     return StepOutput(next_latents=next_latents, log_prob=log_prob, mean=mean, std=std, step_length=s - s_next,
-                      pred_x0=x - _per_row(s, x) * v)  # x_s = (1 - s) x0 + s eps and v = eps - x0
+                      clean_hat=x - _per_row(s, x) * v)  # x_s = (1 - s) x_clean + s eps and v = eps - x_clean
 
 
 def _rows(value, like: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ class StepOutput:
     mean: torch.Tensor  # mu_n, [N, ...]
     std: torch.Tensor  # sigma_n, [N]
     step_length: torch.Tensor | None = None  # s_n - s_{n+1} > 0 on the flow time axis, [N] (None: not known)
-    pred_x0: torch.Tensor | None = None  # x0_hat(x_n), the step's one-step (Tweedie) prediction of the clean latent
+    clean_hat: torch.Tensor | None = None  # clean_hat(x_n): the step's one-step (Tweedie) prediction of the clean latent
 
 
 def per_row(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,9 @@ class Trajectories:
     steps: dict = field(default_factory=dict)  # the family's per-step tensors ("timesteps", "sigmas", ...), [B, T]
     values: torch.Tensor | None = None  # [B, T] critic values of the pre-step latents, set by the caller
     means: torch.Tensor | None = None  # [B, T, ...] each step's mean mu_n (float32), when asked for (record_means)
-    pred_x0: torch.Tensor | None = None  # [B, S, ...] x0_hat(x_n) of the S steps asked for (record_x0), float32
+    # [B, S, ...] float32, clean_hat(x_n) at the S steps SamplingOptions.clean_hat_steps asks for: column k is step
+    # clean_hat_steps[k] (every step's, column n step n, when it asks for all of them)
+    clean_hat: torch.Tensor | None = None
     shared_from: torch.Tensor | None = None  # [B, T+1] a tree's: the first leaf sharing each leaf's state x_n
 
     @property
@@ -57,7 +59,7 @@ class Trajectories:
             shared = torch.cat([part.shared_from + offset for part, offset in zip(parts, offsets)])
         return Trajectories(images=cat("images"), latents=cat("latents"), log_probs=cat("log_probs"),
                             steps={key: torch.cat([part.steps[key] for part in parts]) for key in parts[0].steps},
-                            values=cat("values"), means=cat("means"), pred_x0=cat("pred_x0"), shared_from=shared)
+                            values=cat("values"), means=cat("means"), clean_hat=cat("clean_hat"), shared_from=shared)
 
 
 def rows_of(cond: dict, rows) -> dict:
@@ -93,13 +95,14 @@ class SamplingOptions:
     decode: bool = True  # False: no images (Trajectories.images None)
     decode_batch_size: int = 0  # final latents decoded that many at a time (0: all at once): the VAE's peak memory
     record_means: bool = False  # keep each step's mean mu_n (a loss with needs_old_means: one latent a step)
-    record_x0: tuple = ()  # steps n whose x0_hat(x_n) is kept (GROUP_PPO's Tweedie values; every step for a critic
-    # that reads it)
+    # the steps n whose clean_hat(x_n) is kept, ascending (GROUP_PPO's Tweedie values; every step for a critic that
+    # reads it): Trajectories.clean_hat's columns
+    clean_hat_steps: tuple = ()
     branches: dict | None = None  # {step: children}: sample trees (sample_trees); None: independent trajectories
 
     def __post_init__(self):
         object.__setattr__(self, "noise_levels", tuple(float(level) for level in self.noise_levels))
-        object.__setattr__(self, "record_x0", tuple(self.record_x0))
+        object.__setattr__(self, "clean_hat_steps", tuple(self.clean_hat_steps))
         if len(self.noise_levels) != self.num_steps:
             raise ValueError(f"noise_levels has {len(self.noise_levels)} values for {self.num_steps} steps")
         if self.compute_log_prob and not any(level > 0 for level in self.noise_levels):
@@ -245,7 +248,7 @@ class _Record:
 
     def __init__(self, batch: int, options: SamplingOptions, schedule: dict, device):
         self.batch, self.options, self.schedule, self.device = batch, options, schedule, device
-        self.latents, self.log_probs, self.means, self.pred_x0 = [], [], [], []
+        self.latents, self.log_probs, self.means, self.clean_hat = [], [], [], []
 
     def log_prob_at(self, n: int) -> bool:
         return self.options.compute_log_prob and self.options.noise_levels[n] > 0
@@ -258,8 +261,8 @@ class _Record:
         self.latents.append(_leaves(out.next_latents, size))
         if options.record_means:
             self.means.append(_leaves(out.mean, size))
-        if n in options.record_x0:
-            self.pred_x0.append(_leaves(out.pred_x0.float(), size))
+        if n in options.clean_hat_steps:
+            self.clean_hat.append(_leaves(out.clean_hat.float(), size))
         if options.compute_log_prob:
             self.log_probs.append(_leaves(out.log_prob, size) if self.log_prob_at(n)
                                   else torch.zeros(self.batch, device=self.device))
@@ -274,7 +277,7 @@ class _Record:
             else torch.zeros(batch, self.options.num_steps, device=device),
             steps={key: values.to(device).unsqueeze(0).expand(batch, -1).clone() for key, values in self.schedule.items()},
             means=torch.stack(self.means, dim=1) if self.options.record_means else None,
-            pred_x0=torch.stack(self.pred_x0, dim=1) if self.pred_x0 else None,
+            clean_hat=torch.stack(self.clean_hat, dim=1) if self.clean_hat else None,
         )
 
 

@@ -1,6 +1,6 @@
 """The critic V(x_n, t_n, c): a small value network with its own optimizer (ppo_gae, group_ppo).
 
-    x   = x_n, or [x_n, x0_hat(x_n)]          critic.input "latent" / "latent_x0": the latent, and the step's
+    x   = x_n, or [x_n, clean_hat(x_n)]       critic.input "latent" / "latent_clean_hat": the latent, and the step's
                                               one-step prediction of the clean latent stacked on its channels
     h_x = pool(conv(conv(x)))                 latent features, [C, h, w] latents (SD, SD3)
         = mean over tokens of MLP(x)          packed [L, D] latents (FLUX)
@@ -8,9 +8,9 @@
     h_c = Linear(mean over tokens of c)       text features
     V   = MLP([h_x, h_t, h_c])                a scalar: the expected terminal reward
 
-Values are computed (no grad) for every pre-step latent while sampling, values[:, n] =
-V(x_n, t_n, c), the indexing of the advantage estimators. With "latent_x0" the rollout keeps x0_hat(x_n) of every
-step (batch["pred_x0"], one more latent-sized tensor per step): at x_n the prediction already shows the image the
+Values are computed (no grad) for every pre-step latent while sampling, values[:, n] = V(x_n, t_n, c), the indexing of
+the advantage estimators. With "latent_clean_hat" the rollout keeps clean_hat(x_n) of every step
+(RolloutBatch.clean_hat, one more latent-sized tensor per step): at x_n the prediction already shows the image the
 trajectory heads for, which the latent alone shows only late in the denoising. Training regresses V(latents[:, n],
 timesteps[:, n], c) on the estimator's targets with the clipped value loss
 
@@ -50,20 +50,20 @@ class TokenFeatures(nn.Module):
 
 
 # critic.input: what the network sees of a step's state besides t_n and c
-CRITIC_INPUTS = ("latent", "latent_x0")
+CRITIC_INPUTS = ("latent", "latent_clean_hat")
 
 
 class ValueNetwork(nn.Module):
-    def __init__(self, latent_shape: tuple | int, text_dim: int, hidden_dim: int = 64, with_x0: bool = False):
+    def __init__(self, latent_shape: tuple | int, text_dim: int, hidden_dim: int = 64, with_clean_hat: bool = False):
         """``latent_shape``: one latent's shape, (C, h, w), a video's (C, F', h, w) or packed (L, D) (an int: C).
-        ``with_x0``: the input holds x0_hat(x_n) too, stacked on the channel (token feature) axis."""
+        ``with_clean_hat``: the input holds clean_hat(x_n) too, stacked on the channel (token feature) axis."""
         super().__init__()
         self.hidden_dim = hidden_dim
-        self.with_x0 = with_x0
+        self.with_clean_hat = with_clean_hat
         shape = (latent_shape,) if isinstance(latent_shape, int) else tuple(latent_shape)
         packed = len(shape) == 2
         self.channel_dim = 2 if packed else 1  # of a batch of latents [N, L, D] or [N, C, h, w]
-        channels = (shape[1] if packed else shape[0]) * (2 if with_x0 else 1)
+        channels = (shape[1] if packed else shape[0]) * (2 if with_clean_hat else 1)
         if packed:
             self.latent = TokenFeatures(channels, hidden_dim)
         else:  # image latents (C, h, w): 2D convolutions; video latents (C, F', h, w): 3D ones
@@ -78,13 +78,13 @@ class ValueNetwork(nn.Module):
         self.head = nn.Sequential(nn.Linear(3 * hidden_dim, hidden_dim), nn.SiLU(), nn.Linear(hidden_dim, 1))
 
     def forward(self, latents: torch.Tensor, timesteps: torch.Tensor, text_embeds: torch.Tensor,
-                pred_x0: torch.Tensor | None = None) -> torch.Tensor:
-        """latents [N, C, h, w] or [N, L, D], timesteps [N], text_embeds [N, L', D'] (and pred_x0 shaped as latents,
-        with ``with_x0``) -> values [N] (float32)."""
-        if self.with_x0 != (pred_x0 is not None):
-            raise ValueError(f"this value network {'reads' if self.with_x0 else 'does not read'} x0_hat (pred_x0); "
-                             f"got {'none' if pred_x0 is None else 'one'}")
-        x = latents.float() if pred_x0 is None else torch.cat([latents.float(), pred_x0.float()], dim=self.channel_dim)
+                clean_hat: torch.Tensor | None = None) -> torch.Tensor:
+        """latents [N, C, h, w] or [N, L, D], timesteps [N], text_embeds [N, L', D'] (and clean_hat shaped as latents,
+        with ``with_clean_hat``) -> values [N] (float32)."""
+        if self.with_clean_hat != (clean_hat is not None):
+            raise ValueError(f"this value network {'reads' if self.with_clean_hat else 'does not read'} clean_hat(x_n); "
+                             f"got {'none' if clean_hat is None else 'one'}")
+        x = latents.float() if clean_hat is None else torch.cat([latents.float(), clean_hat.float()], dim=self.channel_dim)
         h = torch.cat(
             [
                 self.latent(x),
@@ -100,12 +100,12 @@ class Critic:
     """The value network (accelerate-prepared: gradients are averaged over processes) and its optimizer."""
 
     def __init__(self, config, accelerator, latent_shape: tuple | int, text_dim: int):
-        c = config.critic
+        critic = config.critic
         self.config = config
         self.accelerator = accelerator
-        network = ValueNetwork(latent_shape, text_dim, c.hidden_dim,
-                               with_x0=c.input == "latent_x0").to(accelerator.device)
-        self.optimizer = torch.optim.AdamW(network.parameters(), lr=c.learning_rate, weight_decay=c.weight_decay)
+        network = ValueNetwork(latent_shape, text_dim, critic.hidden_dim,
+                               with_clean_hat=critic.input == "latent_clean_hat").to(accelerator.device)
+        self.optimizer = torch.optim.AdamW(network.parameters(), lr=critic.learning_rate, weight_decay=critic.weight_decay)
         self.network = accelerator.prepare(network)  # saved with the accelerate state (the trainer registers the optimizer)
 
     @property
@@ -113,21 +113,21 @@ class Critic:
         return self.accelerator.unwrap_model(self.network)
 
     @property
-    def reads_x0(self) -> bool:
-        """critic.input="latent_x0": the network reads x0_hat(x_n) beside x_n."""
-        return self.module.with_x0
+    def reads_clean_hat(self) -> bool:
+        """critic.input="latent_clean_hat": the network reads clean_hat(x_n) beside x_n."""
+        return self.module.with_clean_hat
 
     @torch.no_grad()
     def values(self, latents: torch.Tensor, timesteps: torch.Tensor, text_embeds: torch.Tensor,
-               pred_x0: torch.Tensor | None = None) -> torch.Tensor:
+               clean_hat: torch.Tensor | None = None) -> torch.Tensor:
         """V(x_n, t_n, c) [B, T] of every step of B trajectories (latents [B, T, C, h, w], timesteps [B, T],
-        text_embeds [B, L, D]; pred_x0 [B, T, ...] when the critic reads it) in one forward over the B * T pairs;
+        text_embeds [B, L, D]; clean_hat [B, T, ...] when the critic reads it) in one forward over the B * T pairs;
         float32, as in training."""
         b, t = timesteps.shape
-        x0 = pred_x0.flatten(0, 1) if pred_x0 is not None else None
+        clean_hat = clean_hat.flatten(0, 1) if clean_hat is not None else None
         with torch.autocast(device_type=latents.device.type, enabled=False):
             values = self.module(latents.flatten(0, 1), timesteps.flatten(0, 1), text_embeds.repeat_interleave(t, dim=0),
-                                 x0)
+                                 clean_hat)
         return values.view(b, t)
 
     def train_epoch(self, batch, batch_size: int) -> dict:
@@ -136,14 +136,14 @@ class Critic:
         padding rows left out). Every process runs the same number of steps (one per train batch of ``batch_size``
         samples), whatever its number of masked pairs.
         """
-        c = self.config.critic
+        critic = self.config.critic
         targets, mask = batch.critic_targets, batch.critic_mask
         if batch.row_mask is not None:
             mask = mask * batch.row_mask[:, None]
         num_samples, num_steps = mask.shape
         sums, count = {}, 0
         self.network.train()
-        for _ in range(c.num_updates):
+        for _ in range(critic.num_updates):
             perm = torch.randperm(num_samples)
             for start in range(0, num_samples, batch_size):
                 rows = perm[start : start + batch_size].to(mask.device)
@@ -151,15 +151,15 @@ class Critic:
                 latents = batch.latents[rows].flatten(0, 1)
                 timesteps = batch.timesteps[rows].flatten(0, 1)
                 embeds = batch.cond["prompt_embeds"][rows].repeat_interleave(num_steps, dim=0)
-                x0 = batch.pred_x0[rows].flatten(0, 1) if self.reads_x0 else None
-                values = self.network(latents, timesteps, embeds, x0).view(b, num_steps)
+                clean_hat = batch.clean_hat[rows].flatten(0, 1) if self.reads_clean_hat else None
+                values = self.network(latents, timesteps, embeds, clean_hat).view(b, num_steps)
                 loss, info = clipped_value_loss(
                     values, batch.values[rows].float(), targets[rows].float(), mask[rows],
-                    c.clip_range, "step-mean",
+                    critic.clip_range, "step-mean",
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                info["critic/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.network.parameters(), c.max_grad_norm))
+                info["critic/grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.network.parameters(), critic.max_grad_norm))
                 # checked after backward, before the step: the gradients are all-reduced there, so a NaN on one process
                 # stops every process at the same batch (run/processes/process_failures.py)
                 if not (bool(torch.isfinite(loss.detach())) and math.isfinite(info["critic/grad_norm"])):
@@ -177,17 +177,17 @@ class Critic:
 
 def critic_config_errors(config) -> list[str]:
     """Contradictions of the critic.* fields."""
-    c, errors = config.critic, []
-    if not c.learning_rate > 0:
-        errors.append(f"critic.learning_rate={c.learning_rate} must be > 0")
-    if c.hidden_dim < 1:
-        errors.append(f"critic.hidden_dim={c.hidden_dim} must be >= 1")
-    if c.num_updates < 1:
-        errors.append(f"critic.num_updates={c.num_updates} must be >= 1")
-    if c.input not in CRITIC_INPUTS:
-        errors.append(f"critic.input={c.input!r} is not one of {list(CRITIC_INPUTS)}")
-    if c.warmup_epochs < 0:
-        errors.append(f"critic.warmup_epochs={c.warmup_epochs} must be >= 0")
-    if not (c.clip_range is None or c.clip_range > 0):
-        errors.append(f"critic.clip_range={c.clip_range} must be > 0 (or None)")
+    critic, errors = config.critic, []
+    if not critic.learning_rate > 0:
+        errors.append(f"critic.learning_rate={critic.learning_rate} must be > 0")
+    if critic.hidden_dim < 1:
+        errors.append(f"critic.hidden_dim={critic.hidden_dim} must be >= 1")
+    if critic.num_updates < 1:
+        errors.append(f"critic.num_updates={critic.num_updates} must be >= 1")
+    if critic.input not in CRITIC_INPUTS:
+        errors.append(f"critic.input={critic.input!r} is not one of {list(CRITIC_INPUTS)}")
+    if critic.warmup_epochs < 0:
+        errors.append(f"critic.warmup_epochs={critic.warmup_epochs} must be >= 0")
+    if not (critic.clip_range is None or critic.clip_range > 0):
+        errors.append(f"critic.clip_range={critic.clip_range} must be > 0 (or None)")
     return errors

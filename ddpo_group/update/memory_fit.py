@@ -161,8 +161,8 @@ class PairsPerForward:
     def _fit(self, updater, batch) -> tuple[int, str]:
         device = self.accelerator.device
         trainable = self.family.stochastic_steps(self.config.sample)
-        t = self.config.train
-        most = min(MAX_PAIRS, max(1, int(t.batch_size * int(trainable.sum()) * t.timestep_fraction)))
+        train = self.config.train
+        most = min(MAX_PAIRS, max(1, int(train.batch_size * int(trainable.sum()) * train.step_fraction)))
         first, second = (self.peak(updater, batch, k, trainable) for k in (1, 2))
         state = self._optimizer_state_bytes(updater)
         budget = HEADROOM * memory_budget(device)

@@ -40,8 +40,8 @@ class OldModel:
 
     @classmethod
     def from_config(cls, config, model, lora_config=None) -> "OldModel":
-        a = config.algorithm
-        return cls(model, config.use_lora, lora_config, a.old_decay_flat_steps, a.old_decay_ramp, a.old_decay_max)
+        algorithm = config.algorithm
+        return cls(model, config.use_lora, lora_config, algorithm.old_decay_flat_steps, algorithm.old_decay_ramp, algorithm.old_decay_max)
 
     @contextmanager
     def applied(self, model):

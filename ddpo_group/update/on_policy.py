@@ -12,12 +12,20 @@ bf16 exactly 0; a GPU's kernels depend on the batch size); ``scripts/check.py`` 
 
 from __future__ import annotations
 
+import torch
+
 RATIO_TOLERANCE = {"no": 1e-4, "fp16": 1e-3, "bf16": 5e-3}  # by mixed_precision
 CHECK_COMMAND = "python scripts/check.py --config config/base.py:PRESET (with this run's --config.* settings)"
 
 
 def ratio_tolerance(mixed_precision: str) -> float:
     return RATIO_TOLERANCE[mixed_precision]
+
+
+def ratio_deviation(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
+    """|exp(l_theta - l_old) - 1| of each pair, in float32 (the update's train/ratio_before_update and the pre-flight
+    check's per-step columns both read it)."""
+    return (torch.exp(log_prob.float() - old_log_prob.float()) - 1).abs()
 
 
 class OnPolicyWatch:

@@ -5,7 +5,7 @@ Each epoch the units are (the objective's ``units``):
 * "pairs" (dpo): each prompt group's highest- and lowest-advantage rows on this process (``preference_pairs``; a group
   whose advantages are all equal gives none, so equal rewards train nothing), K = 2;
 * "groups" (dgpo): every prompt group's rows (``group_rows``: whole groups on this process), K = G.
-Each unit gets int(T * train.timestep_fraction) of the rollout schedule's times, one noise eps shared by its rows:
+Each unit gets int(T * train.step_fraction) of the rollout schedule's times, one noise eps shared by its rows:
 
     e = mean_dims || pred(x_s) - target ||^2   per row, under the policy (gradient) and the reference (no gradient)
     loss = mean over the train batch's (unit, time) pairs of  objective(e [U, K], e_ref [U, K], A [U, K])
@@ -13,7 +13,8 @@ Each unit gets int(T * train.timestep_fraction) of the rollout schedule's times,
 The reference is the KL machinery's (kl.use_reference_model: with LoRA the base model). A train batch holds
 train.batch_size / K units (about as many samples as a policy-gradient batch); ``train.pairs_per_forward`` / K units
 run per forward (a unit's rows in one forward). The loop (inner epochs, gradient accumulation, the non-finite check)
-is the policy update's.
+is update/updater.py's, the forward process update/forward_process.py's (shared with the matching
+objectives).
 
 Several processes: each holds whole prompt groups (the rollouts sample them so: PromptSampler.sample_epoch's
 ``whole_groups``), so each forms its own units. Their counts can differ (dpo: a group whose advantages are all equal
@@ -28,29 +29,39 @@ from __future__ import annotations
 
 import torch
 
+from ddpo_group.algorithms import get_objective
 from ddpo_group.algorithms.objectives import group_rows, preference_pairs
 from ddpo_group.distributed import check_peers
 from ddpo_group.errors import ConfigError
-from ddpo_group.update.matching_update import MatchingUpdater
-from ddpo_group.update.updater import Chunk
+from ddpo_group.update.forward_process import ForwardProcess
+from ddpo_group.update.updater import Chunk, Updater, fold_metrics
 
 
-class PreferenceUpdater(MatchingUpdater):
+class PreferenceUpdater(Updater):
     """``train.num_inner_epochs`` passes of a preference objective over an epoch's units (module docstring)."""
+
+    unit_width = 2  # batch rows per unit: a pair's (dpo); a prompt group's (dgpo: set from train.group_size)
 
     def __init__(self, config, accelerator, model, optimizer, trainable_params, scorer, kl=None, pairs_per_forward=None,
                  after_optimizer_step=None):
         if kl is None:
             raise ConfigError(f"algorithm.objective={config.algorithm.objective!r} compares the policy with a reference "
                               "model: set kl.use_reference_model=True (kl.beta may stay 0)")
+        self.objective = get_objective(config.algorithm.objective)
+        self.forward = ForwardProcess(config, scorer.family, self.objective)
         super().__init__(config, accelerator, model, optimizer, trainable_params, scorer, kl, pairs_per_forward,
                          after_optimizer_step)
-        self.unit_width = 2 if self.objective.units == "pairs" else config.train.group_size  # rows per unit
+        kwargs = config.algorithm.objective_kwargs
+        self.objective_kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
+        self.unit_width = 2 if self.objective.units == "pairs" else config.train.group_size
         self.units = torch.zeros(0, self.unit_width, dtype=torch.long)  # [U, K] this epoch's units, padding last
 
     @property
     def uses_reference(self) -> bool:
         return True
+
+    def trainable_steps(self) -> torch.Tensor:
+        return self.forward.every_step()
 
     def make_units(self, batch) -> torch.Tensor:
         """[U, K] rows of this epoch's units (module docstring), on the CPU."""
@@ -74,27 +85,27 @@ class PreferenceUpdater(MatchingUpdater):
     def chunk_loss(self, batch, chunk: Chunk, sums: dict) -> None:
         """One forward chunk of (unit, time) pairs: each unit's K rows noised at its time with one noise, the
         policy's and the reference's errors, the objective; every pair weighs ``chunk.weights``."""
+        forward = self.forward
         # the memory probe (update/memory_fit.py) passes sample rows, which wrap around this epoch's units so that it
         # measures their forwards
         units = self.units[chunk.units % max(len(self.units), 1)].to(self.accelerator.device)  # [u, K] batch rows
         n = chunk.steps.to(self.accelerator.device)
         u, width = units.shape
         r = units.reshape(-1)  # unit by unit, its rows together
-        first = self.train_step(batch, units[:, 0], n)  # one time per unit
+        first = forward.train_step(batch, units[:, 0], n)  # one time per unit
         step = {key: value.repeat_interleave(width) for key, value in first.items()}
         noise = torch.randn_like(batch.next_latents[units[:, 0], -1].float()).repeat_interleave(width, dim=0)
-        x_s, target, _ = self.noised(batch, r, step, noise)
+        x_s, target, _ = forward.noised(batch, r, step, noise)
         unwrapped = self.accelerator.unwrap_model(self.model)
         with self.kl.timer.phase("reference"), torch.no_grad(), self.kl.reference.applied(unwrapped) as reference:
-            ref_error = self.errors(self.velocity(reference, batch, r, step, x_s), target).view(u, width)
-        error = self.errors(self.velocity(self.model, batch, r, step, x_s), target).view(u, width)
+            ref_error = self.errors(forward.velocity(reference, batch, r, step, x_s), target).view(u, width)
+        error = self.errors(forward.velocity(self.model, batch, r, step, x_s), target).view(u, width)
         advantages = batch.advantages[r, 0].float().view(u, width)
         losses, info = self.objective(error, ref_error, advantages, **self.objective_kwargs)
         policy_loss = chunk.weights * losses.sum()
         self.accelerator.backward(policy_loss)
         sums["policy_loss"] += policy_loss.detach()
-        for key, value in info.items():
-            sums[key] += chunk.share * (value.detach() if isinstance(value, torch.Tensor) else value)
+        fold_metrics(sums, info, chunk.share)
 
     @staticmethod
     def errors(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

@@ -4,16 +4,18 @@ the non-finite check before each optimizer step, and the metrics averaged over t
 
 A unit is what a train batch draws: a sample (the policy gradient, update/policy_update.py; a matching objective,
 update/matching_update.py) or a preference objective's K rows of one prompt group (update/preference_update.py). Each
-updater contributes its units (``epoch_units``), what its pairs weigh (``pair_weights``) and its loss on one chunk of
-pairs (``chunk_loss``); everything else is here:
+updater contributes its loss on one chunk of pairs (``chunk_loss``) and, where it needs them, its units
+(``epoch_units``), what its pairs weigh (``pair_weights``) and what it does before and after the epoch
+(``begin_epoch``, ``end_epoch``); ``train_epoch`` is this file's alone:
 
     for each inner epoch:
         order = the real units shuffled, the padding ones after them
-        step mask [U, T] = int(W x train.timestep_fraction) random steps of each real unit's W trainable steps, none
+        step mask [U, T] = int(W x train.step_fraction) random steps of each real unit's W trainable steps, none
                            of a padding unit's (so padding draws no random number)
         for each train batch of units (train.batch_size samples):
             pairs = its step mask's (unit, step) entries, their weights
-            for each chunk of pairs_per_forward pairs:  chunk_loss -> backward (gradients synced on the last only)
+            for each chunk of pairs_per_forward pairs:  chunk_loss: forward, backward (gradients synced on the
+                                                        last chunk only)
             the losses and the gradient norm checked, clipped, the optimizer step (every gradient_accumulation_steps)
 
 Several processes: every process runs the same number of train batches (they hold equal units: padding units, e.g.
@@ -55,7 +57,9 @@ def random_step_mask(batch: int, num_steps: int, fraction: float, generator=None
 class Chunk:
     """One forward's pairs of a train batch, on the CPU: ``units`` [n] (the updater's units: batch rows for a sample
     a unit) and ``steps`` [n]; ``weights``: a [n] tensor, or one number for every pair; ``num_pairs``: the train
-    batch's pairs; ``share``: the chunk's part of the train batch (the weight of its mean metrics)."""
+    batch's pairs; ``share``: the chunk's part of the train batch (the weight of its mean metrics); ``last``: the train
+    batch's last chunk; ``train_batch``: the train batch's (units [b], step mask [b, T], pair positions [P], pair steps
+    [P], pair weights), for a loss over whole trajectories."""
 
     units: torch.Tensor
     steps: torch.Tensor
@@ -63,21 +67,31 @@ class Chunk:
     num_pairs: int
     share: float
     at_rollout_weights: bool = False  # no optimizer step yet this epoch: the policy is the rollout policy
+    last: bool = True
+    train_batch: tuple = ()
+
+
+def fold_metrics(sums: dict, info: dict, share: float) -> None:
+    """Add a chunk's metrics ``info`` (floats or tensors, detached here) to ``sums``, weighted by its ``share`` of the
+    train batch: the sums are then the train batch's means."""
+    for key, value in info.items():
+        sums[key] += share * (value.detach() if isinstance(value, torch.Tensor) else value)
 
 
 class Updater:
-    """``train.num_inner_epochs`` passes over an epoch's units (module docstring). Subclasses give ``chunk_loss``
-    (and, where they differ from a sample a unit and equal weights, ``epoch_units``, ``pair_weights``,
-    ``trainable_steps``).
+    """``train.num_inner_epochs`` passes over an epoch's units (module docstring). A subclass gives ``chunk_loss``
+    and, where it differs from a sample a unit with equal weights over the SDE window's steps, the hooks
+    ``epoch_units``, ``pair_weights``, ``trainable_steps``, ``begin_epoch`` and ``end_epoch``.
 
-    ``scorer`` (sampling/trajectories.py's TransitionScorer) gives the step output of recorded transitions under a
-    model; ``kl`` (reference/regularizer.py's KLRegularizer or None) the KL term; ``pairs_per_forward``: an int, or
-    a callable (updater, batch) -> int (update/memory_fit.py's PairsPerForward resolves "auto");
-    ``after_optimizer_step()`` runs after every optimizer step (the EMA: update/ema.py).
+    Args:
+        scorer: sampling/trajectories.py's TransitionScorer, the step output of recorded transitions under a model
+        kl: reference/regularizer.py's KLRegularizer, or None: the KL term
+        pairs_per_forward: an int, or a callable (updater, batch) -> int (update/memory_fit.py's PairsPerForward
+            resolves "auto")
+        after_optimizer_step: runs after every optimizer step (the EMA: update/ema.py)
     """
 
     unit_width = 1  # batch rows per unit
-    backward_per_chunk = True  # False: chunk_loss returns its outputs and batch_loss backpropagates the train batch
 
     def __init__(self, config, accelerator, model, optimizer, trainable_params, scorer, kl=None, pairs_per_forward=None,
                  after_optimizer_step=None):
@@ -92,6 +106,7 @@ class Updater:
         (beta > 0); a preference objective always (it compares the policy with the reference)."""
         return self.kl is not None and self.kl.in_loss
 
+    # ------------------------------------------------------------------ the hooks
     def trainable_steps(self) -> torch.Tensor:
         """[T] bool: the steps a pair may be drawn from (the SDE window's stochastic steps)."""
         return self.scorer.family.stochastic_steps(self.config.sample)
@@ -107,6 +122,23 @@ class Updater:
         1 / (the train batch's pairs)."""
         return 1.0 / max(num_pairs, 1)
 
+    def rollout_policy(self):
+        """Context in which the rollouts are sampled; it yields the denoiser they sample with, or None: the policy."""
+        return nullcontext()
+
+    def begin_epoch(self, batch) -> None:
+        """Before the epoch's first train batch."""
+
+    def end_epoch(self, metrics: dict) -> None:
+        """After the epoch's last optimizer step: add to the epoch's ``metrics``."""
+
+    def chunk_loss(self, batch, chunk: Chunk, sums: dict) -> None:
+        """Backpropagate the chunk's weighted loss (its weights sum to its share of the train batch's loss; a loss over
+        whole trajectories backpropagates the train batch's at its ``last`` chunk); add its detached metrics to
+        ``sums`` (``fold_metrics``)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the loop
     def chunk_size(self, batch) -> int:
         """(sample, step) pairs per forward (``train.pairs_per_forward``; "auto" is resolved on first use)."""
         return self.pairs_per_forward(self, batch) if callable(self.pairs_per_forward) else int(self.pairs_per_forward)
@@ -115,21 +147,22 @@ class Updater:
         """Update the policy on ``batch`` (this process's rows); returns the metrics averaged over the train batches
         that hold a real unit, the optimizer steps taken and ``pairs``: the (sample, step) pairs trained (every inner
         epoch; a unit of K rows counts K a step)."""
-        t = self.config.train
+        train = self.config.train
         real, unit_metrics = self.epoch_units(batch)
         num_units, num_steps = len(real), batch.num_steps
         self.scorer.prepare(self.config.sample.num_steps, self.accelerator.device)
         self.model.train()
         chunk = self.chunk_size(batch) if num_units else None  # "auto" is measured here, in training mode
-        per_batch = max(1, t.batch_size // self.unit_width)
+        self.begin_epoch(batch)
+        per_batch = max(1, train.batch_size // self.unit_width)
         real_units, padding_units = real.nonzero().flatten(), (~real).nonzero().flatten()
         sums, count, optimizer_steps, pairs = defaultdict(float), 0, 0, 0
-        progress = tqdm(total=t.num_inner_epochs * -(-num_units // per_batch), desc="training",
+        progress = tqdm(total=train.num_inner_epochs * -(-num_units // per_batch), desc="training",
                         disable=not show_progress, leave=False)
-        for inner in range(t.num_inner_epochs):
+        for inner in range(train.num_inner_epochs):
             order = torch.cat([real_units[torch.randperm(len(real_units))], padding_units])
             step_mask = torch.zeros(num_units, num_steps)  # padding units take no part in the loss
-            step_mask[real_units] = random_step_mask(len(real_units), num_steps, t.timestep_fraction,
+            step_mask[real_units] = random_step_mask(len(real_units), num_steps, train.step_fraction,
                                                      trainable=self.trainable_steps())  # on the CPU: no syncs
             pairs += self.unit_width * int(step_mask.count_nonzero())  # a CPU tensor: no sync
             for start in range(0, num_units, per_batch):
@@ -151,6 +184,7 @@ class Updater:
         out = {key: float(value) / max(count, 1) for key, value in sums.items() if key != "grad_norm"}  # the one sync
         out["grad_norm"] = float(sums["grad_norm"]) / max(optimizer_steps, 1)
         out.update(optimizer_steps=optimizer_steps, pairs_per_forward=chunk, pairs=pairs, **unit_metrics)
+        self.end_epoch(out)
         return out
 
     def train_batch(self, batch, units: torch.Tensor, step_mask: torch.Tensor, position: str,
@@ -187,34 +221,20 @@ class Updater:
         pair_rows, num_pairs = units.cpu()[pair_units], len(pair_steps)
         size = max(1, (pairs_per_forward or self.chunk_size(batch)) // self.unit_width)
         chunks = torch.split(torch.arange(num_pairs), size)
-        sums, outputs = defaultdict(float), []
+        train_batch = (units, step_mask, pair_units, pair_steps, weights)
+        sums = defaultdict(float)
         for k, index in enumerate(chunks):
-            if isinstance(weights, torch.Tensor):
-                chunk = Chunk(pair_rows[index], pair_steps[index], weights[index], num_pairs, len(index) / num_pairs,
-                              at_rollout_weights)
-            else:
-                chunk = Chunk(pair_rows[index], pair_steps[index], weights, num_pairs, len(index) * weights,
-                              at_rollout_weights)
-            # gradients are all-reduced once per train batch, on its last chunk
             last = k == len(chunks) - 1
-            sync = nullcontext() if last or not self.backward_per_chunk else self.accelerator.no_sync(self.model)
-            with sync, self.accelerator.autocast():
-                outputs.append(self.chunk_loss(batch, chunk, sums))
-        if not self.backward_per_chunk:
-            self.batch_loss(batch, units, step_mask, (pair_units, pair_steps, weights), outputs, sums)
+            if isinstance(weights, torch.Tensor):
+                share, chunk_weights = len(index) / num_pairs, weights[index]
+            else:
+                share, chunk_weights = len(index) * weights, weights
+            chunk = Chunk(pair_rows[index], pair_steps[index], chunk_weights, num_pairs, share, at_rollout_weights,
+                          last, train_batch)
+            # gradients are all-reduced once per train batch, at the backward of its last chunk
+            with nullcontext() if last else self.accelerator.no_sync(self.model), self.accelerator.autocast():
+                self.chunk_loss(batch, chunk, sums)
         return dict(sums)
-
-    def chunk_loss(self, batch, chunk: Chunk, sums: dict):
-        """Backpropagate the chunk's weighted loss (its weights sum to its share of the train batch's loss); add its
-        detached metrics to ``sums`` (a chunk's share of a mean metric weighted by ``chunk.share``)."""
-        raise NotImplementedError
-
-    def batch_loss(self, batch, units: torch.Tensor, step_mask: torch.Tensor, pairs: tuple, outputs: list,
-                   sums: dict) -> None:
-        """With ``backward_per_chunk`` False: the train batch's loss (its ``units`` [b], ``step_mask`` [b, T] and
-        ``pairs``: (positions in the train batch [P], steps [P], weights)) from its chunks' ``outputs``, one
-        backward."""
-        raise NotImplementedError
 
 
 def check_finite(position: str, optimizer_steps: int, **values) -> None:

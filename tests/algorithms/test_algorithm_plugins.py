@@ -9,7 +9,7 @@ from accelerate import Accelerator
 
 from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator, get_policy_loss
 from ddpo_group.errors import ConfigError
-from ddpo_group.run.command.config_checks import validate_config
+from ddpo_group.run.config_checks import validate_config
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy_update import PolicyUpdater
@@ -38,19 +38,15 @@ ESTIMATOR = textwrap.dedent('''
 LOSSES = textwrap.dedent('''
     from ddpo_group.algorithms import agg_loss, policy_loss
 
-    MATRIX_CALLS = []
+    PER_STEP_CALLS = []
 
-    def linear_matrix(old_log_prob, log_prob, advantages, step_mask, weight=1.0, **_):
-        MATRIX_CALLS.append(log_prob.shape)
-        return -weight * advantages * (log_prob - old_log_prob), {}
-
-    @policy_loss(loss_matrix=linear_matrix)
-    def linear(old_log_prob, log_prob, advantages, step_mask, loss_agg_mode="step-mean", weight=1.0, **_):
-        matrix, _ = linear_matrix(old_log_prob, log_prob, advantages, step_mask, weight)
-        return agg_loss(matrix, step_mask, loss_agg_mode), {}
+    @policy_loss(per_step=True)
+    def linear(old_log_prob, log_prob, advantages, weights, weight=1.0, **_):
+        PER_STEP_CALLS.append(log_prob.shape)
+        return (weights * -weight * advantages * (log_prob - old_log_prob)).sum(), {}
 
     def linear_whole(old_log_prob, log_prob, advantages, step_mask, loss_agg_mode="step-mean", weight=1.0, **_):
-        """The same loss without a declared matrix: the update gathers the train batch's log-probs."""
+        """The same loss, trajectory-level (undecorated): the update gathers the train batch's log-probs."""
         return agg_loss(-weight * advantages * (log_prob - old_log_prob), step_mask, loss_agg_mode), {}
 ''')
 
@@ -71,7 +67,7 @@ def test_a_file_estimator_with_a_parameter_trains_one_epoch(plugin_files, tiny_m
     module = __import__(estimator.fn.__module__)
     round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
     assert module.CALLS == [2.5]  # the keyword from adv_estimator_kwargs
-    rewards, g = round0.gathered["rewards"], torch.tensor(round0.groups)
+    rewards, g = round0.gathered.rewards, torch.tensor(round0.groups)
     mean = torch.stack([rewards[g == k].mean() for k in range(int(g.max()) + 1)])
     want = (2.5 * (rewards - mean[g])).float()[:, None].expand(8, 4)
     torch.testing.assert_close(round0.batch.advantages.cpu(), want, rtol=1e-6, atol=1e-7)
@@ -106,9 +102,10 @@ def _updater(config, pipe):
                          TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config))), neg
 
 
-def test_a_file_policy_loss_with_a_matrix_takes_the_chunked_update(plugin_files):
-    """The declared loss matrix is backpropagated chunk by chunk (pairs_per_forward at a time); the same loss without
-    a matrix gathers the batch's log-probs; both give the same gradient, with the weight from policy_loss_kwargs."""
+def test_a_file_per_step_policy_loss_takes_the_chunked_update(plugin_files):
+    """A loss declared per step is backpropagated chunk by chunk (pairs_per_forward at a time); the same loss
+    trajectory-level gathers the batch's log-probs; both give the same gradient, with the weight from
+    policy_loss_kwargs."""
     torch.manual_seed(0)
     pipe = build_tiny_pipeline()
     grads, calls = [], []
@@ -118,7 +115,7 @@ def test_a_file_policy_loss_with_a_matrix_takes_the_chunked_update(plugin_files)
             "sample.num_steps": 3, "train.pairs_per_forward": 2, "sample.guidance_scale": 1.0, "train.cfg": False})
         updater, neg = _updater(config, pipe)
         module = __import__(get_policy_loss(config.algorithm.policy_loss).fn.__module__)
-        module.MATRIX_CALLS.clear()
+        module.PER_STEP_CALLS.clear()
         embeds = encode_prompts(pipe, ["a cat", "a dog"])
         traj = sd_trajectories(pipe, embeds, neg.expand(2, -1, -1), 3, 1.0, 1.0, decode=False,
                                generator=torch.Generator().manual_seed(0))
@@ -126,8 +123,8 @@ def test_a_file_policy_loss_with_a_matrix_takes_the_chunked_update(plugin_files)
         pipe.unet.zero_grad()
         updater.accumulate_gradients(batch, torch.arange(2), torch.ones(2, 3))
         grads.append([p.grad.clone() for p in pipe.unet.parameters() if p.grad is not None])
-        calls.append(list(module.MATRIX_CALLS))
-    assert calls[0] == [torch.Size([2])] * 3  # 6 pairs, 2 per forward: three chunks, each through the matrix
+        calls.append(list(module.PER_STEP_CALLS))
+    assert calls[0] == [torch.Size([2])] * 3  # 6 pairs, 2 per forward: three chunks, each through the loss
     assert calls[1] == []
     # each weight's gradient sums one product per pair (6, no CFG) and latent position (8 x 8), in another order
     assert grads[0] and all(torch.allclose(a, b, rtol=1e-4, atol=reordered_sum_atol(b, 6 * 64)) for a, b in zip(*grads))

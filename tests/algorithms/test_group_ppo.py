@@ -13,7 +13,7 @@ from ddpo_group.algorithms import (
     find_segment_endpoints,
     get_adv_estimator,
     group_metrics,
-    group_ppo_advantages,
+    group_ppo_from_values,
     post_step_values,
     td_deltas,
 )
@@ -129,7 +129,7 @@ def problem(draw):
 @given(problem(), st.booleans())
 def test_vectorised_matches_loop_reference(prob, weighted):
     R, V, gi, tau, max_size, lam, mask = prob
-    res = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, numerical_floor=EPS, gae_lambda=lam,
+    res = group_ppo_from_values(V, R, gi, tau=tau, max_segment_steps=max_size, numerical_floor=EPS, gae_lambda=lam,
                                step_mask=mask, weight_by_mask=weighted, norm_adv_by_std=False)
     u = post_step_values(V, R)
     b = [float(R[gi == gi[i]].mean()) for i in range(len(R))]
@@ -244,7 +244,7 @@ def test_tweedie_and_blend_values(prob, w):
 
 def test_value_source_is_checked_by_name():
     from config.base import get_config
-    from ddpo_group.run.command.config_checks import validate_config
+    from ddpo_group.run.config_checks import validate_config
     from ddpo_group.errors import ConfigError
 
     config = get_config("group_ppo")
@@ -260,12 +260,12 @@ def test_lambda_limits(prob):
     b = torch.stack([R[gi == g].mean() for g in gi])
     u = post_step_values(V, R)
     # gae_lambda = 0: the group advantages (one per group, read at the endpoints) telescope to R - b_g
-    r0 = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, gae_lambda=0.0, numerical_floor=1e-6,
+    r0 = group_ppo_from_values(V, R, gi, tau=tau, max_segment_steps=max_size, gae_lambda=0.0, numerical_floor=1e-6,
                               norm_adv_by_std=False)
     per_traj = (r0.advantages * r0.step_endpoints).sum(dim=1)
     torch.testing.assert_close(per_traj, R - b, rtol=1e-9, atol=1e-12)
     # gae_lambda = 1: A = R - u_start, u_start = u at the endpoint before the group (b_g for the first group)
-    r1 = group_ppo_advantages(V, R, gi, tau=tau, max_segment_steps=max_size, gae_lambda=1.0, numerical_floor=1e-6,
+    r1 = group_ppo_from_values(V, R, gi, tau=tau, max_segment_steps=max_size, gae_lambda=1.0, numerical_floor=1e-6,
                               norm_adv_by_std=False)
     u_ext = torch.cat([b[:, None], u], dim=1)  # u_ext[:, e + 1] = u_e
     ends = r1.step_endpoints.long()

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator
-from ddpo_group.algorithms.group_ppo import group_ppo_advantages, tree_value_ev, tree_values
+from ddpo_group.algorithms.group_ppo import group_ppo_from_values, tree_value_ev, tree_values
 from estimator_params import params as estimator_params
 
 # one prompt group, one root of 4 leaves, 3 steps: branch 2 at step 0, 2 at step 1 (x_2, x_3: the leaves)
@@ -36,7 +36,7 @@ def test_group_ppo_limits_on_a_tree(tau, gae_lambda, want):
     """tau = inf: one segment, grpo; tau = 0: a segment from each branch step (the only cuts allowed), the last one
     closed at T-1; lambda = 0 the segments' own value differences, lambda = 1 the Monte-Carlo returns."""
     values, branch = tree_values(NODES, R)
-    out = group_ppo_advantages(values, R, GROUP, tau=tau, gae_lambda=gae_lambda, cut_steps=branch, max_segment_steps=16,
+    out = group_ppo_from_values(values, R, GROUP, tau=tau, gae_lambda=gae_lambda, cut_steps=branch, max_segment_steps=16,
                                numerical_floor=1e-6, norm_adv_by_std=False)
     assert out.advantages.tolist() == want
     assert out.step_endpoints.tolist() == [[tau == 0.0, False, True]] * 4
@@ -84,6 +84,7 @@ def test_the_per_leaf_policy_gradient_of_a_tree_is_the_flat_one_in_expectation()
     is -grad J / 2 (step-mean over 2 leaves x 2 steps)."""
     import itertools
 
+    from ddpo_group.algorithms import aggregation_weights
     from ddpo_group.algorithms.policy_losses import vanilla_policy_loss
 
     theta = torch.tensor([0.3, -0.5, 0.8], dtype=torch.float64, requires_grad=True)
@@ -101,8 +102,9 @@ def test_the_per_leaf_policy_gradient_of_a_tree_is_the_flat_one_in_expectation()
             log_prob = torch.stack([log_pi(a0, a1) for a0, a1 in leaves])  # the shared step repeated per leaf
             returns = torch.stack([reward[a0, a1] for a0, a1 in leaves])
             advantages = (returns - (returns.mean() if group_mean else baseline))[:, None].expand(-1, 2)
-            loss, _ = vanilla_policy_loss(log_prob.detach(), log_prob, advantages, torch.ones_like(log_prob),
-                                          loss_agg_mode="step-mean", clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
+            weights = aggregation_weights(torch.ones_like(log_prob), "step-mean", dtype=log_prob.dtype)
+            loss, _ = vanilla_policy_loss(log_prob.detach(), log_prob, advantages, weights, clip_low=0.2,
+                                          clip_high=0.2, clip_ratio_c=3.0)
             total = total + probability * loss
         return torch.autograd.grad(total, theta)[0]
 

@@ -7,16 +7,16 @@ from ddpo_group.algorithms import flow_forward, get_objective, optimality_probab
 from ddpo_group.algorithms.objectives import OBJECTIVE_REGISTRY
 
 # two pairs, latents of 2 values each
-U = torch.tensor([[1.0, -1.0], [0.5, 0.5]])  # targets eps - x0
+U = torch.tensor([[1.0, -1.0], [0.5, 0.5]])  # targets eps - x_clean
 V = torch.tensor([[0.0, 0.0], [1.0, 0.0]])  # policy velocities
 V_OLD = torch.tensor([[0.5, -0.5], [0.5, 0.0]])
 SIGMA = torch.tensor([0.5, 0.25])
 
 
 def test_flow_forward_by_hand():
-    x0, eps = torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 4.0]])
-    x_s, u = flow_forward(x0, eps, torch.tensor([0.25]))
-    assert x_s.tolist() == [[1.5, 1.0]]  # 0.75 x0 + 0.25 eps
+    x_clean, eps = torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 4.0]])
+    x_s, u = flow_forward(x_clean, eps, torch.tensor([0.25]))
+    assert x_s.tolist() == [[1.5, 1.0]]  # 0.75 x_clean + 0.25 eps
     assert u.tolist() == [[-2.0, 4.0]]
 
 
@@ -128,14 +128,14 @@ def test_nft_errors_name_the_values():
 def test_ddpm_forward_by_hand():
     from ddpo_group.algorithms.objectives import ddpm_forward
 
-    x0, eps, ab = torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 4.0]]), torch.tensor([0.64])
-    x_t, target = ddpm_forward(x0, eps, ab, "epsilon")
-    assert torch.allclose(x_t, torch.tensor([[1.6, 2.4]])) and torch.equal(target, eps)  # 0.8 x0 + 0.6 eps
-    _, v = ddpm_forward(x0, eps, ab, "v_prediction")
-    assert torch.allclose(v, torch.tensor([[-1.2, 3.2]]))  # 0.8 eps - 0.6 x0
-    assert torch.equal(ddpm_forward(x0, eps, ab, "sample")[1], x0)
+    x_clean, eps, ab = torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 4.0]]), torch.tensor([0.64])
+    x_t, target = ddpm_forward(x_clean, eps, ab, "epsilon")
+    assert torch.allclose(x_t, torch.tensor([[1.6, 2.4]])) and torch.equal(target, eps)  # 0.8 x_clean + 0.6 eps
+    _, v = ddpm_forward(x_clean, eps, ab, "v_prediction")
+    assert torch.allclose(v, torch.tensor([[-1.2, 3.2]]))  # 0.8 eps - 0.6 x_clean
+    assert torch.equal(ddpm_forward(x_clean, eps, ab, "sample")[1], x_clean)
     with pytest.raises(ValueError, match="prediction_type='flow'"):
-        ddpm_forward(x0, eps, ab, "flow")
+        ddpm_forward(x_clean, eps, ab, "flow")
     assert get_objective("awm").processes == ("flow", "ddpm") and get_objective("nft").processes == ("flow",)
 
 

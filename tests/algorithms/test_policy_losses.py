@@ -11,7 +11,7 @@ from ddpo_group.algorithms import (
     aggregation_weights,
     get_policy_loss,
     register_policy_loss,
-    vanilla_loss_matrix,
+    vanilla_policy_loss,
 )
 
 D = torch.float64
@@ -19,6 +19,24 @@ D = torch.float64
 
 def lp(ratios):
     return torch.log(torch.tensor(ratios, dtype=D))
+
+
+def vanilla_terms(old, new, A, mask, **clip):
+    """Each pair's term L of vanilla's loss (the loss with that pair's weight 1 and every other's 0), and the metrics
+    over the pairs of ``mask``."""
+    flat = [x.reshape(-1) for x in (old, new, A)]
+    one_hot = torch.eye(flat[0].numel(), dtype=D)
+    terms = torch.stack([vanilla_policy_loss(*flat, one_hot[i], **clip)[0] for i in range(len(one_hot))])
+    _, metrics = vanilla_policy_loss(old, new, A, mask.to(D), **clip)
+    return terms.view(old.shape), metrics
+
+
+def aggregated(name, old, new, A, mask, mode, **clip):
+    """A registered loss on [B, T] matrices aggregated with ``mode``: a per-step loss through the mode's weights."""
+    spec = get_policy_loss(name)
+    if spec.per_step:
+        return spec(old, new, A, aggregation_weights(mask, mode, dtype=D), **clip)
+    return spec(old, new, A, mask, mode, **clip)
 
 
 def test_vanilla_hand():
@@ -32,10 +50,9 @@ def test_vanilla_hand():
     # A=-1,r=5 -> max(5, 1.2) = 5 -> dual clip min(5, 3) = 3; A=1,r=0.5 -> max(-0.5,-0.8) = -0.5;
     # A=-1,r=0.5 -> max(0.5, 0.8) = 0.8 (clipped); masked step ignored.
     expected = [[-1.2, 1.5, 3.0], [-0.5, 0.8, -2.0]]
-    mat, metrics = vanilla_loss_matrix(old, new, A, mask, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
+    mat, _ = vanilla_terms(old, new, A, mask, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
     torch.testing.assert_close(mat, torch.tensor(expected, dtype=D))
-    loss, metrics = get_policy_loss("vanilla")(old, new, A, mask, "step-mean",
-                                               clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
+    loss, metrics = aggregated("vanilla", old, new, A, mask, "step-mean", clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
     assert math.isclose(float(loss), (-1.2 + 1.5 + 3.0 - 0.5 + 0.8) / 5, rel_tol=1e-12)
     assert math.isclose(metrics["clipfrac"], 2 / 5)  # (A=1,r=1.5), (A=-1,r=0.5); r=5 is dual-clipped
     assert math.isclose(metrics["clipfrac_lower"], 1 / 5)
@@ -45,8 +62,8 @@ def test_vanilla_hand():
     assert math.isclose(metrics["approx_kl"], float((0.5 * d ** 2).mean()))
     assert math.isclose(metrics["ppo_kl"], float((-d).mean()))
     # other aggregation: traj-mean-step-sum = ((-1.2 + 1.5 + 3) + (-0.5 + 0.8)) / 2
-    loss, _ = get_policy_loss("vanilla")(old, new, A, mask, "seq-mean-token-sum",
-                                         clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
+    loss, _ = aggregated("vanilla", old, new, A, mask, "seq-mean-token-sum", clip_low=0.2, clip_high=0.2,
+                         clip_ratio_c=3.0)
     assert math.isclose(float(loss), (3.3 + 0.3) / 2, rel_tol=1e-12)
 
 
@@ -55,20 +72,20 @@ def test_vanilla_asymmetric_and_no_dual_clip():
     new = lp([[1.5, 0.5]])
     A = torch.tensor([[1.0, -1.0]], dtype=D)
     mask = torch.ones(1, 2, dtype=D)
-    mat, _ = vanilla_loss_matrix(old, new, A, mask, clip_low=0.1, clip_high=0.3, clip_ratio_c=3.0)
+    mat, _ = vanilla_terms(old, new, A, mask, clip_low=0.1, clip_high=0.3, clip_ratio_c=3.0)
     torch.testing.assert_close(mat, torch.tensor([[-1.3, 0.9]], dtype=D))
     new = lp([[1.0, 10.0]])
-    mat, _ = vanilla_loss_matrix(old, new, A, mask, clip_low=0.1, clip_high=0.3, clip_ratio_c=None)
+    mat, _ = vanilla_terms(old, new, A, mask, clip_low=0.1, clip_high=0.3, clip_ratio_c=None)
     torch.testing.assert_close(mat, torch.tensor([[-1.0, 10.0]], dtype=D))
     with pytest.raises(ValueError, match="clip_ratio_c"):
-        vanilla_loss_matrix(old, new, A, mask, clip_low=0.1, clip_high=0.3, clip_ratio_c=0.5)
+        vanilla_policy_loss(old, new, A, mask, clip_low=0.1, clip_high=0.3, clip_ratio_c=0.5)
 
 
 def test_log_ratio_clamp():
     old = torch.zeros(1, 1, dtype=D)
     new = torch.full((1, 1), 100.0, dtype=D)
-    _, m = vanilla_loss_matrix(old, new, torch.ones(1, 1, dtype=D), torch.ones(1, 1, dtype=D), 0.2, 0.2,
-                               clip_ratio_c=3.0)
+    _, m = vanilla_policy_loss(old, new, torch.ones(1, 1, dtype=D), torch.ones(1, 1, dtype=D), clip_low=0.2,
+                               clip_high=0.2, clip_ratio_c=3.0)
     assert math.isclose(m["ratio_max"], math.exp(20.0))
 
 
@@ -120,7 +137,7 @@ def test_gradient_direction(B, T, seed, name, mode):
     new = old.clone().requires_grad_(True)  # ratio 1: inside every clip range
     A = torch.randn(B, 1, dtype=D, generator=g).expand(B, T).contiguous()
     mask = (torch.rand(B, T, generator=g) < 0.7).to(D)
-    loss, metrics = get_policy_loss(name)(old, new, A, mask, mode, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
+    loss, metrics = aggregated(name, old, new, A, mask, mode, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
     loss.backward()
     grad = new.grad
     on = (mask > 0) & (A != 0)
@@ -132,7 +149,7 @@ def test_gradient_direction(B, T, seed, name, mode):
         i, j = [int(x) for x in on.nonzero()[0]]
         bumped = new.detach().clone()
         bumped[i, j] += 1e-3 * float(torch.sign(A[i, j]))
-        loss2, _ = get_policy_loss(name)(old, bumped, A, mask, mode, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
+        loss2, _ = aggregated(name, old, bumped, A, mask, mode, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
         assert float(loss2) < float(loss.detach())
 
 
@@ -144,14 +161,14 @@ def test_vanilla_chunked_matches_full():
     A = torch.randn(B, T, dtype=D, generator=g)
     mask = (torch.rand(B, T, generator=g) < 0.6).to(D)
     for mode in ("token-mean", "seq-mean-token-mean", "traj-mean-step-sum", "traj-mean-step-sum-norm"):
-        full, _ = get_policy_loss("vanilla")(old, new, A, mask, mode, clip_low=0.1, clip_high=0.2, clip_ratio_c=3.0)
+        full, _ = aggregated("vanilla", old, new, A, mask, mode, clip_low=0.1, clip_high=0.2, clip_ratio_c=3.0)
         w = aggregation_weights(mask, mode, dtype=D).reshape(-1)
-        flat = [x.reshape(-1) for x in (old, new, A, mask)]
+        flat = [x.reshape(-1) for x in (old, new, A)]
         total = 0.0
-        for s in range(0, B * T, 5):  # chunks of flattened (sample, step) pairs
+        for s in range(0, B * T, 5):  # chunks of flattened (sample, step) pairs, as the update runs them
             chunk = [x[s:s + 5] for x in flat]
-            mat, _ = vanilla_loss_matrix(*chunk, clip_low=0.1, clip_high=0.2, clip_ratio_c=3.0)
-            total = total + (w[s:s + 5] * mat).sum()
+            loss, _ = vanilla_policy_loss(*chunk, w[s:s + 5], clip_low=0.1, clip_high=0.2, clip_ratio_c=3.0)
+            total = total + loss
         assert math.isclose(float(total), float(full), rel_tol=1e-12, abs_tol=1e-14)
 
 
@@ -164,4 +181,4 @@ def test_policy_loss_registry():
         register_policy_loss("vanilla")(lambda *a, **k: None)
     # extra kwargs are ignored
     x = torch.zeros(1, 1, dtype=D)
-    get_policy_loss("vanilla")(x, x, x + 1, x + 1, "step-mean", clip_low=0.1, clip_high=0.1, foo=1, clip_ratio_c=3.0)
+    get_policy_loss("vanilla")(x, x, x + 1, x + 1, clip_low=0.1, clip_high=0.1, foo=1, clip_ratio_c=3.0)

@@ -6,11 +6,19 @@ import math
 import pytest
 import torch
 
-from ddpo_group.algorithms import get_policy_loss, ratio_norm_loss_matrix
+from ddpo_group.algorithms import aggregation_weights, get_policy_loss, ratio_norm_policy_loss
 from ddpo_group.algorithms.policy_losses import ratio_norm_config_errors, ratio_norm_log_ratio
 from ddpo_group.sampling.gaussian import gaussian_log_prob
 
 CLIP = dict(clip_low=0.05, clip_high=0.05, clip_ratio_c=3.0)
+
+
+def ratio_norm_terms(old_lp, lp, adv, **kwargs):
+    """Each pair's term L of the loss (its weight 1, every other's 0), and the metrics over all the pairs."""
+    one_hot = torch.eye(len(adv))
+    terms = torch.stack([ratio_norm_policy_loss(old_lp, lp, adv, one_hot[i], **CLIP, **kwargs)[0]
+                         for i in range(len(adv))])
+    return terms, ratio_norm_policy_loss(old_lp, lp, adv, torch.ones(len(adv)), **CLIP, **kwargs)[1]
 
 
 def test_the_ratio_is_exactly_one_at_the_rollout_policy():
@@ -20,8 +28,8 @@ def test_the_ratio_is_exactly_one_at_the_rollout_policy():
     x = old_mean + std[:, None, None] * torch.randn(5, 4, 3)
     lp = gaussian_log_prob(x, old_mean, std)
     adv = torch.tensor([1.0, -1.0, 2.0, 0.5, -3.0])
-    loss, metrics = ratio_norm_loss_matrix(lp, lp.clone(), adv, torch.ones(5), **CLIP, mean=old_mean.clone(),
-                                           old_mean=old_mean, std=std, step_length=length)
+    loss, metrics = ratio_norm_terms(lp, lp.clone(), adv, mean=old_mean.clone(), old_mean=old_mean, std=std,
+                                     step_length=length)
     assert metrics["ratio_min"] == metrics["ratio_max"] == 1.0 and metrics["clipfrac"] == 0.0
     assert torch.equal(loss, -adv / length)  # rho = exp(0) = 1 exactly, weight 1 / step length
 
@@ -40,15 +48,14 @@ def test_the_formula_against_a_hand_computation():
     torch.testing.assert_close(log_ratio, torch.tensor([0.1, -1 / 60]))
     torch.testing.assert_close(d, torch.tensor([0.1 / 0.5 - 1 / 30, (-1 / 60) / 0.25 - 1 / 75]))
     adv = torch.tensor([1.0, -2.0])
-    loss, metrics = ratio_norm_loss_matrix(old_lp, lp, adv, torch.ones(2), **CLIP, mean=mean, old_mean=old_mean,
-                                           std=std, step_length=length)
+    loss, metrics = ratio_norm_terms(old_lp, lp, adv, mean=mean, old_mean=old_mean, std=std, step_length=length)
     # step 0: rho = e^0.1 = 1.105 > 1.05 with A = 1 -> clipped, -1.05, weight 1 / 0.1
     # step 1: rho = e^(-1/60) = 0.9835 inside the clip with A = -2 -> 2 rho (dual clip 6 inactive), weight 1 / 0.2
     torch.testing.assert_close(loss, torch.tensor([-10.5, 2 * math.exp(-1 / 60) / 0.2]))
     assert metrics["clipfrac"] == 0.5 and metrics["clipfrac_lower"] == 0.0
     assert metrics["mean_shift_bias"] == pytest.approx((1 / 30 + 1 / 75) / 2)
-    unweighted, _ = ratio_norm_loss_matrix(old_lp, lp, adv, torch.ones(2), **CLIP, mean=mean, old_mean=old_mean,
-                                           std=std, step_length=length, reweight="none")
+    unweighted, _ = ratio_norm_terms(old_lp, lp, adv, mean=mean, old_mean=old_mean, std=std, step_length=length,
+                                     reweight="none")
     torch.testing.assert_close(unweighted, torch.tensor([-1.05, 2 * math.exp(-1 / 60)]))
     # the gradient is that of mean_D(z * mu_theta): for the unclipped step 1, d(2 rho / 0.2)/d mu = 10 rho z / 3
     loss.sum().backward()
@@ -105,7 +112,7 @@ def test_no_bias_where_the_plain_ratios_mean_is_below_one():
 
 def test_the_aggregated_loss_is_the_weighted_matrix_and_the_registration_declares_the_means():
     spec = get_policy_loss("ratio_norm")
-    assert spec.needs_old_means and spec.loss_matrix is ratio_norm_loss_matrix
+    assert spec.needs_old_means and spec.per_step and spec.fn is ratio_norm_policy_loss.fn
     assert not get_policy_loss("vanilla").needs_old_means
     g = torch.Generator().manual_seed(3)
     old_mean, dmu = torch.randn(2, 3, 5, generator=g), 0.05 * torch.randn(2, 3, 5, generator=g)
@@ -115,10 +122,11 @@ def test_the_aggregated_loss_is_the_weighted_matrix_and_the_registration_declare
     lp = gaussian_log_prob(x.flatten(0, 1), (old_mean + dmu).flatten(0, 1), std.flatten()).view(2, 3)
     mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
     kwargs = dict(mean=old_mean + dmu, old_mean=old_mean, std=std, step_length=torch.full((2, 3), 0.25))
-    loss, _ = spec(old_lp, lp, torch.ones(2, 3), mask, "step-mean", clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0,
-                   **kwargs)
-    mat, _ = ratio_norm_loss_matrix(old_lp, lp, torch.ones(2, 3), mask, 0.2, 0.2, clip_ratio_c=3.0, **kwargs)
-    torch.testing.assert_close(loss, (mat * mask).sum() / mask.sum())
+    loss, _ = spec(old_lp, lp, torch.ones(2, 3), aggregation_weights(mask, "step-mean"), clip_low=0.2, clip_high=0.2,
+                   clip_ratio_c=3.0, **kwargs)
+    mat = torch.stack([ratio_norm_policy_loss(old_lp, lp, torch.ones(2, 3), one_hot.view(2, 3), clip_low=0.2,
+                                              clip_high=0.2, clip_ratio_c=3.0, **kwargs)[0] for one_hot in torch.eye(6)])
+    torch.testing.assert_close(loss, (mat.view(2, 3) * mask).sum() / mask.sum())
 
 
 def test_keywords_are_checked_and_missing_inputs_are_named():
@@ -130,15 +138,15 @@ def test_keywords_are_checked_and_missing_inputs_are_named():
     ]
     lp = torch.zeros(2)
     with pytest.raises(ValueError, match=r"ratio_norm needs mean, old_mean and std"):
-        ratio_norm_loss_matrix(lp, lp, lp, torch.ones(2), 0.2, 0.2, clip_ratio_c=3.0)
+        ratio_norm_policy_loss(lp, lp, lp, torch.ones(2), clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
     with pytest.raises(ValueError, match=r"reweight='dt' needs the step's length"):
-        ratio_norm_loss_matrix(lp, lp, lp, torch.ones(2), 0.2, 0.2, mean=torch.zeros(2, 3), old_mean=torch.zeros(2, 3),
-                               std=torch.ones(2), clip_ratio_c=3.0)
+        ratio_norm_policy_loss(lp, lp, lp, torch.ones(2), clip_low=0.2, clip_high=0.2, mean=torch.zeros(2, 3),
+                               old_mean=torch.zeros(2, 3), std=torch.ones(2), clip_ratio_c=3.0)
 
 
 def test_a_wrong_keyword_is_a_config_error():
     from config.base import get_config
-    from ddpo_group.run.command.config_checks import algorithm_errors
+    from ddpo_group.run.config_checks import algorithm_errors
 
     config = get_config("grpo")
     config.algorithm.policy_loss = "ratio_norm"

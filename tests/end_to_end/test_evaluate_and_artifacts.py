@@ -11,8 +11,9 @@ import torch
 from PIL import Image
 
 from config.base import base
-from ddpo_group.run.evaluation import (
-    build_report, draw_prompts, format_report, prompt_seeds, load_finetuned_weights, resolve_finetuned, run_config, stats,
+from ddpo_group.prompts import draw_prompts
+from ddpo_group.offline.comparison import (
+    build_report, format_report, prompt_seeds, load_finetuned_weights, resolve_finetuned, run_config, stats,
 )
 from ddpo_group.models.families.sd import StableDiffusionFamily
 from ddpo_group.run.reporting.image_grid import MARGIN, caption_font, line_height
@@ -162,7 +163,7 @@ def test_checkpoint_without_lora_export_loads_its_weights(tiny_model_dir, tmp_pa
     from peft import LoraConfig
     from safetensors.torch import save_file
 
-    from ddpo_group.run.evaluation import find_run_config
+    from ddpo_group.offline.comparison import find_run_config
 
     load = lambda: StableDiffusionPipeline.from_pretrained(tiny_model_dir, safety_checker=None,  # noqa: E731
                                                            requires_safety_checker=False)

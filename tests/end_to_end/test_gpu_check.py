@@ -48,7 +48,7 @@ def test_the_dry_run_goes_through_every_step_on_the_tiny_models(tmp_path):
     assert set(results["steps"]) == {"sd35m", "sd35m full fine-tuning"}
     for name, epoch in results["steps"].items():
         perf = epoch["perf"]
-        # 4 images of 2 steps; flow_grpo's timestep_fraction 0.99 trains int(2 * 0.99) = 1 step of each
+        # 4 images of 2 steps; flow_grpo's step_fraction 0.99 trains int(2 * 0.99) = 1 step of each
         assert perf["perf/images_sampled"] == 4 and perf["perf/pairs_trained"] == 4, name
         assert perf["perf/pairs_per_s"] > 0 and epoch["phases"]["training"] > 0
     assert results["steps"]["sd35m full fine-tuning"]["gradient_checkpointing"]

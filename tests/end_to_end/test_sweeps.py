@@ -13,7 +13,7 @@ from ml_collections import config_flags
 
 from ddpo_group.algorithms import ADV_ESTIMATOR_REGISTRY, AGG_ALIASES, AGG_MODES, POLICY_LOSS_REGISTRY
 from ddpo_group.run.command.cli import config_flag_first
-from ddpo_group.run.command.config_checks import validate_config
+from ddpo_group.run.config_checks import validate_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))

@@ -12,8 +12,9 @@ from diffusers import FluxKontextPipeline
 from PIL import Image
 
 from ddpo_group.models import load_family
-from ddpo_group.rollout.collect import TextEmbeddingCache, encode_unique
+from ddpo_group.rollout.sampler import TextEmbeddingCache, encode_unique
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
+from ddpo_group.update.on_policy import ratio_deviation
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 from batch_helpers import batch_of
 
@@ -109,7 +110,7 @@ def test_the_first_training_forwards_ratio_is_one(tiny_flux_kontext_dir, tmp_pat
         for chunk in (1, 3, 16):
             out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
                              for c in torch.split(torch.arange(16), chunk)])
-            assert float((torch.exp(out - traj.log_probs[rows, steps]) - 1).abs().max()) < 1e-6, chunk
+            assert float(ratio_deviation(out, traj.log_probs[rows, steps]).max()) < 1e-6, chunk
 
 
 def test_the_cache_is_keyed_by_prompt_and_image(tiny_flux_kontext_dir, tmp_path):
@@ -182,7 +183,7 @@ def test_an_editing_dataset_trains_an_epoch_and_the_lora_loads_in_the_pipeline(t
 
     # scripts/evaluate.py's comparison on the run: the pipeline gets each prompt's source image
     from config.base import base
-    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
+    from ddpo_group.offline.comparison import EvaluationRequest, evaluate
 
     report = evaluate(EvaluationRequest(str(tmp_path / "edits"), num_prompts=2, num_seeds=2, batch_size=4,
                                         show_progress=False, device="cpu"), base())

@@ -77,7 +77,7 @@ VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81}  # the video families sample their pip
 # each preset with an option a user picks (the flow step's kind: flow families only)
 OPTIONS = {
     "grpo": {"kl.reference_update_freq": 1, "kl.reference_mixup_alpha": 0.5},  # the mixup adapter
-    "dr_grpo": {"train.timestep_fraction": 0.5},
+    "dr_grpo": {"train.step_fraction": 0.5},
     "rloo": {"sample.same_initial_noise": True, "sample.sde_type": "cps"},
     "grpo_passk": {"algorithm.filter_groups": True, "sample.sde_type": "dance_sde", "sample.noise_level": 0.3},
     "ppo_gae": {"use_lora": False, "kl.use_reference_model": True, "kl.beta": 0.01},  # a frozen copy
@@ -242,7 +242,7 @@ def test_evaluate_on_a_run_and_its_lora_in_the_pipeline(name, family_dirs, promp
     comparison runs on the run with the family's keywords."""
     from config.base import base
     from ddpo_group.prompts import PromptSampler
-    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
+    from ddpo_group.offline.comparison import EvaluationRequest, evaluate
 
     trainer = trainer_of(name, "grpo", family_dirs, prompt_rows, tmp_path, "lora", **{"train.learning_rate": 1e-2})
     trainer.run()

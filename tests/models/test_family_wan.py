@@ -235,7 +235,7 @@ def test_exported_lora_loads_in_the_pipeline_and_evaluate_runs_on_the_video_run(
     from PIL import Image
 
     from config.base import base as base_config
-    from ddpo_group.run.evaluation import EvaluationRequest, evaluate
+    from ddpo_group.offline.comparison import EvaluationRequest, evaluate
 
     report = evaluate(EvaluationRequest(str(tmp_path / "lora"), num_prompts=2, num_seeds=2, batch_size=4,
                                         show_progress=False), base_config())

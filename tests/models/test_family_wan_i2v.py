@@ -119,7 +119,7 @@ def test_the_recorded_log_probs_equal_a_re_score(family_model_dirs, tmp_path):
 def test_the_cache_is_keyed_by_prompt_and_image(family_model_dirs, tmp_path):
     """The text-embedding cache keeps each (prompt, source image) once: another image, another condition; the same
     pair, the same condition as encoded directly."""
-    from ddpo_group.rollout.collect import TextEmbeddingCache, encode_unique
+    from ddpo_group.rollout.sampler import TextEmbeddingCache, encode_unique
 
     family, _ = family_of(family_model_dirs["wan_i2v"])
     red, blue = sources(tmp_path)

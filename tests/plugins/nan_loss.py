@@ -1,8 +1,8 @@
 """A test policy loss that turns NaN from a chosen epoch on, so a test can see how a run reports a loss failure.
 
-``vanilla`` (PPO-clip), except that with ``NAN_LOSS_FROM_CALL=k`` in the environment every loss-matrix call from the
-k-th on (0-based, counted in this process) returns NaN; with ``NAN_LOSS_RANK=r`` too, only on the process whose
-accelerate process index is r (a NaN on one process of several).
+``vanilla`` (PPO-clip), except that with ``NAN_LOSS_FROM_CALL=k`` in the environment every call from the k-th on
+(0-based, counted in this process) returns NaN; with ``NAN_LOSS_RANK=r`` too, only on the process whose accelerate
+process index is r (a NaN on one process of several).
 """
 
 import os
@@ -10,13 +10,14 @@ import os
 from accelerate import PartialState
 
 from ddpo_group.algorithms import policy_loss
-from ddpo_group.algorithms.policy_losses import vanilla_loss_matrix, vanilla_policy_loss
+from ddpo_group.algorithms.policy_losses import vanilla_policy_loss
 
 CALLS = {"n": 0}
 
 
-def nan_matrix(*args, **kwargs):
-    loss, metrics = vanilla_loss_matrix(*args, **kwargs)
+@policy_loss(per_step=True)
+def nan_after(*args, **kwargs):
+    loss, metrics = vanilla_policy_loss(*args, **kwargs)
     CALLS["n"] += 1
     rank = os.environ.get("NAN_LOSS_RANK", "")
     if rank and PartialState().process_index != int(rank):
@@ -24,8 +25,3 @@ def nan_matrix(*args, **kwargs):
     if CALLS["n"] - 1 >= int(os.environ.get("NAN_LOSS_FROM_CALL", "-1")) >= 0:
         loss = loss * float("nan")
     return loss, metrics
-
-
-@policy_loss(loss_matrix=nan_matrix)
-def nan_after(*args, **kwargs):
-    return vanilla_policy_loss(*args, **kwargs)

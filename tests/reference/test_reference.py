@@ -1,5 +1,7 @@
 """Reference model: frozen base (adapters disabled), mixup adapter, full copy; KL 0 at the start, > 0 after updates."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -112,7 +114,8 @@ def test_kl_is_zero_at_the_first_step_and_positive_after_updates(tiny_model_dir,
     config, accelerator = trainer.config, trainer.accelerator
     prompts, metadata, groups = trainer.prompt_sampler.sample_epoch(1, 4)
     batch = trainer.rollouts.sampler.sample(trainer.family.model, prompts, metadata, desc=None)
-    batch.advantages = torch.tensor([1.0, -1.0, 0.5, -0.5], device=batch.log_probs.device)[:, None].expand(4, 4).clone()
+    batch = dataclasses.replace(batch, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5], device=batch.log_probs.device)
+                                [:, None].expand(4, 4).clone())
     first = trainer.updater.train_epoch(batch, show_progress=False)
     assert first["kl"] == 0.0 and first["kl_loss"] == 0.0
     second = trainer.updater.train_epoch(batch, show_progress=False)
@@ -124,7 +127,7 @@ def test_checkpoint_with_a_reference_adapter_loads_as_the_policy_for_evaluation(
     from diffusers import StableDiffusionPipeline
 
     from config.base import base
-    from ddpo_group.run.evaluation import load_finetuned_weights, run_config
+    from ddpo_group.offline.comparison import load_finetuned_weights, run_config
 
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "evalref", **{
         "kl.reference_update_freq": 1, "export_lora": False, "save_freq": 1})

@@ -15,8 +15,8 @@ from ddpo_group.rewards import RewardUnavailable, is_groupwise, make_reward_fn
 from ddpo_group.rewards.base import scores_frames
 from ddpo_group.rewards.http_server import make_server
 from ddpo_group.rewards.pairwise import chosen_image, normalized_ranks, pair_means, pair_wins, win_rates
-from ddpo_group.rollout.collect import PendingGroups, RewardScorer
-from ddpo_group.run.command.config_checks import validate_config
+from ddpo_group.rollout.reward_scorer import PendingGroups, RewardScorer
+from ddpo_group.run.config_checks import validate_config
 from ddpo_group.errors import ConfigError
 
 
@@ -245,7 +245,7 @@ def test_start_up_checks_name_what_cannot_score_whole_groups(tmp_path):
 
 def test_the_base_against_fine_tuned_evaluation_scores_a_prompts_images_of_both_models_as_one_group():
     from ddpo_group.rewards.combine import make_combined_reward
-    from ddpo_group.run.evaluation import score_both
+    from ddpo_group.offline.comparison import score_both
 
     rank = make_combined_reward("rank", {"reward_fn": BRIGHTNESS})
     base, tuned = grey_images([0.2, 0.6, 0.4, 0.4]), grey_images([0.8, 0.4, 0.2, 0.6])  # 2 prompts x 2 seeds

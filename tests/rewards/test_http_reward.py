@@ -15,7 +15,7 @@ from ddpo_group.rewards.http_client import (
     TOKEN_ENV, RewardServerError, RewardServerUnavailable, images_to_png, png_to_images,
 )
 from ddpo_group.rewards.http_server import make_server
-from ddpo_group.rollout.collect import RewardScorer
+from ddpo_group.rollout.reward_scorer import RewardScorer
 from tolerances import reordered_sum_atol
 
 

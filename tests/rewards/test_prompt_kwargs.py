@@ -9,7 +9,7 @@ import pytest
 from config.base import PRESETS, get_config
 from ddpo_group.errors import ConfigError
 from ddpo_group.prompts import PROMPT_REGISTRY, PromptSampler, from_file, get_prompt_fn, register_prompt_fn
-from ddpo_group.run.command.config_checks import prompt_and_reward_errors, validate_config
+from ddpo_group.run.config_checks import prompt_and_reward_errors, validate_config
 
 
 @pytest.fixture

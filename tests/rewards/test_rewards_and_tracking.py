@@ -108,7 +108,7 @@ def test_reward_scorer_names_the_reward_on_errors_and_checks_the_output():
     import pytest
     import torch
 
-    from ddpo_group.rollout.collect import RewardScorer
+    from ddpo_group.rollout.reward_scorer import RewardScorer
 
     images = torch.zeros(2, 3, 4, 4)
 

@@ -74,8 +74,8 @@ def test_a_video_is_shown_as_a_strip_of_its_frames():
     assert grid.width == 2 * 3 * 16 * scale
     pixels = grid.load()
     # video 1 (second tile): frames of brightness 0.2, 0.4, 0.6 left to right
-    x0 = 3 * 16 * scale
-    assert [pixels[x0 + j * 16 * scale + 5, 5][0] for j in range(3)] == [round(v * 255) for v in (0.2, 0.4, 0.6)]
+    left = 3 * 16 * scale
+    assert [pixels[left + j * 16 * scale + 5, 5][0] for j in range(3)] == [round(v * 255) for v in (0.2, 0.4, 0.6)]
 
 
 def test_a_long_video_shows_eight_evenly_spaced_frames_and_a_row_about_columns_frames_wide():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ddpo_group.algorithms import zero_variance_group_filter
-from ddpo_group.rollout.rounds import pool_rows
+from ddpo_group.rollout.collector import pool_rows
 from ddpo_group.rewards import REWARD_REGISTRY, register_reward
 from batch_helpers import rollout_batch
 from trainer_helpers import tiny_trainer
@@ -74,7 +74,7 @@ def test_same_initial_noise_shares_x_0_within_each_group_only(tiny_model_dir, tm
 
 
 def test_remax_greedy_baseline_starts_from_the_groups_shared_x_0(tiny_model_dir, tmp_path):
-    from ddpo_group.rollout.collect import RewardScorer
+    from ddpo_group.rollout.reward_scorer import RewardScorer
     from ddpo_group.models.families.sd import encode_prompts
     from sd_helpers import sd_trajectories
 
@@ -91,7 +91,7 @@ def test_remax_greedy_baseline_starts_from_the_groups_shared_x_0(tiny_model_dir,
             config.sample.num_steps, config.sample.guidance_scale, eta=0.0, compute_log_prob=False, initial_noise=x_0,
         )
     want, _ = RewardScorer(trainer.reward_fn, config.reward_fn)(greedy.images, batch.prompts, batch.metadata)
-    torch.testing.assert_close(round0.gathered["greedy_rewards"], want)
+    torch.testing.assert_close(round0.gathered.greedy_rewards, want)
     trainer.rollouts.close()
 
 
@@ -105,7 +105,7 @@ def test_sde_window_samples_and_trains_only_its_steps(preset, tiny_model_dir, tm
     batch = round0.batch
     assert (batch.log_probs[:, [0, 3]] == 0).all() and (batch.log_probs[:, 1:3] != 0).all()
     if preset == "reinforce_pp":  # KL in the reward: deterministic steps are no action, so no KL
-        assert (round0.gathered["step_kl"][:, [0, 3]] == 0).all()
+        assert (round0.gathered.step_kl[:, [0, 3]] == 0).all()
     trained_steps = []
     original = policy_update.PolicyUpdater.accumulate_gradients
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from config.base import get_config
-from ddpo_group.run.command.config_checks import ConfigError, validate_config
+from ddpo_group.run.config_checks import ConfigError, validate_config
 from trainer_helpers import tiny_trainer
 
 COMBINATION = {"jpeg_compressibility": 1.0, "shapes_alignment": 2.0}
@@ -55,17 +55,17 @@ def test_one_epoch_logs_each_components_advantages(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "gdpo", **{
         "prompt_fn": "tiny_shapes", "reward_fn": COMBINATION, "algorithm.multi_reward_mix": "advantage_aggr",
         "algorithm.global_std": True, "kl.beta": 0.0, "kl.use_reference_model": False})
-    rounds, collect = [], trainer.rollouts.collect
-    trainer.rollouts.collect = lambda epoch, model=None: rounds.append(collect(epoch, model)) or rounds[-1]
+    epochs, estimate = [], trainer.rollouts.estimate
+    trainer.rollouts.estimate = lambda rounds: epochs.append(estimate(rounds)) or epochs[-1]
     before = [p.detach().clone() for p in trainer.updater.params]
     metrics = trainer.run()
     (logged,) = [json.loads(line) for line in (tmp_path / "gdpo" / "metrics.jsonl").read_text().splitlines()]
 
-    round0 = rounds[0][0]
+    round0 = epochs[0].rounds[0]
     batch, groups = round0.batch, torch.tensor(round0.groups)
     info = batch.reward_info
     jpeg, shapes = info["jpeg_compressibility"], info["shapes_alignment"]
-    torch.testing.assert_close(round0.gathered["rewards"], jpeg + 2 * shapes, rtol=0, atol=1e-12)  # the sum is logged
+    torch.testing.assert_close(round0.gathered.rewards, jpeg + 2 * shapes, rtol=0, atol=1e-12)  # the sum is logged
     zs = {}
     for label, r in (("jpeg_compressibility", jpeg), ("shapes_alignment", shapes)):
         z = torch.empty_like(r)
@@ -92,7 +92,7 @@ def test_default_logs_no_component_advantages(tiny_model_dir, tmp_path):
     round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
     trainer.rollouts.close()
     assert round0.component_metrics == {}
-    R, groups = round0.gathered["rewards"], torch.tensor(round0.groups)
+    R, groups = round0.gathered.rewards, torch.tensor(round0.groups)
     mean = torch.stack([R[groups == g].mean() for g in groups.tolist()])
     std = torch.stack([R[groups == g].std() for g in groups.tolist()])
     torch.testing.assert_close(round0.batch.advantages[:, 0].cpu(), ((R - mean) / (std + 1e-6)).clamp(-5, 5).float())

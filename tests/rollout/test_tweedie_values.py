@@ -21,8 +21,8 @@ def test_valued_steps_run_from_one_to_the_last_stochastic_step():
     assert with_rewards(values, torch.tensor([0.9], dtype=torch.float64)).tolist() == [[0.9, 0.5, 0.9]]
 
 
-def hand_x0(family, model_output, latents, step):
-    """x0_hat(x_n) from the model's output, written out: DDIM (x - sqrt(1 - ab_t) eps) / sqrt(ab_t); flow x - s v."""
+def hand_clean_hat(family, model_output, latents, step):
+    """clean_hat(x_n) from the model's output, written out: DDIM (x - sqrt(1 - ab_t) eps) / sqrt(ab_t); flow x - s v."""
     if "sigmas" in step:
         return latents - step["sigmas"].view(-1, *[1] * (latents.ndim - 1)) * model_output
     ab = family.pipe.scheduler.alphas_cumprod[step["timesteps"].long().cpu()].to(latents.device)
@@ -30,8 +30,8 @@ def hand_x0(family, model_output, latents, step):
     return (latents - (1 - ab).sqrt() * model_output) / ab.sqrt()
 
 
-# "latent_x0": a critic that reads x0_hat makes the rollout keep it at every step; the Tweedie values take their steps
-@pytest.mark.parametrize("family_name,critic_input", [("sd", "latent"), ("sd3", "latent"), ("sd", "latent_x0")])
+# "latent_clean_hat": a critic that reads clean_hat makes the rollout keep it at every step; the Tweedie values take their steps
+@pytest.mark.parametrize("family_name,critic_input", [("sd", "latent"), ("sd3", "latent"), ("sd", "latent_clean_hat")])
 def test_tweedie_values_are_the_reward_of_the_decoded_one_step_prediction(family_name, critic_input, family_model_dirs,
                                                                           tmp_path):
     trainer = tiny_trainer("group_ppo", family_model_dirs[family_name], tmp_path, reward_fn=BRIGHTNESS,
@@ -54,14 +54,14 @@ def test_tweedie_values_are_the_reward_of_the_decoded_one_step_prediction(family
             with torch.no_grad():
                 output = family.model_output(family.model, latents, step, cond, family.negative_condition(),
                                              trainer.config.sample.guidance_scale)
-                x0 = hand_x0(family, output.float(), latents.float(), step)
-                image = family.decode(x0)
+                clean_hat = hand_clean_hat(family, output.float(), latents.float(), step)
+                image = family.decode(clean_hat)
             assert abs(float(image.double().mean()) - float(values[b, n])) < 1e-5, (b, n)
-            if critic_input == "latent_x0":  # the critic's input at step n is the same prediction
+            if critic_input == "latent_clean_hat":  # the critic's input at step n is the same prediction
                 # one row here, every row at once while sampling: on CUDA, convolutions in TF32 (cuDNN's default)
                 # round the two differently by about 1e-3
                 tol = 1e-4 if latents.device.type == "cpu" else 5e-3
-                torch.testing.assert_close(batch.pred_x0[b : b + 1, n], x0, rtol=tol, atol=tol)
-    assert (batch.pred_x0 is not None) == (critic_input == "latent_x0")
+                torch.testing.assert_close(batch.clean_hat[b : b + 1, n], clean_hat, rtol=tol, atol=tol)
+    assert (batch.clean_hat is not None) == (critic_input == "latent_clean_hat")
     # the estimator reads them: V = the Tweedie values (a plain critic run on the same values gives the same advantages)
     assert torch.isfinite(batch.advantages).all()

@@ -18,7 +18,7 @@ import torch
 from config.base import base
 import ddpo_group.run.trainer as trainer_module
 from ddpo_group.run.persistence.checkpointing import complete_checkpoints
-from ddpo_group.run.command.config_checks import ConfigError
+from ddpo_group.run.config_checks import ConfigError
 from ddpo_group.errors import CheckpointError, NonFiniteLossError
 from ddpo_group.models import load_pipeline
 from ddpo_group.models.families import sd as pipeline_module
@@ -154,7 +154,7 @@ def test_bad_reward_outputs_stop_the_first_epoch_with_the_reward_named(reward, e
 
 
 def test_failing_images_are_the_ones_the_reward_raises_on():
-    from ddpo_group.rollout.collect import RewardScorer
+    from ddpo_group.rollout.reward_scorer import RewardScorer
 
     def picky(images, prompts, metadata):
         if any(p.startswith("bad") for p in prompts):
@@ -207,13 +207,13 @@ def test_a_non_finite_loss_stops_naming_epoch_and_step_and_keeps_the_last_checkp
     if where == "policy":
         import dataclasses
 
-        real = trainer.updater.loss.loss_matrix
+        real = trainer.updater.loss.fn
 
-        def loss_matrix(**kwargs):
-            loss, info = real(**kwargs)
-            return (loss * float("nan") if poisoned["on"] else loss), info
+        def loss(*args, **kwargs):
+            value, info = real(*args, **kwargs)
+            return (value * float("nan") if poisoned["on"] else value), info
 
-        monkeypatch.setattr(trainer.updater, "loss", dataclasses.replace(trainer.updater.loss, loss_matrix=loss_matrix))
+        monkeypatch.setattr(trainer.updater, "loss", dataclasses.replace(trainer.updater.loss, fn=loss))
     else:
         import ddpo_group.update.critic as module
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpo_group.run.command.config_checks import ConfigError, validate_config
+from ddpo_group.run.config_checks import ConfigError, validate_config
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -28,8 +28,8 @@ def test_unknown_preset_lists_valid_ones():
     [
         ({"sample.noise_level": 0.0}, r"sample.noise_level=0.0 must be > 0"),
         ({"sample.noise_level": -1.0}, r"sample.noise_level=-1.0"),
-        ({"train.timestep_fraction": 0.0}, r"train.timestep_fraction=0.0 must be in \(0, 1\]"),
-        ({"train.timestep_fraction": 1.5}, r"train.timestep_fraction=1.5"),
+        ({"train.step_fraction": 0.0}, r"train.step_fraction=0.0 must be in \(0, 1\]"),
+        ({"train.step_fraction": 1.5}, r"train.step_fraction=1.5"),
         ({"train.batch_size": 5}, r"train.batch_size=5 must divide .* = 32"),
         ({"train.gradient_accumulation_steps": 3}, r"train.gradient_accumulation_steps=3 must divide .* = 4"),
         ({"sample.guidance_scale": 1.0}, r"train.cfg=True contradicts sample.guidance_scale=1.0"),
@@ -52,10 +52,10 @@ def test_contradictions_fail_naming_the_fields(overrides, message):
 def test_every_error_is_reported_at_once():
     config = get_config("ddpo")
     config.sample.noise_level = 0.0
-    config.train.timestep_fraction = 2.0
+    config.train.step_fraction = 2.0
     with pytest.raises(ConfigError) as info:
         validate_config(config)
-    assert "sample.noise_level" in str(info.value) and "train.timestep_fraction" in str(info.value)
+    assert "sample.noise_level" in str(info.value) and "train.step_fraction" in str(info.value)
 
 
 def test_command_line_overrides_apply():
@@ -127,7 +127,7 @@ def test_presets_keep_their_field_names_and_defaults():
         ("group_ppo", {"group_ppo.variance_threshold": 0.0}, r"group_ppo.variance_threshold=0.0 lies outside"),
         ("group_ppo", {"group_ppo.target_explained_variance": 0.0}, r"target_explained_variance=0.0 must be > 0"),
         ("ppo_gae", {"critic.learning_rate": 0.0}, r"critic.learning_rate=0.0 must be > 0"),
-        ("group_ppo", {"critic.input": "x0"}, r"critic.input='x0' is not one of \['latent', 'latent_x0'\]"),
+        ("group_ppo", {"critic.input": "clean"}, r"critic.input='clean' is not one of \['latent', 'latent_clean_hat'\]"),
         ("ddpo", {"train.clip_range": -0.1}, r"train.clip_range=-0.1 must be > 0"),
     ],
 )
@@ -198,7 +198,7 @@ def test_an_unset_noise_level_is_the_familys_standard_one():
 
 def test_the_flow_model_on_the_sd_models_task_is_warned_about_and_its_recipe_is_not():
     from config.recipes import RECIPES
-    from ddpo_group.run.command.config_checks import config_warnings
+    from ddpo_group.run.config_checks import config_warnings
 
     config = get_config("grpo")
     assert config_warnings(config) == []

@@ -86,7 +86,7 @@ def config_driven_parameters():
     registered estimator's declared ``params``, each policy loss's aggregation and clip settings (PolicyUpdater), the
     GROUP_PPO advantages' settings (group_ppo_advantage), DDPO's stat tracker (Trainer.build_algorithm)."""
     from ddpo_group.algorithms import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY, get_adv_estimator, get_policy_loss
-    from ddpo_group.algorithms.group_ppo import group_ppo_advantages
+    from ddpo_group.algorithms.group_ppo import group_ppo_from_values
     from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 
     clip = {"clip_low", "clip_high", "clip_ratio_c"}
@@ -95,10 +95,8 @@ def config_driven_parameters():
         yield spec.fn, set(spec.params)
     for name in POLICY_LOSS_REGISTRY:
         spec = get_policy_loss(name)
-        yield spec.fn, {"loss_agg_mode"} | clip
-        if spec.loss_matrix is not None:
-            yield spec.loss_matrix, clip
-    yield group_ppo_advantages, {"tau", "max_segment_steps", "numerical_floor", "gae_lambda", "norm_adv_by_std"}
+        yield spec.fn, clip if spec.per_step else {"loss_agg_mode"} | clip
+    yield group_ppo_from_values, {"tau", "max_segment_steps", "numerical_floor", "gae_lambda", "norm_adv_by_std"}
     yield PerPromptStatTracker.__init__, {"buffer_size", "min_count"}
 
 

@@ -3,7 +3,7 @@
 import torch
 
 from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator
-from ddpo_group.rollout.rounds import estimate_advantages
+from ddpo_group.rollout.collector import estimate_advantages
 from trainer_helpers import tiny_config, tiny_trainer
 
 

@@ -83,7 +83,7 @@ def test_heldout_rewards_are_the_evaluations_images_scored_by_another_reward(tin
 
 @pytest.mark.parametrize("use_lora", [True, False])
 def test_the_best_evaluations_weights_reproduce_its_images(tiny_model_dir, tmp_path, use_lora):
-    from ddpo_group.run.evaluation import load_finetuned_weights
+    from ddpo_group.offline.comparison import load_finetuned_weights
 
     overrides = {"eval_freq": 1, "eval_num_prompts": 2, "eval_num_seeds": 2, "device": "cpu", "num_epochs": 3,
                  "use_lora": use_lora, "eval_reward_fn": f"{PLUGINS / 'distance_from_first.py'}:make_distance_from_first"}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ddpo_group.run.evaluation import comparison_grid
+from ddpo_group.offline.comparison import comparison_grid
 from ddpo_group.models import shapes_data
 from ddpo_group.run.reporting.image_grid import (MARGIN, MIN_TILE, caption_font, caption_lines, image_grid, line_height,
                                       with_sources)

@@ -14,8 +14,8 @@ import torch
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 from ddpo_group.errors import ConfigError
-from ddpo_group.rollout.collect import RewardScorer
-from ddpo_group.run.command.config_checks import validate_config
+from ddpo_group.rollout.reward_scorer import RewardScorer
+from ddpo_group.run.config_checks import validate_config
 from ddpo_group.run.periodic_eval import PeriodicEvaluation
 from ddpo_group.run.reporting.summary import format_summary
 

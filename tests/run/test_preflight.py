@@ -1,4 +1,4 @@
-"""The pre-flight check (scripts/check.py, run/preflight.py): consistent on every family's tiny model and both embedded
+"""The pre-flight check (scripts/check.py, offline/preflight.py): consistent on every family's tiny model and both embedded
 models, a matching objective's steps included; on a mismatch built for the test it fails and names the cause."""
 
 import json
@@ -12,7 +12,7 @@ from PIL import Image
 import ddpo_group.sampling.trajectories as trajectories
 from ddpo_group.models.families import get_family
 from ddpo_group.models.tiny_random import TINY_BUILDERS
-from ddpo_group.run.preflight import run_check
+from ddpo_group.offline.preflight import run_check
 from ddpo_group.sampling.trajectories import TransitionScorer
 from trainer_helpers import FAMILY_OVERRIDES, tiny_config
 

@@ -93,7 +93,7 @@ def test_an_epoch_logs_its_throughput(tiny_model_dir, tmp_path, capsys):
     for record in records(tmp_path / "perf"):
         images = config.sample.batch_size * config.sample.num_batches_per_epoch  # one process, one round
         assert record["perf/images_sampled"] == record["reward_count"] == images
-        trained_steps = int(int(trainer.family.stochastic_steps(config.sample).sum()) * config.train.timestep_fraction)
+        trained_steps = int(int(trainer.family.stochastic_steps(config.sample).sum()) * config.train.step_fraction)
         assert record["perf/pairs_trained"] == config.train.num_inner_epochs * images * trained_steps
         rows = 2  # CFG: a conditional and an unconditional row per sample, in sampling and (train.cfg) in training
         assert record["perf/nfe_sampling"] == images * config.sample.num_steps * rows

@@ -22,10 +22,10 @@ def hand_mean_std(kind: str, x, v, s: float, s_next: float, a: float, first_next
         return mean, sigma_t * math.sqrt(-dt)
     if kind == "cps":
         std = s_next * math.sin(a * math.pi / 2)
-        x0, x1 = x - s * v, x + (1 - s) * v
-        return (1 - s_next) * x0 + math.sqrt(s_next**2 - std**2) * x1, std
-    x0 = x - s * v  # dance_sde
-    return x + (v + a**2 * (x - (1 - s) * x0) / (2 * s**2)) * dt, a * math.sqrt(-dt)
+        clean_hat, noise_hat = x - s * v, x + (1 - s) * v
+        return (1 - s_next) * clean_hat + math.sqrt(s_next**2 - std**2) * noise_hat, std
+    clean_hat = x - s * v  # dance_sde
+    return x + (v + a**2 * (x - (1 - s) * clean_hat) / (2 * s**2)) * dt, a * math.sqrt(-dt)
 
 
 @pytest.mark.parametrize("kind", ["flow_sde", "cps", "dance_sde"])

@@ -68,14 +68,14 @@ def test_one_branch_at_the_first_step_is_flat_sampling_from_a_shared_initial_noi
     family, config = family_of("sd3", family_model_dirs["sd3"], **{"sample.sde_type": "flow_sde"})
     counter = DenoiserEvaluations()
     counter.watch(family.model)
-    x0 = torch.randn(2, *family.latent_shape(), generator=torch.Generator().manual_seed(7)).repeat_interleave(4, 0)
+    noise = torch.randn(2, *family.latent_shape(), generator=torch.Generator().manual_seed(7)).repeat_interleave(4, 0)
     with counter.counting("sampling"):
-        tree, cond = sample_tree(family, config, 4, {0: 4}, initial_noise=x0)
+        tree, cond = sample_tree(family, config, 4, {0: 4}, initial_noise=noise)
     tree_rows = counter.take()[0]
     with counter.counting("sampling"):
         flat = sample_trajectories(family, family.model, cond, family.negative_condition(),
                                    SamplingOptions(4, config.sample.guidance_scale, family.noise_levels(config.sample)),
-                                   generator=generators(8), initial_noise=x0)
+                                   generator=generators(8), initial_noise=noise)
     flat_rows = counter.take()[0]
     torch.testing.assert_close(tree.latents, flat.latents, rtol=0, atol=1e-5)
     torch.testing.assert_close(tree.log_probs, flat.log_probs, rtol=0, atol=1e-5)

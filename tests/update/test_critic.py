@@ -23,45 +23,45 @@ def test_value_network_shapes():
     assert out.shape == (6,) and out.dtype == torch.float32
 
 
-def test_a_value_network_that_reads_x0_hat_sees_it_on_the_channel_axis():
-    """critic.input="latent_x0": [x_n, x0_hat] stacked on channels (SD/SD3 [C, h, w]) or token features (FLUX
-    [L, D]). The value moves with x0_hat alone, and a network given the wrong inputs says so."""
+def test_a_value_network_that_reads_clean_hat_sees_it_on_the_channel_axis():
+    """critic.input="latent_clean_hat": [x_n, clean_hat] stacked on channels (SD/SD3 [C, h, w]) or token features (FLUX
+    [L, D]). The value moves with clean_hat alone, and a network given the wrong inputs says so."""
     torch.manual_seed(0)
     t, c = torch.tensor([999, 500, 1]), torch.randn(3, 16, 32)
     for shape in ((4, 8, 8), (16, 6)):
-        net = ValueNetwork(shape, 32, hidden_dim=16, with_x0=True)
-        x, x0 = torch.randn(3, *shape), torch.randn(3, *shape)
+        net = ValueNetwork(shape, 32, hidden_dim=16, with_clean_hat=True)
+        x, clean_hat = torch.randn(3, *shape), torch.randn(3, *shape)
         first = net.latent[0] if len(shape) == 3 else net.latent.mlp[0]
         assert (first.in_channels if len(shape) == 3 else first.in_features) == 2 * shape[-3 if len(shape) == 3 else -1]
         with torch.no_grad():
-            same, moved = net(x, t, c, x0), net(x, t, c, x0 + 1.0)
-        assert same.shape == (3,) and (same - moved).abs().min() > 0  # x0_hat alone changes every value
-        with pytest.raises(ValueError, match="reads x0_hat"):
+            same, moved = net(x, t, c, clean_hat), net(x, t, c, clean_hat + 1.0)
+        assert same.shape == (3,) and (same - moved).abs().min() > 0  # clean_hat alone changes every value
+        with pytest.raises(ValueError, match="reads clean_hat"):
             net(x, t, c)
-    with pytest.raises(ValueError, match="does not read x0_hat"):
+    with pytest.raises(ValueError, match="does not read clean_hat"):
         ValueNetwork(4, 32, hidden_dim=16)(torch.randn(2, 4, 8, 8), t[:2], c[:2], torch.randn(2, 4, 8, 8))
 
 
 def test_resuming_with_another_critic_input_is_refused_and_old_checkpoints_count_as_latent(tmp_path):
-    """latent_x0 doubles the first layer's input width: a checkpoint's critic cannot load into the other setting, so
+    """latent_clean_hat doubles the first layer's input width: a checkpoint's critic cannot load into the other setting, so
     the resume check names the field before anything loads."""
     import json
 
-    from ddpo_group.run.command.config_checks import ConfigError
+    from ddpo_group.run.config_checks import ConfigError
     from ddpo_group.run.persistence.resume_check import STATE_FIELDS_FILE, check_resume, write_state_fields
 
     plain = tiny_config("group_ppo", "unused", tmp_path)
-    x0 = tiny_config("group_ppo", "unused", tmp_path, **{"critic.input": "latent_x0"})
+    clean_hat = tiny_config("group_ppo", "unused", tmp_path, **{"critic.input": "latent_clean_hat"})
     write_state_fields(tmp_path, plain, 1)
     assert check_resume(tmp_path, plain, 1) == []
-    with pytest.raises(ConfigError, match="critic.input: checkpoint 'latent', config 'latent_x0'"):
-        check_resume(tmp_path, x0, 1)
+    with pytest.raises(ConfigError, match="critic.input: checkpoint 'latent', config 'latent_clean_hat'"):
+        check_resume(tmp_path, clean_hat, 1)
     fields = json.loads((tmp_path / STATE_FIELDS_FILE).read_text())
     del fields["critic.input"]  # a checkpoint written before the field existed: its critic read the latent only
     (tmp_path / STATE_FIELDS_FILE).write_text(json.dumps(fields))
     assert check_resume(tmp_path, plain, 1) == []
     with pytest.raises(ConfigError, match="critic.input"):
-        check_resume(tmp_path, x0, 1)
+        check_resume(tmp_path, clean_hat, 1)
 
 
 def test_critic_regresses_its_targets_under_its_mask():
@@ -112,19 +112,19 @@ def test_sampling_records_critic_values_for_every_step(tiny_model_dir, tmp_path)
     trainer.rollouts.close()
 
 
-def test_a_critic_reading_x0_hat_gets_every_steps_prediction_while_sampling_and_training(tiny_model_dir, tmp_path):
-    """critic.input="latent_x0": the rollout keeps x0_hat(x_n) of every step in batch.pred_x0 [B, T, ...]; the
-    values recorded while sampling are V(x_n, x0_hat(x_n), t_n, c); on DDIM x0_hat = (x_n - sqrt(1 - a_t) eps) /
+def test_a_critic_reading_clean_hat_gets_every_steps_prediction_while_sampling_and_training(tiny_model_dir, tmp_path):
+    """critic.input="latent_clean_hat": the rollout keeps clean_hat(x_n) of every step in batch.clean_hat [B, T, ...]; the
+    values recorded while sampling are V(x_n, clean_hat(x_n), t_n, c); on DDIM clean_hat = (x_n - sqrt(1 - a_t) eps) /
     sqrt(a_t), so at the last step (a_t near 1) it is close to the final latent, and at the first far from it."""
-    trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "x0", **{"critic.input": "latent_x0"})
-    assert trainer.critic.reads_x0
+    trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "clean_hat", **{"critic.input": "latent_clean_hat"})
+    assert trainer.critic.reads_clean_hat
     b = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0)).batch
-    assert b.pred_x0.shape == b.latents.shape  # [8, 4, C, h, w]: every pre-step latent's prediction
+    assert b.clean_hat.shape == b.latents.shape  # [8, 4, C, h, w]: every pre-step latent's prediction
     with torch.no_grad():
-        want = trainer.critic.module(b.latents[:, 2], b.timesteps[:, 2], b.cond["prompt_embeds"], b.pred_x0[:, 2])
+        want = trainer.critic.module(b.latents[:, 2], b.timesteps[:, 2], b.cond["prompt_embeds"], b.clean_hat[:, 2])
     torch.testing.assert_close(b.values[:, 2], want, rtol=1e-5, atol=1e-6)
     final = b.next_latents[:, -1]
-    gap = [float((b.pred_x0[:, n] - final).norm() / final.norm()) for n in range(4)]
+    gap = [float((b.clean_hat[:, n] - final).norm() / final.norm()) for n in range(4)]
     assert gap[-1] < gap[0], gap
     mask = torch.zeros(8, 4, device=b.latents.device)  # the trainer's masks live beside the batch
     mask[:, 1] = 1
@@ -138,7 +138,7 @@ def test_kl_in_reward_is_zero_for_the_initial_policy_and_positive_after_it_moves
     trainer = tiny_trainer("reinforce_pp", tiny_model_dir, tmp_path, "klr")
     assert trainer.kl.in_reward and not trainer.updater.uses_reference  # KL in the reward, not also in the loss
     round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
-    assert torch.equal(round0.gathered["step_rewards"], torch.zeros(8, 4))
+    assert torch.equal(round0.gathered.step_rewards, torch.zeros(8, 4))
     with torch.no_grad():
         for p in trainer.updater.params:
             p.add_(0.05 * torch.randn_like(p))

@@ -34,7 +34,7 @@ def test_one_epoch_trains_on_final_samples(objective, tiny_sd3_dir, tmp_path):
     metrics = trainer.run()
     assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
     assert any(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
-    assert metrics["perf/pairs_trained"] == 8 * 4  # every sample at its 4 rollout times (timestep_fraction 1)
+    assert metrics["perf/pairs_trained"] == 8 * 4  # every sample at its 4 rollout times (step_fraction 1)
     # denoiser rows (CFG: 2 per sample): 8 samples x 4 steps; each pair's policy forward (and backward), nft's old model
     assert metrics["perf/nfe_sampling"] == 8 * 4 * 2 and metrics["perf/nfe_backward"] == 8 * 4 * 2
     assert metrics["perf/nfe_training"] == 8 * 4 * 2 * (2 if objective == "nft" else 1)
@@ -51,7 +51,7 @@ def test_one_epoch_trains_on_final_samples(objective, tiny_sd3_dir, tmp_path):
 def test_awm_trains_an_epoch_on_a_ddim_family_and_nft_is_refused(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "sd", **{
         "algorithm.objective": "awm", "sample.deterministic": True, "kl.beta": 0.0, "kl.use_reference_model": False})
-    assert trainer.updater.process == "ddpm"
+    assert trainer.updater.forward.process == "ddpm"
     before = [p.detach().clone() for p in trainer.updater.params]
     metrics = trainer.run()
     assert torch.isfinite(torch.tensor(metrics["train/policy_loss"])) and metrics["perf/pairs_trained"] == 8 * 4
@@ -115,7 +115,7 @@ def test_resume_is_exact(objective, tiny_sd3_dir, tmp_path):
 def test_presets_and_published_recipes():
     from config.base import get_config
     from config.recipes import RECIPES
-    from ddpo_group.run.command.config_checks import validate_config
+    from ddpo_group.run.config_checks import validate_config
 
     for name in ("awm", "nft", "dpo", "dgpo"):
         config = get_config(name)
@@ -146,7 +146,7 @@ def test_presets_and_published_recipes():
     assert (dgpo.train.group_size, dgpo.sample.num_steps, dgpo.sample.eval_num_steps) == (16, 10, 14)
     assert (dgpo.sample.guidance_scale, dgpo.train.cfg, dgpo.algorithm.global_std) == (4.5, True, True)
     assert (dgpo.lora_rank, dgpo.lora_alpha, dgpo.train.learning_rate) == (64, 128, 3e-4)
-    assert int(dgpo.sample.num_steps * dgpo.train.timestep_fraction) == 4  # their 4 training times a sample
+    assert int(dgpo.sample.num_steps * dgpo.train.step_fraction) == 4  # their 4 training times a sample
     assert (dgpo.train.ema, dgpo.train.ema_decay, dgpo.train.ema_update_interval) == (True, 0.9, 8)
     dgpo.train.cfg = False  # the released script's conditional-only training forward after CFG sampling: refused
     with pytest.raises(ConfigError, match="train.cfg"):
@@ -154,7 +154,7 @@ def test_presets_and_published_recipes():
     assert dict(dpo.algorithm.objective_kwargs) == {"beta": 100.0}
     assert (dpo.train.group_size, dpo.sample.num_steps, dpo.sample.guidance_scale, dpo.train.cfg) == (4, 40, 1.0, False)
     assert (dpo.algorithm.objective_times, dpo.algorithm.objective_time_shift) == ("logit_normal", 1.0)
-    assert int(dpo.sample.num_steps * dpo.train.timestep_fraction) == 1  # one drawn time a pair
+    assert int(dpo.sample.num_steps * dpo.train.step_fraction) == 1  # one drawn time a pair
     assert (dpo.lora_rank, dpo.lora_alpha, dpo.train.learning_rate, dpo.reward_fn) == (32, 64, 1e-5, "pickscore")
     assert (dpo.train.ema_decay, dpo.train.ema_update_interval) == (0.99, 4)
 
@@ -216,7 +216,7 @@ def test_the_memory_probe_runs_on_preference_units(tiny_sd3_dir, tmp_path):
 def test_several_processes_need_whole_groups_on_each(objective):
     """A preference objective on several processes: each process's samples must hold whole prompt groups."""
     from config.base import get_config
-    from ddpo_group.run.command.config_checks import validate_config
+    from ddpo_group.run.config_checks import validate_config
 
     config = get_config(objective)
     # 12 samples a process: 24 in all are 3 groups of 8, but a process would hold one and a half
@@ -305,7 +305,7 @@ def test_drawn_training_times(family, times, tiny_sd3_dir, tiny_model_dir, tmp_p
     batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
     trainer.rollouts.close()
     r, n = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2])
-    step = trainer.updater.train_step(batch, r, n)
+    step = trainer.updater.forward.train_step(batch, r, n)
     scheduled = {key: batch.steps[key][r, n] for key in trainer.family.step_keys}
     assert not torch.equal(step["timesteps"].cpu(), scheduled["timesteps"].cpu())  # drawn, not the rollout's
     if family == "sd3":

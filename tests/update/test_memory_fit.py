@@ -7,7 +7,7 @@ import torch
 from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 from batch_helpers import rollout_batch
-from ddpo_group.rollout.collect import RewardScorer
+from ddpo_group.rollout.reward_scorer import RewardScorer
 from ddpo_group.sampling.trajectories import decode_latents
 from ddpo_group.update.memory_fit import (
     CPU_PAIRS_PER_FORWARD, DeviceOutOfMemory, configured_pairs, names_the_setting, probe_batch,
@@ -62,7 +62,7 @@ def test_a_probe_peak_over_the_budget_fits_the_pairs_again_from_the_peak_of_many
             raise torch.OutOfMemoryError("CUDA out of memory")
         return 150 if k == 1 else 100 + 30 * k
 
-    config = ConfigDict({"train": {"batch_size": 16, "timestep_fraction": 1.0, "pairs_per_forward": "auto"},
+    config = ConfigDict({"train": {"batch_size": 16, "step_fraction": 1.0, "pairs_per_forward": "auto"},
                          "sample": {}})
     family = SimpleNamespace(stochastic_steps=lambda sample: torch.ones(16, dtype=torch.bool))  # at most 256 pairs
     probe = memory_fit.PairsPerForward(config, SimpleNamespace(device=torch.device("cpu")), family, {})
@@ -147,7 +147,7 @@ def test_auto_pairs_fit_a_memory_cap_and_are_kept_in_the_checkpoint(tiny_sd3_dir
     free = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "uncapped", **overrides)
     uncapped = free.run()["train/pairs_per_forward"]
     t, steps = free.config.train, int(free.family.stochastic_steps(free.config.sample).sum())
-    assert uncapped == int(t.batch_size * steps * t.timestep_fraction)  # a whole train batch's pairs
+    assert uncapped == int(t.batch_size * steps * t.step_fraction)  # a whole train batch's pairs
     assert free.pairs_per_forward.sizes["pairs_per_forward"] == uncapped  # recorded for the checkpoint
     del free
     torch.cuda.empty_cache()

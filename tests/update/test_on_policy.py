@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from ddpo_group.update.on_policy import RATIO_TOLERANCE
+from ddpo_group.update.on_policy import ratio_deviation
 from trainer_helpers import tiny_trainer
 
 EMBEDDED = {"tiny-shapes": {}, "tiny-shapes-flow": {"prompt_fn": "tiny_shapes_flow_hard"}}
@@ -22,7 +23,7 @@ def rescored_ratio_gap(trainer, batch) -> float:
     with torch.no_grad(), trainer.accelerator.autocast():
         log_prob = torch.cat([trainer.scorer(trainer.model, batch, rows[c], columns[c]).log_prob.float()
                               for c in torch.split(torch.arange(len(rows)), 6)])
-    return float((torch.exp(log_prob - batch.log_probs[rows, columns].float()) - 1).abs().max())
+    return float(ratio_deviation(log_prob, batch.log_probs[rows, columns]).max())
 
 
 @pytest.mark.parametrize("model", sorted(EMBEDDED))

@@ -13,7 +13,7 @@ from config.base import base
 from ddpo_group.algorithms import FixedKLController
 from ddpo_group.models.trainable import build_policy
 from ddpo_group.reference.regularizer import KLRegularizer
-from ddpo_group.rollout.collect import encode_unique
+from ddpo_group.rollout.sampler import encode_unique
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy_update import PolicyUpdater

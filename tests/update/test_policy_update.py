@@ -73,7 +73,7 @@ def test_chunked_gradient_equals_per_timestep_loop(pairs_per_forward, guidance):
 def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type):
     """policy loss + beta * agg(KL): chunk-wise backward (vanilla) or gathered log-probs (gspo, geo_mean) equal the
     registered loss on the whole batch's [b, T] matrix, whatever pairs_per_forward."""
-    from ddpo_group.algorithms import FixedKLController, agg_loss, get_kl_kind, get_policy_loss
+    from ddpo_group.algorithms import FixedKLController, agg_loss, aggregation_weights, get_kl_kind, get_policy_loss
     from ddpo_group.models.trainable import lora_config
     from ddpo_group.reference.model import ReferenceModel
     from ddpo_group.reference.regularizer import KLRegularizer
@@ -122,8 +122,10 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     old = batch.log_probs[rows]
     lp = old.clone().index_put((r, n), out.log_prob)
     kl_mat = torch.zeros(3, 4).index_put((r, n), kl)
-    loss, _ = get_policy_loss(loss_name)(old, lp, batch.advantages[rows], step_mask, "traj-mean-step-mean",
-                                         clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
+    spec = get_policy_loss(loss_name)
+    aggregation = (aggregation_weights(step_mask, "traj-mean-step-mean"),) if spec.per_step \
+        else (step_mask, "traj-mean-step-mean")
+    loss, _ = spec(old, lp, batch.advantages[rows], *aggregation, clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
     (loss + 0.5 * agg_loss(kl_mat, step_mask, "traj-mean-step-mean")).backward()
     direct = [p.grad for p in params]
     terms = int(step_mask.sum()) * 2 * 64  # products per LoRA weight gradient: pairs, CFG branches, latent positions

@@ -90,7 +90,8 @@ def test_an_epoch_with_ratio_norm_trains(name, family_model_dirs, tmp_path):
 
 
 def test_only_a_loss_that_needs_them_records_the_step_means(tiny_model_dir, tmp_path):
-    from ddpo_group.rollout.collect import RewardScorer, RolloutSampler
+    from ddpo_group.rollout.reward_scorer import RewardScorer
+    from ddpo_group.rollout.sampler import RolloutSampler
 
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path)
     assert not trainer.rollouts.sampler.options.record_means

@@ -308,10 +308,10 @@ class ModelFamily:
         """``train.cfg`` against ``sample.guidance_scale``: the training forward must guide exactly when sampling did
         (guidance_scale > ``no_guidance``), or the recomputed log-probs are off-policy; an embedded guidance scale is
         in every forward, so train.cfg has no effect there."""
-        s, t = config.sample, config.train
-        if cls.guidance_embedded or bool(t.cfg) == (s.guidance_scale > cls.no_guidance):
+        sample, train = config.sample, config.train
+        if cls.guidance_embedded or bool(train.cfg) == (sample.guidance_scale > cls.no_guidance):
             return []
-        return [f"train.cfg={t.cfg} contradicts sample.guidance_scale={s.guidance_scale}: the {cls.name} family guides "
+        return [f"train.cfg={train.cfg} contradicts sample.guidance_scale={sample.guidance_scale}: the {cls.name} family guides "
                 f"exactly when guidance_scale > {cls.no_guidance:g}, and the training forward must guide exactly when "
                 "sampling did, or the recomputed log-probs are off-policy"]
 

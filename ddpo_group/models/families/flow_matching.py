@@ -79,13 +79,13 @@ class FlowMatchingFamily(ModelFamily):
 
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        s, errors = config.sample, []
-        if s.sde_type not in SDE_REGISTRY:
-            errors.append(f"sample.sde_type={s.sde_type!r} must be one of {SDE_REGISTRY.names()}")
-        if not cls.noise_level(s) > 0:
-            errors.append(f"sample.noise_level={s.noise_level} must be > 0: with 0 every step is the "
+        sample, errors = config.sample, []
+        if sample.sde_type not in SDE_REGISTRY:
+            errors.append(f"sample.sde_type={sample.sde_type!r} must be one of {SDE_REGISTRY.names()}")
+        if not cls.noise_level(sample) > 0:
+            errors.append(f"sample.noise_level={sample.noise_level} must be > 0: with 0 every step is the "
                           "deterministic Euler step and has no log-probability")
-        return errors + cls.resolution_errors(s)
+        return errors + cls.resolution_errors(sample)
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """The pipeline's own sampler is the deterministic Euler one (noise level 0): only the size and the tokens."""

@@ -172,7 +172,7 @@ class QwenImageFamily(FlowMatchingFamily):
     # ------------------------------------------------------------------ config
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        s, errors = config.sample, super().config_errors(config)
+        errors = super().config_errors(config)
         errors += cls.guidance_errors(config)  # true CFG when guidance_scale > 1
         tokens = config.pretrained.max_sequence_length
         if not 0 <= tokens <= MAX_SEQUENCE_LENGTH:

@@ -169,9 +169,9 @@ class StableDiffusionFamily(ModelFamily):
 
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        s, errors = config.sample, []
-        if not cls.noise_level(s) > 0:
-            errors.append(f"sample.noise_level={s.noise_level} must be > 0: with 0 (DDIM's eta) the DDIM step is "
+        sample, errors = config.sample, []
+        if not cls.noise_level(sample) > 0:
+            errors.append(f"sample.noise_level={sample.noise_level} must be > 0: with 0 (DDIM's eta) the DDIM step is "
                           "deterministic and has no log-probability")
         return errors + cls.guidance_errors(config)
 

@@ -220,9 +220,9 @@ class WanFamily(FlowMatchingFamily):
     # ------------------------------------------------------------------ config
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        s, errors = config.sample, super().config_errors(config)
-        if s.num_frames < 0 or (s.num_frames and (s.num_frames - 1) % 4):
-            errors.append(f"sample.num_frames={s.num_frames} must be 4 k + 1 frames (Wan's VAE compresses time by 4), "
+        sample, errors = config.sample, super().config_errors(config)
+        if sample.num_frames < 0 or (sample.num_frames and (sample.num_frames - 1) % 4):
+            errors.append(f"sample.num_frames={sample.num_frames} must be 4 k + 1 frames (Wan's VAE compresses time by 4), "
                           "e.g. 5, 33, 81; 0: the pipeline's 81")
         return errors + cls.guidance_errors(config)
 

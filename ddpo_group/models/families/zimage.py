@@ -160,14 +160,14 @@ class ZImageFamily(FlowMatchingFamily):
     # ------------------------------------------------------------------ config
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        s, errors = config.sample, super().config_errors(config)
-        if s.guidance_scale < 0:
-            errors.append(f"sample.guidance_scale={s.guidance_scale} must be >= 0 (Z-Image: 0 is no guidance)")
+        sample, errors = config.sample, super().config_errors(config)
+        if sample.guidance_scale < 0:
+            errors.append(f"sample.guidance_scale={sample.guidance_scale} must be >= 0 (Z-Image: 0 is no guidance)")
         errors += cls.guidance_errors(config)  # guided when guidance_scale > 0: its u_c + w (u_c - u_uncond)
-        if s.cfg_normalization < 0:
-            errors.append(f"sample.cfg_normalization={s.cfg_normalization} must be >= 0 (0: off)")
-        if not 0 <= s.cfg_truncation <= 1:
-            errors.append(f"sample.cfg_truncation={s.cfg_truncation} must be in [0, 1] (1: guidance on every step)")
+        if sample.cfg_normalization < 0:
+            errors.append(f"sample.cfg_normalization={sample.cfg_normalization} must be >= 0 (0: off)")
+        if not 0 <= sample.cfg_truncation <= 1:
+            errors.append(f"sample.cfg_truncation={sample.cfg_truncation} must be in [0, 1] (1: guidance on every step)")
         return errors
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:

@@ -1,6 +1,8 @@
-"""Configuration fields under their former names: accepted for one release, with a message naming the new name.
+"""Configuration fields under their former names (and values under their former spellings): accepted for one release,
+with a message naming the new name.
 
-``RENAMED`` maps a former dotted name to its name in config/base.py. A command line (``--config.OLD=value``), a sweep
+``RENAMED`` maps a former dotted name to its name in config/base.py, ``RENAMED_VALUES`` a field's former value to its
+value now. A command line (``--config.OLD=value``), a sweep
 file's parameters and a saved run's config.json (scripts/evaluate.py) are translated with it; a checkpoint's recorded
 state fields too (run/persistence/resume_check.py). Remove an entry one release after its rename.
 """
@@ -28,12 +30,14 @@ RENAMED = {
     "group_params.lam": "group_ppo.gae_lambda",
     "compile_unet": "compile_denoiser",
     "sample.eta": "sample.noise_level",
+    "train.timestep_fraction": "train.step_fraction",
 }
 # a former field that replaces its new name's value in a saved config: a run saved before sample.eta and
 # sample.noise_level became one field recorded both, DDIM's eta (what the pipeline's sampler reads, the evaluation
 # of a Stable Diffusion run) and the flow step's level (unread there: the flow pipelines sample deterministically)
 REPLACES_SAVED = {"sample.eta"}
 RENAMED_SECTIONS = {"group_params": "group_ppo"}  # every other field of the section keeps its name
+RENAMED_VALUES = {"critic.input": {"latent_x0": "latent_clean_hat"}}  # a field's former value -> its value now
 
 
 def new_name(dotted: str) -> str | None:
@@ -50,6 +54,10 @@ def notice(old: str, new: str) -> str:
     return f"config field {old} is now {new}; the old name is accepted for one release (use {new})"
 
 
+def value_notice(field: str, old, new) -> str:
+    return f"{field}={old!r} is now {field}={new!r}; the old value is accepted for one release (use {new!r})"
+
+
 _OVERRIDE = re.compile(r"^(--?config\.)([\w.]+)(=.*)?$")
 
 
@@ -62,6 +70,11 @@ def translate_argv(argv: list[str], say=lambda line: print(line, file=sys.stderr
         if new is not None:
             say(notice(match.group(2), new))
             arg = f"{match.group(1)}{new}{match.group(3) or ''}"
+        field = new or (match.group(2) if match else None)
+        value = (match.group(3) or "")[1:] if match else ""
+        if value in RENAMED_VALUES.get(field, {}):
+            say(value_notice(field, value, RENAMED_VALUES[field][value]))
+            arg = f"{match.group(1)}{field}={RENAMED_VALUES[field][value]}"
         out.append(arg)
     return out
 
@@ -85,4 +98,9 @@ def translate_saved(config: dict) -> dict:
             holder[new_field] = value
         else:
             holder.setdefault(new_field, value)
+    for field, values in RENAMED_VALUES.items():
+        section, _, name = field.rpartition(".")
+        holder = out.get(section) if section else out
+        if isinstance(holder, dict) and isinstance(holder.get(name), str) and holder[name] in values:
+            holder[name] = values[holder[name]]
     return out

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from ddpo_group.registry import read_field
-from ddpo_group.run.command.config_checks import ConfigError
+from ddpo_group.errors import ConfigError
 from ddpo_group.run.command.renamed_fields import new_name
 
 STATE_FIELDS_FILE = "state_fields.json"

@@ -30,7 +30,6 @@ def epoch_metrics(epoch: int, global_step: int, rollouts, train: dict, critic: d
         metrics["filter/dropped_share"] = sum(r.dropped_share * r.num_groups for r in rounds) / groups
         metrics["filter/rounds"] = len(rounds)
         metrics["filter/batch_fill"] = rollouts.batch_fill
-    for key, value in first.gathered.items():
-        if key.startswith("reward_info/"):
-            metrics[key] = float(value.float().mean())
+    for key, value in first.gathered.reward_info.items():
+        metrics[f"reward_info/{key}"] = float(value.float().mean())
     return metrics

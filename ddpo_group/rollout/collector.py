@@ -3,15 +3,16 @@ sampling.
 
 A round is P prompts x group_size copies spread over the processes (for a preference objective, tree rollouts or a
 groupwise reward each process holds whole groups, each group's copies consecutive: PromptSampler.sample_epoch's
-``whole_groups``; a groupwise reward scores each group on the process that sampled it).
-``RolloutCollector.collect``: each process samples and scores its slice (collect.py), and the rewards (and critic
-values, greedy baselines, KL step rewards, reward info) are gathered. ``RolloutCollector.estimate``: the estimator computes the advantages on each whole round
-(so every prompt group is complete), and each process keeps its own rows. With ``algorithm.multi_reward_mix="advantage_aggr"`` each component of a weighted combination
-is gathered too and normalised within its prompt group before the weighted sum the estimator gets
+``whole_groups``; a groupwise reward scores each group on the process that sampled it). ``RolloutCollector.collect``:
+each process samples and scores its slice (sampler.py, reward_scorer.py), and the rewards (and critic values, greedy
+baselines, KL step rewards, reward info) are gathered (``GatheredRound``). ``RolloutCollector.estimate``: the estimator
+computes the advantages on each whole round (so every prompt group is complete), and each process keeps its own rows, in
+a batch record made whole with them. With ``algorithm.multi_reward_mix="advantage_aggr"`` each component of a weighted
+combination is gathered too and normalised within its prompt group before the weighted sum the estimator gets
 (algorithms/multi_reward.py). With ``algorithm.filter_groups`` (DAPO), groups whose rewards are all equal are dropped
-and further rounds are sampled until every process holds a full batch of kept rows, or
-``algorithm.max_num_gen_batches`` rounds were sampled; a process still short pads with dropped rows whose
-``row_mask`` is 0 (they take no part in the loss), so every process runs the same number of steps.
+and further rounds are sampled until every process holds a full batch of kept rows, or ``algorithm.max_num_gen_batches``
+rounds were sampled; a process still short pads with dropped rows whose ``row_mask`` is 0 (they take no part in the
+loss), so every process runs the same number of steps.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from ddpo_group.errors import ConfigError, EpochAbandoned
 from ddpo_group.rewards import is_groupwise
 from ddpo_group.rewards.combine import component_label
 from ddpo_group.rollout.branching import AdaptiveBranches
-from ddpo_group.rollout.collect import RewardScorer, RolloutSampler, TextEmbeddingCache, greedy_rewards
+from ddpo_group.rollout.reward_scorer import RewardScorer
+from ddpo_group.rollout.sampler import RolloutSampler, TextEmbeddingCache, greedy_rewards
 from ddpo_group.rollout.snapshot import SamplingSnapshot
 from ddpo_group.rollout.tweedie import valued_steps
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
@@ -42,16 +44,37 @@ from ddpo_group.sampling.trajectories import SamplingOptions
 from ddpo_group.timing import NULL_TIMER
 
 
-@dataclass
+@dataclass(frozen=True)
+class GatheredRound:
+    """A round's per-sample tensors over every process, rows in process order (B: the round's samples): the rewards,
+    the reward info's per-image entries, and what the estimator declares it reads (None when it reads none)."""
+
+    rewards: torch.Tensor  # [B]
+    reward_info: dict  # {key: [B]} each per-image entry of the reward's info
+    values: torch.Tensor | None = None  # [B, T] the critic's pre-step values
+    tweedie_values: torch.Tensor | None = None  # [B, T] float64 (rollout/tweedie.py)
+    tree_nodes: torch.Tensor | None = None  # [B, T+1] rows of the gathered round
+    greedy_rewards: torch.Tensor | None = None  # [B] ReMax's baseline
+    step_kl: torch.Tensor | None = None  # [B, T] the KL to the reference of each step (kl.in_reward)
+    step_rewards: torch.Tensor | None = None  # [B, T] -beta KL_n (kl.in_reward)
+
+    def __post_init__(self):
+        size = len(self.rewards)
+        wrong = {name: len(value) for name, value in [*vars(self).items(), *self.reward_info.items()]
+                 if isinstance(value, torch.Tensor) and len(value) != size}
+        if wrong:
+            raise ValueError(f"a gathered round of {size} rewards has entries of other lengths: {wrong}")
+
+
+@dataclass(frozen=True)
 class Round:
-    """One sampling round: this process's batch record, the gathered per-sample tensors (the rewards, what the
-    estimator reads, each reward_info entry as ``reward_info/<key>``), the rewards the estimator normalises, which
-    groups have reward variance, and the per-component advantage metrics (adv/<component>/*) under
-    multi_reward_mix="advantage_aggr". ``RolloutCollector.estimate_round`` adds the estimator's output ``out`` and
-    the batch's advantages."""
+    """One sampling round: this process's batch record, the gathered per-sample tensors, the rewards the estimator
+    normalises, which groups have reward variance, and the per-component advantage metrics (adv/<component>/*) under
+    multi_reward_mix="advantage_aggr". ``RolloutCollector.estimate_round`` returns it with the estimator's output
+    ``out`` and the batch record made whole with its advantages."""
 
     batch: RolloutBatch
-    gathered: dict
+    gathered: GatheredRound
     estimator_rewards: torch.Tensor  # [B_global] the weighted sum, or the normalised sum S under advantage_aggr
     prompts: list  # [B_global]
     groups: list  # [B_global] the prompt group of each sample
@@ -67,15 +90,15 @@ class Round:
         policy update chooses its trained steps itself; the advantages of untrained steps are simply not used)."""
         gathered = self.gathered
 
-        def double(key):
-            return gathered[key].double() if key in gathered else None
+        def double(tensor):
+            return tensor.double() if tensor is not None else None
 
         return AdvantageInputs(
             rewards=self.estimator_rewards.double(), step_mask=torch.ones(len(self.prompts), num_steps, dtype=torch.float64),
             group_index=torch.as_tensor(self.groups, dtype=torch.long), prompts=list(self.prompts),
-            stat_tracker=stat_tracker, values=double("values"), step_rewards=double("step_rewards"),
-            greedy_rewards=double("greedy_rewards"), tweedie_values=double("tweedie_values"),
-            tree_nodes=gathered.get("tree_nodes"),
+            stat_tracker=stat_tracker, values=double(gathered.values), step_rewards=double(gathered.step_rewards),
+            greedy_rewards=double(gathered.greedy_rewards), tweedie_values=double(gathered.tweedie_values),
+            tree_nodes=gathered.tree_nodes,
         )
 
 
@@ -88,16 +111,17 @@ class EpochRollouts:
     @property
     def rewards(self) -> torch.Tensor:
         """Every process's rewards of every round."""
-        return torch.cat([r.gathered["rewards"] for r in self.rounds])
+        return torch.cat([r.gathered.rewards for r in self.rounds])
 
     @property
     def reward_queries(self) -> int:
         return sum(r.reward_queries for r in self.rounds)
 
-    def gathered(self, key: str) -> torch.Tensor | None:
-        if key not in self.rounds[0].gathered:
+    def gathered(self, name: str) -> torch.Tensor | None:
+        """Every round's gathered ``name`` (a GatheredRound field), or None when the rounds have none."""
+        if getattr(self.rounds[0].gathered, name) is None:
             return None
-        return torch.cat([r.gathered[key] for r in self.rounds])
+        return torch.cat([getattr(r.gathered, name) for r in self.rounds])
 
 
 @dataclass
@@ -118,17 +142,14 @@ def estimate_advantages(estimator, config, inputs: AdvantageInputs, controller=N
 
 
 def pool_rows(batches: list[RolloutBatch], keeps: list[torch.Tensor], size: int) -> RolloutBatch:
-    """The first ``size`` kept rows of this process's rounds, padded with dropped rows, and their ``row_mask`` [size].
-
-    ``batches`` are the rounds' local batch records, ``keeps`` their local keep masks [local] bool; reward_info is the
-    first round's.
-    """
+    """The first ``size`` kept rows of this process's rounds, padded with dropped rows, with their ``row_mask``
+    [size] (1 kept, 0 padding). ``batches`` are the rounds' local batch records, ``keeps`` their local keep masks
+    [local] bool."""
     kept = [(r, i) for r, keep in enumerate(keeps) for i in range(len(keep)) if keep[i]]
     dropped = [(r, i) for r, keep in enumerate(keeps) for i in range(len(keep)) if not keep[i]]
     picks = (kept + dropped)[:size]
-    pooled = batches[0].take([(batches[r], i) for r, i in picks])
-    pooled.row_mask = torch.tensor([1.0 if keeps[r][i] else 0.0 for r, i in picks], device=pooled.log_probs.device)
-    return pooled
+    row_mask = torch.tensor([1.0 if keeps[r][i] else 0.0 for r, i in picks], device=batches[0].log_probs.device)
+    return batches[0].take([(batches[r], i) for r, i in picks], row_mask=row_mask)
 
 
 class RolloutCollector:
@@ -204,8 +225,7 @@ class RolloutCollector:
     def estimate(self, rounds: list[Round]) -> EpochRollouts:
         """The advantages of every round (in order), and the batch this process trains on (pooled from the rounds'
         kept rows under dynamic sampling)."""
-        for r in rounds:
-            self.estimate_round(r)
+        rounds = [self.estimate_round(r) for r in rounds]
         if not self.config.algorithm.filter_groups:
             return EpochRollouts(rounds, rounds[0].batch)
         keeps = [self.shards.local_rows(r.keep).bool() for r in rounds]
@@ -264,11 +284,12 @@ class RolloutCollector:
     def gather_round(self, batch: RolloutBatch, extra: dict, prompts: list[str], groups: list[int]) -> Round:
         """Gather the round's rewards, what the estimator reads and the reward info over the processes."""
         config, shards = self.config, self.shards
-        gathered = {key: shards.gather(value) for key, value in {"rewards": batch.rewards, **extra}.items()}
-        gathered.update({f"reward_info/{key}": shards.gather(value) for key, value in batch.reward_info.items()})
-        rewards, metrics = gathered["rewards"], {}  # what the estimator normalises: the weighted sum by default
+        gathered = GatheredRound(
+            **{key: shards.gather(value) for key, value in {"rewards": batch.rewards, **extra}.items()},
+            reward_info={key: shards.gather(value) for key, value in batch.reward_info.items()})
+        rewards, metrics = gathered.rewards, {}  # what the estimator normalises: the weighted sum by default
         if config.algorithm.multi_reward_mix == "advantage_aggr":
-            rewards, metrics = self.component_advantages(batch, gathered["rewards"], groups)
+            rewards, metrics = self.component_advantages(gathered, groups)
         # a group is dropped when what the estimator got is constant in it (under advantage_aggr: every component is)
         keep, dropped_share = zero_variance_group_filter(rewards.double(), torch.as_tensor(groups))
         if not config.algorithm.filter_groups:
@@ -287,15 +308,16 @@ class RolloutCollector:
         advantages (and of the critic's targets and mask)."""
         shards, estimation, batch = self.shards, self.estimation, r.batch
         inputs = r.advantage_inputs(batch.num_steps, estimation.stat_tracker)
-        r.out = estimate_advantages(estimation.estimator, self.config, inputs, estimation.controller)
-        batch.advantages = shards.local_rows(r.out.advantages)
-        batch.group_index = torch.tensor(r.groups)[shards.mine].to(batch.advantages.device)  # prompt groups
+        out = estimate_advantages(estimation.estimator, self.config, inputs, estimation.controller)
+        advantages = shards.local_rows(out.advantages)
+        estimated = {"advantages": advantages,
+                     "group_index": torch.tensor(r.groups)[shards.mine].to(advantages.device)}  # prompt groups
         if estimation.critic is not None:
-            targets, mask = estimation.estimator.critic_regression(r.out)
-            batch.critic_targets, batch.critic_mask = shards.local_rows(targets), shards.local_rows(mask)
-        return r
+            targets, mask = estimation.estimator.critic_regression(out)
+            estimated.update(critic_targets=shards.local_rows(targets), critic_mask=shards.local_rows(mask))
+        return replace(r, out=out, batch=replace(batch, **estimated))
 
-    def component_advantages(self, batch: RolloutBatch, rewards: torch.Tensor, groups) -> tuple[torch.Tensor, dict]:
+    def component_advantages(self, gathered: GatheredRound, groups) -> tuple[torch.Tensor, dict]:
         """GDPO's decoupled normalisation on the gathered round: (S [B_global], adv/<component>/* metrics), with
         S_i = sum_k w_k (r_{i,k} - mean_g(r_k)) / (std_g(r_k) + eps) (algorithms/multi_reward.py).
 
@@ -304,9 +326,9 @@ class RolloutCollector:
         """
         labels = [label for label, _ in self.reward_components]
         if getattr(self.reward_fn, "components", None):
-            components = torch.stack([self.shards.gather(batch.reward_info[label]) for label in labels], dim=1)
+            components = torch.stack([gathered.reward_info[label] for label in labels], dim=1)
         else:
-            components = rewards.double()[:, None]
+            components = gathered.rewards.double()[:, None]
         group_index = torch.as_tensor(groups)
         S, z = component_normalized_sum(components, [w for _, w in self.reward_components], group_index)
         return S, component_metrics(components, z, labels, group_index)
@@ -318,7 +340,7 @@ class RolloutCollector:
 
     def critic_fit(self, rounds: list[Round]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(targets, old values, mask) of the critic over the kept rows of every round (the controller's input)."""
-        pairs = [self.estimation.estimator.critic_regression(r.out) + (r.gathered["values"], r.keep) for r in rounds]
+        pairs = [self.estimation.estimator.critic_regression(r.out) + (r.gathered.values, r.keep) for r in rounds]
         return (torch.cat([t[k] for t, _, _, k in pairs]), torch.cat([v[k] for _, _, v, k in pairs]),
                 torch.cat([m[k] for _, m, _, k in pairs]))
 

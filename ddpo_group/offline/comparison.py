@@ -27,10 +27,10 @@ from tqdm.auto import tqdm
 
 from ddpo_group.run.persistence.checkpointing import ADAPTER_WEIGHT, BEST_RECORD, resolve_resume_path
 from ddpo_group.models.lora_export import is_lora_dir
-from ddpo_group.prompts import PromptSampler
+from ddpo_group.prompts import draw_prompts
 from ddpo_group.rewards import is_groupwise
 from ddpo_group.rewards.combine import make_combined_reward
-from ddpo_group.rollout.collect import RewardScorer
+from ddpo_group.rollout.reward_scorer import RewardScorer
 
 
 def find_run_config(path: str | Path, levels: int = 4) -> tuple[dict | None, Path | None]:
@@ -102,24 +102,6 @@ def load_finetuned_weights(family, checkpoint: Path, config) -> None:
     if untrained or unknown:
         raise ValueError(f"{files[0]} does not match the model: {len(untrained)} trained weight(s) missing "
                          f"({', '.join(untrained[:3])}), {len(unknown)} unknown ({', '.join(unknown[:3])})")
-
-
-def draw_prompts(prompt_fn: str, kwargs: dict, n: int, seed: int) -> tuple[list[str], list[dict]]:
-    """``n`` prompts, distinct where the prompt function allows (at most 50 n draws)."""
-    sampler = PromptSampler(prompt_fn, kwargs, seed=seed)
-    prompts, metadata = [], []
-    for _ in range(50 * n):
-        (prompt,), (meta,) = sampler.sample(1)
-        if prompt not in prompts:
-            prompts.append(prompt)
-            metadata.append(meta)
-        if len(prompts) == n:
-            break
-    distinct = len(prompts)
-    for k in range(n - distinct):  # fewer distinct prompts than asked: cycle through them
-        prompts.append(prompts[k % distinct])
-        metadata.append(metadata[k % distinct])
-    return prompts, metadata
 
 
 def prompt_seeds(prompts: list[str], seed: int, m: int) -> list[list[int]]:

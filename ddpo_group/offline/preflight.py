@@ -33,9 +33,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ddpo_group.run.command.config_checks import config_warnings
+from ddpo_group.run.config_checks import config_warnings
 from ddpo_group.sampling.noise import round_seed, sample_generators
-from ddpo_group.update.on_policy import RATIO_TOLERANCE
+from ddpo_group.update.on_policy import RATIO_TOLERANCE, ratio_deviation
 
 # max |x_{n+1} - step(training forward)| / max |x_{n+1}| a deterministic rollout allows, by mixed_precision
 MATCHING_TOLERANCE = {"no": 1e-4, "fp16": 5e-3, "bf16": 2e-2}
@@ -171,8 +171,8 @@ class Preflight:
                                       .log_prob.float() for c in torch.split(torch.arange(len(pair_rows)), chunk)])
         finally:
             model.train(was_training)
-        difference = (log_prob.cpu() - batch.log_probs[pair_rows, pair_steps].float().cpu())
-        ratio = (torch.exp(difference) - 1).abs()
+        recorded = batch.log_probs[pair_rows, pair_steps].float().cpu()
+        difference, ratio = log_prob.cpu() - recorded, ratio_deviation(log_prob.cpu(), recorded)
         return {int(n): {"log_prob": float(difference[pair_steps == n].abs().max()),
                          "ratio": float(ratio[pair_steps == n].max())} for n in steps}
 
@@ -229,7 +229,7 @@ class Preflight:
                     for n in steps:
                         step = {key: batch.steps[key][rows, n] for key in family.step_keys}
                         x_n = batch.latents[:, n].to(batch.cond[family.cond_keys[0]].dtype)
-                        output = updater.velocity(model, batch, rows, step, x_n)
+                        output = updater.forward.velocity(model, batch, rows, step, x_n)
                         mean = family.step(output, x_n, step, 0.0, compute_log_prob=False).mean
                         target = batch.next_latents[:, n].float()
                         error = float((mean.float() - target).abs().max() / target.abs().max().clamp_min(1e-12))
@@ -238,7 +238,7 @@ class Preflight:
                 model.train(was_training)
         worst = max(row["relative"] for row in per_step.values())
         lines = [f"the training forward (algorithm.objective={config.algorithm.objective!r}: its velocity path, "
-                 f"guidance {updater.guidance_scale}) at each recorded x_n, through the deterministic step",
+                 f"guidance {updater.forward.guidance_scale}) at each recorded x_n, through the deterministic step",
                  f"{'step':>6}{'max |x_(n+1) - step| / max |x_(n+1)|':>40}"]
         lines += [f"{n:>6}{row['relative']:>40.3g}" for n, row in per_step.items()]
         return CheckResult("each recorded deterministic step x_n -> x_{n+1} taken again with the training forward at "
@@ -278,9 +278,9 @@ class Preflight:
             sync()
             timings.append(time.perf_counter() - start)
         updater.optimizer.zero_grad(set_to_none=True)
-        s, t = config.sample, config.train
-        samples = int(s.batch_size) * int(s.num_batches_per_epoch)
-        pairs = samples * max(1, int(int(trainable.sum()) * float(t.timestep_fraction))) * int(t.num_inner_epochs)
+        sample, train = config.sample, config.train
+        samples = int(sample.batch_size) * int(sample.num_batches_per_epoch)
+        pairs = samples * max(1, int(int(trainable.sum()) * float(train.step_fraction))) * int(train.num_inner_epochs)
         sampling = sampling_s / len(batch) * samples
         training = timings[-1] / (int(mask.sum()) * updater.unit_width) * pairs  # a preference unit: K rows a pair
         lines.append(f"an epoch, on one process: about {sampling + training:.0f} s (sampling and scoring "

@@ -73,12 +73,12 @@ def tree_errors(config) -> list[str]:
     configured."""
     from ddpo_group.sampling.tree import tree_branches
 
-    s, t = config.sample, config.train
-    steps, factors = tuple(s.branch_steps), tuple(s.branch_factors)
+    sample, train = config.sample, config.train
+    steps, factors = tuple(sample.branch_steps), tuple(sample.branch_factors)
     spec = _estimator(config.algorithm.adv_estimator)
     reads_tree = spec is not None and spec.reads(config, "tree_nodes")
     if not steps and not factors and not reads_tree:
-        return ["sample.adaptive_branching=True without tree rollouts (sample.branch_steps)"] if s.adaptive_branching \
+        return ["sample.adaptive_branching=True without tree rollouts (sample.branch_steps)"] if sample.adaptive_branching \
             else []
     errors = []
     need = _collector(errors)
@@ -88,27 +88,27 @@ def tree_errors(config) -> list[str]:
         branches = tree_branches(config, reads_tree)
         steps, factors = tuple(branches), tuple(branches.values())
         need(bool(steps), f"algorithm.adv_estimator={config.algorithm.adv_estimator!r} reads tree rollouts: "
-                          f"train.group_size={t.group_size} and the SDE window allow no tree (sample.branch_steps "
+                          f"train.group_size={train.group_size} and the SDE window allow no tree (sample.branch_steps "
                           f"sets one)")
-    stochastic = stochastic_steps(s).nonzero().flatten().tolist()
+    stochastic = stochastic_steps(sample).nonzero().flatten().tolist()
     need(list(steps) == sorted(set(steps)) and set(steps) <= set(stochastic),
          f"sample.branch_steps={steps} must be ascending stochastic steps, of {stochastic} (the SDE window: a branch "
          f"at a deterministic step gives equal children)")
     need(all(int(f) >= 2 for f in factors), f"sample.branch_factors={factors}: each branch has at least 2 children")
-    need(not s.deterministic, "sample.deterministic=True draws no step noise: a tree (sample.branch_steps) needs "
+    need(not sample.deterministic, "sample.deterministic=True draws no step noise: a tree (sample.branch_steps) needs "
                               "stochastic steps")
-    need(not s.adaptive_branching or len(steps) >= 2,
+    need(not sample.adaptive_branching or len(steps) >= 2,
          f"sample.adaptive_branching moves the branch steps after the first: it needs 2 or more, not {steps}")
     need(not config.algorithm.filter_groups, "sample.branch_steps with algorithm.filter_groups (dynamic sampling) is "
                                              "not supported: sample flat or drop filter_groups")
     leaves = math.prod(int(f) for f in factors) if all(int(f) >= 1 for f in factors) else 1
-    need(t.group_size % leaves == 0 and s.batch_size % leaves == 0,
+    need(train.group_size % leaves == 0 and sample.batch_size % leaves == 0,
          f"a tree of sample.branch_factors={factors} has {leaves} leaves, which must divide train.group_size="
-         f"{t.group_size} (a prompt group is whole trees) and sample.batch_size={s.batch_size} (a sampling batch "
+         f"{train.group_size} (a prompt group is whole trees) and sample.batch_size={sample.batch_size} (a sampling batch "
          f"holds whole trees)")
-    need((s.batch_size * s.num_batches_per_epoch) % t.group_size == 0,
-         f"sample.branch_steps: each process samples whole prompt groups, so train.group_size={t.group_size} must "
-         f"divide sample.batch_size * sample.num_batches_per_epoch = {s.batch_size * s.num_batches_per_epoch}")
+    need((sample.batch_size * sample.num_batches_per_epoch) % train.group_size == 0,
+         f"sample.branch_steps: each process samples whole prompt groups, so train.group_size={train.group_size} must "
+         f"divide sample.batch_size * sample.num_batches_per_epoch = {sample.batch_size * sample.num_batches_per_epoch}")
     return errors
 
 
@@ -123,73 +123,73 @@ def sampling_and_training_errors(config, num_processes: int, groupwise_reward: b
     """Contradictions of the sample.* and train.* fields (steps, batch sizes, group size, guidance)."""
     errors = []
     need = _collector(errors)
-    s, t = config.sample, config.train
-    need(s.num_steps >= 1, f"sample.num_steps={s.num_steps} must be >= 1")
-    start, size = s.sde_window_start, s.sde_window_size
+    sample, train = config.sample, config.train
+    need(sample.num_steps >= 1, f"sample.num_steps={sample.num_steps} must be >= 1")
+    start, size = sample.sde_window_start, sample.sde_window_size
     need(
-        size >= 0 and start >= 0 and (size == 0 or start + size <= s.num_steps),
+        size >= 0 and start >= 0 and (size == 0 or start + size <= sample.num_steps),
         f"sample.sde_window_start={start}, sample.sde_window_size={size}: the window [start, start + size) must lie "
-        f"in the {s.num_steps} sampling steps (size 0: every step stochastic)",
+        f"in the {sample.num_steps} sampling steps (size 0: every step stochastic)",
     )
-    need(s.guidance_scale >= 0, f"sample.guidance_scale={s.guidance_scale} must be >= 0")
+    need(sample.guidance_scale >= 0, f"sample.guidance_scale={sample.guidance_scale} must be >= 0")
     for field in ("text_embedding_cache", "decode_batch_size", "eval_num_steps"):
-        need(s[field] >= 0, f"sample.{field}={s[field]} must be >= 0 (0: off / the default)")
-    need(s.batch_size >= 1, f"sample.batch_size={s.batch_size} must be >= 1")
-    need(s.num_batches_per_epoch >= 1, f"sample.num_batches_per_epoch={s.num_batches_per_epoch} must be >= 1")
+        need(sample[field] >= 0, f"sample.{field}={sample[field]} must be >= 0 (0: off / the default)")
+    need(sample.batch_size >= 1, f"sample.batch_size={sample.batch_size} must be >= 1")
+    need(sample.num_batches_per_epoch >= 1, f"sample.num_batches_per_epoch={sample.num_batches_per_epoch} must be >= 1")
     need(
-        s.log_prob_reduce in REDUCTIONS,
-        f"sample.log_prob_reduce={s.log_prob_reduce!r} must be one of {REDUCTIONS}",
+        sample.log_prob_reduce in REDUCTIONS,
+        f"sample.log_prob_reduce={sample.log_prob_reduce!r} must be one of {REDUCTIONS}",
     )
     need(
-        0 < t.timestep_fraction <= 1,
-        f"train.timestep_fraction={t.timestep_fraction} must be in (0, 1]",
+        0 < train.step_fraction <= 1,
+        f"train.step_fraction={train.step_fraction} must be in (0, 1]",
     )
     need(
-        int(s.num_steps * t.timestep_fraction) >= 1,
-        f"train.timestep_fraction={t.timestep_fraction} with sample.num_steps={s.num_steps} trains no step",
+        int(sample.num_steps * train.step_fraction) >= 1,
+        f"train.step_fraction={train.step_fraction} with sample.num_steps={sample.num_steps} trains no step",
     )
-    need(t.batch_size >= 1, f"train.batch_size={t.batch_size} must be >= 1")
-    need(t.gradient_accumulation_steps >= 1, f"train.gradient_accumulation_steps={t.gradient_accumulation_steps} must be >= 1")
-    need(t.num_inner_epochs >= 1, f"train.num_inner_epochs={t.num_inner_epochs} must be >= 1")
-    need(t.learning_rate > 0, f"train.learning_rate={t.learning_rate} must be > 0")
-    need(t.clip_range > 0, f"train.clip_range={t.clip_range} must be > 0")
-    need(t.adv_clip_max > 0, f"train.adv_clip_max={t.adv_clip_max} must be > 0")
+    need(train.batch_size >= 1, f"train.batch_size={train.batch_size} must be >= 1")
+    need(train.gradient_accumulation_steps >= 1, f"train.gradient_accumulation_steps={train.gradient_accumulation_steps} must be >= 1")
+    need(train.num_inner_epochs >= 1, f"train.num_inner_epochs={train.num_inner_epochs} must be >= 1")
+    need(train.learning_rate > 0, f"train.learning_rate={train.learning_rate} must be > 0")
+    need(train.clip_range > 0, f"train.clip_range={train.clip_range} must be > 0")
+    need(train.adv_clip_max > 0, f"train.adv_clip_max={train.adv_clip_max} must be > 0")
     try:
-        configured_pairs(t.pairs_per_forward)
+        configured_pairs(train.pairs_per_forward)
     except ValueError as error:
         errors.append(str(error))
     need(config.device in ("", "cpu", "cuda"), f"device={config.device!r} must be '', 'cpu' or 'cuda'")
 
-    samples_per_process = s.batch_size * s.num_batches_per_epoch
-    if t.batch_size >= 1 and samples_per_process % t.batch_size != 0:
+    samples_per_process = sample.batch_size * sample.num_batches_per_epoch
+    if train.batch_size >= 1 and samples_per_process % train.batch_size != 0:
         errors.append(
-            f"train.batch_size={t.batch_size} must divide the samples per process per epoch, "
-            f"sample.batch_size * sample.num_batches_per_epoch = {s.batch_size} * {s.num_batches_per_epoch} "
+            f"train.batch_size={train.batch_size} must divide the samples per process per epoch, "
+            f"sample.batch_size * sample.num_batches_per_epoch = {sample.batch_size} * {sample.num_batches_per_epoch} "
             f"= {samples_per_process}"
         )
-    elif t.batch_size >= 1 and t.gradient_accumulation_steps >= 1:
-        train_batches = samples_per_process // t.batch_size
-        if train_batches % t.gradient_accumulation_steps != 0:
+    elif train.batch_size >= 1 and train.gradient_accumulation_steps >= 1:
+        train_batches = samples_per_process // train.batch_size
+        if train_batches % train.gradient_accumulation_steps != 0:
             errors.append(
-                f"train.gradient_accumulation_steps={t.gradient_accumulation_steps} must divide the train batches "
-                f"per epoch, {samples_per_process} / train.batch_size={t.batch_size} = {train_batches}"
+                f"train.gradient_accumulation_steps={train.gradient_accumulation_steps} must divide the train batches "
+                f"per epoch, {samples_per_process} / train.batch_size={train.batch_size} = {train_batches}"
             )
 
-    need(t.group_size >= 1, f"train.group_size={t.group_size} must be >= 1")
+    need(train.group_size >= 1, f"train.group_size={train.group_size} must be >= 1")
     samples_per_epoch = samples_per_process * num_processes
-    if t.group_size >= 1 and samples_per_epoch % t.group_size != 0:
+    if train.group_size >= 1 and samples_per_epoch % train.group_size != 0:
         errors.append(
-            f"train.group_size={t.group_size} must divide the samples per epoch, num_processes * "
-            f"sample.batch_size * sample.num_batches_per_epoch = {num_processes} * {s.batch_size} * "
-            f"{s.num_batches_per_epoch} = {samples_per_epoch}"
+            f"train.group_size={train.group_size} must divide the samples per epoch, num_processes * "
+            f"sample.batch_size * sample.num_batches_per_epoch = {num_processes} * {sample.batch_size} * "
+            f"{sample.num_batches_per_epoch} = {samples_per_epoch}"
         )
-    if num_processes > 1 and t.group_size >= 1 and samples_per_process % t.group_size != 0:
+    if num_processes > 1 and train.group_size >= 1 and samples_per_process % train.group_size != 0:
         wholes = ([f"algorithm.objective={config.algorithm.objective!r}"] if _is_preference(config) else []) + (
             [f"the groupwise reward_fn={_as_plain(config.reward_fn)!r}"] if groupwise_reward else [])
         errors.extend(
             f"{what} needs whole prompt groups on each of the {num_processes} processes: train.group_size="
-            f"{t.group_size} must divide the samples per process, sample.batch_size * sample.num_batches_per_epoch = "
-            f"{s.batch_size} * {s.num_batches_per_epoch} = {samples_per_process}"
+            f"{train.group_size} must divide the samples per process, sample.batch_size * sample.num_batches_per_epoch = "
+            f"{sample.batch_size} * {sample.num_batches_per_epoch} = {samples_per_process}"
             for what in wholes)
 
     return errors
@@ -281,21 +281,21 @@ def evaluation_and_ema_errors(config) -> list[str]:
     else:
         need(not config.eval_reward_fn, f"eval_reward_fn={config.eval_reward_fn!r} is scored by the evaluation during "
                                         "training, which eval_freq=0 turns off: set eval_freq > 0")
-    g = config.guard
-    need(g.on_alarm in ("warn", "stop", "off"), f"guard.on_alarm={g.on_alarm!r} must be one of ('warn', 'stop', 'off')")
-    need(isinstance(g.heldout_drop, (int, float)) and g.heldout_drop >= 0,
-         f"guard.heldout_drop={g.heldout_drop!r} must be >= 0 (standard errors of the evaluation)")
-    need(isinstance(g.min_diversity, (int, float)) and 0 <= g.min_diversity <= 1,
-         f"guard.min_diversity={g.min_diversity!r} must be in [0, 1] (a fraction of the diversity before training)")
-    need(isinstance(g.max_drift, (int, float)) and g.max_drift > 0,
-         f"guard.max_drift={g.max_drift!r} must be > 0 (the statistics are in [0, 1])")
-    t = config.train
-    decay, interval = t.ema_decay, t.ema_update_interval
-    if t.ema:
+    guard = config.guard
+    need(guard.on_alarm in ("warn", "stop", "off"), f"guard.on_alarm={guard.on_alarm!r} must be one of ('warn', 'stop', 'off')")
+    need(isinstance(guard.heldout_drop, (int, float)) and guard.heldout_drop >= 0,
+         f"guard.heldout_drop={guard.heldout_drop!r} must be >= 0 (standard errors of the evaluation)")
+    need(isinstance(guard.min_diversity, (int, float)) and 0 <= guard.min_diversity <= 1,
+         f"guard.min_diversity={guard.min_diversity!r} must be in [0, 1] (a fraction of the diversity before training)")
+    need(isinstance(guard.max_drift, (int, float)) and guard.max_drift > 0,
+         f"guard.max_drift={guard.max_drift!r} must be > 0 (the statistics are in [0, 1])")
+    train = config.train
+    decay, interval = train.ema_decay, train.ema_update_interval
+    if train.ema:
         need(isinstance(decay, (int, float)) and 0 <= decay < 1,
              f"train.ema_decay={decay!r} must be in [0, 1) (Flow-GRPO: 0.9)")
         count("train.ema_update_interval", interval, 1)
-    need(not t.ema_export or t.ema,
+    need(not train.ema_export or train.ema,
          "train.ema_export=True exports the EMA weights and needs train.ema=True")
     return errors
 
@@ -365,32 +365,32 @@ def algorithm_errors(config) -> list[str]:
     from ddpo_group.reference.regularizer import kl_config_errors
     from ddpo_group.update.critic import critic_config_errors
 
-    a, t, errors = config.algorithm, config.train, []
+    algorithm, train, errors = config.algorithm, config.train, []
     need = _collector(errors)
-    estimator = _resolve("algorithm.adv_estimator", a.adv_estimator, get_adv_estimator, ADV_ESTIMATOR_REGISTRY, errors)
-    loss = _resolve("algorithm.policy_loss", a.policy_loss, get_policy_loss, POLICY_LOSS_REGISTRY, errors)
+    estimator = _resolve("algorithm.adv_estimator", algorithm.adv_estimator, get_adv_estimator, ADV_ESTIMATOR_REGISTRY, errors)
+    loss = _resolve("algorithm.policy_loss", algorithm.policy_loss, get_policy_loss, POLICY_LOSS_REGISTRY, errors)
     if loss is not None:  # its keywords, checked by the loss's registration (ratio_norm: reweight)
-        kwargs = a.policy_loss_kwargs
+        kwargs = algorithm.policy_loss_kwargs
         errors.extend(loss.config_errors(kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})))
     try:
-        canonical_agg_mode(a.loss_agg_mode)
+        canonical_agg_mode(algorithm.loss_agg_mode)
     except ValueError as error:
         errors.append(f"algorithm.loss_agg_mode: {error}")
     if estimator is not None:
         errors.extend(estimator.config_errors(config))
-        if estimator.needs_groups and t.group_size < 2:
+        if estimator.needs_groups and train.group_size < 2:
             errors.append(
-                f"algorithm.adv_estimator={a.adv_estimator!r} compares the samples of a prompt group and needs "
-                f"train.group_size >= 2 samples per prompt per epoch, got train.group_size={t.group_size}"
+                f"algorithm.adv_estimator={algorithm.adv_estimator!r} compares the samples of a prompt group and needs "
+                f"train.group_size >= 2 samples per prompt per epoch, got train.group_size={train.group_size}"
             )
-        if a.filter_groups:
+        if algorithm.filter_groups:
             need(estimator.needs_groups,
                  f"algorithm.filter_groups=True drops prompt groups whose rewards are all equal and needs a group "
-                 f"estimator, got algorithm.adv_estimator={a.adv_estimator!r}")
-    if a.filter_groups:
-        need(a.max_num_gen_batches >= 1, f"algorithm.max_num_gen_batches={a.max_num_gen_batches} must be >= 1")
+                 f"estimator, got algorithm.adv_estimator={algorithm.adv_estimator!r}")
+    if algorithm.filter_groups:
+        need(algorithm.max_num_gen_batches >= 1, f"algorithm.max_num_gen_batches={algorithm.max_num_gen_batches} must be >= 1")
     errors.extend(multi_reward_errors(config, estimator))
-    need(a.clip_ratio_c is None or a.clip_ratio_c > 1, f"algorithm.clip_ratio_c={a.clip_ratio_c} must be > 1 (or None)")
+    need(algorithm.clip_ratio_c is None or algorithm.clip_ratio_c > 1, f"algorithm.clip_ratio_c={algorithm.clip_ratio_c} must be > 1 (or None)")
     errors.extend(objective_errors(config, estimator))
     return errors + kl_config_errors(config, estimator) + critic_config_errors(config)
 
@@ -400,46 +400,46 @@ def objective_errors(config, estimator) -> list[str]:
     no per-step rewards) and is the only one that may sample deterministically (``sample.deterministic``)."""
     from ddpo_group.algorithms import OBJECTIVE_REGISTRY, get_objective
 
-    a, errors = config.algorithm, []
+    algorithm, errors = config.algorithm, []
     need = _collector(errors)
-    objective = _resolve("algorithm.objective", a.objective, get_objective, OBJECTIVE_REGISTRY, errors)
+    objective = _resolve("algorithm.objective", algorithm.objective, get_objective, OBJECTIVE_REGISTRY, errors)
     if objective is None:
         return errors
-    kwargs = a.objective_kwargs
+    kwargs = algorithm.objective_kwargs
     errors.extend(objective.config_errors(kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})))
     if not objective.is_matching:
         need(not config.sample.deterministic,
-             f"sample.deterministic=True samples without log-probs, which algorithm.objective={a.objective!r} "
+             f"sample.deterministic=True samples without log-probs, which algorithm.objective={algorithm.objective!r} "
              "trains on: use a matching objective (awm, nft) or sample.deterministic=False")
         return errors
     if estimator is not None:
         need(not estimator.needs_critic and not estimator.accepts_step_rewards,
-             f"algorithm.objective={a.objective!r} weighs each sample by one advantage; algorithm.adv_estimator="
-             f"{a.adv_estimator!r} gives per-step advantages (critic or step rewards): use a per-sample estimator "
+             f"algorithm.objective={algorithm.objective!r} weighs each sample by one advantage; algorithm.adv_estimator="
+             f"{algorithm.adv_estimator!r} gives per-step advantages (critic or step rewards): use a per-sample estimator "
              "(grpo, dr_grpo, rloo, ddpo, ...)")
     if objective.kind == "preference":
-        need(config.kl.use_reference_model, f"algorithm.objective={a.objective!r} compares the policy with a reference "
+        need(config.kl.use_reference_model, f"algorithm.objective={algorithm.objective!r} compares the policy with a reference "
              "model: set kl.use_reference_model=True (kl.beta may stay 0)")
-        need(not config.kl.beta, f"kl.beta={config.kl.beta} with algorithm.objective={a.objective!r}: the preference "
+        need(not config.kl.beta, f"kl.beta={config.kl.beta} with algorithm.objective={algorithm.objective!r}: the preference "
              "objective's reference is in its loss already and no KL term is added: set kl.beta=0")
-        need(estimator is None or estimator.needs_groups, f"algorithm.objective={a.objective!r} pairs the best and the "
-             f"worst sample of each prompt group: algorithm.adv_estimator={a.adv_estimator!r} is no group estimator "
+        need(estimator is None or estimator.needs_groups, f"algorithm.objective={algorithm.objective!r} pairs the best and the "
+             f"worst sample of each prompt group: algorithm.adv_estimator={algorithm.adv_estimator!r} is no group estimator "
              "(grpo, dr_grpo, rloo, ...)")
-        need(not a.filter_groups, f"algorithm.objective={a.objective!r} forms its pairs from one round's groups: set "
+        need(not algorithm.filter_groups, f"algorithm.objective={algorithm.objective!r} forms its pairs from one round's groups: set "
              "algorithm.filter_groups=False")
     need(not config.kl.in_reward, f"kl.in_reward=True puts a per-step KL in the reward; algorithm.objective="
-         f"{a.objective!r} has no steps to put it on: use kl.beta with kl.in_reward=False")
+         f"{algorithm.objective!r} has no steps to put it on: use kl.beta with kl.in_reward=False")
     from ddpo_group.algorithms.objectives import TIME_SAMPLINGS
 
-    need(a.objective_times in TIME_SAMPLINGS, f"algorithm.objective_times={a.objective_times!r} must be one of "
+    need(algorithm.objective_times in TIME_SAMPLINGS, f"algorithm.objective_times={algorithm.objective_times!r} must be one of "
          f"{TIME_SAMPLINGS}")
-    need(a.objective_time_shift > 0, f"algorithm.objective_time_shift={a.objective_time_shift} must be > 0")
-    need(a.old_decay_flat_steps >= 0, f"algorithm.old_decay_flat_steps={a.old_decay_flat_steps} must be >= 0")
-    need(a.old_decay_ramp >= 0, f"algorithm.old_decay_ramp={a.old_decay_ramp} must be >= 0")
-    need(0 <= a.old_decay_max < 1, f"algorithm.old_decay_max={a.old_decay_max} must be in [0, 1) (1 would freeze the "
+    need(algorithm.objective_time_shift > 0, f"algorithm.objective_time_shift={algorithm.objective_time_shift} must be > 0")
+    need(algorithm.old_decay_flat_steps >= 0, f"algorithm.old_decay_flat_steps={algorithm.old_decay_flat_steps} must be >= 0")
+    need(algorithm.old_decay_ramp >= 0, f"algorithm.old_decay_ramp={algorithm.old_decay_ramp} must be >= 0")
+    need(0 <= algorithm.old_decay_max < 1, f"algorithm.old_decay_max={algorithm.old_decay_max} must be in [0, 1) (1 would freeze the "
          "old model)")
     need(not (config.cuda_graphs and objective.needs_old_model), f"cuda_graphs=True: algorithm.objective="
-         f"{a.objective!r} samples the rollouts with its old model, which the CUDA-graph copy of the policy does not "
+         f"{algorithm.objective!r} samples the rollouts with its old model, which the CUDA-graph copy of the policy does not "
          "follow: set cuda_graphs=False")
     return errors
 
