@@ -1,6 +1,6 @@
 """Training-phase throughput: our chunked (sample, step) update versus the loop users run today, side by side.
 
-    python bench/training.py [--samples 32] [--steps 20] [--timestep-fraction 1.0] [--repeats 5] [--threads 1]
+    python bench/training.py [--samples 32] [--steps 20] [--step-fraction 1.0] [--repeats 5] [--threads 1]
     python bench/training.py --family sd3 [--resolution 32]    # a tiny random SD3 (or flux) built from config
     python bench/training.py --model DIR --device cuda --mixed-precision bf16 --resolution 512 --json out.json
 
@@ -76,7 +76,7 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, default=8, help="train.batch_size")
     parser.add_argument("--pairs-per-forward", default="32", help="train.pairs_per_forward: a number, or auto (the "
                         "trainer's: on CUDA the most that fit the card, measured before the first update)")
-    parser.add_argument("--timestep-fraction", type=float, default=1.0)
+    parser.add_argument("--step-fraction", type=float, default=1.0)
     parser.add_argument("--sde-window-size", type=int, default=0, help="sample.sde_window_size: the first N steps "
                         "stochastic and trained (0: every step, as the reference loops train; ddpo-pytorch's takes 0 only)")
     parser.add_argument("--guidance", type=float, default=None, help="sample.guidance_scale (default: config/base.py's; "

@@ -270,7 +270,6 @@ class PromptSampler:
         self.rng.setstate((version, tuple(internal), gauss))
 
 
-@register_prompt_fn("ocr")
 def draw_prompts(prompt_fn: str, kwargs: dict, n: int, seed: int) -> tuple[list[str], list[dict]]:
     """``n`` prompts of ``prompt_fn`` drawn by a generator of their own seeded by ``seed`` (an evaluation's fixed
     set), distinct where the prompt function allows (at most 50 n draws), then cycled."""
@@ -290,6 +289,7 @@ def draw_prompts(prompt_fn: str, kwargs: dict, n: int, seed: int) -> tuple[list[
     return prompts, metadata
 
 
+@register_prompt_fn("ocr")
 def ocr(rng: random.Random | None = None):
     """A text-rendering caption with its text in double quotes, e.g. 'a red stop sign that says "STOP"'
     (a text asset); metadata["text"] is the quoted text, the target of the ``ocr`` reward."""

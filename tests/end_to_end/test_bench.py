@@ -237,7 +237,7 @@ def test_the_sd3_benches_write_their_figures_and_train_an_sde_window(tmp_path):
     the same pairs the same loss and gradient; the JSON files hold what was printed. Sampled with a 2-step window of 3
     steps: the pipeline's images bitwise."""
     trained_text = succeeded("training", "--family", "sd3", "--prompt-fn", "simple_animals", "--samples", "4",
-                             "--steps", "6", "--sde-window-size", "3", "--timestep-fraction", "0.7", "--batch-size",
+                             "--steps", "6", "--sde-window-size", "3", "--step-fraction", "0.7", "--batch-size",
                              "2", "--pairs-per-forward", "auto", "--repeats", "2", "--device", "cpu", "--threads",
                              "0", "--json", tmp_path / "training.json").stdout
     sampled_text = succeeded("sampling", "--family", "sd3", "--prompt-fn", "simple_animals", "--images", "2",

@@ -1,5 +1,7 @@
 """The critic: values for every step while sampling, clipped value regression under its own mask."""
 
+import dataclasses
+
 import pytest
 import torch
 from accelerate import Accelerator
@@ -73,7 +75,7 @@ def test_critic_regresses_its_targets_under_its_mask():
     mask = torch.zeros(8, 5)
     mask[:, 2] = 1  # endpoints only: the other entries never enter the loss, even as NaN
     targets = torch.where(mask > 0, targets, torch.full_like(targets, float("nan")))
-    batch.critic_targets, batch.critic_mask = targets, mask
+    batch = dataclasses.replace(batch, critic_targets=targets, critic_mask=mask)
     first = critic.train_epoch(batch, batch_size=4)["critic/value_loss"]
     for _ in range(150):
         last = critic.train_epoch(batch, batch_size=4)["critic/value_loss"]
@@ -128,7 +130,7 @@ def test_a_critic_reading_clean_hat_gets_every_steps_prediction_while_sampling_a
     assert gap[-1] < gap[0], gap
     mask = torch.zeros(8, 4, device=b.latents.device)  # the trainer's masks live beside the batch
     mask[:, 1] = 1
-    b.critic_targets, b.critic_mask = torch.ones_like(mask), mask
+    b = dataclasses.replace(b, critic_targets=torch.ones_like(mask), critic_mask=mask)
     info = trainer.critic.train_epoch(b, batch_size=4)
     assert torch.isfinite(torch.tensor(info["critic/value_loss"]))
     trainer.rollouts.close()
