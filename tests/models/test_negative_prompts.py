@@ -221,7 +221,8 @@ def test_rounds_with_and_without_negative_prompts_pool_row_by_row():
     assert pooled.row_mask.tolist() == [1.0, 1.0, 1.0, 1.0] and torch.equal(pooled.latents[2], torch.ones(1, 2))
 
 
-QWEN_TERMS = 192  # the widest sum of the tiny Qwen-Image transformer (models/tiny_random.py): its feed-forward's 4 x 48 inputs
+# the widest sum of the tiny Qwen-Image transformer (models/tiny_random.py): its feed-forward's 4 x 48 inputs
+QWEN_TERMS = 192
 
 
 @pytest.mark.parametrize("name", ["sdxl", "zimage", "wan", "qwenimage"])
