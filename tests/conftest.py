@@ -8,7 +8,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if "OMP_NUM_THREADS" not in os.environ:  # an explicit count is kept: the suite must pass with 1, 2 and 4 threads
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    # the cores shared among pytest-xdist's workers (-n auto: one a core, so one thread each; two threads a worker on
+    # two cores made the tiny runs 1.3 to 2.7 times slower while the other worker ran), at most 2
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads() // workers)))
 
 from ddpo_group.models.tiny_random import TINY_BUILDERS, build_tiny_pipeline, save_pipeline  # noqa: E402
 from processor_without_video import allow_a_processor_without_video  # noqa: E402

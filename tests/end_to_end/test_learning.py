@@ -40,6 +40,9 @@ def default_run(preset: str, out: Path, epochs: int = EPOCHS, sets: tuple = (), 
         target[name] = type(target[name])(raw)
     config.seed, config.num_epochs, config.wandb.mode = seed, epochs, "disabled"
     config.save_freq, config.log_images_every, config.logdir, config.run_name = 0, 0, str(out), f"{preset}_seed{seed}"
+    # evaluated before training and after the last epoch only: the assertions read those two, and an evaluation uses
+    # no training randomness (run/periodic_eval.py), so the runs are those of the study's eval_freq bit for bit
+    config.eval_freq = epochs
     trainer = Trainer(config)
     trainer.run()
     evaluations = [json.loads(line) for line in (trainer.run_dir / "eval.jsonl").read_text().splitlines()]

@@ -4,6 +4,8 @@ shapes_alignment reward.
 Skipped (with the reason) while an embedded model is not part of the package.
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from config.base import PRESETS, base
 from trainer_helpers import tiny_trainer
 
 
+@functools.lru_cache(maxsize=None)  # a test worker asks once per model (20 preset tests, the learning tests' marks)
 def embedded_model_available(model: str = "tiny-shapes") -> bool:
     try:
         from ddpo_group.models import load_pipeline

@@ -4,13 +4,14 @@ import json
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from launch_helpers import accelerate_command
+from launch_helpers import accelerate_command, launch_environment, start_workers
 from trainer_helpers import MECHANICS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +28,19 @@ def launch(args, *, num_processes=1, timeout=600):
 
 # runs of 1 and 2 processes compared: both on the CPU (2 processes on one GPU run there: tests/launch_helpers.py)
 SAME_DEVICE = {"device": "cpu"}
+
+
+def run_processes(args, processes: int, logs: Path, timeout=600) -> None:
+    """The run on ``processes`` processes without a launcher: ``python scripts/train.py`` (the README's same run), or
+    the workers torchrun would start, each with one thread (launch() keeps the launcher's own tests)."""
+    if processes == 1:
+        out = subprocess.run([sys.executable, "scripts/train.py", *args], cwd=ROOT, capture_output=True, text=True,
+                             timeout=timeout, env=launch_environment())
+        assert out.returncode == 0, f"train.py failed:\nSTDOUT:\n{out.stdout[-4000:]}\nSTDERR:\n{out.stderr[-6000:]}"
+        return
+    workers = start_workers(args, processes, logs, timeout=timeout)
+    failed = [w for w in workers if w.returncode != 0]
+    assert not failed, "\n".join(f"rank {w.rank} exit {w.returncode}:\n{w.stderr[-4000:]}" for w in failed)
 
 
 def tiny_args(model_dir, logdir, run_name, **extra):
@@ -119,7 +133,7 @@ def test_two_processes_and_one_give_the_same_advantages(family_model_dirs, tmp_p
             "train.group_size": 4 if preset in ("group_ppo", "grpo") else 1, "log_images_every": 0,
             **FAMILY_OVERRIDES[family or "sd"], **tree, **SAME_DEVICE})
         args[1] = f"config/base.py:{preset}"
-        launch(args, num_processes=processes)
+        run_processes(args, processes, tmp_path / f"logs_{run}")
         (epoch0,) = read_metrics(tmp_path / run)
         metrics.append(epoch0)
     one, two = metrics
@@ -174,7 +188,7 @@ def test_two_processes_and_one_train_a_preference_objective_alike(family_model_d
             "sample.deterministic": True, "kl.beta": 0.0, "kl.use_reference_model": True,
             "algorithm.objective": objective, **reward, **FAMILY_OVERRIDES["sd3"], **SAME_DEVICE})
         args[1] = "config/base.py:grpo"
-        launch(args, num_processes=processes)
+        run_processes(args, processes, tmp_path / f"logs_{run}")
         (epoch0,) = read_metrics(tmp_path / run)
         metrics.append(epoch0)
     one, two = metrics
@@ -210,7 +224,7 @@ def test_two_processes_and_one_give_the_same_component_advantages(tiny_model_dir
             "algorithm.multi_reward_mix": "advantage_aggr", "algorithm.global_std": True,
             "kl.beta": 0.0, "kl.use_reference_model": False, **SAME_DEVICE})
         args[1] = "config/base.py:grpo"
-        launch(args, num_processes=processes)
+        run_processes(args, processes, tmp_path / f"logs_{run}")
         (epoch0,) = read_metrics(tmp_path / run)
         metrics.append(epoch0)
     one, two = metrics
@@ -241,7 +255,7 @@ def test_two_processes_and_one_sample_and_score_a_matching_objective_alike(famil
             "kl.use_reference_model": False, "algorithm.objective": objective, "algorithm.old_decay_ramp": 0.25,
             **FAMILY_OVERRIDES["sd3"], **SAME_DEVICE})
         args[1] = "config/base.py:grpo"
-        launch(args, num_processes=processes)
+        run_processes(args, processes, tmp_path / f"logs_{run}")
         (epoch0,) = read_metrics(tmp_path / run)
         metrics.append(epoch0)
     one, two = metrics
@@ -289,7 +303,7 @@ def test_a_groupwise_plugin_reward_trains_on_one_process_and_two_alike(tiny_mode
             "train.group_size": 3, "eval_freq": 1, "eval_num_prompts": 3, "eval_num_seeds": 2,
             "log_images_every": 0, "save_freq": 0, **SAME_DEVICE})
         args[1] = "config/base.py:grpo"
-        launch(args, num_processes=processes)
+        run_processes(args, processes, tmp_path / f"logs_{run}")
         (epoch0,) = read_metrics(tmp_path / run)
         metrics.append(epoch0)
         evaluations.append([json.loads(line) for line in (tmp_path / run / "eval.jsonl").read_text().splitlines()])

@@ -169,12 +169,14 @@ def test_alignment_reward_uses_metadata_and_rejects_unknown_prompts():
 
 @pytest.mark.slow
 def test_pretrain_script_rebuilds_a_loadable_model(tmp_path):
-    """A --quick rebuild (a few steps per phase) writes a pipeline that loads offline and a classifier, then the
-    flow model beside them."""
+    """A --quick rebuild (two steps per phase, its sizes from the script's own flags) writes a pipeline that loads
+    offline and a classifier, then the flow model beside them."""
     env = dict(os.environ, HF_HUB_OFFLINE="1")
+    sizes = ["--classifier-steps", "2", "--vae-steps", "2", "--vae-images", "32", "--unet-steps", "2", "--flow-steps",
+             "2", "--eval-images", "4", "--batch", "4"]
     subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "pretrain_tiny.py"), "--quick", "--out", str(tmp_path), "--grid",
-         str(tmp_path / "grid.png")],
+        [sys.executable, str(ROOT / "scripts" / "pretrain_tiny.py"), "--quick", *sizes, "--out", str(tmp_path),
+         "--grid", str(tmp_path / "grid.png")],
         check=True, env=env, capture_output=True, timeout=600,
     )
     pipe = load_pipeline(str(tmp_path / "tiny_shapes"), config=base())
@@ -187,7 +189,7 @@ def test_pretrain_script_rebuilds_a_loadable_model(tmp_path):
 
     # the flow model beside it, reusing its judge and VAE
     subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "pretrain_tiny.py"), "--quick", "--family", "sd3", "--out",
+        [sys.executable, str(ROOT / "scripts" / "pretrain_tiny.py"), "--quick", *sizes, "--family", "sd3", "--out",
          str(tmp_path), "--grid", ""],
         check=True, env=env, capture_output=True, timeout=600,
     )
@@ -197,7 +199,7 @@ def test_pretrain_script_rebuilds_a_loadable_model(tmp_path):
     assert family.name == "sd3" and family.pipe.transformer.config.sample_size == 8
     assert family.pipe.vae.config.shift_factor is not None
     report = json.loads((tmp_path / "tiny_shapes_flow" / "pretrain_report.json").read_text())
-    assert report["sizes"]["flow_steps"] == 20 and "base_model_sample_accuracy_held_out" in report
+    assert report["sizes"]["flow_steps"] == 2 and "base_model_sample_accuracy_held_out" in report  # the flags' sizes
 
 
 def test_prompt_filter_keeps_only_the_asked_shapes():
