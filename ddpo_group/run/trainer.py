@@ -220,13 +220,16 @@ class Trainer:
     def run(self) -> dict:
         """Every remaining epoch, then the LoRA export and the summary."""
         metrics = {}
-        with self.session.running(close=lambda: self.rollouts.close(wait=False)):  # signals; a failure stops all
-            for epoch in self.session.remaining_epochs():
-                try:
-                    metrics = self.train_epoch(epoch)
-                except EpochAbandoned:  # a stop signal while sampling: the epoch is dropped before any update
-                    raise self.session.stopped_in_sampling(epoch) from None
-                self.session.end_of_epoch(epoch)  # the checkpoint when due; a stop signal stops here
+        try:
+            with self.session.running(close=lambda: self.rollouts.close(wait=False)):  # signals; a failure stops all
+                for epoch in self.session.remaining_epochs():
+                    try:
+                        metrics = self.train_epoch(epoch)
+                    except EpochAbandoned:  # a stop signal while sampling: the epoch is dropped before any update
+                        raise self.session.stopped_in_sampling(epoch) from None
+                    self.session.end_of_epoch(epoch)  # the checkpoint when due; a stop signal stops here
+        finally:
+            self.epoch_logger.draw_reward_curve()  # the epochs since its last draw, whatever ended the run
         self.session.finish(close=self.rollouts.close)
         return metrics
 

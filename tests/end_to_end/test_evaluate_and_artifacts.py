@@ -78,6 +78,26 @@ def test_reward_curve_and_summary(tmp_path):
     assert len(text.splitlines()) <= 24  # one screen
 
 
+def test_the_reward_curve_is_redrawn_every_ten_seconds_and_at_the_end(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from ddpo_group.run.reporting import epoch_logger
+
+    clock, drawn = [0.0], []
+    monkeypatch.setattr(epoch_logger.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(epoch_logger, "plot_reward_curve",
+                        lambda metrics, path, **kwargs: drawn.append([m["epoch"] for m in metrics]))
+    logger = epoch_logger.EpochLogger(SimpleNamespace(is_main_process=True), tmp_path, "disabled", 0, lambda line: None)
+    for epoch in range(5):  # an epoch every 3 s: past 10 s at epoch 3 (12 s)
+        clock[0] += 3.0
+        logger.log(epoch, {"epoch": epoch, "reward_mean": 0.1 * epoch, "reward_std": 0.0, "time/sampling": 1.0,
+                           "time/training": 2.0}, batch=None)
+    assert drawn == [[0, 1, 2, 3]]
+    logger.draw_reward_curve()  # the run's end: the epoch since
+    logger.draw_reward_curve()  # nothing new: no draw
+    assert drawn == [[0, 1, 2, 3], [0, 1, 2, 3, 4]]
+
+
 @pytest.mark.slow
 def test_short_run_artifacts_lora_export_and_evaluate(tiny_model_dir, tmp_path):
     from test_train_e2e import launch, tiny_args

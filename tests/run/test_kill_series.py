@@ -5,7 +5,8 @@ The moments: the reward plugin tests/plugins/write_faults.py numbers the events 
 optimizer steps, metrics lines, every file a checkpoint writes, its renames and removals) and kills the process at one
 of them, before it or in the middle of its write. The i-th kill is drawn (seeded) among the events of the i-th tenth of
 the run, as the never-killed run counted them, so the kills cover the run from its first epoch to its last. A quarter
-of the kills come instead at a random time of the start (imports, model loading, the resume), where no event is.
+of the kills come instead at a random time of the start (imports, model loading, the resume), where no event is (at
+the latest at its first event).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -86,11 +86,12 @@ def test_ten_sigkills_at_random_moments_each_resumed_end_as_a_run_never_killed(t
                            WRITE_FAULTS_DO=rng.choice(["kill", "kill-mid"]))
         began = time.perf_counter()
         process = start(command(tiny_model_dir, tmp_path, "killed", **resume), env, log)
-        if delay is not None:
-            try:
-                process.wait(timeout=delay)
-            except subprocess.TimeoutExpired:
-                process.send_signal(signal.SIGKILL)
+        if delay is not None:  # at the drawn time of the start, or at its first event if that comes sooner (a start
+            # faster than the never-killed run's, which ran beside another test, must not outrun the kill)
+            deadline = time.perf_counter() + delay
+            while process.poll() is None and time.perf_counter() < deadline and not read_trace(trace):
+                time.sleep(0.02)
+            process.send_signal(signal.SIGKILL)
         code = process.wait(timeout=300)
         seconds.append(time.perf_counter() - began)
         text = log.read_text()

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import netrc
 import os
+import time
 
 from ddpo_group.run.reporting.image_grid import image_grid, with_sources
 from ddpo_group.run.persistence.metrics_log import append_metrics, read_metrics
 
 EVAL_LOG = "eval.jsonl"  # one record per evaluation during training (epoch -1: before the first update)
+# reward_curve.png is redrawn after an epoch when this many seconds passed since it was last drawn, and at the run's end
+# (a draw costs about 0.3 s: every epoch of a seconds-long epoch would spend a tenth of the run on it)
+CURVE_SECONDS = 10.0
 from ddpo_group.run.reporting.plots import plot_reward_curve
 
 
@@ -37,8 +41,9 @@ def resolve_wandb_mode(requested: str) -> tuple[str, str | None]:
 
 
 class EpochLogger:
-    """What every epoch leaves behind: a metrics.jsonl line (and wandb's), the reward curve so far, a grid of
-    the epoch's samples every ``log_images_every`` epochs (0: never), and one console line."""
+    """What every epoch leaves behind: a metrics.jsonl line (and wandb's), the reward curve so far (redrawn at most
+    every CURVE_SECONDS, and by ``draw_reward_curve`` at the end), a grid of the epoch's samples every
+    ``log_images_every`` epochs (0: never), and one console line."""
 
     def __init__(self, accelerator, run_dir, wandb_mode: str, log_images_every: int, print_fn):
         self.accelerator = accelerator
@@ -46,17 +51,15 @@ class EpochLogger:
         self.wandb_mode = wandb_mode
         self.log_images_every = log_images_every
         self.print = print_fn
+        self.drawn_at, self.undrawn = time.monotonic(), False
 
     def log(self, epoch: int, metrics: dict, batch) -> None:
         main = self.accelerator.is_main_process
         if main:
             append_metrics(self.run_dir / "metrics.jsonl", metrics)
-            try:  # the reward curve so far, whatever the wandb mode
-                plot_reward_curve(read_metrics(self.run_dir / "metrics.jsonl"), self.run_dir / "reward_curve.png",
-                                  title=f"{self.run_dir.name}: reward per epoch",
-                                  evaluations=read_metrics(self.run_dir / EVAL_LOG))
-            except Exception as error:  # a plotting problem must not stop training
-                self.print(f"could not plot the reward curve: {type(error).__name__}: {error}")
+            self.undrawn = True
+            if time.monotonic() - self.drawn_at >= CURVE_SECONDS:
+                self.draw_reward_curve()
         if self.wandb_mode != "disabled":
             self.accelerator.log(metrics, step=epoch)
         every = self.log_images_every
@@ -78,6 +81,18 @@ class EpochLogger:
             f"clipfrac {metrics.get('train/clipfrac', float('nan')):.3f} | " + perf_line(metrics)
         )
 
+
+    def draw_reward_curve(self) -> None:
+        """reward_curve.png from metrics.jsonl and eval.jsonl, whatever the wandb mode, when an epoch was logged
+        since the last draw (on the main process)."""
+        if not (self.undrawn and self.accelerator.is_main_process):
+            return
+        try:
+            plot_reward_curve(read_metrics(self.run_dir / "metrics.jsonl"), self.run_dir / "reward_curve.png",
+                              title=f"{self.run_dir.name}: reward per epoch", evaluations=read_metrics(self.run_dir / EVAL_LOG))
+        except Exception as error:  # a plotting problem must not stop training
+            self.print(f"could not plot the reward curve: {type(error).__name__}: {error}")
+        self.drawn_at, self.undrawn = time.monotonic(), False
 
     def log_evaluation(self, epoch: int, metrics: dict, grid, weights: str) -> None:
         """An evaluation during training (run/periodic_eval.py): its eval.jsonl record (with ``weights``: "ema" or
