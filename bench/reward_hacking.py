@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.guard_calibration import margins  # noqa: E402
 from config.base import get_config  # noqa: E402
-from ddpo_group.run.guard import Guard  # noqa: E402
 
 VARIANTS = {
     "plain": ["--config.kl.beta=0", "--config.kl.use_reference_model=False"],
@@ -91,17 +91,13 @@ def measures(run_dir: Path, guard_config) -> dict:
     se = start["eval_heldout/reward_std"] / math.sqrt(start["eval/num_images"])
     fallen = next((r["epoch"] for r in records[1:]
                    if r["eval_heldout/reward_mean"] < start["eval_heldout/reward_mean"] - 2 * se), None)
-    guard, fired = Guard(guard_config, heldout=True), {}
-    for record in records:
-        for alarm in guard.observe(record["epoch"], record)[1]:
-            fired.setdefault(alarm.rule, record["epoch"])
+    guard = margins(records, guard_config)  # every rule replayed, the groupwise rows on their judge's score
     best = json.loads((run_dir / "lora_best" / "best.json").read_text())
     # the proxy's evaluation: a win rate's mean over a group is 0.5 whatever the images, so the pairwise rows read the
     # judge's own score of each image (its info's "score": the proxy reward)
-    key = "eval/reward_info/score" if "eval/reward_info/score" in start else "eval/reward_mean"
-    proxy = [r[key] for r in records]
+    proxy = [r[guard["rising"]] for r in records]
     return {"epochs": [r["epoch"] for r in records], "heldout": [r["eval_heldout/reward_mean"] for r in records],
-            "proxy": proxy, "fallen": fallen, "fired": fired,
+            "proxy": proxy, "fallen": fallen, "fired": guard["fired"], "drift": guard["drift"],
             "best_epoch": best["epoch"], "best_heldout": best["score"], "start_heldout": start["eval_heldout/reward_mean"],
             "end_heldout": records[-1]["eval_heldout/reward_mean"],
             "proxy_gain": proxy[-1] - proxy[0]}
@@ -124,13 +120,14 @@ def epochs_text(values: list, total: int) -> str:
 
 
 def table(rows: dict, args) -> str:
-    lines = ["| row | held-out fell (epoch) | guard fired (epoch) | held-out: start -> end | kept best (epoch) | "
-             "best - start | proxy gain |", "|---|---|---|---|---|---|---|"]
+    lines = ["| row | held-out fell (epoch) | held-out rule fired (epoch) | drift rule fired (epoch) | "
+             "held-out: start -> end | kept best (epoch) | best - start | proxy gain |", "|---|---|---|---|---|---|---|---|"]
     for label, runs in rows.items():
         start = [r["start_heldout"] for r in runs]
         lines.append(
             f"| {label} | {epochs_text([r['fallen'] for r in runs], len(runs))} | "
             f"{epochs_text([r['fired'].get('heldout') for r in runs], len(runs))} | "
+            f"{epochs_text([r['fired'].get('drift') for r in runs], len(runs))} | "
             f"{sum(start) / len(start):.3f} -> {sum(r['end_heldout'] for r in runs) / len(runs):.3f} | "
             f"{sum(r['best_epoch'] for r in runs) / len(runs):.1f} | "
             f"{mean_std([r['best_heldout'] - r['start_heldout'] for r in runs])} | "

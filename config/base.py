@@ -115,6 +115,9 @@ def base() -> ml_collections.ConfigDict:
     sample.batch_size = 16  # images sampled at a time, per process
     sample.num_batches_per_epoch = 2  # sampling batches per process per epoch
     sample.log_prob_reduce = "mean"  # over latent dims; "sum" needs a much smaller clip range
+    # the dtype the step's Gaussian log-density is computed and reduced in: "float32" (the step's math) or "float64"
+    # (Flow-Factory's: less rounding of a large latent's reduction; scripts/check.py measures what it changes)
+    sample.log_prob_dtype = "float32"
     # every step the family's deterministic step (noise level 0; the ODE solver of flow models) and no log-probs: only
     # for a matching objective (algorithm.objective), which trains on the final samples
     sample.deterministic = False
@@ -156,6 +159,9 @@ def base() -> ml_collections.ConfigDict:
     train.cfg = True  # classifier-free guidance in the training forward (must match sampling)
     train.adv_clip_max = 5.0  # advantages are clipped to [-adv_clip_max, adv_clip_max]
     train.clip_range = 1e-4  # PPO's clip range of the probability ratio (GRPO's epsilon)
+    # Flow-DPPO's trust region (algorithm.policy_loss="dppo"): the exact KL of a step's Gaussians, rollout to trained
+    # policy, at which a pair the update moves further away is masked (UniRL's and VeRL-Omni's kl_mask_threshold)
+    train.kl_threshold = 1e-5
     # the share of a trajectory's trainable steps each inner epoch trains, int(W * step_fraction) of its W drawn at random
     # (ddpo-pytorch's timestep_fraction: it chooses step indices, not timesteps)
     train.step_fraction = 1.0
@@ -311,10 +317,15 @@ def base() -> ml_collections.ConfigDict:
     # then a clean exit 0 with the resume command) or "off"; the best evaluation's weights are kept either way
     guard.on_alarm = "warn"
     # held-out reward below its best by more than this many standard errors of the evaluation while the evaluation's
-    # training reward rose above its value then (eval_reward_fn set)
+    # training reward rose above its value then (eval_reward_fn set; a groupwise reward: its pointwise score)
     guard.heldout_drop = 2.0
+    # the evaluation's training reward (a groupwise reward: its pointwise score) below its best by more than this many
+    # standard errors and below its value before training: the run is losing what it learnt
+    guard.fall_drop = 2.0
     guard.min_diversity = 0.5  # eval/diversity below this fraction of its value before training
-    guard.max_drift = 0.15  # some |eval/drift/*| above this (brightness, contrast, saturation, high-frequency share)
+    # some |eval/drift/*| (brightness, contrast, saturation, high-frequency share) above this many times that
+    # statistic's spread (its std) over the evaluation's images before training
+    guard.max_drift = 1.0
 
     # ---- logging ----
     config.wandb = wandb = ml_collections.ConfigDict()

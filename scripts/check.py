@@ -3,9 +3,13 @@
     python scripts/check.py --config config/base.py:PRESET [--config.FIELD=VALUE ...]
 
 Builds the run as training would, samples one batch with the training sampler, re-scores it through the training
-forward and prints per step the largest |log-prob difference| and |ratio - 1| against the precision's tolerance; on a
-mismatch, the likely cause; then the memory a training chunk takes, the seconds an epoch will take and the config's
-warnings (ddpo_group/offline/preflight.py). Exit code 0: consistent; 1: not; 2: a usage error.
+forward and prints per step the largest |log-prob difference|, |ratio - 1| and the share of pairs outside the policy
+loss's trust region, against the precision's tolerance and the clip range; on a mismatch, a random training forward,
+the likely cause and what removes it; then the memory a training chunk takes, the seconds an epoch will take and the
+config's warnings (ddpo_group/offline/preflight.py).
+
+Exit code 0: consistent; 1: not; 2: a usage error (the config, or the model, reward or prompts it names, cannot be
+built); 3: the check failed while it ran (sampling, scoring or re-scoring raised).
 """
 
 import os
@@ -22,18 +26,21 @@ from ddpo_group.run.command.quiet import silence_known_noise  # noqa: E402
 
 _DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "config", "base.py") + ":group_ppo"
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT, "Training configuration (path:preset).")
+CONSISTENT, NOT_CONSISTENT, CHECK_FAILED = 0, 1, 3
 
 
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)
-    try:
-        from ddpo_group.offline.preflight import run_check
+    from ddpo_group.offline.preflight import CheckFailed, run_check
 
+    try:
         result = run_check(_CONFIG.value)
+    except CheckFailed as error:  # built, then failed while running: not the user's usage
+        exit_with(error, CHECK_FAILED)
     except Exception as error:  # a config, model, reward or prompt function that cannot be built
         exit_with(error, USAGE_ERROR)
-    sys.exit(0 if result.consistent else 1)
+    sys.exit(CONSISTENT if result.consistent else NOT_CONSISTENT)
 
 
 if __name__ == "__main__":

@@ -38,9 +38,17 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from .aggregation import agg_loss, masked_mean
+from .kl import gaussian_kl
 from ddpo_group.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
+
+
+def outside_ratio_clip(old_log_prob, log_prob, *, clip_low: float, clip_high: float, **_) -> torch.Tensor:
+    """[N] bool: the pairs whose ratio r = exp(l_theta - l_old) lies outside [1 - clip_low, 1 + clip_high], where a
+    ratio-clipping loss's trust region acts (it stops their gradient)."""
+    ratio = torch.exp((log_prob - old_log_prob).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return (ratio > 1.0 + clip_high) | (ratio < 1.0 - clip_low)
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,12 @@ class PolicyLossSpec:
     per_step: bool = False  # a weighted sum over pairs (weights); False: trajectory-level ([B, T], step mask, mode)
     needs_old_means: bool = False  # rollouts record the step means; the loss gets mean, old_mean, std, step_length
     check: Optional[Callable] = None  # check(policy_loss_kwargs: dict) -> list of config error messages
+    # outside(old_log_prob, log_prob, clip_low=, clip_high=, **the loss's keywords) -> [N] bool: the pairs the loss's
+    # trust region acts on (train/clipped_before_update: before any update it should act on none)
+    trust_region: Callable = outside_ratio_clip
+
+    def outside_trust_region(self, old_log_prob, log_prob, **kwargs) -> torch.Tensor:
+        return self.trust_region(old_log_prob, log_prob, **kwargs)
 
     def __post_init__(self):
         if self.needs_old_means and not self.per_step:  # the step means reach a per-step loss's chunks only
@@ -67,19 +81,22 @@ class PolicyLossSpec:
 POLICY_LOSS_REGISTRY = Registry("policy loss", entry_point_group="ddpo_group.policy_losses")
 
 
-def policy_loss(per_step: bool = False, needs_old_means: bool = False,
-                check: Optional[Callable] = None) -> Callable[[Callable], PolicyLossSpec]:
+def policy_loss(per_step: bool = False, needs_old_means: bool = False, check: Optional[Callable] = None,
+                trust_region: Callable = outside_ratio_clip) -> Callable[[Callable], PolicyLossSpec]:
     """Decorator declaring how a loss is called (and what it needs) without registering a name (plugins)."""
     def decorator(fn: Callable) -> PolicyLossSpec:
-        return PolicyLossSpec(fn=fn, name=fn.__name__, per_step=per_step, needs_old_means=needs_old_means, check=check)
+        return PolicyLossSpec(fn=fn, name=fn.__name__, per_step=per_step, needs_old_means=needs_old_means, check=check,
+                              trust_region=trust_region)
     return decorator
 
 
 def register_policy_loss(name: str, per_step: bool = False, needs_old_means: bool = False,
-                         check: Optional[Callable] = None) -> Callable[[Callable], PolicyLossSpec]:
+                         check: Optional[Callable] = None,
+                         trust_region: Callable = outside_ratio_clip) -> Callable[[Callable], PolicyLossSpec]:
     """Decorator registering a policy loss under ``name`` (fails if the name is taken)."""
     def decorator(fn: Callable) -> PolicyLossSpec:
-        spec = PolicyLossSpec(fn=fn, name=name, per_step=per_step, needs_old_means=needs_old_means, check=check)
+        spec = PolicyLossSpec(fn=fn, name=name, per_step=per_step, needs_old_means=needs_old_means, check=check,
+                              trust_region=trust_region)
         return POLICY_LOSS_REGISTRY.register(name)(spec)
     return decorator
 
@@ -223,7 +240,13 @@ def gspo_policy_loss(
     return loss, metrics
 
 
-@register_policy_loss("geo_mean")
+def outside_log_ratio_clip(old_log_prob, log_prob, *, clip_low: float, clip_high: float, **_) -> torch.Tensor:
+    """[N] bool: geo_mean's bound, in log space: d = l_theta - l_old outside [-clip_low, clip_high]."""
+    d = (log_prob - old_log_prob).detach()
+    return (d > clip_high) | (d < -clip_low)
+
+
+@register_policy_loss("geo_mean", trust_region=outside_log_ratio_clip)
 def geo_mean_policy_loss(
     old_log_prob, log_prob, advantages, step_mask, loss_agg_mode: str, *,
     clip_low: float, clip_high: float, clip_ratio_c: Optional[float], **_,
@@ -307,7 +330,17 @@ def ratio_norm_config_errors(kwargs: dict) -> list:
     return errors
 
 
-@register_policy_loss("ratio_norm", per_step=True, needs_old_means=True, check=ratio_norm_config_errors)
+def outside_normalised_ratio_clip(old_log_prob, log_prob, *, clip_low: float, clip_high: float, mean=None,
+                                  old_mean=None, std=None, log_prob_reduce: str = "mean", **_) -> torch.Tensor:
+    """[N] bool: ratio_norm's bound: its normalised ratio rho_hat outside [1 - clip_low, 1 + clip_high]."""
+    log_ratio, _, _ = ratio_norm_log_ratio(old_log_prob.detach(), log_prob.detach(), mean.detach(), old_mean, std,
+                                           log_prob_reduce)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return (ratio > 1.0 + clip_high) | (ratio < 1.0 - clip_low)
+
+
+@register_policy_loss("ratio_norm", per_step=True, needs_old_means=True, check=ratio_norm_config_errors,
+                      trust_region=outside_normalised_ratio_clip)
 def ratio_norm_policy_loss(old_log_prob, log_prob, advantages, weights, *, clip_low: float, clip_high: float,
                            clip_ratio_c: Optional[float], mean: torch.Tensor = None, old_mean: torch.Tensor = None,
                            std: torch.Tensor = None, step_length: Optional[torch.Tensor] = None,
@@ -380,5 +413,79 @@ def ratio_norm_policy_loss(old_log_prob, log_prob, advantages, weights, *, clip_
             **_ratio_metrics(log_ratio, trained),
             "plain_ratio_mean": float(masked_mean(plain, trained)),
             "mean_shift_bias": float(masked_mean(b.detach(), trained)),
+        }
+    return loss, metrics
+
+
+def dppo_kl(mean, old_mean, std, log_prob_reduce: str = "mean") -> torch.Tensor:
+    """The exact KL of a step's two Gaussians N(old_mean, s^2 I) and N(mean, s^2 I): reduce_D (mean - old_mean)^2 /
+    (2 s^2), reduced over the latent dims as the log-prob is (``log_prob_reduce``); no gradient."""
+    return gaussian_kl(mean.detach(), old_mean, std, log_prob_reduce)
+
+
+def outside_kl_bound(old_log_prob, log_prob, *, kl_threshold: float, mean=None, old_mean=None, std=None,
+                     log_prob_reduce: str = "mean", **_) -> torch.Tensor:
+    """[N] bool: dppo's bound: the pairs whose exact step KL reaches ``kl_threshold`` (the mask acts on those of them
+    that move away from the rollout policy)."""
+    return dppo_kl(mean, old_mean, std, log_prob_reduce) >= kl_threshold
+
+
+def dppo_config_errors(kwargs: dict) -> list:
+    """algorithm.policy_loss_kwargs of dppo: none (its threshold is train.kl_threshold)."""
+    return [f"algorithm.policy_loss_kwargs.{key}: dppo takes no keyword {key!r}; its threshold is train.kl_threshold"
+            for key in kwargs]
+
+
+@register_policy_loss("dppo", per_step=True, needs_old_means=True, check=dppo_config_errors,
+                      trust_region=outside_kl_bound)
+def dppo_policy_loss(old_log_prob, log_prob, advantages, weights, *, kl_threshold: float, mean: torch.Tensor = None,
+                     old_mean: torch.Tensor = None, std: torch.Tensor = None, log_prob_reduce: str = "mean",
+                     **_) -> Tuple[torch.Tensor, dict]:
+    """Flow-DPPO (arXiv 2606.11025; UniRL's FlowDPPO, VeRL-Omni's and Flow-Factory's dppo): the policy gradient with
+    an exact trust region instead of the ratio clip. Each step's policy is Gaussian and both its means are known, so
+    the KL of the rollout policy's step to the trained one's is computed exactly; a pair is masked (no gradient) only
+    when that KL reaches the threshold AND the update moves it further away (its ratio and advantage of one sign).
+
+    Args:
+        old_log_prob, log_prob, advantages, weights: [N] each, as vanilla's
+        kl_threshold: delta, the KL at which the mask may act (train.kl_threshold; UniRL's kl_mask_threshold)
+        mean: [N, ...] mu_theta, the step's mean under the policy being trained (with gradient)
+        old_mean: [N, ...] mu_old, the step's mean under the rollout policy (recorded)
+        std: [N] s, the step's std (the same under both policies)
+        log_prob_reduce: how l and the KL reduce the latent dims (sample.log_prob_reduce)
+
+    1. r       = exp(clamp(l_theta - l_old, -20, 20))
+    2. KL      = reduce_D (mu_theta - mu_old)^2 / (2 s^2)                    the exact per-step KL (dppo_kl)
+    3. blocked = KL >= delta and ((r > 1 and A > 0) or (r < 1 and A < 0))      the asymmetric divergence mask
+    4. L       = -A r where not blocked, 0 where blocked                      (no gradient through the mask)
+    5. loss    = sum w L
+
+    A pair the update pulls back toward the rollout policy is never blocked, however far it is; within the threshold
+    nothing is blocked, whatever the ratio (no clip). Metrics: ratio_* / approx_kl / ppo_kl as vanilla's; masked (the
+    share blocked: ``clipfrac`` is it, so the update's metrics read alike), kl_mean / kl_max (the step KL) and
+    kl_over (the share at or above the threshold).
+    """
+    if mean is None or old_mean is None or std is None:
+        raise ValueError("dppo needs mean, old_mean and std: the policy update passes them when the rollouts recorded "
+                         "the step means (RolloutBatch.step_means)")
+    _check(old_log_prob, log_prob, advantages, weights)
+    if not kl_threshold > 0:
+        raise ValueError(f"dppo: kl_threshold={kl_threshold!r} must be > 0 (train.kl_threshold)")
+    d = log_prob - old_log_prob
+    ratio = torch.exp(d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # 1.
+    kl = dppo_kl(mean, old_mean, std, log_prob_reduce)  # 2.
+    with torch.no_grad():  # 3.
+        away = ((ratio > 1) & (advantages > 0)) | ((ratio < 1) & (advantages < 0))
+        blocked = (kl >= kl_threshold) & away
+    losses = torch.where(blocked, torch.zeros_like(ratio), -advantages * ratio)  # 4.
+    loss = weighted_sum(weights, losses)  # 5.
+    with torch.no_grad():
+        trained = weights != 0
+        metrics = {
+            "clipfrac": float(masked_mean(blocked.to(d.dtype), trained)),
+            **_ratio_metrics(d, trained),
+            "kl_mean": float(masked_mean(kl.to(d.dtype), trained)),
+            "kl_max": float(kl[trained].max()) if bool(trained.any()) else 0.0,
+            "kl_over": float(masked_mean((kl >= kl_threshold).to(d.dtype), trained)),
         }
     return loss, metrics

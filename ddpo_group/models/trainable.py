@@ -82,9 +82,17 @@ def _frozen(family) -> list:
             if isinstance(module, torch.nn.Module) and module is not family.model]
 
 
-def make_optimizer(config, params) -> torch.optim.Optimizer:
+def optimizer_settings(config) -> dict:
+    """{optimizer keyword: (its value, the config fields it comes from)} of the policy's AdamW."""
     train = config.train
-    if train.use_8bit_adam:
+    return {"lr": (train.learning_rate, "train.learning_rate"),
+            "betas": ((train.adam_beta1, train.adam_beta2), "train.adam_beta1, train.adam_beta2"),
+            "weight_decay": (train.adam_weight_decay, "train.adam_weight_decay"),
+            "eps": (train.adam_epsilon, "train.adam_epsilon")}
+
+
+def make_optimizer(config, params) -> torch.optim.Optimizer:
+    if config.train.use_8bit_adam:
         try:
             import bitsandbytes as bnb
         except ImportError as error:
@@ -92,6 +100,21 @@ def make_optimizer(config, params) -> torch.optim.Optimizer:
         optimizer_cls = bnb.optim.AdamW8bit
     else:
         optimizer_cls = torch.optim.AdamW
-    return optimizer_cls(
-        params, lr=train.learning_rate, betas=(train.adam_beta1, train.adam_beta2), weight_decay=train.adam_weight_decay, eps=train.adam_epsilon
-    )
+    return optimizer_cls(params, **{key: value for key, (value, _) in optimizer_settings(config).items()})
+
+
+def apply_settings(optimizer, settings: dict) -> list[str]:
+    """Set ``settings`` ({keyword: (value, config fields)}) on every parameter group of a resumed ``optimizer`` (its
+    groups come back from the checkpoint with the settings it was saved with) and say each one that changed."""
+    changed = []
+    for key, (value, fields) in settings.items():
+        saved = {tuple(group[key]) if isinstance(group[key], (list, tuple)) else group[key]
+                 for group in optimizer.param_groups}
+        want = tuple(value) if isinstance(value, (list, tuple)) else value
+        if saved != {want}:
+            for group in optimizer.param_groups:
+                group[key] = want
+            before = ", ".join(str(v) for v in sorted(saved, key=str))
+            changed.append(f"{fields}: the checkpoint's optimizer had {before}, this run's config {want}: applied on "
+                           "resume (the optimizer's moments are the checkpoint's)")
+    return changed

@@ -6,18 +6,27 @@ sampler (the rollout policy, in the training precision), and then:
 
 * a policy-gradient run: re-scores every recorded stochastic transition x_n -> x_{n+1} through the training forward,
   chunk by chunk of train.pairs_per_forward pairs in training mode, as the update does, and compares it with the
-  recorded log-probability: per step max |l_train - l_recorded| and max |ratio - 1|, against the precision's
-  tolerance (update/on_policy.py). On a mismatch each likely cause it can test is tested by re-scoring with that one
-  thing changed: the sampler's guidance scale, the sampler's noise level, the recorded latents rounded to the model's
-  dtype (precision), the sampling batch's layout of pairs (chunk size), the eager forward (compilation), the family's
-  schedule instead of the recorded step tensors (timesteps); a cause is named when its change brings the ratio within
-  the tolerance.
+  recorded log-probability, judged against what it protects:
+
+      1. per step: max |l_train - l_recorded|, max |ratio - 1| and the share of pairs outside the policy loss's trust
+         region (train.clip_range for a ratio-clipping loss; another loss's own bound, policy_losses.py)
+      2. consistent when max |ratio - 1| <= the precision's tolerance (update/on_policy.py) and at most
+         CLIPPED_SHARE of the pairs are outside the trust region: beyond it PPO's clipping acts on numerics
+      3. the training forward's randomness: the first chunk scored twice in training mode; any difference beyond
+         RANDOM_SHARE of the tolerance is a random forward (dropout or another stochastic layer left on), named with
+         its size and the layers that cause it
+      4. on a mismatch, each change it can test re-scores with that one thing changed: the sampler's guidance scale,
+         the sampler's noise level, each recorded x_n rounded to the model's dtype (precision), the sampling
+         batch's layout of pairs, the eager forward (compilation), the family's schedule (timesteps), the log-prob
+         in float64; a change is named when it removes at least NAMED_SHARE of the gap (most of it: a residual of
+         the CPU's own rounding decides nothing); and the clip range that would leave at most CLIPPED_SHARE of the
+         pairs clipped
 * a matching or preference objective (deterministic rollouts, no log-probabilities: algorithm.objective): runs the
-  training forward at each recorded x_n (its velocity() path, the training guidance, training mode, at the rollout
-  policy: the old model's for an objective that samples with one) through the family's deterministic step and compares
-  the result with the recorded x_{n+1}: per step max |difference| / max |x_{n+1}|, against the precision's tolerance.
-  Its forward-process loss is then evaluated at that same model, so the check is whether the model it trains is the
-  model that sampled.
+  training forward at each recorded x_n (the forward process's velocity path, the training guidance, training mode,
+  at the rollout policy: the old model's for an objective that samples with one) through the family's deterministic
+  step and compares the result with the recorded x_{n+1}: per step max |difference| / max |x_{n+1}|, against the
+  precision's tolerance. Its forward-process loss is then evaluated at that same model, so the check is whether the
+  model it trains is the model that sampled.
 
 It also reports the device memory a forward and backward of pairs_per_forward pairs takes (CUDA), the seconds an
 epoch will take (the sampled batch's seconds, and one chunk's forward and backward after a warm-up one, scaled to an
@@ -33,12 +42,42 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ddpo_group.algorithms.policy_losses import dppo_kl, outside_kl_bound
 from ddpo_group.run.config_checks import config_warnings
+from ddpo_group.sampling.gaussian import gaussian_log_prob
 from ddpo_group.sampling.noise import round_seed, sample_generators
-from ddpo_group.update.on_policy import RATIO_TOLERANCE, ratio_deviation
+from ddpo_group.update.on_policy import CLIPPED_SHARE, RATIO_TOLERANCE, ratio_deviation
 
 # max |x_{n+1} - step(training forward)| / max |x_{n+1}| a deterministic rollout allows, by mixed_precision
 MATCHING_TOLERANCE = {"no": 1e-4, "fp16": 5e-3, "bf16": 2e-2}
+NAMED_SHARE = 0.75  # a change is named when alone it removes at least this share of the worst |ratio - 1|
+RANDOM_SHARE = 0.1  # two training-mode passes over the same pairs differing by more than this share of the tolerance
+
+
+@dataclass
+class Rescored:
+    """The recorded stochastic transitions scored again: per pair its step, l_train - l_recorded, |ratio - 1| and
+    whether the policy loss's trust region acts on it."""
+
+    steps: torch.Tensor  # [P]
+    difference: torch.Tensor  # [P]
+    deviation: torch.Tensor  # [P]
+    outside: torch.Tensor  # [P] bool
+    kl: torch.Tensor  # [P] the exact KL of each step's Gaussian, recorded to re-scored
+
+    @property
+    def worst(self) -> float:
+        return float(self.deviation.max())
+
+    @property
+    def clipped(self) -> float:
+        return float(self.outside.float().mean())
+
+    def per_step(self) -> dict:
+        return {int(n): {"log_prob": float(self.difference[self.steps == n].abs().max()),
+                         "ratio": float(self.deviation[self.steps == n].max()),
+                         "clipped": float(self.outside[self.steps == n].float().mean())}
+                for n in self.steps.unique()}
 
 
 @dataclass
@@ -47,12 +86,30 @@ class CheckResult:
     per_step: dict  # {step: {column: value}}
     worst: float  # the largest difference (|ratio - 1| or the relative step error)
     tolerance: float
-    causes: dict = field(default_factory=dict)  # {cause: worst after changing it} (on a mismatch)
+    clipped: float = 0.0  # the share of pairs outside the policy loss's trust region (a policy-gradient run)
+    random: float = 0.0  # the largest difference of two training-mode passes over the same pairs
+    causes: dict = field(default_factory=dict)  # {change: (worst |ratio - 1|, clipped share) with it} (a mismatch)
     lines: list = field(default_factory=list)  # the report
 
     @property
+    def on_policy(self) -> bool:
+        return self.worst <= self.tolerance and self.clipped <= CLIPPED_SHARE
+
+    @property
     def consistent(self) -> bool:
-        return self.worst <= self.tolerance
+        return self.on_policy and self.random <= RANDOM_SHARE * self.tolerance
+
+    def named(self) -> list:
+        """The changes that alone remove the mismatch or most of it (NAMED_SHARE of its worst |ratio - 1|)."""
+        return [change for change, (worst, clipped) in self.causes.items()
+                if (worst <= self.tolerance and clipped <= CLIPPED_SHARE) or worst <= (1 - NAMED_SHARE) * self.worst]
+
+
+def stochastic_layers(model, most: int = 5) -> list:
+    """The names of ``model``'s dropout layers with p > 0 (at most ``most``, then how many more)."""
+    found = [f"{name} (p={module.p:g})" for name, module in model.named_modules()
+             if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0]
+    return found[:most] + ([f"{len(found) - most} more"] if len(found) > most else [])
 
 
 def check_config(config, directory: str):
@@ -65,14 +122,22 @@ def check_config(config, directory: str):
     return config
 
 
+class CheckFailed(RuntimeError):
+    """The check was built but failed while it ran (sampling, scoring, the re-scoring): not a usage error."""
+
+
 def run_check(config, say=print) -> CheckResult:
-    """Build, sample, compare (module docstring); prints the report through ``say`` and returns it."""
+    """Build, sample, compare (module docstring); prints the report through ``say`` and returns it. An error building
+    the run (the config, the model, the reward or prompts it names) propagates as it is; one while the check runs is
+    raised as CheckFailed."""
     from ddpo_group.run.trainer import Trainer  # the run as training builds it
 
     with tempfile.TemporaryDirectory() as directory:
         trainer = Trainer(check_config(config, directory))
         try:
             return Preflight(trainer, say).run()
+        except Exception as error:
+            raise CheckFailed(f"the check failed while it ran: {type(error).__name__}: {error}") from error
         finally:
             trainer.rollouts.close()
 
@@ -88,24 +153,18 @@ class Preflight:
         start = time.perf_counter()
         batch = self.sample_batch()
         sampling_s = time.perf_counter() - start
-        if self.trainer.objective.kind == "policy_gradient":
-            result = self.rescore_check(batch)
-        else:
-            result = self.matching_check(batch)
+        policy_gradient = self.trainer.objective.kind == "policy_gradient"
+        result = self.rescore_check(batch) if policy_gradient else self.matching_check(batch)
         head = (f"pre-flight check: {config.preset or 'a config'} on {config.pretrained.model} ({family.name}), "
                 f"mixed_precision {config.mixed_precision}, {len(batch)} samples x {batch.num_steps} steps")
         lines = [head, f"checks: {result.checks}", ""] + result.lines
         verdict = "consistent" if result.consistent else "NOT consistent"
-        lines.append(f"verdict: {verdict} (worst {result.worst:.3g}, tolerance {result.tolerance:g} for "
-                     f"mixed_precision={config.mixed_precision})")
-        if result.causes:
-            named = [cause for cause, worst in result.causes.items() if worst <= result.tolerance]
-            lines.append("likely cause: " + (", ".join(named) if named else "none of the tested ones (each changed "
-                                             "alone leaves the difference above the tolerance)"))
-            lines += [f"  with {cause} changed: worst {worst:.3g}" for cause, worst in result.causes.items()]
-        if self.trainer.objective.kind == "policy_gradient" and result.worst > float(config.train.clip_range):
-            lines.append(f"note: train.clip_range={config.train.clip_range:g} is below this difference: the first "
-                         "update's clipping would act on it")
+        judged = f"worst {result.worst:.3g}, tolerance {result.tolerance:g} for mixed_precision={config.mixed_precision}"
+        if policy_gradient:
+            judged += (f"; {result.clipped:.1%} of the pairs outside the loss's trust region (train.clip_range="
+                       f"{config.train.clip_range:g}) before any update, at most {CLIPPED_SHARE:.0%} allowed")
+        lines.append(f"verdict: {verdict} ({judged})")
+        lines += self.cause_lines(result)
         lines += [""] + self.resources(batch, sampling_s)
         warnings = config_warnings(config)
         lines += ["", "config warnings:" if warnings else "config warnings: none"] + [f"  {w}" for w in warnings]
@@ -113,6 +172,26 @@ class Preflight:
         for line in lines:
             self.say(line)
         return result
+
+    def cause_lines(self, result: CheckResult) -> list:
+        """The report of a mismatch: a random training forward, and each change tested alone with what it removes."""
+        lines = []
+        if result.random > RANDOM_SHARE * result.tolerance:
+            layers = stochastic_layers(self.accelerator.unwrap_model(self.trainer.model))
+            lines.append(f"the training forward is random: the same pairs scored twice in training mode differ by up "
+                         f"to {result.random:.3g} in log-probability; stochastic layers active in training mode: "
+                         f"{', '.join(layers) or 'none of torch.nn.Dropout* (another random op)'}. Turn them off (p = 0: "
+                         "the denoiser config's dropout / attention_dropout fields) before training with it")
+        if not result.causes:
+            return lines
+        named = result.named()
+        lines.append("likely cause: " + (", ".join(named) if named else f"none of the tested ones (none alone removes "
+                                                                      f"{NAMED_SHARE:.0%} of the difference)"))
+        for change, (worst, clipped) in result.causes.items():
+            removed = 1 - worst / result.worst if result.worst > 0 else 0.0
+            lines.append(f"  with {change} changed: worst {worst:.3g} ({removed:.0%} of it removed), {clipped:.1%} "
+                         "outside the trust region")
+        return lines
 
     def sample_batch(self):
         """One sampling batch of the epoch's first round, with the training sampler and the rollout policy."""
@@ -130,28 +209,32 @@ class Preflight:
 
     # ------------------------------------------------------------------ the policy gradient
     def rescore_check(self, batch) -> CheckResult:
+        """Steps 1-4 of the module docstring."""
         trainer, config = self.trainer, self.config
-        mixed_precision = config.mixed_precision
         chunk = trainer.updater.chunk_size(batch)
         steps = torch.nonzero(self.family.stochastic_steps(config.sample)).flatten().tolist()
-        per_step = self.rescore(batch, chunk=chunk)
-        tolerance = RATIO_TOLERANCE[mixed_precision]
-        worst = max(max(row["ratio"] for row in per_step.values()), 0.0)
+        rescored = self.rescore(batch, chunk=chunk)
+        per_step = rescored.per_step()
         lines = [f"the training forward re-scores the {len(batch) * len(steps)} recorded transitions of the "
                  f"stochastic steps {steps}, {chunk} pairs a forward (train.pairs_per_forward)",
-                 f"{'step':>6}{'max |log-prob diff|':>22}{'max |ratio - 1|':>18}"]
-        lines += [f"{n:>6}{row['log_prob']:>22.3g}{row['ratio']:>18.3g}" for n, row in per_step.items()]
+                 f"{'step':>6}{'max |log-prob diff|':>22}{'max |ratio - 1|':>18}{'outside the trust region':>27}"]
+        lines += [f"{n:>6}{row['log_prob']:>22.3g}{row['ratio']:>18.3g}{row['clipped']:>27.1%}"
+                  for n, row in per_step.items()]
         result = CheckResult("the log-probability of every recorded stochastic transition under the training forward "
-                             "against the one recorded while sampling (|ratio - 1| = |exp(l_train - l_sampled) - 1|)",
-                             per_step, worst, tolerance, lines=lines)
-        if not result.consistent:
+                             "against the one recorded while sampling (|ratio - 1| = |exp(l_train - l_sampled) - 1|), "
+                             "and the share of pairs the policy loss's trust region acts on before any update",
+                             per_step, rescored.worst, RATIO_TOLERANCE[config.mixed_precision],
+                             clipped=rescored.clipped, random=self.randomness(batch, chunk), lines=lines)
+        if not result.on_policy and result.random <= RANDOM_SHARE * result.tolerance:
             result.causes = self.causes(batch, chunk)
+            result.lines.append(self.clip_range_line(rescored))
         return result
 
-    def rescore(self, batch, chunk: int, scorer=None, model=None, step_major: bool = False) -> dict:
-        """{step: {"log_prob": max |l - l_recorded|, "ratio": max |ratio - 1|}} of the stochastic steps' pairs scored
-        in training mode without gradients, ``chunk`` pairs a forward (``step_major``: the pairs of one step
-        together, as the sampling batch ran them)."""
+    def rescore(self, batch, chunk: int, scorer=None, model=None, step_major: bool = False,
+                recorded_dtype: str | None = None) -> Rescored:
+        """The stochastic steps' pairs scored in training mode without gradients, ``chunk`` pairs a forward
+        (``step_major``: the pairs of one step together, as the sampling batch ran them). ``recorded_dtype``: the
+        recorded log-probabilities computed again in that dtype from the recorded step means (the same Gaussian)."""
         trainer = self.trainer
         scorer = scorer or trainer.scorer
         model = model or trainer.model
@@ -161,28 +244,54 @@ class Preflight:
             pair_rows, pair_steps = rows.repeat(len(steps)), steps.repeat_interleave(len(rows))
         else:
             pair_rows, pair_steps = rows.repeat_interleave(len(steps)), steps.repeat(len(rows))
-        device = self.accelerator.device
+        device, updater = self.accelerator.device, trainer.updater
         scorer.prepare(batch.num_steps, device)
         was_training = model.training
         model.train()  # as the update runs it
+        differences, deviations, outside, kls = [], [], [], []
         try:
             with torch.no_grad(), self.accelerator.autocast():
-                log_prob = torch.cat([scorer(model, batch, pair_rows[c].to(device), pair_steps[c].to(device))
-                                      .log_prob.float() for c in torch.split(torch.arange(len(pair_rows)), chunk)])
+                for c in torch.split(torch.arange(len(pair_rows)), chunk):
+                    r, n = pair_rows[c].to(device), pair_steps[c].to(device)
+                    out = scorer(model, batch, r, n)
+                    recorded = batch.log_probs[r, n]
+                    if recorded_dtype is not None:
+                        recorded = gaussian_log_prob(batch.next_latents[r, n], batch.step_means[r, n], out.std,
+                                                     scorer.reduce, recorded_dtype)
+                    differences.append((out.log_prob.double() - recorded.double()).cpu())
+                    deviations.append(ratio_deviation(out.log_prob, recorded).cpu())
+                    means = {"mean": out.mean, "old_mean": batch.step_means[r, n], "std": out.std,
+                             "log_prob_reduce": scorer.reduce}
+                    outside.append(updater.loss.outside_trust_region(recorded, out.log_prob, **updater.bounds, **means,
+                                                                     **updater.loss_kwargs).cpu())
+                    kls.append(dppo_kl(out.mean, batch.step_means[r, n], out.std, scorer.reduce).cpu())
         finally:
             model.train(was_training)
-        recorded = batch.log_probs[pair_rows, pair_steps].float().cpu()
-        difference, ratio = log_prob.cpu() - recorded, ratio_deviation(log_prob.cpu(), recorded)
-        return {int(n): {"log_prob": float(difference[pair_steps == n].abs().max()),
-                         "ratio": float(ratio[pair_steps == n].max())} for n in steps}
+        return Rescored(pair_steps, torch.cat(differences), torch.cat(deviations).float(), torch.cat(outside),
+                        torch.cat(kls))
+
+    def randomness(self, batch, chunk: int) -> float:
+        """The largest difference of the first chunk's log-probabilities scored twice in training mode (0: the
+        training forward is a function of its inputs)."""
+        steps = torch.nonzero(self.family.stochastic_steps(self.config.sample)).flatten()
+        rows = torch.arange(len(batch)).repeat_interleave(len(steps))[:chunk]
+        pair_steps = steps.repeat(len(batch))[:chunk]
+        device, model, scorer = self.accelerator.device, self.trainer.model, self.trainer.scorer
+        was_training = model.training
+        model.train()
+        try:
+            with torch.no_grad(), self.accelerator.autocast():
+                first, second = (scorer(model, batch, rows.to(device), pair_steps.to(device)).log_prob
+                                 for _ in range(2))
+        finally:
+            model.train(was_training)
+        return float((first.double() - second.double()).abs().max())
 
     def causes(self, batch, chunk: int) -> dict:
-        """The worst |ratio - 1| with each testable cause changed alone (module docstring)."""
+        """{change: (worst |ratio - 1|, share outside the trust region)} with each testable change made alone (module
+        docstring)."""
         trainer, family, options = self.trainer, self.family, self.trainer.rollouts.sampler.options
         scorer = trainer.scorer
-
-        def worst(per_step: dict) -> float:
-            return max(row["ratio"] for row in per_step.values())
 
         dtype = batch.cond[family.cond_keys[0]].dtype
         schedule = family.schedule(batch.num_steps, self.accelerator.device)
@@ -194,13 +303,16 @@ class Preflight:
                 lambda: self.rescore(batch, chunk, scorer=replace(scorer, guidance_scale=options.guidance_scale)),
             "noise level (the sampler's: sample.noise_level)":
                 lambda: self.rescore(batch, chunk, scorer=replace(scorer, noise_level=max(levels))),
-            "precision (the recorded latents rounded to the model's dtype)":
-                lambda: self.rescore(replace(batch, latents=batch.latents.to(dtype).float(),
-                                             next_latents=batch.next_latents.to(dtype).float()), chunk),
-            "chunk size (the sampling batch's pairs in one forward: train.pairs_per_forward)":
+            "precision (each recorded x_n rounded to the model's dtype, as the sampler's model read it)":
+                lambda: self.rescore(replace(batch, latents=batch.latents.to(dtype).float()), chunk),
+            f"layout (the sampling batch's pairs in one forward, as it ran them: train.pairs_per_forward="
+            f"{len(batch)} with sample.batch_size={len(batch)})":
                 lambda: self.rescore(batch, len(batch), step_major=True),
             "timesteps (the family's schedule instead of the recorded step tensors)":
                 lambda: self.rescore(replace(batch, steps=scheduled), chunk),
+            "log-prob in float64 (sample.log_prob_dtype='float64', as Flow-Factory reduces it)":
+                lambda: self.rescore(batch, chunk, scorer=replace(scorer, log_prob_dtype="float64"),
+                                     recorded_dtype="float64"),
         }
         from ddpo_group.models.speed_options import eager
 
@@ -210,7 +322,22 @@ class Preflight:
                 with eager(self.accelerator.unwrap_model(trainer.model)):
                     return self.rescore(batch, chunk)
             variants["compilation (the eager forward: compile_denoiser)"] = eager_rescore
-        return {name: worst(variant()) for name, variant in variants.items()}
+        return {name: (rescored.worst, rescored.clipped) for name, rescored in
+                ((name, variant()) for name, variant in variants.items())}
+
+    def clip_range_line(self, rescored: Rescored) -> str:
+        """The bound at which at most CLIPPED_SHARE of the pairs would be outside the loss's trust region before any
+        update: a ratio-clipping loss's clip range (the quantile of |ratio - 1|), dppo's KL threshold (of the step
+        KL)."""
+        if self.trainer.updater.loss.trust_region is outside_kl_bound:
+            needed = float(torch.quantile(rescored.kl.double(), 1 - CLIPPED_SHARE))
+            field, now = "train.kl_threshold", self.config.train.kl_threshold
+        else:
+            needed = float(torch.quantile(rescored.deviation.double(), 1 - CLIPPED_SHARE))
+            field, now = "train.clip_range", self.config.train.clip_range
+        return (f"  a larger bound: {field} > {needed:.3g} would leave at most {CLIPPED_SHARE:.0%} of the pairs outside "
+                f"the trust region before any update (now {now:g}: it would then hold the update's change to that "
+                "instead)")
 
     # ------------------------------------------------------------------ a matching or preference objective
     def matching_check(self, batch) -> CheckResult:

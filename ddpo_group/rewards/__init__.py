@@ -27,7 +27,7 @@ from __future__ import annotations
 from ddpo_group.registry import import_submodules
 from ddpo_group.rewards.base import (  # noqa: F401  (the package's interface)
     REWARD_ENTRY_POINT_GROUP, REWARD_REGISTRY, RewardFn, RewardUnavailable, check_rewards, get_reward_factory,
-    image_features_of, is_groupwise, register_reward,
+    image_features_of, is_groupwise, pointwise_score, register_reward, rising_measure,
 )
 
 

@@ -65,6 +65,26 @@ def is_groupwise(reward_fn) -> bool:
     return bool(getattr(reward_fn, GROUPWISE_ATTRIBUTE, False))
 
 
+POINTWISE_SCORE_ATTRIBUTE = "pointwise_score"  # a groupwise reward's info entry of each image's own score
+
+
+def pointwise_score(reward_fn) -> str | None:
+    """The info entry in which a groupwise reward gives each image's own score (a win rate under a reward judge, a
+    rank: the judge's ``score``), which rises as training works where the reward's mean over a group cannot (a win
+    rate's is 1/2 whatever the images); None for a pointwise reward, or a groupwise one without such a score (a VLM
+    judge's win rate)."""
+    return getattr(reward_fn, POINTWISE_SCORE_ATTRIBUTE, None) if is_groupwise(reward_fn) else None
+
+
+def rising_measure(reward_fn) -> str | None:
+    """The evaluation metric that training on ``reward_fn`` raises (run/guard.py): eval/reward_mean, a groupwise
+    reward's pointwise score (eval/reward_info/<entry>), or None when a groupwise reward declares none."""
+    if not is_groupwise(reward_fn):
+        return "eval/reward_mean"
+    score = pointwise_score(reward_fn)
+    return f"eval/reward_info/{score}" if score else None
+
+
 IMAGE_FEATURES_ATTRIBUTE = "image_features"  # images [B, 3, H, W] -> [B, d]: a reward's own image encoder (CLIP's)
 
 

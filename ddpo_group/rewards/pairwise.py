@@ -9,7 +9,8 @@ pairwise judge. For a group of G images, the judge is asked once per pair i < j 
 With ``both_orders`` the judge is also asked (j, i), and P(i beats j) = (p(i, j) + 1 - p(j, i)) / 2, which cancels a
 judge's preference for the first or the second position (twice the requests). Every group's mean win rate is 1/2: the
 reward says which images of a group are better, not how good the group is (the evaluation's mean is 1/2 too; its
-``reward_info`` entries, e.g. the judge ``reward``'s ``score``, are absolute).
+``reward_info`` entries, e.g. the judge ``reward``'s ``score``, are absolute: the reward declares it as its
+``pointwise_score``, which the guard reads where the mean says nothing; a VLM judge has none).
 
 ``rank``: the rank of each image's reward within its group, scaled to [0, 1], ties sharing their mean rank:
 
@@ -47,7 +48,7 @@ import torch
 
 from ddpo_group.registry import Registry
 from ddpo_group.rewards import check_rewards, make_reward_fn, register_reward
-from ddpo_group.rewards.base import GROUPWISE_ATTRIBUTE
+from ddpo_group.rewards.base import GROUPWISE_ATTRIBUTE, POINTWISE_SCORE_ATTRIBUTE
 
 PAIRWISE_JUDGES = Registry("pairwise judge")
 register_judge = PAIRWISE_JUDGES.register
@@ -131,6 +132,7 @@ def win_rate(judge: str = "vlm", judge_kwargs: dict | None = None, both_orders: 
         p = judge_probabilities(p, len(pairs), judge)
         return win_rates(pair_wins(p, pairs, size)), info
 
+    fn.pointwise_score = getattr(compare, POINTWISE_SCORE_ATTRIBUTE, None)  # the judge's own score, if it has one
     return fn
 
 
@@ -144,6 +146,7 @@ def rank(reward_fn="", reward_fn_kwargs: dict | None = None):
         s, info = score(images, prompts, metadata)
         return normalized_ranks(s), info
 
+    fn.pointwise_score = "score"  # the ranked reward's own score (rewards/base.py's pointwise_score)
     return fn
 
 
@@ -182,6 +185,7 @@ def reward_judge(reward_fn="", reward_fn_kwargs: dict | None = None, temperature
             p = (torch.sign(difference) + 1) / 2
         return p, info
 
+    judge.pointwise_score = "score"  # each image's reward: the win rate's pointwise score (rewards/base.py)
     return judge
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ddpo_group.algorithms import (
-    AdvantageInputs, AdvantageOutput, component_metrics, component_normalized_sum, get_objective, get_policy_loss,
+    AdvantageInputs, AdvantageOutput, component_metrics, component_normalized_sum, get_objective,
     zero_variance_group_filter,
 )
 from ddpo_group.algorithms.advantages import EstimatorSpec
@@ -191,9 +191,10 @@ class RolloutCollector:
         if estimator.reads(config, "tweedie_values"):
             tweedie_steps = valued_steps(family.stochastic_steps(config.sample))
         cache_size = int(config.sample.text_embedding_cache)
-        # the rollout policy's step means are recorded only for a loss that needs them (a latent-sized tensor a step)
+        # the rollout policy's step means (a latent-sized tensor a step): the policy gradient's exact policy KL
+        # (update/policy_update.py) and a loss that reads them (ratio_norm)
         options = SamplingOptions.rollouts(
-            config.sample, family, record_means=get_policy_loss(config.algorithm.policy_loss).needs_old_means,
+            config.sample, family, record_means=not get_objective(config.algorithm.objective).is_matching,
             branches=self.branches)
         # the reward calls (RewardScorer: after an out-of-memory error the batch size that fits is kept for the run)
         self.sampler = RolloutSampler(family, options, RewardScorer(reward_fn, config.reward_fn),

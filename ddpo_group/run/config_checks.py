@@ -12,7 +12,7 @@ import math
 from ddpo_group.errors import ConfigError
 from ddpo_group.models.speed_options import attention_backends, compile_mode
 from ddpo_group.models.trainable import DTYPES
-from ddpo_group.sampling.gaussian import REDUCTIONS
+from ddpo_group.sampling.gaussian import LOG_PROB_DTYPES, REDUCTIONS
 from ddpo_group.sampling.window import stochastic_steps
 from ddpo_group.update.memory_fit import configured_pairs
 
@@ -140,6 +140,8 @@ def sampling_and_training_errors(config, num_processes: int, groupwise_reward: b
         sample.log_prob_reduce in REDUCTIONS,
         f"sample.log_prob_reduce={sample.log_prob_reduce!r} must be one of {REDUCTIONS}",
     )
+    need(sample.log_prob_dtype in LOG_PROB_DTYPES,
+         f"sample.log_prob_dtype={sample.log_prob_dtype!r} must be one of {list(LOG_PROB_DTYPES)}")
     need(
         0 < train.step_fraction <= 1,
         f"train.step_fraction={train.step_fraction} must be in (0, 1]",
@@ -288,7 +290,10 @@ def evaluation_and_ema_errors(config) -> list[str]:
     need(isinstance(guard.min_diversity, (int, float)) and 0 <= guard.min_diversity <= 1,
          f"guard.min_diversity={guard.min_diversity!r} must be in [0, 1] (a fraction of the diversity before training)")
     need(isinstance(guard.max_drift, (int, float)) and guard.max_drift > 0,
-         f"guard.max_drift={guard.max_drift!r} must be > 0 (the statistics are in [0, 1])")
+         f"guard.max_drift={guard.max_drift!r} must be > 0 (times a statistic's spread over the images before "
+         "training)")
+    need(isinstance(guard.fall_drop, (int, float)) and guard.fall_drop >= 0,
+         f"guard.fall_drop={guard.fall_drop!r} must be >= 0 (standard errors of the evaluation)")
     train = config.train
     decay, interval = train.ema_decay, train.ema_update_interval
     if train.ema:

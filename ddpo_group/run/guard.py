@@ -1,18 +1,34 @@
-"""The guard: rules over the evaluations during training (run/periodic_eval.py) that name reward hacking and collapse
-when they begin, instead of after the GPU hours are spent, and the best evaluation whose weights are kept.
+"""The guard: rules over the evaluations during training (run/periodic_eval.py) that name reward hacking, a fall and
+collapse when they begin, instead of after the GPU hours are spent, and the best evaluation whose weights are kept.
 
-Each evaluation (epoch -1: before training) gives the guard its metrics:
+The measures it reads (every evaluation, epoch -1: before training):
 
-    best       the evaluation with the highest held-out reward (eval_heldout/reward_mean: eval_reward_fn), else the
-               highest eval/reward_mean; its weights are kept (lora_best/, or best/ for full fine-tuning)
-    heldout    eval_heldout/reward_mean < its best - guard.heldout_drop x SE while eval/reward_mean > its value at
-               that best evaluation: the held-out reward falls while the trained one rises (SE: the held-out reward's
-               std over the evaluation's images / sqrt(their number), at the best evaluation)
+    rising     what training raises: eval/reward_mean; for a groupwise reward (a win rate, a rank: its evaluation mean
+               is the same whatever the images) the pointwise score it declares (rewards/base.py's
+               ``pointwise_score``, e.g. eval/reward_info/score, the judge's score), or none when it has none
+    measure    what the best evaluation is chosen by: the held-out reward (eval_heldout/reward_mean: eval_reward_fn),
+               else the rising measure, else eval/reward_mean
+    SE         a measure's standard error at an evaluation: the std over its N x M images / sqrt(their number)
+
+The rules, each raising its alarm once:
+
+    heldout    the held-out reward below its best by more than guard.heldout_drop SE while the rising measure rose
+               above its value at that best (no rising measure: the held-out fall alone): the trained reward is hacked
+    fall       the rising measure below its best by more than guard.fall_drop SE and below its value before training:
+               the run lost what it had learnt (the measure it is trained on falls)
     diversity  eval/diversity < guard.min_diversity x its value before training: each prompt's images alike
-    drift      some |eval/drift/<statistic>| > guard.max_drift: the images' look moved (run/reporting/image_stats.py)
+    drift      some |eval/drift/<statistic>| > guard.max_drift x that statistic's spread over the images before
+               training (eval/image_spread/<statistic>: the std over the images): the images' look moved
+               (run/reporting/image_stats.py)
 
-A rule raises its alarm once; ``guard.on_alarm`` says what an alarm does (the trainer: "warn", "stop", "off"). Every
-process observes the same gathered metrics, so all decide alike. A resumed run replays its eval.jsonl.
+The best evaluation is chosen on one half of the evaluation's images (the even initial noises of each prompt: its
+measure's select_half/ entry) and its score reported on the other half (report_half/): the best of several
+evaluations of the same images is biased up by its own selection, the other half's is not. Its weights are kept
+(lora_best/, best/) with best.json holding both (``selected_on``, ``reported_on``).
+
+``guard.on_alarm`` says what an alarm does: "warn" one line, "stop" the line then a checkpoint and exit 0, "off"
+nothing (``Guard.after_evaluation``). Every process observes the same gathered metrics, so all decide alike. A resumed
+run replays its eval.jsonl.
 """
 
 from __future__ import annotations
@@ -21,75 +37,101 @@ import math
 from dataclasses import dataclass
 
 ON_ALARM = ("warn", "stop", "off")
+SELECT, REPORT = "select_half", "report_half"
 
 
 @dataclass
 class Alarm:
-    rule: str  # "heldout", "diversity" or "drift"
+    rule: str  # "heldout", "fall", "diversity" or "drift"
     message: str
 
 
+def half(measure: str, which: str) -> str:
+    """``measure``'s entry on one half of the evaluation's images: eval/reward_mean -> eval/<which>/reward_mean."""
+    prefix, _, rest = measure.partition("/")
+    return f"{prefix}/{which}/{rest}"
+
+
 class Guard:
-    def __init__(self, config, heldout: bool):
-        """``config``: the config's guard section; ``heldout``: whether the evaluations hold held-out rewards."""
+    def __init__(self, config, heldout: bool, rising: str | None = "eval/reward_mean"):
+        """``config``: the config's guard section; ``heldout``: whether the evaluations hold held-out rewards;
+        ``rising``: the metric training raises (module docstring), None for a reward that declares none."""
         if config.on_alarm not in ON_ALARM:
             raise ValueError(f"guard.on_alarm={config.on_alarm!r} must be one of {ON_ALARM}")
-        self.config, self.heldout = config, heldout
-        self.best: dict | None = None  # {"epoch", "score", "reward", "se"} of the best evaluation so far
-        self.start_diversity: float | None = None
+        self.config, self.heldout, self.rising = config, heldout, rising
+        self.measure = "eval_heldout/reward_mean" if heldout else (rising or "eval/reward_mean")
+        self.best: dict | None = None  # the best evaluation so far: epoch, its selection and report scores, SE
+        self.peak: dict | None = None  # the rising measure's best evaluation so far: epoch, value, SE
+        self.start: dict = {}  # the evaluation before training: the rising measure, eval/diversity, the spreads
         self.raised: set[str] = set()
-
-    @property
-    def measure(self) -> str:
-        return "eval_heldout/reward_mean" if self.heldout else "eval/reward_mean"
 
     def observe(self, epoch: int, metrics: dict) -> tuple[bool, list[Alarm]]:
         """(whether evaluation ``epoch`` is the best so far, the alarms it raises for the first time)."""
-        score = metrics[self.measure]
-        best = self.best is None or score > self.best["score"]
+        if epoch < 0 or not self.start:
+            self.start = dict(metrics)
+        selected = metrics.get(half(self.measure, SELECT), metrics[self.measure])
+        best = self.best is None or selected > self.best["selected"]
         if best:
-            std = metrics.get("eval_heldout/reward_std", 0.0) if self.heldout else 0.0
-            self.best = {"epoch": epoch, "score": score, "reward": metrics["eval/reward_mean"],
-                         "se": std / math.sqrt(max(int(metrics.get("eval/num_images", 1)), 1))}
-        if epoch < 0 or self.start_diversity is None:
-            self.start_diversity = metrics.get("eval/diversity")
+            self.best = {"epoch": epoch, "selected": selected, "score": metrics[self.measure],
+                         "reported": metrics.get(half(self.measure, REPORT), metrics[self.measure]),
+                         "rising": metrics.get(self.rising), "se": standard_error(metrics, self.measure)}
+        if self.rising in metrics and (self.peak is None or metrics[self.rising] > self.peak["value"]):
+            self.peak = {"epoch": epoch, "value": metrics[self.rising], "se": standard_error(metrics, self.rising)}
         alarms = [alarm for alarm in self.rules(epoch, metrics) if alarm.rule not in self.raised]
         self.raised |= {alarm.rule for alarm in alarms}
         return best, alarms
 
     def rules(self, epoch: int, metrics: dict) -> list[Alarm]:
-        c, best, alarms = self.config, self.best, []
+        config, best, alarms = self.config, self.best, []
         after = f"after epoch {epoch}"
         if self.heldout and epoch > best["epoch"]:
-            score, reward = metrics[self.measure], metrics["eval/reward_mean"]
-            if score < best["score"] - c.heldout_drop * best["se"] and reward > best["reward"]:
+            score, rising = metrics[self.measure], metrics.get(self.rising)
+            rose = rising is None or best["rising"] is None or rising > best["rising"]
+            if score < best["score"] - config.heldout_drop * best["se"] and rose:
+                trained = (f"while the training reward's evaluation ({self.rising}) rose from {best['rising']:.4f} to "
+                           f"{rising:.4f}" if rising is not None and best["rising"] is not None else
+                           "(the training reward states no pointwise score that rises)")
                 alarms.append(Alarm("heldout", (
                     f"the held-out reward fell to {score:.4f} {after}, {best['score'] - score:.4f} below its best "
-                    f"{best['score']:.4f} (epoch {best['epoch']}; more than guard.heldout_drop={c.heldout_drop:g} "
-                    f"standard errors of {best['se']:.4f}), while the training reward's evaluation rose from "
-                    f"{best['reward']:.4f} to {reward:.4f}: the trained reward is being hacked")))
-        diversity = metrics.get("eval/diversity")
-        if diversity is not None and self.start_diversity and diversity < c.min_diversity * self.start_diversity:
+                    f"{best['score']:.4f} (epoch {best['epoch']}; more than guard.heldout_drop={config.heldout_drop:g} "
+                    f"standard errors of {best['se']:.4f}), {trained}: the trained reward is being hacked")))
+        peak, start = self.peak, self.start.get(self.rising)
+        if peak is not None and self.rising in metrics and epoch > peak["epoch"] and start is not None:
+            value = metrics[self.rising]
+            if value < peak["value"] - config.fall_drop * peak["se"] and value < start:
+                alarms.append(Alarm("fall", (
+                    f"{self.rising} fell to {value:.4f} {after}, {peak['value'] - value:.4f} below its best "
+                    f"{peak['value']:.4f} (epoch {peak['epoch']}; more than guard.fall_drop={config.fall_drop:g} "
+                    f"standard errors of {peak['se']:.4f}) and below its {start:.4f} before training: the run is "
+                    "losing what it learnt")))
+        diversity, first = metrics.get("eval/diversity"), self.start.get("eval/diversity")
+        if diversity is not None and first and diversity < config.min_diversity * first:
             alarms.append(Alarm("diversity", (
-                f"eval/diversity fell to {diversity:.4f} {after}, below guard.min_diversity={c.min_diversity:g} of its "
-                f"{self.start_diversity:.4f} before training: each prompt's images look alike")))
-        drifts = {key: value for key, value in metrics.items() if key.startswith("eval/drift/")}
-        if drifts:
-            key = max(drifts, key=lambda k: abs(drifts[k]))
-            if abs(drifts[key]) > c.max_drift:
+                f"eval/diversity fell to {diversity:.4f} {after}, below guard.min_diversity={config.min_diversity:g} of "
+                f"its {first:.4f} before training: each prompt's images look alike")))
+        scaled = {}
+        for key, value in metrics.items():
+            if key.startswith("eval/drift/"):
+                spread = self.start.get(f"eval/image_spread/{key.rsplit('/', 1)[1]}")
+                if spread:
+                    scaled[key] = value / spread
+        if scaled:
+            key = max(scaled, key=lambda k: abs(scaled[k]))
+            if abs(scaled[key]) > config.max_drift:
+                name = key.rsplit("/", 1)[1]
                 alarms.append(Alarm("drift", (
-                    f"{key}={drifts[key]:+.4f} {after}: the images' {key.rsplit('/', 1)[1]} moved more than "
-                    f"guard.max_drift={c.max_drift:g} from before training")))
+                    f"{key}={metrics[key]:+.4f} {after}: the images' {name} moved {abs(scaled[key]):.2f} times its "
+                    f"spread over the images before training ({self.start[f'eval/image_spread/{name}']:.4f}), more "
+                    f"than guard.max_drift={config.max_drift:g}")))
         return alarms
 
     def after_evaluation(self, epoch: int, metrics: dict, session, weights) -> None:
         """Evaluation ``epoch`` observed: its weights, inside ``weights()``, kept when it is the best so far
-        (session.keep_best), and each alarm it raises acted on as guard.on_alarm says: "warn" one line naming the
-        rule, its numbers and the best evaluation; "stop" that line, then the run stops after this epoch with a
-        checkpoint and exit 0 (session.stop_by_guard); "off" nothing."""
+        (session.keep_best, with the score it was selected on and the one reported), and each alarm it raises acted
+        on as guard.on_alarm says (module docstring)."""
         best, alarms = self.observe(epoch, metrics)
         if best:
-            session.keep_best(epoch, self.measure, metrics[self.measure], weights)
+            session.keep_best(epoch, self.measure, self.best_record(), weights)
         if self.config.on_alarm == "off":
             return
         for alarm in alarms:
@@ -99,12 +141,24 @@ class Guard:
             if self.config.on_alarm == "stop":
                 session.stop_by_guard(alarm.message)
 
+    def best_record(self) -> dict:
+        """best.json's scores: chosen on one half of the evaluation's images, reported on the other."""
+        return {"score": self.best["reported"],
+                "selected_on": {"images": "the even initial noises of each prompt", "score": self.best["selected"]},
+                "reported_on": {"images": "the odd initial noises of each prompt", "score": self.best["reported"]}}
+
     def best_line(self) -> str:
-        return (f"the best evaluation so far: epoch {self.best['epoch']}, {self.measure}={self.best['score']:.4f}"
-                if self.best else "no evaluation yet")
+        return (f"the best evaluation so far: epoch {self.best['epoch']}, {self.measure}={self.best['reported']:.4f} "
+                "on the half of its images it was not chosen on" if self.best else "no evaluation yet")
 
     def replay(self, records: list[dict]) -> None:
         """A resumed run's evaluations (eval.jsonl, rewound to its checkpoint), observed again without a word."""
         for record in records:
             if self.measure in record:
                 self.observe(record["epoch"], record)
+
+
+def standard_error(metrics: dict, measure: str) -> float:
+    """``measure``'s standard error at an evaluation: the std of its entry over the images / sqrt(their number)."""
+    std = metrics.get(measure.replace("_mean", "_std") if measure.endswith("reward_mean") else f"{measure}_std", 0.0)
+    return float(std) / math.sqrt(max(int(metrics.get("eval/num_images", 1)), 1))

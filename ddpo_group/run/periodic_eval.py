@@ -49,9 +49,10 @@ import torch
 
 from ddpo_group.errors import ConfigError
 from ddpo_group.prompts import draw_prompts
+from ddpo_group.rewards import pointwise_score
 from ddpo_group.rewards.combine import component_label
-from ddpo_group.run.reporting.image_stats import (PIXELS, STATISTICS, as_images, diversity, drift, image_statistics,
-                                         pixel_features)
+from ddpo_group.run.reporting.image_stats import (PIXELS, STATISTICS, as_images, diversity, drift, image_spreads,
+                                                   image_statistics, pixel_features)
 from ddpo_group.sampling.trajectories import SamplingOptions, rows_of, sample_trajectories
 
 EVAL_SEED_OFFSET = 7_919  # the prompt draw's seed is seed + this: apart from the training prompt sampler (seed)
@@ -219,7 +220,7 @@ class PeriodicEvaluation:
             model.train(training)
             self.family.schedule(sample.num_steps, self.accelerator.device)  # the training sampler's timesteps
         rewards = scored[0][0]
-        metrics = self.metrics("eval", *scored[0])
+        metrics = self.metrics("eval", *scored[0], pointwise=pointwise_score(self.reward_scorer.reward_fn))
         if self.heldout_scorer is not None:
             metrics.update(self.metrics("eval_heldout", *scored[1], groups=False))
             components = getattr(self.heldout_scorer.reward_fn, "components", None)
@@ -247,6 +248,7 @@ class PeriodicEvaluation:
             features = pixel_features(images)
         return {"eval/diversity": diversity(features, self.num_seeds, cosine=self.image_features is not None),
                 **{f"eval/image/{name}": value for name, value in statistics.items()},
+                **{f"eval/image_spread/{name}": value for name, value in image_spreads(images).items()},
                 **drift(statistics, self.start)}
 
     def restore(self, records: list[dict]) -> None:
@@ -305,13 +307,24 @@ class PeriodicEvaluation:
         return out, self.gather(torch.cat(images))[:n]
 
     def metrics(self, prefix: str, rewards: torch.Tensor, components: torch.Tensor, labels: list,
-                groups: bool = True) -> dict:
+                groups: bool = True, pointwise: str | None = None) -> dict:
         """Mean and std of the rewards, each component's mean, and (``groups``) the mean of each prompt group (module
-        docstring)."""
+        docstring); the rewards' mean on each half of the images (select_half/, report_half/: the guard chooses the
+        best evaluation on one and reports it on the other), and so the ``pointwise`` component's (a groupwise
+        reward's declared score), with its std."""
         out = {f"{prefix}/reward_mean": float(rewards.mean()),
                f"{prefix}/reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0}
         for k, label in enumerate(labels):
             out[f"{prefix}/reward_info/{label}"] = float(components[:, k].mean())
+        select = self.selection_half(len(rewards))
+        report = ~select if bool((~select).any()) else select  # one image: both halves are it
+        out[f"{prefix}/select_half/reward_mean"] = float(rewards[select].mean())
+        out[f"{prefix}/report_half/reward_mean"] = float(rewards[report].mean())
+        if pointwise in labels:
+            values = components[:, labels.index(pointwise)]
+            out[f"{prefix}/reward_info/{pointwise}_std"] = float(values.std()) if len(values) > 1 else 0.0
+            out[f"{prefix}/select_half/reward_info/{pointwise}"] = float(values[select].mean())
+            out[f"{prefix}/report_half/reward_info/{pointwise}"] = float(values[report].mean())
         if not groups:
             return out
         values_of: dict[str, list[float]] = {}
@@ -320,6 +333,12 @@ class PeriodicEvaluation:
         for name, values in values_of.items():
             out[f"{prefix}/{name}"] = sum(values) / len(values)
         return out
+
+    def selection_half(self, rows: int) -> torch.Tensor:
+        """[rows] bool: the images the best evaluation is chosen on, each prompt's even initial noises (every other
+        prompt when it has one noise); the others report it (run/guard.py)."""
+        index = torch.arange(rows)
+        return (index % self.num_seeds) % 2 == 0 if self.num_seeds > 1 else (index // self.num_seeds) % 2 == 0
 
     def group_of(self, prompt_index: int) -> str:
         if self.group_by:

@@ -235,11 +235,12 @@ class RunSession:
         """Stop after this epoch, with a checkpoint and a clean exit: the guard's alarm (run/guard.py)."""
         self.guard_stop = f"training stopped by the guard after an alarm: {message}"
 
-    def keep_best(self, epoch: int, measure: str, score: float, weights=nullcontext) -> Path:
+    def keep_best(self, epoch: int, measure: str, scores: dict, weights=nullcontext) -> Path:
         """The weights of evaluation ``epoch``, the best so far by ``measure`` (run/guard.py), inside ``weights()``
         (the EMA's when the evaluation sampled with it): with LoRA lora_best/ (diffusers format), else best/ (the
         trained weights, model.safetensors, as scripts/evaluate.py loads them); each with best.json naming the
-        evaluation. Written beside and then moved in: an interruption leaves the previous best whole."""
+        evaluation and its ``scores`` ("score", the one reported, and where it was selected and reported). Written
+        beside and then moved in: an interruption leaves the previous best whole."""
         with self.timer.phase("checkpoint"):
             target, state = self.best_path(), None
             if not self.config.use_lora:  # every process (FSDP gathers the full weights on the main process)
@@ -259,7 +260,7 @@ class RunSession:
                         partial.mkdir(parents=True)
                         save_file({k: v.detach().cpu().contiguous() for k, v in state.items() if k in kept},
                                   str(partial / "model.safetensors"))
-                    record = {"epoch": epoch, "measure": measure, "score": score}
+                    record = {"epoch": epoch, "measure": measure, **scores}
                     (partial / BEST_RECORD).write_text(json.dumps(record) + "\n")
                     shutil.rmtree(target, ignore_errors=True)
                     os.replace(partial, target)

@@ -35,10 +35,10 @@ from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import ConfigError, EpochAbandoned, NonFiniteLossError
 from ddpo_group.models.speed_options import (check_cuda_graphs, compile_denoiser, sampling_denoiser,
                                              set_attention_backend)
-from ddpo_group.models.trainable import build_policy, lora_config, make_optimizer
+from ddpo_group.models.trainable import apply_settings, build_policy, lora_config, make_optimizer, optimizer_settings
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
-from ddpo_group.rewards import is_groupwise, make_reward_fn
+from ddpo_group.rewards import is_groupwise, make_reward_fn, rising_measure
 from ddpo_group.rollout.collector import Estimation, RolloutCollector
 from ddpo_group.run.config_checks import config_warnings, validate_config
 from ddpo_group.run.processes.cpu_fsdp import enable_fsdp_on_cpu
@@ -101,11 +101,18 @@ class Trainer:
         if config.eval_freq:
             self.evaluation = PeriodicEvaluation.from_config(config, self.accelerator, self.family,
                                                              self.rollouts.reward_scorer, self.shards.gather)
-            self.guard = Guard(config.guard, heldout=self.evaluation.heldout_scorer is not None)
+            self.guard = Guard(config.guard, heldout=self.evaluation.heldout_scorer is not None,
+                               rising=rising_measure(self.reward_fn))
         export_ema = self.ema is not None and config.train.ema_export  # the exported LoRA holds the EMA weights
         self.session.attach(self.accelerator, self.model, self.family, self.checkpointed_state(), self.timer,
                             lora_weights=self.ema.swapped_in if export_ema else nullcontext)
         self.pairs_per_forward.restore()  # a resumed run: the sizes its first run chose
+        if self.session.resume_path is not None:  # a resumed optimizer keeps its saved settings unless told here
+            changed = apply_settings(self.optimizer, optimizer_settings(config))
+            if self.critic is not None:
+                changed += apply_settings(self.critic.optimizer, Critic.settings(config))
+            for line in changed:
+                self.session.print(line)
         if self.evaluation is not None:  # a resumed run: its evaluations so far (eval.jsonl, rewound to the checkpoint)
             records = self.session.evaluations()
             self.evaluation.restore(records)
@@ -114,7 +121,8 @@ class Trainer:
                                         config.log_images_every, self.session.print)
         self.throughput = Throughput(self.accelerator, config.mixed_precision, self.model_flops, self.session.print)
         self.nfe = DenoiserEvaluations()  # perf/nfe_*: the denoisers' forwards while sampling and while training
-        self.on_policy = OnPolicyWatch(config.mixed_precision, self.session.print)  # train/ratio_before_update
+        # train/ratio_before_update and train/clipped_before_update against their bounds
+        self.on_policy = OnPolicyWatch(config.mixed_precision, config.train.clip_range, self.session.print)
         sampling_copy = [self.sampling_model] if self.sampling_model is not self.family.model else []
         for module in self.family.denoisers() + self.denoiser_copies() + sampling_copy:
             self.nfe.watch(module)
@@ -257,7 +265,8 @@ class Trainer:
                 with self.timer.phase("training"), names_the_setting("training", self.chunk_setting()), \
                         self.nfe.counting("training"):
                     train = self.updater.train_epoch(batch, show_progress=self.accelerator.is_local_main_process)
-            self.on_policy(train.get("ratio_before_update"))  # warned once: the update is off-policy from its start
+            # warned once: the update is off-policy from its start
+            self.on_policy(train.get("ratio_before_update"), train.get("clipped_before_update"))
             self.state.global_step += train.pop("optimizer_steps")
             pairs = train.pop("pairs")
             # 4. update the critic

@@ -116,6 +116,7 @@ def ddim_step_with_logprob(
     generator: torch.Generator | list[torch.Generator] | None = None,
     compute_log_prob: bool = True,
     reduce: str = "mean",
+    log_prob_dtype: str = "float32",
 ) -> DDIMStepOutput:
     """One DDIM step x_n -> x_{n+1} as a Gaussian policy with its log-density (diffusers' ``DDIMScheduler.step``, the
     same math, plus the log-probability).
@@ -172,7 +173,7 @@ def ddim_step_with_logprob(
     if compute_log_prob:
         if eta <= 0:
             raise ValueError(f"eta={eta}: a DDIM step with eta = 0 is deterministic and has no log-probability")
-        log_prob = gaussian_log_prob(next_latents, mean, std, reduce)
+        log_prob = gaussian_log_prob(next_latents, mean, std, reduce, log_prob_dtype)
     # 7. the step's length in flow time (GRPO-Guard's weight, algorithms/policy_losses.py)
     return DDIMStepOutput(next_latents=next_latents, log_prob=log_prob, mean=mean, std=std,
                           step_length=flow_time(alpha_prod_t) - flow_time(alpha_prod_prev), clean_hat=clean_hat)

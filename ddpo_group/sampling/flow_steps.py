@@ -92,6 +92,7 @@ def flow_step_with_logprob(
     generator: torch.Generator | list[torch.Generator] | None = None,
     compute_log_prob: bool = True,
     reduce: str = "mean",
+    log_prob_dtype: str = "float32",
 ) -> StepOutput:
     """One flow-matching step x_s -> x_{s_next} as a Gaussian (module docstring).
 
@@ -117,7 +118,7 @@ def flow_step_with_logprob(
         if not bool((std > 0).all()):
             raise ValueError(f"{sde_type} step with noise_level={noise_level} has std 0 (a deterministic step): it has "
                              "no log-probability")
-        log_prob = gaussian_log_prob(next_latents, mean, std, reduce)
+        log_prob = gaussian_log_prob(next_latents, mean, std, reduce, log_prob_dtype)
     return StepOutput(next_latents=next_latents, log_prob=log_prob, mean=mean, std=std, step_length=s - s_next,
                       clean_hat=x - _per_row(s, x) * v)  # x_s = (1 - s) x_clean + s eps and v = eps - x_clean
 

@@ -4,7 +4,9 @@ A stochastic step is x_{n+1} ~ N(mean, std^2 I) with one std per row; its log-pr
 
     l = reduce( -(x_{n+1} - mean)^2 / (2 std^2) - log std - log sqrt(2 pi) )
 
-reduced over every latent dimension (``sample.log_prob_reduce``: the mean, DDPO's convention, or the sum).
+reduced over every latent dimension (``sample.log_prob_reduce``: the mean, DDPO's convention, or the sum), computed
+in float32 or, ``sample.log_prob_dtype="float64"``, in float64 (Flow-Factory's reduction: the sum over a large
+latent's D elements rounds about D times more than the mean, which float32 makes visible against a clip range of 1e-4).
 
 Every step also reports its length on the flow-matching time axis, ``step_length`` = s_n - s_{n+1} > 0 (flow
 steps: -dt; DDIM: the same on the equivalent flow time, sampling/ddim.py): GRPO-Guard's per-step loss weight
@@ -20,6 +22,7 @@ import torch
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 REDUCTIONS = ("mean", "sum")
+LOG_PROB_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 @dataclass
@@ -47,8 +50,14 @@ def reduce_latent_dims(x: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
     raise ValueError(f"reduce={reduce!r} is not a log-prob reduction; use one of {REDUCTIONS}")
 
 
-def gaussian_log_prob(next_latents: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
-    """l [N] of ``next_latents`` under N(mean, std^2) (std [N]), no gradient through the sample."""
+def gaussian_log_prob(next_latents: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, reduce: str = "mean",
+                      dtype: str = "float32") -> torch.Tensor:
+    """l [N] of ``next_latents`` under N(mean, std^2) (std [N]), no gradient through the sample, computed in ``dtype``
+    ("float32": as the step's math; "float64": the three cast up first)."""
+    if dtype != "float32":
+        if dtype not in LOG_PROB_DTYPES:
+            raise ValueError(f"log-prob dtype {dtype!r} must be one of {list(LOG_PROB_DTYPES)}")
+        next_latents, mean, std = (x.to(LOG_PROB_DTYPES[dtype]) for x in (next_latents, mean, std))
     std_b = per_row(std, mean)
     log_density = -((next_latents.detach() - mean) ** 2) / (2 * std_b**2) - torch.log(std_b) - LOG_SQRT_2PI
     return reduce_latent_dims(log_density, reduce)

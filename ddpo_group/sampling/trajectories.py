@@ -91,6 +91,7 @@ class SamplingOptions:
     noise_levels: tuple  # [T] each step's noise level (family.noise_levels: the SDE window); 0: the deterministic step
     compute_log_prob: bool = True  # False: log_probs are zeros (nothing trains on them)
     log_prob_reduce: str = "mean"  # sample.log_prob_reduce
+    log_prob_dtype: str = "float32"  # sample.log_prob_dtype
     batch_size: int = 1  # samples per denoiser batch of the callers that split their prompts (sample.batch_size)
     decode: bool = True  # False: no images (Trajectories.images None)
     decode_batch_size: int = 0  # final latents decoded that many at a time (0: all at once): the VAE's peak memory
@@ -116,7 +117,8 @@ class SamplingOptions:
         deterministic = bool(sample.deterministic)
         levels = [0.0] * sample.num_steps if deterministic else family.noise_levels(sample)
         return cls(sample.num_steps, sample.guidance_scale, levels, compute_log_prob=not deterministic,
-                   log_prob_reduce=sample.log_prob_reduce, batch_size=int(sample.batch_size),
+                   log_prob_reduce=sample.log_prob_reduce, log_prob_dtype=sample.log_prob_dtype,
+                   batch_size=int(sample.batch_size),
                    decode_batch_size=int(sample.decode_batch_size), **recorded)
 
     @classmethod
@@ -198,10 +200,11 @@ def stochastic_step(family, output, latents, step: dict, options: SamplingOption
     level, log_prob = options.noise_levels[n], options.compute_log_prob and options.noise_levels[n] > 0
     rounded = dtype != torch.float32
     out = family.step(output, latents, step, level, generator=generator, compute_log_prob=log_prob and not rounded,
-                      reduce=options.log_prob_reduce)
+                      reduce=options.log_prob_reduce, log_prob_dtype=options.log_prob_dtype)
     next_latents = out.next_latents.to(dtype)
     if rounded and log_prob:  # the step again at the rounded sample (no noise drawn)
-        out = family.step(output, latents, step, level, next_latents=next_latents, reduce=options.log_prob_reduce)
+        out = family.step(output, latents, step, level, next_latents=next_latents, reduce=options.log_prob_reduce,
+                          log_prob_dtype=options.log_prob_dtype)
     elif rounded:
         out.next_latents = next_latents.float()
     return out, next_latents
@@ -312,11 +315,12 @@ class TransitionScorer:
     guidance_scale: float  # of the training forward (1: none)
     noise_level: float
     reduce: str = "mean"
+    log_prob_dtype: str = "float32"
 
     @classmethod
     def from_config(cls, config, family) -> "TransitionScorer":
         return cls(family, family.training_guidance(config), family.noise_level(config.sample),
-                   config.sample.log_prob_reduce)
+                   config.sample.log_prob_reduce, config.sample.log_prob_dtype)
 
     def prepare(self, num_steps: int, device) -> None:
         """Set the schedule of ``num_steps`` steps (a DDIM step reads its previous timestep from it)."""
@@ -330,4 +334,4 @@ class TransitionScorer:
         negative = batch.negative_rows(family, rows) if guided else family.negative_condition()
         output = family.model_output(model, latents, step, rows_of(batch.cond, rows), negative, self.guidance_scale)
         return family.step(output, latents, step, self.noise_level, next_latents=batch.next_latents[rows, steps],
-                           reduce=self.reduce)
+                           reduce=self.reduce, log_prob_dtype=self.log_prob_dtype)

@@ -105,8 +105,14 @@ class Critic:
         self.accelerator = accelerator
         network = ValueNetwork(latent_shape, text_dim, critic.hidden_dim,
                                with_clean_hat=critic.input == "latent_clean_hat").to(accelerator.device)
-        self.optimizer = torch.optim.AdamW(network.parameters(), lr=critic.learning_rate, weight_decay=critic.weight_decay)
+        self.optimizer = torch.optim.AdamW(network.parameters(), **{k: v for k, (v, _) in self.settings(config).items()})
         self.network = accelerator.prepare(network)  # saved with the accelerate state (the trainer registers the optimizer)
+
+    @staticmethod
+    def settings(config) -> dict:
+        """{optimizer keyword: (its value, the config field)} of the critic's AdamW."""
+        return {"lr": (config.critic.learning_rate, "critic.learning_rate"),
+                "weight_decay": (config.critic.weight_decay, "critic.weight_decay")}
 
     @property
     def module(self) -> ValueNetwork:

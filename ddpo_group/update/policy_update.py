@@ -12,15 +12,18 @@ loop). For one chunk of N pairs (rows r, steps n):
     4. backward (a per-step loss: every chunk, memory one chunk's activations; a trajectory-level loss, gspo or
        geo_mean: the train batch's [b, T] log-prob matrix at its last chunk, one backward)
 
-Before the epoch's first optimizer step every ratio is 1 up to rounding: ``ratio_before_update`` is the largest
-|ratio - 1| over those pairs (update/on_policy.py).
+Before the epoch's first optimizer step every ratio is 1 up to rounding (update/on_policy.py): ``ratio_before_update``
+is the largest |ratio - 1| over those pairs, ``clipped_before_update`` the share of them the loss's trust region acts on
+(a ratio outside the clip range). ``policy_kl`` (mean over the trained pairs) and ``policy_kl_max`` are the exact KL of
+each step's Gaussian under the rollout policy to the one under the policy being trained (their means, recorded and
+recomputed, and their shared std), at the weights each chunk sees, beside the log-prob estimate approx_kl.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ddpo_group.algorithms import aggregation_weights, get_policy_loss
+from ddpo_group.algorithms import aggregation_weights, gaussian_kl, get_policy_loss
 from ddpo_group.distributed import check_peers
 from ddpo_group.update.on_policy import ratio_deviation
 from ddpo_group.update.updater import Chunk, Updater, fold_metrics
@@ -36,22 +39,29 @@ class PolicyUpdater(Updater):
         self.loss = get_policy_loss(config.algorithm.policy_loss)
         kwargs = config.algorithm.policy_loss_kwargs
         self.loss_kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
-        self.clip = {"clip_low": float(config.train.clip_range), "clip_high": float(config.train.clip_range),
-                     "clip_ratio_c": config.algorithm.clip_ratio_c}
-        self.ratio_gap = None  # max |ratio - 1| at the rollout weights this epoch, on the device
+        # the trust region's bounds every loss is given (each reads its own: the clip range, the dual clip, dppo's KL)
+        self.bounds = {"clip_low": float(config.train.clip_range), "clip_high": float(config.train.clip_range),
+                       "clip_ratio_c": config.algorithm.clip_ratio_c, "kl_threshold": float(config.train.kl_threshold)}
         self.trajectory_outputs = []  # a trajectory-level loss: the train batch's chunks' (log-probs, KL) so far
+        self.begin_epoch(None)
 
     def begin_epoch(self, batch) -> None:
-        self.ratio_gap = torch.zeros((), device=self.accelerator.device)
+        """This epoch's max |ratio - 1|, pairs outside the trust region and pairs at the rollout weights, and its
+        largest policy KL: zeros on the device, read at the epoch's end."""
+        device = self.accelerator.device
+        self.ratio_gap, self.outside, self.counted, self.kl_max = (torch.zeros((), device=device) for _ in range(4))
 
     def end_epoch(self, metrics: dict) -> None:
-        """``ratio_before_update``: the largest |ratio - 1| of the pairs trained before the epoch's first optimizer
-        step, over every process (one gather)."""
-        gap = self.ratio_gap[None]
+        """Over every process (one gather): ``ratio_before_update``, the largest |ratio - 1| of the pairs trained
+        before the epoch's first optimizer step; ``clipped_before_update``, the share of them outside the loss's trust
+        region; ``policy_kl_max``, the largest policy KL of a trained pair."""
+        stats = torch.stack([self.ratio_gap, self.outside, self.counted, self.kl_max])[None]
         if self.accelerator.num_processes > 1:
             check_peers(self.accelerator)
-            gap = self.accelerator.gather(gap)
-        metrics["ratio_before_update"] = float(gap.max())
+            stats = self.accelerator.gather(stats)
+        gap, outside, pairs, kl_max = stats[:, 0].max(), stats[:, 1].sum(), stats[:, 2].sum(), stats[:, 3].max()
+        metrics.update(ratio_before_update=float(gap), clipped_before_update=float(outside) / max(float(pairs), 1.0),
+                       policy_kl_max=float(kl_max))
 
     def pair_weights(self, step_mask: torch.Tensor, num_pairs: int) -> torch.Tensor:
         """The aggregation weights w_{i,n} of ``algorithm.loss_agg_mode`` over the train batch's step mask, of each
@@ -65,9 +75,8 @@ class PolicyUpdater(Updater):
         r, n = chunk.units.to(device, non_blocking=True), chunk.steps.to(device, non_blocking=True)
         out = self.scorer(self.model, batch, r, n)  # 1.
         old_log_prob = batch.log_probs[r, n]
-        if chunk.at_rollout_weights:  # the policy is still the rollout policy: each ratio is 1 up to rounding
-            with torch.no_grad():
-                self.ratio_gap = torch.maximum(self.ratio_gap, ratio_deviation(out.log_prob, old_log_prob).max())
+        with torch.no_grad():
+            self.watch(batch, r, n, out, old_log_prob, chunk, sums)
         kl = None
         if self.uses_reference:
             kl = self.kl.step_kl(out, lambda model: self.scorer(model, batch, r, n),
@@ -80,7 +89,7 @@ class PolicyUpdater(Updater):
             return
         w = chunk.weights.to(device, non_blocking=True)
         policy_loss, info = self.loss(old_log_prob, out.log_prob, batch.advantages[r, n], w,  # 2.
-                                      **self.clip, **self.step_means(batch, r, n, out), **self.loss_kwargs)
+                                      **self.bounds, **self.step_means(batch, r, n, out), **self.loss_kwargs)
         loss = policy_loss
         if kl is not None:  # 3.
             loss = loss + self.kl.loss_term(kl, w, chunk.num_pairs, sums)
@@ -88,9 +97,26 @@ class PolicyUpdater(Updater):
         sums["policy_loss"] += policy_loss.detach()
         fold_metrics(sums, info, chunk.share)
 
-    def step_means(self, batch, r, n, out) -> dict:
-        """What a loss declaring ``needs_old_means`` gets besides the log-probs (nothing for the others)."""
-        if not self.loss.needs_old_means:
+    def watch(self, batch, r, n, out, old_log_prob, chunk: Chunk, sums: dict) -> None:
+        """The on-policy measures at the rollout weights (each ratio is 1 up to rounding there) and the exact policy
+        KL of the chunk's pairs (module docstring)."""
+        trained = chunk.weights.to(out.log_prob.device) != 0  # not a zero-weight pair (a train batch without real ones)
+        if chunk.at_rollout_weights:
+            outside = self.loss.outside_trust_region(old_log_prob, out.log_prob, **self.bounds,
+                                                     **self.step_means(batch, r, n, out, needed=True), **self.loss_kwargs)
+            gap = torch.where(trained, ratio_deviation(out.log_prob, old_log_prob), 0.0)
+            self.ratio_gap = torch.maximum(self.ratio_gap, gap.max())
+            self.outside = self.outside + (outside & trained).sum()
+            self.counted = self.counted + trained.sum()
+        kl = gaussian_kl(out.mean.float(), batch.step_means[r, n].float(), out.std.float(), self.scorer.reduce)
+        kl = torch.where(trained, kl, 0.0)
+        self.kl_max = torch.maximum(self.kl_max, kl.max())
+        fold_metrics(sums, {"policy_kl": kl.sum() / trained.sum().clamp(min=1)}, chunk.share)
+
+    def step_means(self, batch, r, n, out, needed: bool = False) -> dict:
+        """What a loss declaring ``needs_old_means`` gets besides the log-probs (nothing for the others, unless
+        ``needed``)."""
+        if not (self.loss.needs_old_means or needed):
             return {}
         if batch.step_means is None:
             raise ValueError(f"policy loss {self.loss.name!r} needs the rollout policy's step means, but the batch has "
@@ -113,7 +139,7 @@ class PolicyUpdater(Updater):
         old = batch.log_probs[rows].to(flat.dtype)
         log_prob = torch.where(step_mask != 0, log_prob, old)  # untrained steps: ratio 1, masked anyway
         policy_loss, info = self.loss(old, log_prob, batch.advantages[rows], step_mask, algorithm.loss_agg_mode,
-                                      **self.clip, **self.loss_kwargs)
+                                      **self.bounds, **self.loss_kwargs)
         loss = policy_loss + 0.0 * flat.sum()  # stays connected to the denoiser even when every step is masked
         if outputs[0][1] is not None:
             kl = torch.cat([kl for _, kl in outputs])

@@ -81,6 +81,7 @@ OPTIONS = {
     "rloo": {"sample.same_initial_noise": True, "sample.sde_type": "cps"},
     "grpo_passk": {"algorithm.filter_groups": True, "sample.sde_type": "dance_sde", "sample.noise_level": 0.3},
     "ppo_gae": {"use_lora": False, "kl.use_reference_model": True, "kl.beta": 0.01},  # a frozen copy
+    "remax": {"algorithm.policy_loss": "dppo"},  # Flow-DPPO's exact-KL mask on every family's Gaussian step
 }
 FLOW_STEP = ("sample.sde_type", "sample.noise_level")
 TREE = {"sample.branch_steps": (1,), "sample.branch_factors": (2,)}  # 2 leaves a root, splitting at the last step

@@ -441,3 +441,28 @@ def test_a_save_stops_when_its_directory_lacks_a_process_part_and_the_manifest_l
         f"{checkpoint} does not hold every process's part: process 1's random_states_1.pkl (each process writes its "
         "part into the run directory it names: every process must see the same one, on a filesystem every machine "
         "shares)")
+
+
+def test_a_learning_rate_changed_on_resume_is_applied_and_said(tiny_model_dir, tmp_path, monkeypatch):
+    """The optimizer's settings come back from the checkpoint: a resume whose config says another learning rate (the
+    critic's too) applies it, with a line naming the field and both values; the same settings say nothing."""
+    from ddpo_group.run.session import RunSession
+    from trainer_helpers import tiny_trainer
+
+    first = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "lr", num_epochs=1, save_freq=1, device="cpu")
+    first.run()
+    printed = []
+    monkeypatch.setattr(RunSession, "print", lambda self, line: printed.append(line))
+    same = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "lr", num_epochs=2, device="cpu",
+                        resume_from=str(tmp_path / "lr"))
+    assert not any("applied on resume" in line for line in printed)
+    same.rollouts.close()
+    changed = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "lr", num_epochs=2, device="cpu",
+                           resume_from=str(tmp_path / "lr"), **{"train.learning_rate": 1e-3,
+                                                                "critic.learning_rate": 2e-4})
+    assert [group["lr"] for group in changed.optimizer.param_groups] == [1e-3]
+    assert [group["lr"] for group in changed.critic.optimizer.param_groups] == [2e-4]
+    lines = [line for line in printed if "applied on resume" in line]
+    assert len(lines) == 2 and lines[0].startswith("train.learning_rate: the checkpoint's optimizer had 0.01")
+    assert lines[1].startswith("critic.learning_rate: the checkpoint's optimizer had 0.001")
+    changed.rollouts.close()

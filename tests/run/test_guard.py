@@ -1,6 +1,7 @@
-"""The guard (run/guard.py): its rules on scripted evaluation sequences, and in a run: held-out rewards scored on the
-evaluation's images, the best evaluation's weights kept (its images reproduce it), a stop that exits 0 with a
-checkpoint that resumes."""
+"""The guard (run/guard.py): its rules on scripted evaluation sequences (held-out falling, the trained reward's own
+fall, a groupwise reward's pointwise score, diversity, drift in units of each statistic's spread), and in a run:
+held-out rewards scored on the evaluation's images, the best evaluation's weights kept (chosen on one half of its
+images, reported on the other; its images reproduce it), a stop that exits 0 with a checkpoint that resumes."""
 
 import json
 import subprocess
@@ -14,12 +15,15 @@ from ddpo_group.run.guard import Guard
 from trainer_helpers import tiny_trainer
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
-RULES = ConfigDict({"on_alarm": "warn", "heldout_drop": 2.0, "min_diversity": 0.5, "max_drift": 0.15})
+RULES = ConfigDict({"on_alarm": "warn", "heldout_drop": 2.0, "fall_drop": 2.0, "min_diversity": 0.5, "max_drift": 1.0})
 
 
-def evaluation(reward, heldout=None, std=0.1, diversity=0.2, drift=0.0, images=16):
-    metrics = {"eval/reward_mean": reward, "eval/num_images": images, "eval/diversity": diversity,
-               "eval/drift/brightness": drift, "eval/drift/contrast": -drift / 2}
+def evaluation(reward, heldout=None, std=0.1, diversity=0.2, drift=0.0, images=16, reward_std=0.4):
+    """An evaluation's metrics; the images' brightness and contrast spread 0.1 and 0.2 (drift: brightness's move, the
+    contrast's half of it the other way, so 0.5 and 0.25 of their spreads for drift=0.05)."""
+    metrics = {"eval/reward_mean": reward, "eval/reward_std": reward_std, "eval/num_images": images,
+               "eval/diversity": diversity, "eval/drift/brightness": drift, "eval/drift/contrast": -drift / 2,
+               "eval/image_spread/brightness": 0.1, "eval/image_spread/contrast": 0.2}
     if heldout is not None:
         metrics.update({"eval_heldout/reward_mean": heldout, "eval_heldout/reward_std": std})
     return metrics
@@ -35,7 +39,8 @@ def test_the_heldout_rule_fires_once_when_the_heldout_reward_falls_while_the_tra
         seen.append((epoch, best, [a.rule for a in alarms]))
     assert seen == [(-1, True, []), (9, True, []), (19, False, []), (29, False, ["heldout"]), (39, False, []),
                     (49, False, [])]  # 0.81 is within 0.05 of 0.85; 0.79 is not; the alarm once
-    assert guard.best == {"epoch": 9, "score": 0.85, "reward": 0.6, "se": pytest.approx(0.025)}
+    assert guard.best == {"epoch": 9, "selected": 0.85, "score": 0.85, "reported": 0.85, "rising": 0.6,
+                          "se": pytest.approx(0.025)}
     assert "epoch 9" in guard.best_line()
 
 
@@ -49,12 +54,80 @@ def test_the_heldout_rule_needs_the_trained_reward_to_rise():
 def test_diversity_and_drift_rules_and_the_best_without_heldout():
     guard = Guard(RULES, heldout=False)
     assert guard.observe(-1, evaluation(0.5, diversity=0.2)) == (True, [])
-    best, alarms = guard.observe(9, evaluation(0.4, diversity=0.11, drift=0.1))
-    assert not best and alarms == []  # 0.11 > 0.5 x 0.2; |0.1| <= 0.15
-    best, alarms = guard.observe(19, evaluation(0.7, diversity=0.09, drift=-0.2))
+    best, alarms = guard.observe(9, evaluation(0.45, diversity=0.11, drift=0.08))
+    assert not best and alarms == []  # 0.11 > 0.5 x 0.2; brightness moved 0.8 of its spread 0.1
+    best, alarms = guard.observe(19, evaluation(0.7, diversity=0.09, drift=-0.12))
     assert best and [a.rule for a in alarms] == ["diversity", "drift"]
-    assert "eval/drift/brightness=-0.2000" in alarms[1].message and "0.0900" in alarms[0].message
+    assert "eval/drift/brightness=-0.1200" in alarms[1].message and "1.20 times its spread" in alarms[1].message
+    assert "0.0900" in alarms[0].message
     assert guard.observe(29, evaluation(0.6, diversity=0.01, drift=0.5))[1] == []  # each rule once
+
+
+def test_the_drift_rule_reads_each_statistic_in_its_own_spread():
+    """A contrast move of 0.15 is 0.75 of contrast's spread 0.2 (no alarm) where the old absolute bound 0.15 would have
+    been reached; a brightness move of 0.15 is 1.5 of brightness's spread 0.1 (an alarm naming brightness)."""
+    guard = Guard(RULES, heldout=False)
+    guard.observe(-1, evaluation(0.5))
+    quiet = evaluation(0.5)
+    quiet.update({"eval/drift/brightness": 0.0, "eval/drift/contrast": 0.15})
+    assert guard.observe(9, quiet)[1] == []
+    loud = evaluation(0.5)
+    loud.update({"eval/drift/brightness": 0.15, "eval/drift/contrast": 0.0})
+    (alarm,) = guard.observe(19, loud)[1]
+    assert alarm.rule == "drift" and "brightness moved 1.50 times" in alarm.message
+
+
+def test_the_fall_rule_names_a_run_losing_its_own_reward():
+    """The issue's run: 0.793 before training, 0.828 at its best, 0.729 at the end. SE at the best = 0.16 / sqrt(64) =
+    0.02: below 0.828 - 0.04 and below the start it fires once; a fall that stays above the start, or within 2 SE of
+    the best, does not."""
+    guard = Guard(RULES, heldout=False)
+    seen = []
+    for epoch, reward in [(-1, 0.793), (4, 0.828), (9, 0.800), (14, 0.790), (19, 0.729), (24, 0.70)]:
+        seen.append([a.rule for a in guard.observe(epoch, evaluation(reward, reward_std=0.16, images=64))[1]])
+    # 0.800: above the start; 0.790: below it but 0.038 below the best, within 2 SE; 0.729: both, once
+    assert seen == [[], [], [], [], ["fall"], []]
+    guard = Guard(RULES, heldout=False)
+    for epoch, reward in [(-1, 0.793), (4, 0.828), (9, 0.795)]:  # 0.033 below the best, above the start
+        assert guard.observe(epoch, evaluation(reward, reward_std=0.16, images=64))[1] == []
+    guard = Guard(RULES, heldout=False)
+    for epoch, reward in [(-1, 0.793), (4, 0.800), (9, 0.780)]:  # below the start, within 2 SE (0.04) of the best
+        assert guard.observe(epoch, evaluation(reward, reward_std=0.16, images=64))[1] == []
+
+
+def test_a_groupwise_reward_is_judged_by_its_pointwise_score():
+    """A win rate's evaluation mean is 1/2 whatever the images; its judge's score is what rises. The held-out rule
+    then reads the score; a groupwise reward without one (a VLM judge's win rate) lets the held-out fall alone
+    decide."""
+    def win_rate_evaluation(score, heldout):
+        metrics = evaluation(0.5, heldout)
+        metrics.update({"eval/reward_info/score": score, "eval/reward_info/score_std": 0.2})
+        return metrics
+
+    sequence = [(-1, 0.30, 0.80), (9, 0.40, 0.85), (19, 0.50, 0.70)]
+    for rising, fired in (("eval/reward_mean", []), ("eval/reward_info/score", ["heldout"]), (None, ["heldout"])):
+        guard = Guard(RULES, heldout=True, rising=rising)
+        rules = [[a.rule for a in guard.observe(e, win_rate_evaluation(s, h))[1]] for e, s, h in sequence]
+        assert rules[-1] == fired, rising  # the mean (0.5 throughout) never rose: the old rule missed the fall
+    guard = Guard(RULES, heldout=False, rising="eval/reward_info/score")
+    assert guard.measure == "eval/reward_info/score"  # the best evaluation is chosen by the score, not by 1/2
+    for epoch, score in [(-1, 0.3), (9, 0.6), (19, 0.4)]:
+        guard.observe(epoch, win_rate_evaluation(score, None))
+    assert guard.best["epoch"] == 9
+
+
+def test_the_best_is_chosen_on_one_half_of_the_images_and_reported_on_the_other():
+    """Selected on the even initial noises, reported on the odd ones: the second evaluation's select half is higher
+    (it is the best) while its report half says what it scores on images it was not chosen on."""
+    guard = Guard(RULES, heldout=False)
+    for epoch, select, report in [(-1, 0.50, 0.52), (9, 0.70, 0.60), (19, 0.65, 0.66)]:
+        metrics = evaluation((select + report) / 2)
+        metrics.update({"eval/select_half/reward_mean": select, "eval/report_half/reward_mean": report})
+        guard.observe(epoch, metrics)
+    assert guard.best["epoch"] == 9 and guard.best["reported"] == 0.60
+    record = guard.best_record()
+    assert record["score"] == 0.60 and record["selected_on"]["score"] == 0.70
+    assert record["reported_on"]["score"] == 0.60 and "odd" in record["reported_on"]["images"]
 
 
 def test_a_resumed_guard_replays_its_evaluations_silently():
@@ -92,8 +165,10 @@ def test_the_best_evaluations_weights_reproduce_its_images(tiny_model_dir, tmp_p
     records = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
     best_dir = tmp_path / "run" / ("lora_best" if use_lora else "best")
     best = json.loads((best_dir / "best.json").read_text())
-    scores = {r["epoch"]: r["eval_heldout/reward_mean"] for r in records}
-    assert best["score"] == max(scores.values()) == scores[best["epoch"]]
+    selected = {r["epoch"]: r["eval_heldout/select_half/reward_mean"] for r in records}
+    assert best["selected_on"]["score"] == max(selected.values()) == selected[best["epoch"]]
+    chosen = next(r for r in records if r["epoch"] == best["epoch"])
+    assert best["score"] == best["reported_on"]["score"] == chosen["eval_heldout/report_half/reward_mean"]
     assert best["measure"] == "eval_heldout/reward_mean" and best["epoch"] >= 0  # trained weights, not the base's
     fresh = tiny_trainer("grpo", tiny_model_dir, tmp_path, "fresh", **overrides)
     if use_lora:

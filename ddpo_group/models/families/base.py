@@ -212,7 +212,7 @@ class ModelFamily:
         raise NotImplementedError
 
     def step(self, model_output, latents, step: dict, noise_level: float, next_latents=None, generator=None,
-             compute_log_prob: bool = True, reduce: str = "mean"):
+             compute_log_prob: bool = True, reduce: str = "mean", log_prob_dtype: str = "float32"):
         raise NotImplementedError
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

@@ -60,10 +60,10 @@ class FlowMatchingFamily(ModelFamily):
         return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
 
     def step(self, model_output, latents, step, noise_level, next_latents=None, generator=None, compute_log_prob=True,
-             reduce="mean"):
+             reduce="mean", log_prob_dtype="float32"):
         return flow_step_with_logprob(self.sde_type, model_output, latents, step["sigmas"], step["next_sigmas"],
                                       noise_level, next_latents=next_latents, generator=generator,
-                                      compute_log_prob=compute_log_prob, reduce=reduce)
+                                      compute_log_prob=compute_log_prob, reduce=reduce, log_prob_dtype=log_prob_dtype)
 
     def deterministic_steps(self, sample_config) -> torch.Tensor:
         """CPS has std = s_next sin(a pi / 2) = 0 on the last step (s_next = 0): that step is never stochastic."""

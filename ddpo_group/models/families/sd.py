@@ -155,10 +155,10 @@ class StableDiffusionFamily(ModelFamily):
                                    guidance_scale)
 
     def step(self, model_output, latents, step, noise_level, next_latents=None, generator=None, compute_log_prob=True,
-             reduce="mean"):
+             reduce="mean", log_prob_dtype="float32"):
         return ddim_step_with_logprob(self.pipe.scheduler, model_output, step["timesteps"], latents, noise_level,
                                       next_latents=next_latents, generator=generator, compute_log_prob=compute_log_prob,
-                                      reduce=reduce)
+                                      reduce=reduce, log_prob_dtype=log_prob_dtype)
 
     def decode(self, latents):
         return decode_latents(self.pipe, latents)

@@ -168,7 +168,8 @@ def best_weights(run_dir: Path) -> str | None:
         record = Path(run_dir) / name / BEST_RECORD
         if record.is_file():
             best = json.loads(record.read_text())
-            return f"{record.parent} (epoch {best['epoch']}, {best['measure']} {best['score']:.4f})"
+            where = " on the half of its images it was not chosen on" if "reported_on" in best else ""
+            return f"{record.parent} (epoch {best['epoch']}, {best['measure']} {best['score']:.4f}{where})"
     return None
 
 

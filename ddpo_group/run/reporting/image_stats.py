@@ -10,8 +10,9 @@ their look moves from the images before training (drift); the signs of a hacked 
                             saturation       HSV's (max - min) / max of a pixel's channels (0 for black)
                             high_frequency   the share of the luminance spectrum's energy (its mean removed) above half
                                              the Nyquist frequency: grid patterns and noise raise it, blur lowers it
+    eval/image_spread/<statistic>  each statistic's standard deviation over the images
     eval/drift/<statistic>  eval/image/<statistic> minus its value at the evaluation before training (an image
-                            against itself: 0)
+                            against itself: 0); the guard reads it in units of the spread before training
 
 A video's statistics are its frames' means; its pixel feature the mean of its frames'.
 """
@@ -37,8 +38,8 @@ def luminance(images: torch.Tensor) -> torch.Tensor:
     return (images * weights[:, None, None]).sum(dim=1)  # [N, H, W]
 
 
-def image_statistics(images: torch.Tensor) -> dict[str, float]:
-    """The mean over ``images`` of each statistic of STATISTICS (module docstring)."""
+def per_image_statistics(images: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each statistic of STATISTICS (module docstring) of each image (a video: of each frame), [N] each."""
     images = as_images(images)
     y = luminance(images)
     high, low = images.max(dim=1).values, images.min(dim=1).values
@@ -48,8 +49,20 @@ def image_statistics(images: torch.Tensor) -> dict[str, float]:
     high_band = (fy[:, None].square() + fx[None, :].square()).sqrt() > 0.25
     total = energy.sum(dim=(1, 2))
     share = torch.where(total > 0, energy[:, high_band].sum(dim=1) / total.clamp_min(1e-30), torch.zeros_like(total))
-    return {"brightness": float(y.mean()), "contrast": float(y.flatten(1).std(dim=1, unbiased=False).mean()),
-            "saturation": float(saturation.mean()), "high_frequency": float(share.mean())}
+    return {"brightness": y.mean(dim=(1, 2)), "contrast": y.flatten(1).std(dim=1, unbiased=False),
+            "saturation": saturation.flatten(1).mean(dim=1), "high_frequency": share}
+
+
+def image_statistics(images: torch.Tensor) -> dict[str, float]:
+    """The mean over ``images`` of each statistic of STATISTICS (module docstring)."""
+    return {name: float(values.mean()) for name, values in per_image_statistics(images).items()}
+
+
+def image_spreads(images: torch.Tensor) -> dict[str, float]:
+    """eval/image_spread/<statistic>: each statistic's standard deviation over ``images`` (ddof 1; 0 for one image):
+    the scale the guard's drift rule measures a move in."""
+    return {name: float(values.std()) if len(values) > 1 else 0.0
+            for name, values in per_image_statistics(images).items()}
 
 
 def pixel_features(images: torch.Tensor) -> torch.Tensor:
