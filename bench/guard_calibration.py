@@ -5,7 +5,7 @@ how many runs it fires on, and how close each run comes to each threshold.
     python bench/guard_calibration.py --out docs/guard --replay docs/hacking/runs
 
 The first trains each preset's default run (the README's: the embedded model, its own reward, its evaluation every
-``eval_freq`` epochs) on each seed, then reads its eval.jsonl; ``--replay DIR`` reads the runs already in DIR (each
+``eval_freq`` epochs; ``--train-set FIELD=VALUE`` changes a field) on each seed, then reads its eval.jsonl; ``--replay DIR`` reads the runs already in DIR (each
 run directory with an eval.jsonl, e.g. bench/reward_hacking.py's) and trains nothing. Per run, with the guard's
 defaults (config/base.py) or ``--set guard.FIELD=VALUE``:
 
@@ -47,10 +47,11 @@ def parse_args(argv=None):
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one torch thread each")
     p.add_argument("--replay", default="", help="read the runs in this directory instead of training")
     p.add_argument("--set", action="append", default=[], help="guard.FIELD=VALUE for the replayed guard")
+    p.add_argument("--train-set", action="append", default=[], help="FIELD=VALUE for every trained run")
     return p.parse_args(argv)
 
 
-def train(out: Path, preset: str, seed: int) -> Path:
+def train(out: Path, preset: str, seed: int, extra: list) -> Path:
     run_dir = out / "runs" / f"{preset}_seed{seed}"
     if (run_dir / "summary.txt").is_file():  # a finished run is kept
         return run_dir
@@ -59,7 +60,7 @@ def train(out: Path, preset: str, seed: int) -> Path:
     command = [sys.executable, str(ROOT / "scripts" / "train.py"), "--config", f"{ROOT / 'config' / 'base.py'}:{preset}",
                f"--config.seed={seed}", "--config.num_cpu_threads=1", "--config.device=cpu",
                "--config.wandb.mode=disabled", "--config.save_freq=0", f"--config.logdir={run_dir.parent}",
-               f"--config.run_name={run_dir.name}"]
+               f"--config.run_name={run_dir.name}", *[f"--config.{item}" for item in extra]]
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
@@ -116,7 +117,7 @@ def main(argv=None) -> dict:
         name = "default"
         jobs = [(preset, seed) for preset in args.presets.split(",") for seed in map(int, args.seeds.split(","))]
         with ThreadPoolExecutor(args.jobs) as pool:
-            run_dirs = list(pool.map(lambda job: train(out, *job), jobs))
+            run_dirs = list(pool.map(lambda job: train(out, *job, args.train_set), jobs))
     runs = {d.name: margins([json.loads(line) for line in (d / "eval.jsonl").read_text().splitlines()], guard_config)
             for d in run_dirs}
     out.mkdir(parents=True, exist_ok=True)
