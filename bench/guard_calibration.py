@@ -16,7 +16,8 @@ defaults (config/base.py) or ``--set guard.FIELD=VALUE``:
                 evaluation below the value before training (the fall rule's measure; it fires above guard.fall_drop)
     diversity   the lowest eval/diversity over its value before training (it fires below guard.min_diversity)
 
-Writes <out>/<name>.json and prints a table (<name>: "default" or the replayed directory's name).
+Writes <out>/<name>.json, <out>/<name>.md and prints the table (<name>: "default", or the replayed study's name: the
+directory's, or its parent's for a directory named runs).
 """
 
 from __future__ import annotations
@@ -112,7 +113,9 @@ def main(argv=None) -> dict:
         set_field(config, *item.split("=", 1))
     guard_config = config.guard
     if args.replay:
-        name, run_dirs = Path(args.replay).name, sorted(p.parent for p in Path(args.replay).glob("*/eval.jsonl"))
+        replay = Path(args.replay)  # named for the study: docs/hacking/runs -> hacking
+        name = replay.parent.name if replay.name == "runs" else replay.name
+        run_dirs = sorted(p.parent for p in replay.glob("*/eval.jsonl"))
     else:
         name = "default"
         jobs = [(preset, seed) for preset in args.presets.split(",") for seed in map(int, args.seeds.split(","))]

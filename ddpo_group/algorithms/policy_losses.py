@@ -32,6 +32,7 @@ ratio_min / ratio_max.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
@@ -51,6 +52,11 @@ def outside_ratio_clip(old_log_prob, log_prob, *, clip_low: float, clip_high: fl
     return (ratio > 1.0 + clip_high) | (ratio < 1.0 - clip_low)
 
 
+# the trust region's settings the update gives a loss that names them: train.clip_range (both sides),
+# algorithm.clip_ratio_c (the dual clip), train.kl_threshold (dppo)
+BOUNDS = ("clip_low", "clip_high", "clip_ratio_c", "kl_threshold")
+
+
 @dataclass(frozen=True)
 class PolicyLossSpec:
     """A policy loss and how the update calls it (module docstring); calling it runs it."""
@@ -66,6 +72,12 @@ class PolicyLossSpec:
 
     def outside_trust_region(self, old_log_prob, log_prob, **kwargs) -> torch.Tensor:
         return self.trust_region(old_log_prob, log_prob, **kwargs)
+
+    @property
+    def bounds(self) -> tuple:
+        """The settings of BOUNDS the loss or its trust region names: the ones the update gives it."""
+        named = set(inspect.signature(self.fn).parameters) | set(inspect.signature(self.trust_region).parameters)
+        return tuple(name for name in BOUNDS if name in named)
 
     def __post_init__(self):
         if self.needs_old_means and not self.per_step:  # the step means reach a per-step loss's chunks only

@@ -39,9 +39,10 @@ class PolicyUpdater(Updater):
         self.loss = get_policy_loss(config.algorithm.policy_loss)
         kwargs = config.algorithm.policy_loss_kwargs
         self.loss_kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
-        # the trust region's bounds every loss is given (each reads its own: the clip range, the dual clip, dppo's KL)
-        self.bounds = {"clip_low": float(config.train.clip_range), "clip_high": float(config.train.clip_range),
-                       "clip_ratio_c": config.algorithm.clip_ratio_c, "kl_threshold": float(config.train.kl_threshold)}
+        # the trust region's bounds the loss names (policy_losses.BOUNDS: the clip range, the dual clip, dppo's KL)
+        bounds = {"clip_low": float(config.train.clip_range), "clip_high": float(config.train.clip_range),
+                  "clip_ratio_c": config.algorithm.clip_ratio_c, "kl_threshold": float(config.train.kl_threshold)}
+        self.bounds = {name: bounds[name] for name in self.loss.bounds}
         self.trajectory_outputs = []  # a trajectory-level loss: the train batch's chunks' (log-probs, KL) so far
         self.begin_epoch(None)
 
@@ -60,8 +61,9 @@ class PolicyUpdater(Updater):
             check_peers(self.accelerator)
             stats = self.accelerator.gather(stats)
         gap, outside, pairs, kl_max = stats[:, 0].max(), stats[:, 1].sum(), stats[:, 2].sum(), stats[:, 3].max()
-        metrics.update(ratio_before_update=float(gap), clipped_before_update=float(outside) / max(float(pairs), 1.0),
-                       policy_kl_max=float(kl_max))
+        metrics.update(ratio_before_update=float(gap), clipped_before_update=float(outside) / max(float(pairs), 1.0))
+        if "policy_kl" in metrics:  # the batch held the rollout's step means
+            metrics["policy_kl_max"] = float(kl_max)
 
     def pair_weights(self, step_mask: torch.Tensor, num_pairs: int) -> torch.Tensor:
         """The aggregation weights w_{i,n} of ``algorithm.loss_agg_mode`` over the train batch's step mask, of each
@@ -103,20 +105,21 @@ class PolicyUpdater(Updater):
         trained = chunk.weights.to(out.log_prob.device) != 0  # not a zero-weight pair (a train batch without real ones)
         if chunk.at_rollout_weights:
             outside = self.loss.outside_trust_region(old_log_prob, out.log_prob, **self.bounds,
-                                                     **self.step_means(batch, r, n, out, needed=True), **self.loss_kwargs)
+                                                     **self.step_means(batch, r, n, out), **self.loss_kwargs)
             gap = torch.where(trained, ratio_deviation(out.log_prob, old_log_prob), 0.0)
             self.ratio_gap = torch.maximum(self.ratio_gap, gap.max())
             self.outside = self.outside + (outside & trained).sum()
             self.counted = self.counted + trained.sum()
+        if batch.step_means is None:  # the rollouts record them for every policy-gradient run; a batch without them: no KL
+            return
         kl = gaussian_kl(out.mean.float(), batch.step_means[r, n].float(), out.std.float(), self.scorer.reduce)
         kl = torch.where(trained, kl, 0.0)
         self.kl_max = torch.maximum(self.kl_max, kl.max())
         fold_metrics(sums, {"policy_kl": kl.sum() / trained.sum().clamp(min=1)}, chunk.share)
 
-    def step_means(self, batch, r, n, out, needed: bool = False) -> dict:
-        """What a loss declaring ``needs_old_means`` gets besides the log-probs (nothing for the others, unless
-        ``needed``)."""
-        if not (self.loss.needs_old_means or needed):
+    def step_means(self, batch, r, n, out) -> dict:
+        """What a loss declaring ``needs_old_means`` gets besides the log-probs (nothing for the others)."""
+        if not self.loss.needs_old_means:
             return {}
         if batch.step_means is None:
             raise ValueError(f"policy loss {self.loss.name!r} needs the rollout policy's step means, but the batch has "

@@ -368,7 +368,13 @@ def test_reward_hacking_study_reports_its_rows_and_keeps_finished_runs(tmp_path)
     assert set(rows) == {"grpo plain", "grpo pairwise"}
     for label, (run,) in rows.items():
         assert run["epochs"] == [-1, 0, 1] and len(run["heldout"]) == len(run["proxy"]) == 3
-        assert -1 <= run["best_epoch"] <= 1 and run["best_heldout"] == max(run["heldout"])
+        # the best chosen on one half of the images (the first of equals), its held-out reward read on the other
+        records = [json.loads(line) for line in
+                   (tmp_path / "runs" / f"{label.replace(' ', '_')}_seed0" / "eval.jsonl").read_text().splitlines()]
+        selected = [r["eval_heldout/select_half/reward_mean"] for r in records]
+        best = records[selected.index(max(selected))]
+        assert run["best_epoch"] == best["epoch"]
+        assert run["best_heldout"] == best["eval_heldout/report_half/reward_mean"]
         assert run["proxy_gain"] == pytest.approx(run["proxy"][-1] - run["proxy"][0])
     assert rows["grpo pairwise"][0]["proxy"][0] == pytest.approx(rows["grpo plain"][0]["proxy"][0])  # same images
     table = table_rows((tmp_path / "results.md").read_text(), "row")

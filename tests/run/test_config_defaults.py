@@ -83,19 +83,18 @@ def defaulted(fn, keywords: set) -> list:
 
 def config_driven_parameters():
     """(function, the keywords the trainer fills from the config) of every algorithm function it calls so: each
-    registered estimator's declared ``params``, each policy loss's aggregation and clip settings (PolicyUpdater), the
+    registered estimator's declared ``params``, each policy loss's aggregation and trust-region bounds (PolicyUpdater), the
     GROUP_PPO advantages' settings (group_ppo_advantage), DDPO's stat tracker (Trainer.build_algorithm)."""
     from ddpo_group.algorithms import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY, get_adv_estimator, get_policy_loss
     from ddpo_group.algorithms.group_ppo import group_ppo_from_values
     from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 
-    clip = {"clip_low", "clip_high", "clip_ratio_c"}
     for name in ADV_ESTIMATOR_REGISTRY:
         spec = get_adv_estimator(name)
         yield spec.fn, set(spec.params)
     for name in POLICY_LOSS_REGISTRY:
-        spec = get_policy_loss(name)
-        yield spec.fn, clip if spec.per_step else {"loss_agg_mode"} | clip
+        spec = get_policy_loss(name)  # the trust region's bounds it names (policy_losses.BOUNDS), as the update gives
+        yield spec.fn, set(spec.bounds) if spec.per_step else {"loss_agg_mode"} | set(spec.bounds)
     yield group_ppo_from_values, {"tau", "max_segment_steps", "numerical_floor", "gae_lambda", "norm_adv_by_std"}
     yield PerPromptStatTracker.__init__, {"buffer_size", "min_count"}
 

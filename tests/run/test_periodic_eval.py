@@ -67,7 +67,8 @@ def test_the_stochastic_evaluation_is_fixed_too_and_differs_from_the_determinist
     first, second = trainer.evaluation.run(0), trainer.evaluation.run(0)
     assert first.metrics == second.metrics
     assert first.metrics["eval_stochastic/reward_mean"] != first.metrics["eval/reward_mean"]
-    looks = {k for k in first.metrics if k.startswith(("eval/image/", "eval/drift/")) or k == "eval/diversity"}
+    looks = {k for k in first.metrics
+             if k.startswith(("eval/image/", "eval/image_spread/", "eval/drift/")) or k == "eval/diversity"}
     assert set(k.replace("eval_stochastic/", "eval/") for k in first.metrics if k.startswith("eval_stochastic/")) \
         == set(k for k in first.metrics if k.startswith("eval/")) - {"eval/num_images"} - looks  # the deterministic's
 

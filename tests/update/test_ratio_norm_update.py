@@ -89,12 +89,13 @@ def test_an_epoch_with_ratio_norm_trains(name, family_model_dirs, tmp_path):
     assert metrics["train/mean_shift_bias"] >= 0 and abs(metrics["train/ratio_mean"] - 1) < 0.1
 
 
-def test_only_a_loss_that_needs_them_records_the_step_means(tiny_model_dir, tmp_path):
+def test_policy_gradient_rollouts_record_the_step_means_and_a_sampler_without_them_records_none(tiny_model_dir,
+                                                                                                 tmp_path):
     from ddpo_group.rollout.reward_scorer import RewardScorer
     from ddpo_group.rollout.sampler import RolloutSampler
 
-    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path)
-    assert not trainer.rollouts.sampler.options.record_means
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path)  # vanilla's ratio clip: the means for train/policy_kl
+    assert trainer.config.algorithm.policy_loss == "vanilla" and trainer.rollouts.sampler.options.record_means
     trainer.rollouts.close()
     config, family = trainer.config, trainer.family
     score = RewardScorer(trainer.reward_fn, config.reward_fn)
