@@ -3,6 +3,7 @@ with ``.get("field", default)`` or ``getattr(x, "field", default)``, and an algo
 for a parameter the trainer fills from the config."""
 
 import ast
+import inspect
 from pathlib import Path
 
 from config.base import base
@@ -94,7 +95,8 @@ def config_driven_parameters():
         yield spec.fn, set(spec.params)
     for name in POLICY_LOSS_REGISTRY:
         spec = get_policy_loss(name)  # the trust region's bounds it names (policy_losses.BOUNDS), as the update gives
-        yield spec.fn, set(spec.bounds) if spec.per_step else {"loss_agg_mode"} | set(spec.bounds)
+        bounds = set(spec.bounds) & set(inspect.signature(spec.fn).parameters)  # (all of them to a **kwargs loss)
+        yield spec.fn, bounds if spec.per_step else {"loss_agg_mode"} | bounds
     yield group_ppo_from_values, {"tau", "max_segment_steps", "numerical_floor", "gae_lambda", "norm_adv_by_std"}
     yield PerPromptStatTracker.__init__, {"buffer_size", "min_count"}
 
