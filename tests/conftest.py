@@ -29,6 +29,16 @@ def fresh_accelerator_state():
     yield
 
 
+@pytest.fixture(autouse=True)
+def no_reward_curve_in_this_process(monkeypatch):
+    """Runs in the test process leave reward_curve.png undrawn: a draw is 0.38 s, more than half of a matrix run's
+    epoch, and no test reads the curve of an in-process run (a plotting error is only printed; a started process's
+    run draws it: test_short_run_artifacts_lora_export_and_evaluate reads it, test_plots draws the figure)."""
+    from ddpo_group.run.reporting import epoch_logger
+
+    monkeypatch.setattr(epoch_logger, "plot_reward_curve", lambda *args, **kwargs: None)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``cuda`` need a GPU: skipped (with the reason) on a machine without one. Under pytest-xdist (the
     README's test command, the GPU check's suite) the tests marked ``slow`` go first, in their order: with work stealing

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
+import torch
+
 from config.base import get_config
 from ddpo_group.run.trainer import Trainer
 
@@ -89,3 +95,25 @@ def tiny_config(preset: str, model_dir: str, logdir, run_name: str = "run", **ov
 
 def tiny_trainer(preset: str, model_dir: str, logdir, run_name: str = "run", **overrides) -> Trainer:
     return Trainer(tiny_config(preset, model_dir, logdir, run_name, **overrides))
+
+
+def train_in_this_process(args: list[str]) -> None:
+    """What ``python scripts/train.py ARGS`` trains, in this process with one thread as a started process has: its
+    command line parsed by the same config flag (the preset, every override), then ``Trainer(config).run()``, from the
+    repository root as the started processes are."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", flag_values=values)
+    saved_argv, cwd, threads = list(sys.argv), os.getcwd(), torch.get_num_threads()
+    sys.argv[:] = ["scripts/train.py", *args]  # ml_collections reads the overrides from sys.argv
+    os.chdir(Path(__file__).resolve().parents[1])
+    torch.set_num_threads(1)
+    try:
+        values(sys.argv)
+        Trainer(values.config).run()
+    finally:
+        sys.argv[:] = saved_argv
+        os.chdir(cwd)
+        torch.set_num_threads(threads)

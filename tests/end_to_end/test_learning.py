@@ -62,10 +62,14 @@ def negated_finalize(out, inputs, adv_clip_max):
 
 
 def one_run(preset: str, out: str, epochs: int, sets: tuple, seed: int, negated: bool) -> dict:
-    """default_run in a fresh (spawned) process with one torch thread; ``negated``: with negated advantages."""
+    """default_run in a fresh (spawned) process with one torch thread, its reward curve undrawn as in the test process
+    (tests/conftest.py); ``negated``: with negated advantages."""
     import torch
 
+    from ddpo_group.run.reporting import epoch_logger
+
     torch.set_num_threads(1)
+    epoch_logger.plot_reward_curve = lambda *args, **kwargs: None
     if negated:
         advantages._finalize = negated_finalize  # this process runs this one task only (max_tasks_per_child=1)
     return default_run(preset, Path(out), epochs, sets, seed)

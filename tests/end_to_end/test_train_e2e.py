@@ -4,15 +4,14 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from launch_helpers import accelerate_command, launch_environment, start_workers
-from trainer_helpers import MECHANICS
+from launch_helpers import accelerate_command, start_workers
+from trainer_helpers import MECHANICS, train_in_this_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,13 +30,11 @@ SAME_DEVICE = {"device": "cpu"}
 
 
 def run_processes(args, processes: int, logs: Path, timeout=600) -> None:
-    """The run on ``processes`` processes without a launcher: ``python scripts/train.py`` (the README's same run), or
-    the workers torchrun would start, each with one thread (launch() keeps the launcher's own tests)."""
+    """The run on ``processes`` processes without a launcher: one in this process (train_in_this_process: the 6 s of
+    a fresh Python's imports saved), or the workers torchrun would start, each with one thread (launch() keeps the
+    launcher's own tests, test_one_epoch_changes_weights_and_resume_continues the 1-process command)."""
     if processes == 1:
-        out = subprocess.run([sys.executable, "scripts/train.py", *args], cwd=ROOT, capture_output=True, text=True,
-                             timeout=timeout, env=launch_environment())
-        assert out.returncode == 0, f"train.py failed:\nSTDOUT:\n{out.stdout[-4000:]}\nSTDERR:\n{out.stderr[-6000:]}"
-        return
+        return train_in_this_process(args)
     workers = start_workers(args, processes, logs, timeout=timeout)
     failed = [w for w in workers if w.returncode != 0]
     assert not failed, "\n".join(f"rank {w.rank} exit {w.returncode}:\n{w.stderr[-4000:]}" for w in failed)

@@ -105,26 +105,27 @@ _REFERENCE_RUNS: dict[str, Path] = {}
 
 
 def interrupted_and_reference(preset: str, model_dir: str, tmp: Path, sig: int) -> tuple[Path, Path, subprocess.Popen, Path]:
-    """Start the never-interrupted run (once per preset, alongside) and the run signalled while sampling epoch 3.
+    """Start the run signalled while sampling epoch 3, and train the never-interrupted run (once per preset) in this
+    process (trainer_helpers.train_in_this_process: the same command line, a fresh Python's imports saved): while
+    the signalled run hangs on its reward (SIGKILL), or before it starts (SIGTERM: its reward hangs 2 s only).
 
     Returns (reference run dir, interrupted run dir, the signalled process, its log).
     """
-    reference = None
-    if preset not in _REFERENCE_RUNS:
-        name = f"{preset.replace('@', '_').replace('#', '_')}_reference"
-        ref_log = tmp / f"{name}.log"
-        reference = (start(train_command(preset, model_dir, tmp, name), environment(), ref_log), ref_log)
-    marker = tmp / f"{preset.replace('@', '_').replace('#', '_')}_{sig}.marker"
-    run = f"{preset.replace('@', '_').replace('#', '_')}_signal{sig}"
+    from trainer_helpers import train_in_this_process
+
+    name = preset.replace("@", "_").replace("#", "_")
+    marker, run = tmp / f"{name}_{sig}.marker", f"{name}_signal{sig}"
     log = tmp / f"{run}.log"
     hang = environment(HANG_REWARD_AT=str(HANG_AT), HANG_REWARD_MARKER=str(marker),
                        HANG_REWARD_SECONDS="600" if sig == signal.SIGKILL else "2")
-    process = start(train_command(preset, model_dir, tmp, run), hang, log)
+    command = train_command(preset, model_dir, tmp, run)
+    process = start(command, hang, log) if sig == signal.SIGKILL else None
+    if preset not in _REFERENCE_RUNS:
+        train_in_this_process(train_command(preset, model_dir, tmp, f"{name}_reference")[2:])
+        _REFERENCE_RUNS[preset] = tmp / f"{name}_reference"
+    process = process or start(command, hang, log)
     wait_for(marker, process, log)
     process.send_signal(sig)
-    if reference is not None:
-        finish(*reference)
-        _REFERENCE_RUNS[preset] = tmp / f"{preset.replace('@', '_').replace('#', '_')}_reference"
     return _REFERENCE_RUNS[preset], tmp / run, process, log
 
 
@@ -216,15 +217,15 @@ def test_evaluation_and_ema_after_sigkill_and_resume_are_bitwise_those_of_an_uni
              "train.ema_update_interval": 2, "train.ema_export": True}
     # reward calls (4 eval rows = one batch): eval before 0; epoch 0: 1, 2; epoch 1: 3, 4, its eval 5; epoch 2: 6, 7;
     # epoch 3: 8, 9 (the last sampling batch: hang there), then its eval 10
-    reference_log, killed_log = tmp_path / "reference.log", tmp_path / "killed.log"
-    reference = start(train_command("ddpo", tiny_model_dir, tmp_path, "reference", **extra), environment(), reference_log)
-    marker = tmp_path / "eval.marker"
+    from trainer_helpers import train_in_this_process
+
+    killed_log, marker = tmp_path / "killed.log", tmp_path / "eval.marker"
     hang = environment(HANG_REWARD_AT="9", HANG_REWARD_MARKER=str(marker), HANG_REWARD_SECONDS="600")
     process = start(train_command("ddpo", tiny_model_dir, tmp_path, "killed", **extra), hang, killed_log)
+    train_in_this_process(train_command("ddpo", tiny_model_dir, tmp_path, "reference", **extra)[2:])  # meanwhile
     wait_for(marker, process, killed_log)
     process.send_signal(signal.SIGKILL)
     assert process.wait(timeout=60) == -signal.SIGKILL
-    finish(reference, reference_log)
     killed = tmp_path / "killed"
     assert [m["epoch"] for m in read_metrics(killed)] == [0, 1, 2]
     assert [json.loads(line)["epoch"] for line in (killed / "eval.jsonl").read_text().splitlines()] == [-1, 1]
