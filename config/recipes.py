@@ -457,3 +457,31 @@ def flow_factory_wan21_i2v(config: ml_collections.ConfigDict) -> ml_collections.
     config.num_epochs, config.eval_freq = 500, 20
     return config
 
+
+@recipe("grpo")
+def cosmos_rl_sana_nft(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Cosmos-RL's DiffusionNFT recipe for SANA (github:nvidia-cosmos/cosmos-rl, configs/sana/sana-image-nft.toml and
+    cosmos_rl/policy/trainer/diffusers_trainer/nft_trainer.py, commit 89f2e5b): SANA 1.5 1.6B at 1024 px, LoRA rank 4 /
+    alpha 4 on the self- and cross-attention projections (the family's targets), CFG-free (guidance 1 in sampling and
+    training), deterministic rollouts of 10 steps (40 to evaluate), beta 1 with the adaptive loss weighting, the old
+    model's decay min(0.001 k, 0.5) (their weight_copy_decay_type 1: the base config's old_decay_*), KL 1e-4 to the
+    base model, groups of 24, lr 3e-4, weight decay 1e-4, EMA 0.9 after every optimizer step, advantages clipped at 5,
+    300 Gemma tokens (0: the pipeline's), bf16, the PickScore reward. Differences: their rollouts' Euler solver runs on
+    their sigmas, ours on the family's flow Euler scheduler of the checkpoint's shift (models/families/sana.py); their
+    loss is multiplied by the advantage clip (5): the learning rate here is the same, the loss 5 times smaller; their
+    1152 samples a replica an epoch are flow_grpo's 24 a process here; their Pick-a-Pic captions are not shipped
+    (simple_animals stands in; prompt_fn="from_file" reads yours)."""
+    config = flow_grpo(config, "Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers")
+    config.mixed_precision = "bf16"
+    config.lora_rank, config.lora_alpha = 4, 4
+    config.pretrained.max_sequence_length = 0  # the pipeline's 300 (their max_prompt_length)
+    config.sample.resolution = 1024
+    config.algorithm.objective = "nft"
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 1.0, "adaptive_weight": True})
+    config.sample.deterministic = True
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.kl.beta = 1e-4
+    config.train.ema, config.train.ema_update_interval = True, 1
+    config.prompt_fn = "simple_animals"
+    config.reward_fn = "pickscore"
+    return config

@@ -46,6 +46,8 @@ FAMILY_OVERRIDES["qwenimage_edit"] = FAMILY_OVERRIDES["qwenimage_edit_plus"]  # 
 # Wan image-to-video: Wan's size and frames, source images from a .jsonl prompt file, the pipeline's 512 UMT5 tokens
 # (the transformer takes its context's last 512 tokens as the text's)
 FAMILY_OVERRIDES["wan_i2v"] = {"sample.resolution": 16, "sample.num_frames": 5}
+# SANA: 64 px (2 x 2 latents of its 32x DC-AE), 16 Gemma tokens (the last ones after its instruction: the prompt's)
+FAMILY_OVERRIDES["sana"] = {"sample.resolution": 64, "pretrained.max_sequence_length": 16}
 
 
 def small_qwen_edit_sources(setattr) -> None:

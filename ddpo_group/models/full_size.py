@@ -12,6 +12,7 @@ projection), the SD VAE with SDXL's scaling factor, DDIM (SDXL base ships Euler;
 wan13b: Wan2.1-T2V-1.3B (``build_wan13b``: the transformer 1.4B, the Wan VAE, a UMT5-XXL-sized encoder 5.7B).
 wan21_i2v14b: Wan2.1-I2V-14B-480P (``build_wan21_i2v14b``: the transformer 16.4B, a CLIP ViT-H/14 vision encoder 0.6B,
 wan13b's VAE and encoder; ``--blocks`` keeps a fraction of the transformer's layers).
+sana: SANA 1.5 1.6B at 1024 px (``build_sana``: the transformer, the DC-AE f32c32, a Gemma-2-2B-sized text encoder).
 """
 
 from __future__ import annotations
@@ -309,3 +310,36 @@ def describe(shape: str, blocks: float, pipe) -> dict:
             "parameters": {name: sum(p.numel() for p in module.parameters()) for name, module in modules.items()},
             "configs": {name: module.config.to_dict() if hasattr(module.config, "to_dict") else dict(module.config)
                         for name, module in modules.items()}}
+
+
+def build_sana(layers: int = 20, text_layers: int = 26):
+    """SANA 1.5 1.6B at 1024 px (Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers, diffusers' conversion script's
+    shapes): its SanaTransformer2DModel (20 blocks of linear self-attention, 70 heads of 32, cross-attention 20 heads of
+    112 over the 2304-wide text, RMS q/k norm across heads, 32 latent channels, patch 1, sample_size 32; ``layers``
+    fewer for a fraction), the 32-channel DC-AE f32c32 (three ResBlock stages and three EfficientViT stages), a
+    Gemma-2-2B-sized decoder as its text encoder (26 layers of 2304, 8 query / 4 key-value heads of 256, vocabulary
+    256000; ``text_layers`` fewer to save memory) with the locally built Gemma-style tokenizer, the released flow
+    DPM-Solver scheduler (shift 3; the sana family swaps in the flow Euler one)."""
+    from diffusers import AutoencoderDC, DPMSolverMultistepScheduler, SanaPipeline, SanaTransformer2DModel
+    from transformers import Gemma2Config, Gemma2Model
+
+    from ddpo_group.models.tiny_random import gemma_tokenizer
+
+    transformer = SanaTransformer2DModel(in_channels=32, out_channels=32, num_attention_heads=70, attention_head_dim=32,
+                                         num_layers=layers, num_cross_attention_heads=20, cross_attention_head_dim=112,
+                                         cross_attention_dim=2240, caption_channels=2304, mlp_ratio=2.5,
+                                         sample_size=32, patch_size=1, qk_norm="rms_norm_across_heads")
+    blocks = ("ResBlock",) * 3 + ("EfficientViTBlock",) * 3
+    vae = AutoencoderDC(latent_channels=32, encoder_block_types=blocks, decoder_block_types=blocks,
+                        downsample_block_type="conv", upsample_block_type="interpolate", scaling_factor=0.41407)
+    text_encoder = Gemma2Model(Gemma2Config(
+        vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=text_layers,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=8192))
+    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
+        scheduler = DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                                flow_shift=3.0)
+    return SanaPipeline(tokenizer=gemma_tokenizer(), text_encoder=text_encoder, vae=vae, transformer=transformer,
+                        scheduler=scheduler)
+
+
+BUILDERS["sana"] = build_sana

@@ -523,3 +523,54 @@ def build_tiny_qwenimage_edit_pipeline(seed: int = 0):
 
 
 TINY_BUILDERS["qwenimage_edit"] = build_tiny_qwenimage_edit_pipeline
+
+
+# ----------------------------------------------------------------------------- SANA
+def gemma_tokenizer(max_length: int = 2048):
+    """A Gemma-style tokenizer built locally: Gemma's special tokens ('<bos>' added first, '<pad>' padding), the 256 byte
+    fallback tokens and the printable ASCII characters (with Gemma's '▁' for a space) as single tokens, no merges: any
+    text tokenizes, one token a character."""
+    import string
+
+    from transformers import GemmaTokenizer
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4}
+    vocab.update({f"<0x{b:02X}>": 5 + b for b in range(256)})
+    for symbol in "\u2581" + string.ascii_letters + string.digits + string.punctuation:
+        vocab.setdefault(symbol, len(vocab))
+    return GemmaTokenizer(vocab=vocab, merges=[], model_max_length=max_length, add_bos_token=True)
+
+
+def build_tiny_sana_pipeline(seed: int = 0):
+    """SANA at about the size of diffusers' own pipeline test: a SanaTransformer2DModel with two blocks (patch 1,
+    sample_size 32: the pipeline's 1024 px table), a two-layer Gemma-2 text encoder of width 16 with
+    ``gemma_tokenizer``, and a 4-channel AutoencoderDC with SANA's factor 32 (six stages of ResBlocks, 4 to 8 channels:
+    its 1024 px default is 32 x 32 latents), the released models' DPM-Solver scheduler (flow prediction, flow shift 3),
+    which the family swaps for the flow Euler one of that shift."""
+    from diffusers import AutoencoderDC, DPMSolverMultistepScheduler, SanaPipeline, SanaTransformer2DModel
+    from transformers import Gemma2Config, Gemma2Model
+
+    torch.manual_seed(seed)
+    transformer = SanaTransformer2DModel(patch_size=1, in_channels=4, out_channels=4, num_layers=2,
+                                         num_attention_heads=2, attention_head_dim=4, num_cross_attention_heads=2,
+                                         cross_attention_head_dim=4, cross_attention_dim=8, caption_channels=16,
+                                         sample_size=32)
+    stages = 6  # vae_scale_factor 2 ** (stages - 1) = 32
+    vae = AutoencoderDC(in_channels=3, latent_channels=4, attention_head_dim=2, encoder_block_types="ResBlock",
+                        decoder_block_types="ResBlock", encoder_block_out_channels=(4,) * (stages - 1) + (8,),
+                        decoder_block_out_channels=(4,) * (stages - 1) + (8,),
+                        encoder_layers_per_block=(0,) + (1,) * (stages - 1),
+                        decoder_layers_per_block=(0,) + (1,) * (stages - 1),
+                        encoder_qkv_multiscales=((),) * stages, decoder_qkv_multiscales=((),) * stages,
+                        decoder_norm_types="rms_norm", decoder_act_fns="silu", scaling_factor=0.41407)
+    tokenizer = gemma_tokenizer()
+    text_encoder = Gemma2Model(Gemma2Config(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=2048, pad_token_id=0, bos_token_id=2,
+        eos_token_id=1, attn_implementation="eager")).eval()
+    scheduler = DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    return SanaPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
+                        scheduler=scheduler)
+
+
+TINY_BUILDERS["sana"] = build_tiny_sana_pipeline

@@ -113,11 +113,14 @@ def prompt_seeds(prompts: list[str], seed: int, m: int) -> list[list[int]]:
 @torch.no_grad()
 def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: int, guidance_scale: float, batch_size: int,
                   progress: tqdm | None = None, metadata: list[dict] | None = None, row_kwargs=None,
-                  **pipeline_kwargs) -> torch.Tensor:
+                  guidance_kwargs=None, images_of=None, **pipeline_kwargs) -> torch.Tensor:
     """Images [N * M, 3, H, W] in [0, 1], prompt-major: index i * M + j is prompt i with its seed ``seeds[i][j]``, from
     the pipeline's own ``__call__`` (its standard sampler; ``pipeline_kwargs``: the family's, e.g. DDIM's eta, the
     resolution; ``row_kwargs(metadata of a call's rows)``: the keywords of those rows, ``family.pipeline_row_kwargs``,
-    e.g. an editing family's source images); a video pipeline's frames [N * M, F, 3, H, W]."""
+    e.g. an editing family's source images; ``guidance_kwargs(guidance_scale)``: the call's keywords of the scale,
+    ``family.guidance_kwargs``, else ``guidance_scale``; ``images_of(output)``: the images of a call,
+    ``family.pipeline_images``); a video pipeline's frames [N * M, F, 3, H, W]."""
+    guidance = guidance_kwargs(guidance_scale) if guidance_kwargs is not None else {"guidance_scale": guidance_scale}
     metadata = metadata if metadata is not None else [{}] * len(prompts)
     pairs = [(p, s, m) for p, row, m in zip(prompts, seeds, metadata) for s in row]
     out = []
@@ -126,10 +129,13 @@ def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: i
         generators = [torch.Generator(device="cpu").manual_seed(s) for _, s, _ in chunk]
         rows = row_kwargs([m for _, _, m in chunk]) if row_kwargs is not None else {}
         result = pipe(  # prompt by keyword: FLUX.2's and Kontext's pipelines take an image first
-            prompt=[p for p, _, _ in chunk], num_inference_steps=num_steps, guidance_scale=guidance_scale,
+            prompt=[p for p, _, _ in chunk], num_inference_steps=num_steps, **guidance,
             generator=generators, output_type="pt", **{**pipeline_kwargs, **rows},  # a row's negative prompts win
         )
-        images = result.frames if hasattr(result, "frames") else result.images  # video: frames
+        if images_of is not None:
+            images = images_of(result)
+        else:
+            images = result.frames if hasattr(result, "frames") else result.images  # video: frames
         out.append(images.float().cpu())
         if progress is not None:
             progress.update(1)
@@ -273,11 +279,12 @@ def evaluate(request: EvaluationRequest, defaults) -> dict:
     batches = math.ceil(len(prompts) * num_seeds / batch_size)
     settings = dict(num_steps=num_steps, guidance_scale=guidance_scale, batch_size=batch_size,
                     **family.pipeline_kwargs(config.sample, config.pretrained))
-    rows = dict(metadata=metadata, row_kwargs=family.pipeline_row_kwargs)  # e.g. an editing family's source images
+    rows = dict(metadata=metadata, row_kwargs=family.pipeline_row_kwargs,  # e.g. an editing family's source images
+                guidance_kwargs=family.guidance_kwargs, images_of=family.pipeline_images)
     with tqdm(total=2 * batches, desc="evaluate (base, then fine-tuned)", disable=not r.show_progress) as progress:
         base_images = sample_images(pipe, prompts, seeds, progress=progress, **rows, **settings)
         if kind == "lora":
-            pipe.load_lora_weights(str(source))
+            family.load_lora(pipe, source)
         else:
             load_finetuned_weights(family, source, config)
         tuned_images = sample_images(pipe, prompts, seeds, progress=progress, **rows, **settings)
