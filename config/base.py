@@ -68,12 +68,13 @@ def base() -> ml_collections.ConfigDict:
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
     # "sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux_kontext", "flux2", "flux2_dev", "wan", "wan_i2v",
-    # "qwenimage_edit_plus", "qwenimage_edit" or "sana"; "": from
+    # "qwenimage_edit_plus", "qwenimage_edit", "sana" or "qwenimage21"; "": from
     # model_index.json's pipeline class
     pretrained.family = ""
     # text tokens per prompt of the T5 / LLM text encoder (SD3, FLUX.1, Wan: T5; Z-Image, FLUX.2: Qwen3 / Mistral;
-    # Qwen-Image: Qwen2.5-VL, at most 1024; SANA: Gemma-2, after its instruction), the stored embeddings padded to it;
-    # 0: the pipeline's default (SD3: 256, SANA: 300, the others 512)
+    # Qwen-Image: Qwen2.5-VL, at most 1024; SANA: Gemma-2, after its instruction; Qwen-Image 2.1: Qwen3-VL, whose
+    # pipeline keeps every token: a longer prompt is refused), the stored embeddings padded to it; 0: the pipeline's
+    # default (SD3: 256, SANA: 300, the others 512)
     pretrained.max_sequence_length = 0
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
     # FLUX.2: the text encoder's hidden layers stacked into the condition (the pipeline's text_encoder_out_layers);

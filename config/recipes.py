@@ -485,3 +485,21 @@ def cosmos_rl_sana_nft(config: ml_collections.ConfigDict) -> ml_collections.Conf
     config.prompt_fn = "simple_animals"
     config.reward_fn = "pickscore"
     return config
+
+
+@recipe("grpo")
+def flow_grpo_qwenimage21(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Flow-GRPO's Qwen-Image recipe (``flow_grpo_qwenimage``) on Qwen/Qwen-Image-2.1, at the 2.1 pipeline's own
+    sampling: no guidance (its true_cfg_scale defaults to 1: the model is sampled without it), 40 evaluation steps (its
+    call's default), 512 stored text tokens (its pipeline keeps every token of a prompt; a longer one is refused);
+    10 rollout steps, noise level 1.2 on a 2-step SDE window, groups of 16, LoRA rank 64 / alpha 128 on the attention
+    and SwiGLU projections of its single-stream blocks, no KL, bf16, gradient checkpointing, 512 px, the OCR task.
+    Flow-Factory's Qwen-Image 2.1 example (2026-09-20) and UniRL's are not in the stored copies of those repositories
+    (Flow-Factory a0b2bc5 of 2026-05-02, UniRL 1a7b501 of 2026-06-13), so this recipe is not theirs: its numbers are
+    Flow-GRPO's Qwen-Image ones."""
+    config = flow_grpo_qwenimage(config)
+    config.pretrained.model = "Qwen/Qwen-Image-2.1"
+    config.pretrained.max_sequence_length = 0  # 512 stored tokens (models/families/qwenimage21.py)
+    config.sample.eval_num_steps = 40
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    return config

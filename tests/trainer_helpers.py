@@ -48,6 +48,8 @@ FAMILY_OVERRIDES["qwenimage_edit"] = FAMILY_OVERRIDES["qwenimage_edit_plus"]  # 
 FAMILY_OVERRIDES["wan_i2v"] = {"sample.resolution": 16, "sample.num_frames": 5}
 # SANA: 64 px (2 x 2 latents of its 32x DC-AE), 16 Gemma tokens (the last ones after its instruction: the prompt's)
 FAMILY_OVERRIDES["sana"] = {"sample.resolution": 64, "pretrained.max_sequence_length": 16}
+# Qwen-Image 2.1: 64 px (4 x 4 latent tokens of its 16x VAE), 64 stored text tokens (the pipeline keeps every token)
+FAMILY_OVERRIDES["qwenimage21"] = {"sample.resolution": 64, "pretrained.max_sequence_length": 64}
 
 
 def small_qwen_edit_sources(setattr) -> None:

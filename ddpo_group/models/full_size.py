@@ -13,6 +13,8 @@ wan13b: Wan2.1-T2V-1.3B (``build_wan13b``: the transformer 1.4B, the Wan VAE, a 
 wan21_i2v14b: Wan2.1-I2V-14B-480P (``build_wan21_i2v14b``: the transformer 16.4B, a CLIP ViT-H/14 vision encoder 0.6B,
 wan13b's VAE and encoder; ``--blocks`` keeps a fraction of the transformer's layers).
 sana: SANA 1.5 1.6B at 1024 px (``build_sana``: the transformer, the DC-AE f32c32, a Gemma-2-2B-sized text encoder).
+qwenimage21: Qwen-Image 2.1 (``build_qwenimage21``: the transformer at its released shape, a Qwen3-VL-8B-sized text
+encoder in a locally built processor, which needs torchvision without tests/processor_without_video.py's patch).
 """
 
 from __future__ import annotations
@@ -343,3 +345,38 @@ def build_sana(layers: int = 20, text_layers: int = 26):
 
 
 BUILDERS["sana"] = build_sana
+
+
+def build_qwenimage21(layers: int = 32, text_layers: int = 36):
+    """Qwen-Image 2.1: its QwenImage21Transformer2DModel at the class defaults, the released configuration (32
+    single-stream blocks of 32 heads of 128, SwiGLU x3, 64 latent channels, text width 4096; ``layers`` fewer for a
+    fraction), a Qwen3-VL-8B-sized text encoder (36 layers of 4096, 32 query / 8 key-value heads of 128, FFN 12288,
+    vocabulary 151936, and a 27-block vision tower the text-to-image pipeline does not run; ``text_layers`` fewer to
+    save memory) in a locally built Qwen3VLProcessor, the 64-channel AutoencoderKLQwenImage21 at its defaults (16x,
+    RGBA), Qwen-Image's scheduler."""
+    from diffusers import AutoencoderKLQwenImage21, QwenImage21Pipeline, QwenImage21Transformer2DModel
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from ddpo_group.models.tiny_random import (QWEN_IMAGE21_TEMPLATE, qwen3_vl_processor, qwen_vl_tokenizer,
+                                               qwenimage_scheduler)
+
+    tokenizer = qwen_vl_tokenizer(QWEN_IMAGE21_TEMPLATE)
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen3VLConfig(
+        text_config={"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+                     "num_hidden_layers": text_layers, "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "head_dim": 128, "max_position_embeddings": 262144,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                         "mrope_section": [24, 20, 20], "mrope_interleaved": True}},
+        vision_config={"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+                       "out_hidden_size": 4096, "patch_size": 16, "deepstack_visual_indexes": [8, 16, 24]},
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+    )
+    return QwenImage21Pipeline(scheduler=qwenimage_scheduler(), vae=AutoencoderKLQwenImage21(),
+                               text_encoder=Qwen3VLForConditionalGeneration(config),
+                               processor=qwen3_vl_processor(tokenizer),
+                               transformer=QwenImage21Transformer2DModel(num_layers=layers))
+
+
+BUILDERS["qwenimage21"] = build_qwenimage21

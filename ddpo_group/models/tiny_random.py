@@ -574,3 +574,80 @@ def build_tiny_sana_pipeline(seed: int = 0):
 
 
 TINY_BUILDERS["sana"] = build_tiny_sana_pipeline
+
+
+# ----------------------------------------------------------------------------- Qwen-Image 2.1
+# Qwen3-VL's chat template for text turns (content a string or a list of text parts): what QwenImage21Pipeline renders
+# to count its system turn's tokens
+QWEN3_VL_CHAT_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' }}{%- if message['content'] is string %}"
+    "{{- message['content'] }}{%- else %}{%- for part in message['content'] %}{%- if part['type'] == 'text' %}"
+    "{{- part['text'] }}{%- endif %}{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def qwen3_vl_processor(tokenizer):
+    """A Qwen3VLProcessor built locally: ``tokenizer`` (its chat template Qwen3-VL's for text), a Qwen2VLImageProcessor
+    with Qwen3-VL's 16 px patches merged 2 x 2 (at most 128 x 128 px an image) and, with torchvision, a
+    Qwen3VLVideoProcessor; without torchvision the processor is built without one (tests/processor_without_video.py:
+    the pipeline sends no video), which transformers itself refuses."""
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor
+
+    tokenizer.chat_template = QWEN3_VL_CHAT_TEMPLATE
+    image_processor = Qwen2VLImageProcessor(min_pixels=32 * 32, max_pixels=128 * 128, patch_size=16, merge_size=2,
+                                            temporal_patch_size=2)
+    try:
+        from transformers import Qwen3VLVideoProcessor
+
+        video_processor = Qwen3VLVideoProcessor()
+    except ImportError:
+        video_processor = None
+    return Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
+                            chat_template=QWEN3_VL_CHAT_TEMPLATE)
+
+
+def build_tiny_qwenimage21_pipeline(seed: int = 0):
+    """Qwen-Image 2.1 at a tiny size: a QwenImage21Transformer2DModel with two single-stream blocks (2 heads of 16) on
+    8-channel latents, an AutoencoderKLQwenImage21 with its 16x spatial factor and its four (RGBA) image channels
+    (base width 4; latents_mean / latents_std not the identity), a two-layer Qwen3-VL of width 16 (a one-block vision
+    tower the text-to-image pipeline does not run) with ``qwen_vl_tokenizer`` (merges learned on the pipeline's
+    template) in ``qwen3_vl_processor``, Qwen-Image's scheduler. Its 1024 px default is 64 x 64 latent tokens."""
+    from diffusers import AutoencoderKLQwenImage21, QwenImage21Pipeline, QwenImage21Transformer2DModel
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    transformer = QwenImage21Transformer2DModel(patch_size=1, in_channels=8, out_channels=8, num_layers=2,
+                                                attention_head_dim=16, num_attention_heads=2, context_in_dim=16,
+                                                mlp_ratio=2, axes_dims_rope=(4, 6, 6))
+    channels = 8
+    vae = AutoencoderKLQwenImage21(base_dim=4, decoder_base_dim=4, z_dim=channels, dim_mult=[1, 1, 1, 1, 1],
+                                   num_res_blocks=1, temperal_downsample=[False, True, True, True],
+                                   latents_mean=[0.1 * (i % 3) - 0.1 for i in range(channels)],
+                                   latents_std=[1.0 + 0.25 * (i % 4) for i in range(channels)])
+    scheduler = qwenimage_scheduler()
+    tokenizer = qwen_vl_tokenizer(QWEN_IMAGE21_TEMPLATE)
+    processor = qwen3_vl_processor(tokenizer)
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen3VLConfig(
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "head_dim": 8, "vocab_size": len(tokenizer),
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 1, 1],
+                                         "mrope_interleaved": True},
+                     "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>")},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16,
+                       "patch_size": 16, "deepstack_visual_indexes": [0]},
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+    )
+    text_encoder = Qwen3VLForConditionalGeneration(config).eval()
+    return QwenImage21Pipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, processor=processor,
+                               transformer=transformer)
+
+
+# QwenImage21Pipeline's text-to-image prompt template (set in its __init__, which needs a processor: restated here for
+# the tokenizer's merges; tests/models/test_family_qwenimage21.py checks it against the pipeline's)
+QWEN_IMAGE21_TEMPLATE = ("<|im_start|>system\nComprehend and analyze the provided prompt.<|im_end|>\n"
+                         "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n")
+
+TINY_BUILDERS["qwenimage21"] = build_tiny_qwenimage21_pipeline
