@@ -68,7 +68,7 @@ def base() -> ml_collections.ConfigDict:
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
     # "sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux_kontext", "flux2", "flux2_dev", "wan", "wan_i2v",
-    # "qwenimage_edit_plus", "qwenimage_edit", "sana" or "qwenimage21"; "": from
+    # "qwenimage_edit_plus", "qwenimage_edit", "sana", "qwenimage21" or "hunyuan_video15"; "": from
     # model_index.json's pipeline class
     pretrained.family = ""
     # text tokens per prompt of the T5 / LLM text encoder (SD3, FLUX.1, Wan: T5; Z-Image, FLUX.2: Qwen3 / Mistral;
@@ -99,7 +99,8 @@ def base() -> ml_collections.ConfigDict:
     # default (its default_sample_size times its VAE factor; Z-Image's 1024, Wan's 480 x 832). A size the model cannot
     # take (not a multiple of its VAE factor times its patch, beyond its position table) is refused at start
     sample.resolution = 0
-    # video families (Wan, Wan image-to-video): frames per video, 4 k + 1 (5, 33, 81); 0: the pipeline's default (81)
+    # video families (Wan, Wan image-to-video, HunyuanVideo 1.5): frames per video, 4 k + 1 (5, 33, 81); 0: the
+    # pipeline's default (Wan's 81, HunyuanVideo 1.5's 121)
     sample.num_frames = 0
     # the run's negative prompt, the unconditional branch of classifier-free guidance, for every family that guides
     # with one: a prompt row's own "negative_prompt" (a .jsonl prompt file's) wins, else this, else ("") the family's

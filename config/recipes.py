@@ -503,3 +503,38 @@ def flow_grpo_qwenimage21(config: ml_collections.ConfigDict) -> ml_collections.C
     config.sample.eval_num_steps = 40
     config.sample.guidance_scale, config.train.cfg = 1.0, False
     return config
+
+
+@recipe("grpo")
+def unirl_hunyuan_video15(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """UniRL's GRPO recipe for HunyuanVideo 1.5 text-to-video (github:Tencent-Hunyuan/UniRL,
+    examples/diffusion/hunyuan_video15_t2v_dancegrpo_trainside.yaml, commit 1a7b501; DanceGRPO's settings):
+    HunyuanVideo-1.5 480p text-to-video, 5 frames of 480 px, 16 rollout steps without guidance (their cfg 0), the flow
+    SDE at noise level 0.25 (their eta), the checkpoint scheduler's shift (theirs 5.0), LoRA rank 64 / alpha 64 on the
+    attention and feed-forward projections of both streams (the family's targets), groups of 24 with the batch std
+    (their adv_use_global_std), 48 prompts an epoch over 8 processes (144 videos a process, one at a time) and 2
+    optimizer steps an epoch, lr 1e-5, weight decay 1e-4, clip 1e-4, gradient clipping at 1, no KL, gradient
+    checkpointing, bf16, PickScore. Differences: they draw 8 stochastic steps at random among the first 60% of the
+    schedule each rollout, here the window is the first 8 steps; their PickScore reads each video's first frame, the
+    image reward here scores every frame and averages; their prompts (a data path of yours) are not shipped:
+    simple_animals stands in (prompt_fn="from_file" reads yours)."""
+    config.pretrained.model = "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v"
+    config.mixed_precision = "bf16"
+    config.lora_rank, config.lora_alpha = 64, 64
+    config.sample.resolution, config.sample.num_frames = 480, 5
+    config.sample.num_steps = 16
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.sample.noise_level = 0.25
+    config.sample.sde_window_size = 8
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 1, 144  # 48 groups of 24 over 8 processes
+    config.sample.text_embedding_cache = 1024  # Qwen2.5-VL and ByT5 meet each prompt once
+    config.train.group_size = 24
+    config.train.batch_size, config.train.gradient_accumulation_steps = 1, 72  # 2 optimizer steps an epoch
+    config.train.learning_rate = 1e-5
+    config.train.gradient_checkpointing = True
+    config.algorithm.global_std = True
+    config.kl.beta, config.kl.use_reference_model = 0.0, False
+    config.prompt_fn = "simple_animals"
+    config.reward_fn = "pickscore"
+    config.num_epochs, config.eval_freq = 500, 20
+    return config

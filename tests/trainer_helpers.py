@@ -50,6 +50,8 @@ FAMILY_OVERRIDES["wan_i2v"] = {"sample.resolution": 16, "sample.num_frames": 5}
 FAMILY_OVERRIDES["sana"] = {"sample.resolution": 64, "pretrained.max_sequence_length": 16}
 # Qwen-Image 2.1: 64 px (4 x 4 latent tokens of its 16x VAE), 64 stored text tokens (the pipeline keeps every token)
 FAMILY_OVERRIDES["qwenimage21"] = {"sample.resolution": 64, "pretrained.max_sequence_length": 64}
+# HunyuanVideo 1.5: 5 frames of 32 x 32 px (latents [4, 2, 2, 2] of its 16x / 4x VAE); its text encoders' own lengths
+FAMILY_OVERRIDES["hunyuan_video15"] = {"sample.resolution": 32, "sample.num_frames": 5}
 
 
 def small_qwen_edit_sources(setattr) -> None:

@@ -15,6 +15,8 @@ wan13b's VAE and encoder; ``--blocks`` keeps a fraction of the transformer's lay
 sana: SANA 1.5 1.6B at 1024 px (``build_sana``: the transformer, the DC-AE f32c32, a Gemma-2-2B-sized text encoder).
 qwenimage21: Qwen-Image 2.1 (``build_qwenimage21``: the transformer at its released shape, a Qwen3-VL-8B-sized text
 encoder in a locally built processor, which needs torchvision without tests/processor_without_video.py's patch).
+hunyuan_video15: HunyuanVideo 1.5 480p text-to-video (``build_hunyuan_video15``: the 8.3B transformer, its VAE, a
+Qwen2.5-VL-7B-sized text model, a ByT5-small-sized glyph encoder, its guider).
 """
 
 from __future__ import annotations
@@ -380,3 +382,37 @@ def build_qwenimage21(layers: int = 32, text_layers: int = 36):
 
 
 BUILDERS["qwenimage21"] = build_qwenimage21
+
+
+def build_hunyuan_video15(layers: int = 54, text_layers: int = 28):
+    """HunyuanVideo 1.5 480p text-to-video: its HunyuanVideo15Transformer3DModel (54 dual-stream blocks of 16 heads of
+    128, two refiner blocks, 32 latent channels read beside the condition latent and mask: 65 input channels; text
+    widths 3584 and 1472, target_size 480, task t2v; ``layers`` fewer for a fraction), the 32-channel
+    AutoencoderKLHunyuanVideo15 at its defaults (16x, 4x), a Qwen2.5-VL-7B-sized text model (28 layers of 3584, 28
+    query / 4 key-value heads, FFN 18944, vocabulary 152064; ``text_layers`` fewer to save memory) with the locally
+    built Qwen tokenizer, a ByT5-small-sized encoder (12 layers of 1472, 6 heads of 64, FFN 3584) with ByT5's byte
+    tokenizer, the flow Euler scheduler of shift 5 and a ClassifierFreeGuidance guider at 6."""
+    from diffusers import (AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline,
+                           HunyuanVideo15Transformer3DModel)
+    from diffusers.guiders import ClassifierFreeGuidance
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
+
+    from ddpo_group.models.tiny_random import qwen_tokenizer
+
+    transformer = HunyuanVideo15Transformer3DModel(num_layers=layers, target_size=480, task_type="t2v")
+    text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=text_layers,
+        num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=128000,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}))
+    tokenizer_2 = ByT5Tokenizer()
+    text_encoder_2 = T5EncoderModel(T5Config(vocab_size=384, d_model=1472, d_kv=64, d_ff=3584, num_layers=12,
+                                             num_heads=6, feed_forward_proj="gated-gelu"))
+    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=5.0)
+    return HunyuanVideo15Pipeline(text_encoder=text_encoder, tokenizer=qwen_tokenizer(max_length=2048),
+                                  transformer=transformer, vae=AutoencoderKLHunyuanVideo15(), scheduler=scheduler,
+                                  text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
+                                  guider=ClassifierFreeGuidance(guidance_scale=6.0))
+
+
+BUILDERS["hunyuan_video15"] = build_hunyuan_video15

@@ -651,3 +651,45 @@ QWEN_IMAGE21_TEMPLATE = ("<|im_start|>system\nComprehend and analyze the provide
                          "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n")
 
 TINY_BUILDERS["qwenimage21"] = build_tiny_qwenimage21_pipeline
+
+
+# ----------------------------------------------------------------------------- HunyuanVideo 1.5
+def build_tiny_hunyuan_video15_pipeline(seed: int = 0):
+    """HunyuanVideo 1.5 text-to-video at a tiny size: a HunyuanVideo15Transformer3DModel with one dual-stream block and
+    one refiner block (2 heads of 8) on 4 latent channels (its input: latent, condition latent and mask, 9 channels;
+    target_size 32: a small default size), an AutoencoderKLHunyuanVideo15 with the 16x / 4x factors (8 channels a
+    stage), a three-layer Qwen2.5-VL text model of width 16 (the pipeline reads the third-to-last hidden states) with
+    ``qwen_tokenizer`` (merges learned on the pipeline's system message), a two-layer ByT5-shaped T5 encoder of width 8
+    with ByT5's byte tokenizer, a flow Euler scheduler of shift 5 and a ClassifierFreeGuidance guider at 6."""
+    from diffusers import (AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline,
+                           HunyuanVideo15Transformer3DModel)
+    from diffusers.guiders import ClassifierFreeGuidance
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    channels = 4
+    transformer = HunyuanVideo15Transformer3DModel(
+        in_channels=2 * channels + 1, out_channels=channels, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16, text_embed_2_dim=8,
+        image_embed_dim=8, rope_axes_dim=(2, 2, 4), target_size=32, task_type="t2v")
+    vae = AutoencoderKLHunyuanVideo15(latent_channels=channels, block_out_channels=(8, 8, 8, 8, 8), layers_per_block=1,
+                                      spatial_compression_ratio=16, temporal_compression_ratio=4)
+    import inspect
+
+    system_message = inspect.signature(HunyuanVideo15Pipeline._get_mllm_prompt_embeds).parameters[
+        "system_message"].default
+    tokenizer = qwen_tokenizer(max_length=2048, template=system_message)
+    text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=16, num_hidden_layers=3, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [1, 1, 2]})).eval()
+    tokenizer_2 = ByT5Tokenizer()
+    text_encoder_2 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_2), d_model=8, d_kv=4, d_ff=16, num_layers=2,
+                                             num_heads=2, relative_attention_num_buckets=8)).eval()
+    return HunyuanVideo15Pipeline(text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, vae=vae,
+                                  scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), text_encoder_2=text_encoder_2,
+                                  tokenizer_2=tokenizer_2, guider=ClassifierFreeGuidance(guidance_scale=6.0))
+
+
+TINY_BUILDERS["hunyuan_video15"] = build_tiny_hunyuan_video15_pipeline

@@ -365,6 +365,10 @@ class ModelFamily:
         )
         return directory
 
+    def prepare_pipeline(self, pipe) -> None:
+        """Give a pipeline of this family what the run sets that the pipeline holds itself instead of taking it in its
+        call (HunyuanVideo 1.5's guider scale); nothing by default. The family's own pipeline is prepared already."""
+
     @staticmethod
     def load_lora(pipe, directory) -> None:
         """An exported adapter (``save_lora``) into ``pipe``: its own ``load_lora_weights``."""
