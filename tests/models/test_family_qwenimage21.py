@@ -10,6 +10,7 @@ from diffusers import QwenImage21Pipeline
 
 from config.base import base as base_config
 from ddpo_group.errors import ConfigError
+from ddpo_group.models.families.qwenimage import QwenImageFamily
 from ddpo_group.models.families.qwenimage21 import QwenImage21Family
 from ddpo_group.models.tiny_random import QWEN_IMAGE21_TEMPLATE
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
@@ -32,17 +33,28 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, qwen21_dir
     kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
     assert kwargs == {"height": 64, "width": 64, "use_kv_cache": False}
     rows = family.pipeline_row_kwargs([{}] * 4)
-    assert rows == ({"negative_prompt": [""] * 4} if guidance > 1 else {})
+    assert rows == ({"negative_prompt": [""] * 4} if guidance > 1 else {}) and family.pipeline_max_batch == 1
     family.pipe.set_progress_bar_config(disable=True)
-    out = family.pipe(PROMPTS, num_inference_steps=3, generator=generators(4), output_type="pt",
-                      **family.guidance_kwargs(guidance), **kwargs, **rows)
-    assert out.images.shape == (4, 4, 64, 64)  # the pipeline's RGBA
-    want = family.pipeline_images(out)
-    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
-                               SamplingOptions(3, guidance, [0.0] * 3, compute_log_prob=False), generator=generators(4))
-    assert traj.images.shape == (4, 3, 64, 64) and traj.latents.shape == (4, 4, 16, 8)
-    assert torch.equal(traj.images, want)
-    assert float(traj.images.std()) > 0.01
+    options = SamplingOptions(3, guidance, [0.0] * 3, compute_log_prob=False)
+    call = dict(num_inference_steps=3, **family.guidance_kwargs(guidance), **kwargs, **family.pipeline_row_kwargs([{}]))
+    for i, prompt in enumerate(PROMPTS):  # each prompt alone, as the pipeline samples it alone: the family's policy
+        alone = sample_trajectories(family, family.model, family.encode([prompt]), family.negative_condition(),
+                                    options, generator=generators(1, i))
+        out = family.pipe([prompt], generator=generators(1, i), output_type="pt", **call)
+        assert out.images.shape == (1, 4, 64, 64)  # the pipeline's RGBA, composited over white for the rewards
+        assert alone.images.shape == (1, 3, 64, 64) and torch.equal(alone.images, family.pipeline_images(out)), prompt
+        assert float(alone.images.std()) > 0.01
+    # a batch of them: each row the prompt's policy (the same latents as alone, to the batch's rounding)
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), options,
+                               generator=generators(4))
+    assert traj.latents.shape == (4, 4, 16, 8)
+    for i, prompt in enumerate(PROMPTS):
+        latents = family.pipe([prompt], generator=generators(1, i), output_type="latent", **call).images
+        torch.testing.assert_close(traj.latents[i, -1], latents[0], rtol=1e-5, atol=1e-5)
+    # called with a longer prompt beside it, the pipeline pads "x" and moves its image's positions: another image
+    together = family.pipe(PROMPTS[2:], generator=generators(2, 2), output_type="latent",
+                           **{**call, **family.pipeline_row_kwargs([{}] * 2)}).images
+    assert float((together[1] - traj.latents[3, -1]).abs().max()) > 1e-3
 
 
 def test_the_sampler_is_the_call_at_its_own_defaults_with_its_kv_cache(qwen21_dir):
@@ -67,14 +79,18 @@ def test_the_template_is_the_pipelines(qwen21_dir):
 
 def test_the_condition_is_the_pipelines_padded_and_a_longer_prompt_is_refused(qwen21_dir):
     family, _ = family_of("qwenimage21", qwen21_dir)
-    want, want_mask, _ = family.pipe.encode_prompt(PROMPTS)
     cond = family.encode(PROMPTS)
-    embeds, mask = family.text_inputs(cond["prompt_embeds"], cond["prompt_embeds_mask"])
     assert cond["prompt_embeds"].shape[:2] == (4, 64)
-    assert torch.equal(embeds, want) and torch.equal(mask, want_mask)
+    for i, prompt in enumerate(PROMPTS):  # each row: the pipeline's condition of the prompt alone, padded
+        want, want_mask, _ = family.pipe.encode_prompt([prompt])
+        embeds, mask = QwenImageFamily.text_inputs(cond["prompt_embeds"][i : i + 1], cond["prompt_embeds_mask"][i : i + 1])
+        assert want_mask is None and mask is None and torch.equal(embeds, want), prompt
+    together, _, _ = family.pipe.encode_prompt(PROMPTS)  # in a batch the encoder reads the short ones left-padded
+    assert together.shape[1] == int(cond["prompt_embeds_mask"].sum(dim=1).max())
     short, _ = family_of("qwenimage21", qwen21_dir, **{"pretrained.max_sequence_length": 8})
-    with pytest.raises(ValueError, match=r"prompt 'a blue square on green' has \d+ text tokens, more than "
-                                         r"pretrained.max_sequence_length=8 .* keeps every token"):
+    with pytest.raises(ValueError, match=r"prompt 'a red circle' has 20 text tokens, more than "
+                                         r"pretrained.max_sequence_length=8 .* keeps every token, so set it to at "
+                                         r"least 20"):
         short.encode(PROMPTS)
 
 
@@ -90,10 +106,10 @@ def test_the_configured_sample_sigmas_fix_the_step_count(qwen21_dir, tmp_path):
     family, config = family_of("qwenimage21", model, **{"sample.num_steps": 4})
     schedule = family.schedule(4, "cpu")
     family.pipe.set_progress_bar_config(disable=True)
-    want = family.pipe(PROMPTS[:2], num_inference_steps=10, generator=generators(2), output_type="pt",
+    want = family.pipe(PROMPTS[:1], num_inference_steps=10, generator=generators(1), output_type="pt",
                        **family.pipeline_kwargs(config.sample, config.pretrained), **family.guidance_kwargs(1.0))
-    traj = sample_trajectories(family, family.model, family.encode(PROMPTS[:2]), family.negative_condition(),
-                               SamplingOptions(4, 1.0, [0.0] * 4, compute_log_prob=False), generator=generators(2))
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS[:1]), family.negative_condition(),
+                               SamplingOptions(4, 1.0, [0.0] * 4, compute_log_prob=False), generator=generators(1))
     assert len(schedule["timesteps"]) == 4 and torch.equal(traj.images, family.pipeline_images(want))
 
 

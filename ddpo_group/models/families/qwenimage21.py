@@ -6,10 +6,13 @@ Qwen3-VL text encoder, true CFG without a rescale.
                 dropped (the pipeline's own ``encode_prompt``); their count varies by prompt and the pipeline keeps
                 them all, so the record holds them zero-padded to L = ``pretrained.max_sequence_length`` (0: 512), with
                 prompt_embeds_mask [B, L], and a prompt with more tokens than L is refused by name (truncating it would
-                sample another image than the pipeline's). A forward sees what the pipeline passes for the same rows:
-                the tokens up to the rows' longest, the mask None when every one is a token, and the image-slot mask
-                ``img_mask`` (no slot in the text, then one slot per 2 x 2 latent tokens of the target). The
-                unconditional prompt is base.py's negative prompt ("" by default, which the pipeline reads as " ")
+                sample another image than the pipeline's). The transformer places the target image after the text's
+                padded length (its RoPE positions), so the pipeline called with prompts of different lengths gives a
+                prompt another image than called with it alone: the family's policy is each prompt alone (a forward
+                of the rows of each token count, their text unpadded, the image-slot mask ``img_mask``: no slot in the
+                text, then one a 2 x 2 group of target tokens), in sampling and training alike, and evaluation calls
+                the pipeline one prompt at a time (``pipeline_max_batch``). The unconditional prompt is base.py's
+                negative prompt ("" by default, which the pipeline reads as " ")
     latents     [B, (H/16)(W/16), C]: the C-channel VAE latent (64 for the released model), one token a latent pixel,
                 x_0 = N(0, I) drawn as ``prepare_latents`` (in the condition's dtype, as the pipeline)
     schedule    the pipeline's: the checkpoint's ``sample_sigmas`` when it configures them (then the step count is
@@ -54,6 +57,7 @@ MODELS_EXTRA = 'pip install -e ".[models]"'
 class QwenImage21Family(FlowMatchingFamily):
     cond_keys = ("prompt_embeds", "prompt_embeds_mask")
     patch_size = 2  # the target's 2 x 2 latent tokens a slot of the joint sequence (the pipeline's multiple of 32 px)
+    pipeline_max_batch = 1  # the pipeline's image of a prompt depends on the other prompts' lengths: one a call
     # the attention projections and the SwiGLU MLP of every single-stream block
     lora_target_modules = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "img_mlp.proj",
                            "img_mlp.gate_layer", "img_mlp.out")
@@ -94,19 +98,20 @@ class QwenImage21Family(FlowMatchingFamily):
         return self.max_sequence_length or DEFAULT_TEXT_TOKENS
 
     padded_condition = QwenImageFamily.padded_condition
-    text_inputs = staticmethod(QwenImageFamily.text_inputs)
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict:
-        embeds, mask, _ = self.pipe.encode_prompt(prompt=list(prompts), device=self.text_encoder_device())
-        longest = embeds.shape[1]
-        if longest > self.text_length:
-            counts = (mask.sum(dim=1) if mask is not None else torch.full((len(prompts),), longest)).tolist()
-            row = max(range(len(prompts)), key=lambda i: counts[i])
-            raise ValueError(f"prompt {prompts[row]!r} has {counts[row]} text tokens, more than "
-                             f"pretrained.max_sequence_length={self.text_length} (0: {DEFAULT_TEXT_TOKENS}); the "
-                             f"Qwen-Image 2.1 pipeline keeps every token, so set it to at least {counts[row]}")
-        return self.padded_condition(embeds, mask)
+        """Each prompt encoded alone, as the pipeline encodes a prompt called alone (the family's policy: module
+        docstring; in a batch the encoder would read it left-padded), zero-padded to ``text_length``."""
+        rows = []
+        for prompt in prompts:
+            embeds, _, _ = self.pipe.encode_prompt(prompt=[prompt], device=self.text_encoder_device())
+            if embeds.shape[1] > self.text_length:
+                raise ValueError(f"prompt {prompt!r} has {embeds.shape[1]} text tokens, more than "
+                                 f"pretrained.max_sequence_length={self.text_length} (0: {DEFAULT_TEXT_TOKENS}); the "
+                                 f"Qwen-Image 2.1 pipeline keeps every token, so set it to at least {embeds.shape[1]}")
+            rows.append(self.padded_condition(embeds, None))
+        return {key: torch.cat([row[key] for row in rows]) for key in self.cond_keys}
 
     # ------------------------------------------------------------------ latents
     @property
@@ -142,17 +147,33 @@ class QwenImage21Family(FlowMatchingFamily):
         return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
 
     def transformer_output(self, model, latents, timestep, cond: dict) -> torch.Tensor:
-        """One forward on a condition's rows (B rows, or one row broadcast): the target tokens' velocity."""
+        """The target tokens' velocity of a condition's rows (B rows, or one row broadcast), each row as the pipeline
+        computes it for its prompt alone: the rows of each token count in one forward, their text unpadded (module
+        docstring: the target's positions follow the text's padded length)."""
         n = latents.shape[0]
-        embeds, mask = self.text_inputs(cond["prompt_embeds"], cond["prompt_embeds_mask"])
+        embeds, mask = cond["prompt_embeds"], cond["prompt_embeds_mask"]
         if embeds.shape[0] != n:
-            embeds = embeds.expand(n, -1, -1)
-            mask = None if mask is None else mask.expand(n, -1)
+            embeds, mask = embeds.expand(n, -1, -1), mask.expand(n, -1)
+        counts = mask.sum(dim=1)
+        out = None
+        for count in counts.unique().tolist():
+            rows = (counts == count).nonzero().flatten()
+            part = self.forward_rows(model, latents[rows], timestep[rows], embeds[rows, :count])
+            if len(rows) == n:
+                return part
+            if out is None:
+                out = part.new_empty(n, *part.shape[1:])
+            out[rows] = part
+        return out
+
+    def forward_rows(self, model, latents, timestep, embeds) -> torch.Tensor:
+        """One forward of rows whose text has the same token count (no padding: the pipeline's mask None)."""
+        n = latents.shape[0]
         slots = torch.ones(n, embeds.shape[1] + latents.shape[1] // 4, dtype=torch.bool, device=latents.device)
         slots[:, : embeds.shape[1]] = False  # text-to-image: no image slot among the text tokens
         rows, columns = self.grid
         out = model(hidden_states=latents, timestep=timestep, encoder_hidden_states=embeds,
-                    encoder_hidden_states_mask=mask, img_shapes=[[(1, rows, columns)]] * n, img_mask=slots,
+                    encoder_hidden_states_mask=None, img_shapes=[[(1, rows, columns)]] * n, img_mask=slots,
                     return_dict=False)[0]
         return out[:, -latents.shape[1]:]
 
