@@ -603,8 +603,12 @@ def qwen3_vl_processor(tokenizer):
         video_processor = Qwen3VLVideoProcessor()
     except ImportError:
         video_processor = None
-    return Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
-                            chat_template=QWEN3_VL_CHAT_TEMPLATE)
+    try:
+        return Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
+                                chat_template=QWEN3_VL_CHAT_TEMPLATE)
+    except AttributeError as error:  # transformers' check of the missing video processor
+        raise ImportError('transformers\' Qwen3VLProcessor needs torchvision for its video processor: pip install -e '
+                          '".[models]" (torchvision built for your torch)') from error
 
 
 def build_tiny_qwenimage21_pipeline(seed: int = 0):
