@@ -538,3 +538,35 @@ def unirl_hunyuan_video15(config: ml_collections.ConfigDict) -> ml_collections.C
     config.reward_fn = "pickscore"
     config.num_epochs, config.eval_freq = 500, 20
     return config
+
+
+@recipe("grpo")
+def flow_factory_ltx2(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Flow-Factory's GRPO LoRA recipe for LTX-2 text-to-audio-video (github:X-GenGroup/Flow-Factory,
+    examples/grpo/lora/ltx2/t2av.yaml, commit a0b2bc5): Lightricks/LTX-2, LoRA rank 64 / alpha 128 on every Linear of
+    the transformer's blocks (the family's targets), bf16, 121 frames of 512 x 768 at 24 fps (the pipeline's defaults:
+    sample.resolution 0), 24 rollout steps (50 to evaluate) without guidance and without the pipeline's
+    spatio-temporal, modality and rescale terms (its stg_scale 0, modality_scale 1, guidance_rescale 0: the family's),
+    CPS at noise level 0.8 on 3 stochastic steps, groups of 16 with the batch std, 48 prompts an epoch over 8
+    processes (96 videos a process, one at a time) and 2 optimizer steps an epoch, lr 3e-4, weight decay 1e-4, clip
+    1e-4, advantages clipped at 5, no KL, EMA 0.9, gradient checkpointing, the CLAP audio-text reward
+    (laion/larger_clap_general). Differences: their 3 stochastic steps are drawn at random among steps 0-9 each
+    rollout, here the window is steps 0-2; their second reward, ImageBind's audio-video alignment, is not built in
+    (add it as a plugin with its weight 1); their EMA moves every 4 epochs (after every optimizer step here); they
+    evaluate with guidance 4, here with the training's; their VidProM prompts are not shipped: simple_animals stands in
+    (prompt_fn="from_file" reads yours)."""
+    config = flow_factory(config, "Lightricks/LTX-2")
+    config.sample.num_frames = 121  # of the pipeline's 512 x 768 (sample.resolution 0)
+    config.sample.num_steps, config.sample.eval_num_steps = 24, 50
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.sample.sde_type, config.sample.noise_level = "cps", 0.8
+    config.sample.sde_window_size = 3
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 1, 96  # 48 groups of 16 over 8 processes
+    config.sample.text_embedding_cache = 1024  # Gemma-3 and the connectors meet each prompt once
+    config.train.batch_size, config.train.gradient_accumulation_steps = 1, 48  # 2 optimizer steps an epoch
+    config.train.gradient_checkpointing = True
+    config.train.ema, config.train.ema_update_interval = True, 1
+    config.algorithm.global_std = True
+    config.reward_fn = "clap"
+    config.num_epochs, config.eval_freq = 500, 60
+    return config

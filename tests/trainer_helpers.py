@@ -52,6 +52,8 @@ FAMILY_OVERRIDES["sana"] = {"sample.resolution": 64, "pretrained.max_sequence_le
 FAMILY_OVERRIDES["qwenimage21"] = {"sample.resolution": 64, "pretrained.max_sequence_length": 64}
 # HunyuanVideo 1.5: 5 frames of 32 x 32 px (latents [4, 2, 2, 2] of its 16x / 4x VAE); its text encoders' own lengths
 FAMILY_OVERRIDES["hunyuan_video15"] = {"sample.resolution": 32, "sample.num_frames": 5}
+# LTX-2: 17 frames of 64 x 64 px (a 3 x 2 x 2 video latent of its 32x / 8x VAE, 18 audio latent frames), 16 Gemma tokens
+FAMILY_OVERRIDES["ltx2"] = {"sample.resolution": 64, "sample.num_frames": 17, "pretrained.max_sequence_length": 16}
 
 
 def small_qwen_edit_sources(setattr) -> None:

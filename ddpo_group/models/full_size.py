@@ -17,6 +17,8 @@ qwenimage21: Qwen-Image 2.1 (``build_qwenimage21``: the transformer at its relea
 encoder in a locally built processor, which needs torchvision without tests/processor_without_video.py's patch).
 hunyuan_video15: HunyuanVideo 1.5 480p text-to-video (``build_hunyuan_video15``: the 8.3B transformer, its VAE, a
 Qwen2.5-VL-7B-sized text model, a ByT5-small-sized glyph encoder, its guider).
+ltx2: LTX-2 (``build_ltx2``: the 18.9B audio-video transformer, its text connectors, a Gemma-3-12B-sized text encoder,
+the video and audio VAEs, the vocoder).
 """
 
 from __future__ import annotations
@@ -416,3 +418,37 @@ def build_hunyuan_video15(layers: int = 54, text_layers: int = 28):
 
 
 BUILDERS["hunyuan_video15"] = build_hunyuan_video15
+
+
+def build_ltx2(layers: int = 48, text_layers: int = 48):
+    """LTX-2: its LTX2VideoTransformer3DModel at the class defaults (48 blocks; video 32 heads of 128, audio 32 heads of
+    64, 128 latent channels each, Gemma-3's 3840-wide text through the connectors; ``layers`` fewer for a fraction),
+    the text connectors at their defaults, a Gemma-3-12B-sized text encoder (48 layers of 3840, 16 query / 8 key-value
+    heads of 256, FFN 15360, vocabulary 262208, and a SigLIP-400M-sized vision tower the pipeline does not run;
+    ``text_layers`` fewer to save memory) with the locally built Gemma-style tokenizer, the LTX-2 video VAE at its
+    defaults with LTX-2's 32x / 8x factors, the audio VAE and vocoder at their defaults, the flow Euler scheduler."""
+    from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
+                           LTX2Pipeline, LTX2VideoTransformer3DModel)
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    from ddpo_group.models.tiny_random import gemma_tokenizer
+
+    tokenizer = gemma_tokenizer(max_length=1024)
+    text_encoder = Gemma3ForConditionalGeneration(Gemma3Config(
+        text_config={"vocab_size": 262208, "hidden_size": 3840, "intermediate_size": 15360,
+                     "num_hidden_layers": text_layers, "num_attention_heads": 16, "num_key_value_heads": 8,
+                     "head_dim": 256, "max_position_embeddings": 131072},
+        vision_config={"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27,
+                       "num_attention_heads": 16, "image_size": 896, "patch_size": 14}))
+    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
+        scheduler = FlowMatchEulerDiscreteScheduler()
+    return LTX2Pipeline(transformer=LTX2VideoTransformer3DModel(num_layers=layers),
+                        vae=AutoencoderKLLTX2Video(spatial_compression_ratio=32, temporal_compression_ratio=8),
+                        audio_vae=AutoencoderKLLTX2Audio(), scheduler=scheduler, text_encoder=text_encoder,
+                        tokenizer=tokenizer,
+                        connectors=LTX2TextConnectors(text_proj_in_factor=text_layers + 1), vocoder=LTX2Vocoder())
+
+
+BUILDERS["ltx2"] = build_ltx2

@@ -697,3 +697,64 @@ def build_tiny_hunyuan_video15_pipeline(seed: int = 0):
 
 
 TINY_BUILDERS["hunyuan_video15"] = build_tiny_hunyuan_video15_pipeline
+
+
+# ----------------------------------------------------------------------------- LTX-2
+def build_tiny_ltx2_pipeline(seed: int = 0):
+    """LTX-2 at about the size of diffusers' own pipeline tests: an LTX2VideoTransformer3DModel with two blocks (video 2
+    heads of 8, audio 2 heads of 4, 4 latent channels each), a 4-wide LTX-2 video VAE with the real one's 32x / 8x
+    factors (the pipeline's 121 frames of 512 x 768 px decode in seconds), the audio VAE (8 mel bins, 2 latent
+    channels) and vocoder (stereo at 16 kHz) of that test, its text connectors,
+    a two-layer Gemma-3 of width 32 (a one-layer vision tower the pipeline does not run; diffusers' test loads one
+    from the hub) with ``gemma_tokenizer``, the flow Euler scheduler."""
+    from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
+                           LTX2Pipeline, LTX2VideoTransformer3DModel)
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    tokenizer = gemma_tokenizer(max_length=1024)
+    torch.manual_seed(seed)
+    text_encoder = Gemma3ForConditionalGeneration(Gemma3Config(
+        text_config={"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 2,
+                     "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+                     "max_position_embeddings": 2048, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1,
+                     "sliding_window": 64},
+        vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 32, "patch_size": 8},
+        mm_tokens_per_image=4)).eval()
+    hidden = text_encoder.config.text_config.hidden_size
+    transformer = LTX2VideoTransformer3DModel(
+        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+        cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, qk_norm="rms_norm_across_heads",
+        caption_channels=hidden, rope_double_precision=False, rope_type="split")
+    connectors = LTX2TextConnectors(
+        caption_channels=hidden, text_proj_in_factor=text_encoder.config.text_config.num_hidden_layers + 1,
+        video_connector_num_attention_heads=4, video_connector_attention_head_dim=8, video_connector_num_layers=1,
+        video_connector_num_learnable_registers=None, audio_connector_num_attention_heads=4,
+        audio_connector_attention_head_dim=8, audio_connector_num_layers=1, audio_connector_num_learnable_registers=None,
+        connector_rope_base_seq_len=32, rope_theta=10000.0, rope_double_precision=False,
+        causal_temporal_positioning=False, rope_type="split")
+    vae = AutoencoderKLLTX2Video(  # LTX-2's factors, 32x in space (patches of 4 and three 2x stages) and 8x in time
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(4, 4, 4),
+        decoder_block_out_channels=(4, 4, 4), layers_per_block=(1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, True), decoder_spatio_temporal_scaling=(True, True, True),
+        decoder_inject_noise=(False,) * 4, downsample_type=("spatiotemporal",) * 3,
+        upsample_type=("spatiotemporal",) * 3, upsample_residual=(False,) * 3, upsample_factor=(1, 1, 1),
+        timestep_conditioning=False, patch_size=4, patch_size_t=1, encoder_causal=True, decoder_causal=False,
+        decoder_spatial_padding_mode="zeros")  # (a one-latent-pixel frame cannot be reflect-padded)
+    audio_vae = AutoencoderKLLTX2Audio(
+        base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1, attn_resolutions=None, in_channels=2,
+        resolution=32, latent_channels=2, norm_type="pixel", causality_axis="height", dropout=0.0,
+        mid_block_add_attention=False, sample_rate=16000, mel_hop_length=160, is_causal=True, mel_bins=8)
+    vocoder = LTX2Vocoder(
+        in_channels=audio_vae.config.output_channels * audio_vae.config.mel_bins, hidden_channels=32, out_channels=2,
+        upsample_kernel_sizes=[4, 4], upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
+        leaky_relu_negative_slope=0.1, output_sampling_rate=16000)
+    return LTX2Pipeline(transformer=transformer, vae=vae, audio_vae=audio_vae,
+                        scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=text_encoder, tokenizer=tokenizer,
+                        connectors=connectors, vocoder=vocoder)
+
+
+TINY_BUILDERS["ltx2"] = build_tiny_ltx2_pipeline

@@ -55,7 +55,7 @@ RUN = {"num_epochs": 1, "sample.num_steps": 2, "sample.batch_size": 2, "sample.n
 # position table (Z-Image, Wan); the others sample their pipeline's default everywhere
 SIZES = {"flux": 32, "flux_kontext": 32, "flux2": 32, "flux2_dev": 32, "qwenimage": 32, "qwenimage_edit_plus": 32,
          "qwenimage_edit": 32, "zimage": 32, "wan": 16, "wan_i2v": 16, "sana": 64,
-         "qwenimage21": 64, "hunyuan_video15": 32}
+         "qwenimage21": 64, "hunyuan_video15": 32, "ltx2": 64}
 AT_DEFAULT_SIZE = tuple(name for name in FAMILIES if name not in SIZES)
 # (height, width) of each tiny model at its pipeline's default: its call's (Z-Image's 1024, Wan's 480 x 832) or
 # default_sample_size times its VAE factor
@@ -63,7 +63,8 @@ DEFAULT_SIZES = {"sd": (16, 16), "sdxl": (16, 16), "sd3": (16, 16), "flux": (256
                  "flux2": (256, 256), "flux2_dev": (256, 256), "qwenimage": (512, 512),
                  "qwenimage_edit_plus": (512, 512), "qwenimage_edit": (512, 512), "zimage": (1024, 1024),
                  "wan": (480, 832), "wan_i2v": (480, 832), "sana": (1024, 1024),
-                 "qwenimage21": (1024, 1024), "hunyuan_video15": (32, 32)}
+                 "qwenimage21": (1024, 1024), "hunyuan_video15": (32, 32),
+                 "ltx2": (512, 768)}
 # the tiny models whose position table cannot take their pipeline's default: refused at start, naming the field
 REFUSED_DEFAULTS = {"zimage": "axes_lens=[256, 32, 32]: 32 patches a side, 128 px",
                     "wan": "rope_max_seq_len=32: 32 patches a side, 512 px",
@@ -75,7 +76,7 @@ REFUSED = {("sd", "nft"): ("algorithm.objective='nft' is defined on the ('flow',
                              "family's is 'ddpm'", "defined on the flow-matching forward process only"),
            ("zimage", "nft"): ("train.cfg=False contradicts sample.guidance_scale=1.0: the zimage family guides exactly "
                                "when guidance_scale > 0", "its CFG-free guidance 1 guides Z-Image, whose none is 0")}
-VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81, "hunyuan_video15": 121}  # the video families sample their pipeline's default frames everywhere
+VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81, "hunyuan_video15": 121, "ltx2": 121}  # the video families sample their pipeline's default frames everywhere
 # each preset with an option a user picks (the flow step's kind: flow families only)
 OPTIONS = {
     "grpo": {"kl.reference_update_freq": 1, "kl.reference_mixup_alpha": 0.5},  # the mixup adapter
