@@ -3,6 +3,9 @@ from setuptools import find_namespace_packages, setup
 OCR = ['rapidocr-onnxruntime>=1.4.4,<1.5; python_version < "3.13"', "rapidfuzz>=3"]
 HPS = ["open_clip_torch>=2.24"]
 JUDGE = ["openai>=1"]  # the VLM judges' client for OpenAI-compatible endpoints (vLLM, SGLang, a hosted API)
+# what some model families need beyond the base install: torchvision for transformers' Qwen3-VL processor (Qwen-Image
+# 2.1), which is refused without it (install the torchvision built for your torch)
+MODELS = ["torchvision"]
 
 setup(
     name="ddpo_group",
@@ -38,5 +41,6 @@ setup(
         "hps": HPS,  # reward_fn=hpsv2: open_clip (needs a torchvision built for the installed torch)
         "judge": JUDGE,  # win_rate's judge "vlm" and the VLM judge server: the openai client
         "rewards": OCR + HPS + JUDGE,  # every optional reward; pickscore, clipscore and aesthetic need only transformers
+        "models": MODELS,  # the model families' own needs (docs/model_families.md)
     },
 )

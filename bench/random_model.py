@@ -12,6 +12,10 @@ what each shape holds): what the GPU benchmarks measure memory and throughput on
     python bench/random_model.py --shape wan21_i2v14b --out /tmp/i2v  # Wan2.1-I2V-14B, its CLIP ViT-H encoder
     python bench/random_model.py --shape qwenimage --out /tmp/qwen  # Qwen-Image (20.4B) and Qwen2.5-VL-7B: ~57 GB
     python bench/random_model.py --shape qwenimage_edit_plus --out /tmp/qwenedit  # Qwen-Image-Edit-Plus: the same
+    python bench/random_model.py --shape sana --out /tmp/sana     # SANA 1.5 1.6B, its DC-AE, Gemma-2-2B
+    python bench/random_model.py --shape qwenimage21 --out /tmp/q21  # Qwen-Image 2.1 and Qwen3-VL-8B
+    python bench/random_model.py --shape hunyuan_video15 --out /tmp/hv15  # HunyuanVideo 1.5 480p, Qwen2.5-VL-7B, ByT5
+    python bench/random_model.py --shape ltx2 --out /tmp/ltx2     # LTX-2 (18.9B), Gemma-3-12B, its VAEs and vocoder
 
 Weights are saved in bfloat16.
 

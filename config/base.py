@@ -68,12 +68,13 @@ def base() -> ml_collections.ConfigDict:
     pretrained.model = "tiny-shapes"  # the model to fine-tune: an embedded model's name, a hub id or a local directory
     pretrained.revision = ""  # the hub revision (branch, tag or commit); "": the default branch
     # "sd", "sdxl", "sd3", "flux", "zimage", "qwenimage", "flux_kontext", "flux2", "flux2_dev", "wan", "wan_i2v",
-    # "qwenimage_edit_plus" or "qwenimage_edit"; "": from
+    # "qwenimage_edit_plus", "qwenimage_edit", "sana", "qwenimage21", "hunyuan_video15" or "ltx2"; "": from
     # model_index.json's pipeline class
     pretrained.family = ""
     # text tokens per prompt of the T5 / LLM text encoder (SD3, FLUX.1, Wan: T5; Z-Image, FLUX.2: Qwen3 / Mistral;
-    # Qwen-Image: Qwen2.5-VL, at most 1024), the stored embeddings padded to it; 0: the pipeline's default (SD3: 256,
-    # the others 512)
+    # Qwen-Image: Qwen2.5-VL, at most 1024; SANA: Gemma-2, after its instruction; Qwen-Image 2.1: Qwen3-VL, whose
+    # pipeline keeps every token: a longer prompt is refused; LTX-2: Gemma-3), the stored embeddings padded to it; 0: the
+    # pipeline's default (SD3: 256, SANA: 300, LTX-2: 1024, the others 512)
     pretrained.max_sequence_length = 0
     pretrained.text_encoder_device = ""  # "cpu" keeps the text encoders off the GPU (their embeddings move to it)
     # FLUX.2: the text encoder's hidden layers stacked into the condition (the pipeline's text_encoder_out_layers);
@@ -98,7 +99,8 @@ def base() -> ml_collections.ConfigDict:
     # default (its default_sample_size times its VAE factor; Z-Image's 1024, Wan's 480 x 832). A size the model cannot
     # take (not a multiple of its VAE factor times its patch, beyond its position table) is refused at start
     sample.resolution = 0
-    # video families (Wan, Wan image-to-video): frames per video, 4 k + 1 (5, 33, 81); 0: the pipeline's default (81)
+    # video families (Wan, Wan image-to-video, HunyuanVideo 1.5: 4 k + 1, e.g. 5, 33, 81; LTX-2: 8 k + 1): frames per
+    # video; 0: the pipeline's default (Wan's 81, HunyuanVideo 1.5's and LTX-2's 121)
     sample.num_frames = 0
     # the run's negative prompt, the unconditional branch of classifier-free guidance, for every family that guides
     # with one: a prompt row's own "negative_prompt" (a .jsonl prompt file's) wins, else this, else ("") the family's

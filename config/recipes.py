@@ -482,3 +482,116 @@ def flow_factory_wan21_i2v(config: ml_collections.ConfigDict) -> ml_collections.
     config.num_epochs, config.eval_freq = 500, 20
     return config
 
+
+@recipe("grpo")
+def cosmos_rl_sana_nft(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Cosmos-RL's DiffusionNFT recipe for SANA (github:nvidia-cosmos/cosmos-rl, configs/sana/sana-image-nft.toml and
+    cosmos_rl/policy/trainer/diffusers_trainer/nft_trainer.py, commit 89f2e5b): SANA 1.5 1.6B at 1024 px, LoRA rank 4 /
+    alpha 4 on the self- and cross-attention projections (the family's targets), CFG-free (guidance 1 in sampling and
+    training), deterministic rollouts of 10 steps (40 to evaluate), beta 1 with the adaptive loss weighting, the old
+    model's decay min(0.001 k, 0.5) (their weight_copy_decay_type 1: the base config's old_decay_*), KL 1e-4 to the
+    base model, groups of 24, lr 3e-4, weight decay 1e-4, EMA 0.9 after every optimizer step, advantages clipped at 5,
+    300 Gemma tokens (0: the pipeline's), bf16, the PickScore reward. Differences: their rollouts' Euler solver runs on
+    their sigmas, ours on the family's flow Euler scheduler of the checkpoint's shift (models/families/sana.py); their
+    loss is multiplied by the advantage clip (5): the learning rate here is the same, the loss 5 times smaller; their
+    1152 samples a replica an epoch are flow_grpo's 24 a process here; their Pick-a-Pic captions are not shipped
+    (simple_animals stands in; prompt_fn="from_file" reads yours)."""
+    config = flow_grpo(config, "Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers")
+    config.mixed_precision = "bf16"
+    config.lora_rank, config.lora_alpha = 4, 4
+    config.pretrained.max_sequence_length = 0  # the pipeline's 300 (their max_prompt_length)
+    config.sample.resolution = 1024
+    config.algorithm.objective = "nft"
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"beta": 1.0, "adaptive_weight": True})
+    config.sample.deterministic = True
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.kl.beta = 1e-4
+    config.train.ema, config.train.ema_update_interval = True, 1
+    config.prompt_fn = "simple_animals"
+    config.reward_fn = "pickscore"
+    return config
+
+
+@recipe("grpo")
+def flow_grpo_qwenimage21(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Flow-GRPO's Qwen-Image recipe (``flow_grpo_qwenimage``) on Qwen/Qwen-Image-2.1, at the 2.1 pipeline's own
+    sampling: no guidance (its true_cfg_scale defaults to 1: the model is sampled without it), 40 evaluation steps (its
+    call's default), 512 stored text tokens (its pipeline keeps every token of a prompt; a longer one is refused);
+    10 rollout steps, noise level 1.2 on a 2-step SDE window, groups of 16, LoRA rank 64 / alpha 128 on the attention
+    and SwiGLU projections of its single-stream blocks, no KL, bf16, gradient checkpointing, 512 px, the OCR task.
+    Flow-Factory's Qwen-Image 2.1 example (2026-09-20) and UniRL's are not in the stored copies of those repositories
+    (Flow-Factory a0b2bc5 of 2026-05-02, UniRL 1a7b501 of 2026-06-13), so this recipe is not theirs: its numbers are
+    Flow-GRPO's Qwen-Image ones."""
+    config = flow_grpo_qwenimage(config)
+    config.pretrained.model = "Qwen/Qwen-Image-2.1"
+    config.pretrained.max_sequence_length = 0  # 512 stored tokens (models/families/qwenimage21.py)
+    config.sample.eval_num_steps = 40
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    return config
+
+
+@recipe("grpo")
+def unirl_hunyuan_video15(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """UniRL's GRPO recipe for HunyuanVideo 1.5 text-to-video (github:Tencent-Hunyuan/UniRL,
+    examples/diffusion/hunyuan_video15_t2v_dancegrpo_trainside.yaml, commit 1a7b501; DanceGRPO's settings):
+    HunyuanVideo-1.5 480p text-to-video, 5 frames of 480 px, 16 rollout steps without guidance (their cfg 0), the flow
+    SDE at noise level 0.25 (their eta), the checkpoint scheduler's shift (theirs 5.0), LoRA rank 64 / alpha 64 on the
+    attention and feed-forward projections of both streams (the family's targets), groups of 24 with the batch std
+    (their adv_use_global_std), 48 prompts an epoch over 8 processes (144 videos a process, one at a time) and 2
+    optimizer steps an epoch, lr 1e-5, weight decay 1e-4, clip 1e-4, gradient clipping at 1, no KL, gradient
+    checkpointing, bf16, PickScore. Differences: they draw 8 stochastic steps at random among the first 60% of the
+    schedule each rollout, here the window is the first 8 steps; their PickScore reads each video's first frame, the
+    image reward here scores every frame and averages; their prompts (a data path of yours) are not shipped:
+    simple_animals stands in (prompt_fn="from_file" reads yours)."""
+    config.pretrained.model = "hunyuanvideo-community/HunyuanVideo-1.5-Diffusers-480p_t2v"
+    config.mixed_precision = "bf16"
+    config.lora_rank, config.lora_alpha = 64, 64
+    config.sample.resolution, config.sample.num_frames = 480, 5
+    config.sample.num_steps = 16
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.sample.noise_level = 0.25
+    config.sample.sde_window_size = 8
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 1, 144  # 48 groups of 24 over 8 processes
+    config.sample.text_embedding_cache = 1024  # Qwen2.5-VL and ByT5 meet each prompt once
+    config.train.group_size = 24
+    config.train.batch_size, config.train.gradient_accumulation_steps = 1, 72  # 2 optimizer steps an epoch
+    config.train.learning_rate = 1e-5
+    config.train.gradient_checkpointing = True
+    config.algorithm.global_std = True
+    config.kl.beta, config.kl.use_reference_model = 0.0, False
+    config.prompt_fn = "simple_animals"
+    config.reward_fn = "pickscore"
+    config.num_epochs, config.eval_freq = 500, 20
+    return config
+
+
+@recipe("grpo")
+def flow_factory_ltx2(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Flow-Factory's GRPO LoRA recipe for LTX-2 text-to-audio-video (github:X-GenGroup/Flow-Factory,
+    examples/grpo/lora/ltx2/t2av.yaml, commit a0b2bc5): Lightricks/LTX-2, LoRA rank 64 / alpha 128 on every Linear of
+    the transformer's blocks (the family's targets), bf16, 121 frames of 512 x 768 at 24 fps (the pipeline's defaults:
+    sample.resolution 0), 24 rollout steps (50 to evaluate) without guidance and without the pipeline's
+    spatio-temporal, modality and rescale terms (its stg_scale 0, modality_scale 1, guidance_rescale 0: the family's),
+    CPS at noise level 0.8 on 3 stochastic steps, groups of 16 with the batch std, 48 prompts an epoch over 8
+    processes (96 videos a process, one at a time) and 2 optimizer steps an epoch, lr 3e-4, weight decay 1e-4, clip
+    1e-4, advantages clipped at 5, no KL, EMA 0.9, gradient checkpointing, the CLAP audio-text reward
+    (laion/larger_clap_general). Differences: their 3 stochastic steps are drawn at random among steps 0-9 each
+    rollout, here the window is steps 0-2; their second reward, ImageBind's audio-video alignment, is not built in
+    (add it as a plugin with its weight 1); their EMA moves every 4 epochs (after every optimizer step here); they
+    evaluate with guidance 4, here with the training's; their VidProM prompts are not shipped: simple_animals stands in
+    (prompt_fn="from_file" reads yours)."""
+    config = flow_factory(config, "Lightricks/LTX-2")
+    config.sample.num_frames = 121  # of the pipeline's 512 x 768 (sample.resolution 0)
+    config.sample.num_steps, config.sample.eval_num_steps = 24, 50
+    config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.sample.sde_type, config.sample.noise_level = "cps", 0.8
+    config.sample.sde_window_size = 3
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 1, 96  # 48 groups of 16 over 8 processes
+    config.sample.text_embedding_cache = 1024  # Gemma-3 and the connectors meet each prompt once
+    config.train.batch_size, config.train.gradient_accumulation_steps = 1, 48  # 2 optimizer steps an epoch
+    config.train.gradient_checkpointing = True
+    config.train.ema, config.train.ema_update_interval = True, 1
+    config.algorithm.global_std = True
+    config.reward_fn = "clap"
+    config.num_epochs, config.eval_freq = 500, 60
+    return config

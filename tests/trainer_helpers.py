@@ -52,6 +52,14 @@ FAMILY_OVERRIDES["qwenimage_edit"] = FAMILY_OVERRIDES["qwenimage_edit_plus"]  # 
 # Wan image-to-video: Wan's size and frames, source images from a .jsonl prompt file, the pipeline's 512 UMT5 tokens
 # (the transformer takes its context's last 512 tokens as the text's)
 FAMILY_OVERRIDES["wan_i2v"] = {"sample.resolution": 16, "sample.num_frames": 5}
+# SANA: 64 px (2 x 2 latents of its 32x DC-AE), 16 Gemma tokens (the last ones after its instruction: the prompt's)
+FAMILY_OVERRIDES["sana"] = {"sample.resolution": 64, "pretrained.max_sequence_length": 16}
+# Qwen-Image 2.1: 64 px (4 x 4 latent tokens of its 16x VAE), 64 stored text tokens (the pipeline keeps every token)
+FAMILY_OVERRIDES["qwenimage21"] = {"sample.resolution": 64, "pretrained.max_sequence_length": 64}
+# HunyuanVideo 1.5: 5 frames of 32 x 32 px (latents [4, 2, 2, 2] of its 16x / 4x VAE); its text encoders' own lengths
+FAMILY_OVERRIDES["hunyuan_video15"] = {"sample.resolution": 32, "sample.num_frames": 5}
+# LTX-2: 17 frames of 64 x 64 px (a 3 x 2 x 2 video latent of its 32x / 8x VAE, 18 audio latent frames), 16 Gemma tokens
+FAMILY_OVERRIDES["ltx2"] = {"sample.resolution": 64, "sample.num_frames": 17, "pretrained.max_sequence_length": 16}
 
 
 def small_qwen_edit_sources(setattr) -> None:

@@ -12,6 +12,13 @@ projection), the SD VAE with SDXL's scaling factor, DDIM (SDXL base ships Euler;
 wan13b: Wan2.1-T2V-1.3B (``build_wan13b``: the transformer 1.4B, the Wan VAE, a UMT5-XXL-sized encoder 5.7B).
 wan21_i2v14b: Wan2.1-I2V-14B-480P (``build_wan21_i2v14b``: the transformer 16.4B, a CLIP ViT-H/14 vision encoder 0.6B,
 wan13b's VAE and encoder; ``--blocks`` keeps a fraction of the transformer's layers).
+sana: SANA 1.5 1.6B at 1024 px (``build_sana``: the transformer, the DC-AE f32c32, a Gemma-2-2B-sized text encoder).
+qwenimage21: Qwen-Image 2.1 (``build_qwenimage21``: the transformer at its released shape, a Qwen3-VL-8B-sized text
+encoder in a locally built processor, which needs torchvision without tests/processor_without_video.py's patch).
+hunyuan_video15: HunyuanVideo 1.5 480p text-to-video (``build_hunyuan_video15``: the 8.3B transformer, its VAE, a
+Qwen2.5-VL-7B-sized text model, a ByT5-small-sized glyph encoder, its guider).
+ltx2: LTX-2 (``build_ltx2``: the 18.9B audio-video transformer, its text connectors, a Gemma-3-12B-sized text encoder,
+the video and audio VAEs, the vocoder).
 """
 
 from __future__ import annotations
@@ -309,3 +316,139 @@ def describe(shape: str, blocks: float, pipe) -> dict:
             "parameters": {name: sum(p.numel() for p in module.parameters()) for name, module in modules.items()},
             "configs": {name: module.config.to_dict() if hasattr(module.config, "to_dict") else dict(module.config)
                         for name, module in modules.items()}}
+
+
+def build_sana(layers: int = 20, text_layers: int = 26):
+    """SANA 1.5 1.6B at 1024 px (Efficient-Large-Model/SANA1.5_1.6B_1024px_diffusers, diffusers' conversion script's
+    shapes): its SanaTransformer2DModel (20 blocks of linear self-attention, 70 heads of 32, cross-attention 20 heads of
+    112 over the 2304-wide text, RMS q/k norm across heads, 32 latent channels, patch 1, sample_size 32; ``layers``
+    fewer for a fraction), the 32-channel DC-AE f32c32 (three ResBlock stages and three EfficientViT stages), a
+    Gemma-2-2B-sized decoder as its text encoder (26 layers of 2304, 8 query / 4 key-value heads of 256, vocabulary
+    256000; ``text_layers`` fewer to save memory) with the locally built Gemma-style tokenizer, the released flow
+    DPM-Solver scheduler (shift 3; the sana family swaps in the flow Euler one)."""
+    from diffusers import AutoencoderDC, DPMSolverMultistepScheduler, SanaPipeline, SanaTransformer2DModel
+    from transformers import Gemma2Config, Gemma2Model
+
+    from ddpo_group.models.tiny_random import gemma_tokenizer
+
+    transformer = SanaTransformer2DModel(in_channels=32, out_channels=32, num_attention_heads=70, attention_head_dim=32,
+                                         num_layers=layers, num_cross_attention_heads=20, cross_attention_head_dim=112,
+                                         cross_attention_dim=2240, caption_channels=2304, mlp_ratio=2.5,
+                                         sample_size=32, patch_size=1, qk_norm="rms_norm_across_heads")
+    blocks = ("ResBlock",) * 3 + ("EfficientViTBlock",) * 3
+    vae = AutoencoderDC(latent_channels=32, encoder_block_types=blocks, decoder_block_types=blocks,
+                        downsample_block_type="conv", upsample_block_type="interpolate", scaling_factor=0.41407)
+    text_encoder = Gemma2Model(Gemma2Config(
+        vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=text_layers,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=8192))
+    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
+        scheduler = DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                                flow_shift=3.0)
+    return SanaPipeline(tokenizer=gemma_tokenizer(), text_encoder=text_encoder, vae=vae, transformer=transformer,
+                        scheduler=scheduler)
+
+
+BUILDERS["sana"] = build_sana
+
+
+def build_qwenimage21(layers: int = 32, text_layers: int = 36):
+    """Qwen-Image 2.1: its QwenImage21Transformer2DModel at the class defaults, the released configuration (32
+    single-stream blocks of 32 heads of 128, SwiGLU x3, 64 latent channels, text width 4096; ``layers`` fewer for a
+    fraction), a Qwen3-VL-8B-sized text encoder (36 layers of 4096, 32 query / 8 key-value heads of 128, FFN 12288,
+    vocabulary 151936, and a 27-block vision tower the text-to-image pipeline does not run; ``text_layers`` fewer to
+    save memory) in a locally built Qwen3VLProcessor, the 64-channel AutoencoderKLQwenImage21 at its defaults (16x,
+    RGBA), Qwen-Image's scheduler."""
+    from diffusers import AutoencoderKLQwenImage21, QwenImage21Pipeline, QwenImage21Transformer2DModel
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from ddpo_group.models.tiny_random import (QWEN_IMAGE21_TEMPLATE, qwen3_vl_processor, qwen_vl_tokenizer,
+                                               qwenimage_scheduler)
+
+    tokenizer = qwen_vl_tokenizer(QWEN_IMAGE21_TEMPLATE)
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen3VLConfig(
+        text_config={"vocab_size": 151936, "hidden_size": 4096, "intermediate_size": 12288,
+                     "num_hidden_layers": text_layers, "num_attention_heads": 32, "num_key_value_heads": 8,
+                     "head_dim": 128, "max_position_embeddings": 262144,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                         "mrope_section": [24, 20, 20], "mrope_interleaved": True}},
+        vision_config={"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+                       "out_hidden_size": 4096, "patch_size": 16, "deepstack_visual_indexes": [8, 16, 24]},
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+    )
+    return QwenImage21Pipeline(scheduler=qwenimage_scheduler(), vae=AutoencoderKLQwenImage21(),
+                               text_encoder=Qwen3VLForConditionalGeneration(config),
+                               processor=qwen3_vl_processor(tokenizer),
+                               transformer=QwenImage21Transformer2DModel(num_layers=layers))
+
+
+BUILDERS["qwenimage21"] = build_qwenimage21
+
+
+def build_hunyuan_video15(layers: int = 54, text_layers: int = 28):
+    """HunyuanVideo 1.5 480p text-to-video: its HunyuanVideo15Transformer3DModel (54 dual-stream blocks of 16 heads of
+    128, two refiner blocks, 32 latent channels read beside the condition latent and mask: 65 input channels; text
+    widths 3584 and 1472, target_size 480, task t2v; ``layers`` fewer for a fraction), the 32-channel
+    AutoencoderKLHunyuanVideo15 at its defaults (16x, 4x), a Qwen2.5-VL-7B-sized text model (28 layers of 3584, 28
+    query / 4 key-value heads, FFN 18944, vocabulary 152064; ``text_layers`` fewer to save memory) with the locally
+    built Qwen tokenizer, a ByT5-small-sized encoder (12 layers of 1472, 6 heads of 64, FFN 3584) with ByT5's byte
+    tokenizer, the flow Euler scheduler of shift 5 and a ClassifierFreeGuidance guider at 6."""
+    from diffusers import (AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline,
+                           HunyuanVideo15Transformer3DModel)
+    from diffusers.guiders import ClassifierFreeGuidance
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
+
+    from ddpo_group.models.tiny_random import qwen_tokenizer
+
+    transformer = HunyuanVideo15Transformer3DModel(num_layers=layers, target_size=480, task_type="t2v")
+    text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
+        vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=text_layers,
+        num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=128000,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]}))
+    tokenizer_2 = ByT5Tokenizer()
+    text_encoder_2 = T5EncoderModel(T5Config(vocab_size=384, d_model=1472, d_kv=64, d_ff=3584, num_layers=12,
+                                             num_heads=6, feed_forward_proj="gated-gelu"))
+    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=5.0)
+    return HunyuanVideo15Pipeline(text_encoder=text_encoder, tokenizer=qwen_tokenizer(max_length=2048),
+                                  transformer=transformer, vae=AutoencoderKLHunyuanVideo15(), scheduler=scheduler,
+                                  text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2,
+                                  guider=ClassifierFreeGuidance(guidance_scale=6.0))
+
+
+BUILDERS["hunyuan_video15"] = build_hunyuan_video15
+
+
+def build_ltx2(layers: int = 48, text_layers: int = 48):
+    """LTX-2: its LTX2VideoTransformer3DModel at the class defaults (48 blocks; video 32 heads of 128, audio 32 heads of
+    64, 128 latent channels each, Gemma-3's 3840-wide text through the connectors; ``layers`` fewer for a fraction),
+    the text connectors at their defaults, a Gemma-3-12B-sized text encoder (48 layers of 3840, 16 query / 8 key-value
+    heads of 256, FFN 15360, vocabulary 262208, and a SigLIP-400M-sized vision tower the pipeline does not run;
+    ``text_layers`` fewer to save memory) with the locally built Gemma-style tokenizer, the LTX-2 video VAE at its
+    defaults with LTX-2's 32x / 8x factors, the audio VAE and vocoder at their defaults, the flow Euler scheduler."""
+    from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
+                           LTX2Pipeline, LTX2VideoTransformer3DModel)
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    from ddpo_group.models.tiny_random import gemma_tokenizer
+
+    tokenizer = gemma_tokenizer(max_length=1024)
+    text_encoder = Gemma3ForConditionalGeneration(Gemma3Config(
+        text_config={"vocab_size": 262208, "hidden_size": 3840, "intermediate_size": 15360,
+                     "num_hidden_layers": text_layers, "num_attention_heads": 16, "num_key_value_heads": 8,
+                     "head_dim": 256, "max_position_embeddings": 131072},
+        vision_config={"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27,
+                       "num_attention_heads": 16, "image_size": 896, "patch_size": 14}))
+    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
+        scheduler = FlowMatchEulerDiscreteScheduler()
+    return LTX2Pipeline(transformer=LTX2VideoTransformer3DModel(num_layers=layers),
+                        vae=AutoencoderKLLTX2Video(spatial_compression_ratio=32, temporal_compression_ratio=8),
+                        audio_vae=AutoencoderKLLTX2Audio(), scheduler=scheduler, text_encoder=text_encoder,
+                        tokenizer=tokenizer,
+                        connectors=LTX2TextConnectors(text_proj_in_factor=text_layers + 1), vocoder=LTX2Vocoder())
+
+
+BUILDERS["ltx2"] = build_ltx2

@@ -523,3 +523,238 @@ def build_tiny_qwenimage_edit_pipeline(seed: int = 0):
 
 
 TINY_BUILDERS["qwenimage_edit"] = build_tiny_qwenimage_edit_pipeline
+
+
+# ----------------------------------------------------------------------------- SANA
+def gemma_tokenizer(max_length: int = 2048):
+    """A Gemma-style tokenizer built locally: Gemma's special tokens ('<bos>' added first, '<pad>' padding), the 256 byte
+    fallback tokens and the printable ASCII characters (with Gemma's '▁' for a space) as single tokens, no merges: any
+    text tokenizes, one token a character."""
+    import string
+
+    from transformers import GemmaTokenizer
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<mask>": 4}
+    vocab.update({f"<0x{b:02X}>": 5 + b for b in range(256)})
+    for symbol in "\u2581" + string.ascii_letters + string.digits + string.punctuation:
+        vocab.setdefault(symbol, len(vocab))
+    return GemmaTokenizer(vocab=vocab, merges=[], model_max_length=max_length, add_bos_token=True)
+
+
+def build_tiny_sana_pipeline(seed: int = 0):
+    """SANA at about the size of diffusers' own pipeline test: a SanaTransformer2DModel with two blocks (patch 1,
+    sample_size 32: the pipeline's 1024 px table), a two-layer Gemma-2 text encoder of width 16 with
+    ``gemma_tokenizer``, and a 4-channel AutoencoderDC with SANA's factor 32 (six stages of ResBlocks, 4 to 8 channels:
+    its 1024 px default is 32 x 32 latents), the released models' DPM-Solver scheduler (flow prediction, flow shift 3),
+    which the family swaps for the flow Euler one of that shift."""
+    from diffusers import AutoencoderDC, DPMSolverMultistepScheduler, SanaPipeline, SanaTransformer2DModel
+    from transformers import Gemma2Config, Gemma2Model
+
+    torch.manual_seed(seed)
+    transformer = SanaTransformer2DModel(patch_size=1, in_channels=4, out_channels=4, num_layers=2,
+                                         num_attention_heads=2, attention_head_dim=4, num_cross_attention_heads=2,
+                                         cross_attention_head_dim=4, cross_attention_dim=8, caption_channels=16,
+                                         sample_size=32)
+    stages = 6  # vae_scale_factor 2 ** (stages - 1) = 32
+    vae = AutoencoderDC(in_channels=3, latent_channels=4, attention_head_dim=2, encoder_block_types="ResBlock",
+                        decoder_block_types="ResBlock", encoder_block_out_channels=(4,) * (stages - 1) + (8,),
+                        decoder_block_out_channels=(4,) * (stages - 1) + (8,),
+                        encoder_layers_per_block=(0,) + (1,) * (stages - 1),
+                        decoder_layers_per_block=(0,) + (1,) * (stages - 1),
+                        encoder_qkv_multiscales=((),) * stages, decoder_qkv_multiscales=((),) * stages,
+                        decoder_norm_types="rms_norm", decoder_act_fns="silu", scaling_factor=0.41407)
+    tokenizer = gemma_tokenizer()
+    text_encoder = Gemma2Model(Gemma2Config(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=2048, pad_token_id=0, bos_token_id=2,
+        eos_token_id=1, attn_implementation="eager")).eval()
+    scheduler = DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    return SanaPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
+                        scheduler=scheduler)
+
+
+TINY_BUILDERS["sana"] = build_tiny_sana_pipeline
+
+
+# ----------------------------------------------------------------------------- Qwen-Image 2.1
+# Qwen3-VL's chat template for text turns (content a string or a list of text parts): what QwenImage21Pipeline renders
+# to count its system turn's tokens
+QWEN3_VL_CHAT_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' }}{%- if message['content'] is string %}"
+    "{{- message['content'] }}{%- else %}{%- for part in message['content'] %}{%- if part['type'] == 'text' %}"
+    "{{- part['text'] }}{%- endif %}{%- endfor %}{%- endif %}{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def qwen3_vl_processor(tokenizer):
+    """A Qwen3VLProcessor built locally: ``tokenizer`` (its chat template Qwen3-VL's for text), a Qwen2VLImageProcessor
+    with Qwen3-VL's 16 px patches merged 2 x 2 (at most 128 x 128 px an image) and, with torchvision, a
+    Qwen3VLVideoProcessor; without torchvision the processor is built without one (tests/processor_without_video.py:
+    the pipeline sends no video), which transformers itself refuses."""
+    from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor
+
+    tokenizer.chat_template = QWEN3_VL_CHAT_TEMPLATE
+    image_processor = Qwen2VLImageProcessor(min_pixels=32 * 32, max_pixels=128 * 128, patch_size=16, merge_size=2,
+                                            temporal_patch_size=2)
+    try:
+        from transformers import Qwen3VLVideoProcessor
+
+        video_processor = Qwen3VLVideoProcessor()
+    except ImportError:
+        video_processor = None
+    try:
+        return Qwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
+                                chat_template=QWEN3_VL_CHAT_TEMPLATE)
+    except AttributeError as error:  # transformers' check of the missing video processor
+        raise ImportError('transformers\' Qwen3VLProcessor needs torchvision for its video processor: pip install -e '
+                          '".[models]" (torchvision built for your torch)') from error
+
+
+def build_tiny_qwenimage21_pipeline(seed: int = 0):
+    """Qwen-Image 2.1 at a tiny size: a QwenImage21Transformer2DModel with two single-stream blocks (2 heads of 16) on
+    8-channel latents, an AutoencoderKLQwenImage21 with its 16x spatial factor and its four (RGBA) image channels
+    (base width 4; latents_mean / latents_std not the identity), a two-layer Qwen3-VL of width 16 (a one-block vision
+    tower the text-to-image pipeline does not run) with ``qwen_vl_tokenizer`` (merges learned on the pipeline's
+    template) in ``qwen3_vl_processor``, Qwen-Image's scheduler. Its 1024 px default is 64 x 64 latent tokens."""
+    from diffusers import AutoencoderKLQwenImage21, QwenImage21Pipeline, QwenImage21Transformer2DModel
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    transformer = QwenImage21Transformer2DModel(patch_size=1, in_channels=8, out_channels=8, num_layers=2,
+                                                attention_head_dim=16, num_attention_heads=2, context_in_dim=16,
+                                                mlp_ratio=2, axes_dims_rope=(4, 6, 6))
+    channels = 8
+    vae = AutoencoderKLQwenImage21(base_dim=4, decoder_base_dim=4, z_dim=channels, dim_mult=[1, 1, 1, 1, 1],
+                                   num_res_blocks=1, temperal_downsample=[False, True, True, True],
+                                   latents_mean=[0.1 * (i % 3) - 0.1 for i in range(channels)],
+                                   latents_std=[1.0 + 0.25 * (i % 4) for i in range(channels)])
+    scheduler = qwenimage_scheduler()
+    tokenizer = qwen_vl_tokenizer(QWEN_IMAGE21_TEMPLATE)
+    processor = qwen3_vl_processor(tokenizer)
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen3VLConfig(
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "head_dim": 8, "vocab_size": len(tokenizer),
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 1, 1],
+                                         "mrope_interleaved": True},
+                     "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>")},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16,
+                       "patch_size": 16, "deepstack_visual_indexes": [0]},
+        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
+    )
+    text_encoder = Qwen3VLForConditionalGeneration(config).eval()
+    return QwenImage21Pipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, processor=processor,
+                               transformer=transformer)
+
+
+# QwenImage21Pipeline's text-to-image prompt template (set in its __init__, which needs a processor: restated here for
+# the tokenizer's merges; tests/models/test_family_qwenimage21.py checks it against the pipeline's)
+QWEN_IMAGE21_TEMPLATE = ("<|im_start|>system\nComprehend and analyze the provided prompt.<|im_end|>\n"
+                         "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n")
+
+TINY_BUILDERS["qwenimage21"] = build_tiny_qwenimage21_pipeline
+
+
+# ----------------------------------------------------------------------------- HunyuanVideo 1.5
+def build_tiny_hunyuan_video15_pipeline(seed: int = 0):
+    """HunyuanVideo 1.5 text-to-video at a tiny size: a HunyuanVideo15Transformer3DModel with one dual-stream block and
+    one refiner block (2 heads of 8) on 4 latent channels (its input: latent, condition latent and mask, 9 channels;
+    target_size 32: a small default size), an AutoencoderKLHunyuanVideo15 with the 16x / 4x factors (8 channels a
+    stage), a three-layer Qwen2.5-VL text model of width 16 (the pipeline reads the third-to-last hidden states) with
+    ``qwen_tokenizer`` (merges learned on the pipeline's system message), a two-layer ByT5-shaped T5 encoder of width 8
+    with ByT5's byte tokenizer, a flow Euler scheduler of shift 5 and a ClassifierFreeGuidance guider at 6."""
+    from diffusers import (AutoencoderKLHunyuanVideo15, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline,
+                           HunyuanVideo15Transformer3DModel)
+    from diffusers.guiders import ClassifierFreeGuidance
+    from transformers import ByT5Tokenizer, Qwen2_5_VLTextConfig, Qwen2_5_VLTextModel, T5Config, T5EncoderModel
+
+    torch.manual_seed(seed)
+    channels = 4
+    transformer = HunyuanVideo15Transformer3DModel(
+        in_channels=2 * channels + 1, out_channels=channels, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16, text_embed_2_dim=8,
+        image_embed_dim=8, rope_axes_dim=(2, 2, 4), target_size=32, task_type="t2v")
+    vae = AutoencoderKLHunyuanVideo15(latent_channels=channels, block_out_channels=(8, 8, 8, 8, 8), layers_per_block=1,
+                                      spatial_compression_ratio=16, temporal_compression_ratio=4)
+    import inspect
+
+    system_message = inspect.signature(HunyuanVideo15Pipeline._get_mllm_prompt_embeds).parameters[
+        "system_message"].default
+    tokenizer = qwen_tokenizer(max_length=2048, template=system_message)
+    text_encoder = Qwen2_5_VLTextModel(Qwen2_5_VLTextConfig(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=16, num_hidden_layers=3, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=2048, bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [1, 1, 2]})).eval()
+    tokenizer_2 = ByT5Tokenizer()
+    text_encoder_2 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_2), d_model=8, d_kv=4, d_ff=16, num_layers=2,
+                                             num_heads=2, relative_attention_num_buckets=8)).eval()
+    return HunyuanVideo15Pipeline(text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer, vae=vae,
+                                  scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), text_encoder_2=text_encoder_2,
+                                  tokenizer_2=tokenizer_2, guider=ClassifierFreeGuidance(guidance_scale=6.0))
+
+
+TINY_BUILDERS["hunyuan_video15"] = build_tiny_hunyuan_video15_pipeline
+
+
+# ----------------------------------------------------------------------------- LTX-2
+def build_tiny_ltx2_pipeline(seed: int = 0):
+    """LTX-2 at about the size of diffusers' own pipeline tests: an LTX2VideoTransformer3DModel with two blocks (video 2
+    heads of 8, audio 2 heads of 4, 4 latent channels each), a 4-wide LTX-2 video VAE with the real one's 32x / 8x
+    factors (the pipeline's 121 frames of 512 x 768 px decode in seconds), the audio VAE (8 mel bins, 2 latent
+    channels) and vocoder (stereo at 16 kHz) of that test, its text connectors,
+    a two-layer Gemma-3 of width 32 (a one-layer vision tower the pipeline does not run; diffusers' test loads one
+    from the hub) with ``gemma_tokenizer``, the flow Euler scheduler."""
+    from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
+                           LTX2Pipeline, LTX2VideoTransformer3DModel)
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    tokenizer = gemma_tokenizer(max_length=1024)
+    torch.manual_seed(seed)
+    text_encoder = Gemma3ForConditionalGeneration(Gemma3Config(
+        text_config={"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 2,
+                     "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+                     "max_position_embeddings": 2048, "pad_token_id": 0, "bos_token_id": 2, "eos_token_id": 1,
+                     "sliding_window": 64},
+        vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                       "image_size": 32, "patch_size": 8},
+        mm_tokens_per_image=4)).eval()
+    hidden = text_encoder.config.text_config.hidden_size
+    transformer = LTX2VideoTransformer3DModel(
+        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+        cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, qk_norm="rms_norm_across_heads",
+        caption_channels=hidden, rope_double_precision=False, rope_type="split")
+    connectors = LTX2TextConnectors(
+        caption_channels=hidden, text_proj_in_factor=text_encoder.config.text_config.num_hidden_layers + 1,
+        video_connector_num_attention_heads=4, video_connector_attention_head_dim=8, video_connector_num_layers=1,
+        video_connector_num_learnable_registers=None, audio_connector_num_attention_heads=4,
+        audio_connector_attention_head_dim=8, audio_connector_num_layers=1, audio_connector_num_learnable_registers=None,
+        connector_rope_base_seq_len=32, rope_theta=10000.0, rope_double_precision=False,
+        causal_temporal_positioning=False, rope_type="split")
+    vae = AutoencoderKLLTX2Video(  # LTX-2's factors, 32x in space (patches of 4 and three 2x stages) and 8x in time
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(4, 4, 4),
+        decoder_block_out_channels=(4, 4, 4), layers_per_block=(1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1),
+        spatio_temporal_scaling=(True, True, True), decoder_spatio_temporal_scaling=(True, True, True),
+        decoder_inject_noise=(False,) * 4, downsample_type=("spatiotemporal",) * 3,
+        upsample_type=("spatiotemporal",) * 3, upsample_residual=(False,) * 3, upsample_factor=(1, 1, 1),
+        timestep_conditioning=False, patch_size=4, patch_size_t=1, encoder_causal=True, decoder_causal=False,
+        decoder_spatial_padding_mode="zeros")  # (a one-latent-pixel frame cannot be reflect-padded)
+    audio_vae = AutoencoderKLLTX2Audio(
+        base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1, attn_resolutions=None, in_channels=2,
+        resolution=32, latent_channels=2, norm_type="pixel", causality_axis="height", dropout=0.0,
+        mid_block_add_attention=False, sample_rate=16000, mel_hop_length=160, is_causal=True, mel_bins=8)
+    vocoder = LTX2Vocoder(
+        in_channels=audio_vae.config.output_channels * audio_vae.config.mel_bins, hidden_channels=32, out_channels=2,
+        upsample_kernel_sizes=[4, 4], upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
+        leaky_relu_negative_slope=0.1, output_sampling_rate=16000)
+    return LTX2Pipeline(transformer=transformer, vae=vae, audio_vae=audio_vae,
+                        scheduler=FlowMatchEulerDiscreteScheduler(), text_encoder=text_encoder, tokenizer=tokenizer,
+                        connectors=connectors, vocoder=vocoder)
+
+
+TINY_BUILDERS["ltx2"] = build_tiny_ltx2_pipeline

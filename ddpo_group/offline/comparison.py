@@ -113,11 +113,16 @@ def prompt_seeds(prompts: list[str], seed: int, m: int) -> list[list[int]]:
 @torch.no_grad()
 def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: int, guidance_scale: float, batch_size: int,
                   progress: tqdm | None = None, metadata: list[dict] | None = None, row_kwargs=None,
+                  guidance_kwargs=None, images_of=None, audio_out: list | None = None,
                   **pipeline_kwargs) -> torch.Tensor:
     """Images [N * M, 3, H, W] in [0, 1], prompt-major: index i * M + j is prompt i with its seed ``seeds[i][j]``, from
     the pipeline's own ``__call__`` (its standard sampler; ``pipeline_kwargs``: the family's, e.g. DDIM's eta, the
     resolution; ``row_kwargs(metadata of a call's rows)``: the keywords of those rows, ``family.pipeline_row_kwargs``,
-    e.g. an editing family's source images); a video pipeline's frames [N * M, F, 3, H, W]."""
+    e.g. an editing family's source images; ``guidance_kwargs(guidance_scale)``: the call's keywords of the scale,
+    ``family.guidance_kwargs``, else ``guidance_scale``; ``images_of(output)``: the images of a call,
+    ``family.pipeline_images``); a video pipeline's frames [N * M, F, 3, H, W]. ``audio_out``: a list that receives
+    each call's audio [rows, channels, samples] when the pipeline makes audio (LTX-2's ``output.audio``)."""
+    guidance = guidance_kwargs(guidance_scale) if guidance_kwargs is not None else {"guidance_scale": guidance_scale}
     metadata = metadata if metadata is not None else [{}] * len(prompts)
     pairs = [(p, s, m) for p, row, m in zip(prompts, seeds, metadata) for s in row]
     out = []
@@ -126,14 +131,32 @@ def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: i
         generators = [torch.Generator(device="cpu").manual_seed(s) for _, s, _ in chunk]
         rows = row_kwargs([m for _, _, m in chunk]) if row_kwargs is not None else {}
         result = pipe(  # prompt by keyword: FLUX.2's and Kontext's pipelines take an image first
-            prompt=[p for p, _, _ in chunk], num_inference_steps=num_steps, guidance_scale=guidance_scale,
+            prompt=[p for p, _, _ in chunk], num_inference_steps=num_steps, **guidance,
             generator=generators, output_type="pt", **{**pipeline_kwargs, **rows},  # a row's negative prompts win
         )
-        images = result.frames if hasattr(result, "frames") else result.images  # video: frames
+        if images_of is not None:
+            images = images_of(result)
+        else:
+            images = result.frames if hasattr(result, "frames") else result.images  # video: frames
         out.append(images.float().cpu())
+        if audio_out is not None and getattr(result, "audio", None) is not None:
+            audio_out.append(result.audio.float().cpu())
         if progress is not None:
             progress.update(1)
     return torch.cat(out)
+
+
+def write_wav(path: Path, wave: torch.Tensor, rate: int) -> None:
+    """A waveform [channels, samples] in [-1, 1] as a 16-bit PCM WAV file (the standard library's ``wave``)."""
+    import wave as wav
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pcm = (wave.float().clamp(-1, 1) * 32767).round().to(torch.int16).T.contiguous().numpy()  # [samples, channels]
+    with wav.open(str(path), "wb") as f:
+        f.setnchannels(pcm.shape[1])
+        f.setsampwidth(2)
+        f.setframerate(int(rate))
+        f.writeframes(pcm.tobytes())
 
 
 def score(reward_fn, images: torch.Tensor, prompts: list[str], metadata: list[dict],
@@ -149,11 +172,14 @@ def score(reward_fn, images: torch.Tensor, prompts: list[str], metadata: list[di
 
 
 def score_both(reward_fn, base_images: torch.Tensor, tuned_images: torch.Tensor, prompts: list[str],
-               metadata: list[dict], num_seeds: int) -> tuple[dict, dict]:
+               metadata: list[dict], num_seeds: int, tuned_metadata: list[dict] | None = None) -> tuple[dict, dict]:
     """The scores of the base and the fine-tuned images (rows prompt-major, ``num_seeds`` a prompt); a groupwise
-    reward scores each prompt's base and fine-tuned images as one group (module docstring)."""
+    reward scores each prompt's base and fine-tuned images as one group (module docstring). ``tuned_metadata``: the
+    fine-tuned rows' own (their audio), else ``metadata``."""
+    tuned_metadata = metadata if tuned_metadata is None else tuned_metadata
     if not is_groupwise(reward_fn):
-        return score(reward_fn, base_images, prompts, metadata), score(reward_fn, tuned_images, prompts, metadata)
+        return (score(reward_fn, base_images, prompts, metadata),
+                score(reward_fn, tuned_images, prompts, tuned_metadata))
     rows = [(model, r) for start in range(0, len(prompts), num_seeds) for model in (0, 1)
             for r in range(start, start + num_seeds)]
     images = torch.stack([(base_images, tuned_images)[model][r] for model, r in rows])
@@ -273,17 +299,30 @@ def evaluate(request: EvaluationRequest, defaults) -> dict:
     batches = math.ceil(len(prompts) * num_seeds / batch_size)
     settings = dict(num_steps=num_steps, guidance_scale=guidance_scale, batch_size=batch_size,
                     **family.pipeline_kwargs(config.sample, config.pretrained))
-    rows = dict(metadata=metadata, row_kwargs=family.pipeline_row_kwargs)  # e.g. an editing family's source images
+    rows = dict(metadata=metadata, row_kwargs=family.pipeline_row_kwargs,  # e.g. an editing family's source images
+                guidance_kwargs=family.guidance_kwargs, images_of=family.pipeline_images)
+    base_audio, tuned_audio = [], []  # a pipeline with audio (LTX-2): its waveforms, rows as the images'
     with tqdm(total=2 * batches, desc="evaluate (base, then fine-tuned)", disable=not r.show_progress) as progress:
-        base_images = sample_images(pipe, prompts, seeds, progress=progress, **rows, **settings)
+        base_images = sample_images(pipe, prompts, seeds, progress=progress, audio_out=base_audio, **rows, **settings)
         if kind == "lora":
-            pipe.load_lora_weights(str(source))
+            family.load_lora(pipe, source)
         else:
             load_finetuned_weights(family, source, config)
-        tuned_images = sample_images(pipe, prompts, seeds, progress=progress, **rows, **settings)
+        tuned_images = sample_images(pipe, prompts, seeds, progress=progress, audio_out=tuned_audio, **rows,
+                                     **settings)
     metadata_all = [metadata[i] for i in range(len(prompts)) for _ in range(num_seeds)]
     prompts_all = [p for p in prompts for _ in range(num_seeds)]
-    base_rewards, tuned_rewards = score_both(combined, base_images, tuned_images, prompts_all, metadata_all, num_seeds)
+    tuned_metadata = None
+    if base_audio:  # the rewards hear each row's audio; a person too: evaluation/audio/{base,finetuned}_<row>.wav
+        rate = family.audio_sample_rate
+        base_audio, tuned_audio = torch.cat(base_audio), torch.cat(tuned_audio)
+        tuned_metadata = [{**m, "audio": a, "audio_sample_rate": rate} for m, a in zip(metadata_all, tuned_audio)]
+        metadata_all = [{**m, "audio": a, "audio_sample_rate": rate} for m, a in zip(metadata_all, base_audio)]
+        for name, waves in (("base", base_audio), ("finetuned", tuned_audio)):
+            for i, wave in enumerate(waves):
+                write_wav(out_dir / "audio" / f"{name}_{i:03d}.wav", wave, rate)
+    base_rewards, tuned_rewards = score_both(combined, base_images, tuned_images, prompts_all, metadata_all, num_seeds,
+                                             tuned_metadata)
 
     info = {"base_model": str(base_model), "family": family.name, "finetuned": str(finetuned), "loaded": f"{kind}:{source}",
             "reward_fn": reward_fn, "prompt_fn": prompt_fn, **settings,

@@ -131,7 +131,8 @@ class RolloutSampler:
                     traj.values = self.critic.values(traj.latents[:, :-1], traj.timesteps, cond["prompt_embeds"][rows],
                                                      clean_hat)
             if pending is None:
-                futures.append(self.executor.submit(self.score, traj.images, prompts[rows], metadata[rows]))
+                futures.append(self.executor.submit(self.score, traj.images, prompts[rows],
+                                                    traj.reward_metadata(metadata[rows])))
             else:  # the groups whose samples are all drawn
                 done = pending.add(traj.images)
                 if done is not None:
@@ -192,6 +193,6 @@ def greedy_rewards(family, model, prompts: list[str], metadata: list[dict], keys
             options, generator=generators,
             initial_noise=torch.stack([initial_noise[first[k]] for k in chunk]) if initial_noise is not None else None,
         )
-        values, _ = score(traj.images, batch_prompts, batch_metadata)
+        values, _ = score(traj.images, batch_prompts, traj.reward_metadata(batch_metadata))
         rewards.update(zip(chunk, values.tolist()))
     return torch.tensor([rewards[k] for k in keys], dtype=torch.float64)

@@ -285,7 +285,7 @@ class PeriodicEvaluation:
             for scorer, (rewards, infos) in zip(scorers, scored):
                 if not getattr(scorer, "groupwise", False):
                     values, info = scorer(traj.images, [self.prompts[i] for i in prompt_index],
-                                          [dict(self.metadata[i]) for i in prompt_index])
+                                          traj.reward_metadata([dict(self.metadata[i]) for i in prompt_index]))
                     rewards.append(values)
                     infos.append(per_image(info, len(chunk)))
             images.append((traj.images.float().clamp(0, 1) * 255).round().to(torch.uint8).cpu())

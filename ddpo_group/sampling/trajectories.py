@@ -41,6 +41,17 @@ class Trajectories:
     # clean_hat_steps[k] (every step's, column n step n, when it asks for all of them)
     clean_hat: torch.Tensor | None = None
     shared_from: torch.Tensor | None = None  # [B, T+1] a tree's: the first leaf sharing each leaf's state x_n
+    audio: torch.Tensor | None = None  # [B, channels, samples] float32: a family with audio's (``decode_audio``)
+    audio_sample_rate: int = 0  # the audio's samples per second
+
+    def reward_metadata(self, metadata: list[dict]) -> list[dict]:
+        """The rows' metadata as the rewards receive it: with each sample's audio (``metadata[i]["audio"]``, on the CPU,
+        and ``"audio_sample_rate"``) when the family makes audio; the rows themselves otherwise."""
+        if self.audio is None:
+            return metadata
+        audio = self.audio.cpu()
+        return [{**(row or {}), "audio": audio[i], "audio_sample_rate": self.audio_sample_rate}
+                for i, row in enumerate(metadata)]
 
     @property
     def timesteps(self) -> torch.Tensor:
@@ -59,7 +70,8 @@ class Trajectories:
             shared = torch.cat([part.shared_from + offset for part, offset in zip(parts, offsets)])
         return Trajectories(images=cat("images"), latents=cat("latents"), log_probs=cat("log_probs"),
                             steps={key: torch.cat([part.steps[key] for part in parts]) for key in parts[0].steps},
-                            values=cat("values"), means=cat("means"), clean_hat=cat("clean_hat"), shared_from=shared)
+                            values=cat("values"), means=cat("means"), clean_hat=cat("clean_hat"), shared_from=shared,
+                            audio=cat("audio"), audio_sample_rate=parts[0].audio_sample_rate)
 
 
 def rows_of(cond: dict, rows) -> dict:
@@ -273,8 +285,12 @@ class _Record:
     def trajectories(self, family, final: torch.Tensor) -> Trajectories:
         """The record, with the images of the ``final`` latents when the options decode."""
         batch, device, options = self.batch, self.device, self.options
+        makes_audio = options.decode and hasattr(family, "decode_audio")  # a family with audio (LTX-2)
         return Trajectories(
             images=decode_latents(family, final, options.decode_batch_size) if options.decode else None,
+            audio=torch.cat([family.decode_audio(part) for part in final.split(options.decode_batch_size or len(final))])
+            if makes_audio else None,
+            audio_sample_rate=family.audio_sample_rate if makes_audio else 0,
             latents=torch.stack(self.latents, dim=1),
             log_probs=torch.stack(self.log_probs, dim=1) if self.options.compute_log_prob
             else torch.zeros(batch, self.options.num_steps, device=device),

@@ -51,17 +51,20 @@ RUN = {"num_epochs": 1, "sample.num_steps": 2, "sample.batch_size": 2, "sample.n
        "reward_fn": "jpeg_compressibility", "eval_freq": 0, "save_freq": 0, "log_images_every": 0,
        "wandb.mode": "disabled", "device": "cpu"}
 # the image size, in pixels, of every run but the issue's at the defaults: the families whose tiny model's default
-# costs seconds a step (4096 tokens: FLUX.1, Kontext, FLUX.2, Qwen-Image) or is beyond its position table (Z-Image,
-# Wan); the others sample their pipeline's default everywhere
+# costs seconds a step (4096 tokens: FLUX.1, Kontext, FLUX.2, Qwen-Image; SANA's 1024 px decode) or is beyond its
+# position table (Z-Image, Wan); the others sample their pipeline's default everywhere
 SIZES = {"flux": 32, "flux_kontext": 32, "flux2": 32, "flux2_dev": 32, "qwenimage": 32, "qwenimage_edit_plus": 32,
-         "qwenimage_edit": 32, "zimage": 32, "wan": 16, "wan_i2v": 16}
+         "qwenimage_edit": 32, "zimage": 32, "wan": 16, "wan_i2v": 16, "sana": 64,
+         "qwenimage21": 64, "hunyuan_video15": 32, "ltx2": 64}
 AT_DEFAULT_SIZE = tuple(name for name in FAMILIES if name not in SIZES)
 # (height, width) of each tiny model at its pipeline's default: its call's (Z-Image's 1024, Wan's 480 x 832) or
 # default_sample_size times its VAE factor
 DEFAULT_SIZES = {"sd": (16, 16), "sdxl": (16, 16), "sd3": (16, 16), "flux": (256, 256), "flux_kontext": (256, 256),
                  "flux2": (256, 256), "flux2_dev": (256, 256), "qwenimage": (512, 512),
                  "qwenimage_edit_plus": (512, 512), "qwenimage_edit": (512, 512), "zimage": (1024, 1024),
-                 "wan": (480, 832), "wan_i2v": (480, 832)}
+                 "wan": (480, 832), "wan_i2v": (480, 832), "sana": (1024, 1024),
+                 "qwenimage21": (1024, 1024), "hunyuan_video15": (32, 32),
+                 "ltx2": (512, 768)}
 # the tiny models whose position table cannot take their pipeline's default: refused at start, naming the field
 REFUSED_DEFAULTS = {"zimage": "axes_lens=[256, 32, 32]: 32 patches a side, 128 px",
                     "wan": "rope_max_seq_len=32: 32 patches a side, 512 px",
@@ -73,7 +76,7 @@ REFUSED = {("sd", "nft"): ("algorithm.objective='nft' is defined on the ('flow',
                              "family's is 'ddpm'", "defined on the flow-matching forward process only"),
            ("zimage", "nft"): ("train.cfg=False contradicts sample.guidance_scale=1.0: the zimage family guides exactly "
                                "when guidance_scale > 0", "its CFG-free guidance 1 guides Z-Image, whose none is 0")}
-VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81}  # the video families sample their pipeline's default frames everywhere
+VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81, "hunyuan_video15": 121, "ltx2": 121}  # the video families sample their pipeline's default frames everywhere
 # each preset with an option a user picks (the flow step's kind: flow families only)
 OPTIONS = {
     "grpo": {"kl.reference_update_freq": 1, "kl.reference_mixup_alpha": 0.5},  # the mixup adapter
@@ -206,10 +209,10 @@ def test_the_sampler_is_the_pipelines_call_at_its_defaults(name, family_dirs, pr
     assert (kwargs["height"], kwargs["width"]) == family.height_width  # the size named, not left to the pipeline
     family.pipe.set_progress_bar_config(disable=True)
     guidance = cfg.sample.guidance_scale
-    want = family.pipe(prompt=list(prompts), num_inference_steps=2, guidance_scale=guidance, output_type="pt",
-                       generator=[torch.Generator().manual_seed(0)], **kwargs,
+    want = family.pipe(prompt=list(prompts), num_inference_steps=2, **family.guidance_kwargs(guidance),
+                       output_type="pt", generator=[torch.Generator().manual_seed(0)], **kwargs,
                        **family.pipeline_row_kwargs(metadata))
-    want = want.frames if hasattr(want, "frames") else want.images
+    want = family.pipeline_images(want)
     level = kwargs.get("eta", 0.0)
     traj = sample_trajectories(family, family.model, family.condition(prompts, metadata), family.negative_for(metadata),
                                SamplingOptions(2, guidance, [level] * 2, compute_log_prob=False),
@@ -254,16 +257,17 @@ def test_evaluate_on_a_run_and_its_lora_in_the_pipeline(name, family_dirs, promp
     assert unmatched == ({"attn.to_add_out"} if name == "sd3" else set()), unmatched
     prompts, metadata = PromptSampler(cfg.prompt_fn, cfg.prompt_fn_kwargs.to_dict(), seed=1).sample(1)
     pipe = get_family(name).load_pipeline(family_dirs[name], True, None, {})
+    family.prepare_pipeline(pipe)  # the run's settings the pipeline holds (HunyuanVideo 1.5's guider scale)
     pipe.set_progress_bar_config(disable=True)
     kwargs = {**family.pipeline_kwargs(cfg.sample, cfg.pretrained), **family.pipeline_row_kwargs(metadata)}
 
     def call():
-        out = pipe(prompt=list(prompts), num_inference_steps=2, guidance_scale=cfg.sample.guidance_scale,
+        out = pipe(prompt=list(prompts), num_inference_steps=2, **family.guidance_kwargs(cfg.sample.guidance_scale),
                    output_type="pt", generator=[torch.Generator().manual_seed(0)], **kwargs)
-        return out.frames if hasattr(out, "frames") else out.images
+        return family.pipeline_images(out)
 
     base_images = call()
-    pipe.load_lora_weights(str(tmp_path / "lora" / "lora"))
+    family.load_lora(pipe, tmp_path / "lora" / "lora")  # the pipeline's load_lora_weights (HunyuanVideo 1.5: none)
     loaded = call()
     trained = sample_trajectories(family, family.model, family.condition(prompts, metadata),
                                   family.negative_for(metadata),

@@ -65,6 +65,7 @@ class ModelFamily:
     lora_target_modules: tuple = ()
     lora_layers_argument = "unet_lora_layers"  # the pipeline's save_lora_weights keyword for the trained module
     lora_key_conversion = True  # convert peft's LoRA key names to diffusers' (as diffusers' own training scripts do)
+    lora_saver = None  # whose save_lora_weights writes the export: the pipeline class, or a loader of its layout
     cond_keys: tuple = ("prompt_embeds",)  # the condition's row-indexed tensors (batch record keys)
     step_keys: tuple = ("timesteps",)  # the per-step tensors of the batch record, [B, T]
     standard_noise_level: float  # the stochastic steps' noise level when sample.noise_level is None
@@ -141,17 +142,22 @@ class ModelFamily:
         chosen = self.config.sample.negative_prompt
         return chosen or self.negative_prompt
 
+    def encode_negative(self, prompts: list[str]) -> dict[str, torch.Tensor]:
+        """Negative prompts encoded as the pipeline encodes a negative prompt: ``encode`` (SANA encodes its prompts after
+        an instruction and its negative prompts without one)."""
+        return self.encode(prompts)
+
     def default_negative_condition(self) -> dict[str, torch.Tensor]:
         """The family's own unconditional condition, one row: its ``negative_prompt`` encoded (SDXL: zeros when the
         pipeline forces them for the empty prompt)."""
-        return self.encode([self.negative_prompt])
+        return self.encode_negative([self.negative_prompt])
 
     def negative_condition(self) -> dict[str, torch.Tensor]:
         """The run's unconditional condition, one row, encoded once: ``sample.negative_prompt`` encoded when it is
         set, else ``default_negative_condition()`` (module docstring)."""
         if self._negative is None:
             chosen = self.config.sample.negative_prompt
-            self._negative = self.encode([chosen]) if chosen else self.default_negative_condition()
+            self._negative = self.encode_negative([chosen]) if chosen else self.default_negative_condition()
         return self._negative
 
     def negative_rows(self, metadata: list[dict] | None) -> dict[str, torch.Tensor] | None:
@@ -169,7 +175,7 @@ class ModelFamily:
                 rows.append(default)
                 continue
             if text not in self._negatives:
-                self._negatives[text] = {k: v.cpu() for k, v in self.encode([text]).items()}
+                self._negatives[text] = {k: v.cpu() for k, v in self.encode_negative([text]).items()}
             rows.append(self._negatives[text])
         return {key: torch.cat([row[key].to(default[key].device) for row in rows]) for key in default}
 
@@ -353,16 +359,35 @@ class ModelFamily:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         prefix = cls.lora_layers_argument.removesuffix("_lora_layers")
-        cls.pipeline_class.save_lora_weights(
+        (cls.lora_saver or cls.pipeline_class).save_lora_weights(
             save_directory=str(directory), safe_serialization=True, **{cls.lora_layers_argument: state},
             **{f"{prefix}_lora_adapter_metadata": model.peft_config[adapter_name].to_dict()},
         )
         return directory
 
+    def prepare_pipeline(self, pipe) -> None:
+        """Give a pipeline of this family what the run sets that the pipeline holds itself instead of taking it in its
+        call (HunyuanVideo 1.5's guider scale); nothing by default. The family's own pipeline is prepared already."""
+
+    @staticmethod
+    def load_lora(pipe, directory) -> None:
+        """An exported adapter (``save_lora``) into ``pipe``: its own ``load_lora_weights``."""
+        pipe.load_lora_weights(str(directory))
+
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """Extra keywords of the pipeline's own ``__call__`` (evaluation) for images like the sampler's, from the run's
         ``sample`` and ``pretrained`` config sections."""
         return {}
+
+    def guidance_kwargs(self, guidance_scale: float) -> dict:
+        """The keywords giving the pipeline's own ``__call__`` a guidance scale: ``guidance_scale=`` (Qwen-Image 2.1's
+        call names it ``true_cfg_scale``; HunyuanVideo 1.5's has none: its guider component holds the scale)."""
+        return {"guidance_scale": guidance_scale}
+
+    def pipeline_images(self, output) -> torch.Tensor:
+        """The images of the pipeline's own ``__call__`` (``output_type="pt"``) as ``decode`` gives them: a video's
+        frames, else its images."""
+        return output.frames if hasattr(output, "frames") else output.images
 
     def pipeline_row_kwargs(self, metadata: list[dict]) -> dict:
         """Keywords of the pipeline's own ``__call__`` for a call's rows (their metadata) beyond the prompts: the

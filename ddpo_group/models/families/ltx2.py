@@ -1,0 +1,281 @@
+"""LTX-2 (LTX2Pipeline: LTX-2, LTX-2.3): one transformer denoising a video and its audio together, a Gemma-3 text
+encoder read through the pipeline's text connectors.
+
+    state       one latent a sample, the video's and the audio's tokens: [B, Lv + La, C], the packed video latent
+                [B, Lv, C] (the video VAE's 32x / 8x grid of ``sample.num_frames`` frames, 0: the call's 121) then the
+                packed audio latent [B, La, C] (as long as the video: frames / frame_rate seconds of the audio VAE's
+                latent frames; its channels times its latent mel bins, 128 as the video's on LTX-2: a model whose two
+                widths differ is refused). Both are stepped with the same sigmas (the
+                pipeline steps its audio latents with a copy of its scheduler: the same schedule), so the stochastic
+                step draws the video's and the audio's noise in one Gaussian and its log-probability is the density of
+                the joint next state, reduced over both (``sample.log_prob_reduce``); x_0 = the pipeline's draws, the
+                video's then the audio's, from the same generators
+    condition   the pipeline's Gemma-3 hidden states of every layer (``max_sequence_length`` tokens, left padded: 0 is
+                the call's 1024) through its text connectors: the video stream's and the audio stream's text embeddings
+                and their mask (prompt_embeds, audio_prompt_embeds, prompt_attention_mask), each row encoded alone
+    schedule    sigmas linspace(1, 1/T, T) shifted by mu of the video's token count (the pipeline's dynamic shift)
+    output      (v_video, v_audio) = transformer(video, audio, both texts, t, the coordinates of the video's frames at
+                the call's frame rate and of the audio's), with CFG as the pipeline computes it: one forward of
+                [negative; conditional], each velocity taken to the clean latent it predicts, clean_hat = x - s v,
+                clean_hat = clean_hat_c + (w - 1)(clean_hat_c - clean_hat_n), back to v = (x - clean_hat) / s, the
+                audio at the same scale w = ``sample.guidance_scale``. The pipeline's other
+                guidance passes at its call's defaults (spatio-temporal guidance at block 28, modality isolation 3,
+                guidance rescale 0.7, the audio's CFG at 7) are not reproduced: the family's keywords of its call set
+                them off (stg_scale 0, modality_scale 1, guidance_rescale 0, audio_guidance_scale = guidance_scale), as
+                Flow-Factory's LTX-2 recipe trains
+    decode      the video: unpacked, denormalized, the video VAE (its decode timestep 0), frames [B, F, 3, H, W]; the
+                audio (``decode_audio``): unpacked, denormalized, the audio VAE's mel spectrogram, the vocoder's waveform
+                [B, channels, samples] at ``audio_sample_rate`` Hz
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+from diffusers import LTX2Pipeline
+from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift
+from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
+
+from ddpo_group.errors import ConfigError
+from ddpo_group.models.families import register_family
+from ddpo_group.models.families.flow_matching import FlowMatchingFamily
+
+# the call keywords of the guidance passes the family does not reproduce, set off (module docstring)
+GUIDANCE_OFF = {"stg_scale": 0.0, "audio_stg_scale": 0.0, "modality_scale": 1.0, "audio_modality_scale": 1.0,
+                "guidance_rescale": 0.0, "audio_guidance_rescale": 0.0}
+
+
+@register_family("ltx2", LTX2Pipeline)
+class LTX2Family(FlowMatchingFamily):
+    cond_keys = ("prompt_embeds", "audio_prompt_embeds", "prompt_attention_mask")
+    patch_size = 1  # set from the transformer in __init__
+    # every Linear of a block: the video's and the audio's self- and text attention, the audio-to-video and
+    # video-to-audio attention, both feed-forwards (Flow-Factory's LTX-2 default: 28 a block)
+    lora_target_modules = tuple(f"{attn}.{proj}" for attn in ("attn1", "attn2", "audio_attn1", "audio_attn2",
+                                                                 "audio_to_video_attn", "video_to_audio_attn")
+                                for proj in ("to_q", "to_k", "to_v", "to_out.0")) + (
+        "ff.net.0.proj", "ff.net.2", "audio_ff.net.0.proj", "audio_ff.net.2")
+
+    def __init__(self, pipe, config):
+        self.patch_size = pipe.transformer.config.patch_size
+        video_width = pipe.transformer.config.in_channels
+        audio_width = pipe.audio_vae.config.latent_channels * (pipe.audio_vae.config.mel_bins
+                                                               // pipe.audio_vae_mel_compression_ratio)
+        if video_width != audio_width:
+            raise ValueError(f"this LTX-2 model's video tokens are {video_width} wide and its audio tokens "
+                             f"{audio_width}: the ltx2 family holds both as one token sequence of one width")
+        if not int(config.sample.num_frames) and getattr(pipe, "duration_head", None) is not None:
+            raise ConfigError("this LTX-2 pipeline has a duration head, which predicts each video's length when its "
+                              "call is given no frame count: set sample.num_frames (8 k + 1)")
+        super().__init__(pipe, config)
+
+    # ------------------------------------------------------------------ sizes
+    def call_default(self, name: str):
+        return inspect.signature(type(self.pipe).__call__).parameters[name].default
+
+    @property
+    def frames(self) -> int:
+        """Video frames: ``sample.num_frames``, or the call's 121 (a checkpoint without a duration head)."""
+        return int(self.config.sample.num_frames) or 121
+
+    @property
+    def frame_rate(self) -> float:
+        return float(self.call_default("frame_rate"))
+
+    def default_size(self) -> tuple[int, int]:
+        return self.call_default("height"), self.call_default("width")
+
+    def size_multiple(self) -> int:
+        return self.pipe.vae_spatial_compression_ratio * self.patch_size
+
+    def size_errors(self) -> list[str]:
+        errors = super().size_errors()
+        chosen, temporal = int(self.config.sample.num_frames), self.pipe.vae_temporal_compression_ratio
+        if (self.frames - 1) % temporal:
+            field = f"sample.num_frames={chosen}" if chosen else f"sample.num_frames=0 (the call's {self.frames})"
+            errors.append(f"{field} must be 1 more than a multiple of {temporal} (the video VAE's temporal factor)")
+        return errors
+
+    @property
+    def video_grid(self) -> tuple[int, int, int]:
+        """(latent frames, height, width) of the video latent."""
+        pipe, (height, width) = self.pipe, self.height_width
+        return ((self.frames - 1) // pipe.vae_temporal_compression_ratio + 1, height // pipe.vae_spatial_compression_ratio,
+                width // pipe.vae_spatial_compression_ratio)
+
+    @property
+    def audio_frames(self) -> int:
+        """The audio latent's frames: the video's duration in the audio VAE's latent frames (the pipeline's count)."""
+        pipe = self.pipe
+        per_second = pipe.audio_sampling_rate / pipe.audio_hop_length / float(pipe.audio_vae_temporal_compression_ratio)
+        return round(self.frames / self.frame_rate * per_second)
+
+    @property
+    def mel_bins(self) -> int:
+        return self.pipe.audio_vae.config.mel_bins
+
+    def parts(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """((Lv, Cv), (La, Ca)): the packed video's and audio's token counts and widths."""
+        pipe, (frames, rows, columns) = self.pipe, self.video_grid
+        p, pt = self.patch_size, pipe.transformer.config.patch_size_t
+        video = (frames // pt) * (rows // p) * (columns // p), pipe.transformer.config.in_channels
+        audio = self.audio_frames, pipe.audio_vae.config.latent_channels * (self.mel_bins
+                                                                           // pipe.audio_vae_mel_compression_ratio)
+        return video, audio
+
+    def latent_shape(self) -> tuple:
+        (lv, width), (la, _) = self.parts()
+        return lv + la, width
+
+    def split(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The joint state [B, Lv + La, C] -> packed video [B, Lv, C] and audio [B, La, C]."""
+        lv = self.parts()[0][0]
+        return state[:, :lv], state[:, lv:]
+
+    @staticmethod
+    def joined(video: torch.Tensor, audio: torch.Tensor) -> torch.Tensor:
+        return torch.cat([video, audio], dim=1)
+
+    def draw_noise(self, batch, generator, device, dtype):
+        pipe, (height, width) = self.pipe, self.height_width
+        video = pipe.prepare_latents(batch, pipe.transformer.config.in_channels, height, width, self.frames, 0.0,
+                                     torch.float32, device, generator)
+        audio = pipe.prepare_audio_latents(batch, num_channels_latents=pipe.audio_vae.config.latent_channels,
+                                           audio_latent_length=self.audio_frames, num_mel_bins=self.mel_bins,
+                                           noise_scale=0.0, dtype=torch.float32, device=device, generator=generator)
+        return self.joined(video, audio).to(dtype)
+
+    # ------------------------------------------------------------------ condition
+    @property
+    def text_length(self) -> int:
+        return self.max_sequence_length or self.call_default("max_sequence_length")
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str]) -> dict:
+        """Each prompt alone through Gemma-3 and the pipeline's connectors."""
+        pipe, rows = self.pipe, []
+        for prompt in prompts:
+            embeds, mask, _, _ = pipe.encode_prompt(prompt=[prompt], do_classifier_free_guidance=False,
+                                                    max_sequence_length=self.text_length,
+                                                    device=self.text_encoder_device())
+            device = next(pipe.connectors.parameters()).device  # the denoiser's (pretrained.text_encoder_device: Gemma's)
+            rows.append(pipe.connectors(embeds.to(device), mask.to(device), padding_side=pipe.tokenizer.padding_side))
+        return {key: torch.cat([row[i] for row in rows]).to(self.device) for i, key in enumerate(self.cond_keys)}
+
+    # ------------------------------------------------------------------ schedule, model
+    def schedule_kwargs(self, num_steps: int) -> dict:
+        config = self.pipe.scheduler.config
+        mu = calculate_shift(self.parts()[0][0], config.get("base_image_seq_len", 1024),
+                             config.get("max_image_seq_len", 4096), config.get("base_shift", 0.95),
+                             config.get("max_shift", 2.05))
+        return {"sigmas": np.linspace(1.0, 1 / num_steps, num_steps), "mu": mu}
+
+    def schedule(self, num_steps: int, device) -> dict:
+        scheduler = self.pipe.scheduler
+        scheduler.set_timesteps(device=device, **self.schedule_kwargs(num_steps))  # as retrieve_timesteps(sigmas=...)
+        sigmas = scheduler.sigmas.to(device)
+        return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
+
+    def model_output(self, model, state, step, cond, negative, guidance_scale):
+        pipe, n = self.pipe, state.shape[0]
+        video, audio = self.split(state.float())
+        t = torch.as_tensor(step["timesteps"], device=state.device)
+        t = t.expand(n) if t.ndim == 0 else t
+        s = torch.as_tensor(step["sigmas"], device=state.device).float()
+        s = s.expand(n) if s.ndim == 0 else s
+        guided = guidance_scale > self.no_guidance and negative is not None
+        texts = {key: cond[key] for key in self.cond_keys}
+        rows = n
+        if guided:  # one forward of [negative; conditional], as the pipeline
+            texts = {key: torch.cat([negative[key].expand(n, *negative[key].shape[1:]), cond[key]])
+                     for key in self.cond_keys}
+            rows = 2 * n
+        frames, height, width = self.video_grid
+        fps = conditioning_frame_rate(self.frame_rate, self.call_default("motion_speed"))
+        video_coords = pipe.transformer.rope.prepare_video_coords(n, frames, height, width, state.device, fps=fps)
+        audio_coords = pipe.transformer.audio_rope.prepare_audio_coords(n, self.audio_frames, state.device)
+        if guided:
+            video_coords = video_coords.repeat((2,) + (1,) * (video_coords.ndim - 1))
+            audio_coords = audio_coords.repeat((2,) + (1,) * (audio_coords.ndim - 1))
+        dtype = texts["prompt_embeds"].dtype
+        video_in = torch.cat([video] * 2) if guided else video
+        audio_in = torch.cat([audio] * 2) if guided else audio
+        timestep = torch.cat([t, t]) if guided else t
+        v_video, v_audio = model(
+            hidden_states=video_in.to(dtype), audio_hidden_states=audio_in.to(dtype),
+            encoder_hidden_states=texts["prompt_embeds"], audio_encoder_hidden_states=texts["audio_prompt_embeds"],
+            timestep=timestep, sigma=timestep, encoder_attention_mask=texts["prompt_attention_mask"],
+            audio_encoder_attention_mask=texts["prompt_attention_mask"], num_frames=frames, height=height,
+            width=width, fps=fps, audio_num_frames=self.audio_frames, video_coords=video_coords,
+            audio_coords=audio_coords, isolate_modalities=False, spatio_temporal_guidance_blocks=None,
+            perturbation_mask=None, use_cross_timestep=self.call_default("use_cross_timestep"), return_dict=False)
+        return self.joined(self.guided(video, v_video.float(), s, guided, guidance_scale),
+                           self.guided(audio, v_audio.float(), s, guided, guidance_scale))
+
+    @staticmethod
+    def guided(x, velocity, s, guided: bool, scale: float) -> torch.Tensor:
+        """The pipeline's combination: through clean_hat = x - v s, CFG as a delta (w - 1)(clean_hat_c - clean_hat_n),
+        back to v."""
+        sigma = s.view(-1, *([1] * (x.ndim - 1)))
+        if guided:
+            uncond, cond = velocity.chunk(2)
+            clean_hat, clean_hat_uncond = x - cond * sigma, x - uncond * sigma
+            clean_hat = clean_hat + (scale - 1) * (clean_hat - clean_hat_uncond)
+        else:
+            clean_hat = x - velocity * sigma
+        return (x - clean_hat) / sigma
+
+    # ------------------------------------------------------------------ decode
+    @torch.no_grad()
+    def decode(self, state):
+        """The video's frames [B, F, 3, H, W] in [0, 1], as the pipeline decodes them (its decode timestep 0)."""
+        pipe, (frames, height, width) = self.pipe, self.video_grid
+        video, _ = self.split(state.float())
+        latents = pipe._unpack_latents(video, frames, height, width, self.patch_size,
+                                       pipe.transformer.config.patch_size_t)
+        latents = latents.to(pipe.text_encoder.dtype)  # the pipeline's prompt embeddings' dtype
+        timestep = None
+        if pipe.vae.config.timestep_conditioning:  # the call's decode_timestep 0: no decode noise
+            timestep = torch.zeros(latents.shape[0], device=latents.device, dtype=latents.dtype)
+        latents = pipe._denormalize_latents(latents, pipe.vae.latents_mean, pipe.vae.latents_std,
+                                            pipe.vae.config.scaling_factor).to(pipe.vae.dtype)
+        out = pipe.vae.decode(latents, timestep, return_dict=False)[0]
+        return pipe.video_processor.postprocess_video(out, output_type="pt").float()
+
+    @property
+    def audio_sample_rate(self) -> int:
+        return int(self.pipe.vocoder.config.output_sampling_rate)
+
+    @torch.no_grad()
+    def decode_audio(self, state) -> torch.Tensor:
+        """The audio's waveform [B, channels, samples] at ``audio_sample_rate`` Hz, as the pipeline decodes it."""
+        pipe = self.pipe
+        _, audio = self.split(state.float())
+        audio = pipe._denormalize_audio_latents(audio, pipe.audio_vae.latents_mean, pipe.audio_vae.latents_std)
+        audio = pipe._unpack_audio_latents(audio, self.audio_frames,
+                                           num_mel_bins=self.mel_bins // pipe.audio_vae_mel_compression_ratio)
+        mel = pipe.audio_vae.decode(audio.to(pipe.audio_vae.dtype), return_dict=False)[0]
+        return pipe.vocoder(mel).float()
+
+    # ------------------------------------------------------------------ config
+    @classmethod
+    def config_errors(cls, config) -> list[str]:
+        sample, errors = config.sample, super().config_errors(config)
+        if sample.num_frames < 0 or (sample.num_frames and (sample.num_frames - 1) % 8):
+            errors.append(f"sample.num_frames={sample.num_frames} must be 8 k + 1 frames (LTX-2's VAE compresses time "
+                          "by 8), e.g. 9, 25, 121; 0: the pipeline's 121")
+        return errors + cls.guidance_errors(config)
+
+    def guidance_kwargs(self, guidance_scale: float) -> dict:
+        """The video's CFG scale and the audio's, the same (module docstring)."""
+        return {"guidance_scale": float(guidance_scale), "audio_guidance_scale": float(guidance_scale)}
+
+    def pipeline_kwargs(self, sample_config, pretrained) -> dict:
+        """The size, the frames, the token count and the guidance passes the family does not reproduce, off."""
+        return {**self.size_kwargs(), "num_frames": self.frames, "max_sequence_length": self.text_length,
+                **GUIDANCE_OFF}
+
+    def pipeline_images(self, output) -> torch.Tensor:
+        return output.frames

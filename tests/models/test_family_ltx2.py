@@ -1,0 +1,169 @@
+"""The LTX-2 family on a tiny random LTX2Pipeline (a Gemma-3 text encoder, its connectors, video and audio VAEs, a
+vocoder): the sampler against the pipeline's own call, frames and audio (CFG and none); the video and audio latents
+one state of the trajectory (one Gaussian step, one log-probability); the decoded audio reaching a reward (an audio
+reward plugin, the built-in CLAP reward beside a frame reward) and the files evaluate.py writes; what it refuses; the
+full-size shape; the Flow-Factory recipe (every preset and objective, the LoRA in the pipeline, trees and two
+processes: test_family_matrix.py)."""
+
+import wave
+
+import pytest
+import torch
+from diffusers import LTX2Pipeline
+
+from config.base import base as base_config
+from ddpo_group.errors import ConfigError
+from ddpo_group.models.families.ltx2 import GUIDANCE_OFF, LTX2Family
+from ddpo_group.sampling.gaussian import gaussian_log_prob
+from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
+from batch_helpers import batch_of
+from test_families import PROMPTS, family_of, generators
+from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+
+@pytest.fixture(scope="module")
+def ltx2_dir(family_model_dirs):
+    return family_model_dirs["ltx2"]
+
+
+@pytest.mark.parametrize("guidance, negative", [(3.0, ""), (3.0, "static"), (1.0, "")])
+def test_noise_level_zero_reproduces_the_pipelines_frames_and_audio(guidance, negative, ltx2_dir):
+    """The pipeline's own call with the family's keywords (its extra guidance passes off) and our sampler at noise
+    level 0: the same frames and the same audio, bitwise, with CFG (the video's and the audio's at one scale) and
+    without."""
+    family, config = family_of("ltx2", ltx2_dir, **{"sample.guidance_scale": guidance, "train.cfg": guidance > 1,
+                                                    "sample.negative_prompt": negative})
+    assert isinstance(family, LTX2Family) and LTX2Family.config_errors(config) == []
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    assert kwargs == {"height": 64, "width": 64, "num_frames": 17, "max_sequence_length": 16, **GUIDANCE_OFF}
+    assert family.guidance_kwargs(guidance) == {"guidance_scale": guidance, "audio_guidance_scale": guidance}
+    rows = family.pipeline_row_kwargs([{}] * 4)
+    family.pipe.set_progress_bar_config(disable=True)
+    out = family.pipe(PROMPTS, num_inference_steps=3, generator=generators(4), output_type="pt",
+                      **family.guidance_kwargs(guidance), **kwargs, **rows)
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
+                               SamplingOptions(3, guidance, [0.0] * 3, compute_log_prob=False), generator=generators(4))
+    (lv, cv), (la, ca) = family.parts()
+    assert traj.latents.shape == (4, 4, lv + la, cv) and (lv, la, cv, ca) == (12, 18, 4, 4)  # 3 x 2 x 2 video, 18 audio
+    assert traj.images.shape == (4, 17, 3, 64, 64) and torch.equal(traj.images, out.frames)
+    assert traj.audio.shape == out.audio.shape and torch.equal(traj.audio, out.audio)
+    assert traj.audio_sample_rate == 16000 and float(traj.audio.std()) > 0
+
+
+def test_the_video_and_the_audio_are_one_state_of_the_policy(ltx2_dir):
+    """A stochastic step draws the joint state's noise in one Gaussian: its log-probability is the density of the
+    video's and the audio's next latents together (the mean over both), which the training forward gives again; a
+    next state that differs in its audio only has another log-probability."""
+    family, config = family_of("ltx2", ltx2_dir, **{"sample.sde_window_size": 0})
+    cond = family.encode(PROMPTS)
+    traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
+                               SamplingOptions(4, 5.0, family.noise_levels(config.sample), record_means=True),
+                               generator=generators(4))
+    x, x_next = traj.latents[:, 0], traj.latents[:, 1]
+    step = {key: values[:, 0] for key, values in traj.steps.items()}
+    out = family.step(family.model_output(family.model, x, step, cond, family.negative_condition(), 5.0), x, step,
+                      family.noise_level(config.sample), next_latents=x_next)
+    assert torch.equal(out.mean, traj.means[:, 0])
+    assert torch.allclose(traj.log_probs[:, 0], gaussian_log_prob(x_next, out.mean, out.std, "mean"), atol=0)
+    (lv, _), _ = family.parts()
+    moved = x_next.clone()
+    moved[:, lv:] += 0.5 * out.std[:, None, None]  # the audio tokens only
+    audio_moved = family.step(family.model_output(family.model, x, step, cond, family.negative_condition(), 5.0), x,
+                              step, family.noise_level(config.sample), next_latents=moved).log_prob
+    assert bool((audio_moved < traj.log_probs[:, 0]).all())
+    batch = batch_of(traj, cond)
+    scorer = TransitionScorer.from_config(config, family)
+    with torch.no_grad():
+        for n in range(4):
+            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
+            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
+
+
+def test_the_decoded_audio_reaches_a_reward_written_outside_the_package(ltx2_dir, tmp_path):
+    """A grpo epoch rewarded by tests/plugins/audio_reward.py (the audio's level): every sample's reward call got its
+    waveform [channels, samples] and sample rate, and the epoch trained."""
+    trainer = tiny_trainer("grpo", ltx2_dir, tmp_path, "audio", device="cpu", **FAMILY_OVERRIDES["ltx2"],
+                           reward_fn="tests/plugins/audio_reward.py:make_loudness")
+    metrics = trainer.run()
+    assert metrics["global_step"] == 2 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+    # every sample's waveform: 276 samples of 2 channels at 16 kHz (17 frames at 24 fps)
+    assert metrics["reward_info/samples"] == 276 and metrics["reward_info/channels"] == 2
+    assert metrics["reward_info/seconds"] == pytest.approx(276 / 16000)
+    assert metrics["reward_std"] > 0  # the level differs between samples: it is their audio's
+
+
+def test_clap_beside_a_frame_reward_trains_and_evaluate_writes_the_audio(ltx2_dir, tmp_path):
+    """reward_fn {"clap": 1, "jpeg_compressibility": 1} on the tiny LTX-2 with a tiny CLAP model: an epoch trains with
+    both components logged; scripts/evaluate.py's comparison scores the pipeline's audio and writes each row's base and
+    fine-tuned audio as WAV files beside its grid of frames."""
+    from clap_helpers import save_tiny_clap
+    from ddpo_group.offline.comparison import EvaluationRequest, evaluate
+
+    clap_dir = save_tiny_clap(tmp_path / "clap_model")
+    trainer = tiny_trainer("grpo", ltx2_dir, tmp_path, "clap", device="cpu", **FAMILY_OVERRIDES["ltx2"],
+                           reward_fn={"clap": 1.0, "jpeg_compressibility": 1.0},
+                           reward_fn_kwargs={"clap": {"model_path": clap_dir}})
+    metrics = trainer.run()
+    assert metrics["global_step"] == 2
+    assert -1 <= metrics["reward_info/clap"] <= 1 and "reward_info/jpeg_compressibility" in metrics
+    report = evaluate(EvaluationRequest(str(tmp_path / "clap"), num_prompts=2, num_seeds=1, batch_size=2,
+                                        show_progress=False, device="cpu"), base_config())
+    assert report["family"] == "ltx2" and report["rewards"]["clap"]["difference"]["n"] == 2
+    audio_dir = tmp_path / "clap" / "evaluation" / "audio"
+    files = sorted(path.name for path in audio_dir.iterdir())
+    assert files == ["base_000.wav", "base_001.wav", "finetuned_000.wav", "finetuned_001.wav"]
+    with wave.open(str(audio_dir / "base_000.wav")) as f:
+        assert (f.getnchannels(), f.getframerate(), f.getnframes()) == (2, 16000, 276)
+
+
+def test_the_text_encoder_runs_where_it_is(ltx2_dir):
+    """pretrained.text_encoder_device: the prompts meet Gemma-3 on its device, its hidden states the connectors on the
+    denoiser's (here the meta device), where the condition is."""
+    family, _ = family_of("ltx2", ltx2_dir)
+    for module in (family.pipe.transformer, family.pipe.connectors):
+        torch.nn.Module.to(module, "meta")
+    cond = family.encode(PROMPTS[:2])
+    assert family.pipe.text_encoder.device.type == "cpu"
+    assert {value.device.type for value in cond.values()} == {"meta"} and cond["prompt_embeds"].shape[:2] == (2, 16)
+
+
+def test_what_the_family_refuses(ltx2_dir):
+    config = base_config()
+    config.sample.num_frames = 20
+    assert any("sample.num_frames=20 must be 8 k + 1" in e for e in LTX2Family.config_errors(config))
+    pipe = LTX2Pipeline.from_pretrained(ltx2_dir)
+    pipe.duration_head = torch.nn.Identity()  # a checkpoint that predicts its videos' length (LTX-2.5)
+    with pytest.raises(ConfigError, match=r"has a duration head, .* set sample.num_frames"):
+        LTX2Family(pipe, base_config())
+
+
+def test_the_full_size_bench_shape_builds():
+    """models/full_size.py's ltx2, on the meta device: LTX-2's transformer (the class defaults) and a Gemma-3-12B-sized
+    text encoder; the family reads its sizes (121 frames of 512 x 768: 16 x 16 x 24 video tokens, 126 audio)."""
+    from ddpo_group.models.full_size import build_ltx2
+
+    with torch.device("meta"):
+        pipe = build_ltx2()
+    millions = {name: sum(p.numel() for p in module.parameters()) / 1e6 for name, module in pipe.components.items()
+                if isinstance(module, torch.nn.Module)}
+    assert 18000 < millions["transformer"] < 20000, millions
+    assert 11000 < millions["text_encoder"] < 13000, millions
+    family = LTX2Family(pipe, base_config())
+    (lv, cv), (la, ca) = family.parts()
+    assert (lv, cv, la) == (16 * 16 * 24, 128, 126)
+
+
+@pytest.mark.slow
+def test_the_flow_factory_recipe_runs_on_the_tiny_model(ltx2_dir, tmp_path):
+    """Flow-Factory's LTX-2 text-to-audio-video recipe (its model replaced by the tiny one, its sizes by tiny ones,
+    its rewards by the jpeg one)."""
+    overrides = {**FAMILY_OVERRIDES["ltx2"], "sample.num_steps": 3, "sample.sde_window_size": 2,
+                 "sample.num_batches_per_epoch": 2, "train.gradient_accumulation_steps": 2, "mixed_precision": "no",
+                 "sample.batch_size": 2, "train.batch_size": 2, "reward_fn": "jpeg_compressibility",
+                 "reward_fn_kwargs": {}, "algorithm.multi_reward_mix": "reward_aggr"}
+    trainer = tiny_trainer("flow_factory_ltx2", ltx2_dir, tmp_path, "recipe", **overrides)
+    config = trainer.config
+    assert (config.lora_rank, config.lora_alpha, config.sample.sde_type) == (64, 128, "cps")
+    assert trainer.family.name == "ltx2" and trainer.family.model.is_gradient_checkpointing
+    metrics = trainer.run()
+    assert metrics["global_step"] >= 1 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
