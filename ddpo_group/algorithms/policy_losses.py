@@ -77,10 +77,11 @@ class PolicyLossSpec:
     def bounds(self) -> tuple:
         """The settings of BOUNDS the loss or its trust region names (all of them to a loss taking ``**kwargs``, such
         as a plugin wrapping a built-in one): the ones the update gives it."""
-        parameters = {**inspect.signature(self.trust_region).parameters, **inspect.signature(self.fn).parameters}
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(self.fn).parameters.values()):
+        own = inspect.signature(self.fn).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in own.values()):
             return BOUNDS
-        return tuple(name for name in BOUNDS if name in parameters)
+        named = set(own) | set(inspect.signature(self.trust_region).parameters)
+        return tuple(name for name in BOUNDS if name in named)
 
     def __post_init__(self):
         if self.needs_old_means and not self.per_step:  # the step means reach a per-step loss's chunks only
