@@ -52,7 +52,7 @@ def run_in_this_process(script: str, args: list[str]) -> subprocess.CompletedPro
                 code = 0
             except SystemExit as stop:
                 code = exit_code(stop)
-            except BaseException:  # noqa: B036: a script's uncaught error, as Python reports it
+            except Exception:  # a script's uncaught error, as Python reports it (Ctrl-C still stops the tests)
                 traceback.print_exc()
                 code = 1
     finally:

@@ -55,6 +55,8 @@ def outside_ratio_clip(old_log_prob, log_prob, *, clip_low: float, clip_high: fl
 # the trust region's settings the update gives a loss that names them: train.clip_range (both sides),
 # algorithm.clip_ratio_c (the dual clip), train.kl_threshold (dppo)
 BOUNDS = ("clip_low", "clip_high", "clip_ratio_c", "kl_threshold")
+BOUND_FIELDS = {"clip_low": "train.clip_range", "clip_high": "train.clip_range", "clip_ratio_c": "algorithm.clip_ratio_c",
+                "kl_threshold": "train.kl_threshold"}
 
 
 @dataclass(frozen=True)
@@ -77,10 +79,18 @@ class PolicyLossSpec:
     def bounds(self) -> tuple:
         """The settings of BOUNDS the loss or its trust region names (all of them to a loss taking ``**kwargs``, such
         as a plugin wrapping a built-in one): the ones the update gives it."""
-        parameters = {**inspect.signature(self.trust_region).parameters, **inspect.signature(self.fn).parameters}
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(self.fn).parameters.values()):
+        own = inspect.signature(self.fn).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in own.values()):
             return BOUNDS
-        return tuple(name for name in BOUNDS if name in parameters)
+        named = set(own) | set(inspect.signature(self.trust_region).parameters)
+        return tuple(name for name in BOUNDS if name in named)
+
+    def trust_region_fields(self, config) -> str:
+        """The config fields that set the trust region's bounds, with their values ("train.clip_range=0.0001"; dppo's
+        "train.kl_threshold=1e-05"), for the messages that judge it."""
+        named = inspect.signature(self.trust_region).parameters
+        fields = dict.fromkeys(BOUND_FIELDS[name] for name in BOUNDS if name in named)
+        return ", ".join(f"{field}={config[field.split('.')[0]][field.split('.')[1]]:g}" for field in fields)
 
     def __post_init__(self):
         if self.needs_old_means and not self.per_step:  # the step means reach a per-step loss's chunks only

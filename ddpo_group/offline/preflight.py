@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ddpo_group.algorithms import get_policy_loss
 from ddpo_group.algorithms.policy_losses import dppo_kl, outside_kl_bound
 from ddpo_group.run.config_checks import config_warnings
 from ddpo_group.sampling.gaussian import gaussian_log_prob
@@ -161,8 +162,9 @@ class Preflight:
         verdict = "consistent" if result.consistent else "NOT consistent"
         judged = f"worst {result.worst:.3g}, tolerance {result.tolerance:g} for mixed_precision={config.mixed_precision}"
         if policy_gradient:
-            judged += (f"; {result.clipped:.1%} of the pairs outside the loss's trust region (train.clip_range="
-                       f"{config.train.clip_range:g}) before any update, at most {CLIPPED_SHARE:.0%} allowed")
+            region = get_policy_loss(config.algorithm.policy_loss).trust_region_fields(config)
+            judged += (f"; {result.clipped:.1%} of the pairs outside the loss's trust region ({region}) before any "
+                       f"update, at most {CLIPPED_SHARE:.0%} allowed")
         lines.append(f"verdict: {verdict} ({judged})")
         lines += self.cause_lines(result)
         lines += [""] + self.resources(batch, sampling_s)

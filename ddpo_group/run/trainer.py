@@ -28,7 +28,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 
-from ddpo_group.algorithms import get_adv_estimator, get_objective
+from ddpo_group.algorithms import get_adv_estimator, get_objective, get_policy_loss
 from ddpo_group.algorithms.objectives import PREFERENCE
 from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 from ddpo_group.distributed import ProcessShards
@@ -122,7 +122,8 @@ class Trainer:
         self.throughput = Throughput(self.accelerator, config.mixed_precision, self.model_flops, self.session.print)
         self.nfe = DenoiserEvaluations()  # perf/nfe_*: the denoisers' forwards while sampling and while training
         # train/ratio_before_update and train/clipped_before_update against their bounds
-        self.on_policy = OnPolicyWatch(config.mixed_precision, config.train.clip_range, self.session.print)
+        region = get_policy_loss(config.algorithm.policy_loss).trust_region_fields(config)
+        self.on_policy = OnPolicyWatch(config.mixed_precision, region, self.session.print)
         sampling_copy = [self.sampling_model] if self.sampling_model is not self.family.model else []
         for module in self.family.denoisers() + self.denoiser_copies() + sampling_copy:
             self.nfe.watch(module)

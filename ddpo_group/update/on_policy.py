@@ -39,8 +39,9 @@ class OnPolicyWatch:
     """Warns once, naming the check script, when an epoch's ratio before its update exceeds the precision's tolerance
     or the loss's trust region acts on more than CLIPPED_SHARE of the pairs before any update."""
 
-    def __init__(self, mixed_precision: str, clip_range: float, say=print):
-        self.tolerance, self.clip_range = ratio_tolerance(mixed_precision), float(clip_range)
+    def __init__(self, mixed_precision: str, trust_region: str, say=print):
+        """``trust_region``: the fields that set the loss's bounds (PolicyLossSpec.trust_region_fields)."""
+        self.tolerance, self.trust_region = ratio_tolerance(mixed_precision), trust_region
         self.say, self.warned = say, False
 
     def __call__(self, ratio_before_update: float | None, clipped_before_update: float | None = None) -> None:
@@ -52,7 +53,7 @@ class OnPolicyWatch:
                            f"{self.tolerance:g} of this precision")
         if clipped_before_update is not None and clipped_before_update > CLIPPED_SHARE:
             reasons.append(f"train/clipped_before_update={clipped_before_update:.3g}: the policy loss's trust region "
-                           f"(train.clip_range={self.clip_range:g}) acts on more than {CLIPPED_SHARE:.0%} of the "
+                           f"({self.trust_region}) acts on more than {CLIPPED_SHARE:.0%} of the "
                            "pairs before any update, on rounding instead of on the policy's change")
         if not reasons:
             return

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from config.base import get_config
 from ddpo_group.algorithms import get_policy_loss
 from ddpo_group.algorithms.policy_losses import dppo_config_errors, dppo_kl, dppo_policy_loss, outside_kl_bound
 
@@ -61,6 +62,10 @@ def test_at_the_rollout_policy_nothing_is_blocked_and_the_gradient_is_the_policy
 def test_the_registration_the_keywords_and_the_bound():
     spec = get_policy_loss("dppo")
     assert spec.per_step and spec.needs_old_means and spec.trust_region is outside_kl_bound
+    # the messages that judge the trust region (scripts/check.py's verdict, the on-policy warning) name its field
+    config = get_config("grpo")
+    assert spec.trust_region_fields(config) == "train.kl_threshold=1e-05"
+    assert get_policy_loss("vanilla").trust_region_fields(config) == "train.clip_range=0.0001"
     assert dppo_config_errors({}) == []
     assert dppo_config_errors({"kl_threshold": 1.0}) == [
         "algorithm.policy_loss_kwargs.kl_threshold: dppo takes no keyword 'kl_threshold'; its threshold is "

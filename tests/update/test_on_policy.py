@@ -70,7 +70,7 @@ def test_the_warning_judges_the_ratio_against_the_clip_range_too():
     clip acts on rounding before any update, and the warning says so; below 1% clipped and within the tolerance,
     nothing is said."""
     said = []
-    watch = OnPolicyWatch("bf16", clip_range=1e-4, say=said.append)
+    watch = OnPolicyWatch("bf16", "train.clip_range=0.0001", say=said.append)
     watch(3e-3, 0.4 * CLIPPED_SHARE)
     assert said == []  # within the tolerance, fewer pairs clipped than the bound
     watch(3e-3, 40 * CLIPPED_SHARE)
