@@ -145,6 +145,11 @@ def base() -> ml_collections.ConfigDict:
     # sample.guidance_scale = 0 is no guidance)
     sample.cfg_normalization = 0.0  # > 0: the guided output's norm capped at this multiple of the conditional one's
     sample.cfg_truncation = 1.0  # no guidance on the steps with (1000 - t) / 1000 above it (1: guidance on every step)
+    # LTX-2 only: its call's guidance keywords beyond guidance_scale (audio_guidance_scale, stg_scale, audio_stg_scale,
+    # modality_scale, audio_modality_scale, guidance_rescale, audio_guidance_rescale, spatio_temporal_guidance_blocks),
+    # in sampling and the training forward; one unset is the call's default (its audio CFG 7, spatio-temporal guidance 1
+    # at block 28, modality isolation 3, rescale 0.7: 4 forwards a step); an audio one 0 is the video's
+    sample.pipeline_guidance = ml_collections.ConfigDict()
 
     # ---- training (the policy update) ----
     config.train = train = ml_collections.ConfigDict()

@@ -571,7 +571,8 @@ def flow_factory_ltx2(config: ml_collections.ConfigDict) -> ml_collections.Confi
     examples/grpo/lora/ltx2/t2av.yaml, commit a0b2bc5): Lightricks/LTX-2, LoRA rank 64 / alpha 128 on every Linear of
     the transformer's blocks (the family's targets), bf16, 121 frames of 512 x 768 at 24 fps (the pipeline's defaults:
     sample.resolution 0), 24 rollout steps (50 to evaluate) without guidance and without the pipeline's
-    spatio-temporal, modality and rescale terms (its stg_scale 0, modality_scale 1, guidance_rescale 0: the family's),
+    spatio-temporal, modality and rescale terms (its stg_scale 0, modality_scale 1, guidance_rescale 0 and the audio's
+    CFG 1: sample.pipeline_guidance),
     CPS at noise level 0.8 on 3 stochastic steps, groups of 16 with the batch std, 48 prompts an epoch over 8
     processes (96 videos a process, one at a time) and 2 optimizer steps an epoch, lr 3e-4, weight decay 1e-4, clip
     1e-4, advantages clipped at 5, no KL, EMA 0.9, gradient checkpointing, the CLAP audio-text reward
@@ -584,6 +585,9 @@ def flow_factory_ltx2(config: ml_collections.ConfigDict) -> ml_collections.Confi
     config.sample.num_frames = 121  # of the pipeline's 512 x 768 (sample.resolution 0)
     config.sample.num_steps, config.sample.eval_num_steps = 24, 50
     config.sample.guidance_scale, config.train.cfg = 1.0, False
+    config.sample.pipeline_guidance = ml_collections.ConfigDict({  # every pass of the call off: 1 forward a step
+        "audio_guidance_scale": 1.0, "stg_scale": 0.0, "audio_stg_scale": 0.0, "modality_scale": 1.0,
+        "audio_modality_scale": 1.0, "guidance_rescale": 0.0, "audio_guidance_rescale": 0.0})
     config.sample.sde_type, config.sample.noise_level = "cps", 0.8
     config.sample.sde_window_size = 3
     config.sample.batch_size, config.sample.num_batches_per_epoch = 1, 96  # 48 groups of 16 over 8 processes

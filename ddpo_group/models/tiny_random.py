@@ -702,7 +702,8 @@ TINY_BUILDERS["hunyuan_video15"] = build_tiny_hunyuan_video15_pipeline
 # ----------------------------------------------------------------------------- LTX-2
 def build_tiny_ltx2_pipeline(seed: int = 0):
     """LTX-2 at about the size of diffusers' own pipeline tests: an LTX2VideoTransformer3DModel with two blocks (video 2
-    heads of 8, audio 2 heads of 4, 4 latent channels each), a 4-wide LTX-2 video VAE with the real one's 32x / 8x
+    heads of 8, audio 2 heads of 4, 4 latent channels each; LTX-2.3's perturbable self-attention, which the call's
+    spatio-temporal guidance skips), a 4-wide LTX-2 video VAE with the real one's 32x / 8x
     factors (the pipeline's 121 frames of 512 x 768 px decode in seconds), the audio VAE (8 mel bins, 2 latent
     channels) and vocoder (stereo at 16 kHz) of that test, its text connectors,
     a two-layer Gemma-3 of width 32 (a one-layer vision tower the pipeline does not run; diffusers' test loads one
@@ -728,7 +729,7 @@ def build_tiny_ltx2_pipeline(seed: int = 0):
         in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
         cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
         audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, qk_norm="rms_norm_across_heads",
-        caption_channels=hidden, rope_double_precision=False, rope_type="split")
+        caption_channels=hidden, rope_double_precision=False, rope_type="split", perturbed_attn=True)
     connectors = LTX2TextConnectors(
         caption_channels=hidden, text_proj_in_factor=text_encoder.config.text_config.num_hidden_layers + 1,
         video_connector_num_attention_heads=4, video_connector_attention_head_dim=8, video_connector_num_layers=1,

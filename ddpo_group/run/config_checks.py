@@ -317,7 +317,11 @@ def family_errors(config) -> list[str]:
         name = family_name(config.pretrained.model, chosen)
     except (OSError, ValueError, KeyError):
         return []
-    return get_family(name).config_errors(config)
+    family = get_family(name)
+    unknown = sorted(set(config.sample.pipeline_guidance) - set(family.guidance_passes))
+    errors = [f"sample.pipeline_guidance sets {unknown}: the {name} family's call takes "
+              f"{list(family.guidance_passes) or 'none of its own'}"] if unknown else []
+    return errors + family.config_errors(config)
 
 
 def prompt_and_reward_errors(config) -> list[str]:

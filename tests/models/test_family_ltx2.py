@@ -13,7 +13,7 @@ from diffusers import LTX2Pipeline
 
 from config.base import base as base_config
 from ddpo_group.errors import ConfigError
-from ddpo_group.models.families.ltx2 import GUIDANCE_OFF, LTX2Family
+from ddpo_group.models.families.ltx2 import LTX2Family
 from ddpo_group.sampling.gaussian import gaussian_log_prob
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from batch_helpers import batch_of
@@ -26,21 +26,32 @@ def ltx2_dir(family_model_dirs):
     return family_model_dirs["ltx2"]
 
 
-@pytest.mark.parametrize("guidance, negative", [(3.0, ""), (3.0, "static"), (1.0, "")])
-def test_noise_level_zero_reproduces_the_pipelines_frames_and_audio(guidance, negative, ltx2_dir):
-    """The pipeline's own call with the family's keywords (its extra guidance passes off) and our sampler at noise
-    level 0: the same frames and the same audio, bitwise, with CFG (the video's and the audio's at one scale) and
-    without."""
-    family, config = family_of("ltx2", ltx2_dir, **{"sample.guidance_scale": guidance, "train.cfg": guidance > 1,
-                                                    "sample.negative_prompt": negative})
+OFF = {"audio_guidance_scale": 1.0, "stg_scale": 0.0, "audio_stg_scale": 0.0, "modality_scale": 1.0,
+       "audio_modality_scale": 1.0, "guidance_rescale": 0.0, "audio_guidance_rescale": 0.0}  # Flow-Factory's recipe's
+
+
+@pytest.mark.parametrize("guidance, negative, passes", [
+    (3.0, "", {}),  # the call's defaults: CFG 3, the audio's 7, STG 1 at block 28, modality 3, rescale 0.7
+    (2.0, "static", {"spatio_temporal_guidance_blocks": [0], "audio_guidance_scale": 0.0, "modality_scale": 2.0,
+                     "audio_stg_scale": 0.5, "guidance_rescale": 0.3}),  # STG at a block the tiny model has
+    (1.0, "", OFF),  # no pass at all (Flow-Factory's)
+])
+def test_noise_level_zero_reproduces_the_pipelines_frames_and_audio(guidance, negative, passes, ltx2_dir):
+    """The pipeline's own call and our sampler at noise level 0: the same frames and the same audio, bitwise, at the
+    call's defaults (every guidance pass: CFG with the audio at its own scale, spatio-temporal guidance, modality
+    isolation, the rescale; the call given no guidance keyword), with the passes set otherwise, and without any."""
+    family, config = family_of("ltx2", ltx2_dir, **{"sample.guidance_scale": guidance, "train.cfg": guidance > 1
+                                                    or not passes, "sample.negative_prompt": negative,
+                                                    "sample.pipeline_guidance": passes})
     assert isinstance(family, LTX2Family) and LTX2Family.config_errors(config) == []
     kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
-    assert kwargs == {"height": 64, "width": 64, "num_frames": 17, "max_sequence_length": 16, **GUIDANCE_OFF}
-    assert family.guidance_kwargs(guidance) == {"guidance_scale": guidance, "audio_guidance_scale": guidance}
+    size = {"height": 64, "width": 64, "num_frames": 17, "max_sequence_length": 16}
+    assert kwargs == {**size, **LTX2Family.guidance_values(config.sample)}
+    call = size if not passes else kwargs  # at the defaults: the call without a guidance keyword
     rows = family.pipeline_row_kwargs([{}] * 4)
     family.pipe.set_progress_bar_config(disable=True)
     out = family.pipe(PROMPTS, num_inference_steps=3, generator=generators(4), output_type="pt",
-                      **family.guidance_kwargs(guidance), **kwargs, **rows)
+                      **family.guidance_kwargs(guidance), **call, **rows)
     traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
                                SamplingOptions(3, guidance, [0.0] * 3, compute_log_prob=False), generator=generators(4))
     (lv, cv), (la, ca) = family.parts()
@@ -48,6 +59,36 @@ def test_noise_level_zero_reproduces_the_pipelines_frames_and_audio(guidance, ne
     assert traj.images.shape == (4, 17, 3, 64, 64) and torch.equal(traj.images, out.frames)
     assert traj.audio.shape == out.audio.shape and torch.equal(traj.audio, out.audio)
     assert traj.audio_sample_rate == 16000 and float(traj.audio.std()) > 0
+    if passes and passes != OFF:  # the passes change the samples: without them, other frames and other audio
+        plain = family.pipe(PROMPTS, num_inference_steps=3, generator=generators(4), output_type="pt",
+                            **family.guidance_kwargs(guidance), **{**kwargs, **OFF, "audio_guidance_scale": 0.0},
+                            **rows)
+        assert float((plain.frames - out.frames).abs().max()) > 1e-3
+        assert float((plain.audio - out.audio).abs().max()) > 1e-4
+
+
+def test_the_guidance_keywords_are_checked(ltx2_dir):
+    """Keywords the call does not take are refused with the ones it does; STG without blocks is refused; the training
+    forward must guide when the audio's scale alone guides; another family takes none."""
+    from ddpo_group.run.config_checks import family_errors
+
+    config = base_config()
+    config.pretrained.model = ltx2_dir
+    config.sample.pipeline_guidance = {"stg_sclae": 1.0}
+    (error,) = family_errors(config)
+    assert "sample.pipeline_guidance sets ['stg_sclae']" in error and "'spatio_temporal_guidance_blocks'" in error
+    config.sample.pipeline_guidance = {"spatio_temporal_guidance_blocks": []}
+    assert any("spatio_temporal_guidance_blocks is empty" in e for e in family_errors(config))
+    config.sample.pipeline_guidance = {}
+    config.sample.guidance_scale, config.train.cfg = 1.0, False  # the audio's CFG at the call's 7 still guides
+    assert any("train.cfg=False contradicts sample.guidance_scale=1.0 with the audio's scale 7.0" in e
+               for e in family_errors(config))
+    config.sample.pipeline_guidance = {"audio_guidance_scale": 1.0}
+    assert family_errors(config) == []
+    other = base_config()
+    other.sample.pipeline_guidance = {"stg_scale": 0.0}
+    assert family_errors(other) == ["sample.pipeline_guidance sets ['stg_scale']: the sd family's call takes none of "
+                                    "its own"]
 
 
 def test_the_video_and_the_audio_are_one_state_of_the_policy(ltx2_dir):

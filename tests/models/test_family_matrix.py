@@ -75,7 +75,10 @@ REFUSED = {("sd", "nft"): ("algorithm.objective='nft' is defined on the ('flow',
            ("sdxl", "nft"): ("algorithm.objective='nft' is defined on the ('flow',) forward process(es); the 'sdxl' "
                              "family's is 'ddpm'", "defined on the flow-matching forward process only"),
            ("zimage", "nft"): ("train.cfg=False contradicts sample.guidance_scale=1.0: the zimage family guides exactly "
-                               "when guidance_scale > 0", "its CFG-free guidance 1 guides Z-Image, whose none is 0")}
+                               "when guidance_scale > 0", "its CFG-free guidance 1 guides Z-Image, whose none is 0"),
+           ("ltx2", "nft"): ("train.cfg=False contradicts sample.guidance_scale=1.0 with the audio's scale 7.0",
+                             "the audio's CFG stays at the call's 7 (sample.pipeline_guidance.audio_guidance_scale=1 "
+                             "turns it off)")}
 VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81, "hunyuan_video15": 121, "ltx2": 121}  # the video families sample their pipeline's default frames everywhere
 # each preset with an option a user picks (the flow step's kind: flow families only)
 OPTIONS = {
@@ -295,7 +298,8 @@ def test_tree_rollouts(name, family_dirs, prompt_rows, tmp_path):
     family, sample = trainer.family, trainer.config.sample
     guided = sample.guidance_scale > family.no_guidance and not family.guidance_embedded and (
         getattr(family, "classifier_free", True))
-    assert trainer.nfe.take()[0] == (1 + 1) * (2 if guided else 1)
+    passes = 2 if name == "ltx2" else 0  # LTX-2's spatio-temporal and modality passes at its call's defaults
+    assert trainer.nfe.take()[0] == (1 + 1) * ((2 if guided else 1) + passes)
     for key in ("latents", "next_latents", "log_probs"):
         assert torch.equal(getattr(batch, key)[0, 0], getattr(batch, key)[1, 0]), key
     assert not torch.equal(batch.next_latents[0, 1], batch.next_latents[1, 1])

@@ -71,6 +71,7 @@ class ModelFamily:
     standard_noise_level: float  # the stochastic steps' noise level when sample.noise_level is None
     no_guidance = 1.0  # the sample.guidance_scale that samples without classifier-free guidance (guided above it)
     guidance_embedded = False  # the guidance scale is an input of every forward (FLUX.1-dev's embedding): no CFG
+    guidance_passes: tuple = ()  # the call's guidance keywords beyond the scale that sample.pipeline_guidance may set
     frozen_steps = False  # some steps run a module that is not trained (Wan2.2-A14B's low-noise expert)
     negative_prompt = ""  # the family's default negative prompt (module docstring: the rule of the negative prompt)
     pipeline_max_batch = 0  # the most prompts one call of the pipeline's own __call__ takes (0: any)

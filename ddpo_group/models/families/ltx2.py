@@ -15,14 +15,17 @@ encoder read through the pipeline's text connectors.
                 and their mask (prompt_embeds, audio_prompt_embeds, prompt_attention_mask), each row encoded alone
     schedule    sigmas linspace(1, 1/T, T) shifted by mu of the video's token count (the pipeline's dynamic shift)
     output      (v_video, v_audio) = transformer(video, audio, both texts, t, the coordinates of the video's frames at
-                the call's frame rate and of the audio's), with CFG as the pipeline computes it: one forward of
-                [negative; conditional], each velocity taken to the clean latent it predicts, clean_hat = x - s v,
-                clean_hat = clean_hat_c + (w - 1)(clean_hat_c - clean_hat_n), back to v = (x - clean_hat) / s, the
-                audio at the same scale w = ``sample.guidance_scale``. The pipeline's other
-                guidance passes at its call's defaults (spatio-temporal guidance at block 28, modality isolation 3,
-                guidance rescale 0.7, the audio's CFG at 7) are not reproduced: the family's keywords of its call set
-                them off (stg_scale 0, modality_scale 1, guidance_rescale 0, audio_guidance_scale = guidance_scale), as
-                Flow-Factory's LTX-2 recipe trains
+                the call's frame rate and of the audio's), guided as the pipeline guides, every pass of its call:
+                each velocity taken to the clean latent it predicts, clean_hat = x - s v; CFG (one forward of
+                [negative; conditional]) adds (w - 1)(clean_hat_c - clean_hat_n), the audio at its own scale
+                (``audio_guidance_scale``: 7 at the call's defaults); spatio-temporal guidance (a conditional forward
+                with the self-attention of ``spatio_temporal_guidance_blocks`` skipped, [28]) adds
+                stg_scale (clean_hat_c - clean_hat_stg); modality isolation (a conditional forward without the
+                audio-to-video and video-to-audio attention) adds (modality_scale - 1)(clean_hat_c - clean_hat_iso);
+                the sum rescaled toward clean_hat_c's std by ``guidance_rescale`` (0.7); back to v = (x - clean_hat) /
+                s. Each value is ``sample.pipeline_guidance``'s or the call's default (the audio's None / 0: the
+                video's), in sampling and in the training forward alike: 4 forwards' rows a sample at the defaults
+                (2 with CFG alone). Flow-Factory's recipe turns the extra passes off
     decode      the video: unpacked, denormalized, the video VAE (its decode timestep 0), frames [B, F, 3, H, W]; the
                 audio (``decode_audio``): unpacked, denormalized, the audio VAE's mel spectrogram, the vocoder's waveform
                 [B, channels, samples] at ``audio_sample_rate`` Hz
@@ -35,20 +38,21 @@ import inspect
 import numpy as np
 import torch
 from diffusers import LTX2Pipeline
-from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift
+from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift, rescale_noise_cfg
 from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
 
 from ddpo_group.errors import ConfigError
 from ddpo_group.models.families import register_family
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 
-# the call keywords of the guidance passes the family does not reproduce, set off (module docstring)
-GUIDANCE_OFF = {"stg_scale": 0.0, "audio_stg_scale": 0.0, "modality_scale": 1.0, "audio_modality_scale": 1.0,
-                "guidance_rescale": 0.0, "audio_guidance_rescale": 0.0}
+# the call's guidance keywords beyond guidance_scale, which sample.pipeline_guidance sets (module docstring)
+GUIDANCE_PASSES = ("audio_guidance_scale", "stg_scale", "audio_stg_scale", "modality_scale", "audio_modality_scale",
+                   "guidance_rescale", "audio_guidance_rescale", "spatio_temporal_guidance_blocks")
 
 
 @register_family("ltx2", LTX2Pipeline)
 class LTX2Family(FlowMatchingFamily):
+    guidance_passes = GUIDANCE_PASSES
     cond_keys = ("prompt_embeds", "audio_prompt_embeds", "prompt_attention_mask")
     patch_size = 1  # set from the transformer in __init__
     # every Linear of a block: the video's and the audio's self- and text attention, the audio-to-video and
@@ -178,54 +182,80 @@ class LTX2Family(FlowMatchingFamily):
         sigmas = scheduler.sigmas.to(device)
         return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
 
-    def model_output(self, model, state, step, cond, negative, guidance_scale):
-        pipe, n = self.pipe, state.shape[0]
-        video, audio = self.split(state.float())
-        t = torch.as_tensor(step["timesteps"], device=state.device)
-        t = t.expand(n) if t.ndim == 0 else t
-        s = torch.as_tensor(step["sigmas"], device=state.device).float()
-        s = s.expand(n) if s.ndim == 0 else s
-        guided = guidance_scale > self.no_guidance and negative is not None
-        texts = {key: cond[key] for key in self.cond_keys}
-        rows = n
-        if guided:  # one forward of [negative; conditional], as the pipeline
-            texts = {key: torch.cat([negative[key].expand(n, *negative[key].shape[1:]), cond[key]])
-                     for key in self.cond_keys}
-            rows = 2 * n
-        frames, height, width = self.video_grid
-        fps = conditioning_frame_rate(self.frame_rate, self.call_default("motion_speed"))
-        video_coords = pipe.transformer.rope.prepare_video_coords(n, frames, height, width, state.device, fps=fps)
-        audio_coords = pipe.transformer.audio_rope.prepare_audio_coords(n, self.audio_frames, state.device)
-        if guided:
-            video_coords = video_coords.repeat((2,) + (1,) * (video_coords.ndim - 1))
-            audio_coords = audio_coords.repeat((2,) + (1,) * (audio_coords.ndim - 1))
-        dtype = texts["prompt_embeds"].dtype
-        video_in = torch.cat([video] * 2) if guided else video
-        audio_in = torch.cat([audio] * 2) if guided else audio
-        timestep = torch.cat([t, t]) if guided else t
-        v_video, v_audio = model(
-            hidden_states=video_in.to(dtype), audio_hidden_states=audio_in.to(dtype),
-            encoder_hidden_states=texts["prompt_embeds"], audio_encoder_hidden_states=texts["audio_prompt_embeds"],
-            timestep=timestep, sigma=timestep, encoder_attention_mask=texts["prompt_attention_mask"],
-            audio_encoder_attention_mask=texts["prompt_attention_mask"], num_frames=frames, height=height,
-            width=width, fps=fps, audio_num_frames=self.audio_frames, video_coords=video_coords,
-            audio_coords=audio_coords, isolate_modalities=False, spatio_temporal_guidance_blocks=None,
-            perturbation_mask=None, use_cross_timestep=self.call_default("use_cross_timestep"), return_dict=False)
-        return self.joined(self.guided(video, v_video.float(), s, guided, guidance_scale),
-                           self.guided(audio, v_audio.float(), s, guided, guidance_scale))
+    @property
+    def guidance(self) -> dict:
+        return self.guidance_values(self.config.sample, type(self.pipe))
 
     @staticmethod
-    def guided(x, velocity, s, guided: bool, scale: float) -> torch.Tensor:
-        """The pipeline's combination: through clean_hat = x - v s, CFG as a delta (w - 1)(clean_hat_c - clean_hat_n),
-        back to v."""
-        sigma = s.view(-1, *([1] * (x.ndim - 1)))
-        if guided:
-            uncond, cond = velocity.chunk(2)
-            clean_hat, clean_hat_uncond = x - cond * sigma, x - uncond * sigma
-            clean_hat = clean_hat + (scale - 1) * (clean_hat - clean_hat_uncond)
+    def guidance_values(sample, pipeline_class=LTX2Pipeline) -> dict:
+        """Every keyword of ``GUIDANCE_PASSES``: ``sample.pipeline_guidance``'s, else the call's default; an audio
+        value None / 0 the video's (as the call reads them; the audio's CFG scale falls back in ``model_output``)."""
+        chosen, defaults = dict(sample.pipeline_guidance), inspect.signature(pipeline_class.__call__).parameters
+        values = {name: chosen.get(name, defaults[name].default) for name in GUIDANCE_PASSES}
+        for name in ("stg_scale", "modality_scale", "guidance_rescale"):
+            values[f"audio_{name}"] = values[f"audio_{name}"] or values[name]
+        values["spatio_temporal_guidance_blocks"] = list(values["spatio_temporal_guidance_blocks"] or [])
+        return values
+
+    def model_output(self, model, state, step, cond, negative, guidance_scale):
+        """The guided velocity of every pass of the pipeline's call (module docstring), the video's and the audio's
+        joined; the pipeline's arithmetic in its order."""
+        passes, n = self.guidance, state.shape[0]
+        scales = (float(guidance_scale), float(passes["audio_guidance_scale"] or guidance_scale))  # video, audio
+        video, audio = self.split(state.float())
+        s = torch.as_tensor(step["sigmas"], device=state.device).float()
+        sigma = (s.expand(n) if s.ndim == 0 else s).view(-1, 1, 1)
+        t = torch.as_tensor(step["timesteps"], device=state.device)
+        t = t.expand(n) if t.ndim == 0 else t
+        texts = {key: cond[key] for key in self.cond_keys}
+        guided = negative is not None and max(scales) > self.no_guidance
+
+        def clean_hat(pass_texts, rows, **perturbation):  # (video, audio) clean latents one forward predicts
+            v_video, v_audio = self.forward(model, video, audio, pass_texts, t, rows, **perturbation)
+            return (torch.cat([video] * rows) - v_video.float() * sigma.repeat(rows, 1, 1),
+                    torch.cat([audio] * rows) - v_audio.float() * sigma.repeat(rows, 1, 1))
+
+        if guided:  # one forward of [negative; conditional], as the pipeline
+            both = {key: torch.cat([negative[key].expand(n, *negative[key].shape[1:]), cond[key]])
+                    for key in self.cond_keys}
+            uncond, clean = zip(*(part.chunk(2) for part in clean_hat(both, 2)))
+            total = [c + (w - 1) * (c - u) for c, u, w in zip(clean, uncond, scales)]
         else:
-            clean_hat = x - velocity * sigma
-        return (x - clean_hat) / sigma
+            clean = clean_hat(texts, 1)
+            total = list(clean)
+        stg = passes["stg_scale"], passes["audio_stg_scale"]
+        if max(stg) > 0:  # spatio-temporal guidance: the listed blocks' self-attention skipped
+            skipped = clean_hat(texts, 1, spatio_temporal_guidance_blocks=passes["spatio_temporal_guidance_blocks"])
+            total = [g + k * (c - p) for g, c, p, k in zip(total, clean, skipped, stg)]
+        modality = passes["modality_scale"], passes["audio_modality_scale"]
+        if max(modality) > 1:  # modality isolation: no audio-to-video or video-to-audio attention
+            isolated = clean_hat(texts, 1, isolate_modalities=True)
+            total = [g + (k - 1) * (c - p) for g, c, p, k in zip(total, clean, isolated, modality)]
+        rescales = passes["guidance_rescale"], passes["audio_guidance_rescale"]
+        total = [rescale_noise_cfg(g, c, guidance_rescale=r) if r > 0 else g for g, c, r in zip(total, clean, rescales)]
+        return self.joined((video - total[0]) / sigma, (audio - total[1]) / sigma)
+
+    def forward(self, model, video, audio, texts, t, rows: int, isolate_modalities: bool = False,
+                spatio_temporal_guidance_blocks=None):
+        """One transformer forward of ``rows`` copies of the batch (each copy's texts in ``texts``), as the
+        pipeline's call makes it: (v_video, v_audio)."""
+        pipe, n = self.pipe, video.shape[0]
+        frames, height, width = self.video_grid
+        fps = conditioning_frame_rate(self.frame_rate, self.call_default("motion_speed"))
+        video_coords = pipe.transformer.rope.prepare_video_coords(n, frames, height, width, video.device, fps=fps)
+        audio_coords = pipe.transformer.audio_rope.prepare_audio_coords(n, self.audio_frames, video.device)
+        repeat = lambda x: x.repeat((rows,) + (1,) * (x.ndim - 1)) if rows > 1 else x  # noqa: E731
+        dtype = texts["prompt_embeds"].dtype
+        return model(
+            hidden_states=torch.cat([video] * rows).to(dtype), audio_hidden_states=torch.cat([audio] * rows).to(dtype),
+            encoder_hidden_states=texts["prompt_embeds"], audio_encoder_hidden_states=texts["audio_prompt_embeds"],
+            timestep=torch.cat([t] * rows), sigma=torch.cat([t] * rows),
+            encoder_attention_mask=texts["prompt_attention_mask"],
+            audio_encoder_attention_mask=texts["prompt_attention_mask"], num_frames=frames, height=height,
+            width=width, fps=fps, audio_num_frames=self.audio_frames, video_coords=repeat(video_coords),
+            audio_coords=repeat(audio_coords), isolate_modalities=isolate_modalities,
+            spatio_temporal_guidance_blocks=spatio_temporal_guidance_blocks, perturbation_mask=None,
+            use_cross_timestep=self.call_default("use_cross_timestep"), return_dict=False)
 
     # ------------------------------------------------------------------ decode
     @torch.no_grad()
@@ -266,16 +296,30 @@ class LTX2Family(FlowMatchingFamily):
         if sample.num_frames < 0 or (sample.num_frames and (sample.num_frames - 1) % 8):
             errors.append(f"sample.num_frames={sample.num_frames} must be 8 k + 1 frames (LTX-2's VAE compresses time "
                           "by 8), e.g. 9, 25, 121; 0: the pipeline's 121")
+        passes = cls.guidance_values(sample)
+        if (passes["stg_scale"] > 0 or passes["audio_stg_scale"] > 0) and not passes["spatio_temporal_guidance_blocks"]:
+            errors.append(f"sample.pipeline_guidance: stg_scale={passes['stg_scale']} / audio_stg_scale="
+                          f"{passes['audio_stg_scale']} guide by skipping blocks, and spatio_temporal_guidance_blocks "
+                          "is empty (list the blocks, e.g. [28], or set both scales 0)")
         return errors + cls.guidance_errors(config)
 
-    def guidance_kwargs(self, guidance_scale: float) -> dict:
-        """The video's CFG scale and the audio's, the same (module docstring)."""
-        return {"guidance_scale": float(guidance_scale), "audio_guidance_scale": float(guidance_scale)}
+    @classmethod
+    def guidance_errors(cls, config) -> list[str]:
+        """The training forward guides with CFG exactly when sampling did: when the video's or the audio's scale is
+        above 1 (the call's rule)."""
+        sample, train = config.sample, config.train
+        scales = sample.guidance_scale, cls.guidance_values(sample)["audio_guidance_scale"] or sample.guidance_scale
+        if bool(train.cfg) == (max(scales) > cls.no_guidance):
+            return []
+        return [f"train.cfg={train.cfg} contradicts sample.guidance_scale={sample.guidance_scale} with the audio's "
+                f"scale {scales[1]} (sample.pipeline_guidance.audio_guidance_scale, the call's 7 when unset): LTX-2 "
+                "guides when either is above 1, and the training forward must guide exactly when sampling did, or "
+                "the recomputed log-probs are off-policy"]
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
-        """The size, the frames, the token count and the guidance passes the family does not reproduce, off."""
+        """The size, the frames, the token count and every guidance keyword of the call (``guidance``)."""
         return {**self.size_kwargs(), "num_frames": self.frames, "max_sequence_length": self.text_length,
-                **GUIDANCE_OFF}
+                **self.guidance}
 
     def pipeline_images(self, output) -> torch.Tensor:
         return output.frames
