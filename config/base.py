@@ -330,8 +330,8 @@ def base() -> ml_collections.ConfigDict:
     # standard errors and below its value before training: the run is losing what it learnt
     guard.fall_drop = 2.0
     guard.min_diversity = 0.5  # eval/diversity below this fraction of its value before training
-    # some |eval/drift/*| (brightness, contrast, saturation, high-frequency share) above this many times that
-    # statistic's spread (its std) over the evaluation's images before training
+    # some |eval/drift/*| (brightness, contrast, saturation, high-frequency share; with audio its level and flatness)
+    # above this many times that statistic's spread (its std) over the evaluation's samples before training
     guard.max_drift = 1.0
 
     # ---- logging ----

@@ -31,6 +31,8 @@ from ddpo_group.prompts import draw_prompts
 from ddpo_group.rewards import is_groupwise
 from ddpo_group.rewards.combine import make_combined_reward
 from ddpo_group.rollout.reward_scorer import RewardScorer
+from ddpo_group.run.reporting.audio_files import write_wav
+from ddpo_group.sampling.trajectories import with_audio
 
 
 def find_run_config(path: str | Path, levels: int = 4) -> tuple[dict | None, Path | None]:
@@ -144,19 +146,6 @@ def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: i
         if progress is not None:
             progress.update(1)
     return torch.cat(out)
-
-
-def write_wav(path: Path, wave: torch.Tensor, rate: int) -> None:
-    """A waveform [channels, samples] in [-1, 1] as a 16-bit PCM WAV file (the standard library's ``wave``)."""
-    import wave as wav
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pcm = (wave.float().clamp(-1, 1) * 32767).round().to(torch.int16).T.contiguous().numpy()  # [samples, channels]
-    with wav.open(str(path), "wb") as f:
-        f.setnchannels(pcm.shape[1])
-        f.setsampwidth(2)
-        f.setframerate(int(rate))
-        f.writeframes(pcm.tobytes())
 
 
 def score(reward_fn, images: torch.Tensor, prompts: list[str], metadata: list[dict],
@@ -316,8 +305,8 @@ def evaluate(request: EvaluationRequest, defaults) -> dict:
     if base_audio:  # the rewards hear each row's audio; a person too: evaluation/audio/{base,finetuned}_<row>.wav
         rate = family.audio_sample_rate
         base_audio, tuned_audio = torch.cat(base_audio), torch.cat(tuned_audio)
-        tuned_metadata = [{**m, "audio": a, "audio_sample_rate": rate} for m, a in zip(metadata_all, tuned_audio)]
-        metadata_all = [{**m, "audio": a, "audio_sample_rate": rate} for m, a in zip(metadata_all, base_audio)]
+        tuned_metadata = with_audio(metadata_all, tuned_audio, rate)
+        metadata_all = with_audio(metadata_all, base_audio, rate)
         for name, waves in (("base", base_audio), ("finetuned", tuned_audio)):
             for i, wave in enumerate(waves):
                 write_wav(out_dir / "audio" / f"{name}_{i:03d}.wav", wave, rate)

@@ -132,17 +132,19 @@ def failing_images(reward_fn, images, prompts: list[str], metadata: list[dict]) 
 
 
 class PendingGroups:
-    """The sampled images of prompt groups not yet complete, for a groupwise reward: ``add(images)`` takes the next
-    sampling batch and returns (images, rows) of the groups it completes (None when it completes none); the last
-    batch completes every group."""
+    """The sampled images of prompt groups not yet complete, for a groupwise reward: ``add(images, metadata)`` takes
+    the next sampling batch (its rows' metadata as the rewards receive it: with their audio) and returns (images,
+    metadata, rows) of the groups it completes (None when it completes none); the last batch completes every group."""
 
     def __init__(self, groups: list | None):
         if groups is None:
             raise ValueError("a groupwise reward needs each sample's prompt group (RolloutSampler.sample's groups)")
         self.groups, self.start, self.images = list(groups), 0, None  # rows [start, start + len(images)) held
+        self.metadata: list[dict] = []
 
-    def add(self, images: torch.Tensor):
+    def add(self, images: torch.Tensor, metadata: list[dict]):
         self.images = images if self.images is None else torch.cat([self.images, images])
+        self.metadata += list(metadata)
         stop = self.start + len(self.images)
         end = stop  # rows [start, end) hold whole groups: the group of row stop - 1 may go on in the next batch
         if stop < len(self.groups):
@@ -151,8 +153,9 @@ class PendingGroups:
         if end == self.start:
             return None
         done, self.images = self.images[: end - self.start], self.images[end - self.start :]
+        heard, self.metadata = self.metadata[: end - self.start], self.metadata[end - self.start :]
         rows, self.start = slice(self.start, end), end
-        return done, rows
+        return done, heard, rows
 
 
 def merge_infos(infos: list[dict]) -> dict:

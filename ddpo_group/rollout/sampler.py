@@ -134,11 +134,10 @@ class RolloutSampler:
                 futures.append(self.executor.submit(self.score, traj.images, prompts[rows],
                                                     traj.reward_metadata(metadata[rows])))
             else:  # the groups whose samples are all drawn
-                done = pending.add(traj.images)
+                done = pending.add(traj.images, traj.reward_metadata(metadata[rows]))
                 if done is not None:
-                    images, rows = done
-                    futures.append(self.executor.submit(self.score, images, prompts[rows], metadata[rows],
-                                                        groups[rows]))
+                    images, heard, rows = done
+                    futures.append(self.executor.submit(self.score, images, prompts[rows], heard, groups[rows]))
             tweedie = None
             if self.tweedie_steps is not None:
                 with timer.phase("reward"):

@@ -19,7 +19,8 @@ The rules, each raising its alarm once:
     diversity  eval/diversity < guard.min_diversity x its value before training: each prompt's images alike
     drift      some |eval/drift/<statistic>| > guard.max_drift x that statistic's spread over the images before
                training (eval/image_spread/<statistic>: the std over the images): the images' look moved
-               (run/reporting/image_stats.py)
+               (run/reporting/image_stats.py); a family with audio: its eval/drift/audio/<statistic> too, in
+               eval/audio_spread/<statistic> (run/reporting/audio_stats.py)
 
 The best evaluation is chosen on one half of the evaluation's images (the even initial noises of each prompt: its
 measure's select_half/ entry) and its score reported on the other half (report_half/): the best of several
@@ -35,6 +36,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from ddpo_group.run.reporting.image_stats import spread_of
 
 ON_ALARM = ("warn", "stop", "off")
 SELECT, REPORT = "select_half", "report_half"
@@ -112,17 +115,18 @@ class Guard:
         scaled = {}
         for key, value in metrics.items():
             if key.startswith("eval/drift/"):
-                spread = self.start.get(f"eval/image_spread/{key.rsplit('/', 1)[1]}")
+                spread = self.start.get(spread_of(key))
                 if spread:
                     scaled[key] = value / spread
         if scaled:
             key = max(scaled, key=lambda k: abs(scaled[k]))
             if abs(scaled[key]) > config.max_drift:
-                name = key.rsplit("/", 1)[1]
+                kind, _, name = key.removeprefix("eval/drift/").rpartition("/")
+                whose = "audio's" if kind == "audio" else "images'"
                 alarms.append(Alarm("drift", (
-                    f"{key}={metrics[key]:+.4f} {after}: the images' {name} moved {abs(scaled[key]):.2f} times its "
-                    f"spread over the images before training ({self.start[f'eval/image_spread/{name}']:.4f}), more "
-                    f"than guard.max_drift={config.max_drift:g}")))
+                    f"{key}={metrics[key]:+.4f} {after}: the {whose} {name} moved {abs(scaled[key]):.2f} times its "
+                    f"spread over the {'samples' if kind else 'images'} before training "
+                    f"({self.start[spread_of(key)]:.4f}), more than guard.max_drift={config.max_drift:g}")))
         return alarms
 
     def after_evaluation(self, epoch: int, metrics: dict, session, weights) -> None:

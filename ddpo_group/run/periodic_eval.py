@@ -51,6 +51,7 @@ from ddpo_group.errors import ConfigError
 from ddpo_group.prompts import draw_prompts
 from ddpo_group.rewards import pointwise_score
 from ddpo_group.rewards.combine import component_label
+from ddpo_group.run.reporting.audio_stats import AUDIO_STATISTICS, audio_metrics
 from ddpo_group.run.reporting.image_stats import (PIXELS, STATISTICS, as_images, diversity, drift, image_spreads,
                                                    image_statistics, pixel_features)
 from ddpo_group.sampling.trajectories import SamplingOptions, rows_of, sample_trajectories
@@ -119,6 +120,9 @@ class EvalResult:
     metrics: dict  # eval/* (and eval_stochastic/*) numbers
     grid: object | None  # a PIL image of the deterministic images (main process), or None
     rewards: torch.Tensor  # [N * M] float64, row order, deterministic sampler
+    # a family with audio (LTX-2): the grid's rows' waveforms [rows, channels, samples] (main process), else None
+    audio: torch.Tensor | None = None
+    audio_sample_rate: int = 0
 
 
 class PeriodicEvaluation:
@@ -135,6 +139,7 @@ class PeriodicEvaluation:
             config, accelerator, family, reward_scorer, gather)
         self.heldout_scorer, self.image_features = heldout_scorer, image_features
         self.start: dict | None = None  # eval/image/* before training (eval/drift/*'s origin)
+        self.audio_start: dict | None = None  # eval/audio/* before training (eval/drift/audio/*'s origin)
         self.freq, self.num_epochs = int(config.eval_freq), int(config.num_epochs)
         self.prompts, self.metadata = eval_prompts(config)
         self.num_seeds = int(config.eval_num_seeds)
@@ -209,13 +214,17 @@ class PeriodicEvaluation:
             with preserved_rng_states(), self.accelerator.autocast():
                 deterministic = SamplingOptions.deterministic(sample, sample.eval_num_steps)
                 scorers = [self.reward_scorer] + ([self.heldout_scorer] if self.heldout_scorer is not None else [])
-                scored, images = self.sample_and_score(deterministic, False, scorers)
+                scored, images, audio = self.sample_and_score(deterministic, False, scorers)
                 stochastic = None
                 if self.config.eval_train_sampler:  # the training sampler's noise levels, no log-probs
                     sampler = replace(deterministic, num_steps=sample.num_steps,
                                       noise_levels=tuple(self.family.noise_levels(sample)))
                     stochastic = self.sample_and_score(sampler, True, [self.reward_scorer])[0][0]
                 looks = self.image_metrics(images, epoch)
+                if audio is not None:  # a family with audio: its statistics and drift (run/reporting/audio_stats.py)
+                    sounds, statistics = audio_metrics(audio, self.audio_start)
+                    self.audio_start = statistics if epoch < 0 or self.audio_start is None else self.audio_start
+                    looks.update(sounds)
         finally:
             model.train(training)
             self.family.schedule(sample.num_steps, self.accelerator.device)  # the training sampler's timesteps
@@ -233,8 +242,10 @@ class PeriodicEvaluation:
             metrics.update(self.metrics("eval_stochastic", *stochastic))
         metrics["eval/num_images"] = self.num_rows
         metrics.update(looks)
-        grid = self.grid(images, rewards) if self.accelerator.is_main_process else None
-        return EvalResult(metrics, grid, rewards)
+        main = self.accelerator.is_main_process
+        grid = self.grid(images, rewards) if main else None
+        heard = audio[: self.grid_rows] if main and audio is not None else None
+        return EvalResult(metrics, grid, rewards, heard, self.family.audio_sample_rate if heard is not None else 0)
 
     def image_metrics(self, images: torch.Tensor, epoch: int) -> dict:
         """eval/diversity, eval/image/* and eval/drift/* of the deterministic images (run/reporting/image_stats.py); the ones
@@ -256,11 +267,14 @@ class PeriodicEvaluation:
         before = [r for r in records if r.get("epoch") == -1 and f"eval/image/{STATISTICS[0]}" in r]
         if before:
             self.start = {name: before[0][f"eval/image/{name}"] for name in STATISTICS}
+            if f"eval/audio/{AUDIO_STATISTICS[0]}" in before[0]:
+                self.audio_start = {name: before[0][f"eval/audio/{name}"] for name in AUDIO_STATISTICS}
 
     def sample_and_score(self, options: SamplingOptions, stochastic: bool, scorers: list):
         """([(rewards [R] float64, components [R, C] float64, their labels) of each of ``scorers``], images [R, 3, H, W]
-        uint8) of every row sampled with ``options`` (``stochastic``: the step noise of each row from its own
-        generator), gathered; components: the reward info's per-image entries every batch has."""
+        uint8, audio [R, channels, samples] or None) of every row sampled with ``options`` (``stochastic``: the step
+        noise of each row from its own generator), gathered; components: the reward info's per-image entries every
+        batch has."""
         family = self.family
         if self._cond is None:
             self._cond = family.condition(self.prompts, self.metadata)
@@ -268,7 +282,7 @@ class PeriodicEvaluation:
         device = self.accelerator.device
         noise = self.initial_noise(rows)
         scored = [([], []) for _ in scorers]  # (rewards, infos) of each scorer
-        images, sampled = [], []
+        images, sampled, heard, sounds = [], [], [], []  # heard: a groupwise scorer's rows' metadata, with their audio
         for start in range(0, len(rows), options.batch_size):
             chunk = rows[start : start + options.batch_size]
             prompt_index = [r // self.num_seeds for r in chunk]
@@ -282,6 +296,7 @@ class PeriodicEvaluation:
             )
             if self.groupwise:  # a groupwise scorer scores below, each prompt's M images together
                 sampled.append(traj.images)
+                heard += traj.reward_metadata([dict(self.metadata[i]) for i in prompt_index])
             for scorer, (rewards, infos) in zip(scorers, scored):
                 if not getattr(scorer, "groupwise", False):
                     values, info = scorer(traj.images, [self.prompts[i] for i in prompt_index],
@@ -289,11 +304,12 @@ class PeriodicEvaluation:
                     rewards.append(values)
                     infos.append(per_image(info, len(chunk)))
             images.append((traj.images.float().clamp(0, 1) * 255).round().to(torch.uint8).cpu())
+            if traj.audio is not None:
+                sounds.append(traj.audio.float().cpu())
         prompt_index = [r // self.num_seeds for r in rows]
         for scorer, (rewards, infos) in zip(scorers, scored):
             if getattr(scorer, "groupwise", False):  # groups by position: the padding (copies of the last row) is whole groups of its own
-                values, info = scorer(torch.cat(sampled), [self.prompts[i] for i in prompt_index],
-                                      [dict(self.metadata[i]) for i in prompt_index],
+                values, info = scorer(torch.cat(sampled), [self.prompts[i] for i in prompt_index], heard,
                                       groups=[k // self.num_seeds for k in range(len(rows))])
                 rewards.append(values)
                 infos.append(per_image(info, len(rows)))
@@ -304,7 +320,8 @@ class PeriodicEvaluation:
             parts = torch.stack([torch.cat([info[key] for info in infos]) for key in labels], 1) if labels \
                 else torch.zeros(len(rows), 0, dtype=torch.float64)
             out.append((self.gather(torch.cat(rewards).double())[:n], self.gather(parts)[:n], labels))
-        return out, self.gather(torch.cat(images))[:n]
+        audio = self.gather(torch.cat(sounds))[:n] if sounds else None
+        return out, self.gather(torch.cat(images))[:n], audio
 
     def metrics(self, prefix: str, rewards: torch.Tensor, components: torch.Tensor, labels: list,
                 groups: bool = True, pointwise: str | None = None) -> dict:
@@ -345,11 +362,16 @@ class PeriodicEvaluation:
             return f"{self.group_by}/{self.metadata[prompt_index][self.group_by]}"
         return f"prompt/{self.prompts[prompt_index]}"
 
+    @property
+    def grid_rows(self) -> int:
+        """The rows the grid shows: the first GRID_PROMPTS prompts' M images each."""
+        return min(len(self.prompts), GRID_PROMPTS) * self.num_seeds
+
     def grid(self, images: torch.Tensor, rewards: torch.Tensor):
         """The first GRID_PROMPTS prompts, one row each: their M images captioned with the reward and the prompt."""
         from ddpo_group.run.reporting.image_grid import image_grid
 
-        n = min(len(self.prompts), GRID_PROMPTS) * self.num_seeds
+        n = self.grid_rows
         captions = [f"{self.prompts[r // self.num_seeds]}\nreward {float(rewards[r]):.3f}" for r in range(n)]
         columns = self.num_seeds if self.num_seeds > 1 else 4  # a prompt's images side by side
         return image_grid(images[:n].float() / 255, captions, columns=columns)

@@ -343,7 +343,8 @@ class Trainer:
         with self.timer.phase("evaluation"), weights():
             result = self.evaluation.run(epoch)
         with self.timer.phase("logging"):
-            self.epoch_logger.log_evaluation(epoch, result.metrics, result.grid, "ema" if use_ema else "training")
+            self.epoch_logger.log_evaluation(epoch, result.metrics, result.grid, "ema" if use_ema else "training",
+                                             result.audio, result.audio_sample_rate)
         self.guard.after_evaluation(epoch, result.metrics, self.session, weights)  # the best weights kept, the alarms
         return result.metrics
 

@@ -47,11 +47,7 @@ class Trajectories:
     def reward_metadata(self, metadata: list[dict]) -> list[dict]:
         """The rows' metadata as the rewards receive it: with each sample's audio (``metadata[i]["audio"]``, on the CPU,
         and ``"audio_sample_rate"``) when the family makes audio; the rows themselves otherwise."""
-        if self.audio is None:
-            return metadata
-        audio = self.audio.cpu()
-        return [{**(row or {}), "audio": audio[i], "audio_sample_rate": self.audio_sample_rate}
-                for i, row in enumerate(metadata)]
+        return with_audio(metadata, self.audio, self.audio_sample_rate)
 
     @property
     def timesteps(self) -> torch.Tensor:
@@ -285,11 +281,10 @@ class _Record:
     def trajectories(self, family, final: torch.Tensor) -> Trajectories:
         """The record, with the images of the ``final`` latents when the options decode."""
         batch, device, options = self.batch, self.device, self.options
-        makes_audio = options.decode and hasattr(family, "decode_audio")  # a family with audio (LTX-2)
+        makes_audio = options.decode and makes_sound(family)
         return Trajectories(
             images=decode_latents(family, final, options.decode_batch_size) if options.decode else None,
-            audio=torch.cat([family.decode_audio(part) for part in final.split(options.decode_batch_size or len(final))])
-            if makes_audio else None,
+            audio=decode_audio_latents(family, final, options.decode_batch_size) if makes_audio else None,
             audio_sample_rate=family.audio_sample_rate if makes_audio else 0,
             latents=torch.stack(self.latents, dim=1),
             log_probs=torch.stack(self.log_probs, dim=1) if self.options.compute_log_prob
@@ -298,6 +293,25 @@ class _Record:
             means=torch.stack(self.means, dim=1) if self.options.record_means else None,
             clean_hat=torch.stack(self.clean_hat, dim=1) if self.clean_hat else None,
         )
+
+
+def makes_sound(family) -> bool:
+    """Whether ``family``'s samples have audio (LTX-2's: ``decode_audio``)."""
+    return hasattr(family, "decode_audio")
+
+
+def decode_audio_latents(family, latents: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+    """Final latents -> their audio [B, channels, samples] float32 (a family that ``makes_sound``), ``chunk`` at a time."""
+    return torch.cat([family.decode_audio(part) for part in latents.split(chunk or len(latents))])
+
+
+def with_audio(metadata: list[dict], audio: torch.Tensor | None, rate: int) -> list[dict]:
+    """The rows' metadata as the rewards receive it: each row with its sample's audio (``"audio"`` [channels,
+    samples] on the CPU, ``"audio_sample_rate"``) when there is audio; the rows themselves otherwise."""
+    if audio is None:
+        return metadata
+    audio = audio.cpu()
+    return [{**(row or {}), "audio": audio[i], "audio_sample_rate": rate} for i, row in enumerate(metadata)]
 
 
 def decode_latents(family, latents: torch.Tensor, chunk: int = 0) -> torch.Tensor:

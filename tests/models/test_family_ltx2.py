@@ -133,6 +133,35 @@ def test_the_decoded_audio_reaches_a_reward_written_outside_the_package(ltx2_dir
     assert metrics["reward_std"] > 0  # the level differs between samples: it is their audio's
 
 
+def test_the_audio_reaches_a_groupwise_reward_and_the_tweedie_values(ltx2_dir, tmp_path):
+    """Every path a reward is called on hears the audio (the plugin reads metadata["audio"] and fails without it): a
+    groupwise reward in rollouts and in the evaluation during training; GROUP_PPO's Tweedie values, whose predicted
+    clean latents' audio is decoded as the samples' own."""
+    trainer = tiny_trainer("grpo", ltx2_dir, tmp_path, "groupwise", device="cpu", **FAMILY_OVERRIDES["ltx2"],
+                           reward_fn="tests/plugins/audio_reward.py:make_loudness_in_group", eval_freq=1,
+                           eval_num_prompts=2, eval_num_seeds=2)
+    metrics = trainer.run()
+    assert metrics["global_step"] == 2 and metrics["reward_info/loudness"] > 0
+    assert abs(metrics["reward_mean"]) < 1e-12  # centred in each group
+    assert metrics["eval/reward_info/loudness"] > 0
+    assert metrics["eval/audio/level"] > 0 and 0 < metrics["eval/audio/flatness"] <= 1  # the audio's statistics
+    assert "eval/drift/audio/level" in metrics and "eval/drift/brightness" in metrics
+    # a person hears each evaluation: the grid's rows' audio beside its picture, as WAV files
+    samples = tmp_path / "groupwise" / "samples"
+    for stem in ("eval_before", "eval_epoch_00000"):
+        assert (samples / f"{stem}.png").is_file()
+        assert sorted(path.name for path in (samples / stem).iterdir()) == [f"row_{r:02d}.wav" for r in range(4)]
+    with wave.open(str(samples / "eval_before" / "row_03.wav")) as f:
+        assert (f.getnchannels(), f.getframerate(), f.getnframes()) == (2, 16000, 276)
+    trainer = tiny_trainer("group_ppo", ltx2_dir, tmp_path, "tweedie", device="cpu", **FAMILY_OVERRIDES["ltx2"],
+                           reward_fn="tests/plugins/audio_reward.py:make_loudness", **{"group_ppo.value_source":
+                                                                                        "tweedie"})
+    batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
+    values = batch.tweedie_values[:, 1]  # step 1's prediction of the clean sample, its audio's level
+    assert bool(torch.isfinite(values).all()) and bool((values > 0).all())
+    assert not torch.equal(values, batch.rewards.double())  # the prediction's audio, not the sample's
+
+
 def test_clap_beside_a_frame_reward_trains_and_evaluate_writes_the_audio(ltx2_dir, tmp_path):
     """reward_fn {"clap": 1, "jpeg_compressibility": 1} on the tiny LTX-2 with a tiny CLAP model: an epoch trains with
     both components logged; scripts/evaluate.py's comparison scores the pipeline's audio and writes each row's base and

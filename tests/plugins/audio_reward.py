@@ -21,3 +21,17 @@ def make_loudness(scale: float = 1.0):
 
     loudness.takes_videos = True
     return loudness
+
+
+def make_loudness_in_group():
+    """Groupwise: each video's audio level less its prompt group's mean level (one call a group); its info entry
+    ``loudness`` is each video's own level (the reward's pointwise score)."""
+    def loudness_in_group(videos, prompts, metadata):
+        levels = torch.tensor([float(row["audio"].double().square().mean().sqrt()) for row in metadata],
+                              dtype=torch.float64)
+        return (levels - levels.mean()).tolist(), {"loudness": levels}
+
+    loudness_in_group.takes_videos = True
+    loudness_in_group.groupwise = True
+    loudness_in_group.pointwise_score = "loudness"
+    return loudness_in_group

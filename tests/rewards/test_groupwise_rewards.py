@@ -106,12 +106,15 @@ def test_the_scorer_calls_a_groupwise_reward_once_per_group_and_names_the_group_
 
 def test_pending_groups_hand_over_each_group_once_all_its_samples_are_drawn():
     """Groups of 3 sampled in batches of 2 (a group spans two batches): nothing after the first batch, then the
-    groups that each batch completes, the last batch everything left."""
+    groups that each batch completes with their rows' metadata (each sample's audio rides there), the last batch
+    everything left."""
     pending = PendingGroups([5, 5, 5, 1, 1, 1, 4, 4, 4])
     images = torch.arange(9.0)
-    handed = [pending.add(images[i : i + 2]) for i in (0, 2, 4, 6, 8)]
-    assert [None if h is None else (h[0].tolist(), (h[1].start, h[1].stop)) for h in handed] == [
-        None, ([0.0, 1.0, 2.0], (0, 3)), ([3.0, 4.0, 5.0], (3, 6)), None, ([6.0, 7.0, 8.0], (6, 9))]
+    rows = [{"row": i} for i in range(9)]
+    handed = [pending.add(images[i : i + 2], rows[i : i + 2]) for i in (0, 2, 4, 6, 8)]
+    assert [None if h is None else (h[0].tolist(), [m["row"] for m in h[1]], (h[2].start, h[2].stop))
+            for h in handed] == [None, ([0.0, 1.0, 2.0], [0, 1, 2], (0, 3)), ([3.0, 4.0, 5.0], [3, 4, 5], (3, 6)),
+                                 None, ([6.0, 7.0, 8.0], [6, 7, 8], (6, 9))]
 
 
 def brighter_first(body) -> tuple[bool, str]:

@@ -77,6 +77,19 @@ def test_the_drift_rule_reads_each_statistic_in_its_own_spread():
     assert alarm.rule == "drift" and "brightness moved 1.50 times" in alarm.message
 
 
+def test_the_drift_rule_reads_the_audio_in_its_own_spread():
+    """A family with audio: its level's move of 0.03 is 1.5 of the level's spread 0.02 before training (an alarm naming
+    the audio's level, in the samples' spread), where the frames have not moved."""
+    guard = Guard(RULES, heldout=False)
+    guard.observe(-1, {**evaluation(0.5), "eval/audio_spread/level": 0.02, "eval/audio_spread/flatness": 0.1})
+    quiet = {**evaluation(0.5), "eval/drift/brightness": 0.0, "eval/drift/audio/level": 0.01,
+             "eval/drift/audio/flatness": 0.05}
+    assert guard.observe(9, quiet)[1] == []
+    (alarm,) = guard.observe(19, {**quiet, "eval/drift/audio/level": 0.03})[1]
+    assert alarm.rule == "drift" and "eval/drift/audio/level=+0.0300" in alarm.message
+    assert "the audio's level moved 1.50 times its spread over the samples before training (0.0200)" in alarm.message
+
+
 def test_the_fall_rule_names_a_run_losing_its_own_reward():
     """The issue's run: 0.793 before training, 0.828 at its best, 0.729 at the end. SE at the best = 0.16 / sqrt(64) =
     0.02: below 0.828 - 0.04 and below the start it fires once; a fall that stays above the start, or within 2 SE of

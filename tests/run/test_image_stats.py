@@ -36,3 +36,23 @@ def test_an_image_against_itself_drifts_by_nothing_and_equal_images_have_no_dive
     a, b = torch.zeros(1, 3, 32, 32), torch.ones(1, 3, 32, 32)
     assert diversity(pixel_features(torch.cat([a, b])), 2, cosine=False) == pytest.approx(1.0)  # RMS difference 1
     assert diversity(pixel_features(images), 1, cosine=False) == 0.0  # one image a prompt
+
+
+def test_audio_statistics_of_noise_a_tone_and_silence():
+    """level: a tone of amplitude a has RMS a / sqrt(2), silence 0; flatness: white noise near 1, a tone near 0; the
+    drift is the statistics' move from the origin, none without one."""
+    from ddpo_group.run.reporting.audio_stats import audio_metrics, per_sample_statistics
+
+    t = torch.arange(16000) / 16000
+    tone = 0.5 * torch.sin(2 * torch.pi * 440 * t)
+    noise = torch.randn(16000, generator=torch.Generator().manual_seed(0))
+    audio = torch.stack([tone.expand(2, -1), noise.expand(2, -1), torch.zeros(2, 16000)])  # [3, 2 channels, samples]
+    values = per_sample_statistics(audio)
+    assert values["level"].tolist() == pytest.approx([0.5 / 2 ** 0.5, 1.0, 0.0], abs=0.02)
+    assert float(values["flatness"][0]) < 1e-3 and 0.4 < float(values["flatness"][1]) <= 1.0
+    first, start = audio_metrics(audio[:2], None)
+    assert not any(key.startswith("eval/drift/") for key in first)
+    assert first["eval/audio/level"] == pytest.approx((0.5 / 2 ** 0.5 + 1.0) / 2, abs=0.02)
+    later, _ = audio_metrics(audio[:2] * 0.5, start)
+    assert later["eval/drift/audio/level"] == pytest.approx(-first["eval/audio/level"] / 2, rel=1e-6)
+    assert later["eval/drift/audio/flatness"] == pytest.approx(0.0, abs=1e-9)  # a level change keeps the shape

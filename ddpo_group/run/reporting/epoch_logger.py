@@ -7,6 +7,7 @@ import netrc
 import os
 import time
 
+from ddpo_group.run.reporting.audio_files import write_wav
 from ddpo_group.run.reporting.image_grid import image_grid, with_sources
 from ddpo_group.run.persistence.metrics_log import append_metrics, read_metrics
 
@@ -94,16 +95,22 @@ class EpochLogger:
             self.print(f"could not plot the reward curve: {type(error).__name__}: {error}")
         self.drawn_at, self.undrawn = time.monotonic(), False
 
-    def log_evaluation(self, epoch: int, metrics: dict, grid, weights: str) -> None:
+    def log_evaluation(self, epoch: int, metrics: dict, grid, weights: str, audio=None, audio_sample_rate: int = 0
+                       ) -> None:
         """An evaluation during training (run/periodic_eval.py): its eval.jsonl record (with ``weights``: "ema" or
-        "training"), its grid as samples/eval_before.png (epoch -1) or samples/eval_epoch_<epoch>.png, and for the one
-        before the first update, wandb's ``eval_before/*`` at step 0 (the later ones are in their epoch's metrics)."""
+        "training"), its grid as samples/eval_before.png (epoch -1) or samples/eval_epoch_<epoch>.png and the grid's
+        rows' ``audio`` [rows, channels, samples] (a family with audio) as WAV files in the folder of that name without
+        .png (row_<r>.wav, the grid's order), and for the one before the first update, wandb's ``eval_before/*`` at
+        step 0 (the later ones are in their epoch's metrics)."""
+        stem = "eval_before" if epoch < 0 else f"eval_epoch_{epoch:05d}"
         if self.accelerator.is_main_process:
             append_metrics(self.run_dir / EVAL_LOG, {"epoch": epoch, "weights": weights, **metrics})
+            samples_dir = self.run_dir / "samples"
             if grid is not None:
-                samples_dir = self.run_dir / "samples"
                 samples_dir.mkdir(parents=True, exist_ok=True)
-                grid.save(samples_dir / ("eval_before.png" if epoch < 0 else f"eval_epoch_{epoch:05d}.png"))
+                grid.save(samples_dir / f"{stem}.png")
+            for row, wave in enumerate(audio if audio is not None else []):
+                write_wav(samples_dir / stem / f"row_{row:02d}.wav", wave, audio_sample_rate)
         if self.wandb_mode != "disabled":
             prefix = "eval_before" if epoch < 0 else "eval"
             # eval/x -> eval_before/x, eval_stochastic/x -> eval_before_stochastic/x
@@ -112,6 +119,9 @@ class EpochLogger:
                 import wandb
 
                 logged[f"{prefix}/images"] = wandb.Image(grid)
+                if audio is not None:  # each grid row's WAV file (wandb reads raw audio only through soundfile)
+                    logged[f"{prefix}/audio"] = [wandb.Audio(str(self.run_dir / "samples" / stem / f"row_{row:02d}.wav"),
+                                                             caption=f"row {row}") for row in range(len(audio))]
             if logged:
                 self.accelerator.log(logged, step=max(epoch, 0))
         if epoch < 0:

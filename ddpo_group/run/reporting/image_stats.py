@@ -87,6 +87,13 @@ def diversity(features: torch.Tensor, num_seeds: int, cosine: bool) -> float:
     return float((distances.sum(dim=(1, 2)) / pairs).mean())
 
 
+def spread_of(drift_key: str) -> str:
+    """The spread a drift is measured in: eval/drift/<statistic> -> eval/image_spread/<statistic>,
+    eval/drift/<kind>/<statistic> (audio_stats.py's audio) -> eval/<kind>_spread/<statistic>."""
+    kind, _, name = drift_key.removeprefix("eval/drift/").rpartition("/")
+    return f"eval/{kind or 'image'}_spread/{name}"
+
+
 def drift(statistics: dict[str, float], start: dict[str, float] | None) -> dict[str, float]:
     """eval/drift/<statistic>: ``statistics`` minus ``start`` (the evaluation's before training); none without it."""
     if not start:
