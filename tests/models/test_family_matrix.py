@@ -4,8 +4,8 @@ pipeline's own call at its defaults, every preset and objective, scripts/evaluat
 the pipeline, tree rollouts, and two processes over gloo.
 
 A run is a user's: a preset of config/base.py with only the run made small (``RUN``: one epoch of 2 samples of 2
-steps, the jpeg_compressibility reward); guidance, ``train.cfg``, the token budget, the frames and the negative prompt
-are the defaults. The image size is the pipeline's own default in ``test_the_issues_grpo_run_at_the_pipelines_defaults``
+steps, the jpeg_compressibility reward); guidance, ``train.cfg``, the token budget, the frames (but ``FRAMES``) and the
+negative prompt are the defaults. The image size is the pipeline's own default in ``test_the_issues_grpo_run_at_the_pipelines_defaults``
 and in ``test_the_sampler_is_the_pipelines_call_at_its_defaults`` for the families in ``AT_DEFAULT_SIZE``, and
 ``SIZES`` elsewhere: the tiny FLUX-class models' default is 4096 image tokens, a few seconds a step on a CPU, and
 Z-Image's and Wan's defaults are beyond their tiny position tables (refused at start, by name). The editing families
@@ -79,7 +79,10 @@ REFUSED = {("sd", "nft"): ("algorithm.objective='nft' is defined on the ('flow',
            ("ltx2", "nft"): ("train.cfg=False contradicts sample.guidance_scale=1.0 with the audio's scale 7.0",
                              "the audio's CFG stays at the call's 7 (sample.pipeline_guidance.audio_guidance_scale=1 "
                              "turns it off)")}
-VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81, "hunyuan_video15": 121, "ltx2": 121}  # the video families sample their pipeline's default frames everywhere
+VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81, "hunyuan_video15": 121, "ltx2": 121}  # each video family's default frames
+# the frames of the runs not at the defaults where fewer keep the suite short (LTX-2's 121 frames are 5 s of audio and
+# 4 forwards a step at its call's defaults); the others sample their default frames everywhere
+FRAMES = {"hunyuan_video15": 5, "ltx2": 17}
 # each preset with an option a user picks (the flow step's kind: flow families only)
 OPTIONS = {
     "grpo": {"kl.reference_update_freq": 1, "kl.reference_mixup_alpha": 0.5},  # the mixup adapter
@@ -107,6 +110,8 @@ def values(name: str, run: str, at_defaults: bool = False) -> dict:
     out.update({k: v for k, v in OPTIONS.get(run, {}).items() if flow or k not in FLOW_STEP})
     if name in SIZES and not at_defaults:
         out["sample.resolution"] = SIZES[name]
+    if name in FRAMES and not at_defaults:
+        out["sample.num_frames"] = FRAMES[name]
     return out
 
 
@@ -236,7 +241,7 @@ def test_every_preset_and_objective_trains_an_epoch_or_is_refused(name, run, fam
     trainer = trainer_of(name, run, family_dirs, prompt_rows, tmp_path)
     assert trainer.family.name == name and trainer.family.height_width == (
         (SIZES[name],) * 2 if name in SIZES else DEFAULT_SIZES[name])
-    assert getattr(trainer.family, "frames", None) == VIDEO_FRAMES.get(name)
+    assert getattr(trainer.family, "frames", None) == FRAMES.get(name, VIDEO_FRAMES.get(name))
     before = [p.detach().clone() for p in trainer.updater.params]
     assert_trained(trainer, trainer.run(), before)
 
@@ -341,7 +346,7 @@ def paths_table() -> str:
                  else f"trains ({default})")
         size = f"{SIZES[name]} px" if name in SIZES else f"the default ({default})"
         if name in VIDEO_FRAMES:
-            size += f", {VIDEO_FRAMES[name]} frames (the default)"
+            size += f", {FRAMES[name]} frames" if name in FRAMES else f", {VIDEO_FRAMES[name]} frames (the default)"
         refused = [f"`{run}` refused at start ({REFUSED[name, run][1]})" for run in RUNS if (name, run) in REFUSED]
         runs = "; ".join([f"{len(RUNS) - len(refused)} train", *refused])
         if takes_images(name):
