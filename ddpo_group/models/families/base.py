@@ -297,6 +297,15 @@ class ModelFamily:
         resolution = sample_config.resolution
         return [f"sample.resolution={resolution} must be >= 0 (0: the pipeline's default)"] if resolution < 0 else []
 
+    def frame_errors(self, temporal: int, factor: str) -> list[str]:
+        """A video family's frames (``frames``: ``sample.num_frames`` or the call's) must be 1 more than a multiple
+        of ``temporal``, the ``factor`` its VAE compresses time by."""
+        if not (self.frames - 1) % temporal:
+            return []
+        chosen = int(self.config.sample.num_frames)
+        field = f"sample.num_frames={chosen}" if chosen else f"sample.num_frames=0 (the call's {self.frames})"
+        return [f"{field} must be 1 more than a multiple of {temporal} ({factor})"]
+
     def size_kwargs(self) -> dict:
         """The pipeline's ``height`` and ``width``: the family's (its default named, so that the pipeline's own
         ``__call__`` samples what the sampler samples whatever its own default depends on)."""

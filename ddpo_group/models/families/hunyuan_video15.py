@@ -104,14 +104,9 @@ class HunyuanVideo15Family(FlowMatchingFamily):
         return self.pipe.vae_scale_factor_spatial * self.patch_size
 
     def size_errors(self) -> list[str]:
-        """base.py's rule on the height and width, and the frames: 1 more than a multiple of the VAE's temporal
-        factor."""
-        errors = super().size_errors()
-        chosen, temporal = int(self.config.sample.num_frames), self.pipe.vae_scale_factor_temporal
-        if (self.frames - 1) % temporal:
-            field = f"sample.num_frames={chosen}" if chosen else f"sample.num_frames=0 (the call's {self.frames})"
-            errors.append(f"{field} must be 1 more than a multiple of {temporal} (the VAE's temporal factor)")
-        return errors
+        """base.py's rule on the height and width, and the frames."""
+        return super().size_errors() + self.frame_errors(self.pipe.vae_scale_factor_temporal,
+                                                         "the VAE's temporal factor")
 
     @property
     def latent_channels(self) -> int:
@@ -140,12 +135,6 @@ class HunyuanVideo15Family(FlowMatchingFamily):
     # ------------------------------------------------------------------ schedule, model
     def schedule_kwargs(self, num_steps: int) -> dict:
         return {"sigmas": np.linspace(1.0, 0.0, num_steps + 1)[:-1]}
-
-    def schedule(self, num_steps: int, device) -> dict:
-        scheduler = self.pipe.scheduler
-        scheduler.set_timesteps(device=device, **self.schedule_kwargs(num_steps))  # as retrieve_timesteps(sigmas=...)
-        sigmas = scheduler.sigmas.to(device)
-        return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
 
     @property
     def guided(self) -> bool:

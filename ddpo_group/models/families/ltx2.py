@@ -95,12 +95,8 @@ class LTX2Family(FlowMatchingFamily):
         return self.pipe.vae_spatial_compression_ratio * self.patch_size
 
     def size_errors(self) -> list[str]:
-        errors = super().size_errors()
-        chosen, temporal = int(self.config.sample.num_frames), self.pipe.vae_temporal_compression_ratio
-        if (self.frames - 1) % temporal:
-            field = f"sample.num_frames={chosen}" if chosen else f"sample.num_frames=0 (the call's {self.frames})"
-            errors.append(f"{field} must be 1 more than a multiple of {temporal} (the video VAE's temporal factor)")
-        return errors
+        return super().size_errors() + self.frame_errors(self.pipe.vae_temporal_compression_ratio,
+                                                         "the video VAE's temporal factor")
 
     @property
     def video_grid(self) -> tuple[int, int, int]:
@@ -175,12 +171,6 @@ class LTX2Family(FlowMatchingFamily):
                              config.get("max_image_seq_len", 4096), config.get("base_shift", 0.95),
                              config.get("max_shift", 2.05))
         return {"sigmas": np.linspace(1.0, 1 / num_steps, num_steps), "mu": mu}
-
-    def schedule(self, num_steps: int, device) -> dict:
-        scheduler = self.pipe.scheduler
-        scheduler.set_timesteps(device=device, **self.schedule_kwargs(num_steps))  # as retrieve_timesteps(sigmas=...)
-        sigmas = scheduler.sigmas.to(device)
-        return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
 
     @property
     def guidance(self) -> dict:

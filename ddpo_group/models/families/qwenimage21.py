@@ -140,12 +140,6 @@ class QwenImage21Family(FlowMatchingFamily):
                              config.get("max_shift", 1.15))
         return {"sigmas": sigmas, "mu": mu}
 
-    def schedule(self, num_steps: int, device) -> dict:
-        scheduler = self.pipe.scheduler
-        scheduler.set_timesteps(device=device, **self.schedule_kwargs(num_steps))  # as retrieve_timesteps(sigmas=...)
-        sigmas = scheduler.sigmas.to(device)
-        return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
-
     def transformer_output(self, model, latents, timestep, cond: dict) -> torch.Tensor:
         """The target tokens' velocity of a condition's rows (B rows, or one row broadcast), each row as the pipeline
         computes it for its prompt alone: the rows of each token count in one forward, their text unpadded (module
