@@ -267,6 +267,9 @@ def base() -> ml_collections.ConfigDict:
     # without sample.branch_steps a default tree: sampling/tree.py)
     group_ppo.value_source = "critic"
     group_ppo.value_blend = 0.5  # "blend": V = w * tweedie + (1 - w) * residual critic
+    # residual_critic / blend: the critic's deviation f weighted by its explained variance of the epoch before,
+    # clip(EV, 0, 1) (0 before it is measured): a critic that explains nothing adds nothing to the advantages (grpo's)
+    group_ppo.critic_weight_by_ev = False
 
     # ---- critic V(latent, timestep, text) (ppo_gae, group_ppo) ----
     config.critic = critic = ml_collections.ConfigDict()

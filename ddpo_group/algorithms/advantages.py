@@ -511,7 +511,7 @@ def gae_advantage(inputs: AdvantageInputs, *, gamma: float, gae_lambda: float, w
 def group_ppo_advantage(inputs: AdvantageInputs, *, tau: float, max_segment_steps: int, numerical_floor: float,
                         gae_lambda: float, norm_adv_by_std: bool, value_source: str, value_blend: float,
                         critic_gae_lambda: Optional[float] = None, segment_weight_by_mask: bool = False,
-                        **_) -> AdvantageOutput:
+                        critic_weight: float = 1.0, **_) -> AdvantageOutput:
     """GROUP_PPO (GROUP_PPO.md; formulas in group_ppo.py): dynamic segments of steps, the segment
     advantage A_k = sum_{j >= k} lambda^(j-k) Delta_j (lambda = gae_lambda) broadcast to its steps (optionally
     / (std_g(R) + numerical_floor), 0 for a group whose rewards are all equal), never whitened. tau comes from the
@@ -527,9 +527,13 @@ def group_ppo_advantage(inputs: AdvantageInputs, *, tau: float, max_segment_step
                            and the variance cuts only at the branch steps; the critic is trained but gives no value,
                            only its explained variance to the adaptive threshold
     The critic's targets are deviations from b_g whenever f enters as a deviation (residual_critic, blend).
+    ``critic_weight`` c (the threshold controller's clip(EV, 0, 1) with group_ppo.critic_weight_by_ev, else 1): f
+    enters those two as c f, so a critic that explains nothing adds nothing (at c = 0 residual_critic is grpo).
     """
     R, m, gi, P = _prepare(inputs, "group_ppo")
     V = _values(inputs, m, "group_ppo")
+    if value_source in RESIDUAL_VALUE_SOURCES and critic_weight != 1.0:
+        V = critic_weight * V
     _, mean, std, _, _ = group_stats(R, gi, P, unbiased=True)
     if value_source in TWEEDIE_VALUE_SOURCES:
         if inputs.tweedie_values is None:
@@ -552,6 +556,8 @@ def group_ppo_advantage(inputs: AdvantageInputs, *, tau: float, max_segment_step
         residual=value_source in RESIDUAL_VALUE_SOURCES, cut_steps=cut_steps,
     )
     metrics = {**res.metrics, **_group_metrics(R, gi, P, std)}
+    if value_source in RESIDUAL_VALUE_SOURCES:
+        metrics["group/critic_weight"] = float(critic_weight)
     if value_source == "tree":
         metrics["tree/value_ev"] = tree_value_ev(inputs.tree_nodes, R, gi, sr)
     dtype = inputs.rewards.dtype if torch.as_tensor(inputs.rewards).is_floating_point() else torch.float32

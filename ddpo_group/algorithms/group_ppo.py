@@ -411,9 +411,10 @@ class GroupThresholdController:
     """
 
     def __init__(self, tau: float = 1.0, lr: float = 0.01, min_tau: float = 0.1, max_tau: float = 10.0,
-                 target_ev: float = 0.5, adaptive: bool = True):
+                 target_ev: float = 0.5, adaptive: bool = True, weight_by_ev: bool = False):
         for message in self.errors(tau, lr, min_tau, max_tau, target_ev, adaptive):
             raise ValueError(message)
+        self.weight_by_ev = bool(weight_by_ev)
         self.min_tau = float(min_tau)
         self.max_tau = float(max_tau)
         self.tau = float(tau)
@@ -446,7 +447,8 @@ class GroupThresholdController:
     def from_config(cls, config) -> "GroupThresholdController":
         group_ppo = config.group_ppo
         return cls(tau=group_ppo.variance_threshold, lr=group_ppo.threshold_lr, min_tau=group_ppo.min_threshold, max_tau=group_ppo.max_threshold,
-                   target_ev=group_ppo.target_explained_variance, adaptive=group_ppo.adaptive_threshold)
+                   target_ev=group_ppo.target_explained_variance, adaptive=group_ppo.adaptive_threshold,
+                   weight_by_ev=group_ppo.critic_weight_by_ev)
 
     @classmethod
     def config_errors(cls, config) -> list:
@@ -458,8 +460,16 @@ class GroupThresholdController:
                           group_ppo.target_explained_variance, group_ppo.adaptive_threshold, names)
 
     def params(self) -> Dict[str, float]:
-        """The estimator's keywords this epoch."""
-        return {"tau": self.tau}
+        """The estimator's keywords this epoch: tau, and with ``weight_by_ev`` the residual critic's weight
+        clip(EV, 0, 1) of the epoch before (0 before any EV is measured)."""
+        if not self.weight_by_ev:
+            return {"tau": self.tau}
+        return {"tau": self.tau, "critic_weight": self.critic_weight}
+
+    @property
+    def critic_weight(self) -> float:
+        """clip(last EV, 0, 1); 0 while it is undefined (NaN)."""
+        return float(np.clip(self.last_ev, 0.0, 1.0)) if math.isfinite(self.last_ev) else 0.0
 
     @staticmethod
     def explained_variance(targets, old_values, mask=None) -> float:
@@ -491,7 +501,10 @@ class GroupThresholdController:
 
     def metrics(self) -> Dict[str, float]:
         """After ``update``: the explained variance it measured and the tau of the next epoch."""
-        return {"group/critic_ev": self.last_ev, "group/next_tau": self.tau}
+        out = {"group/critic_ev": self.last_ev, "group/next_tau": self.tau}
+        if self.weight_by_ev:
+            out["group/next_critic_weight"] = self.critic_weight
+        return out
 
     def summary(self, epoch: int, metrics: dict, every: int = 10) -> Optional[str]:
         """A readable GROUP_PPO line every ``every`` epochs (None otherwise)."""

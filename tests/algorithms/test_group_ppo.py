@@ -220,6 +220,41 @@ def test_residual_critic_is_the_plain_one_shifted_by_the_group_mean_and_grpo_at_
 
 
 @settings(max_examples=30, deadline=None)
+@given(problem(), st.sampled_from([0.0, 0.4, 1.0]))
+def test_the_critic_weight_scales_the_residual_critic(prob, c):
+    """critic_weight c: the residual critic enters as c f (at 0 grpo's advantages whatever f), a plain critic is not
+    weighted (its output is the whole value, not a deviation)."""
+    R, V, gi, tau, max_size, lam, mask = prob
+    kw = dict(tau=tau, max_segment_steps=max_size, gae_lambda=lam, norm_adv_by_std=True)
+    weighted = est(R, V, gi, mask, value_source="residual_critic", critic_weight=c, **kw)
+    scaled = est(R, c * V, gi, mask, value_source="residual_critic", **kw)
+    torch.testing.assert_close(weighted.advantages, scaled.advantages, rtol=1e-9, atol=1e-12)
+    assert weighted.metrics["group/critic_weight"] == c
+    if c == 0.0:  # (with lambda 1, as an untrained residual critic)
+        zero = est(R, V, gi, mask, value_source="residual_critic", critic_weight=c, **{**kw, "gae_lambda": 1.0})
+        grpo = get_adv_estimator("grpo")(AdvantageInputs(R, mask, gi), eps=EPS, norm_adv_by_std=True, global_std=False)
+        torch.testing.assert_close(zero.advantages, grpo.advantages, rtol=1e-9, atol=1e-12)
+    plain = est(R, V, gi, mask, critic_weight=c, **kw)
+    torch.testing.assert_close(plain.advantages, est(R, V, gi, mask, **kw).advantages, rtol=0, atol=0)
+
+
+def test_the_controller_weights_the_critic_by_its_explained_variance():
+    """critic_weight = clip(EV of the epoch before, 0, 1): 0 before any EV, EV 0.75 -> 0.75, a negative EV -> 0; not
+    given to the estimator without weight_by_ev; kept through a checkpoint (it is the saved last EV)."""
+    c = GroupThresholdController(tau=1.0, weight_by_ev=True)
+    assert c.params() == {"tau": 1.0, "critic_weight": 0.0}
+    y = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=D)
+    c.update(y, y + torch.tensor([0.5, -0.5, 0.5, -0.5], dtype=D))  # EV = 1 - 0.25 / 1.25 = 0.8
+    assert c.params()["critic_weight"] == pytest.approx(0.8) and c.metrics()["group/next_critic_weight"] == pytest.approx(0.8)
+    restored = GroupThresholdController(tau=1.0, weight_by_ev=True)
+    restored.load_state_dict(c.state_dict())
+    assert restored.params() == c.params()
+    c.update(y, -y)  # EV = 1 - 5 / 1.25 < 0
+    assert c.params()["critic_weight"] == 0.0
+    assert set(GroupThresholdController(tau=1.0).params()) == {"tau"}
+
+
+@settings(max_examples=30, deadline=None)
 @given(problem(), st.sampled_from([0.0, 0.3, 1.0]))
 def test_tweedie_and_blend_values(prob, w):
     R, V, gi, tau, max_size, lam, mask = prob
