@@ -10,6 +10,7 @@ shapes_alignment held out (``eval_reward_fn``), evaluated every ``--eval-freq`` 
     plain         the preset without a KL term (grpo's kl.beta=0.004 removed)
     kl            kl.beta=0.04 to the base model (Flow-GRPO's SD3.5 recipe's weight)
     ratio_norm    algorithm.policy_loss=ratio_norm (GRPO-Guard)
+    dppo          algorithm.policy_loss=dppo (Flow-DPPO's exact-KL mask: "less forgetting"), no KL term
     pairwise      reward_fn=win_rate under the judge "reward" of the proxy: each image's share of wins in its group
 
 Per run, from its eval.jsonl: the epoch where the held-out reward has fallen (the first evaluation more than 2
@@ -42,6 +43,7 @@ VARIANTS = {
     "kl": ["--config.kl.beta=0.04", "--config.kl.use_reference_model=True"],
     "ratio_norm": ["--config.kl.beta=0", "--config.kl.use_reference_model=False",
                    "--config.algorithm.policy_loss=ratio_norm"],
+    "dppo": ["--config.kl.beta=0", "--config.kl.use_reference_model=False", "--config.algorithm.policy_loss=dppo"],
     "pairwise": ["--config.kl.beta=0", "--config.kl.use_reference_model=False", "--config.reward_fn=win_rate",
                  '--config.reward_fn_kwargs={{"judge": "reward", "judge_kwargs": {{"reward_fn": "{proxy}"}}}}'],
 }
