@@ -306,6 +306,13 @@ class ModelFamily:
         field = f"sample.num_frames={chosen}" if chosen else f"sample.num_frames=0 (the call's {self.frames})"
         return [f"{field} must be 1 more than a multiple of {temporal} ({factor})"]
 
+    def video_latent_shape(self) -> tuple:
+        """[C, F', H', W'] of a video VAE's latent (``latent_channels``; its pipeline's ``vae_scale_factor_temporal``
+        and ``_spatial``): Wan's and HunyuanVideo 1.5's."""
+        pipe, (height, width) = self.pipe, self.height_width
+        return (self.latent_channels, (self.frames - 1) // pipe.vae_scale_factor_temporal + 1,
+                height // pipe.vae_scale_factor_spatial, width // pipe.vae_scale_factor_spatial)
+
     def size_kwargs(self) -> dict:
         """The pipeline's ``height`` and ``width``: the family's (its default named, so that the pipeline's own
         ``__call__`` samples what the sampler samples whatever its own default depends on)."""

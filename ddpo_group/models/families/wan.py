@@ -126,9 +126,7 @@ class WanFamily(FlowMatchingFamily):
         return self.pipe.transformer.config.in_channels
 
     def latent_shape(self) -> tuple:
-        pipe, (height, width) = self.pipe, self.height_width
-        return (self.latent_channels, (self.frames - 1) // pipe.vae_scale_factor_temporal + 1,
-                height // pipe.vae_scale_factor_spatial, width // pipe.vae_scale_factor_spatial)
+        return self.video_latent_shape()
 
     def draw_noise(self, batch, generator, device, dtype):
         height, width = self.height_width
