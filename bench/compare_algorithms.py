@@ -57,6 +57,8 @@ from ddpo_group.run.command.renamed_fields import new_name, notice  # noqa: E402
 from ddpo_group.rollout.tweedie import valued_steps  # noqa: E402
 from ddpo_group.sampling.window import stochastic_steps  # noqa: E402
 
+PROMPT_KEY = "eval/prompt/"  # a prompt's mean reward in an evaluation record (run/periodic_eval.py)
+
 
 def set_field(config, key: str, raw: str) -> None:
     """``config``'s field ``key`` (a former name is renamed, saying so) set from the text ``raw`` as its type."""
@@ -92,14 +94,16 @@ def set_field(config, key: str, raw: str) -> None:
 
 
 def evaluation_curve(run_dir: Path, queries_after_epoch: dict[int, tuple[int, int]]) -> list[dict]:
-    """The run's evaluations (eval.jsonl) as [{"epoch", "queries", "nfe", "reward", "accuracy"}], oldest first; reward
-    queries and denoiser evaluations spent before each (``queries_after_epoch``: epoch -> both; 0 for the one before
-    the first update); accuracy None for rewards without ``all_correct``."""
+    """The run's evaluations (eval.jsonl) as [{"epoch", "queries", "nfe", "reward", "accuracy", "prompts"}], oldest
+    first; reward queries and denoiser evaluations spent before each (``queries_after_epoch``: epoch -> both; 0 for the
+    one before the first update); accuracy None for rewards without ``all_correct``; prompts: each evaluation prompt's
+    mean reward (a run that loses one prompt while it gains on the others shows it there)."""
     out = []
     for record in read_metrics(run_dir / EVAL_LOG):
         queries, nfe = queries_after_epoch.get(record["epoch"], (0, 0))
+        prompts = {key.removeprefix(PROMPT_KEY): value for key, value in record.items() if key.startswith(PROMPT_KEY)}
         out.append({"epoch": record["epoch"], "queries": queries, "nfe": nfe, "reward": record["eval/reward_mean"],
-                    "accuracy": record.get("eval/reward_info/all_correct")})
+                    "accuracy": record.get("eval/reward_info/all_correct"), "prompts": prompts})
     return out
 
 

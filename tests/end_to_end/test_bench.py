@@ -48,6 +48,9 @@ def test_compare_algorithms_runs(tiny_model_dir, tmp_path):
     assert all(r["evaluations"][-1]["queries"] == r["queries"] for r in rows)
     assert all(r["before"] == r["evaluations"][0]["reward"] and r["after"] == r["evaluations"][-1]["reward"]
                for r in rows)
+    # each evaluation's prompts: the two drawn prompts' means, each over its images, whose mean is the reward's
+    assert all(len(e["prompts"]) == 2 and abs(sum(e["prompts"].values()) / 2 - e["reward"]) < 1e-9
+               for r in rows for e in r["evaluations"])
     assert [r["queries"] for r in rows] == [8, 8, 6, 6]  # remax: 4 samples + 2 greedy per epoch, 1 epoch
     assert [e["queries"] for e in rows[2]["evaluations"]] == [0, 6]
     assert (tmp_path / "reward_vs_queries.png").exists() and "| grpo |" in (tmp_path / "results.md").read_text()
