@@ -52,12 +52,13 @@ from config.base import PRESETS, get_config  # noqa: E402
 from config.recipes import RECIPES  # noqa: E402
 from ddpo_group.algorithms import get_adv_estimator  # noqa: E402
 from ddpo_group.run.reporting.epoch_logger import EVAL_LOG  # noqa: E402
+from ddpo_group.run.periodic_eval import PROMPT_GROUP  # noqa: E402
 from ddpo_group.run.persistence.metrics_log import read_metrics  # noqa: E402
 from ddpo_group.run.command.renamed_fields import new_name, notice  # noqa: E402
 from ddpo_group.rollout.tweedie import valued_steps  # noqa: E402
 from ddpo_group.sampling.window import stochastic_steps  # noqa: E402
 
-PROMPT_KEY = "eval/prompt/"  # a prompt's mean reward in an evaluation record (run/periodic_eval.py)
+PROMPT_KEY = "eval/" + PROMPT_GROUP  # a prompt's mean reward in an evaluation record
 
 
 def set_field(config, key: str, raw: str) -> None:

@@ -56,6 +56,8 @@ from ddpo_group.run.reporting.image_stats import (PIXELS, STATISTICS, as_images,
                                                    image_statistics, pixel_features)
 from ddpo_group.sampling.trajectories import SamplingOptions, rows_of, sample_trajectories
 
+PROMPT_GROUP = "prompt/"  # eval/prompt/<prompt>: a prompt's mean reward in an evaluation's metrics
+
 EVAL_SEED_OFFSET = 7_919  # the prompt draw's seed is seed + this: apart from the training prompt sampler (seed)
 GRID_PROMPTS = 16  # prompts shown in the evaluation grid (each with its M images)
 
@@ -360,7 +362,7 @@ class PeriodicEvaluation:
     def group_of(self, prompt_index: int) -> str:
         if self.group_by:
             return f"{self.group_by}/{self.metadata[prompt_index][self.group_by]}"
-        return f"prompt/{self.prompts[prompt_index]}"
+        return f"{PROMPT_GROUP}{self.prompts[prompt_index]}"
 
     @property
     def grid_rows(self) -> int:
