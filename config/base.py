@@ -201,6 +201,10 @@ def base() -> ml_collections.ConfigDict:
     kl.controller = "fixed"  # "fixed" or "adaptive" (PPO's adaptive beta toward kl.target)
     kl.target = 0.01  # the adaptive controller's target KL per step
     kl.horizon = 10000.0  # samples; adaptive beta *= 1 + clip(kl / target - 1, +-0.2) * n / horizon
+    # the KL term only on prompts that fell below their start: a sample's term counts while its prompt's mean reward over
+    # its last kl.start_window samples is below the mean of its first kl.start_window (the term in the loss)
+    kl.only_below_start = False
+    kl.start_window = 16  # samples of a prompt in its start and in its current level
 
     # ---- algorithm ----
     config.algorithm = algorithm = ml_collections.ConfigDict()

@@ -11,14 +11,23 @@ Gaussian KL of the two step means or a log-prob estimator (k1, abs, k2, k3). bet
 reference's weights (model.py) are the base model, a LoRA adapter mixed into the policy every
 ``kl.reference_update_freq`` epochs, or a frozen copy.
 
+With ``kl.only_below_start`` the term in the loss weighs each sample by its prompt's gate (``BelowStart``):
+
+    g_p = 1  while  mean(R of p's last W samples) < mean(R of p's first W samples),  else 0     (W: kl.start_window)
+    loss = policy loss + beta * sum_{i,n} g_{p(i)} w_{i,n} KL_{i,n}
+
+so a prompt that gains trains free of the reference, and one whose reward fell below where it started is pulled back to
+it (docs/group_ppo.md, the fall on the flow model: one caption lost while the others gain).
+
 Settings (the user's vocabulary of DDPO / Flow-GRPO / verl): ``kl.use_reference_model``, ``kl.beta``,
 ``kl.reference_mixup_alpha``, ``kl.reference_update_freq``, ``kl.kind``,
-``kl.in_reward``, ``kl.controller``, ``kl.target``, ``kl.horizon``.
+``kl.in_reward``, ``kl.controller``, ``kl.target``, ``kl.horizon``, ``kl.only_below_start``, ``kl.start_window``.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections import deque
+from typing import Callable, Sequence
 
 import torch
 
@@ -27,12 +36,48 @@ from ddpo_group.reference.model import ReferenceModel
 from ddpo_group.timing import NULL_TIMER
 
 
+class BelowStart:
+    """Each prompt's gate g_p of ``kl.only_below_start`` (module docstring), from the rewards of the rounds in order:
+    its start is the mean of its first ``window`` rewards, its level the mean of its last ``window``; g_p = 0 until it
+    has ``window`` rewards. The same rounds give the same gates on every process (they read gathered rounds)."""
+
+    def __init__(self, window: int):
+        self.window = int(window)
+        self.first: dict[str, list[float]] = {}
+        self.last: dict[str, deque] = {}
+        self.share = 0.0  # the share of the last round's samples whose prompt was below its start
+
+    def weights(self, prompts: Sequence[str], rewards: torch.Tensor) -> torch.Tensor:
+        """Record a gathered round's rewards [B]; return its samples' gates g_{p(i)} [B] (float, on the CPU)."""
+        for prompt, reward in zip(prompts, rewards.double().tolist()):
+            first = self.first.setdefault(prompt, [])
+            if len(first) < self.window:
+                first.append(reward)
+            self.last.setdefault(prompt, deque(maxlen=self.window)).append(reward)
+        below = {prompt: self.below(prompt) for prompt in set(prompts)}
+        gates = torch.tensor([float(below[prompt]) for prompt in prompts])
+        self.share = float(gates.mean()) if len(gates) else 0.0
+        return gates
+
+    def below(self, prompt: str) -> bool:
+        first, last = self.first[prompt], self.last[prompt]
+        return len(first) == self.window and sum(last) / len(last) < sum(first) / len(first)
+
+    def state_dict(self) -> dict:
+        return {"first": {p: list(v) for p, v in self.first.items()}, "last": {p: list(v) for p, v in self.last.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.first = {p: [float(x) for x in v] for p, v in state["first"].items()}
+        self.last = {p: deque((float(x) for x in v), maxlen=self.window) for p, v in state["last"].items()}
+
+
 class KLRegularizer:
     """beta * KL(policy || reference) per sampled step, in the loss or in the reward (module docstring)."""
 
     def __init__(self, reference: ReferenceModel, kind: str, controller, in_reward: bool, reduce: str = "mean",
-                 timer=NULL_TIMER):
+                 timer=NULL_TIMER, below_start: BelowStart | None = None):
         self.reference = reference
+        self.below_start = below_start  # kl.only_below_start: the per-prompt gates of the term in the loss
         self.kind = get_kl_kind(kind)
         self.controller = controller
         self.in_reward = bool(in_reward)
@@ -48,7 +93,8 @@ class KLRegularizer:
             return None
         kl = config.kl
         controller = get_kl_controller(kl.controller, kl.beta, kl.target, kl.horizon)
-        return cls(reference, kl.kind, controller, kl.in_reward, config.sample.log_prob_reduce, timer)
+        below_start = BelowStart(kl.start_window) if kl.only_below_start else None
+        return cls(reference, kl.kind, controller, kl.in_reward, config.sample.log_prob_reduce, timer, below_start)
 
     @property
     def beta(self) -> float:
@@ -107,6 +153,8 @@ class KLRegularizer:
         """
         kl = rollout_kl.mean() if self.in_reward else loss_kl.mean()
         metrics = {"train/beta": self.beta, "ref/kl": float(kl)}
+        if self.below_start is not None:  # the share of the epoch's samples the term weighed
+            metrics["ref/below_start"] = self.below_start.share
         self.controller.update(float(kl), num_samples)
         with self.timer.phase("reference"):
             self.reference.maybe_update(policy_model, epoch)
@@ -114,11 +162,16 @@ class KLRegularizer:
         return metrics
 
     def state_dict(self) -> dict:
-        return {"controller": self.controller.state_dict(), "reference": self.reference.state_dict()}
+        state = {"controller": self.controller.state_dict(), "reference": self.reference.state_dict()}
+        if self.below_start is not None:
+            state["below_start"] = self.below_start.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.controller.load_state_dict(state["controller"])
         self.reference.load_state_dict(state["reference"])
+        if self.below_start is not None and "below_start" in state:
+            self.below_start.load_state_dict(state["below_start"])
 
 
 def kl_config_errors(config, estimator) -> list[str]:
@@ -147,6 +200,11 @@ def kl_config_errors(config, estimator) -> list[str]:
              f"{step_reward_estimators()}), got algorithm.adv_estimator={config.algorithm.adv_estimator!r} (use the KL loss, "
              "kl.beta, instead)")
         need(kl.beta > 0, f"kl.in_reward=True needs kl.beta > 0, got {kl.beta}")
+    if kl.only_below_start:
+        need(kl.beta > 0 and not kl.in_reward,
+             f"kl.only_below_start=True weighs the KL term in the loss, which needs kl.beta > 0 and kl.in_reward=False; "
+             f"got kl.beta={kl.beta}, kl.in_reward={kl.in_reward}")
+    need(kl.start_window >= 1, f"kl.start_window={kl.start_window} must be >= 1 (rewards of a prompt)")
     alpha = kl.reference_mixup_alpha
     need(0 <= alpha <= 1, f"kl.reference_mixup_alpha={alpha} must be in [0, 1]")
     need(kl.reference_update_freq >= 0, f"kl.reference_update_freq={kl.reference_update_freq} must be >= 0 (0: never)")

@@ -133,6 +133,7 @@ class Estimation:
     stat_tracker: PerPromptStatTracker
     controller: object | None = None
     critic: object | None = None
+    below_start: object | None = None  # kl.only_below_start's gates of the KL term (reference/regularizer.py)
 
 
 def estimate_advantages(estimator, config, inputs: AdvantageInputs, controller=None) -> AdvantageOutput:
@@ -313,6 +314,9 @@ class RolloutCollector:
         advantages = shards.local_rows(out.advantages)
         estimated = {"advantages": advantages,
                      "group_index": torch.tensor(r.groups)[shards.mine].to(advantages.device)}  # prompt groups
+        if estimation.below_start is not None:  # the KL term's weight of each row: its prompt's gate
+            gates = estimation.below_start.weights(r.prompts, r.gathered.rewards)
+            estimated["kl_weights"] = shards.local_rows(gates.to(advantages.device))
         if estimation.critic is not None:
             targets, mask = estimation.estimator.critic_regression(out)
             estimated.update(critic_targets=shards.local_rows(targets), critic_mask=shards.local_rows(mask))

@@ -91,7 +91,8 @@ class Trainer:
         self.build_algorithm(config)
         # the epoch's samples over the processes: each process's slice, and the gathers the loop calls
         self.shards = ProcessShards(self.accelerator, config.sample.batch_size * config.sample.num_batches_per_epoch)
-        estimation = Estimation(self.estimator, self.stat_tracker, self.estimator_controller, self.critic)
+        estimation = Estimation(self.estimator, self.stat_tracker, self.estimator_controller, self.critic,
+                                self.kl.below_start if self.kl is not None else None)
         self.rollouts = RolloutCollector(
             config, self.shards, self.family, self.reward_fn, self.prompt_sampler, estimation,
             kl_in_reward=self.kl_in_reward if self.kl is not None and self.kl.in_reward else None,

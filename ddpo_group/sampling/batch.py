@@ -41,6 +41,7 @@ class RolloutBatch:
     # ---- the estimator's (rollout/collector.py)
     advantages: torch.Tensor | None = None  # [B, T]
     group_index: torch.Tensor | None = None  # [B] each row's prompt group
+    kl_weights: torch.Tensor | None = None  # [B] the KL term's weight of each row (kl.only_below_start's gates)
     critic_targets: torch.Tensor | None = None  # [B, T] what the critic regresses on (an estimator with a critic)
     critic_mask: torch.Tensor | None = None  # [B, T] 0/1: the steps it regresses on
     # ---- dynamic sampling's pooling (rollout/collector.py)
@@ -51,6 +52,7 @@ class RolloutBatch:
         size, num_steps = self.log_probs.shape
         per_row = {"prompts": self.prompts, "metadata": self.metadata, "rewards": self.rewards,
                    "group_index": self.group_index, "row_mask": self.row_mask,
+                   "kl_weights": self.kl_weights,
                    **{f"cond[{key!r}]": value for key, value in self.cond.items()},
                    **{f"negative[{key!r}]": value for key, value in (self.negative or {}).items()},
                    **{f"reward_info[{key!r}]": value for key, value in self.reward_info.items()}}

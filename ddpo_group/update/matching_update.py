@@ -11,7 +11,8 @@ discretisation times; ``algorithm.objective_times`` "uniform" / "logit_normal" d
                   toward the policy after every epoch)
     3. v_theta  = the denoiser's output at x_s under the training guidance (``train.cfg``)
     4. loss     = sum over the pairs of w objective(v_theta, u, A_i, s, v_old),   w = 1 / the train batch's pairs
-    5. loss    += beta sum w mean (v_theta - v_ref)^2     with the KL in the loss (kl.beta > 0, kl.use_reference_model)
+    5. loss    += beta sum g w mean (v_theta - v_ref)^2   with the KL in the loss (kl.beta > 0, kl.use_reference_model;
+                  g the row's prompt gate under kl.only_below_start, else 1)
     6. backward (memory: one chunk's activations), in the policy-gradient update's loop (update/updater.py)
 
 An objective runs only on the forward processes it registers.
@@ -85,7 +86,8 @@ class MatchingUpdater(Updater):
             with self.kl.timer.phase("reference"), torch.no_grad(), self.kl.reference.applied(unwrapped) as ref:
                 ref_pred = forward.velocity(ref, batch, r, step, x_s)
             kl = (pred.float() - ref_pred.float()).pow(2).flatten(1).mean(dim=1)
-            loss = loss + self.kl.loss_term(kl, weight, chunk.num_pairs, sums)
+            kl_weight = weight if batch.kl_weights is None else weight * batch.kl_weights[r]  # kl.only_below_start
+            loss = loss + self.kl.loss_term(kl, kl_weight, chunk.num_pairs, sums)
         self.accelerator.backward(loss)  # 6.
         sums["policy_loss"] += policy_loss.detach()
         fold_metrics(sums, info, chunk.share)

@@ -7,8 +7,8 @@ loop). For one chunk of N pairs (rows r, steps n):
                   (sampling/trajectories.py's TransitionScorer: the family's forward and its Gaussian step)
     2. loss     = the policy loss of (l_old, l_theta, A, w): ratio, clip and the weighted sum, w the pairs'
                   aggregation weights of algorithm.loss_agg_mode (algorithms/policy_losses.py)
-    3. loss    += beta * sum w KL(policy step || reference step), with the KL in the loss (reference/regularizer.py;
-                  beta = 0 skips the reference forward)
+    3. loss    += beta * sum g w KL(policy step || reference step), with the KL in the loss (reference/regularizer.py;
+                  beta = 0 skips the reference forward; g the row's prompt gate under kl.only_below_start, else 1)
     4. backward (a per-step loss: every chunk, memory one chunk's activations; a trajectory-level loss, gspo or
        geo_mean: the train batch's [b, T] log-prob matrix at its last chunk, one backward)
 
@@ -94,7 +94,8 @@ class PolicyUpdater(Updater):
                                       **self.bounds, **self.step_means(batch, r, n, out), **self.loss_kwargs)
         loss = policy_loss
         if kl is not None:  # 3.
-            loss = loss + self.kl.loss_term(kl, w, chunk.num_pairs, sums)
+            kl_w = w if batch.kl_weights is None else w * batch.kl_weights[r]
+            loss = loss + self.kl.loss_term(kl, kl_w, chunk.num_pairs, sums)
         self.accelerator.backward(loss)  # 4.
         sums["policy_loss"] += policy_loss.detach()
         fold_metrics(sums, info, chunk.share)
@@ -146,6 +147,8 @@ class PolicyUpdater(Updater):
         loss = policy_loss + 0.0 * flat.sum()  # stays connected to the denoiser even when every step is masked
         if outputs[0][1] is not None:
             kl = torch.cat([kl for _, kl in outputs])
+            if batch.kl_weights is not None:
+                weights = weights * batch.kl_weights[rows[pair_units]]
             loss = loss + self.kl.loss_term(kl, weights, len(kl), sums)
         self.accelerator.backward(loss)
         sums["policy_loss"] += policy_loss.detach()

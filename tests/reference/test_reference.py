@@ -142,3 +142,39 @@ def test_checkpoint_with_a_reference_adapter_loads_as_the_policy_for_evaluation(
     assert set(loaded) == set(policy)
     for key, value in policy.items():
         assert torch.equal(loaded[key], value.cpu()), key
+
+
+def test_below_start_gates_by_hand():
+    """kl.only_below_start: g_p = 1 while the mean of p's last W rewards is below the mean of its first W (W = 2)."""
+    from ddpo_group.reference.regularizer import BelowStart
+
+    gate = BelowStart(window=2)
+    # round 1: a's first two rewards (start 0.5); b has one reward (no start yet)
+    assert gate.weights(["a", "a", "b"], torch.tensor([0.4, 0.6, 0.9])).tolist() == [0.0, 0.0, 0.0]
+    # round 2: a's last two 0.45, 0.5 (level 0.475 < 0.5: below); b's start 0.9 -> 0.85, its last the same: not below
+    assert gate.weights(["a", "b", "a"], torch.tensor([0.45, 0.8, 0.5])).tolist() == [1.0, 0.0, 1.0]
+    assert gate.share == pytest.approx(2 / 3)
+    # round 3: a's last two 0.5, 0.55 (0.525 >= 0.5): free again; b's last 0.8, 0.7 (0.75 < 0.85): below
+    state = gate.state_dict()
+    assert gate.weights(["b", "a"], torch.tensor([0.7, 0.55])).tolist() == [1.0, 0.0]
+    # a restored gate continues the same way (exact resume)
+    restored = BelowStart(window=2)
+    restored.load_state_dict(state)
+    assert restored.weights(["b", "a"], torch.tensor([0.7, 0.55])).tolist() == [1.0, 0.0]
+    assert restored.state_dict() == gate.state_dict()
+
+
+def test_only_below_start_needs_the_kl_term_in_the_loss():
+    from config.base import get_config
+    from ddpo_group.errors import ConfigError
+    from ddpo_group.run.config_checks import validate_config
+
+    config = get_config("grpo")
+    config.kl.only_below_start = True
+    validate_config(config)  # grpo's KL term: beta 0.004 in the loss
+    config.kl.beta = 0.0
+    with pytest.raises(ConfigError, match=r"kl.only_below_start=True .* kl.beta=0.0"):
+        validate_config(config)
+    config.kl.beta, config.kl.start_window = 0.004, 0
+    with pytest.raises(ConfigError, match=r"kl.start_window=0 must be >= 1"):
+        validate_config(config)

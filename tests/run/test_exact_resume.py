@@ -55,8 +55,10 @@ def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) ->
     }
     if preset != "ddpo":
         values["train.group_size"] = 4
-    if preset == "grpo":  # full fine-tuning: the reference is a frozen UNet copy, saved with the checkpoint
-        values.update({"use_lora": False, "train.learning_rate": 1e-4})
+    if preset == "grpo":  # full fine-tuning: the reference is a frozen UNet copy, saved with the checkpoint; the KL
+        # term on the prompts below their start (four captions, so that they come back; its gates' rewards resumed)
+        values.update({"use_lora": False, "train.learning_rate": 1e-4, "prompt_fn": "tiny_shapes_hard",
+                       "kl.only_below_start": True, "kl.start_window": 2})
     values.update(FAMILY_OVERRIDES[family or "sd"])
     if shape == "adaptive":  # tree rollouts, the second branch free to move either way
         values.update({"sample.branch_steps": "(0,2)", "sample.branch_factors": "(2,2)",

@@ -68,11 +68,13 @@ def test_chunked_gradient_equals_per_timestep_loop(pairs_per_forward, guidance):
     assert any(g.abs().sum() > 0 for g in chunked)
 
 
-@pytest.mark.parametrize("loss_name, kl_type", [("vanilla", "gaussian"), ("gspo", "gaussian"), ("geo_mean", "k3"),
-                                                ("vanilla", "k1")])
-def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type):
-    """policy loss + beta * agg(KL): chunk-wise backward (vanilla) or gathered log-probs (gspo, geo_mean) equal the
-    registered loss on the whole batch's [b, T] matrix, whatever pairs_per_forward."""
+@pytest.mark.parametrize("loss_name, kl_type, gated", [("vanilla", "gaussian", False), ("gspo", "gaussian", False),
+                                                        ("geo_mean", "k3", False), ("vanilla", "k1", False),
+                                                        ("vanilla", "gaussian", True), ("gspo", "gaussian", True)])
+def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type, gated):
+    """policy loss + beta * agg(g KL): chunk-wise backward (vanilla) or gathered log-probs (gspo, geo_mean) equal the
+    registered loss on the whole batch's [b, T] matrix, whatever pairs_per_forward; ``gated``: the rows' KL weights g
+    of kl.only_below_start (1, 0, 1), else g = 1."""
     from ddpo_group.algorithms import FixedKLController, agg_loss, aggregation_weights, get_kl_kind, get_policy_loss
     from ddpo_group.models.trainable import lora_config
     from ddpo_group.reference.model import ReferenceModel
@@ -91,8 +93,10 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     prompts = ["a cat", "a dog", "a cow"]
     embeds, neg = encode_prompts(pipe, prompts), encode_prompts(pipe, [""])
     traj = sd_trajectories(pipe, embeds, neg.expand(3, -1, -1), 4, 5.0, 1.0, generator=torch.Generator().manual_seed(1))
+    gates = torch.tensor([1.0, 0.0, 1.0]) if gated else torch.ones(3)
     batch = batch_of(traj, {"prompt_embeds": embeds},
-                     advantages=torch.tensor([[1.0], [-0.5], [2.0]]).expand(3, 4).clone())
+                     advantages=torch.tensor([[1.0], [-0.5], [2.0]]).expand(3, 4).clone(),
+                     kl_weights=gates if gated else None)
     with torch.no_grad():  # policy away from the sampling policy and from the reference (base)
         for p in params:
             p.add_(0.05 * torch.randn_like(p))
@@ -121,7 +125,7 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     kl = get_kl_kind(kl_type)(out, reference_out)
     old = batch.log_probs[rows]
     lp = old.clone().index_put((r, n), out.log_prob)
-    kl_mat = torch.zeros(3, 4).index_put((r, n), kl)
+    kl_mat = torch.zeros(3, 4).index_put((r, n), kl) * gates[rows][:, None]
     spec = get_policy_loss(loss_name)
     aggregation = (aggregation_weights(step_mask, "traj-mean-step-mean"),) if spec.per_step \
         else (step_mask, "traj-mean-step-mean")
