@@ -212,4 +212,7 @@ def test_the_flow_model_on_the_sd_models_task_is_warned_about_and_its_recipe_is_
         assert (recipe.pretrained.model, recipe.prompt_fn, recipe.train.learning_rate) == (
             "tiny-shapes-flow", "tiny_shapes_flow_hard", 1.5e-3)
         validate_config(recipe)
-    assert get_config("group_ppo_flow").algorithm.adv_estimator == "group_ppo"
+    recipe = get_config("group_ppo_flow")
+    assert recipe.algorithm.adv_estimator == "group_ppo" and recipe.group_ppo.critic_weight_by_ev
+    assert (recipe.lora_rank, recipe.kl.beta, recipe.kl.use_reference_model, recipe.kl.only_below_start) == (
+        16, 1.0, True, True)
