@@ -153,7 +153,7 @@ class KLRegularizer:
         """
         kl = rollout_kl.mean() if self.in_reward else loss_kl.mean()
         metrics = {"train/beta": self.beta, "ref/kl": float(kl)}
-        if self.below_start is not None:  # the share of the epoch's samples the term weighed
+        if self.below_start is not None:  # the share of the samples the term weighed (the epoch's last round)
             metrics["ref/below_start"] = self.below_start.share
         self.controller.update(float(kl), num_samples)
         with self.timer.phase("reference"):

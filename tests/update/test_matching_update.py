@@ -359,3 +359,29 @@ def test_nft_samples_with_the_old_model(tiny_sd3_dir, tmp_path):
     with policy.rollout_policy() as sampler:
         assert sampler is policy.sampling_model is policy.family.model
     policy.rollouts.close()
+
+
+def test_the_kl_term_weighs_each_row_by_its_prompts_gate(tiny_sd3_dir, tmp_path):
+    """kl.only_below_start on a matching objective: a row of gate 0 adds no KL term, the gates add up (the same
+    training times and noise; a learning rate of 1e-12 keeps the weights)."""
+    from dataclasses import replace
+
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "gated", **matching_overrides(**{
+        "algorithm.objective": "awm", "kl.beta": 0.5, "kl.use_reference_model": True, "kl.only_below_start": True,
+        "train.learning_rate": 1e-12}))
+    with torch.no_grad():  # the policy away from its reference (the base model)
+        for p in trainer.updater.params:
+            p.add_(0.05 * torch.randn_like(p))
+    batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
+    assert batch.kl_weights is not None and batch.kl_weights.tolist() == [0.0] * len(batch)  # no start known yet
+    n = len(batch)
+    half = (torch.arange(n) % 2).float()
+
+    def kl_loss(gates):
+        torch.manual_seed(0)
+        metrics = trainer.updater.train_epoch(replace(batch, kl_weights=gates), show_progress=False)
+        return metrics["kl_loss"], metrics["kl"]
+
+    (none, kl0), (every, kl1), (odd, _), (even, _) = map(kl_loss, (torch.zeros(n), torch.ones(n), half, 1 - half))
+    assert none == 0 and every > 0 and kl0 == kl1 > 0  # the KL itself is measured on every row
+    assert 0 < odd < every and odd + even == pytest.approx(every, rel=1e-5)
