@@ -72,6 +72,11 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.log_probs.shape[0]
 
+    def kl_pair_weights(self, weights, rows: torch.Tensor):
+        """The KL term's weights of pairs of ``rows``: their aggregation ``weights`` times each row's gate (kl_weights,
+        kl.only_below_start), or ``weights`` themselves without gates."""
+        return weights if self.kl_weights is None else weights * self.kl_weights[rows]
+
     @property
     def num_steps(self) -> int:
         return self.log_probs.shape[1]

@@ -86,8 +86,7 @@ class MatchingUpdater(Updater):
             with self.kl.timer.phase("reference"), torch.no_grad(), self.kl.reference.applied(unwrapped) as ref:
                 ref_pred = forward.velocity(ref, batch, r, step, x_s)
             kl = (pred.float() - ref_pred.float()).pow(2).flatten(1).mean(dim=1)
-            kl_weight = weight if batch.kl_weights is None else weight * batch.kl_weights[r]  # kl.only_below_start
-            loss = loss + self.kl.loss_term(kl, kl_weight, chunk.num_pairs, sums)
+            loss = loss + self.kl.loss_term(kl, batch.kl_pair_weights(weight, r), chunk.num_pairs, sums)
         self.accelerator.backward(loss)  # 6.
         sums["policy_loss"] += policy_loss.detach()
         fold_metrics(sums, info, chunk.share)

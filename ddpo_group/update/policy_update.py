@@ -94,8 +94,7 @@ class PolicyUpdater(Updater):
                                       **self.bounds, **self.step_means(batch, r, n, out), **self.loss_kwargs)
         loss = policy_loss
         if kl is not None:  # 3.
-            kl_w = w if batch.kl_weights is None else w * batch.kl_weights[r]
-            loss = loss + self.kl.loss_term(kl, kl_w, chunk.num_pairs, sums)
+            loss = loss + self.kl.loss_term(kl, batch.kl_pair_weights(w, r), chunk.num_pairs, sums)
         self.accelerator.backward(loss)  # 4.
         sums["policy_loss"] += policy_loss.detach()
         fold_metrics(sums, info, chunk.share)
@@ -147,9 +146,7 @@ class PolicyUpdater(Updater):
         loss = policy_loss + 0.0 * flat.sum()  # stays connected to the denoiser even when every step is masked
         if outputs[0][1] is not None:
             kl = torch.cat([kl for _, kl in outputs])
-            if batch.kl_weights is not None:
-                weights = weights * batch.kl_weights[rows[pair_units]]
-            loss = loss + self.kl.loss_term(kl, weights, len(kl), sums)
+            loss = loss + self.kl.loss_term(kl, batch.kl_pair_weights(weights, rows[pair_units]), len(kl), sums)
         self.accelerator.backward(loss)
         sums["policy_loss"] += policy_loss.detach()
         fold_metrics(sums, info, 1.0)
