@@ -111,7 +111,6 @@ def test_full_fine_tuning_copy_mixup(alpha):
 def test_kl_is_zero_at_the_first_step_and_positive_after_updates(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "kl", **{"sample.num_batches_per_epoch": 1})
     # one train batch = one optimizer step per call of train_epoch
-    config, accelerator = trainer.config, trainer.accelerator
     prompts, metadata, groups = trainer.prompt_sampler.sample_epoch(1, 4)
     batch = trainer.rollouts.sampler.sample(trainer.family.model, prompts, metadata, desc=None)
     batch = dataclasses.replace(batch, advantages=torch.tensor([1.0, -1.0, 0.5, -0.5], device=batch.log_probs.device)
