@@ -40,9 +40,9 @@ def group_ppo_flow(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
     critic explains none of a sample's deviation there: EV below 0 on 16 seeds of 16, its output only noise in the
     advantages), a rank-16 LoRA and a KL term of weight 1 to the base model on the prompts whose reward fell below
     their start (kl.only_below_start): the rank-4 LoRA learning three squares lost the circle caption in about one run
-    in five, by up to 0.40; with both changes the caption gains +0.10 on average where it gained +0.02, its worst loss
-    is 0.20 and no run of 32 ended below its start, the gain +0.018 higher (docs/group_ppo.md, the fall on the flow
-    model)."""
+    in five, by up to 0.40. On 119 seeds that chose nothing it is level with the recipe as first published (critic
+    weight 1, rank 4, no KL): gain +0.005 (-0.007 to +0.017), ended below its start on 1 against 2, the caption's worst
+    loss 0.32 against 0.40: a rare fall in both, not removed (docs/group_ppo.md, the fall on the flow model)."""
     config = on_flow_model(config)
     config.group_ppo.critic_weight_by_ev = True
     config.lora_rank = 16
