@@ -328,7 +328,9 @@ def base() -> ml_collections.ConfigDict:
     # ---- the guard (ddpo_group/run/guard.py): rules over the evaluations that name reward hacking when it starts ----
     config.guard = guard = ml_collections.ConfigDict()
     # what an alarm does: "warn" (one line naming the rule, its numbers and the best evaluation), "stop" (a checkpoint,
-    # then a clean exit 0 with the resume command) or "off"; the best evaluation's weights are kept either way
+    # then a clean exit 0 with the resume command), "restore" (the line, and on the fall and held-out rules the best
+    # evaluation's weights loaded back into the policy, its optimizer state cleared, and training goes on; the run
+    # never ends on weights those rules fired on) or "off"; the best evaluation's weights are kept either way
     guard.on_alarm = "warn"
     # held-out reward below its best by more than this many standard errors of the evaluation while the evaluation's
     # training reward rose above its value then (eval_reward_fn set; a groupwise reward: its pointwise score)

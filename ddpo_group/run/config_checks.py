@@ -12,6 +12,7 @@ import math
 from ddpo_group.errors import ConfigError
 from ddpo_group.models.speed_options import attention_backends, compile_mode
 from ddpo_group.models.trainable import DTYPES
+from ddpo_group.run.guard import ON_ALARM
 from ddpo_group.sampling.gaussian import LOG_PROB_DTYPES, REDUCTIONS
 from ddpo_group.sampling.window import stochastic_steps
 from ddpo_group.update.memory_fit import configured_pairs
@@ -284,7 +285,7 @@ def evaluation_and_ema_errors(config) -> list[str]:
         need(not config.eval_reward_fn, f"eval_reward_fn={config.eval_reward_fn!r} is scored by the evaluation during "
                                         "training, which eval_freq=0 turns off: set eval_freq > 0")
     guard = config.guard
-    need(guard.on_alarm in ("warn", "stop", "off"), f"guard.on_alarm={guard.on_alarm!r} must be one of ('warn', 'stop', 'off')")
+    need(guard.on_alarm in ON_ALARM, f"guard.on_alarm={guard.on_alarm!r} must be one of {ON_ALARM}")
     need(isinstance(guard.heldout_drop, (int, float)) and guard.heldout_drop >= 0,
          f"guard.heldout_drop={guard.heldout_drop!r} must be >= 0 (standard errors of the evaluation)")
     need(isinstance(guard.min_diversity, (int, float)) and 0 <= guard.min_diversity <= 1,

@@ -27,9 +27,12 @@ measure's select_half/ entry) and its score reported on the other half (report_h
 evaluations of the same images is biased up by its own selection, the other half's is not. Its weights are kept
 (lora_best/, best/) with best.json holding both (``selected_on``, ``reported_on``).
 
-``guard.on_alarm`` says what an alarm does: "warn" one line, "stop" the line then a checkpoint and exit 0, "off"
-nothing (``Guard.after_evaluation``). Every process observes the same gathered metrics, so all decide alike. A resumed
-run replays its eval.jsonl.
+``guard.on_alarm`` says what an alarm does: "warn" one line, "stop" the line then a checkpoint and exit 0, "restore"
+the line, and an alarm of a rule that finds the run below its best (fall, heldout) also loads the best evaluation's
+weights back into the policy and training goes on (the trainer's ``restore_best``; those two rules then fire at every
+evaluation that finds it so again, and a restore after the last epoch is evaluated again: the run ends with the
+weights it hands over evaluated), "off" nothing (``Guard.after_evaluation``). Every process observes the same gathered
+metrics, so all decide alike. A resumed run replays its eval.jsonl.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from dataclasses import dataclass
 
 from ddpo_group.run.reporting.image_stats import spread_of
 
-ON_ALARM = ("warn", "stop", "off")
+ON_ALARM = ("warn", "stop", "restore", "off")
+RESTORING = ("fall", "heldout")  # the rules that find the run below its best: "restore" loads the best back
 SELECT, REPORT = "select_half", "report_half"
 
 
@@ -81,7 +85,8 @@ class Guard:
         if self.rising in metrics and (self.peak is None or metrics[self.rising] > self.peak["value"]):
             self.peak = {"epoch": epoch, "value": metrics[self.rising], "se": standard_error(metrics, self.rising)}
         alarms = [alarm for alarm in self.rules(epoch, metrics) if alarm.rule not in self.raised]
-        self.raised |= {alarm.rule for alarm in alarms}
+        restoring = RESTORING if self.config.on_alarm == "restore" else ()  # these fire again after a restore
+        self.raised |= {alarm.rule for alarm in alarms if alarm.rule not in restoring}
         return best, alarms
 
     def rules(self, epoch: int, metrics: dict) -> list[Alarm]:
@@ -129,21 +134,27 @@ class Guard:
                     f"({self.start[spread_of(key)]:.4f}), more than guard.max_drift={config.max_drift:g}")))
         return alarms
 
-    def after_evaluation(self, epoch: int, metrics: dict, session, weights) -> None:
+    def after_evaluation(self, epoch: int, metrics: dict, session, weights) -> bool:
         """Evaluation ``epoch`` observed: its weights, inside ``weights()``, kept when it is the best so far
         (session.keep_best, with the score it was selected on and the one reported), and each alarm it raises acted
-        on as guard.on_alarm says (module docstring)."""
+        on as guard.on_alarm says (module docstring). True when the best evaluation's weights are to be restored."""
         best, alarms = self.observe(epoch, metrics)
         if best:
             session.keep_best(epoch, self.measure, self.best_record(), weights)
         if self.config.on_alarm == "off":
-            return
+            return False
+        restore = False
         for alarm in alarms:
+            restores = self.config.on_alarm == "restore" and alarm.rule in RESTORING
+            action = f"; restoring the weights of epoch {self.best['epoch']}" if restores else ""
             session.print(f"guard ({alarm.rule}): {alarm.message}; {self.best_line()}, its weights in "
-                          f"{session.best_path()}")
-            session.guard_notes.append(f"{alarm.rule} after epoch {epoch}")
+                          f"{session.best_path()}{action}")
+            session.guard_notes.append(f"{alarm.rule} after epoch {epoch}"
+                                       + (f": the weights of epoch {self.best['epoch']} restored" if restores else ""))
             if self.config.on_alarm == "stop":
                 session.stop_by_guard(alarm.message)
+            restore |= restores
+        return restore
 
     def best_record(self) -> dict:
         """best.json's scores: chosen on one half of the evaluation's images, reported on the other."""

@@ -10,7 +10,8 @@
     5. after the epoch: the KL term's controller and reference (reference/regularizer.py), the estimator's
        controller (GROUP_PPO's tau), the EMA's metrics (update/ema.py; the EMA itself moves after optimizer steps);
     6. evaluate when due: fixed prompts x fixed noise, deterministic sampler (run/periodic_eval.py); also before the
-       first update;
+       first update; the guard reads it (run/guard.py) and, with guard.on_alarm="restore", a fall puts the best
+       evaluation's weights back (update/restore_point.py);
     7. log (run/reporting/epoch_metrics.py, run/reporting/throughput.py, run/reporting/epoch_logger.py).
 
 The run's session (run/session.py) keeps it survivable around the loop: signals, resume, checkpoints, summary.
@@ -61,6 +62,7 @@ from ddpo_group.update.on_policy import OnPolicyWatch
 from ddpo_group.update.memory_fit import PairsPerForward, names_the_setting
 from ddpo_group.update.policy_update import PolicyUpdater
 from ddpo_group.update.preference_update import PreferenceUpdater
+from ddpo_group.update.restore_point import RestorePoint
 
 
 class Trainer:
@@ -191,6 +193,9 @@ class Trainer:
         self.pairs_per_forward = PairsPerForward(config, self.accelerator, self.family, self.session.state.sizes,
                                                  say=self.session.print)
         self.ema = EMAWeights.from_config(config, self.params)  # None unless train.ema
+        # the best evaluation's weights, loaded back on the guard's fall (guard.on_alarm="restore")
+        restores = config.eval_freq and config.guard.on_alarm == "restore"
+        self.restore_point = RestorePoint(self.params) if restores else None
         # the update loop (update/updater.py) with the objective's loss: the policy gradient, a matching objective on
         # the final samples, or a preference objective on each group's units
         shared = (config, self.accelerator, self.model, self.optimizer, self.params, self.scorer, self.kl,
@@ -215,8 +220,8 @@ class Trainer:
         pieces += [self.critic.optimizer] if self.critic is not None else []
         # the EMA, the old model, then the adaptive branch steps, last: checkpoints written before they existed keep
         # their order (run/persistence/resume_check.py)
-        return pieces + [p for p in (self.kl, self.estimator_controller, self.ema, self.old, self.rollouts.branching)
-                         if p is not None]
+        return pieces + [p for p in (self.kl, self.estimator_controller, self.ema, self.old, self.rollouts.branching,
+                                     self.restore_point) if p is not None]
 
     @property
     def run_dir(self):
@@ -336,18 +341,41 @@ class Trainer:
             metrics.update(self.rollouts.branching.update(rollouts.gathered("tree_nodes"), rollouts.rewards))
         return metrics
 
-    def evaluate(self, epoch: int) -> dict:
+    def evaluate(self, epoch: int, restored: int | None = None) -> dict:
         """The fixed evaluation after epoch ``epoch`` (-1: before the first update), with the EMA weights when
-        train.ema and train.ema_eval; written to eval.jsonl and samples/eval_*.png; returns its eval/* metrics."""
+        train.ema and train.ema_eval; written to eval.jsonl and samples/eval_*.png; returns its eval/* metrics.
+        ``restored``: the epoch whose weights the guard has just restored (guard/restored_epoch)."""
         use_ema = self.ema is not None and self.config.train.ema_eval
         weights = self.ema.swapped_in if use_ema else nullcontext
         with self.timer.phase("evaluation"), weights():
             result = self.evaluation.run(epoch)
+        if restored is not None:
+            result.metrics["guard/restored_epoch"] = restored
         with self.timer.phase("logging"):
             self.epoch_logger.log_evaluation(epoch, result.metrics, result.grid, "ema" if use_ema else "training",
                                              result.audio, result.audio_sample_rate)
-        self.guard.after_evaluation(epoch, result.metrics, self.session, weights)  # the best weights kept, the alarms
+        # the best weights kept, the alarms acted on
+        restore = self.guard.after_evaluation(epoch, result.metrics, self.session, weights)
+        if self.restore_point is not None and self.guard.best["epoch"] == epoch and restored is None:
+            with weights():
+                self.restore_point.keep(epoch)
+        if restore and restored is None:
+            restored = self.restore_best()
+            if epoch == self.config.num_epochs - 1:  # the weights the run hands over, evaluated as they are
+                return self.evaluate(epoch, restored)
         return result.metrics
+
+    def restore_best(self) -> int:
+        """guard.on_alarm="restore": the best evaluation's weights back in the policy, the optimizer's moments cleared
+        (they point where the run fell), the EMA and a matching objective's old model set to them; returns that
+        evaluation's epoch."""
+        epoch = self.restore_point.restore()
+        self.optimizer.optimizer.state.clear()
+        if self.ema is not None:
+            self.ema.reset()
+        if self.old is not None:
+            self.old.reset(self.accelerator.unwrap_model(self.model))
+        return epoch
 
     def model_flops(self, batch):
         """F_pair and F_image of run/reporting/throughput.py, on this epoch's first sample at its first trained step."""

@@ -65,6 +65,12 @@ class EMAWeights:
         self.updates += 1
         self.last_decay = decay
 
+    @torch.no_grad()
+    def reset(self) -> None:
+        """The EMA set to the weights as they are (the guard's restore: trainer.restore_best)."""
+        for ema, param in zip(self.shadow, self.params, strict=True):
+            ema.copy_(param.detach())
+
     @contextmanager
     def swapped_in(self):
         """The EMA weights in the model inside the block; the training weights, bitwise, after it (also on error)."""
@@ -90,13 +96,18 @@ class EMAWeights:
                 "last_decay": self.last_decay}
 
     def load_state_dict(self, state: dict) -> None:
-        shadow = state["shadow"]
-        shapes = [tuple(t.shape) for t in self.shadow]
-        if [tuple(t.shape) for t in shadow] != shapes:
-            raise ConfigError(f"the checkpoint's EMA holds {len(shadow)} tensors of other shapes than the "
-                              f"{len(shapes)} trainable weights of this config (use_lora, lora_rank?)")
-        with torch.no_grad():
-            for ema, value in zip(self.shadow, shadow):
-                ema.copy_(value)
+        load_weight_copies(self.shadow, state["shadow"], "EMA")
         self.steps, self.updates = int(state["steps"]), int(state["updates"])
         self.last_decay = float(state.get("last_decay", float("nan")))
+
+
+def load_weight_copies(copies: list[torch.Tensor], saved: list[torch.Tensor], what: str) -> None:
+    """A checkpoint's copies of the trainable weights (``what``: the EMA, the restore point) into ``copies``, in place,
+    once their shapes are those of this config's trainable weights."""
+    shapes = [tuple(t.shape) for t in copies]
+    if [tuple(t.shape) for t in saved] != shapes:
+        raise ConfigError(f"the checkpoint's {what} holds {len(saved)} tensors of other shapes than the "
+                          f"{len(shapes)} trainable weights of this config (use_lora, lora_rank?)")
+    with torch.no_grad():
+        for copy, value in zip(copies, saved):
+            copy.copy_(value)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from ml_collections import ConfigDict
 
 from ddpo_group.run.guard import Guard
@@ -151,6 +152,33 @@ def test_a_resumed_guard_replays_its_evaluations_silently():
     assert guard.observe(29, evaluation(0.8, 0.5))[1] == []  # raised before the resume
 
 
+def test_restore_fires_the_fall_rule_at_every_evaluation_that_finds_the_run_below_its_best():
+    """With "restore" the fall rule (and the held-out one) fire again after a restore, replayed alike on a resume; the
+    others, and every rule under "warn", fire once. after_evaluation says when to restore."""
+    class Session:
+        guard_notes, print = [], staticmethod(lambda message: None)
+
+        def keep_best(self, *args):
+            pass
+
+        def best_path(self):
+            return "lora_best"
+
+    sequence = [(-1, 0.793), (4, 0.828), (9, 0.729), (14, 0.810), (19, 0.700)]  # SE 0.02: 9 and 19 fell
+    for on_alarm, expected in (("restore", [False, False, True, False, True]), ("warn", [False] * 5)):
+        guard = Guard(ConfigDict({**RULES.to_dict(), "on_alarm": on_alarm}), heldout=False)
+        restores = [guard.after_evaluation(e, evaluation(r, reward_std=0.16, images=64), Session(), None)
+                    for e, r in sequence]
+        assert restores == expected, on_alarm
+    assert Session.guard_notes[:2] == ["fall after epoch 9: the weights of epoch 4 restored",
+                                       "fall after epoch 19: the weights of epoch 4 restored"]
+    assert Session.guard_notes[2:] == ["fall after epoch 9"]  # "warn": once
+    replayed = Guard(ConfigDict({**RULES.to_dict(), "on_alarm": "restore"}), heldout=False)
+    replayed.replay([{"epoch": e, **evaluation(r, reward_std=0.16, images=64)} for e, r in sequence[:3]])
+    assert replayed.raised == set()
+    assert [a.rule for a in replayed.observe(19, evaluation(0.700, reward_std=0.16, images=64))[1]] == ["fall"]
+
+
 def test_heldout_rewards_are_the_evaluations_images_scored_by_another_reward(tiny_model_dir, tmp_path):
     """The evaluation before training with reward A and held-out B scores B as a run trained on B evaluates it."""
     small = {"eval_freq": 1, "eval_num_prompts": 2, "eval_num_seeds": 2, "device": "cpu"}
@@ -220,3 +248,98 @@ def test_a_guard_stop_exits_0_with_a_checkpoint_that_resumes(tiny_model_dir, tmp
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     lines = [json.loads(line) for line in (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()]
     assert [line["epoch"] for line in lines] == [0, 1, 2, 3]  # the alarm was raised before: no second stop
+
+
+def scripted_falls(trainer, epochs: set[int]) -> dict:
+    """Lower the trained reward's evaluation (both halves) by 1 after each epoch in ``epochs``, before the guard reads
+    it, so the fall rule fires there; returns {epoch: the trainable weights after that epoch's evaluation}."""
+    evaluate, seen, lowered = trainer.evaluation.run, {}, set()
+
+    def run(epoch):
+        result = evaluate(epoch)
+        if epoch in epochs and epoch not in lowered:  # not the restored weights' evaluation that follows
+            lowered.add(epoch)
+            for key in ("eval/reward_mean", "eval/select_half/reward_mean", "eval/report_half/reward_mean"):
+                result.metrics[key] -= 1.0
+        return result
+
+    original = trainer.evaluate
+
+    def evaluate_and_see(epoch, restored=None):
+        metrics = original(epoch, restored)
+        seen[epoch] = [p.detach().clone() for p in trainer.params]
+        return metrics
+
+    trainer.evaluation.run, trainer.evaluate = run, evaluate_and_see
+    return seen
+
+
+def test_restore_loads_the_best_weights_back_and_the_run_ends_on_weights_it_evaluated(tiny_model_dir, tmp_path):
+    """guard.on_alarm="restore": a fall after epoch 2 puts the weights of the best evaluation back (bitwise), clears
+    the optimizer's moments, and training goes on from them; a fall after the last epoch restores them again and
+    evaluates them, so the run's last evaluation and its exported LoRA are the best evaluation's."""
+    from safetensors.torch import load_file
+
+    overrides = {"eval_freq": 1, "eval_num_prompts": 2, "eval_num_seeds": 2, "device": "cpu", "num_epochs": 5,
+                 "guard.on_alarm": "restore", "save_freq": 0}
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "run", **overrides)
+    seen = scripted_falls(trainer, {2, 4})
+    trainer.run()
+    records = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records] == [-1, 0, 1, 2, 3, 4, 4]  # the last one: the restored weights evaluated
+    best = max((r for r in records[:3]), key=lambda r: r["eval/select_half/reward_mean"])["epoch"]
+    assert all(torch.equal(a, b) for a, b in zip(seen[2], seen[best]))  # restored bitwise after epoch 2's fall
+    assert not all(torch.equal(a, b) for a, b in zip(seen[3], seen[2]))  # and trained on from there
+    final = records[-1]
+    assert final["guard/restored_epoch"] in (best, 3)  # epoch 3's evaluation may have become the best
+    kept = next(r for r in records if r["epoch"] == final["guard/restored_epoch"])
+    assert final["eval/reward_mean"] == kept["eval/reward_mean"]  # the same weights, the same images
+    assert all(torch.equal(a, b) for a, b in zip(seen[4], seen[final["guard/restored_epoch"]]))
+    exported = load_file(str(tmp_path / "run" / "lora" / "pytorch_lora_weights.safetensors"))
+    best_lora = load_file(str(tmp_path / "run" / "lora_best" / "pytorch_lora_weights.safetensors"))
+    assert exported.keys() == best_lora.keys() and all(torch.equal(exported[k], best_lora[k]) for k in exported)
+    summary = (tmp_path / "run" / "summary.txt").read_text()
+    assert f"fall after epoch 2: the weights of epoch {best} restored" in summary
+    trainer.rollouts.close()
+
+
+def test_a_run_resumed_after_a_restore_ends_bitwise_as_one_never_stopped(tiny_model_dir, tmp_path):
+    """Falls after epochs 1 and 3, each restoring the best evaluation's weights: a run stopped after epoch 2 and
+    resumed from its checkpoint (the restore point, the cleared optimizer state, the guard replayed) ends with every
+    file of its last checkpoint and every evaluation as the run never stopped."""
+    from resume_helpers import assert_identical, load_everything
+
+    class Stop(Exception):
+        pass
+
+    overrides = {"eval_freq": 1, "eval_num_prompts": 2, "eval_num_seeds": 2, "device": "cpu", "num_epochs": 4,
+                 "guard.on_alarm": "restore", "save_freq": 1}
+    reference = tiny_trainer("grpo", tiny_model_dir, tmp_path, "reference", **overrides)
+    scripted_falls(reference, {1, 3})
+    reference.run()
+    stopped = tiny_trainer("grpo", tiny_model_dir, tmp_path, "stopped", **overrides)
+    scripted_falls(stopped, {1, 3})
+    end_of_epoch = stopped.session.end_of_epoch
+
+    def end_and_stop(epoch):
+        end_of_epoch(epoch)
+        if epoch == 2:
+            raise Stop
+
+    stopped.session.end_of_epoch = end_and_stop
+    with pytest.raises(Stop):
+        stopped.run()
+    resumed = tiny_trainer("grpo", tiny_model_dir, tmp_path, "stopped", resume_from=str(tmp_path / "stopped"),
+                           **overrides)
+    scripted_falls(resumed, {3})
+    resumed.run()
+    final = "checkpoints/checkpoint_00003"
+    expected, got = load_everything(tmp_path / "reference" / final), load_everything(tmp_path / "stopped" / final)
+    assert sorted(expected) == sorted(got)
+    assert_identical(expected, got, "restore")
+    records = [[json.loads(line) for line in (tmp_path / run / "eval.jsonl").read_text().splitlines()]
+               for run in ("reference", "stopped")]
+    assert [r["eval/reward_mean"] for r in records[0]] == [r["eval/reward_mean"] for r in records[1]]
+    assert [r["epoch"] for r in records[0]] == [-1, 0, 1, 2, 3, 3]
+    for trainer in (reference, stopped, resumed):
+        trainer.rollouts.close()
