@@ -298,6 +298,8 @@ def test_restore_loads_the_best_weights_back_and_the_run_ends_on_weights_it_eval
     exported = load_file(str(tmp_path / "run" / "lora" / "pytorch_lora_weights.safetensors"))
     best_lora = load_file(str(tmp_path / "run" / "lora_best" / "pytorch_lora_weights.safetensors"))
     assert exported.keys() == best_lora.keys() and all(torch.equal(exported[k], best_lora[k]) for k in exported)
+    samples = tmp_path / "run" / "samples"  # the grid that fell and the restored weights' grid, side by side
+    assert (samples / "eval_epoch_00004.png").is_file() and (samples / "eval_epoch_00004_restored.png").is_file()
     summary = (tmp_path / "run" / "summary.txt").read_text()
     assert f"fall after epoch 2: the weights of epoch {best} restored" in summary
     trainer.rollouts.close()

@@ -101,8 +101,11 @@ class EpochLogger:
         "training"), its grid as samples/eval_before.png (epoch -1) or samples/eval_epoch_<epoch>.png and the grid's
         rows' ``audio`` [rows, channels, samples] (a family with audio) as WAV files in the folder of that name without
         .png (row_<r>.wav, the grid's order), and for the one before the first update, wandb's ``eval_before/*`` at
-        step 0 (the later ones are in their epoch's metrics)."""
+        step 0 (the later ones are in their epoch's metrics). The evaluation of weights the guard restored after the
+        last epoch (``guard/restored_epoch``) is eval_epoch_<epoch>_restored.png, beside the one that fell."""
         stem = "eval_before" if epoch < 0 else f"eval_epoch_{epoch:05d}"
+        if "guard/restored_epoch" in metrics:
+            stem += "_restored"
         if self.accelerator.is_main_process:
             append_metrics(self.run_dir / EVAL_LOG, {"epoch": epoch, "weights": weights, **metrics})
             samples_dir = self.run_dir / "samples"
