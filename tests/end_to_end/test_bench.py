@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_helpers import refused, succeeded
+from bench_helpers import refused, run_bench, succeeded
 
 
 def table_rows(text: str, first: str) -> dict[str, dict[str, str]]:
@@ -404,3 +404,21 @@ def test_tree_credit_compares_both_estimators_on_the_same_trees(tmp_path):
     assert step1["own"] == pytest.approx(step1["other"], rel=1e-9) and step1["own"]["transitions"] == 32
     assert epoch["group/num_endpoints"] == 2 and epoch["train/clipfrac"] is not None
     assert "| first half |" in (tmp_path / "credit.md").read_text()
+
+
+def test_fingerprint_finds_a_run_bitwise_equal_and_names_what_differs(tmp_path):
+    """bench/fingerprint.py: a run written then checked is bitwise equal; a fingerprint whose trained weights or one
+    metric of an epoch differ fails the check (exit 1) naming both places."""
+    path = tmp_path / "fingerprint.json"
+    succeeded("fingerprint", "--write", path, "--only", "grpo")
+    out = succeeded("fingerprint", "--check", path, "--only", "grpo")
+    assert "grpo: " in out.stdout and out.stdout.rstrip().endswith("bitwise equal")
+    saved = json.loads(path.read_text())
+    epochs, policy = saved["grpo"]["epochs"], saved["grpo"]["weights"]["policy"]
+    assert len(epochs) == 2 and epochs[1]["batch"]["advantages"].startswith("torch.float")
+    policy[0] = policy[0][:-1] + ("0" if policy[0][-1] != "0" else "1")
+    epochs[1]["metrics"]["reward_mean"] = 123.0
+    path.write_text(json.dumps(saved))
+    out = run_bench("fingerprint", "--check", path, "--only", "grpo")
+    assert out.returncode == 1
+    assert "grpo.weights.policy[0]:" in out.stdout and "grpo.epochs[1].metrics.reward_mean: 123.0" in out.stdout
