@@ -64,6 +64,7 @@ from ddpo_group.prompts import PromptSampler
 from ddpo_group.run.reporting.throughput import device_peak_flops, measure_model_flops
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from ddpo_group.update.policy_update import PolicyUpdater
+from ddpo_group.update.updater import UpdateOptions
 
 OPTIONS = ("compile_regional", "compile_full", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math", "fused_qkv",
            "cuda_graphs", "channels_last", "fp32_frozen")
@@ -160,8 +161,8 @@ class Bench:
 
     # ------------------------------------------------------------------ contenders
     def updater(self, model, optimizer=None, params=None) -> PolicyUpdater:
-        return PolicyUpdater(self.config, self.accelerator, model, optimizer or self.optimizer, params or self.params,
-                             self.scorer)
+        return PolicyUpdater(UpdateOptions(self.config, self.accelerator, model, optimizer or self.optimizer,
+                                           params or self.params, self.scorer))
 
     def own_updater(self, model) -> PolicyUpdater:
         """An updater with its own optimizer (a copy with weights of its own)."""

@@ -53,6 +53,7 @@ from ddpo_group.models.speed_options import compile_denoiser, eager
 from ddpo_group.models.trainable import build_policy, make_optimizer
 from ddpo_group.update.memory_fit import PairsPerForward
 from ddpo_group.update.policy_update import PolicyUpdater
+from ddpo_group.update.updater import UpdateOptions
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.sampling.ddim import ddim_step_with_logprob
 from ddpo_group.sampling.flow_steps import flow_step_with_logprob
@@ -243,8 +244,9 @@ def build(args, model: str):
     advantages = torch.randn(args.samples, 1, generator=torch.Generator().manual_seed(0))
     batches = train_batches(cond, traj, advantages.expand(-1, args.steps).contiguous().to(accelerator.device),
                             args.batch_size)
-    updater = PolicyUpdater(config, accelerator, unet, optimizer, params, TransitionScorer.from_config(config, family),
-                            pairs_per_forward=PairsPerForward(config, accelerator, family, {}))  # as the trainer
+    updater = PolicyUpdater(UpdateOptions(config, accelerator, unet, optimizer, params,
+                                          TransitionScorer.from_config(config, family),
+                                          pairs_per_forward=PairsPerForward(config, accelerator, family, {})))  # as the trainer
     return config, accelerator, pipe, unet, optimizer, params, negative, batches, updater
 
 

@@ -153,7 +153,7 @@ def assert_every_process_part(checkpoint, processes: int) -> None:
 
 
 def training_state(checkpoint: Path) -> dict:
-    return dict(read_states(checkpoint))["TrainingState"]
+    return dict(read_states(checkpoint))["counters"]
 
 
 def assert_continued_on_another_count(output: str, before: Path, after: Path, saved: int, now: int) -> None:

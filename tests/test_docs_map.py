@@ -79,3 +79,60 @@ def test_the_map_names_every_module_and_only_modules_that_exist():
 @pytest.mark.parametrize("note", sorted(p.name for p in (ROOT / "docs" / "design").glob("*.md")))
 def test_the_index_lists_every_design_note(note):
     assert note in (ROOT / "docs" / "index.md").read_text(), f"docs/index.md does not list docs/design/{note}"
+
+
+def reading_path() -> list[str]:
+    """The files docs/architecture.md lists for one step of the main job, in order."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("## One step of the main job, the files to open", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\d+\. `([^`]+)`", section, re.MULTILINE)
+
+
+def call_chains(trainer, targets: set[str]) -> dict[str, list[tuple[str, str]]]:
+    """{target function: the (file, function) frames from Trainer.train_epoch down to its first call inside the policy
+    update (a frame named chunk_loss on the way)} over one epoch of ``trainer``."""
+    import sys
+
+    stack, found = [], {}
+
+    def profile(frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            stack.append((code.co_filename, code.co_qualname))
+            if code.co_name in targets and code.co_name not in found:
+                chain = []
+                for file, name in reversed(stack):
+                    chain.append((file, name))
+                    if name == "Trainer.train_epoch":
+                        break
+                if any(name.endswith("chunk_loss") for _, name in chain):
+                    found[code.co_name] = chain[::-1]
+        elif event == "return" and stack:
+            stack.pop()
+
+    sys.setprofile(profile)
+    try:
+        trainer.train_epoch(0)
+    finally:
+        sys.setprofile(None)
+    return found
+
+
+def test_one_step_of_the_main_job_runs_through_the_files_the_map_lists(tiny_model_dir, tmp_path):
+    """GROUP_PPO's epoch on a tiny model: from Trainer.train_epoch the clipped surrogate is at most 4 calls deep and
+    the log-probability of the training forward's step at most 6; every package file on both paths is in
+    docs/architecture.md's list of the files to open, which has at most 8."""
+    from trainer_helpers import tiny_trainer
+
+    listed = reading_path()
+    assert 0 < len(listed) <= 8 and all((ROOT / path).is_file() for path in listed), listed
+    trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, **{"sample.sde_window_size": 2})
+    chains = call_chains(trainer, {"clipped_surrogate", "gaussian_log_prob"})
+    trainer.rollouts.close()
+    assert set(chains) == {"clipped_surrogate", "gaussian_log_prob"}
+    ours = {name: [(Path(file).resolve(), function) for file, function in chain
+                   if Path(file).resolve().is_relative_to(ROOT / "ddpo_group")] for name, chain in chains.items()}
+    assert len(ours["clipped_surrogate"]) - 1 <= 4, ours["clipped_surrogate"]
+    assert len(ours["gaussian_log_prob"]) - 1 <= 6, ours["gaussian_log_prob"]
+    files = {str(file.relative_to(ROOT)) for chain in ours.values() for file, _ in chain}
+    assert files <= set(listed), f"files on the path and not in the list: {sorted(files - set(listed))}"

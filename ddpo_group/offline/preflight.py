@@ -204,7 +204,7 @@ class Preflight:
             rollouts.shards.total // config.train.group_size, config.train.group_size, whole_groups=rollouts.whole_groups)
         seed = round_seed(config.seed, 0, 0)
         trainer.model.eval()
-        with trainer.rollout_policy() as model, self.accelerator.autocast():
+        with trainer.updater.rollout_policy(trainer.sampling_model) as model, self.accelerator.autocast():
             return rollouts.sampler.sample(model, prompts[:size], metadata[:size],
                                            generators=sample_generators(seed, slice(0, size), self.accelerator.device),
                                            desc=None)
@@ -350,7 +350,7 @@ class Preflight:
         rows = torch.arange(len(batch), device=device)
         family.schedule(batch.num_steps, device)
         per_step = {}
-        with trainer.rollout_policy() as model:
+        with trainer.updater.rollout_policy(trainer.sampling_model) as model:
             was_training = model.training
             model.train()
             try:

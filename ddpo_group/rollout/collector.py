@@ -30,11 +30,10 @@ from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 from ddpo_group.algorithms.objectives import PREFERENCE
 from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import ConfigError, EpochAbandoned
-from ddpo_group.rewards import is_groupwise
 from ddpo_group.rewards.combine import component_label
-from ddpo_group.rollout.branching import AdaptiveBranches
+from ddpo_group.rollout.component import SampledRound
 from ddpo_group.rollout.reward_scorer import RewardScorer
-from ddpo_group.rollout.sampler import RolloutSampler, TextEmbeddingCache, greedy_rewards
+from ddpo_group.rollout.sampler import RolloutSampler, TextEmbeddingCache
 from ddpo_group.rollout.snapshot import SamplingSnapshot
 from ddpo_group.rollout.tweedie import valued_steps
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
@@ -126,20 +125,29 @@ class EpochRollouts:
 
 @dataclass
 class Estimation:
-    """What computes the advantages: the estimator (algorithms/advantages.py), DDPO's per-prompt stat tracker, the
-    estimator's controller (GROUP_PPO's threshold) and the critic whose values it reads (an estimator that needs one)."""
+    """What computes the advantages: the estimator (algorithms/advantages.py), DDPO's per-prompt stat tracker and the
+    estimator's controller (GROUP_PPO's threshold), whose parameters the estimator reads."""
 
     estimator: EstimatorSpec
     stat_tracker: PerPromptStatTracker
     controller: object | None = None
-    critic: object | None = None
-    below_start: object | None = None  # kl.only_below_start's gates of the KL term (reference/regularizer.py)
 
 
 def estimate_advantages(estimator, config, inputs: AdvantageInputs, controller=None) -> AdvantageOutput:
     """The estimator's output on a whole (gathered) round: advantages [B, T], returns, masks, metrics. Its keywords
     are its declared config fields, ``algorithm.adv_estimator_kwargs`` and its controller's."""
     return estimator(inputs, adv_clip_max=config.train.adv_clip_max, **estimator.params_from(config, controller))
+
+
+def rollout_tree(config, family, estimator: EstimatorSpec) -> dict[int, int]:
+    """Tree rollouts' {step: children} (sample.branch_steps, or GROUP_PPO's default tree), {} for flat sampling; a
+    branch step must be one the family samples with noise."""
+    stochastic = family.stochastic_steps(config.sample).nonzero().flatten().tolist()
+    branches = tree_branches(config, estimator.reads(config, "tree_nodes"), stochastic)
+    if not set(branches) <= set(stochastic):
+        raise ConfigError(f"the tree's branch steps {sorted(branches)} (sample.branch_steps, or the default "
+                          f"tree) must be steps {family.name} samples with noise: {stochastic}")
+    return branches
 
 
 def pool_rows(batches: list[RolloutBatch], keeps: list[torch.Tensor], size: int) -> RolloutBatch:
@@ -158,35 +166,29 @@ class RolloutCollector:
     batch and after the last round: when true, the epoch is abandoned (EpochAbandoned) and what sampling changed
     (prompt sampler, stat tracker, random generators) is restored.
 
-    ``shards``: the round's slices and gathers over the processes (distributed.py); ``estimation``: the estimator and
-    what it reads (``Estimation``); ``kl_in_reward(batch)`` -> (KL [B, T], step rewards [B, T]) of the sampled steps,
-    for the KL term in the reward (kl.in_reward; reference/regularizer.py); ``timer``: the trainer's PhaseTimer.
+    ``shards``: the round's slices and gathers over the processes (distributed.py); ``reward_scorer``: the reward
+    calls (rollout/reward_scorer.py); ``estimation``: the estimator and what it reads (``Estimation``);
+    ``components``: the run's components (rollout/component.py), which add to each round and its batch record;
+    ``branches``: tree rollouts' {step: children} ({} for flat sampling: ``rollout_tree``); ``critic``: the value
+    network whose values the sampler records (an estimator with a critic); ``timer``: the trainer's PhaseTimer.
     """
 
-    def __init__(self, config, shards: ProcessShards, family, reward_fn, prompt_sampler, estimation: Estimation,
-                 kl_in_reward=None, timer=NULL_TIMER, should_stop=lambda: False):
-        self.config, self.shards, self.family, self.reward_fn = config, shards, family, reward_fn
+    def __init__(self, config, shards: ProcessShards, family, reward_scorer: RewardScorer, prompt_sampler,
+                 estimation: Estimation, components=(), branches: dict | None = None, critic=None, timer=NULL_TIMER,
+                 should_stop=lambda: False):
+        self.config, self.shards, self.family = config, shards, family
+        self.reward_fn = reward_scorer.reward_fn
         self.accelerator = shards.accelerator
-        self.prompt_sampler, self.estimation, self.kl_in_reward = prompt_sampler, estimation, kl_in_reward
-        self.should_stop, self.timer = should_stop, timer
+        self.prompt_sampler, self.estimation, self.components = prompt_sampler, estimation, components
+        self.should_stop, self.timer, self.branches = should_stop, timer, branches or {}
         estimator = estimation.estimator
         # (label, weight) of each reward component: a combination's, or the single reward itself with weight 1
         single = [(component_label(str(config.reward_fn)), 1.0)]
-        self.reward_components = list(getattr(reward_fn, "components", None) or single)
-        # tree rollouts (sample.branch_steps, or GROUP_PPO's default tree): {step: children}, None for flat sampling
-        stochastic = family.stochastic_steps(config.sample).nonzero().flatten().tolist()
-        self.branches = tree_branches(config, estimator.reads(config, "tree_nodes"), stochastic) or None
-        if self.branches is not None and not set(self.branches) <= set(stochastic):
-            raise ConfigError(f"the tree's branch steps {sorted(self.branches)} (sample.branch_steps, or the default "
-                              f"tree) must be steps {family.name} samples with noise: {stochastic}")
-        # sample.adaptive_branching: the branch steps move after each epoch (rollout/branching.py)
-        self.branching = None
-        if config.sample.adaptive_branching:
-            self.branching = AdaptiveBranches(self.branches or {}, stochastic)
+        self.reward_components = list(getattr(self.reward_fn, "components", None) or single)
         # whole prompt groups on each process (PromptSampler.sample_epoch): a preference objective's units, a group's
         # trees (its leaves consecutive), a groupwise reward's calls (one per group, on the process that sampled it)
-        self.whole_groups = (get_objective(config.algorithm.objective).kind == PREFERENCE or self.branches is not None
-                             or is_groupwise(reward_fn))
+        self.whole_groups = (get_objective(config.algorithm.objective).kind == PREFERENCE or bool(branches)
+                             or reward_scorer.groupwise)
         # GROUP_PPO's Tweedie values: the steps whose one-step prediction is scored (rollout/tweedie.py)
         tweedie_steps = None
         if estimator.reads(config, "tweedie_values"):
@@ -196,10 +198,9 @@ class RolloutCollector:
         # (update/policy_update.py) and a loss that reads them (ratio_norm)
         options = SamplingOptions.rollouts(
             config.sample, family, record_means=not get_objective(config.algorithm.objective).is_matching,
-            branches=self.branches)
+            branches=branches or None)
         # the reward calls (RewardScorer: after an out-of-memory error the batch size that fits is kept for the run)
-        self.sampler = RolloutSampler(family, options, RewardScorer(reward_fn, config.reward_fn),
-                                      critic=estimation.critic, tweedie_steps=tweedie_steps,
+        self.sampler = RolloutSampler(family, options, reward_scorer, critic=critic, tweedie_steps=tweedie_steps,
                                       text_cache=TextEmbeddingCache(cache_size) if cache_size > 0 else None,
                                       timer=timer, should_stop=should_stop)
 
@@ -238,7 +239,8 @@ class RolloutCollector:
         return EpochRollouts(rounds, batch, batch_fill=float(self.shards.gather(batch.row_mask).mean()))
 
     def sample_round(self, epoch: int, round_index: int, model=None) -> Round:
-        """Sample one round, score it and gather it (module docstring); ``model`` None: the family's denoiser."""
+        """Sample one round, score it and gather it with what the components add (module docstring); ``model`` None:
+        the family's denoiser."""
         config, shards, accelerator = self.config, self.shards, self.accelerator
         model = model if model is not None else self.family.model
         group_size = config.train.group_size
@@ -249,43 +251,22 @@ class RolloutCollector:
         initial_noise = None
         if config.sample.same_initial_noise:
             initial_noise = group_initial_noise(seed, groups[mine], self.family.latent_shape(), accelerator.device)
-        if self.branching is not None:  # the branch steps the last epoch chose
-            self.sampler.options = replace(self.sampler.options, branches=self.branching.branches)
+        for component in self.components:
+            component.before_round(self.sampler)
         with accelerator.autocast():  # the precision the training forward recomputes log-probs in
             desc = f"epoch {epoch}: sampling" if accelerator.is_local_main_process else None
             batch = self.sampler.sample(
                 model, prompts[mine], metadata[mine], generators=sample_generators(seed, mine, accelerator.device),
                 initial_noise=initial_noise, desc=desc, groups=groups[mine])
-            extra = self.estimator_extras(epoch, batch, groups[mine], model, initial_noise)
-        return self.gather_round(batch, extra, prompts, groups)
+            sampled = SampledRound(epoch, batch, groups[mine], model, len(groups), initial_noise)
+            extra = {}
+            for component in self.components:
+                extra.update(component.round_inputs(sampled))
+        return self.gather_round(sampled, extra, prompts, groups)
 
-    def estimator_extras(self, epoch: int, batch: RolloutBatch, groups: list[int], model,
-                         initial_noise=None) -> dict:
-        """Per-sample inputs the estimator declares it needs: critic values, Tweedie values, the tree, ReMax's greedy
-        rewards, KL step rewards. With shared initial noise, ReMax's greedy sample of a group starts from the group's
-        x_0 too."""
-        config, estimator, extra = self.config, self.estimation.estimator, {}
-        if estimator.needs_critic:
-            extra["values"] = batch.values
-        if batch.tweedie_values is not None:
-            extra["tweedie_values"] = batch.tweedie_values
-        if batch.tree_nodes is not None:  # rows of this process -> rows of the gathered round
-            extra["tree_nodes"] = batch.tree_nodes + self.shards.mine.start
-        if estimator.needs_greedy_rewards:
-            with self.timer.phase("sampling"):  # greedy samples and their rewards
-                extra["greedy_rewards"] = greedy_rewards(
-                    self.family, model, batch.prompts, batch.metadata, groups, self.reward_scorer,
-                    SamplingOptions.deterministic(config.sample), seed=config.seed * 1_000_003 + epoch,
-                    initial_noise=initial_noise,
-                )
-        if self.kl_in_reward is not None:
-            with self.timer.phase("reference"):
-                extra["step_kl"], extra["step_rewards"] = self.kl_in_reward(batch)
-        return extra
-
-    def gather_round(self, batch: RolloutBatch, extra: dict, prompts: list[str], groups: list[int]) -> Round:
-        """Gather the round's rewards, what the estimator reads and the reward info over the processes."""
-        config, shards = self.config, self.shards
+    def gather_round(self, sampled: SampledRound, extra: dict, prompts: list[str], groups: list[int]) -> Round:
+        """Gather the round's rewards, what the components add and the reward info over the processes."""
+        config, shards, batch = self.config, self.shards, sampled.batch
         gathered = GatheredRound(
             **{key: shards.gather(value) for key, value in {"rewards": batch.rewards, **extra}.items()},
             reward_info={key: shards.gather(value) for key, value in batch.reward_info.items()})
@@ -296,31 +277,24 @@ class RolloutCollector:
         keep, dropped_share = zero_variance_group_filter(rewards.double(), torch.as_tensor(groups))
         if not config.algorithm.filter_groups:
             keep = torch.ones_like(keep)
-        queries = len(groups)
-        if "greedy_rewards" in extra:  # ReMax's greedy samples are reward queries too
-            queries += int(shards.gather(torch.tensor([len(set(groups[shards.mine]))])).sum())
-        if self.sampler.tweedie_steps:  # so are the one-step predictions GROUP_PPO's Tweedie values score
-            queries += len(groups) * len(self.sampler.tweedie_steps)
+        queries = len(groups) + sum(component.round_queries(sampled) for component in self.components)
         return Round(batch=batch, gathered=gathered, estimator_rewards=rewards, prompts=list(prompts),
                      groups=list(groups), keep=keep, dropped_share=dropped_share, num_groups=len(set(groups)),
                      reward_queries=queries, component_metrics=metrics)
 
     def estimate_round(self, r: Round) -> Round:
         """The estimator on the whole gathered round (every prompt group complete); each process keeps its rows of the
-        advantages (and of the critic's targets and mask)."""
+        advantages, and of what the components make with them."""
         shards, estimation, batch = self.shards, self.estimation, r.batch
         inputs = r.advantage_inputs(batch.num_steps, estimation.stat_tracker)
         out = estimate_advantages(estimation.estimator, self.config, inputs, estimation.controller)
         advantages = shards.local_rows(out.advantages)
         estimated = {"advantages": advantages,
                      "group_index": torch.tensor(r.groups)[shards.mine].to(advantages.device)}  # prompt groups
-        if estimation.below_start is not None:  # the KL term's weight of each row: its prompt's gate
-            gates = estimation.below_start.weights(r.prompts, r.gathered.rewards)
-            estimated["kl_weights"] = shards.local_rows(gates.to(advantages.device))
-        if estimation.critic is not None:
-            targets, mask = estimation.estimator.critic_regression(out)
-            estimated.update(critic_targets=shards.local_rows(targets), critic_mask=shards.local_rows(mask))
-        return replace(r, out=out, batch=replace(batch, **estimated))
+        r = replace(r, out=out)
+        for component in self.components:
+            estimated.update(component.batch_fields(r))
+        return replace(r, batch=replace(batch, **estimated))
 
     def component_advantages(self, gathered: GatheredRound, groups) -> tuple[torch.Tensor, dict]:
         """GDPO's decoupled normalisation on the gathered round: (S [B_global], adv/<component>/* metrics), with
@@ -342,12 +316,6 @@ class RolloutCollector:
         """True while some process holds fewer than a batch of rows from groups with reward variance."""
         kept = sum(int(self.shards.local_rows(r.keep).sum()) for r in rounds)
         return bool(self.shards.gather(torch.tensor([kept])).min() < self.shards.local)
-
-    def critic_fit(self, rounds: list[Round]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(targets, old values, mask) of the critic over the kept rows of every round (the controller's input)."""
-        pairs = [self.estimation.estimator.critic_regression(r.out) + (r.gathered.values, r.keep) for r in rounds]
-        return (torch.cat([t[k] for t, _, _, k in pairs]), torch.cat([v[k] for _, _, v, k in pairs]),
-                torch.cat([m[k] for _, m, _, k in pairs]))
 
     def close(self, wait: bool = True) -> None:
         self.sampler.close(wait)

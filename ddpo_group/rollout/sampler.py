@@ -128,8 +128,8 @@ class RolloutSampler:
             if self.critic is not None:  # V(x_n, t_n, c) of every pre-step latent, one batched forward
                 with timer.phase("critic"):
                     clean_hat = traj.clean_hat if self.critic.reads_clean_hat else None
-                    traj.values = self.critic.values(traj.latents[:, :-1], traj.timesteps, cond["prompt_embeds"][rows],
-                                                     clean_hat)
+                    traj = replace(traj, values=self.critic.values(traj.latents[:, :-1], traj.timesteps,
+                                                                   cond["prompt_embeds"][rows], clean_hat))
             if pending is None:
                 futures.append(self.executor.submit(self.score, traj.images, prompts[rows],
                                                     traj.reward_metadata(metadata[rows])))

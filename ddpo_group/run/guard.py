@@ -134,13 +134,14 @@ class Guard:
                     f"({self.start[spread_of(key)]:.4f}), more than guard.max_drift={config.max_drift:g}")))
         return alarms
 
-    def after_evaluation(self, epoch: int, metrics: dict, session, weights) -> bool:
+    def after_evaluation(self, epoch: int, metrics: dict, session, best_weights, weights) -> bool:
         """Evaluation ``epoch`` observed: its weights, inside ``weights()``, kept when it is the best so far
-        (session.keep_best, with the score it was selected on and the one reported), and each alarm it raises acted
-        on as guard.on_alarm says (module docstring). True when the best evaluation's weights are to be restored."""
+        (run/best_weights.py's ``best_weights.keep``, with the score it was selected on and the one reported), and each
+        alarm it raises acted on as guard.on_alarm says (module docstring). True when the best evaluation's weights are
+        to be restored."""
         best, alarms = self.observe(epoch, metrics)
         if best:
-            session.keep_best(epoch, self.measure, self.best_record(), weights)
+            best_weights.keep(epoch, self.measure, self.best_record(), weights)
         if self.config.on_alarm == "off":
             return False
         restore = False
@@ -148,7 +149,7 @@ class Guard:
             restores = self.config.on_alarm == "restore" and alarm.rule in RESTORING
             action = f"; restoring the weights of epoch {self.best['epoch']}" if restores else ""
             session.print(f"guard ({alarm.rule}): {alarm.message}; {self.best_line()}, its weights in "
-                          f"{session.best_path()}{action}")
+                          f"{best_weights.path}{action}")
             session.guard_notes.append(f"{alarm.rule} after epoch {epoch}"
                                        + (f": the weights of epoch {self.best['epoch']} restored" if restores else ""))
             if self.config.on_alarm == "stop":

@@ -35,9 +35,6 @@ from accelerate.utils import DistributedType, broadcast_object_list
 from ddpo_group.distributed import check_peers
 from ddpo_group.errors import CheckpointError, GuardStopped, NonFiniteLossError, TrainingInterrupted, signal_name
 from ddpo_group.run.persistence.checkpointing import (
-    BEST_LORA,
-    BEST_RECORD,
-    BEST_WEIGHTS,
     TrainingState,
     best_weights,
     checkpoint_dir,
@@ -48,7 +45,6 @@ from ddpo_group.run.persistence.checkpointing import (
     resolve_resume_path,
     run_dir_of_checkpoint,
     save_checkpoint,
-    trained_weights,
 )
 from ddpo_group.run.command.cli_errors import is_main_process
 from ddpo_group.run.processes.cpu_fsdp import launch_shards
@@ -92,12 +88,12 @@ class RunSession:
         self.saved_epoch = None  # the epoch of the checkpoint last written or resumed from
         self.guard_stop: str | None = None  # the guard's stop message (stop_by_guard)
         self.guard_notes: list[str] = []  # the guard's alarms, for the summary
-        self.pieces = []  # the training state's pieces a checkpoint holds besides accelerate's (attach)
+        self.pieces = {}  # {name: piece}: the training state a checkpoint holds besides accelerate's (attach)
         self.model = self.family = None  # the policy model (accelerate-wrapped) and its family, for the LoRA export
         self.timer = NULL_TIMER
         self.lora_weights = nullcontext  # a context in which the model holds the weights to export (attach)
 
-    def attach(self, accelerator, model, family, stateful: list, timer=NULL_TIMER, lora_weights=nullcontext) -> None:
+    def attach(self, accelerator, model, family, stateful: dict, timer=NULL_TIMER, lora_weights=nullcontext) -> None:
         """Register the run's state for checkpoints, resume it, write config.json and start the trackers.
         ``family`` exports ``model``'s LoRA adapter in its pipeline's diffusers format, with the weights ``model``
         holds inside ``lora_weights()`` (the EMA's with train.ema_export)."""
@@ -108,7 +104,7 @@ class RunSession:
             self.print(self.wandb_note)
         for warning in self.resume_warnings:
             self.print(f"warning: {warning}")
-        self.pieces = list(stateful)
+        self.pieces = dict(stateful)
         if self.resume_path is not None:
             try:
                 load_checkpoint(accelerator, self.resume_path, self.pieces)
@@ -173,6 +169,11 @@ class RunSession:
                 f"{self.resume_path.parent} until overwritten; resuming from the run directory would pick them"
             )
 
+    @property
+    def resumed(self) -> bool:
+        """The run continues from a checkpoint (resume_from)."""
+        return self.resume_path is not None
+
     # ------------------------------------------------------------------ the loop
     def remaining_epochs(self) -> range:
         """The epochs still to train: after the resumed checkpoint's, up to num_epochs - 1."""
@@ -227,45 +228,9 @@ class RunSession:
         """The run's evaluation records so far (eval.jsonl; a resumed run's, rewound to its checkpoint)."""
         return read_metrics(self.run_dir / EVAL_LOG)
 
-    def best_path(self) -> Path:
-        """Where the best evaluation's weights are kept (keep_best)."""
-        return self.run_dir / (BEST_LORA if self.config.use_lora else BEST_WEIGHTS)
-
     def stop_by_guard(self, message: str) -> None:
         """Stop after this epoch, with a checkpoint and a clean exit: the guard's alarm (run/guard.py)."""
         self.guard_stop = f"training stopped by the guard after an alarm: {message}"
-
-    def keep_best(self, epoch: int, measure: str, scores: dict, weights=nullcontext) -> Path:
-        """The weights of evaluation ``epoch``, the best so far by ``measure`` (run/guard.py), inside ``weights()``
-        (the EMA's when the evaluation sampled with it): with LoRA lora_best/ (diffusers format), else best/ (the
-        trained weights, model.safetensors, as scripts/evaluate.py loads them); each with best.json naming the
-        evaluation and its ``scores`` ("score", the one reported, and where it was selected and reported). Written
-        beside and then moved in: an interruption leaves the previous best whole."""
-        with self.timer.phase("checkpoint"):
-            target, state = self.best_path(), None
-            if not self.config.use_lora:  # every process (FSDP gathers the full weights on the main process)
-                with weights():
-                    state = self.accelerator.get_state_dict(self.model)
-            if self.accelerator.is_main_process:
-                partial = target.with_name(target.name + ".tmp")
-                shutil.rmtree(partial, ignore_errors=True)
-                with writing(partial, f"the weights of the best evaluation (epoch {epoch})"):
-                    if self.config.use_lora:
-                        with weights():
-                            self.family.save_lora(self.model, partial)
-                    else:
-                        from safetensors.torch import save_file
-
-                        kept = trained_weights(self.accelerator.unwrap_model(self.model))
-                        partial.mkdir(parents=True)
-                        save_file({k: v.detach().cpu().contiguous() for k, v in state.items() if k in kept},
-                                  str(partial / "model.safetensors"))
-                    record = {"epoch": epoch, "measure": measure, **scores}
-                    (partial / BEST_RECORD).write_text(json.dumps(record) + "\n")
-                    shutil.rmtree(target, ignore_errors=True)
-                    os.replace(partial, target)
-            self.accelerator.wait_for_everyone()
-            return target
 
     def stop_agreed(self) -> bool:
         """True when any process got a stop signal (all processes must stop at the same point)."""

@@ -22,6 +22,7 @@ share x_{n+1}).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -29,13 +30,16 @@ import torch
 from ddpo_group.sampling.batch import RolloutBatch
 
 
-@dataclass
+@dataclass(frozen=True)
 class Trajectories:
+    """B sampled trajectories, made whole where they are made and checked there (each field's leading dimensions);
+    a caller that adds to them (the critic's values) makes a new record (``dataclasses.replace``)."""
+
     images: torch.Tensor | None  # [B, 3, H, W] in [0, 1], float32 (a video family's frames: [B, F, 3, H, W])
     latents: torch.Tensor  # [B, T+1, ...]: x_0 (noise) .. x_T (final latent)
     log_probs: torch.Tensor  # [B, T]
     steps: dict = field(default_factory=dict)  # the family's per-step tensors ("timesteps", "sigmas", ...), [B, T]
-    values: torch.Tensor | None = None  # [B, T] critic values of the pre-step latents, set by the caller
+    values: torch.Tensor | None = None  # [B, T] critic values of the pre-step latents (rollout/sampler.py's)
     means: torch.Tensor | None = None  # [B, T, ...] each step's mean mu_n (float32), when asked for (record_means)
     # [B, S, ...] float32, clean_hat(x_n) at the S steps SamplingOptions.clean_hat_steps asks for: column k is step
     # clean_hat_steps[k] (every step's, column n step n, when it asks for all of them)
@@ -43,6 +47,18 @@ class Trajectories:
     shared_from: torch.Tensor | None = None  # [B, T+1] a tree's: the first leaf sharing each leaf's state x_n
     audio: torch.Tensor | None = None  # [B, channels, samples] float32: a family with audio's (``decode_audio``)
     audio_sample_rate: int = 0  # the audio's samples per second
+
+    def __post_init__(self):
+        size, num_steps = self.log_probs.shape
+        leading = {"latents": (size, num_steps + 1), "values": (size, num_steps), "means": (size, num_steps),
+                   "shared_from": (size, num_steps + 1), "images": (size,), "audio": (size,),
+                   "clean_hat": (size,), **{f"steps[{key!r}]": (size, num_steps) for key in self.steps}}
+        tensors = {**vars(self), **{f"steps[{key!r}]": value for key, value in self.steps.items()}}
+        wrong = {name: tuple(tensors[name].shape) for name, dims in leading.items()
+                 if tensors[name] is not None and tuple(tensors[name].shape[:len(dims)]) != dims}
+        if wrong:
+            raise ValueError(f"trajectories of {size} rows and {num_steps} steps (log_probs) have fields of other "
+                             f"shapes: {wrong}")
 
     def reward_metadata(self, metadata: list[dict]) -> list[dict]:
         """The rows' metadata as the rewards receive it: with each sample's audio (``metadata[i]["audio"]``, on the CPU,
@@ -193,9 +209,7 @@ def sample_trees(family, model, cond: dict, negative: dict | None, options: Samp
         out, latents = stochastic_step(family, output, latents, step, options, n, node_generator, dtype)
         record.step(n, out, size)
         shared.append(nodes.repeat_interleave(size))
-    traj = record.trajectories(family, latents)
-    traj.shared_from = torch.stack(shared, dim=1)
-    return traj
+    return record.trajectories(family, latents, shared_from=torch.stack(shared, dim=1))
 
 
 def stochastic_step(family, output, latents, step: dict, options: SamplingOptions, n: int, generator, dtype):
@@ -278,8 +292,8 @@ class _Record:
             self.log_probs.append(_leaves(out.log_prob, size) if self.log_prob_at(n)
                                   else torch.zeros(self.batch, device=self.device))
 
-    def trajectories(self, family, final: torch.Tensor) -> Trajectories:
-        """The record, with the images of the ``final`` latents when the options decode."""
+    def trajectories(self, family, final: torch.Tensor, shared_from: torch.Tensor | None = None) -> Trajectories:
+        """The record, with the images of the ``final`` latents when the options decode (``shared_from``: a tree's)."""
         batch, device, options = self.batch, self.device, self.options
         makes_audio = options.decode and makes_sound(family)
         return Trajectories(
@@ -292,6 +306,7 @@ class _Record:
             steps={key: values.to(device).unsqueeze(0).expand(batch, -1).clone() for key, values in self.schedule.items()},
             means=torch.stack(self.means, dim=1) if self.options.record_means else None,
             clean_hat=torch.stack(self.clean_hat, dim=1) if self.clean_hat else None,
+            shared_from=shared_from,
         )
 
 
@@ -314,11 +329,15 @@ def with_audio(metadata: list[dict], audio: torch.Tensor | None, rate: int) -> l
     return [{**(row or {}), "audio": audio[i], "audio_sample_rate": rate} for i, row in enumerate(metadata)]
 
 
+# the decode chunk that fit each family's VAE after an out-of-memory error, for the rest of the process
+DECODE_CHUNKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def decode_latents(family, latents: torch.Tensor, chunk: int = 0) -> torch.Tensor:
     """Final latents -> images, ``chunk`` latents at a time (0: all at once). An out-of-memory error (the VAE's
     activations are the sampling phase's peak at high resolution) halves the chunk, for this call and every later
-    one (kept on the family as ``decode_chunk``)."""
-    chunk = min(chunk or len(latents), getattr(family, "decode_chunk", 0) or len(latents))
+    one of the family (``DECODE_CHUNKS``)."""
+    chunk = min(chunk or len(latents), DECODE_CHUNKS.get(family, 0) or len(latents))
     while True:
         try:
             return torch.cat([family.decode(part) for part in latents.split(chunk)])
@@ -326,7 +345,7 @@ def decode_latents(family, latents: torch.Tensor, chunk: int = 0) -> torch.Tenso
             if chunk == 1:
                 raise
             chunk = max(1, chunk // 2)
-            family.decode_chunk = chunk
+            DECODE_CHUNKS[family] = chunk
             torch.cuda.empty_cache()
 
 

@@ -20,7 +20,7 @@ export) and restores the training weights bitwise afterwards.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -99,6 +99,12 @@ class EMAWeights:
         load_weight_copies(self.shadow, state["shadow"], "EMA")
         self.steps, self.updates = int(state["steps"]), int(state["updates"])
         self.last_decay = float(state.get("last_decay", float("nan")))
+
+
+def held_weights(ema: EMAWeights | None, use_ema: bool):
+    """The context in which the model holds the weights to evaluate or export: the EMA's when the run has one and
+    ``use_ema`` (train.ema_eval, train.ema_export), else the training weights as they are."""
+    return ema.swapped_in if ema is not None and use_ema else nullcontext
 
 
 def load_weight_copies(copies: list[torch.Tensor], saved: list[torch.Tensor], what: str) -> None:

@@ -26,37 +26,36 @@ import torch
 
 from ddpo_group.algorithms import get_objective
 from ddpo_group.update.forward_process import ForwardProcess
-from ddpo_group.update.updater import Chunk, Updater, fold_metrics
+from ddpo_group.update.updater import Chunk, UpdateOptions, Updater, fold_metrics
 
 
 class MatchingUpdater(Updater):
     """``train.num_inner_epochs`` passes of a matching objective (``algorithm.objective``, an ObjectiveSpec of kind
-    "matching") over an epoch's final samples (module docstring). ``old`` (update/old_model.OldModel) when the
-    objective needs an old model; ``step_count()``: the optimizer steps taken before this epoch (the old model's decay
-    schedule reads it)."""
+    "matching") over an epoch's final samples (module docstring). The options' ``old`` (update/old_model.OldModel) when
+    the objective needs an old model; their ``step_count()``: the optimizer steps taken before this epoch (the old
+    model's decay schedule reads it)."""
 
-    def __init__(self, config, accelerator, model, optimizer, trainable_params, scorer, kl=None, pairs_per_forward=None,
-                 after_optimizer_step=None, old=None, step_count=lambda: 0):
+    def __init__(self, options: UpdateOptions):
+        config = options.config
         objective = get_objective(config.algorithm.objective)
-        self.forward = ForwardProcess(config, scorer.family, objective)
+        self.forward = ForwardProcess(config, options.scorer.family, objective)
         kwargs = config.algorithm.objective_kwargs
-        if objective.uses_old_model(kwargs) and old is None:
+        if objective.uses_old_model(kwargs) and options.old is None:
             raise ValueError(f"objective {objective.name!r} with algorithm.objective_kwargs={dict(kwargs)} needs an old "
                              "model")
-        super().__init__(config, accelerator, model, optimizer, trainable_params, scorer, kl, pairs_per_forward,
-                         after_optimizer_step)
-        self.objective, self.old = objective, old
+        super().__init__(options)
+        self.objective, self.old = objective, options.old
         self.objective_kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
-        self.step_count = step_count
+        self.step_count = options.step_count
 
     def trainable_steps(self) -> torch.Tensor:
         return self.forward.every_step()
 
-    def rollout_policy(self):
+    def rollout_policy(self, policy):
         """The old model's weights for an objective that samples with it (DiffusionNFT samples with v_old), the
-        policy's otherwise."""
+        policy's (``policy``) otherwise."""
         if self.old is None or not self.objective.needs_old_model:  # awm's old model only regularises
-            return nullcontext()
+            return nullcontext(policy)
         return self.old.applied(self.accelerator.unwrap_model(self.model))
 
     def end_epoch(self, metrics: dict) -> None:

@@ -125,6 +125,12 @@ class PairsPerForward:
             return CPU_PAIRS_PER_FORWARD
         return self.sizes.get("pairs_per_forward")
 
+    def setting(self) -> str:
+        """The setting that chooses the size, for the out-of-memory message (update/memory_fit.py's
+        ``names_the_setting``)."""
+        value = self.value
+        return f"train.pairs_per_forward={value if value is not None else 'auto'}{' (auto)' if self.auto else ''}"
+
     def take_seen_peak(self) -> int:
         """The CUDA peak the probe saw this epoch (0 without a probe): the epoch's peak reading must include it."""
         peak, self.seen_peak = self.seen_peak, 0

@@ -26,16 +26,15 @@ import torch
 from ddpo_group.algorithms import aggregation_weights, gaussian_kl, get_policy_loss
 from ddpo_group.distributed import check_peers
 from ddpo_group.update.on_policy import ratio_deviation
-from ddpo_group.update.updater import Chunk, Updater, fold_metrics
+from ddpo_group.update.updater import Chunk, UpdateOptions, Updater, fold_metrics
 
 
 class PolicyUpdater(Updater):
     """The clipped policy-gradient update over an epoch's (sample, step) pairs (module docstring)."""
 
-    def __init__(self, config, accelerator, model, optimizer, trainable_params, scorer, kl=None, pairs_per_forward=None,
-                 after_optimizer_step=None):
-        super().__init__(config, accelerator, model, optimizer, trainable_params, scorer, kl, pairs_per_forward,
-                         after_optimizer_step)
+    def __init__(self, options: UpdateOptions):
+        super().__init__(options)
+        config = options.config
         self.loss = get_policy_loss(config.algorithm.policy_loss)
         kwargs = config.algorithm.policy_loss_kwargs
         self.loss_kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
@@ -90,7 +89,7 @@ class PolicyUpdater(Updater):
                 self.trajectory_loss(batch, chunk.train_batch, outputs, sums)
             return
         w = chunk.weights.to(device, non_blocking=True)
-        policy_loss, info = self.loss(old_log_prob, out.log_prob, batch.advantages[r, n], w,  # 2.
+        policy_loss, info = self.loss.fn(old_log_prob, out.log_prob, batch.advantages[r, n], w,  # 2.
                                       **self.bounds, **self.step_means(batch, r, n, out), **self.loss_kwargs)
         loss = policy_loss
         if kl is not None:  # 3.

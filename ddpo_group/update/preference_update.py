@@ -34,7 +34,7 @@ from ddpo_group.algorithms.objectives import group_rows, preference_pairs
 from ddpo_group.distributed import check_peers
 from ddpo_group.errors import ConfigError
 from ddpo_group.update.forward_process import ForwardProcess
-from ddpo_group.update.updater import Chunk, Updater, fold_metrics
+from ddpo_group.update.updater import Chunk, UpdateOptions, Updater, fold_metrics
 
 
 class PreferenceUpdater(Updater):
@@ -42,15 +42,14 @@ class PreferenceUpdater(Updater):
 
     unit_width = 2  # batch rows per unit: a pair's (dpo); a prompt group's (dgpo: set from train.group_size)
 
-    def __init__(self, config, accelerator, model, optimizer, trainable_params, scorer, kl=None, pairs_per_forward=None,
-                 after_optimizer_step=None):
-        if kl is None:
+    def __init__(self, options: UpdateOptions):
+        config = options.config
+        if options.kl is None:
             raise ConfigError(f"algorithm.objective={config.algorithm.objective!r} compares the policy with a reference "
                               "model: set kl.use_reference_model=True (kl.beta may stay 0)")
         self.objective = get_objective(config.algorithm.objective)
-        self.forward = ForwardProcess(config, scorer.family, self.objective)
-        super().__init__(config, accelerator, model, optimizer, trainable_params, scorer, kl, pairs_per_forward,
-                         after_optimizer_step)
+        self.forward = ForwardProcess(config, options.scorer.family, self.objective)
+        super().__init__(options)
         kwargs = config.algorithm.objective_kwargs
         self.objective_kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
         self.unit_width = 2 if self.objective.units == "pairs" else config.train.group_size

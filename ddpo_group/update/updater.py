@@ -22,9 +22,9 @@ Several processes: every process runs the same number of train batches (they hol
 dynamic sampling's dropped rows, weigh nothing), and a train batch without a real pair runs one zero-weight pair so
 that every process meets the same backward calls.
 
-Hot loop: no host-device synchronisation inside a train batch. The step mask and the pair indices are built on the
-CPU and moved once per train batch; metrics are accumulated as device tensors and read once at the end of the epoch;
-the non-finite check (losses and gradient norm) is one sync per train batch, before its optimizer step.
+Hot loop: the step mask and the pair indices are built on the CPU and moved once per train batch; the non-finite check
+(losses and gradient norm) is one host-device sync per train batch, before its optimizer step. A loss's metrics are
+read as numbers where it computes them (algorithms/policy_losses.py: a few syncs a chunk).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections import defaultdict
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -78,27 +79,45 @@ def fold_metrics(sums: dict, info: dict, share: float) -> None:
         sums[key] += share * (value.detach() if isinstance(value, torch.Tensor) else value)
 
 
-class Updater:
-    """``train.num_inner_epochs`` passes over an epoch's units (module docstring). A subclass gives ``chunk_loss``
-    and, where it differs from a sample a unit with equal weights over the SDE window's steps, the hooks
-    ``epoch_units``, ``pair_weights``, ``trainable_steps``, ``begin_epoch`` and ``end_epoch``.
+@dataclass(frozen=True)
+class UpdateOptions:
+    """What an updater is built from (every objective's the same).
 
-    Args:
-        scorer: sampling/trajectories.py's TransitionScorer, the step output of recorded transitions under a model
-        kl: reference/regularizer.py's KLRegularizer, or None: the KL term
-        pairs_per_forward: an int, or a callable (updater, batch) -> int (update/memory_fit.py's PairsPerForward
-            resolves "auto")
-        after_optimizer_step: runs after every optimizer step (the EMA: update/ema.py)
+    config, accelerator, optimizer: the run's; model: the policy denoiser (accelerate-prepared); params: its trainable
+    parameters (clipped); scorer: sampling/trajectories.py's TransitionScorer, the step output of recorded transitions
+    under a model; kl: reference/regularizer.py's KLRegularizer, or None: the KL term; pairs_per_forward: an int, a
+    callable (updater, batch) -> int (update/memory_fit.py's PairsPerForward resolves "auto"), or None: the config's;
+    ema: update/ema.py's EMAWeights, stepped after every optimizer step, or None; old: a matching objective's old model
+    (update/old_model.py), or None; step_count(): the optimizer steps taken before this epoch (its decay reads them).
     """
+
+    config: object
+    accelerator: object
+    model: object
+    optimizer: object
+    params: list
+    scorer: object
+    kl: object = None
+    pairs_per_forward: object = None
+    ema: object = None
+    old: object = None
+    step_count: Callable[[], int] = lambda: 0
+
+
+class Updater:
+    """``train.num_inner_epochs`` passes over an epoch's units (module docstring), built from ``UpdateOptions``. A
+    subclass gives ``chunk_loss`` and, where it differs from a sample a unit with equal weights over the SDE window's
+    steps, the hooks ``epoch_units``, ``pair_weights``, ``trainable_steps``, ``begin_epoch`` and ``end_epoch``."""
 
     unit_width = 1  # batch rows per unit
 
-    def __init__(self, config, accelerator, model, optimizer, trainable_params, scorer, kl=None, pairs_per_forward=None,
-                 after_optimizer_step=None):
-        self.config, self.accelerator, self.model, self.optimizer = config, accelerator, model, optimizer
-        self.params, self.scorer, self.kl = trainable_params, scorer, kl
-        self.pairs_per_forward = config.train.pairs_per_forward if pairs_per_forward is None else pairs_per_forward
-        self.after_optimizer_step = after_optimizer_step
+    def __init__(self, options: UpdateOptions):
+        self.options = options
+        self.config, self.accelerator, self.model, self.optimizer = (options.config, options.accelerator, options.model,
+                                                                     options.optimizer)
+        self.params, self.scorer, self.kl, self.ema = list(options.params), options.scorer, options.kl, options.ema
+        self.pairs_per_forward = (self.config.train.pairs_per_forward if options.pairs_per_forward is None
+                                  else options.pairs_per_forward)
 
     @property
     def uses_reference(self) -> bool:
@@ -122,9 +141,10 @@ class Updater:
         1 / (the train batch's pairs)."""
         return 1.0 / max(num_pairs, 1)
 
-    def rollout_policy(self):
-        """Context in which the rollouts are sampled; it yields the denoiser they sample with, or None: the policy."""
-        return nullcontext()
+    def rollout_policy(self, policy):
+        """Context in which the rollouts are sampled; it yields the denoiser they sample with: ``policy`` (the policy's
+        sampling denoiser) unless the objective samples with another."""
+        return nullcontext(policy)
 
     def begin_epoch(self, batch) -> None:
         """Before the epoch's first train batch."""
@@ -147,10 +167,10 @@ class Updater:
         """Update the policy on ``batch`` (this process's rows); returns the metrics averaged over the train batches
         that hold a real unit, the optimizer steps taken and ``pairs``: the (sample, step) pairs trained (every inner
         epoch; a unit of K rows counts K a step)."""
-        train = self.config.train
+        train, accelerator = self.config.train, self.accelerator
         real, unit_metrics = self.epoch_units(batch)
         num_units, num_steps = len(real), batch.num_steps
-        self.scorer.prepare(self.config.sample.num_steps, self.accelerator.device)
+        self.scorer.prepare(self.config.sample.num_steps, accelerator.device)
         self.model.train()
         chunk = self.chunk_size(batch) if num_units else None  # "auto" is measured here, in training mode
         self.begin_epoch(batch)
@@ -165,12 +185,17 @@ class Updater:
             step_mask[real_units] = random_step_mask(len(real_units), num_steps, train.step_fraction,
                                                      trainable=self.trainable_steps())  # on the CPU: no syncs
             pairs += self.unit_width * int(step_mask.count_nonzero())  # a CPU tensor: no sync
-            for start in range(0, num_units, per_batch):
+            for start in range(0, num_units, per_batch):  # a train batch: its chunks' gradients, one optimizer step
                 units = order[start : start + per_batch]
-                position = f"train batch {start // per_batch} of inner epoch {inner}"
-                metrics = self.train_batch(batch, units, step_mask[units], position, optimizer_steps,
-                                           at_rollout_weights=optimizer_steps == 0)
-                grad_norm = metrics.pop("grad_norm", None)
+                with accelerator.accumulate(self.model):
+                    metrics = defaultdict(float)
+                    for chunk_pairs in self.chunks(batch, units, step_mask[units], at_rollout_weights=optimizer_steps == 0):
+                        # gradients are all-reduced once per train batch, at the backward of its last chunk
+                        with nullcontext() if chunk_pairs.last else accelerator.no_sync(self.model), \
+                                accelerator.autocast():
+                            self.chunk_loss(batch, chunk_pairs, metrics)
+                    position = f"train batch {start // per_batch} of inner epoch {inner}"
+                    grad_norm = self.optimizer_step(metrics, position, optimizer_steps)
                 if grad_norm is not None:  # only on optimizer steps
                     sums["grad_norm"] += grad_norm
                     optimizer_steps += 1
@@ -187,32 +212,30 @@ class Updater:
         self.end_epoch(out)
         return out
 
-    def train_batch(self, batch, units: torch.Tensor, step_mask: torch.Tensor, position: str,
-                    optimizer_steps: int, at_rollout_weights: bool = False) -> dict:
-        """One train batch: its gradients, the non-finite check (naming ``position``), the optimizer step;
-        ``at_rollout_weights``: no optimizer step yet this epoch."""
-        with self.accelerator.accumulate(self.model):
-            metrics = self.accumulate_gradients(batch, units, step_mask, at_rollout_weights=at_rollout_weights)
-            if self.accelerator.sync_gradients:
-                norm = self.accelerator.clip_grad_norm_(self.params, self.config.train.max_grad_norm)
-                metrics["grad_norm"] = norm.detach() if isinstance(norm, torch.Tensor) else norm  # read at epoch end
-            # one host-device sync per train batch, before the optimizer step the losses would feed; with several
-            # processes only where the gradients were all-reduced, so all raise at the same step (run/processes/process_failures.py)
-            if self.accelerator.sync_gradients or self.accelerator.num_processes == 1:
-                check_finite(position, optimizer_steps, policy_loss=metrics.get("policy_loss"),
-                             kl_loss=metrics.get("kl_loss"), grad_norm=metrics.get("grad_norm"))
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            if self.accelerator.sync_gradients and self.after_optimizer_step is not None:
-                self.after_optimizer_step()
-        return metrics
+    def optimizer_step(self, metrics: dict, position: str, optimizer_steps: int):
+        """After a train batch's backward passes: where the gradients are synced, their norm clipped (returned, read
+        at the epoch's end; None elsewhere), the non-finite check (naming ``position``), the optimizer step, the EMA's."""
+        grad_norm = None
+        if self.accelerator.sync_gradients:
+            norm = self.accelerator.clip_grad_norm_(self.params, self.config.train.max_grad_norm)
+            grad_norm = norm.detach() if isinstance(norm, torch.Tensor) else norm
+        # one host-device sync per train batch, before the optimizer step the losses would feed; with several
+        # processes only where the gradients were all-reduced, so all raise at the same step
+        # (run/processes/process_failures.py)
+        if self.accelerator.sync_gradients or self.accelerator.num_processes == 1:
+            check_finite(position, optimizer_steps, policy_loss=metrics.get("policy_loss"),
+                         kl_loss=metrics.get("kl_loss"), grad_norm=grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.accelerator.sync_gradients and self.ema is not None:
+            self.ema.step()
+        return grad_norm
 
-    def accumulate_gradients(self, batch, units: torch.Tensor, step_mask: torch.Tensor,
-                             pairs_per_forward: int | None = None, at_rollout_weights: bool = False) -> dict:
-        """Backpropagate one train batch's loss, chunk by chunk of (unit, step) pairs: the pairs are ``step_mask``'s
-        [b, T] nonzero entries, ``units`` [b] the train batch's units (its rows, for a sample a unit). The chunks'
-        gradients add up to the whole train batch's; memory is one chunk's activations. ``step_mask`` may live on the
-        CPU (the loop's case: the pairs are then found without a device sync); returns detached metrics."""
+    def chunks(self, batch, units: torch.Tensor, step_mask: torch.Tensor, pairs_per_forward: int | None = None,
+               at_rollout_weights: bool = False) -> list[Chunk]:
+        """One train batch's (unit, step) pairs in chunks of ``pairs_per_forward`` (default ``chunk_size``): the pairs
+        are ``step_mask``'s [b, T] nonzero entries, ``units`` [b] the train batch's units (its rows, for a sample a
+        unit). ``step_mask`` may live on the CPU (the loop's case: the pairs are then found without a device sync)."""
         pair_units, pair_steps = step_mask.cpu().nonzero(as_tuple=True)
         weights = self.pair_weights(step_mask, int(pair_units.numel()))
         if pair_units.numel() == 0:  # no real pair: one zero-weight pair keeps the processes' backward calls in step
@@ -220,19 +243,26 @@ class Updater:
             weights = torch.zeros(1) if isinstance(weights, torch.Tensor) else 0.0
         pair_rows, num_pairs = units.cpu()[pair_units], len(pair_steps)
         size = max(1, (pairs_per_forward or self.chunk_size(batch)) // self.unit_width)
-        chunks = torch.split(torch.arange(num_pairs), size)
+        indices = torch.split(torch.arange(num_pairs), size)
         train_batch = (units, step_mask, pair_units, pair_steps, weights)
-        sums = defaultdict(float)
-        for k, index in enumerate(chunks):
-            last = k == len(chunks) - 1
+        chunks = []
+        for k, index in enumerate(indices):
             if isinstance(weights, torch.Tensor):
                 share, chunk_weights = len(index) / num_pairs, weights[index]
             else:
                 share, chunk_weights = len(index) * weights, weights
-            chunk = Chunk(pair_rows[index], pair_steps[index], chunk_weights, num_pairs, share, at_rollout_weights,
-                          last, train_batch)
-            # gradients are all-reduced once per train batch, at the backward of its last chunk
-            with nullcontext() if last else self.accelerator.no_sync(self.model), self.accelerator.autocast():
+            chunks.append(Chunk(pair_rows[index], pair_steps[index], chunk_weights, num_pairs, share,
+                                at_rollout_weights, k == len(indices) - 1, train_batch))
+        return chunks
+
+    def accumulate_gradients(self, batch, units: torch.Tensor, step_mask: torch.Tensor,
+                             pairs_per_forward: int | None = None, at_rollout_weights: bool = False) -> dict:
+        """Backpropagate one train batch's loss chunk by chunk (``chunks``), as the loop does, without an optimizer
+        step (the memory probes, the pre-flight check): the chunks' gradients add up to the whole train batch's;
+        memory is one chunk's activations; returns detached metrics."""
+        sums = defaultdict(float)
+        for chunk in self.chunks(batch, units, step_mask, pairs_per_forward, at_rollout_weights):
+            with nullcontext() if chunk.last else self.accelerator.no_sync(self.model), self.accelerator.autocast():
                 self.chunk_loss(batch, chunk, sums)
         return dict(sums)
 

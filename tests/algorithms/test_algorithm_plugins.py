@@ -13,6 +13,7 @@ from ddpo_group.run.config_checks import validate_config
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy_update import PolicyUpdater
+from ddpo_group.update.updater import UpdateOptions
 from ddpo_group.models.tiny_random import build_tiny_pipeline
 from batch_helpers import batch_of
 from sd_helpers import sd_trajectories
@@ -98,8 +99,8 @@ def test_declared_needs_are_checked_at_start_and_on_the_inputs(plugin_files):
 
 def _updater(config, pipe):
     neg = encode_prompts(pipe, [""])
-    return PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, list(pipe.unet.parameters()),
-                         TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config))), neg
+    return PolicyUpdater(UpdateOptions(config, Accelerator(cpu=True), pipe.unet, None, list(pipe.unet.parameters()),
+                                       TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config)))), neg
 
 
 def test_a_file_per_step_policy_loss_takes_the_chunked_update(plugin_files):

@@ -107,13 +107,13 @@ def test_sde_window_samples_and_trains_only_its_steps(preset, tiny_model_dir, tm
     if preset == "reinforce_pp":  # KL in the reward: deterministic steps are no action, so no KL
         assert (round0.gathered.step_kl[:, [0, 3]] == 0).all()
     trained_steps = []
-    original = policy_update.PolicyUpdater.accumulate_gradients
+    original = policy_update.PolicyUpdater.chunks
 
-    def spy(self, batch, rows, step_mask, **kwargs):
+    def spy(self, batch, rows, step_mask, *args, **kwargs):
         trained_steps.append(step_mask.sum(0))
-        return original(self, batch, rows, step_mask, **kwargs)
+        return original(self, batch, rows, step_mask, *args, **kwargs)
 
-    monkeypatch.setattr(policy_update.PolicyUpdater, "accumulate_gradients", spy)
+    monkeypatch.setattr(policy_update.PolicyUpdater, "chunks", spy)
     before = [p.detach().clone() for p in trainer.updater.params]
     trainer.run()
     per_step = torch.stack(trained_steps).sum(0)

@@ -332,5 +332,5 @@ def test_a_resume_skips_a_checkpoint_that_fails_to_verify_and_each_error_gives_t
     with pytest.raises(CheckpointError) as caught:
         tiny_trainer("ddpo", tiny_model_dir, tmp_path, num_epochs=3, resume_from=str(weights.parent))
     message = str(caught.value)
-    assert message.startswith(f"{state_file} holds the pieces []; this run has ['PromptSampler', 'TrainingState', ")
+    assert message.startswith(f"{state_file} holds the pieces []; this run has ['prompt_sampler', 'counters', ")
     assert message.endswith(f"resume from checkpoint_00000, the newest earlier checkpoint that verifies: {command}")

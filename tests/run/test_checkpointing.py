@@ -34,7 +34,7 @@ def test_rotation_keeps_newest_complete_and_resume_finds_latest(tmp_path):
     root = tmp_path / "run" / "checkpoints"
     for epoch in range(4):
         state.epoch, state.global_step = epoch, 10 * epoch
-        save_checkpoint(accelerator, root, epoch, keep=2, pieces=[state])
+        save_checkpoint(accelerator, root, epoch, keep=2, pieces={"counters": state})
     assert [p.name for p in complete_checkpoints(root)] == ["checkpoint_00002", "checkpoint_00003"]
     assert not list(root.glob(".tmp_*"))
 
@@ -51,7 +51,7 @@ def test_rotation_keeps_newest_complete_and_resume_finds_latest(tmp_path):
 
     with torch.no_grad():
         model.weight.zero_()
-    load_checkpoint(accelerator, resumed, [state])
+    load_checkpoint(accelerator, resumed, {"counters": state})
     assert state.epoch == 3 and state.global_step == 30
     assert model.weight.abs().sum() > 0
 
@@ -88,7 +88,7 @@ def test_a_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path, m
     with torch.no_grad():
         model.weight.fill_(1.0)
     state.epoch, state.global_step = 0, 5
-    save_checkpoint(accelerator, root, 0, keep=1, pieces=[state])
+    save_checkpoint(accelerator, root, 0, keep=1, pieces={"counters": state})
 
     with torch.no_grad():
         model.weight.fill_(2.0)
@@ -106,7 +106,7 @@ def test_a_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path, m
 
         monkeypatch.setattr(os, "replace", replace)
     with pytest.raises((OSError, RuntimeError)):
-        save_checkpoint(accelerator, root, 1, keep=1, pieces=[state], extra=extra)
+        save_checkpoint(accelerator, root, 1, keep=1, pieces={"counters": state}, extra=extra)
     monkeypatch.undo()
 
     # keep=1 did not delete epoch 0: the failed save never completed
@@ -115,13 +115,13 @@ def test_a_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path, m
     assert resumed.name == "checkpoint_00000" and skipped == []
     with torch.no_grad():
         model.weight.zero_()
-    load_checkpoint(accelerator, resumed, [state])
+    load_checkpoint(accelerator, resumed, {"counters": state})
     assert state.epoch == 0 and state.global_step == 5
     assert torch.equal(model.weight, torch.ones(2, 2))
 
     # the next save clears the leftovers and rotates normally
     state.epoch = 1
-    save_checkpoint(accelerator, root, 1, keep=1, pieces=[state])
+    save_checkpoint(accelerator, root, 1, keep=1, pieces={"counters": state})
     assert [p.name for p in complete_checkpoints(root)] == ["checkpoint_00001"]
     assert sorted(p.name for p in root.iterdir()) == ["checkpoint_00001"]
 
@@ -130,14 +130,14 @@ def test_resaving_an_epoch_restores_the_old_one_if_interrupted_and_rotation_keep
     accelerator, model, state, root = linear_state(tmp_path)
     for epoch in range(4):
         state.epoch = epoch
-        save_checkpoint(accelerator, root, epoch, keep=5, pieces=[state])
+        save_checkpoint(accelerator, root, epoch, keep=5, pieces={"counters": state})
     # a resume from epoch 1 saves epoch 2 again while checkpoint_00003 (an abandoned attempt) exists; keep=1
     state.epoch, state.global_step = 2, 77
-    save_checkpoint(accelerator, root, 2, keep=1, pieces=[state])
+    save_checkpoint(accelerator, root, 2, keep=1, pieces={"counters": state})
     names = [p.name for p in complete_checkpoints(root)]
     assert names == ["checkpoint_00002", "checkpoint_00003"]  # never the checkpoint just written
     assert later_checkpoints(root / "checkpoint_00002") == [root / "checkpoint_00003"]
-    load_checkpoint(accelerator, root / "checkpoint_00002", [state])
+    load_checkpoint(accelerator, root / "checkpoint_00002", {"counters": state})
     assert state.global_step == 77
 
     # a crash between moving the old epoch-2 checkpoint aside and renaming the new one into place
@@ -152,19 +152,19 @@ def test_resaving_an_epoch_restores_the_old_one_if_interrupted_and_rotation_keep
     monkeypatch.setattr(os, "replace", replace)
     state.global_step = 88
     with pytest.raises(OSError):
-        save_checkpoint(accelerator, root, 2, keep=5, pieces=[state])
+        save_checkpoint(accelerator, root, 2, keep=5, pieces={"counters": state})
     monkeypatch.undo()
     assert calls == [".replaced_checkpoint_00002", "checkpoint_00002"]
     assert not (root / "checkpoint_00002").exists()  # hidden aside, not lost:
     clear_leftovers(root)
     assert [p.name for p in complete_checkpoints(root)] == ["checkpoint_00002", "checkpoint_00003"]
-    load_checkpoint(accelerator, root / "checkpoint_00002", [state])
+    load_checkpoint(accelerator, root / "checkpoint_00002", {"counters": state})
     assert state.global_step == 77
 
 
 def test_a_crash_while_rotating_never_leaves_a_half_deleted_complete_checkpoint(tmp_path, monkeypatch):
     accelerator, model, state, root = linear_state(tmp_path)
-    save_checkpoint(accelerator, root, 0, keep=1, pieces=[state])
+    save_checkpoint(accelerator, root, 0, keep=1, pieces={"counters": state})
     real_rmtree = shutil.rmtree
 
     def rmtree(path, *args, **kwargs):
@@ -175,7 +175,7 @@ def test_a_crash_while_rotating_never_leaves_a_half_deleted_complete_checkpoint(
 
     monkeypatch.setattr(shutil, "rmtree", rmtree)
     with pytest.raises(OSError):
-        save_checkpoint(accelerator, root, 1, keep=1, pieces=[state])
+        save_checkpoint(accelerator, root, 1, keep=1, pieces={"counters": state})
     monkeypatch.undo()
     assert [p.name for p in complete_checkpoints(root)] == ["checkpoint_00001"]
     assert resolve_resume_path(str(root.parent))[0].name == "checkpoint_00001"
@@ -204,7 +204,7 @@ def trained_state(tmp_path, epochs: int = 2):
     state, root = TrainingState(), tmp_path / "run" / "checkpoints"
     for epoch in range(epochs):
         state.epoch, state.global_step, state.wandb_run_id = epoch, 10 + epoch, "abc"
-        save_checkpoint(accelerator, root, epoch, keep=5, pieces=[state])
+        save_checkpoint(accelerator, root, epoch, keep=5, pieces={"counters": state})
     return accelerator, model, state, root
 
 
@@ -222,14 +222,14 @@ def test_the_training_state_is_plain_data_and_loads_back_as_saved(tmp_path):
     nested = {"rng": (3, (1, 2, 3), None), "state": {0: {"step": torch.tensor(4.0), "avg": torch.arange(6).view(2, 3)}},
               "groups": [{"betas": (0.9, 0.999), "params": [0, 1]}], "tau": float("nan"), "inf": float("-inf"),
               "stats": {"a cat/dog": [0.5, 1.5]}, "flag": True, "np": np.float64(0.25), "half": torch.ones(2).half()}
-    save_pieces(tmp_path, [Piece(nested)])
+    save_pieces(tmp_path, {"piece": Piece(nested)})
     assert sorted(p.name for p in tmp_path.iterdir()) == [STATE_JSON, STATE_TENSORS]
     def non_json(token):
         raise AssertionError(f"{token} is not JSON")
 
     json.loads((tmp_path / STATE_JSON).read_text(), parse_constant=non_json)  # strict JSON: no NaN / Infinity token
     loaded = Piece(None)
-    load_pieces(tmp_path, [loaded])
+    load_pieces(tmp_path, {"piece": loaded})
     back = loaded.state
     assert back["rng"] == (3, (1, 2, 3), None) and type(back["rng"][1]) is tuple
     assert list(back["state"]) == [0] and torch.equal(back["state"][0]["avg"], torch.arange(6).view(2, 3))
@@ -238,11 +238,12 @@ def test_the_training_state_is_plain_data_and_loads_back_as_saved(tmp_path):
     assert math.isnan(back["tau"]) and back["inf"] == float("-inf") and back["flag"] is True and back["np"] == 0.25
     assert back["stats"] == {"a cat/dog": [0.5, 1.5]} and back["half"].dtype == torch.float16
 
-    with pytest.raises(CheckpointError, match=r"training_state.json holds the pieces \['Piece'\]; this run has "
-                                              r"\['TrainingState'\]"):
-        load_pieces(tmp_path, [TrainingState()])
-    with pytest.raises(TypeError, match="the state of Piece holds a set at '0/bad'"):
-        save_pieces(tmp_path, [Piece({"bad": {1, 2}})])
+    with pytest.raises(CheckpointError, match=r"training_state.json holds the pieces \['piece'\]; this run has "
+                                              r"\['counters'\]: the checkpoint holds \['piece'\], which this run has "
+                                              r"not; this run has \['counters'\], which the checkpoint does not hold"):
+        load_pieces(tmp_path, {"counters": TrainingState()})
+    with pytest.raises(TypeError, match="the state of piece holds a set at '0/bad'"):
+        save_pieces(tmp_path, {"piece": Piece({"bad": {1, 2}})})
 
 
 @pytest.mark.parametrize("planted", ["custom_checkpoint_0.pkl", "optimizer.bin", "random_states_0.pkl"])
@@ -262,7 +263,7 @@ def test_a_pickle_that_runs_code_is_never_unpickled(tmp_path, planted):
     else:  # accelerate's own files load as plain data only (weights_only=True)
         assert resolve_resume_path(str(checkpoint)) == (checkpoint, [])
         with pytest.raises(CheckpointError) as refused:
-            load_checkpoint(accelerator, checkpoint, [TrainingState()])
+            load_checkpoint(accelerator, checkpoint, {"counters": TrainingState()})
         assert str(refused.value).startswith(f"{checkpoint / planted}")  # accelerate's error does not name it
     assert not marker.exists()
 
@@ -286,7 +287,7 @@ def test_a_trusted_pickled_checkpoint_converts_with_one_command_and_resumes(tmp_
     assert [p.name for p in checkpoint.glob("*.pkl")] == ["random_states_0.pkl"]  # accelerate's: plain data
     assert resolve_resume_path(str(tmp_path / "run")) == (checkpoint, [])
     resumed = TrainingState()
-    load_checkpoint(Accelerator(cpu=True), checkpoint, [resumed])
+    load_checkpoint(Accelerator(cpu=True), checkpoint, {"counters": resumed})
     assert resumed.state_dict() == {"epoch": 4, "global_step": 40, "wandb_run_id": "",
                                     "sizes": {"train.pairs_per_forward": 6}}
 
@@ -333,7 +334,7 @@ def test_a_damaged_checkpoint_is_named_and_the_run_falls_back_to_the_previous_on
     assert len(skipped) == 1 and skipped[0].startswith(f"skipped checkpoint_00001: {newest / name}")
     with torch.no_grad():
         model.weight.zero_()
-    load_checkpoint(accelerator, resumed, [state])
+    load_checkpoint(accelerator, resumed, {"counters": state})
     assert state.epoch == 0 and state.global_step == 10 and model.weight.abs().sum() > 0
 
 
@@ -380,7 +381,7 @@ def test_a_lora_checkpoint_holds_the_adapters_only_and_loads_only_into_a_matchin
     base = len(list(full.parameters()))
     with pytest.raises(CheckpointError, match=rf"model.safetensors does not match the model: {base} weight\(s\) "
                                               rf"\(.*\) missing, {len(adapters)} weight\(s\) \(.*lora_A.*\) unknown"):
-        load_checkpoint(accelerator, checkpoint, [])
+        load_checkpoint(accelerator, checkpoint, {})
     assert all(torch.equal(b, p) for b, p in zip(before, full.parameters()))  # nothing loaded
 
     # the same model whose frozen weights moved (another revision of the pretrained model): refused by its record
@@ -416,13 +417,13 @@ def test_a_weight_under_two_names_is_saved_once_and_loads(tmp_path):
     trained = model.a.weight.detach().clone()
     with torch.no_grad():
         model.a.weight.zero_()
-    load_checkpoint(accelerator, checkpoint, [])
+    load_checkpoint(accelerator, checkpoint, {})
     assert torch.equal(model.a.weight, trained) and model.b.weight is model.a.weight
     recorded = json.loads((checkpoint / "frozen_weights.json").read_text())
     assert recorded == {"0": {"ids": [[3], 3.0, pytest.approx(5 ** 0.5)], "rotary": [[2], 5.0, pytest.approx(15 ** 0.5)]}}
     model.ids += 1  # another buffer than the one trained with: refused
     with pytest.raises(CheckpointError, match=r"1 weight\(s\) \(ids\) differ"):
-        load_checkpoint(accelerator, checkpoint, [])
+        load_checkpoint(accelerator, checkpoint, {})
 
 
 def test_a_save_stops_when_its_directory_lacks_a_process_part_and_the_manifest_lists_each_part(tmp_path):
@@ -432,7 +433,7 @@ def test_a_save_stops_when_its_directory_lacks_a_process_part_and_the_manifest_l
     from ddpo_group.run.persistence.process_parts import absent_parts
 
     accelerator, _, state, root = linear_state(tmp_path)
-    checkpoint = save_checkpoint(accelerator, root, 0, keep=1, pieces=[state])
+    checkpoint = save_checkpoint(accelerator, root, 0, keep=1, pieces={"counters": state})
     manifest = json.loads((checkpoint / MANIFEST).read_text())
     assert (manifest["processes"], manifest["parts"]) == (1, {"0": ["random_states_0.pkl"]})
     size = (checkpoint / "random_states_0.pkl").stat().st_size
@@ -466,3 +467,35 @@ def test_a_learning_rate_changed_on_resume_is_applied_and_said(tiny_model_dir, t
     assert len(lines) == 2 and lines[0].startswith("train.learning_rate: the checkpoint's optimizer had 0.01")
     assert lines[1].startswith("critic.learning_rate: the checkpoint's optimizer had 0.001")
     changed.rollouts.close()
+
+
+def test_pieces_load_by_name_and_a_checkpoint_written_before_the_names_still_loads(tmp_path):
+    """A checkpoint's pieces are keyed by the trainer's names (saved in any order, loaded by name); one written when
+    they were named by their type (TrainingState, EMAWeights, RestorePoint...) loads into the pieces of those names;
+    a piece the run does not have is refused by name."""
+    from ddpo_group.run.persistence.state_files import write_states
+
+    class Piece:
+        def __init__(self, state=None):
+            self.state = state
+
+        def state_dict(self):
+            return self.state
+
+        def load_state_dict(self, state):
+            self.state = state
+
+    save_pieces(tmp_path, {"counters": Piece({"epoch": 3}), "ema": Piece({"steps": 7})})
+    ema, counters = Piece(), Piece()
+    load_pieces(tmp_path, {"ema": ema, "counters": counters})  # another order
+    assert (counters.state, ema.state) == ({"epoch": 3}, {"steps": 7})
+
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    write_states(legacy, [("TrainingState", {"epoch": 5}), ("EMAWeights", {"steps": 2}), ("RestorePoint", {"e": 1})])
+    pieces = {"counters": Piece(), "ema": Piece(), "best_weights": Piece()}
+    load_pieces(legacy, pieces)
+    assert [p.state for p in pieces.values()] == [{"epoch": 5}, {"steps": 2}, {"e": 1}]
+
+    with pytest.raises(CheckpointError, match=r"the checkpoint holds \['best_weights'\], which this run has not"):
+        load_pieces(legacy, {"counters": Piece(), "ema": Piece()})

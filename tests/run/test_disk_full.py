@@ -97,7 +97,7 @@ def test_a_full_disk_while_saving_names_the_file_and_keeps_the_previous_checkpoi
     accelerator, model, root = trained_model(tmp_path)
     state = TrainingState()
     state.epoch, state.global_step = 0, 5
-    save_checkpoint(accelerator, root, 0, keep=1, pieces=[state], extra=add_state_fields)
+    save_checkpoint(accelerator, root, 0, keep=1, pieces={"counters": state}, extra=add_state_fields)
     saved_weight = model.weight.detach().clone()
     assert name in {p.name for p in (root / "checkpoint_00000").iterdir()}
 
@@ -106,7 +106,7 @@ def test_a_full_disk_while_saving_names_the_file_and_keeps_the_previous_checkpoi
         model.weight.add_(1.0)
     state.epoch, state.global_step = 1, 9
     with pytest.raises(WriteError) as failed:
-        save_checkpoint(accelerator, root, 1, keep=1, pieces=[state], extra=add_state_fields)
+        save_checkpoint(accelerator, root, 1, keep=1, pieces={"counters": state}, extra=add_state_fields)
     monkeypatch.undo()
 
     message = str(failed.value)
@@ -121,7 +121,7 @@ def test_a_full_disk_while_saving_names_the_file_and_keeps_the_previous_checkpoi
     assert checkpoint_problem(root / "checkpoint_00000") is None
     resumed, skipped = resolve_resume_path(str(root.parent))
     assert resumed == root / "checkpoint_00000" and skipped == []
-    load_checkpoint(accelerator, resumed, [state])
+    load_checkpoint(accelerator, resumed, {"counters": state})
     assert state.epoch == 0 and state.global_step == 5 and torch.equal(model.weight, saved_weight)
 
 

@@ -98,7 +98,7 @@ def wait_for(path: Path, process: subprocess.Popen, log: Path, timeout: float = 
 
 def wandb_run_id(checkpoint: Path) -> str:
     for name, state in read_states(checkpoint):
-        if name == "TrainingState":
+        if name == "counters":
             return state["wandb_run_id"]
     raise AssertionError(f"no wandb_run_id in {checkpoint}")
 

@@ -158,16 +158,17 @@ def test_restore_fires_the_fall_rule_at_every_evaluation_that_finds_the_run_belo
     class Session:
         guard_notes, print = [], staticmethod(lambda message: None)
 
-        def keep_best(self, *args):
-            pass
+    class BestWeights:
+        path = "lora_best"
 
-        def best_path(self):
-            return "lora_best"
+        def keep(self, *args):
+            pass
 
     sequence = [(-1, 0.793), (4, 0.828), (9, 0.729), (14, 0.810), (19, 0.700)]  # SE 0.02: 9 and 19 fell
     for on_alarm, expected in (("restore", [False, False, True, False, True]), ("warn", [False] * 5)):
         guard = Guard(ConfigDict({**RULES.to_dict(), "on_alarm": on_alarm}), heldout=False)
-        restores = [guard.after_evaluation(e, evaluation(r, reward_std=0.16, images=64), Session(), None)
+        restores = [guard.after_evaluation(e, evaluation(r, reward_std=0.16, images=64), Session(), BestWeights(),
+                                           None)
                     for e, r in sequence]
         assert restores == expected, on_alarm
     assert Session.guard_notes[:2] == ["fall after epoch 9: the weights of epoch 4 restored",
@@ -185,7 +186,7 @@ def test_heldout_rewards_are_the_evaluations_images_scored_by_another_reward(tin
     one = tiny_trainer("grpo", tiny_model_dir, tmp_path, "a", reward_fn="jpeg_compressibility",
                        eval_reward_fn="jpeg_incompressibility", **small)
     other = tiny_trainer("grpo", tiny_model_dir, tmp_path, "b", reward_fn="jpeg_incompressibility", **small)
-    first, second = one.evaluation.run(-1).metrics, other.evaluation.run(-1).metrics
+    first, second = one.evaluations.periodic.run(-1).metrics, other.evaluations.periodic.run(-1).metrics
     assert first["eval_heldout/reward_mean"] == second["eval/reward_mean"]
     assert first["eval_heldout/jpeg_incompressibility"] == second["eval/reward_mean"]
     assert first["eval_heldout/reward_info/jpeg_kb"] == second["eval/reward_info/jpeg_kb"]
@@ -217,7 +218,7 @@ def test_the_best_evaluations_weights_reproduce_its_images(tiny_model_dir, tmp_p
         fresh.family.model.set_adapter("best")
     else:
         load_finetuned_weights(fresh.family, best_dir, fresh.config)
-    again = fresh.evaluation.run(best["epoch"]).metrics  # (the plugin's own first images are these: its 0)
+    again = fresh.evaluations.periodic.run(best["epoch"]).metrics  # (the plugin's own first images are these: its 0)
     evaluated = next(r for r in records if r["epoch"] == best["epoch"])
     for key in ("eval/reward_mean", "eval/image/brightness", "eval/image/high_frequency", "eval/diversity"):
         assert again[key] == pytest.approx(evaluated[key], abs=1e-6), key
@@ -253,7 +254,7 @@ def test_a_guard_stop_exits_0_with_a_checkpoint_that_resumes(tiny_model_dir, tmp
 def scripted_falls(trainer, epochs: set[int]) -> dict:
     """Lower the trained reward's evaluation (both halves) by 1 after each epoch in ``epochs``, before the guard reads
     it, so the fall rule fires there; returns {epoch: the trainable weights after that epoch's evaluation}."""
-    evaluate, seen, lowered = trainer.evaluation.run, {}, set()
+    evaluate, seen, lowered = trainer.evaluations.periodic.run, {}, set()
 
     def run(epoch):
         result = evaluate(epoch)
@@ -263,14 +264,14 @@ def scripted_falls(trainer, epochs: set[int]) -> dict:
                 result.metrics[key] -= 1.0
         return result
 
-    original = trainer.evaluate
+    original = trainer.evaluations.evaluate
 
     def evaluate_and_see(epoch, restored=None):
         metrics = original(epoch, restored)
         seen[epoch] = [p.detach().clone() for p in trainer.params]
         return metrics
 
-    trainer.evaluation.run, trainer.evaluate = run, evaluate_and_see
+    trainer.evaluations.periodic.run, trainer.evaluations.evaluate = run, evaluate_and_see
     return seen
 
 

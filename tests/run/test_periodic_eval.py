@@ -5,6 +5,7 @@ the summary's before -> after; the config checks."""
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 import random
 from types import SimpleNamespace
 
@@ -33,7 +34,7 @@ def same_rng(a: tuple, b: tuple) -> bool:
 @pytest.mark.parametrize("family", ["sd", "flux"])
 def test_the_evaluation_repeats_exactly_and_uses_no_training_randomness(family, family_model_dirs, tmp_path):
     trainer = tiny_trainer("ddpo", family_model_dirs[family], tmp_path, **EVAL, **FAMILY_OVERRIDES[family])
-    evaluation = trainer.evaluation
+    evaluation = trainer.evaluations.periodic
     assert len(set(evaluation.prompts)) == 3 and evaluation.num_rows == 6
     scored = []
 
@@ -64,7 +65,7 @@ def test_the_evaluation_repeats_exactly_and_uses_no_training_randomness(family, 
 
 def test_the_stochastic_evaluation_is_fixed_too_and_differs_from_the_deterministic_one(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("ddpo", tiny_model_dir, tmp_path, eval_train_sampler=True, **EVAL)
-    first, second = trainer.evaluation.run(0), trainer.evaluation.run(0)
+    first, second = trainer.evaluations.periodic.run(0), trainer.evaluations.periodic.run(0)
     assert first.metrics == second.metrics
     assert first.metrics["eval_stochastic/reward_mean"] != first.metrics["eval/reward_mean"]
     looks = {k for k in first.metrics
@@ -76,18 +77,18 @@ def test_the_stochastic_evaluation_is_fixed_too_and_differs_from_the_determinist
 def test_the_evaluation_uses_the_ema_weights_and_gives_the_training_weights_back_bitwise(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("ddpo", tiny_model_dir, tmp_path, **EVAL, **{"train.ema": True})
     initial = [p.detach().clone() for p in trainer.params]
-    before = trainer.evaluate(-1)  # the EMA is still the initial weights
+    before = trainer.evaluations.evaluate(-1)  # the EMA is still the initial weights
     trainer.train_epoch(0)
     trained = [p.detach().clone() for p in trainer.params]
     assert any(not torch.equal(a, b) for a, b in zip(initial, trained))
     with torch.no_grad():  # an EMA equal to the weights before training must evaluate as the untrained model did
         for ema, value in zip(trainer.ema.shadow, initial):
             ema.copy_(value)
-    with_ema = trainer.evaluate(0)
+    with_ema = trainer.evaluations.evaluate(0)
     assert with_ema == before
     assert all(torch.equal(a, b.detach()) for a, b in zip(trained, trainer.params))  # the training weights, bitwise
-    trainer.config.train.ema_eval = False
-    assert trainer.evaluate(0) == trainer.evaluation.run(0).metrics != before  # the trained weights, as they are
+    trainer.evaluations.weights = nullcontext  # train.ema_eval=False
+    assert trainer.evaluations.evaluate(0) == trainer.evaluations.periodic.run(0).metrics != before  # the trained weights, as they are
     records = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
     # this test's -1, train_epoch(0)'s own -1 and 0 (eval_freq=1), then this test's two of epoch 0
     assert [(r["epoch"], r["weights"]) for r in records] == [(-1, "ema"), (-1, "ema"), (0, "ema"), (0, "ema"),

@@ -71,7 +71,7 @@ def test_a_resume_stops_at_a_rewritten_sharded_state_even_with_a_matching_manife
     accelerator.prepare(torch.nn.Linear(2, 2))
     state = TrainingState()
     state.epoch = 0
-    checkpoint = save_checkpoint(accelerator, tmp_path / "run" / "checkpoints", 0, keep=2, pieces=[state])
+    checkpoint = save_checkpoint(accelerator, tmp_path / "run" / "checkpoints", 0, keep=2, pieces={"counters": state})
     save_sharded(checkpoint / "optimizer_0", {"lr": 1e-4})
     write_manifest(checkpoint)
     assert resolve_resume_path(str(checkpoint))[0] == checkpoint

@@ -257,16 +257,15 @@ def test_padding_units_take_no_part_in_the_loss_or_the_metrics(tiny_sd3_dir, tmp
     trainer.rollouts.close()
     start = [p.detach().clone() for p in updater.params]
     grads, calls = [], []
-    accumulate = updater.accumulate_gradients
+    optimizer_step = updater.optimizer_step
 
-    def first_gradient(*args, **kwargs):
-        sums = accumulate(*args, **kwargs)
-        calls.append(sums)
+    def first_gradient(metrics, *args):  # after each train batch's backward passes, before its optimizer step
+        calls.append(metrics)
         if len(calls) == 1:
             grads.append([p.grad.clone() for p in updater.params if p.grad is not None])
-        return sums
+        return optimizer_step(metrics, *args)
 
-    updater.accumulate_gradients = first_gradient
+    updater.optimizer_step = first_gradient
     def padded_to(count):  # this process's units, padded to another process's count
         def epoch_units(b):
             real, info = type(updater).epoch_units(updater, b)
@@ -322,7 +321,7 @@ def test_awm_with_an_old_model_kl_samples_with_the_policy(tiny_sd3_dir, tmp_path
         "algorithm.old_decay_ramp": 0.25}))
     assert trainer.old is not None
     model = trainer.accelerator.unwrap_model(trainer.model)
-    with trainer.rollout_policy():  # no adapter switch: awm's old model only regularises
+    with trainer.updater.rollout_policy(trainer.sampling_model):  # no adapter switch: awm's old model only regularises
         assert model.active_adapters() == ["default"]
     policy_before = lora_weights(model, "default")
     metrics = trainer.run()
@@ -335,7 +334,7 @@ def test_nft_samples_with_the_old_model(tiny_sd3_dir, tmp_path):
     trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "nft_old", **matching_overrides(**{
         "algorithm.objective": "nft"}))
     model = trainer.accelerator.unwrap_model(trainer.model)
-    with trainer.rollout_policy() as sampler:
+    with trainer.updater.rollout_policy(trainer.sampling_model) as sampler:
         assert sampler is model and model.active_adapters() == [OLD_ADAPTER]
     assert model.active_adapters() == ["default"]
     assert any(p.requires_grad for name, p in model.named_parameters() if ".default." in name)
@@ -347,7 +346,7 @@ def test_nft_samples_with_the_old_model(tiny_sd3_dir, tmp_path):
     with torch.no_grad():  # an old model whose velocity is 0: its deterministic steps leave the latents as they are
         for param in full.old.weights.copy.parameters():
             param.zero_()
-    with full.rollout_policy() as sampler:
+    with full.updater.rollout_policy(full.sampling_model) as sampler:
         assert sampler is full.old.weights.copy and sampler is not full.family.model
         batch = full.rollouts.collect(0, sampler)[0].batch
     assert torch.equal(batch.next_latents, batch.latents)
@@ -356,7 +355,7 @@ def test_nft_samples_with_the_old_model(tiny_sd3_dir, tmp_path):
     full.rollouts.close()
     # an objective without an old model samples with the policy's sampling denoiser
     policy = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "grpo", **FAMILY_OVERRIDES["sd3"])
-    with policy.rollout_policy() as sampler:
+    with policy.updater.rollout_policy(policy.sampling_model) as sampler:
         assert sampler is policy.sampling_model is policy.family.model
     policy.rollouts.close()
 

@@ -8,7 +8,7 @@ from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 from batch_helpers import rollout_batch
 from ddpo_group.rollout.reward_scorer import RewardScorer
-from ddpo_group.sampling.trajectories import decode_latents
+from ddpo_group.sampling.trajectories import DECODE_CHUNKS, decode_latents
 from ddpo_group.update.memory_fit import (
     CPU_PAIRS_PER_FORWARD, DeviceOutOfMemory, configured_pairs, names_the_setting, probe_batch,
 )
@@ -96,7 +96,7 @@ class ChunkedFamily:
 def test_decoding_halves_its_chunk_after_an_out_of_memory_error_and_remembers_it():
     family, latents = ChunkedFamily(most=3), torch.arange(10.0)[:, None]
     torch.testing.assert_close(decode_latents(family, latents), latents * 2)
-    assert family.calls[:3] == [10, 5, 2] and family.decode_chunk == 2  # 10 and 5 failed
+    assert family.calls[:3] == [10, 5, 2] and DECODE_CHUNKS[family] == 2  # 10 and 5 failed
     family.calls.clear()
     torch.testing.assert_close(decode_latents(family, latents), latents * 2)
     assert family.calls == [2] * 5  # no failed attempt the second time

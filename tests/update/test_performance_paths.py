@@ -17,6 +17,7 @@ from ddpo_group.rollout.sampler import encode_unique
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy_update import PolicyUpdater
+from ddpo_group.update.updater import UpdateOptions
 from ddpo_group.timing import PhaseTimer
 from ddpo_group.models.tiny_random import build_tiny_pipeline
 from batch_helpers import batch_of
@@ -53,8 +54,8 @@ def test_policy_loads_in_the_mixed_precision_dtype_without_cast_warning(tiny_mod
 
 
 def _lora_grads(config, batch, neg, pipe, params):
-    updater = PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, params,
-                            TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config)))
+    updater = PolicyUpdater(UpdateOptions(config, Accelerator(cpu=True), pipe.unet, None, params,
+                                          TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config))))
     pipe.unet.train()
     pipe.unet.zero_grad()
     updater.accumulate_gradients(batch, torch.arange(3), torch.ones(3, 3))
@@ -98,8 +99,8 @@ def test_reference_forward_only_when_beta_positive():
     batch = batch_of(traj, {"prompt_embeds": embeds}, advantages=torch.ones(2, 2))
     params = list(pipe.unet.parameters())
     kl = KLRegularizer(_ForbiddenReference(), "gaussian", FixedKLController(0.0), in_reward=False)
-    updater = PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, params,
-                            TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config)), kl)
+    updater = PolicyUpdater(UpdateOptions(config, Accelerator(cpu=True), pipe.unet, None, params,
+                                          TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config)), kl))
     assert not updater.uses_reference
     metrics = updater.accumulate_gradients(batch, torch.arange(2), torch.ones(2, 2))
     assert "kl" not in metrics and "policy_loss" in metrics

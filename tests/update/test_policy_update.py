@@ -6,6 +6,7 @@ from accelerate import Accelerator
 
 from config.base import get_config
 from ddpo_group.update.policy_update import PolicyUpdater
+from ddpo_group.update.updater import UpdateOptions
 from ddpo_group.update.updater import random_step_mask
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
@@ -40,8 +41,8 @@ def test_chunked_gradient_equals_per_timestep_loop(pairs_per_forward, guidance):
             p.add_(0.01 * torch.randn_like(p))
     step_mask = torch.tensor([[1, 0, 1, 1], [0, 1, 1, 0], [1, 1, 1, 1]], dtype=torch.float32)
     rows = torch.tensor([2, 0, 1])  # a shuffled train batch
-    updater = PolicyUpdater(config, Accelerator(cpu=True), unet, None, list(unet.parameters()),
-                            TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config)))
+    updater = PolicyUpdater(UpdateOptions(config, Accelerator(cpu=True), unet, None, list(unet.parameters()),
+                                          TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config))))
     unet.zero_grad()
     updater.accumulate_gradients(batch, rows, step_mask)
     chunked = [p.grad.clone() for p in unet.parameters()]
@@ -107,8 +108,8 @@ def test_loss_by_name_with_kl_term_is_independent_of_chunking(loss_name, kl_type
     for pairs in (1, 64):
         config.train.pairs_per_forward = pairs
         kl = KLRegularizer(reference, kl_type, FixedKLController(0.5), in_reward=False)
-        updater = PolicyUpdater(config, Accelerator(cpu=True), unet, None, params,
-                                TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config)), kl)
+        updater = PolicyUpdater(UpdateOptions(config, Accelerator(cpu=True), unet, None, params,
+                                              TransitionScorer.from_config(config, StableDiffusionFamily(pipe, config)), kl))
         unet.zero_grad()
         metrics = updater.accumulate_gradients(batch, rows, step_mask)
         assert metrics["kl"] != 0  # k1 may be negative on transitions sampled by another policy

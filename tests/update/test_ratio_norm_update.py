@@ -119,6 +119,7 @@ def test_the_chunked_ratio_norm_gradient_is_independent_of_the_chunk_size():
     from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
     from ddpo_group.models.tiny_random import build_tiny_pipeline
     from ddpo_group.update.policy_update import PolicyUpdater
+    from ddpo_group.update.updater import UpdateOptions
 
     torch.manual_seed(0)
     pipe = build_tiny_pipeline()
@@ -137,8 +138,8 @@ def test_the_chunked_ratio_norm_gradient_is_independent_of_the_chunk_size():
     grads = []
     for pairs in (1, 64):
         config.train.pairs_per_forward = pairs
-        updater = PolicyUpdater(config, Accelerator(cpu=True), pipe.unet, None, list(pipe.unet.parameters()),
-                                TransitionScorer.from_config(config, family))
+        updater = PolicyUpdater(UpdateOptions(config, Accelerator(cpu=True), pipe.unet, None,
+                                              list(pipe.unet.parameters()), TransitionScorer.from_config(config, family)))
         pipe.unet.zero_grad()
         metrics = updater.accumulate_gradients(batch, torch.tensor([2, 0, 1]), step_mask)
         grads.append([p.grad.clone() for p in pipe.unet.parameters()])

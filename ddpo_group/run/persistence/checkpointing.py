@@ -276,9 +276,9 @@ def _some(names: set[str], shown: int = 3) -> str:
     return f"{len(names)} weight(s)" + (f" ({listed}{', ...' if len(names) > shown else ''})" if names else "")
 
 
-def load_checkpoint(accelerator, checkpoint: Path, pieces: list) -> None:
+def load_checkpoint(accelerator, checkpoint: Path, pieces: dict) -> None:
     """Load a verified checkpoint: accelerate's state (``weights_only=True``: plain data only), then ``pieces``
-    (run/persistence/state_files.py). A CheckpointError names the checkpoint or file that does not load."""
+    ({name: piece}: run/persistence/state_files.py). A CheckpointError names the checkpoint or file that does not load."""
     from accelerate.utils import load
 
     random_states = checkpoint / f"random_states_{accelerator.process_index}.pkl"
@@ -387,10 +387,10 @@ def _every_process(accelerator, final: Path):
 
 
 def save_checkpoint(
-    accelerator, checkpoint_root: str | os.PathLike, epoch: int, keep: int, pieces: list = (),
+    accelerator, checkpoint_root: str | os.PathLike, epoch: int, keep: int, pieces: dict | None = None,
     extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Save the accelerate state and ``pieces`` (objects with ``state_dict``) for ``epoch`` atomically, with its
+    """Save the accelerate state and ``pieces`` ({name: an object with ``state_dict``}) for ``epoch`` atomically, with its
     manifest; keep the newest ``keep`` complete checkpoints.
 
     Every process writes its part of accelerate's state (its random states; under FSDP its shards of the weights and
@@ -433,13 +433,13 @@ def _sharded(accelerator) -> bool:
     return accelerator.distributed_type == DistributedType.FSDP
 
 
-def _complete(tmp: Path, epoch: int, parts: list[dict[str, int]], pieces: list, extra) -> None:
+def _complete(tmp: Path, epoch: int, parts: list[dict[str, int]], pieces: dict | None, extra) -> None:
     """On the main process: every process's part checked, the training state and ``extra`` added, every file synced,
     then ``COMPLETE`` and, last, the manifest with each process's files."""
     absent = absent_parts(tmp, parts)
     if absent is not None:
         raise CheckpointError(absent)
-    save_pieces(tmp, list(pieces))
+    save_pieces(tmp, dict(pieces or {}))
     if extra is not None:
         with writing(tmp, "the files the run adds to a checkpoint"):
             extra(tmp)

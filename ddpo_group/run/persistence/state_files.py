@@ -1,8 +1,8 @@
 """The training state's pieces as two files of a checkpoint: their tensors in ``training_state.safetensors``, all else
 in ``training_state.json``. Nothing is pickled, so loading a checkpoint runs no code it holds.
 
-The pieces are what the trainer lists (the prompt sampler, the counters, the stat tracker, the critic's optimizer, the
-KL term's controller and reference, the estimator's controller, the EMA), each saved as its ``state_dict()``: a tree
+The pieces are what the trainer names (the prompt sampler, the counters, the stat tracker, and the state of each of the
+run's components: run/components.py), each saved as its ``state_dict()`` under its name: a tree
 of dicts, lists, tuples, strings, numbers, booleans, None and tensors. In the JSON every container is an object with
 one key that says what it was, so the tree loads back as it was saved (a tuple stays a tuple, an optimizer state's int
 keys stay ints, NaN stays NaN):
@@ -15,8 +15,10 @@ keys stay ints, NaN stays NaN):
 ``{"float": "nan" | "inf" | "-inf"}``  a float that JSON cannot write
 =====================================  ====================================================
 
-``training_state.json`` is ``{"pieces": [{"name": <type of the piece>, "state": <tree>}, ...]}`` in the trainer's
-order; a converted checkpoint's pieces have no name (``null``: their order is all a pickle of them recorded).
+``training_state.json`` is ``{"pieces": [{"name": <the piece's name>, "state": <tree>}, ...]}``, loaded by name.
+Checkpoints written before the pieces had names hold their type's name (``LEGACY_NAMES`` says whose it is); a
+converted checkpoint's pieces have no name (``null``: their order is all a pickle of them recorded, so they load in
+the trainer's order).
 """
 
 from __future__ import annotations
@@ -37,9 +39,17 @@ STATE_JSON = "training_state.json"
 STATE_TENSORS = "training_state.safetensors"
 
 
-def save_pieces(directory: Path, pieces: list) -> None:
-    """Write each piece's ``state_dict()`` to ``directory`` (the training-state files)."""
-    write_states(directory, [(type(piece).__name__, piece.state_dict()) for piece in pieces])
+# the names checkpoints written before the pieces were named by the trainer held: their pieces' types
+LEGACY_NAMES = {"PromptSampler": "prompt_sampler", "TrainingState": "counters", "PerPromptStatTracker": "stat_tracker",
+                "AdamW": "critic", "KLRegularizer": "kl", "GroupThresholdController": "estimator_controller",
+                "EMAWeights": "ema", "OldModel": "old_model", "AdaptiveBranches": "adaptive_branching",
+                "RestorePoint": "best_weights"}
+
+
+def save_pieces(directory: Path, pieces: dict) -> None:
+    """Write each piece's ``state_dict()`` under its name (``pieces``: {name: piece}) to ``directory`` (the
+    training-state files)."""
+    write_states(directory, [(name, piece.state_dict()) for name, piece in pieces.items()])
 
 
 def write_states(directory: Path, states: list[tuple[str | None, dict]]) -> None:
@@ -72,18 +82,26 @@ def read_states(directory: Path) -> list[tuple[str | None, object]]:
         raise CheckpointError(f"{json_path} is not a training-state file ({type(error).__name__}: {error})") from None
 
 
-def load_pieces(directory: Path, pieces: list) -> None:
-    """Load the training-state files of ``directory`` into ``pieces`` (the objects the trainer lists, in its order);
-    a CheckpointError names the file and the piece that does not fit."""
+def load_pieces(directory: Path, pieces: dict) -> None:
+    """Load the training-state files of ``directory`` into ``pieces`` ({name: piece}, the trainer's); a
+    CheckpointError names the file and the pieces that do not fit."""
     saved = read_states(directory)
-    names = [type(piece).__name__ for piece in pieces]
-    saved_names = [name for name, _ in saved]
-    if len(saved) != len(pieces) or any(s is not None and s != n for s, n in zip(saved_names, names)):
-        raise CheckpointError(f"{Path(directory) / STATE_JSON} holds the pieces {saved_names}; this run has {names} "
-                              "(another config's checkpoint: its state_fields.json says which)")
-    for piece, name, (_, state) in zip(pieces, names, saved):
+    names = list(pieces)
+    if all(name is None for name, _ in saved) and len(saved) == len(names):  # a converted checkpoint: by order
+        states = {name: state for name, (_, state) in zip(names, saved)}
+    else:
+        states = {LEGACY_NAMES.get(name, name): state for name, state in saved}
+    if set(states) != set(names):
+        held = sorted(set(states) - set(names), key=str)
+        missing = sorted(set(names) - set(states), key=str)
+        raise CheckpointError(
+            f"{Path(directory) / STATE_JSON} holds the pieces {sorted(states, key=str)}; this run has {names}"
+            + (f": the checkpoint holds {held}, which this run has not" if held else "")
+            + (f"{';' if held else ':'} this run has {missing}, which the checkpoint does not hold" if missing else "")
+            + " (another config's checkpoint: its state_fields.json says which)")
+    for name, piece in pieces.items():
         try:
-            piece.load_state_dict(state)
+            piece.load_state_dict(states[name])
         except Exception as error:
             raise CheckpointError(f"{Path(directory) / STATE_JSON}: the state of {name} does not load "
                                   f"({type(error).__name__}: {error})") from error

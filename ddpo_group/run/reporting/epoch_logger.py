@@ -44,15 +44,20 @@ def resolve_wandb_mode(requested: str) -> tuple[str, str | None]:
 class EpochLogger:
     """What every epoch leaves behind: a metrics.jsonl line (and wandb's), the reward curve so far (redrawn at most
     every CURVE_SECONDS, and by ``draw_reward_curve`` at the end), a grid of the epoch's samples every
-    ``log_images_every`` epochs (0: never), and one console line."""
+    ``log_images_every`` epochs (0: never), and one console line. ``run_dir``: the run directory, or a function that
+    returns it (the session's, which the processes agree on when the run starts)."""
 
     def __init__(self, accelerator, run_dir, wandb_mode: str, log_images_every: int, print_fn):
         self.accelerator = accelerator
-        self.run_dir = run_dir
+        self.where = run_dir if callable(run_dir) else lambda: run_dir
         self.wandb_mode = wandb_mode
         self.log_images_every = log_images_every
         self.print = print_fn
         self.drawn_at, self.undrawn = time.monotonic(), False
+
+    @property
+    def run_dir(self):
+        return self.where()
 
     def log(self, epoch: int, metrics: dict, batch) -> None:
         main = self.accelerator.is_main_process

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 
-def epoch_metrics(epoch: int, global_step: int, rollouts, train: dict, critic: dict, after: dict) -> dict:
+def epoch_metrics(epoch: int, global_step: int, rollouts, train: dict, after: dict) -> dict:
     """reward_* over every process's samples of the epoch, train/* (policy update), the estimator's metrics and, under
-    multi_reward_mix="advantage_aggr", each reward component's adv/<component>/* (both of the first round), critic/*,
-    ref/* and the controllers' (``after``), filter/* under dynamic sampling, reward_info/* (each component's mean over
+    multi_reward_mix="advantage_aggr", each reward component's adv/<component>/* (both of the first round), the
+    components' (``after``: critic/*, ref/*, the controllers'), filter/* under dynamic sampling, reward_info/* (each component's mean over
     every process). It gathers nothing: the rollouts hold what was gathered over the processes."""
     rewards, first = rollouts.rewards, rollouts.rounds[0]
     metrics = {
@@ -21,7 +21,6 @@ def epoch_metrics(epoch: int, global_step: int, rollouts, train: dict, critic: d
         **{f"train/{k}": v for k, v in train.items()},
         **{k: float(v) for k, v in first.out.metrics.items()},
         **first.component_metrics,
-        **critic,
         **after,
     }
     if rollouts.batch_fill is not None:  # dynamic sampling

@@ -1,0 +1,308 @@
+"""The run's optional parts as components (rollout/component.py's seam), and which of them a config has.
+
+In their order (the order of their hooks each round and epoch, and of their state in a checkpoint):
+
+    critic                 GROUP_PPO's and GAE's value network: its values gathered with each round, its regression
+                           targets in the batch, its update after the policy's (critic.warmup_epochs: alone), its
+                           optimizer's state
+    kl                     the KL term to the reference model (reference/regularizer.py): the step rewards of
+                           kl.in_reward, kl.only_below_start's row weights, beta's controller and the reference's
+                           update after the epoch
+    estimator_controller   the estimator's controller (GROUP_PPO's threshold tau), fit on the critic's targets
+    ema                    the EMA of the weights (update/ema.py): its metrics; set to the restored weights
+    old_model              a matching objective's old model (update/old_model.py): set to the restored weights
+    tweedie_values         GROUP_PPO's Tweedie values (rollout/tweedie.py): gathered, their reward queries counted
+    tree                   tree rollouts: each row's tree nodes, as rows of the gathered round
+    greedy_rewards         ReMax's baseline: a greedy sample's reward per prompt group
+    adaptive_branching     the tree's branch steps, moved after each epoch (rollout/branching.py)
+    best_weights           the best evaluation's weights (run/best_weights.py): lora_best/ and the restore point
+
+``build_components`` makes the ones the config asks for; adding one is a class here and a line in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from ddpo_group.models.trainable import apply_settings
+from ddpo_group.rollout.component import Component, SampledRound
+from ddpo_group.rollout.sampler import greedy_rewards
+from ddpo_group.rollout.tweedie import valued_steps
+from ddpo_group.sampling.trajectories import SamplingOptions
+from ddpo_group.update.critic import Critic
+
+
+class CriticComponent(Component):
+    name, stateful = "critic", True
+
+    def __init__(self, critic: Critic, estimator, shards, config, timer):
+        self.critic, self.estimator, self.shards, self.config, self.timer = critic, estimator, shards, config, timer
+
+    def round_inputs(self, sampled: SampledRound) -> dict:
+        return {"values": sampled.batch.values}
+
+    def batch_fields(self, estimated) -> dict:
+        targets, mask = self.estimator.critic_regression(estimated.out)
+        return {"critic_targets": self.shards.local_rows(targets), "critic_mask": self.shards.local_rows(mask)}
+
+    def trains_policy(self, epoch: int) -> bool:
+        """The first ``critic.warmup_epochs`` epochs train the critic only (their rollouts are reward queries too)."""
+        return epoch >= int(self.config.critic.warmup_epochs)
+
+    def after_update(self, epoch: int, rollouts, train: dict) -> dict:
+        with self.timer.phase("critic"):
+            return self.critic.train_epoch(rollouts.batch, self.config.train.batch_size)
+
+    def apply_settings(self) -> list[str]:
+        return apply_settings(self.critic.optimizer, Critic.settings(self.config))
+
+    def state_dict(self) -> dict:
+        return self.critic.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.critic.optimizer.load_state_dict(state)
+
+
+class KLComponent(Component):
+    name, stateful = "kl", True
+
+    def __init__(self, kl, scorer, family, chunk_size, shards, config, unwrapped_policy):
+        self.kl, self.scorer, self.family, self.chunk_size = kl, scorer, family, chunk_size
+        self.shards, self.config, self.unwrapped_policy = shards, config, unwrapped_policy
+
+    def round_inputs(self, sampled: SampledRound) -> dict:
+        """kl.in_reward: the KL to the reference of every sampled step [B, T] and the step rewards -beta KL_n, the
+        transitions scored as the update scores them."""
+        if not self.kl.in_reward:
+            return {}
+        batch = sampled.batch
+        with self.kl.timer.phase("reference"):
+            kl = self.kl.rollout_kl(batch, self.scorer, self.family.model, self.chunk_size(batch),
+                                    self.family.stochastic_steps(self.config.sample))
+        return {"step_kl": kl, "step_rewards": self.kl.step_rewards(kl)}
+
+    def batch_fields(self, estimated) -> dict:
+        """kl.only_below_start: the term's weight of each row, its prompt's gate."""
+        if self.kl.below_start is None:
+            return {}
+        gates = self.kl.below_start.weights(estimated.prompts, estimated.gathered.rewards)
+        return {"kl_weights": self.shards.local_rows(gates.to(estimated.out.advantages.device))}
+
+    def denoiser_copies(self) -> list:
+        return [self.kl.reference.copy] if self.kl.reference.copy is not None else []
+
+    def after_update(self, epoch: int, rollouts, train: dict) -> dict:
+        loss_kl = self.shards.gather(torch.tensor([train.get("kl", 0.0)]))  # every process's KL in the loss
+        return self.kl.after_epoch(self.unwrapped_policy(), epoch, rollouts.gathered("step_kl"), loss_kl,
+                                   self.shards.total)
+
+    def state_dict(self) -> dict:
+        return self.kl.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.kl.load_state_dict(state)
+
+
+class ControllerComponent(Component):
+    name, stateful = "estimator_controller", True
+
+    def __init__(self, controller, estimator, timer):
+        self.controller, self.estimator, self.timer = controller, estimator, timer
+
+    def after_update(self, epoch: int, rollouts, train: dict) -> dict:
+        with self.timer.phase("advantage"):  # the fit of the critic over the kept targets of every round
+            self.controller.update(*self.critic_fit(rollouts.rounds))
+        return self.controller.metrics()
+
+    def critic_fit(self, rounds: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(targets, old values, mask) of the critic over the kept rows of every round (the controller's input)."""
+        pairs = [self.estimator.critic_regression(r.out) + (r.gathered.values, r.keep) for r in rounds]
+        return (torch.cat([t[k] for t, _, _, k in pairs]), torch.cat([v[k] for _, _, v, k in pairs]),
+                torch.cat([m[k] for _, m, _, k in pairs]))
+
+    def epoch_line(self, epoch: int, metrics: dict) -> str | None:
+        return self.controller.summary(epoch, metrics)
+
+    def state_dict(self) -> dict:
+        return self.controller.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.controller.load_state_dict(state)
+
+
+class EMAComponent(Component):
+    name, stateful = "ema", True
+
+    def __init__(self, ema):
+        self.ema = ema
+
+    def after_update(self, epoch: int, rollouts, train: dict) -> dict:
+        return self.ema.metrics()
+
+    def after_restore(self, model) -> None:
+        self.ema.reset()
+
+    def state_dict(self) -> dict:
+        return self.ema.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ema.load_state_dict(state)
+
+
+class OldModelComponent(Component):
+    """The old model moves in the matching update's end of epoch (update/matching_update.py); here its restore and
+    state."""
+
+    name, stateful = "old_model", True
+
+    def __init__(self, old):
+        self.old = old
+
+    def denoiser_copies(self) -> list:
+        return [self.old.weights.copy] if self.old.weights.copy is not None else []
+
+    def after_restore(self, model) -> None:
+        self.old.reset(model)
+
+    def state_dict(self) -> dict:
+        return self.old.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.old.load_state_dict(state)
+
+
+class TweedieComponent(Component):
+    name = "tweedie_values"
+
+    def __init__(self, num_steps: int):
+        self.num_steps = num_steps  # the valued steps: a reward query each, a sample
+
+    def round_inputs(self, sampled: SampledRound) -> dict:
+        return {"tweedie_values": sampled.batch.tweedie_values}
+
+    def round_queries(self, sampled: SampledRound) -> int:
+        return sampled.num_samples * self.num_steps
+
+
+class TreeComponent(Component):
+    name = "tree"
+
+    def __init__(self, shards):
+        self.shards = shards
+
+    def round_inputs(self, sampled: SampledRound) -> dict:
+        return {"tree_nodes": sampled.batch.tree_nodes + self.shards.mine.start}  # rows of the gathered round
+
+
+class GreedyComponent(Component):
+    """ReMax's baseline: with shared initial noise, a group's greedy sample starts from the group's x_0 too."""
+
+    name = "greedy_rewards"
+
+    def __init__(self, family, reward_scorer, shards, config, timer):
+        self.family, self.reward_scorer, self.shards, self.config, self.timer = family, reward_scorer, shards, config, timer
+
+    def round_inputs(self, sampled: SampledRound) -> dict:
+        batch, config = sampled.batch, self.config
+        with self.timer.phase("sampling"):  # greedy samples and their rewards
+            rewards = greedy_rewards(self.family, sampled.model, batch.prompts, batch.metadata, sampled.groups,
+                                     self.reward_scorer, SamplingOptions.deterministic(config.sample),
+                                     seed=config.seed * 1_000_003 + sampled.epoch, initial_noise=sampled.initial_noise)
+        return {"greedy_rewards": rewards}
+
+    def round_queries(self, sampled: SampledRound) -> int:
+        """A greedy sample per prompt group of each process."""
+        return int(self.shards.gather(torch.tensor([len(set(sampled.groups))])).sum())
+
+
+class BranchingComponent(Component):
+    name, stateful = "adaptive_branching", True
+
+    def __init__(self, branching):
+        self.branching = branching
+
+    def before_round(self, sampler) -> None:
+        """The branch steps the last epoch chose."""
+        sampler.options = replace(sampler.options, branches=self.branching.branches)
+
+    def after_update(self, epoch: int, rollouts, train: dict) -> dict:
+        return self.branching.update(rollouts.gathered("tree_nodes"), rollouts.rewards)
+
+    def state_dict(self) -> dict:
+        return self.branching.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.branching.load_state_dict(state)
+
+
+@dataclass
+class RunParts:
+    """What the trainer has built, from which the components are made (None: the run has no such piece)."""
+
+    config: object
+    shards: object
+    family: object
+    scorer: object
+    reward_scorer: object
+    estimator: object
+    timer: object
+    chunk_size: object  # the updater's chunk_size(batch)
+    unwrapped_policy: object  # () -> the unwrapped policy denoiser
+    critic: object = None
+    kl: object = None
+    controller: object = None
+    ema: object = None
+    old: object = None
+    tree: bool = False
+    branching: object = None
+    best_weights: object = None
+
+
+def build_components(parts: RunParts) -> "Components":
+    """The components of the run ``parts`` were built for, in their order (module docstring)."""
+    config, estimator = parts.config, parts.estimator
+    made = [
+        CriticComponent(parts.critic, estimator, parts.shards, config, parts.timer) if parts.critic else None,
+        KLComponent(parts.kl, parts.scorer, parts.family, parts.chunk_size, parts.shards, config,
+                    parts.unwrapped_policy) if parts.kl else None,
+        ControllerComponent(parts.controller, estimator, parts.timer) if parts.controller else None,
+        EMAComponent(parts.ema) if parts.ema else None,
+        OldModelComponent(parts.old) if parts.old else None,
+        TweedieComponent(len(valued_steps(parts.family.stochastic_steps(config.sample))))
+        if estimator.reads(config, "tweedie_values") else None,
+        TreeComponent(parts.shards) if parts.tree else None,
+        GreedyComponent(parts.family, parts.reward_scorer, parts.shards, config, parts.timer)
+        if estimator.needs_greedy_rewards else None,
+        BranchingComponent(parts.branching) if parts.branching else None,
+        parts.best_weights,
+    ]
+    return Components([component for component in made if component])
+
+
+class Components:
+    """The run's components in their order: iterated, or one by name (``components["critic"]``, ``.get(name)``)."""
+
+    def __init__(self, components: list[Component]):
+        self.items = list(components)
+        names = [component.name for component in self.items]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two components of one name: {names}")
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __getitem__(self, name: str) -> Component:
+        return next(component for component in self.items if component.name == name)
+
+    def get(self, name: str) -> Component | None:
+        return next((component for component in self.items if component.name == name), None)
+
+    @property
+    def names(self) -> list[str]:
+        return [component.name for component in self.items]
+
+    def stateful(self) -> dict:
+        """{name: component} of the ones a checkpoint keeps."""
+        return {component.name: component for component in self.items if component.stateful}
