@@ -307,7 +307,7 @@ def run(args, model: str) -> dict:
     accelerator.backward = plain_backward
     timer.remove()
     share = (timer.forward_s + timer.backward_s) / wall
-    chunk = updater.chunk_size(record)
+    chunk = updater.pairs_per_forward_of(record)
 
     print(f"machine: {machine(args.device)}; device {args.device}, mixed precision {args.mixed_precision}")
     window = f"{len(trainable)} stochastic" if len(trainable) < args.steps else "all stochastic"
@@ -355,7 +355,7 @@ def same_loss_and_gradient(updater, reference_epoch, train_batch, train_dict, st
     ``steps``), before any update: both losses, and the max |difference| of the losses and of the accumulated LoRA
     gradients. The gradients are zeroed after each; no optimizer step is taken."""
     updater.model.train()
-    updater.chunk_size(train_batch)  # "auto" measured now (as train_epoch does before any update), not within the check
+    updater.pairs_per_forward_of(train_batch)  # "auto" measured now (as train_epoch does before an update)
     rows = torch.arange(len(train_batch))
     mask = torch.zeros(train_batch.log_probs.shape)
     mask[:, steps] = 1.0

@@ -168,7 +168,7 @@ def base() -> ml_collections.ConfigDict:
     train.clip_range = 1e-4  # PPO's clip range of the probability ratio (GRPO's epsilon)
     # Flow-DPPO's trust region (algorithm.policy_loss="dppo"): the exact KL of a step's Gaussians, rollout to trained
     # policy, at which a pair the update moves further away is masked (UniRL's and VeRL-Omni's kl_mask_threshold)
-    train.kl_threshold = 1e-5
+    train.policy_kl_threshold = 1e-5
     # the share of a trajectory's trainable steps each inner epoch trains, int(W * step_fraction) of its W drawn at random
     # (ddpo-pytorch's timestep_fraction: it chooses step indices, not timesteps)
     train.step_fraction = 1.0
@@ -280,7 +280,7 @@ def base() -> ml_collections.ConfigDict:
     critic.hidden_dim = 64  # the value network's width
     critic.learning_rate = 1e-3  # the critic's AdamW learning rate
     critic.weight_decay = 0.0  # the critic's AdamW weight decay
-    critic.clip_range = 0.2  # clipped value loss range, in reward units (None: unclipped)
+    critic.value_clip_range = 0.2  # clipped value loss range, in reward units (None: unclipped)
     critic.num_updates = 1  # passes over the epoch's samples per epoch
     critic.warmup_epochs = 0  # the first epochs train the critic only: the policy stays as it is
     # "latent": V(x_n, t_n, c); "latent_clean_hat": V([x_n, clean_hat(x_n)], t_n, c), the step's one-step prediction of the

@@ -159,7 +159,7 @@ def flow_grpo_flux(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
 def flow_dppo_sd35(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Flow-DPPO (arXiv 2606.11025) on Stable Diffusion 3.5 Medium: Flow-GRPO's SD3.5 recipe with the ratio clip
     replaced by the exact-KL divergence mask (algorithm.policy_loss="dppo") at UniRL's and VeRL-Omni's threshold
-    train.kl_threshold=1e-5, and several inner epochs over each epoch's samples (num_inner_epochs=2), where the paper
+    train.policy_kl_threshold=1e-5, and several inner epochs over each epoch's samples (num_inner_epochs=2), where the paper
     says ratio clipping degrades. Differences: the paper's own hyperparameters beyond the loss (its learning rate,
     group size and inner epochs) are not in the stored copies of its code; Flow-GRPO's are kept, the KL term to the
     base model included."""
@@ -172,7 +172,7 @@ def flow_dppo_sd35(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
 @recipe("grpo")
 def flow_dppo_flux(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Flow-DPPO on FLUX.1-dev: Flow-GRPO's FLUX recipe (6 rollout steps, noise level 0.9, guidance embedding 3.5, no
-    KL term, bf16) with the divergence mask at train.kl_threshold=1e-5 and 2 inner epochs, as flow_dppo_sd35 (the
+    KL term, bf16) with the divergence mask at train.policy_kl_threshold=1e-5 and 2 inner epochs, as flow_dppo_sd35 (the
     same differences)."""
     config = flow_grpo_flux(config)
     config.algorithm.policy_loss = "dppo"

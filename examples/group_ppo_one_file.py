@@ -38,7 +38,7 @@ def policy_update(trainer: Trainer, batch) -> float:
     train, sample, device = config.train, config.sample, trainer.accelerator.device
     family.schedule(sample.num_steps, device)  # a DDIM step reads its previous timestep from the schedule
     guidance, noise_level = family.training_guidance(config), family.noise_level(sample)
-    chunk_size = trainer.updater.chunk_size(batch)  # train.pairs_per_forward ("auto": 32 on the CPU)
+    pairs_per_forward = trainer.updater.pairs_per_forward_of(batch)  # train.pairs_per_forward ("auto": 32 on the CPU)
     num_samples, num_steps = batch.log_probs.shape
     losses = []
     model.train()
@@ -52,7 +52,7 @@ def policy_update(trainer: Trainer, batch) -> float:
             pair_rows, pair_steps = step_mask[rows].nonzero(as_tuple=True)  # its (sample, step) pairs
             weights = aggregation_weights(step_mask[rows], config.algorithm.loss_agg_mode)[pair_rows, pair_steps]
             pair_rows = rows[pair_rows]
-            for chunk in torch.split(torch.arange(len(pair_rows)), max(1, chunk_size)):
+            for chunk in torch.split(torch.arange(len(pair_rows)), max(1, pairs_per_forward)):
                 r, n, w = pair_rows[chunk].to(device), pair_steps[chunk].to(device), weights[chunk].to(device)
                 # 1. l_theta: the recorded step x_n -> x_{n+1} under the policy, the guided denoiser output, then the
                 #    DDIM step's Gaussian log-density of x_{n+1} (sampling/ddim.py: its numbered math)
@@ -62,7 +62,7 @@ def policy_update(trainer: Trainer, batch) -> float:
                                              batch.negative_rows(family, r), guidance)
                 log_prob = family.step(output, latents, step, noise_level, next_latents=batch.next_latents[r, n],
                                        reduce=sample.log_prob_reduce, log_prob_dtype=sample.log_prob_dtype).log_prob
-                # 2. the ratio to the rollout's l_old and PPO's clipped surrogate, L = max(-A r, -A clip(r, 1 +- eps))
+                # 2. the ratio to the rollout's l_rollout, PPO's clipped surrogate L = max(-A r, -A clip(r, 1 +- eps))
                 ratio = torch.exp((log_prob - batch.log_probs[r, n]).clamp(-20.0, 20.0))
                 advantages = batch.advantages[r, n]
                 surrogate = torch.maximum(-advantages * ratio,

@@ -213,7 +213,7 @@ class Preflight:
     def rescore_check(self, batch) -> CheckResult:
         """Steps 1-4 of the module docstring."""
         trainer, config = self.trainer, self.config
-        chunk = trainer.updater.chunk_size(batch)
+        chunk = trainer.updater.pairs_per_forward_of(batch)
         steps = torch.nonzero(self.family.stochastic_steps(config.sample)).flatten().tolist()
         rescored = self.rescore(batch, chunk=chunk)
         per_step = rescored.per_step()
@@ -262,7 +262,7 @@ class Preflight:
                                                      scorer.reduce, recorded_dtype)
                     differences.append((out.log_prob.double() - recorded.double()).cpu())
                     deviations.append(ratio_deviation(out.log_prob, recorded).cpu())
-                    means = {"mean": out.mean, "old_mean": batch.step_means[r, n], "std": out.std,
+                    means = {"mean": out.mean, "rollout_mean": batch.step_means[r, n], "std": out.std,
                              "log_prob_reduce": scorer.reduce}
                     outside.append(updater.loss.outside_trust_region(recorded, out.log_prob, **updater.bounds, **means,
                                                                      **updater.loss_kwargs).cpu())
@@ -333,7 +333,7 @@ class Preflight:
         KL)."""
         if self.trainer.updater.loss.trust_region is outside_kl_bound:
             needed = float(torch.quantile(rescored.kl.double(), 1 - CLIPPED_SHARE))
-            field, now = "train.kl_threshold", self.config.train.kl_threshold
+            field, now = "train.policy_kl_threshold", self.config.train.policy_kl_threshold
         else:
             needed = float(torch.quantile(rescored.deviation.double(), 1 - CLIPPED_SHARE))
             field, now = "train.clip_range", self.config.train.clip_range
@@ -378,7 +378,7 @@ class Preflight:
     def resources(self, batch, sampling_s: float) -> list:
         trainer, config = self.trainer, self.config
         updater = trainer.updater
-        chunk = updater.chunk_size(batch)
+        chunk = updater.pairs_per_forward_of(batch)
         trainable = updater.trainable_steps()
         lines = []
         if self.accelerator.device.type == "cuda":

@@ -117,15 +117,15 @@ def concatenate_scores(parts: list[tuple[torch.Tensor, dict]]) -> tuple[torch.Te
 
 def failing_images(reward_fn, images, prompts: list[str], metadata: list[dict]) -> str:
     """Which images of the batch the reward function raises on when called on one image at a time."""
-    n = len(prompts)
-    checked = min(n, MAX_ISOLATION_CALLS)
+    count = len(prompts)
+    checked = min(count, MAX_ISOLATION_CALLS)
     bad = []
     for i in range(checked):
         try:
             reward_fn(images[i : i + 1], prompts[i : i + 1], metadata[i : i + 1])
         except Exception:
             bad.append(i)
-    scope = f"of the first {checked} of {n} images" if checked < n else f"of the batch of {n} images"
+    scope = f"of the first {checked} of {count} images" if checked < count else f"of the batch of {count} images"
     if not bad:
         return f"it raised on the whole batch {scope} but on no single image"
     return f"it raised on batch indices {bad} {scope}, prompts {[prompts[i] for i in bad]}"

@@ -68,8 +68,8 @@ class CriticComponent(Component):
 class KLComponent(Component):
     name, stateful = "kl", True
 
-    def __init__(self, kl, scorer, family, chunk_size, shards, config, unwrapped_policy):
-        self.kl, self.scorer, self.family, self.chunk_size = kl, scorer, family, chunk_size
+    def __init__(self, kl, scorer, family, pairs_per_forward_of, shards, config, unwrapped_policy):
+        self.kl, self.scorer, self.family, self.pairs_per_forward_of = kl, scorer, family, pairs_per_forward_of
         self.shards, self.config, self.unwrapped_policy = shards, config, unwrapped_policy
 
     def round_inputs(self, sampled: SampledRound) -> dict:
@@ -79,7 +79,7 @@ class KLComponent(Component):
             return {}
         batch = sampled.batch
         with self.kl.timer.phase("reference"):
-            kl = self.kl.rollout_kl(batch, self.scorer, self.family.model, self.chunk_size(batch),
+            kl = self.kl.rollout_kl(batch, self.scorer, self.family.model, self.pairs_per_forward_of(batch),
                                     self.family.stochastic_steps(self.config.sample))
         return {"step_kl": kl, "step_rewards": self.kl.step_rewards(kl)}
 
@@ -202,7 +202,8 @@ class GreedyComponent(Component):
     name = "greedy_rewards"
 
     def __init__(self, family, reward_scorer, shards, config, timer):
-        self.family, self.reward_scorer, self.shards, self.config, self.timer = family, reward_scorer, shards, config, timer
+        self.family, self.reward_scorer, self.shards = family, reward_scorer, shards
+        self.config, self.timer = config, timer
 
     def round_inputs(self, sampled: SampledRound) -> dict:
         batch, config = sampled.batch, self.config
@@ -248,7 +249,7 @@ class RunParts:
     reward_scorer: object
     estimator: object
     timer: object
-    chunk_size: object  # the updater's chunk_size(batch)
+    pairs_per_forward_of: object  # the updater's pairs_per_forward_of(batch)
     unwrapped_policy: object  # () -> the unwrapped policy denoiser
     critic: object = None
     kl: object = None
@@ -265,7 +266,7 @@ def build_components(parts: RunParts) -> "Components":
     config, estimator = parts.config, parts.estimator
     made = [
         CriticComponent(parts.critic, estimator, parts.shards, config, parts.timer) if parts.critic else None,
-        KLComponent(parts.kl, parts.scorer, parts.family, parts.chunk_size, parts.shards, config,
+        KLComponent(parts.kl, parts.scorer, parts.family, parts.pairs_per_forward_of, parts.shards, config,
                     parts.unwrapped_policy) if parts.kl else None,
         ControllerComponent(parts.controller, estimator, parts.timer) if parts.controller else None,
         EMAComponent(parts.ema) if parts.ema else None,

@@ -95,7 +95,8 @@ class Trainer:
         adaptive = AdaptiveBranches(branches, stochastic) if config.sample.adaptive_branching else None
         self.components = build_components(RunParts(
             config, self.shards, self.family, self.scorer, reward_scorer, self.estimator, self.timer,
-            chunk_size=self.updater.chunk_size, unwrapped_policy=lambda: self.accelerator.unwrap_model(self.model),
+            pairs_per_forward_of=self.updater.pairs_per_forward_of,
+            unwrapped_policy=lambda: self.accelerator.unwrap_model(self.model),
             critic=self.critic, kl=self.kl, controller=self.estimator_controller, ema=self.ema, old=self.old,
             tree=bool(branches), branching=adaptive, best_weights=self.evaluations.best))
         self.rollouts = RolloutCollector(

@@ -143,10 +143,10 @@ def ddim_step_with_logprob(
     """
     sample = sample.float()
     model_output = model_output.float()
-    n = sample.shape[0]
+    rows = sample.shape[0]
     timestep = torch.as_tensor(timestep, device=sample.device)
     if timestep.ndim == 0:
-        timestep = timestep.expand(n)
+        timestep = timestep.expand(rows)
     # 1. ab_t and ab_prev
     alpha_prod_t, alpha_prod_prev = step_alphas(scheduler, timestep)
     # 2. the predicted clean latent and noise

@@ -161,7 +161,7 @@ class Critic:
                 values = self.network(latents, timesteps, embeds, clean_hat).view(b, num_steps)
                 loss, info = clipped_value_loss(
                     values, batch.values[rows].float(), targets[rows].float(), mask[rows],
-                    critic.clip_range, "step-mean",
+                    critic.value_clip_range, "step-mean",
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -194,6 +194,6 @@ def critic_config_errors(config) -> list[str]:
         errors.append(f"critic.input={critic.input!r} is not one of {list(CRITIC_INPUTS)}")
     if critic.warmup_epochs < 0:
         errors.append(f"critic.warmup_epochs={critic.warmup_epochs} must be >= 0")
-    if not (critic.clip_range is None or critic.clip_range > 0):
-        errors.append(f"critic.clip_range={critic.clip_range} must be > 0 (or None)")
+    if not (critic.value_clip_range is None or critic.value_clip_range > 0):
+        errors.append(f"critic.value_clip_range={critic.value_clip_range} must be > 0 (or None)")
     return errors

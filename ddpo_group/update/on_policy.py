@@ -1,11 +1,11 @@
 """Whether the update is on-policy: before its first optimizer step the training forward scores the rollout policy's
-own transitions, so every ratio exp(l_theta - l_old) is 1 up to float rounding. A larger |ratio - 1| means the
+own transitions, so every ratio exp(l_theta - l_rollout) is 1 up to float rounding. A larger |ratio - 1| means the
 training forward does not reproduce the sampler (guidance, precision, timesteps, a compiled or chunked forward, a
 family's quirk, a random layer in training mode). The yardstick is what the policy loss does with it: PPO's clipping
 acts on a ratio outside [1 - clip_range, 1 + clip_range] (train.clip_range, 1e-4 by default), and when it acts on
 rounding instead of on the policy's change the first update is not the one the algorithm describes.
 
-    train/ratio_before_update    = max |exp(l_theta - l_old) - 1| over the pairs trained before the epoch's first
+    train/ratio_before_update    = max |exp(l_theta - l_rollout) - 1| over the pairs trained before the epoch's first
                                    optimizer step (every process)
     train/clipped_before_update  = the share of those pairs outside the loss's trust region (a ratio-clipping loss:
                                    outside its clip range; another loss, its own bound: policy_losses.py)
@@ -28,11 +28,11 @@ def ratio_tolerance(mixed_precision: str) -> float:
     return RATIO_TOLERANCE[mixed_precision]
 
 
-def ratio_deviation(log_prob: torch.Tensor, old_log_prob: torch.Tensor) -> torch.Tensor:
-    """|exp(l_theta - l_old) - 1| of each pair, in float32 or the log-probs' wider dtype (sample.log_prob_dtype) (the
+def ratio_deviation(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor) -> torch.Tensor:
+    """|exp(l_theta - l_rollout) - 1| of each pair, in float32 or the log-probs' wider dtype (sample.log_prob_dtype) (the
     update's train/ratio_before_update and the pre-flight check's per-step columns both read it)."""
-    dtype = torch.promote_types(torch.promote_types(log_prob.dtype, old_log_prob.dtype), torch.float32)
-    return (torch.exp(log_prob.to(dtype) - old_log_prob.to(dtype)) - 1).abs()
+    dtype = torch.promote_types(torch.promote_types(log_prob.dtype, rollout_log_prob.dtype), torch.float32)
+    return (torch.exp(log_prob.to(dtype) - rollout_log_prob.to(dtype)) - 1).abs()
 
 
 class OnPolicyWatch:

@@ -5,7 +5,7 @@ loop). For one chunk of N pairs (rows r, steps n):
 
     1. l_theta  = the log-probability [N] of each recorded step x_n -> x_{n+1} under the training forward
                   (sampling/trajectories.py's TransitionScorer: the family's forward and its Gaussian step)
-    2. loss     = the policy loss of (l_old, l_theta, A, w): ratio, clip and the weighted sum, w the pairs'
+    2. loss     = the policy loss of (l_rollout, l_theta, A, w): ratio, clip and the weighted sum, w the pairs'
                   aggregation weights of algorithm.loss_agg_mode (algorithms/policy_losses.py)
     3. loss    += beta * sum g w KL(policy step || reference step), with the KL in the loss (reference/regularizer.py;
                   beta = 0 skips the reference forward; g the row's prompt gate under kl.only_below_start, else 1)
@@ -40,7 +40,8 @@ class PolicyUpdater(Updater):
         self.loss_kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
         # the trust region's bounds the loss names (policy_losses.BOUNDS: the clip range, the dual clip, dppo's KL)
         bounds = {"clip_low": float(config.train.clip_range), "clip_high": float(config.train.clip_range),
-                  "clip_ratio_c": config.algorithm.clip_ratio_c, "kl_threshold": float(config.train.kl_threshold)}
+                  "clip_ratio_c": config.algorithm.clip_ratio_c,
+                  "policy_kl_threshold": float(config.train.policy_kl_threshold)}
         self.bounds = {name: bounds[name] for name in self.loss.bounds}
         self.trajectory_outputs = []  # a trajectory-level loss: the train batch's chunks' (log-probs, KL) so far
         self.begin_epoch(None)
@@ -75,9 +76,9 @@ class PolicyUpdater(Updater):
         device = self.accelerator.device
         r, n = chunk.units.to(device, non_blocking=True), chunk.steps.to(device, non_blocking=True)
         out = self.scorer(self.model, batch, r, n)  # 1.
-        old_log_prob = batch.log_probs[r, n]
+        rollout_log_prob = batch.log_probs[r, n]
         with torch.no_grad():
-            self.watch(batch, r, n, out, old_log_prob, chunk, sums)
+            self.watch(batch, r, n, out, rollout_log_prob, chunk, sums)
         kl = None
         if self.uses_reference:
             kl = self.kl.step_kl(out, lambda model: self.scorer(model, batch, r, n),
@@ -89,7 +90,7 @@ class PolicyUpdater(Updater):
                 self.trajectory_loss(batch, chunk.train_batch, outputs, sums)
             return
         w = chunk.weights.to(device, non_blocking=True)
-        policy_loss, info = self.loss.fn(old_log_prob, out.log_prob, batch.advantages[r, n], w,  # 2.
+        policy_loss, info = self.loss.fn(rollout_log_prob, out.log_prob, batch.advantages[r, n], w,  # 2.
                                       **self.bounds, **self.step_means(batch, r, n, out), **self.loss_kwargs)
         loss = policy_loss
         if kl is not None:  # 3.
@@ -98,14 +99,14 @@ class PolicyUpdater(Updater):
         sums["policy_loss"] += policy_loss.detach()
         fold_metrics(sums, info, chunk.share)
 
-    def watch(self, batch, r, n, out, old_log_prob, chunk: Chunk, sums: dict) -> None:
+    def watch(self, batch, r, n, out, rollout_log_prob, chunk: Chunk, sums: dict) -> None:
         """The on-policy measures at the rollout weights (each ratio is 1 up to rounding there) and the exact policy
         KL of the chunk's pairs (module docstring)."""
         trained = chunk.weights.to(out.log_prob.device) != 0  # not a zero-weight pair (a train batch without real ones)
         if chunk.at_rollout_weights:
-            outside = self.loss.outside_trust_region(old_log_prob, out.log_prob, **self.bounds,
+            outside = self.loss.outside_trust_region(rollout_log_prob, out.log_prob, **self.bounds,
                                                      **self.step_means(batch, r, n, out), **self.loss_kwargs)
-            gap = torch.where(trained, ratio_deviation(out.log_prob, old_log_prob), 0.0)
+            gap = torch.where(trained, ratio_deviation(out.log_prob, rollout_log_prob), 0.0)
             self.ratio_gap = torch.maximum(self.ratio_gap, gap.max())
             self.outside = self.outside + (outside & trained).sum()
             self.counted = self.counted + trained.sum()
@@ -124,7 +125,7 @@ class PolicyUpdater(Updater):
             raise ValueError(f"policy loss {self.loss.name!r} needs the rollout policy's step means, but the batch has "
                              "no step_means: collect the rollouts with record_means=True (RolloutCollector does so "
                              "for such a loss)")
-        return {"mean": out.mean, "old_mean": batch.step_means[r, n], "std": out.std,
+        return {"mean": out.mean, "rollout_mean": batch.step_means[r, n], "std": out.std,
                 "step_length": out.step_length, "log_prob_reduce": self.scorer.reduce}
 
     def trajectory_loss(self, batch, train_batch: tuple, outputs: list, sums: dict) -> None:

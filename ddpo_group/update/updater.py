@@ -159,7 +159,7 @@ class Updater:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ the loop
-    def chunk_size(self, batch) -> int:
+    def pairs_per_forward_of(self, batch) -> int:
         """(sample, step) pairs per forward (``train.pairs_per_forward``; "auto" is resolved on first use)."""
         return self.pairs_per_forward(self, batch) if callable(self.pairs_per_forward) else int(self.pairs_per_forward)
 
@@ -172,7 +172,7 @@ class Updater:
         num_units, num_steps = len(real), batch.num_steps
         self.scorer.prepare(self.config.sample.num_steps, accelerator.device)
         self.model.train()
-        chunk = self.chunk_size(batch) if num_units else None  # "auto" is measured here, in training mode
+        chunk = self.pairs_per_forward_of(batch) if num_units else None  # "auto" is measured here, in training mode
         self.begin_epoch(batch)
         per_batch = max(1, train.batch_size // self.unit_width)
         real_units, padding_units = real.nonzero().flatten(), (~real).nonzero().flatten()
@@ -189,7 +189,8 @@ class Updater:
                 units = order[start : start + per_batch]
                 with accelerator.accumulate(self.model):
                     metrics = defaultdict(float)
-                    for chunk_pairs in self.chunks(batch, units, step_mask[units], at_rollout_weights=optimizer_steps == 0):
+                    for chunk_pairs in self.chunks(batch, units, step_mask[units],
+                                                   at_rollout_weights=optimizer_steps == 0):
                         # gradients are all-reduced once per train batch, at the backward of its last chunk
                         with nullcontext() if chunk_pairs.last else accelerator.no_sync(self.model), \
                                 accelerator.autocast():
@@ -233,8 +234,8 @@ class Updater:
 
     def chunks(self, batch, units: torch.Tensor, step_mask: torch.Tensor, pairs_per_forward: int | None = None,
                at_rollout_weights: bool = False) -> list[Chunk]:
-        """One train batch's (unit, step) pairs in chunks of ``pairs_per_forward`` (default ``chunk_size``): the pairs
-        are ``step_mask``'s [b, T] nonzero entries, ``units`` [b] the train batch's units (its rows, for a sample a
+        """One train batch's (unit, step) pairs in chunks of ``pairs_per_forward`` (default: ``pairs_per_forward_of``):
+        the pairs are ``step_mask``'s [b, T] nonzero entries, ``units`` [b] the train batch's units (its rows, for a sample a
         unit). ``step_mask`` may live on the CPU (the loop's case: the pairs are then found without a device sync)."""
         pair_units, pair_steps = step_mask.cpu().nonzero(as_tuple=True)
         weights = self.pair_weights(step_mask, int(pair_units.numel()))
@@ -242,7 +243,7 @@ class Updater:
             pair_units = pair_steps = torch.zeros(1, dtype=torch.long)
             weights = torch.zeros(1) if isinstance(weights, torch.Tensor) else 0.0
         pair_rows, num_pairs = units.cpu()[pair_units], len(pair_steps)
-        size = max(1, (pairs_per_forward or self.chunk_size(batch)) // self.unit_width)
+        size = max(1, (pairs_per_forward or self.pairs_per_forward_of(batch)) // self.unit_width)
         indices = torch.split(torch.arange(num_pairs), size)
         train_batch = (units, step_mask, pair_units, pair_steps, weights)
         chunks = []

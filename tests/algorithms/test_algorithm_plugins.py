@@ -42,13 +42,13 @@ LOSSES = textwrap.dedent('''
     PER_STEP_CALLS = []
 
     @policy_loss(per_step=True)
-    def linear(old_log_prob, log_prob, advantages, weights, weight=1.0, **_):
+    def linear(rollout_log_prob, log_prob, advantages, weights, weight=1.0, **_):
         PER_STEP_CALLS.append(log_prob.shape)
-        return (weights * -weight * advantages * (log_prob - old_log_prob)).sum(), {}
+        return (weights * -weight * advantages * (log_prob - rollout_log_prob)).sum(), {}
 
-    def linear_whole(old_log_prob, log_prob, advantages, step_mask, loss_agg_mode="step-mean", weight=1.0, **_):
+    def linear_whole(rollout_log_prob, log_prob, advantages, step_mask, loss_agg_mode="step-mean", weight=1.0, **_):
         """The same loss, trajectory-level (undecorated): the update gathers the train batch's log-probs."""
-        return agg_loss(-weight * advantages * (log_prob - old_log_prob), step_mask, loss_agg_mode), {}
+        return agg_loss(-weight * advantages * (log_prob - rollout_log_prob), step_mask, loss_agg_mode), {}
 ''')
 
 

@@ -16,19 +16,19 @@ D = torch.float64
 def pairs(mean_shift, log_ratio, advantages, std=0.5):
     """Four pairs of 2 latent dims: their means moved by ``mean_shift`` (the KL is then shift^2 / (2 std^2)), their
     log-ratios and advantages."""
-    old_mean = torch.zeros(4, 2, dtype=D)
-    mean = old_mean + torch.tensor(mean_shift, dtype=D)[:, None]
+    rollout_mean = torch.zeros(4, 2, dtype=D)
+    mean = rollout_mean + torch.tensor(mean_shift, dtype=D)[:, None]
     old_lp = torch.zeros(4, dtype=D)
     lp = torch.tensor(log_ratio, dtype=D).requires_grad_(True)
-    return dict(old_log_prob=old_lp, log_prob=lp, advantages=torch.tensor(advantages, dtype=D), mean=mean,
-                old_mean=old_mean, std=torch.full((4,), std, dtype=D))
+    return dict(rollout_log_prob=old_lp, log_prob=lp, advantages=torch.tensor(advantages, dtype=D), mean=mean,
+                rollout_mean=rollout_mean, std=torch.full((4,), std, dtype=D))
 
 
 def test_the_step_kl_is_the_gaussians_closed_form():
     args = pairs([0.0, 0.1, 0.2, 0.3], [0, 0, 0, 0], [1, 1, 1, 1])
-    kl = dppo_kl(args["mean"], args["old_mean"], args["std"])
+    kl = dppo_kl(args["mean"], args["rollout_mean"], args["std"])
     torch.testing.assert_close(kl, torch.tensor([0.0, 0.02, 0.08, 0.18], dtype=D))  # shift^2 / (2 * 0.25)
-    assert dppo_kl(args["mean"], args["old_mean"], args["std"], "sum")[3] == pytest.approx(0.36)  # 2 dims summed
+    assert dppo_kl(args["mean"], args["rollout_mean"], args["std"], "sum")[3] == pytest.approx(0.36)  # 2 dims summed
 
 
 def test_the_mask_blocks_only_pairs_beyond_the_threshold_that_move_away():
@@ -36,7 +36,7 @@ def test_the_mask_blocks_only_pairs_beyond_the_threshold_that_move_away():
     back): kept. Pairs 0 and 1 within it: kept whatever the ratio (no clip: r = e^0.5)."""
     args = pairs([0.0, 0.1, 0.2, 0.3], [0.5, -0.5, 0.3, -0.3], [1.0, -1.0, 2.0, 2.0])
     weights = torch.full((4,), 0.25, dtype=D)
-    loss, metrics = dppo_policy_loss(**args, weights=weights, kl_threshold=0.05)
+    loss, metrics = dppo_policy_loss(**args, weights=weights, policy_kl_threshold=0.05)
     r = [math.exp(v) for v in (0.5, -0.5, 0.3, -0.3)]
     want = 0.25 * (-1.0 * r[0] + 1.0 * r[1] + 0.0 - 2.0 * r[3])  # pair 2 contributes nothing
     assert float(loss) == pytest.approx(want, rel=1e-12)
@@ -47,13 +47,13 @@ def test_the_mask_blocks_only_pairs_beyond_the_threshold_that_move_away():
     assert grad[0] == pytest.approx(-0.25 * r[0]) and grad[3] == pytest.approx(-0.25 * 2.0 * r[3])
     # negative advantage moving down (away) beyond the threshold: blocked too
     args = pairs([0.3, 0.3, 0.3, 0.3], [-0.2, 0.2, -0.2, 0.2], [-1.0, -1.0, 1.0, 1.0])
-    _, metrics = dppo_policy_loss(**args, weights=torch.ones(4, dtype=D), kl_threshold=0.05)
+    _, metrics = dppo_policy_loss(**args, weights=torch.ones(4, dtype=D), policy_kl_threshold=0.05)
     assert metrics["clipfrac"] == 0.5  # pairs 0 (r < 1, A < 0) and 3 (r > 1, A > 0)
 
 
 def test_at_the_rollout_policy_nothing_is_blocked_and_the_gradient_is_the_policy_gradient():
     args = pairs([0.0] * 4, [0.0] * 4, [1.0, -1.0, 0.5, 2.0])
-    loss, metrics = dppo_policy_loss(**args, weights=torch.full((4,), 0.25, dtype=D), kl_threshold=1e-5)
+    loss, metrics = dppo_policy_loss(**args, weights=torch.full((4,), 0.25, dtype=D), policy_kl_threshold=1e-5)
     loss.backward()
     torch.testing.assert_close(args["log_prob"].grad, -0.25 * args["advantages"])  # d(-A r)/dl = -A at r = 1
     assert metrics["clipfrac"] == 0.0 and metrics["kl_max"] == 0.0
@@ -64,15 +64,16 @@ def test_the_registration_the_keywords_and_the_bound():
     assert spec.per_step and spec.needs_old_means and spec.trust_region is outside_kl_bound
     # the messages that judge the trust region (scripts/check.py's verdict, the on-policy warning) name its field
     config = get_config("grpo")
-    assert spec.trust_region_fields(config) == "train.kl_threshold=1e-05"
+    assert spec.trust_region_fields(config) == "train.policy_kl_threshold=1e-05"
     assert get_policy_loss("vanilla").trust_region_fields(config) == "train.clip_range=0.0001"
     assert dppo_config_errors({}) == []
-    assert dppo_config_errors({"kl_threshold": 1.0}) == [
-        "algorithm.policy_loss_kwargs.kl_threshold: dppo takes no keyword 'kl_threshold'; its threshold is "
-        "train.kl_threshold"]
+    assert dppo_config_errors({"policy_kl_threshold": 1.0}) == [
+        "algorithm.policy_loss_kwargs.policy_kl_threshold: dppo takes no keyword 'policy_kl_threshold'; its threshold is "
+        "train.policy_kl_threshold"]
     args = pairs([0.0, 0.1, 0.2, 0.3], [0, 0, 0, 0], [1, 1, 1, 1])
-    outside = outside_kl_bound(args["old_log_prob"], args["log_prob"], kl_threshold=0.05, mean=args["mean"],
-                               old_mean=args["old_mean"], std=args["std"])
+    outside = outside_kl_bound(args["rollout_log_prob"], args["log_prob"], policy_kl_threshold=0.05, mean=args["mean"],
+                               rollout_mean=args["rollout_mean"], std=args["std"])
     assert outside.tolist() == [False, False, True, True]
-    with pytest.raises(ValueError, match="dppo needs mean, old_mean and std"):
-        dppo_policy_loss(args["old_log_prob"], args["log_prob"], args["advantages"], torch.ones(4), kl_threshold=0.1)
+    with pytest.raises(ValueError, match="dppo needs mean, rollout_mean and std"):
+        dppo_policy_loss(args["rollout_log_prob"], args["log_prob"], args["advantages"], torch.ones(4),
+                         policy_kl_threshold=0.1)

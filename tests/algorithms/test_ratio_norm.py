@@ -23,38 +23,38 @@ def ratio_norm_terms(old_lp, lp, adv, **kwargs):
 
 def test_the_ratio_is_exactly_one_at_the_rollout_policy():
     torch.manual_seed(0)
-    old_mean = torch.randn(5, 4, 3)
+    rollout_mean = torch.randn(5, 4, 3)
     std, length = torch.tensor([0.5, 0.1, 0.02, 1.0, 0.3]), torch.tensor([0.1, 0.2, 0.05, 0.3, 0.25])
-    x = old_mean + std[:, None, None] * torch.randn(5, 4, 3)
-    lp = gaussian_log_prob(x, old_mean, std)
+    x = rollout_mean + std[:, None, None] * torch.randn(5, 4, 3)
+    lp = gaussian_log_prob(x, rollout_mean, std)
     adv = torch.tensor([1.0, -1.0, 2.0, 0.5, -3.0])
-    loss, metrics = ratio_norm_terms(lp, lp.clone(), adv, mean=old_mean.clone(), old_mean=old_mean, std=std,
+    loss, metrics = ratio_norm_terms(lp, lp.clone(), adv, mean=rollout_mean.clone(), rollout_mean=rollout_mean, std=std,
                                      step_length=length)
     assert metrics["ratio_min"] == metrics["ratio_max"] == 1.0 and metrics["clipfrac"] == 0.0
     assert torch.equal(loss, -adv / length)  # rho = exp(0) = 1 exactly, weight 1 / step length
 
 
 def test_the_formula_against_a_hand_computation():
-    """Two steps of three latent dims; every number below is worked out by hand from z = (x' - mu_old) / s."""
-    old_mean = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    """Two steps of three latent dims; every number below is worked out by hand from z = (x' - mu_rollout) / s."""
+    rollout_mean = torch.tensor([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     mean = torch.tensor([[0.1, -0.2, 0.0], [1.0, 1.05, 0.95]], requires_grad=True)
     x = torch.tensor([[0.5, -0.5, 0.25], [1.25, 0.75, 1.0]])
     std, length = torch.tensor([0.5, 0.25]), torch.tensor([0.1, 0.2])
-    old_lp, lp = gaussian_log_prob(x, old_mean, std), gaussian_log_prob(x, mean, std)
-    log_ratio, d, b = ratio_norm_log_ratio(old_lp, lp, mean, old_mean, std)
+    old_lp, lp = gaussian_log_prob(x, rollout_mean, std), gaussian_log_prob(x, mean, std)
+    log_ratio, d, b = ratio_norm_log_ratio(old_lp, lp, mean, rollout_mean, std)
     # z = [1, -1, 0.5] and [1, -1, 0]; dmu = [0.1, -0.2, 0] and [0, 0.05, -0.05]
     # b = mean(dmu^2) / (2 s^2) = (0.05 / 3) / 0.5 and (0.005 / 3) / 0.125;  log rho_hat = mean(z dmu)
     torch.testing.assert_close(b, torch.tensor([1 / 30, 1 / 75]))
     torch.testing.assert_close(log_ratio, torch.tensor([0.1, -1 / 60]))
     torch.testing.assert_close(d, torch.tensor([0.1 / 0.5 - 1 / 30, (-1 / 60) / 0.25 - 1 / 75]))
     adv = torch.tensor([1.0, -2.0])
-    loss, metrics = ratio_norm_terms(old_lp, lp, adv, mean=mean, old_mean=old_mean, std=std, step_length=length)
+    loss, metrics = ratio_norm_terms(old_lp, lp, adv, mean=mean, rollout_mean=rollout_mean, std=std, step_length=length)
     # step 0: rho = e^0.1 = 1.105 > 1.05 with A = 1 -> clipped, -1.05, weight 1 / 0.1
     # step 1: rho = e^(-1/60) = 0.9835 inside the clip with A = -2 -> 2 rho (dual clip 6 inactive), weight 1 / 0.2
     torch.testing.assert_close(loss, torch.tensor([-10.5, 2 * math.exp(-1 / 60) / 0.2]))
     assert metrics["clipfrac"] == 0.5 and metrics["clipfrac_lower"] == 0.0
     assert metrics["mean_shift_bias"] == pytest.approx((1 / 30 + 1 / 75) / 2)
-    unweighted, _ = ratio_norm_terms(old_lp, lp, adv, mean=mean, old_mean=old_mean, std=std, step_length=length,
+    unweighted, _ = ratio_norm_terms(old_lp, lp, adv, mean=mean, rollout_mean=rollout_mean, std=std, step_length=length,
                                      reweight="none")
     torch.testing.assert_close(unweighted, torch.tensor([-1.05, 2 * math.exp(-1 / 60)]))
     # the gradient is that of mean_D(z * mu_theta): for the unclipped step 1, d(2 rho / 0.2)/d mu = 10 rho z / 3
@@ -68,20 +68,20 @@ def test_the_formula_against_a_hand_computation():
 def test_the_normalised_log_ratio_is_the_noise_times_the_mean_shift(reduce):
     """(d + b) s = mean_D(z * dmu) exactly (to float rounding), with d per latent dimension under either reduction."""
     g = torch.Generator().manual_seed(1)
-    old_mean, z = torch.randn(6, 4, 8, 8, generator=g), torch.randn(6, 4, 8, 8, generator=g)
+    rollout_mean, z = torch.randn(6, 4, 8, 8, generator=g), torch.randn(6, 4, 8, 8, generator=g)
     dmu = 0.01 * torch.randn(6, 4, 8, 8, generator=g)
     std = torch.tensor([0.5, 0.2, 0.05, 0.01, 1.0, 0.1])
-    x = old_mean + std[:, None, None, None] * z
-    old_lp = gaussian_log_prob(x, old_mean, std, reduce)
-    lp = gaussian_log_prob(x, old_mean + dmu, std, reduce)
-    log_ratio, _, _ = ratio_norm_log_ratio(old_lp, lp, old_mean + dmu, old_mean, std, reduce)
+    x = rollout_mean + std[:, None, None, None] * z
+    old_lp = gaussian_log_prob(x, rollout_mean, std, reduce)
+    lp = gaussian_log_prob(x, rollout_mean + dmu, std, reduce)
+    log_ratio, _, _ = ratio_norm_log_ratio(old_lp, lp, rollout_mean + dmu, rollout_mean, std, reduce)
     torch.testing.assert_close(log_ratio, (z * dmu).mean(dim=(1, 2, 3)), rtol=1e-4, atol=2e-6)
 
 
 def test_no_bias_where_the_plain_ratios_mean_is_below_one():
     """A Gaussian policy of D = 256 dims and std s = 0.05 whose mean moved by dmu (|dmu| = 0.02 in every dim), 4000
     next latents drawn from the rollout (old) policy. Compared: the plain per-step ratio of our default log-prob
-    (the mean over the latent dims), r = exp(d), d = l_theta - l_old, and RatioNorm's rho_hat, on
+    (the mean over the latent dims), r = exp(d), d = l_theta - l_rollout, and RatioNorm's rho_hat, on
 
       * the log-ratio's mean: E[d] = -b = -mean(dmu^2) / (2 s^2) = -0.08;  E[log rho_hat] = 0;
       * the ratio's mean: E[r] = exp(-b + Var(d) / 2) = exp(-0.08 + 0.025^2 / 2) = 0.9234;
@@ -91,12 +91,12 @@ def test_no_bias_where_the_plain_ratios_mean_is_below_one():
     """
     g = torch.Generator().manual_seed(2)
     n, dims, s = 4000, 256, 0.05
-    old_mean = torch.randn(1, dims, generator=g).expand(n, dims)
+    rollout_mean = torch.randn(1, dims, generator=g).expand(n, dims)
     dmu = 0.02 * torch.sign(torch.randn(1, dims, generator=g)).expand(n, dims)
-    x = old_mean + s * torch.randn(n, dims, generator=g)
+    x = rollout_mean + s * torch.randn(n, dims, generator=g)
     std = torch.full((n,), s)
-    old_lp, lp = gaussian_log_prob(x, old_mean, std), gaussian_log_prob(x, old_mean + dmu, std)
-    log_hat, d, b = ratio_norm_log_ratio(old_lp, lp, old_mean + dmu, old_mean, std)
+    old_lp, lp = gaussian_log_prob(x, rollout_mean, std), gaussian_log_prob(x, rollout_mean + dmu, std)
+    log_hat, d, b = ratio_norm_log_ratio(old_lp, lp, rollout_mean + dmu, rollout_mean, std)
     torch.testing.assert_close(b, torch.full((n,), 0.08))
     assert float(d.mean()) == pytest.approx(-0.08, abs=2e-3)  # standard error 0.025 / sqrt(4000) = 4e-4
     assert float(d.exp().mean()) == pytest.approx(math.exp(-0.08 + 0.025**2 / 2), abs=2e-3)
@@ -115,13 +115,13 @@ def test_the_aggregated_loss_is_the_weighted_matrix_and_the_registration_declare
     assert spec.needs_old_means and spec.per_step and spec.fn is ratio_norm_policy_loss.fn
     assert not get_policy_loss("vanilla").needs_old_means
     g = torch.Generator().manual_seed(3)
-    old_mean, dmu = torch.randn(2, 3, 5, generator=g), 0.05 * torch.randn(2, 3, 5, generator=g)
+    rollout_mean, dmu = torch.randn(2, 3, 5, generator=g), 0.05 * torch.randn(2, 3, 5, generator=g)
     std = torch.tensor([[0.5, 0.3, 0.1], [0.5, 0.3, 0.1]])
-    x = old_mean + std[..., None] * torch.randn(2, 3, 5, generator=g)
-    old_lp = gaussian_log_prob(x.flatten(0, 1), old_mean.flatten(0, 1), std.flatten()).view(2, 3)
-    lp = gaussian_log_prob(x.flatten(0, 1), (old_mean + dmu).flatten(0, 1), std.flatten()).view(2, 3)
+    x = rollout_mean + std[..., None] * torch.randn(2, 3, 5, generator=g)
+    old_lp = gaussian_log_prob(x.flatten(0, 1), rollout_mean.flatten(0, 1), std.flatten()).view(2, 3)
+    lp = gaussian_log_prob(x.flatten(0, 1), (rollout_mean + dmu).flatten(0, 1), std.flatten()).view(2, 3)
     mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
-    kwargs = dict(mean=old_mean + dmu, old_mean=old_mean, std=std, step_length=torch.full((2, 3), 0.25))
+    kwargs = dict(mean=rollout_mean + dmu, rollout_mean=rollout_mean, std=std, step_length=torch.full((2, 3), 0.25))
     loss, _ = spec(old_lp, lp, torch.ones(2, 3), aggregation_weights(mask, "step-mean"), clip_low=0.2, clip_high=0.2,
                    clip_ratio_c=3.0, **kwargs)
     mat = torch.stack([ratio_norm_policy_loss(old_lp, lp, torch.ones(2, 3), one_hot.view(2, 3), clip_low=0.2,
@@ -137,11 +137,11 @@ def test_keywords_are_checked_and_missing_inputs_are_named():
         "1 / step length; 'none': weight 1)",
     ]
     lp = torch.zeros(2)
-    with pytest.raises(ValueError, match=r"ratio_norm needs mean, old_mean and std"):
+    with pytest.raises(ValueError, match=r"ratio_norm needs mean, rollout_mean and std"):
         ratio_norm_policy_loss(lp, lp, lp, torch.ones(2), clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0)
     with pytest.raises(ValueError, match=r"reweight='dt' needs the step's length"):
         ratio_norm_policy_loss(lp, lp, lp, torch.ones(2), clip_low=0.2, clip_high=0.2, mean=torch.zeros(2, 3),
-                               old_mean=torch.zeros(2, 3), std=torch.ones(2), clip_ratio_c=3.0)
+                               rollout_mean=torch.zeros(2, 3), std=torch.ones(2), clip_ratio_c=3.0)
 
 
 def test_a_wrong_keyword_is_a_config_error():

@@ -177,7 +177,7 @@ def test_sde_window_steps_outside_are_deterministic_ddim_without_log_prob(tiny_p
 
 def test_log_prob_reduce_sum_scales_the_recorded_log_probs_and_the_ratio_exponent_by_the_dimension_count(tiny_pipe):
     """sample.log_prob_reduce reaches the step log-prob while sampling and when transitions are scored for training:
-    with "sum" every log-prob, and so every log-ratio l_new - l_old, is D = C * h * w times the "mean" one."""
+    with "sum" every log-prob, and so every log-ratio l_new - l_rollout, is D = C * h * w times the "mean" one."""
     embeds, neg = encode_prompts(tiny_pipe, PROMPTS[:2]), encode_prompts(tiny_pipe, [""])
     traj = {reduce: sample(tiny_pipe, embeds, neg.expand(2, -1, -1), 4, 5.0, [1.0] * 4, decode=False,
                            generator=torch.Generator().manual_seed(3), log_prob_reduce=reduce)

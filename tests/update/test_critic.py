@@ -68,7 +68,8 @@ def test_resuming_with_another_critic_input_is_refused_and_old_checkpoints_count
 
 def test_critic_regresses_its_targets_under_its_mask():
     torch.manual_seed(0)
-    config = tiny_config("ppo_gae", "unused", "unused", **{"critic.clip_range": None, "critic.learning_rate": 3e-3})
+    config = tiny_config("ppo_gae", "unused", "unused",
+                         **{"critic.value_clip_range": None, "critic.learning_rate": 3e-3})
     critic = Critic(config, Accelerator(cpu=True), 4, 32)
     batch = fake_batch()
     targets = batch.latents.mean(dim=(2, 3, 4)) * 3 + 1.0  # a learnable function of the latent

@@ -67,12 +67,12 @@ class FluxFamily(FlowMatchingFamily):
         return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
 
     def model_output(self, model, latents, step, cond, negative, guidance_scale):
-        n = latents.shape[0]
+        batch_rows = latents.shape[0]
         t = torch.as_tensor(step["timesteps"], device=latents.device)
-        t = (t.expand(n) if t.ndim == 0 else t).to(latents.dtype)
+        t = (t.expand(batch_rows) if t.ndim == 0 else t).to(latents.dtype)
         guidance = None
         if self.pipe.transformer.config.guidance_embeds:  # the model may be a DDP wrapper or a reference copy
-            guidance = torch.full([1], guidance_scale, device=latents.device, dtype=torch.float32).expand(n)
+            guidance = torch.full([1], guidance_scale, device=latents.device, dtype=torch.float32).expand(batch_rows)
         embeds = cond["prompt_embeds"]
         return model(
             hidden_states=latents, timestep=t / 1000, guidance=guidance, pooled_projections=cond["pooled_prompt_embeds"],

@@ -159,9 +159,9 @@ class HunyuanVideo15Family(FlowMatchingFamily):
         latents = latents.to(dtype)
         zeros = torch.zeros_like(latents)
         inputs = torch.cat([latents, zeros, zeros[:, :1]], dim=1)  # the t2v condition latents and mask: zeros
-        n = latents.shape[0]
+        batch_rows = latents.shape[0]
         t = torch.as_tensor(step["timesteps"], device=latents.device)
-        t = (t.expand(n) if t.ndim == 0 else t).to(inputs.dtype)
+        t = (t.expand(batch_rows) if t.ndim == 0 else t).to(inputs.dtype)
         conditional = self.transformer_output(model, inputs, t, cond)
         guided = guidance_scale > self.no_guidance and negative is not None
         out = conditional

@@ -190,13 +190,13 @@ class LTX2Family(FlowMatchingFamily):
     def model_output(self, model, state, step, cond, negative, guidance_scale):
         """The guided velocity of every pass of the pipeline's call (module docstring), the video's and the audio's
         joined; the pipeline's arithmetic in its order."""
-        passes, n = self.guidance, state.shape[0]
+        passes, batch_rows = self.guidance, state.shape[0]
         scales = (float(guidance_scale), float(passes["audio_guidance_scale"] or guidance_scale))  # video, audio
         video, audio = self.split(state.float())
         s = torch.as_tensor(step["sigmas"], device=state.device).float()
-        sigma = (s.expand(n) if s.ndim == 0 else s).view(-1, 1, 1)
+        sigma = (s.expand(batch_rows) if s.ndim == 0 else s).view(-1, 1, 1)
         t = torch.as_tensor(step["timesteps"], device=state.device)
-        t = t.expand(n) if t.ndim == 0 else t
+        t = t.expand(batch_rows) if t.ndim == 0 else t
         texts = {key: cond[key] for key in self.cond_keys}
         guided = negative is not None and max(scales) > self.no_guidance
 
@@ -206,7 +206,7 @@ class LTX2Family(FlowMatchingFamily):
                     torch.cat([audio] * rows) - v_audio.float() * sigma.repeat(rows, 1, 1))
 
         if guided:  # one forward of [negative; conditional], as the pipeline
-            both = {key: torch.cat([negative[key].expand(n, *negative[key].shape[1:]), cond[key]])
+            both = {key: torch.cat([negative[key].expand(batch_rows, *negative[key].shape[1:]), cond[key]])
                     for key in self.cond_keys}
             uncond, clean = zip(*(part.chunk(2) for part in clean_hat(both, 2)))
             total = [c + (w - 1) * (c - u) for c, u, w in zip(clean, uncond, scales)]

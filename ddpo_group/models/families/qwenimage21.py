@@ -144,37 +144,37 @@ class QwenImage21Family(FlowMatchingFamily):
         """The target tokens' velocity of a condition's rows (B rows, or one row broadcast), each row as the pipeline
         computes it for its prompt alone: the rows of each token count in one forward, their text unpadded (module
         docstring: the target's positions follow the text's padded length)."""
-        n = latents.shape[0]
+        batch_rows = latents.shape[0]
         embeds, mask = cond["prompt_embeds"], cond["prompt_embeds_mask"]
-        if embeds.shape[0] != n:
-            embeds, mask = embeds.expand(n, -1, -1), mask.expand(n, -1)
+        if embeds.shape[0] != batch_rows:
+            embeds, mask = embeds.expand(batch_rows, -1, -1), mask.expand(batch_rows, -1)
         counts = mask.sum(dim=1)
         out = None
         for count in counts.unique().tolist():
             rows = (counts == count).nonzero().flatten()
             part = self.forward_rows(model, latents[rows], timestep[rows], embeds[rows, :count])
-            if len(rows) == n:
+            if len(rows) == batch_rows:
                 return part
             if out is None:
-                out = part.new_empty(n, *part.shape[1:])
+                out = part.new_empty(batch_rows, *part.shape[1:])
             out[rows] = part
         return out
 
     def forward_rows(self, model, latents, timestep, embeds) -> torch.Tensor:
         """One forward of rows whose text has the same token count (no padding: the pipeline's mask None)."""
-        n = latents.shape[0]
-        slots = torch.ones(n, embeds.shape[1] + latents.shape[1] // 4, dtype=torch.bool, device=latents.device)
+        batch_rows = latents.shape[0]
+        slots = torch.ones(batch_rows, embeds.shape[1] + latents.shape[1] // 4, dtype=torch.bool, device=latents.device)
         slots[:, : embeds.shape[1]] = False  # text-to-image: no image slot among the text tokens
         rows, columns = self.grid
         out = model(hidden_states=latents, timestep=timestep, encoder_hidden_states=embeds,
-                    encoder_hidden_states_mask=None, img_shapes=[[(1, rows, columns)]] * n, img_mask=slots,
+                    encoder_hidden_states_mask=None, img_shapes=[[(1, rows, columns)]] * batch_rows, img_mask=slots,
                     return_dict=False)[0]
         return out[:, -latents.shape[1]:]
 
     def model_output(self, model, latents, step, cond, negative, guidance_scale):
-        n = latents.shape[0]
+        batch_rows = latents.shape[0]
         t = torch.as_tensor(step["timesteps"], device=latents.device)
-        t = (t.expand(n) if t.ndim == 0 else t).to(latents.dtype) / 1000
+        t = (t.expand(batch_rows) if t.ndim == 0 else t).to(latents.dtype) / 1000
         conditional = self.transformer_output(model, latents, t, cond)
         if guidance_scale <= 1.0 or negative is None:
             return conditional

@@ -122,15 +122,15 @@ class SanaFamily(FlowMatchingFamily):
         return latents.to(dtype)
 
     def model_output(self, model, latents, step, cond, negative, guidance_scale):
-        n = latents.shape[0]
+        batch_rows = latents.shape[0]
         t = torch.as_tensor(step["timesteps"], device=latents.device)
-        t = t.expand(n) if t.ndim == 0 else t
+        t = t.expand(batch_rows) if t.ndim == 0 else t
         embeds, mask = cond["prompt_embeds"], cond["prompt_attention_mask"]
         guided = guidance_scale > 1.0 and negative is not None
         if guided:  # one forward of [negative; conditional], as the pipeline
             latents, t = torch.cat([latents, latents]), torch.cat([t, t])
-            embeds = torch.cat([negative["prompt_embeds"].expand(n, -1, -1), embeds])
-            mask = torch.cat([negative["prompt_attention_mask"].expand(n, -1), mask])
+            embeds = torch.cat([negative["prompt_embeds"].expand(batch_rows, -1, -1), embeds])
+            mask = torch.cat([negative["prompt_attention_mask"].expand(batch_rows, -1), mask])
         dtype = self.pipe.transformer.dtype
         out = model(latents.to(dtype), encoder_hidden_states=embeds.to(dtype), encoder_attention_mask=mask,
                     timestep=t * self.pipe.transformer.config.timestep_scale, return_dict=False)[0].float()

@@ -57,15 +57,15 @@ class StableDiffusion3Family(FlowMatchingFamily):
                                       config.max_shift)}
 
     def model_output(self, model, latents, step, cond, negative, guidance_scale):
-        n = latents.shape[0]
+        batch_rows = latents.shape[0]
         t = torch.as_tensor(step["timesteps"], device=latents.device)
-        t = t.expand(n) if t.ndim == 0 else t
+        t = t.expand(batch_rows) if t.ndim == 0 else t
         embeds, pooled = cond["prompt_embeds"], cond["pooled_prompt_embeds"]
         if guidance_scale > 1.0 and negative is not None:
             out = model(
                 hidden_states=torch.cat([latents, latents]), timestep=torch.cat([t, t]),
-                encoder_hidden_states=torch.cat([negative["prompt_embeds"].expand(n, -1, -1), embeds]),
-                pooled_projections=torch.cat([negative["pooled_prompt_embeds"].expand(n, -1), pooled]),
+                encoder_hidden_states=torch.cat([negative["prompt_embeds"].expand(batch_rows, -1, -1), embeds]),
+                pooled_projections=torch.cat([negative["pooled_prompt_embeds"].expand(batch_rows, -1), pooled]),
                 return_dict=False,
             )[0]
             uncond, conditional = out.chunk(2)

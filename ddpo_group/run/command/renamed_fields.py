@@ -23,7 +23,7 @@ RENAMED = {
     "algorithm.kl_controller": "kl.controller",
     "algorithm.target_kl": "kl.target",
     "algorithm.kl_horizon": "kl.horizon",
-    "critic.cliprange_value": "critic.clip_range",
+    "critic.cliprange_value": "critic.value_clip_range",
     "group_params.group_variance_threshold": "group_ppo.variance_threshold",
     "group_params.group_max_size": "group_ppo.max_segment_steps",
     "group_params.group_epsilon": "group_ppo.numerical_floor",
@@ -31,6 +31,8 @@ RENAMED = {
     "compile_unet": "compile_denoiser",
     "sample.eta": "sample.noise_level",
     "train.timestep_fraction": "train.step_fraction",
+    "train.kl_threshold": "train.policy_kl_threshold",  # kl.* is the reference's KL; this bounds the policy's own
+    "critic.clip_range": "critic.value_clip_range",  # train.clip_range bounds a ratio; this one values, in reward units
 }
 # a former field that replaces its new name's value in a saved config: a run saved before sample.eta and
 # sample.noise_level became one field recorded both, DDIM's eta (what the pipeline's sampler reads, the evaluation
