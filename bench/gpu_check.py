@@ -33,8 +33,8 @@ Steps (``--only`` picks some), each a subprocess, so one that fails leaves the o
    so in the tables), so that their traceback names the kernel.
 5. ``full_ft``: the SD 3.5 Medium epoch with full fine-tuning and gradient checkpointing, eager.
 
-Then DIR/summary.md (the tables for docs/performance.md) and DIR/summary.json; what could not run is listed with the
-reason, and whether the epochs ran beside the suite (sharing the GPU with its tests: the runs on the whole card then
+Then DIR/summary.md (the tables for docs/studies/performance/) and DIR/summary.json; what could not run is listed with
+the reason, and whether the epochs ran beside the suite (sharing the GPU with its tests: the runs on the whole card then
 leave SUITE_GB to them). DIR receives 7 files: summary.md, summary.json, junit.xml, suite.txt, suite_log.txt, log.txt,
 details.tar.gz (each run's JSON). ``--budget-s`` (default 530) bounds the whole: a run that would start past it is
 listed as not run, one still going at it is killed, and the suite is interrupted (pytest then writes its junit file).

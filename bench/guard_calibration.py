@@ -1,8 +1,8 @@
 """The guard's rules (ddpo_group/run/guard.py) on runs that should not raise them and on runs that should: per rule,
 how many runs it fires on, and how close each run comes to each threshold.
 
-    python bench/guard_calibration.py --out docs/guard --presets group_ppo --seeds 0,1,2,3,4,5,6,7 --jobs 2
-    python bench/guard_calibration.py --out docs/guard --replay docs/hacking/runs
+    python bench/guard_calibration.py --out docs/studies/guard --presets group_ppo --seeds 0,1,2,3,4,5,6,7 --jobs 2
+    python bench/guard_calibration.py --out docs/studies/guard --replay docs/studies/hacking/runs
 
 The first trains each preset's default run (the README's: the embedded model, its own reward, its evaluation every
 ``eval_freq`` epochs; ``--train-set FIELD=VALUE`` changes a field) on each seed, then reads its eval.jsonl; ``--replay DIR`` reads the runs already in DIR (each
@@ -113,7 +113,7 @@ def main(argv=None) -> dict:
         set_field(config, *item.split("=", 1))
     guard_config = config.guard
     if args.replay:
-        replay = Path(args.replay)  # named for the study: docs/hacking/runs -> hacking
+        replay = Path(args.replay)  # named for the study: docs/studies/hacking/runs -> hacking
         name = replay.parent.name if replay.name == "runs" else replay.name
         run_dirs = sorted(p.parent for p in replay.glob("*/eval.jsonl"))
     else:

@@ -1,7 +1,7 @@
 """Reward hacking on the embedded model, shown and guarded: a proxy reward that can be hacked, the task's own reward
 held out, and what the guard, the KL term, GRPO-Guard's ratio normalisation and a pairwise reward do about it.
 
-    python bench/reward_hacking.py --out docs/hacking --seeds 0,1,2 --jobs 2
+    python bench/reward_hacking.py --out docs/studies/hacking --seeds 0,1,2 --jobs 2
 
 Every run is a preset's default configuration (the embedded tiny-shapes model, 40 epochs of 32 images) trained on
 ``--proxy`` (default jpeg_compressibility: the smaller the JPEG, the higher the reward) with the task's reward

@@ -9,8 +9,9 @@ samples per optimizer step) on the same recorded trajectories and advantages, wi
 contributions ((sample, step) pairs) and optimizer steps; every step is stochastic and trained unless
 ``--sde-window-size`` says otherwise (as in both reference loops):
 
-* ours: ``PolicyUpdater.train_epoch`` (ddpo_group/update/policy_update.py): every train batch's trained pairs
-  flattened into the batch dimension, ``train.pairs_per_forward`` pairs per guided forward;
+* ours: the trainer's update loop, ``Updater.train_epoch`` (ddpo_group/update/updater.py), with PolicyUpdater's chunk
+  loss (ddpo_group/update/policy_update.py): every train batch's trained pairs flattened into the batch dimension,
+  ``train.pairs_per_forward`` pairs per guided forward;
 * the reference, chosen from the family: Stable Diffusion's UNet (sd) -> the loop as ddpo-pytorch writes it
   (scripts/train.py there); a flow-matching family (sd3, flux, ...) -> the loop as Flow-GRPO writes it
   (scripts/train_sd3.py there). Both are written out below: for each train batch of samples, one timestep at a time
@@ -350,10 +351,10 @@ def run(args, model: str) -> dict:
 
 
 def same_loss_and_gradient(updater, reference_epoch, train_batch, train_dict, steps, params) -> dict:
-    """Ours (``PolicyUpdater.accumulate_gradients``, the trainer's code, on the batch record ``train_batch``) and the
-    reference loop (on ``train_dict``, the same rows) on the same pairs of one train batch (every sample at
-    ``steps``), before any update: both losses, and the max |difference| of the losses and of the accumulated LoRA
-    gradients. The gradients are zeroed after each; no optimizer step is taken."""
+    """Ours (``Updater.accumulate_gradients`` of update/updater.py, the trainer's code, on the batch record
+    ``train_batch``) and the reference loop (on ``train_dict``, the same rows) on the same pairs of one train batch
+    (every sample at ``steps``), before any update: both losses, and the max |difference| of the losses and of the
+    accumulated LoRA gradients. The gradients are zeroed after each; no optimizer step is taken."""
     updater.model.train()
     updater.pairs_per_forward_of(train_batch)  # "auto" measured now (as train_epoch does before an update)
     rows = torch.arange(len(train_batch))

@@ -127,7 +127,7 @@ def base() -> ml_collections.ConfigDict:
     # SDE window (Flow-GRPO-Fast): only steps [start, start + size) are stochastic and trained; the others are
     # deterministic DDIM steps. Size 0: every step. Early steps decide the composition, so a small early window
     # concentrates the credit of the reward on few steps (and trains size / num_steps of the pairs).
-    # Default: the first 2 of 10 steps, where the embedded model decides the shape (docs/learning_proof.md).
+    # Default: the first 2 of 10 steps, where the embedded model decides the shape (docs/studies/learning_proof/).
     sample.sde_window_start = 0  # the window's first step
     sample.sde_window_size = 2  # the window's number of steps (0: every step is stochastic and trained)
     # tree rollouts (docs/design/TREES.md): a prompt group's copies share x_0 and their first steps and split at these
@@ -427,7 +427,7 @@ def group_ppo() -> ml_collections.ConfigDict:
     config.algorithm.adv_estimator = "group_ppo"
     config.train.group_size = 8
     # the critic learns each sample's deviation from its group's mean reward: an untrained critic gives grpo's
-    # advantages instead of noise (docs/group_ppo.md: the study of the value sources)
+    # advantages instead of noise (docs/studies/group_ppo_values/: the study of the value sources)
     config.group_ppo.value_source = "residual_critic"
     return config
 

@@ -46,7 +46,7 @@ def group_ppo_flow(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
     evaluation falls more than 2 standard errors below its best and below its start, the best evaluation's weights go
     back into the policy and training goes on: the 6 runs of both recipes that fell (of 243 on seeds 16-139) then ended
     above their start, and a run the rule does not fire on trains bitwise as without it (none of 48 fresh seeds fell;
-    docs/group_ppo.md, the fall on the flow model)."""
+    docs/studies/group_ppo_fall/)."""
     config = on_flow_model(config)
     config.group_ppo.critic_weight_by_ev = True
     config.lora_rank = 16

@@ -455,7 +455,7 @@ def main() -> None:
     parser.add_argument("--probe-every", type=int, default=0, help="development: sample accuracy every N diffusion steps")
     parser.add_argument("--probe-save", action="store_true", help="development: save the pipeline at every probe")
     parser.add_argument("--grid", default=None, help="where to save a sample grid ('' for none; default "
-                        "docs/tiny_shapes_samples.png or docs/tiny_shapes_flow_samples.png)")
+                        "docs/figures/tiny_shapes_samples.png or docs/figures/tiny_shapes_flow_samples.png)")
     for key, value in FULL.items():
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, default=None, help=f"default {value}")
     args = parser.parse_args()
@@ -466,7 +466,7 @@ def main() -> None:
     out = Path(args.out)
     flow = args.family == "sd3"
     model_dir = out / (TINY_SHAPES_FLOW_DIR if flow else TINY_SHAPES_DIR).name
-    grid = args.grid if args.grid is not None else f"docs/{model_dir.name}_samples.png"
+    grid = args.grid if args.grid is not None else f"docs/figures/{model_dir.name}_samples.png"
     report_path = model_dir / "pretrain_report.json"
 
     if args.evaluate_only:

@@ -12,8 +12,8 @@ Two kinds:
 
 Forward processes (``FORWARD_PROCESSES``), eps ~ N(0, I):
 
-* ``flow``: the flow-matching families (SD3, FLUX, Z-Image; the rectified flow of Esser et al. 2024), sigma s in
-  [0, 1] (s = 1: pure noise)::
+* ``flow``: the flow-matching families (every family but sd and sdxl; the rectified flow of Esser et al. 2024), sigma
+  s in [0, 1] (s = 1: pure noise)::
 
     x_s = (1 - s) x_clean + s eps,        target velocity u = eps - x_clean,        clean_hat(v) = x_s - s v
 

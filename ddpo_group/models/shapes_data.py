@@ -30,8 +30,8 @@ HELD_OUT: frozenset[tuple[str, str]] = frozenset(
     {("red", "triangle"), ("green", "cross"), ("blue", "circle"), ("yellow", "square")}
 )
 # training-split captions the pre-trained model draws with the wrong shape about half the time (circle and square are
-# the pair it confuses); nearly every other caption it gets right, so these carry the learning signal (docs/learning_proof.md):
-# the default prompt set, ``tiny_shapes_hard``
+# the pair it confuses); nearly every other caption it gets right, so these carry the learning signal
+# (docs/studies/learning_proof/): the default prompt set, ``tiny_shapes_hard``
 HARD_CAPTIONS: tuple[tuple[str, str, str], ...] = (
     ("white", "circle", "yellow"), ("red", "circle", "purple"), ("purple", "square", "blue"), ("red", "circle", "blue"),
 )

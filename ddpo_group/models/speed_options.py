@@ -19,7 +19,7 @@ from ddpo_group.errors import ConfigError
 
 COMPILE_MODES = ("auto", False, True, "full", "regional")
 # "auto": regional compilation on CUDA for a transformer denoiser of at least this many parameters, else off. Measured
-# side by side (docs/performance.md, H200, SD3.5-M shape, bf16, LoRA): training 1.59x, sampling 1.70x, 69 s of
+# side by side (docs/studies/performance/, H200, SD3.5-M shape, bf16, LoRA): training 1.59x, sampling 1.70x, 69 s of
 # compilation repaid within 2 epochs of 64 images x 20 steps; a tiny model never repays it, nor does the CPU
 AUTO_MIN_PARAMETERS = 10**9
 # denoisers "auto" leaves uncompiled: SD-1.5's UNet measured 0.93x training (one compiled forward serves its attention
@@ -36,11 +36,10 @@ RECOMPILES_PER_SHAPE = 8
 REPEATED_BLOCKS = {"SD3Transformer2DModel": ("JointTransformerBlock",)}
 
 # torch's SDPA kernels by name; "auto" lets torch choose among all of them but cuDNN's, which is used only when named:
-# torch 2.11 (CUDA 13) picked it for FLUX.1's heads of 128 on an H200 and its backward failed there
-# (mha_graph.execute, then an illegal memory access: docs/performance.md), and at SD3.5-M shape it trained slower than
-# torch's choice. A named kernel keeps the math one for the calls it cannot run (torch prefers the named one): flash
-# takes heads of at most 256 channels, and the VAE's attention is one head of 512 (an H100 run with flash alone
-# stopped there)
+# torch 2.11 (CUDA 13) picked it for FLUX.1's heads of 128 on an H200 and its backward failed there (mha_graph.execute,
+# then an illegal memory access: docs/studies/performance/), and at SD3.5-M shape it trained slower than torch's choice.
+# A named kernel keeps the math one for the calls it cannot run (torch prefers the named one): flash takes heads of at
+# most 256 channels, and the VAE's attention is one head of 512 (an H100 run with flash alone stopped there)
 ATTENTION_BACKENDS = {
     "auto": (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH),
     "flash": (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH),

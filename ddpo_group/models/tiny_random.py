@@ -66,7 +66,7 @@ def build_tiny_sdxl_pipeline(seed: int = 0):
                                      tokenizer=tokenizer, tokenizer_2=tokenizer_2, unet=unet, scheduler=scheduler)
 
 
-# ----------------------------------------------------------------------------- flow-matching families (SD3, FLUX)
+# ----------------------------------------------------------------------------- flow-matching families (SD3, FLUX, Wan)
 def t5_tokenizer(max_length: int = 16):
     """A T5-style fast tokenizer built locally: a Unigram model over characters, '</s>' appended, '<pad>' padding."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors

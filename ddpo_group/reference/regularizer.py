@@ -17,7 +17,7 @@ With ``kl.only_below_start`` the term in the loss weighs each sample by its prom
     loss = policy loss + beta * sum_{i,n} g_{p(i)} w_{i,n} KL_{i,n}
 
 so a prompt that gains trains free of the reference, and one whose reward fell below where it started is pulled back to
-it (docs/group_ppo.md, the fall on the flow model: one caption lost while the others gain).
+it (docs/studies/group_ppo_fall/, the fall on the flow model: one caption lost while the others gain).
 
 Settings (the user's vocabulary of DDPO / Flow-GRPO / verl): ``kl.use_reference_model``, ``kl.beta``,
 ``kl.reference_mixup_alpha``, ``kl.reference_update_freq``, ``kl.kind``,

@@ -3,7 +3,8 @@
 noises, deterministic sampler); with group_ppo's advantages negated the same evaluation does not rise and ends below
 the right run's, so the gain is the algorithm's, not the evaluation's. On the CPU (device=cpu, also on a GPU machine);
 the margins were chosen on five seeds, five random streams (below).
-3 seeds of every preset's default run are the learning proof (docs/learning_proof.md, bench/compare_algorithms.py).
+3 seeds of every preset's default run are the learning proof (docs/studies/learning_proof/,
+bench/compare_algorithms.py).
 
 A run and its negated control run at the same time, in two spawned processes of one torch thread each (as the
 learning proof's runs): on two cores that takes about the time of one run at two threads, and the result does not
@@ -103,7 +104,7 @@ def test_the_default_configuration_raises_the_fixed_evaluation(group_ppo_rows):
     row = group_ppo_rows["right"]
     # measured (seed 0, one thread, the learning proof's runs): 0.8245 before; after 20 epochs ddpo 0.8805 (+0.056),
     # grpo 0.8678 (+0.043), group_ppo 0.8762 (+0.052); the full 40 epochs gain at least +0.05 on every seed of the
-    # proof (docs/learning_proof.md).
+    # proof (docs/studies/learning_proof/).
     assert row["before"] < 0.85
     assert row["after"] - row["before"] > GAIN_MARGIN, row["evaluations"]
 
@@ -136,7 +137,7 @@ def test_grpo_raises_the_flow_models_fixed_evaluation_and_the_flipped_sign_does_
     row = flow_rows["negated" if negated else "right"]
     gain = row["after"] - row["before"]
     # measured (seed 0, CPU, 2 threads, 30 s a run): 0.7752 -> +0.027 with the right sign, -0.015 negated;
-    # the learning proof's 40-epoch runs gain +0.06 to +0.18 (docs/learning_proof.md)
+    # the learning proof's 40-epoch runs gain +0.06 to +0.18 (docs/studies/learning_proof/)
     if negated:
         assert gain < FLOW_MARGIN, row["evaluations"]
     else:

@@ -1,4 +1,4 @@
-"""What the flow-matching families (SD3, FLUX) share: the sigma schedule, the stochastic step, the config they read.
+"""What the flow-matching families (all but sd and sdxl) share: the sigma schedule, the stochastic step, their config.
 
     schedule    the pipeline's own: FlowMatchEulerDiscreteScheduler.set_timesteps with the pipeline's sigmas and
                 shift (``schedule_kwargs``); recorded per step: timesteps (0..1000, what the transformer reads),

@@ -6,7 +6,7 @@ accumulation) sum in a different order on each run, and two runs of the same see
 With it: torch.use_deterministic_algorithms (a deterministic kernel where one exists, an error naming the operation
 where none does), cuDNN's deterministic algorithms without autotuning, and cuBLAS with a fixed workspace
 (CUBLAS_WORKSPACE_CONFIG, which cuBLAS reads when the process first uses it: set before any CUDA work). The cost
-on an H100 is in docs/performance.md.
+on an H100 is in docs/studies/performance/ (automatic sizes and deterministic mode).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ the others would wait in their next collective forever. Two mechanisms bound tha
 
 A non-finite loss needs no exchange of its own: DDP and FSDP all-reduce the gradients, so a NaN on one process makes
 the gradient norm non-finite on every process, and every process raises at the same optimizer step
-(update/policy_update.py and update/critic.py check where the gradients are synchronised).
+(update/updater.py and update/critic.py check where the gradients are synchronised).
 """
 
 from __future__ import annotations
