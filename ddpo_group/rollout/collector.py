@@ -39,6 +39,7 @@ from ddpo_group.rollout.tweedie import valued_steps
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
 from ddpo_group.sampling.tree import tree_branches
 from ddpo_group.sampling.batch import RolloutBatch
+from ddpo_group.sampling.family import Family
 from ddpo_group.sampling.trajectories import SamplingOptions
 from ddpo_group.timing import NULL_TIMER
 
@@ -139,7 +140,7 @@ def estimate_advantages(estimator, config, inputs: AdvantageInputs, controller=N
     return estimator(inputs, adv_clip_max=config.train.adv_clip_max, **estimator.params_from(config, controller))
 
 
-def rollout_tree(config, family, estimator: EstimatorSpec) -> dict[int, int]:
+def rollout_tree(config, family: Family, estimator: EstimatorSpec) -> dict[int, int]:
     """Tree rollouts' {step: children} (sample.branch_steps, or GROUP_PPO's default tree), {} for flat sampling; a
     branch step must be one the family samples with noise."""
     stochastic = family.stochastic_steps(config.sample).nonzero().flatten().tolist()
@@ -173,7 +174,7 @@ class RolloutCollector:
     network whose values the sampler records (an estimator with a critic); ``timer``: the trainer's PhaseTimer.
     """
 
-    def __init__(self, config, shards: ProcessShards, family, reward_scorer: RewardScorer, prompt_sampler,
+    def __init__(self, config, shards: ProcessShards, family: Family, reward_scorer: RewardScorer, prompt_sampler,
                  estimation: Estimation, components=(), branches: dict | None = None, critic=None, timer=NULL_TIMER,
                  should_stop=lambda: False):
         self.config, self.shards, self.family = config, shards, family

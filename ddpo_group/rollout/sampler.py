@@ -19,6 +19,7 @@ from ddpo_group.errors import EpochAbandoned
 from ddpo_group.rollout.reward_scorer import PendingGroups, RewardScorer, merge_infos
 from ddpo_group.rollout.tweedie import tweedie_values, with_rewards
 from ddpo_group.sampling.batch import RolloutBatch
+from ddpo_group.sampling.family import Family
 from ddpo_group.sampling.trajectories import (SamplingOptions, Trajectories, concatenate_rows, rows_of,
                                              sample_trajectories)
 from ddpo_group.timing import NULL_TIMER
@@ -83,7 +84,7 @@ class RolloutSampler:
     (EpochAbandoned) when true.
     """
 
-    def __init__(self, family, options: SamplingOptions, score: RewardScorer, critic=None,
+    def __init__(self, family: Family, options: SamplingOptions, score: RewardScorer, critic=None,
                  tweedie_steps: list[int] | None = None, text_cache: TextEmbeddingCache | None = None,
                  timer=NULL_TIMER, should_stop: Callable[[], bool] = lambda: False):
         self.family, self.score, self.critic, self.tweedie_steps = family, score, critic, tweedie_steps
@@ -167,8 +168,9 @@ class RolloutSampler:
 
 
 @torch.no_grad()
-def greedy_rewards(family, model, prompts: list[str], metadata: list[dict], keys: list[int], score: RewardScorer,
-                   options: SamplingOptions, seed: int, initial_noise: torch.Tensor | None = None) -> torch.Tensor:
+def greedy_rewards(family: Family, model, prompts: list[str], metadata: list[dict], keys: list[int],
+                   score: RewardScorer, options: SamplingOptions, seed: int,
+                   initial_noise: torch.Tensor | None = None) -> torch.Tensor:
     """ReMax's baseline: the reward [B] of one greedy sample (``options``: the deterministic sampler) per distinct
     ``keys`` entry (prompt group), sampled with ``model``.
 

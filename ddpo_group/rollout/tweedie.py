@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ddpo_group.sampling.trajectories import decode_audio_latents, decode_latents, makes_sound, with_audio
+from ddpo_group.sampling.family import Family
+from ddpo_group.sampling.trajectories import decode_audio_latents, decode_latents, with_audio
 
 
 def valued_steps(stochastic: torch.Tensor) -> list[int]:
@@ -24,8 +25,8 @@ def valued_steps(stochastic: torch.Tensor) -> list[int]:
 
 
 @torch.no_grad()
-def tweedie_values(family, clean_hat: torch.Tensor | None, steps: list[int], num_steps: int, score, prompts: list[str],
-                   metadata: list[dict], dtype=None, decode_batch_size: int = 0) -> torch.Tensor:
+def tweedie_values(family: Family, clean_hat: torch.Tensor | None, steps: list[int], num_steps: int, score,
+                   prompts: list[str], metadata: list[dict], dtype=None, decode_batch_size: int = 0) -> torch.Tensor:
     """[B, T] float64: column steps[k] holds score(decode(clean_hat[:, k])), the others NaN (``with_rewards`` fills
     them). ``clean_hat`` [B, len(steps), ...] (Trajectories.clean_hat recorded at ``steps``); ``num_steps`` T;
     ``score(images, prompts, metadata) -> rewards``; a family with audio: each prediction's audio in its metadata
@@ -37,7 +38,7 @@ def tweedie_values(family, clean_hat: torch.Tensor | None, steps: list[int], num
     latents = clean_hat.flatten(0, 1)  # sample-major: row b * len(steps) + k is sample b at steps[k]
     images = decode_latents(family, latents.to(dtype or latents.dtype), decode_batch_size)
     rows = [m for m in metadata for _ in steps]
-    if makes_sound(family):
+    if family.capabilities.audio:
         rows = with_audio(rows, decode_audio_latents(family, latents, decode_batch_size), family.audio_sample_rate)
     rewards = score(images, [p for p in prompts for _ in steps], rows)
     values[:, steps] = rewards.double().cpu().view(batch, len(steps))

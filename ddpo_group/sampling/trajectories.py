@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ddpo_group.sampling.batch import RolloutBatch
+from ddpo_group.sampling.family import Family
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ class SamplingOptions:
 
 
 @torch.no_grad()
-def sample_trajectories(family, model, cond: dict, negative: dict | None, options: SamplingOptions,
+def sample_trajectories(family: Family, model, cond: dict, negative: dict | None, options: SamplingOptions,
                         generator=None, initial_noise: torch.Tensor | None = None) -> Trajectories:
     """Sample B images and record their trajectories (module docstring); trees when ``options.branches``.
 
@@ -181,7 +182,7 @@ def sample_trajectories(family, model, cond: dict, negative: dict | None, option
 
 
 @torch.no_grad()
-def sample_trees(family, model, cond: dict, negative: dict | None, options: SamplingOptions,
+def sample_trees(family: Family, model, cond: dict, negative: dict | None, options: SamplingOptions,
                  generator: list | None = None, initial_noise: torch.Tensor | None = None) -> Trajectories:
     """``sample_trajectories`` on trees (``options.branches`` {step: children}; module docstring): the B rows are
     the leaves of B / L roots, L = prod(children), each root's leaves consecutive, ``generator`` one per leaf."""
@@ -212,7 +213,7 @@ def sample_trees(family, model, cond: dict, negative: dict | None, options: Samp
     return record.trajectories(family, latents, shared_from=torch.stack(shared, dim=1))
 
 
-def stochastic_step(family, output, latents, step: dict, options: SamplingOptions, n: int, generator, dtype):
+def stochastic_step(family: Family, output, latents, step: dict, options: SamplingOptions, n: int, generator, dtype):
     """Step n of a sampling loop: (its output, x_{n+1} in the model's dtype ``dtype``, the next step's input).
 
     The step's math runs in float32 and draws x_{n+1}; the loop goes on from it in ``dtype``, as the family's pipeline
@@ -292,10 +293,10 @@ class _Record:
             self.log_probs.append(_leaves(out.log_prob, size) if self.log_prob_at(n)
                                   else torch.zeros(self.batch, device=self.device))
 
-    def trajectories(self, family, final: torch.Tensor, shared_from: torch.Tensor | None = None) -> Trajectories:
+    def trajectories(self, family: Family, final: torch.Tensor, shared_from: torch.Tensor | None = None) -> Trajectories:
         """The record, with the images of the ``final`` latents when the options decode (``shared_from``: a tree's)."""
         batch, device, options = self.batch, self.device, self.options
-        makes_audio = options.decode and makes_sound(family)
+        makes_audio = options.decode and family.capabilities.audio
         return Trajectories(
             images=decode_latents(family, final, options.decode_batch_size) if options.decode else None,
             audio=decode_audio_latents(family, final, options.decode_batch_size) if makes_audio else None,
@@ -310,13 +311,9 @@ class _Record:
         )
 
 
-def makes_sound(family) -> bool:
-    """Whether ``family``'s samples have audio (LTX-2's: ``decode_audio``)."""
-    return hasattr(family, "decode_audio")
-
-
-def decode_audio_latents(family, latents: torch.Tensor, chunk: int = 0) -> torch.Tensor:
-    """Final latents -> their audio [B, channels, samples] float32 (a family that ``makes_sound``), ``chunk`` at a time."""
+def decode_audio_latents(family: Family, latents: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+    """Final latents -> their audio [B, channels, samples] float32 (a family with ``capabilities.audio``), ``chunk`` at a
+    time."""
     return torch.cat([family.decode_audio(part) for part in latents.split(chunk or len(latents))])
 
 
@@ -333,7 +330,7 @@ def with_audio(metadata: list[dict], audio: torch.Tensor | None, rate: int) -> l
 DECODE_CHUNKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def decode_latents(family, latents: torch.Tensor, chunk: int = 0) -> torch.Tensor:
+def decode_latents(family: Family, latents: torch.Tensor, chunk: int = 0) -> torch.Tensor:
     """Final latents -> images, ``chunk`` latents at a time (0: all at once). An out-of-memory error (the VAE's
     activations are the sampling phase's peak at high resolution) halves the chunk, for this call and every later
     one of the family (``DECODE_CHUNKS``)."""
@@ -360,7 +357,7 @@ class TransitionScorer:
     The policy update, the KL to the reference and the KL in the reward all score transitions through it.
     """
 
-    family: object
+    family: Family
     guidance_scale: float  # of the training forward (1: none)
     noise_level: float
     reduce: str = "mean"

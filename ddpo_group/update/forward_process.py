@@ -41,7 +41,7 @@ class ForwardProcess:
                               f"process(es); the {family.name!r} family's is {self.process!r}: use a flow-matching "
                               "model (sd3, flux, zimage, tiny-shapes-flow), another objective (awm runs on both) or "
                               "algorithm.objective='policy_gradient'")
-        if family.frozen_steps:
+        if family.capabilities.second_transformer:
             raise ConfigError(f"algorithm.objective={objective.name!r} trains at any time of the forward process; this "
                               f"{family.name!r} model runs some steps with a frozen module (Wan2.2-A14B's low-noise "
                               "expert), which the objective cannot train: use algorithm.objective='policy_gradient' "

@@ -234,3 +234,35 @@ def test_cached_text_embeddings_and_chunked_decoding_change_nothing(name, family
                                           generator=generators(4)).images
                       for size in (0, 3))
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-5)
+
+
+def test_each_family_declares_its_capabilities_and_has_every_member_of_the_seam():
+    """sampling/family.py: every registered family class declares its capabilities (video, audio, image conditioning;
+    none for a text-to-image family) and defines every member of the Family protocol; a built family is a Family, and
+    Wan2.2-A14B's layout (two experts) declares its second transformer where Wan2.1's does not."""
+    from config.base import base as base_config
+    from ddpo_group.models.families import FAMILY_REGISTRY, get_family
+    from ddpo_group.models.families.wan import WanFamily
+    from ddpo_group.models.tiny_random import build_tiny_wan_pipeline
+    from ddpo_group.sampling.family import Capabilities, Family
+
+    declared = {"ltx2": Capabilities(video=True, audio=True), "wan": Capabilities(video=True),
+                "hunyuan_video15": Capabilities(video=True),
+                "wan_i2v": Capabilities(video=True, image_conditioning=True),
+                "flux_kontext": Capabilities(image_conditioning=True),
+                "qwenimage_edit": Capabilities(image_conditioning=True),
+                "qwenimage_edit_plus": Capabilities(image_conditioning=True)}
+    members = [name for name in vars(Family) if not name.startswith("_")] + list(Family.__annotations__)
+    names = FAMILY_REGISTRY.names()
+    assert set(declared) <= set(names) and len(names) >= 17
+    for name in names:
+        family = get_family(name)
+        assert family.capabilities == declared.get(name, Capabilities()), name
+        assert [m for m in members if not hasattr(family, m)] == [], name
+    config = base_config()
+    config.sample.resolution, config.sample.num_frames = 16, 5
+    one = WanFamily(build_tiny_wan_pipeline(), config)
+    two = WanFamily(build_tiny_wan_pipeline(boundary_ratio=0.8), config)
+    assert isinstance(one, Family) and isinstance(two, Family)
+    assert (one.capabilities.second_transformer, two.capabilities.second_transformer) == (False, True)
+    assert two.capabilities.video and WanFamily.capabilities == Capabilities(video=True)  # the class's stays

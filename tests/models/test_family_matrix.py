@@ -97,7 +97,7 @@ TREE = {"sample.branch_steps": (1,), "sample.branch_factors": (2,)}  # 2 leaves 
 
 
 def takes_images(name: str) -> bool:
-    return get_family(name).takes_images
+    return get_family(name).capabilities.image_conditioning
 
 
 def values(name: str, run: str, at_defaults: bool = False) -> dict:

@@ -47,7 +47,7 @@ def test_every_familys_tiny_model_is_consistent(name, family_model_dirs, tmp_pat
     original = pipeline_qwenimage_edit.calculate_dimensions
     monkeypatch.setattr(pipeline_qwenimage_edit, "calculate_dimensions",
                         lambda area, ratio: original(area * 32 * 32 // (1024 * 1024), ratio))
-    editing = edits(tmp_path) if get_family(name).takes_images else {}  # source images from a .jsonl file
+    editing = edits(tmp_path) if get_family(name).capabilities.image_conditioning else {}  # source images from a .jsonl file
     result, report = check("grpo", family_model_dirs[name], tmp_path, **FAMILY_OVERRIDES.get(name, {}), **editing)
     assert result.consistent and result.worst < 1e-5, report
     assert "verdict: consistent" in report and "an epoch, on one process: about" in report

@@ -9,7 +9,7 @@ pipeline and says:
 * the condition: ``encode(prompts)`` -> a dict of row-indexed tensors (``cond_keys``: text embeddings, pooled
   embeddings), stored per sample in the batch record; ``condition(prompts,
   metadata)`` is what the loop calls: ``encode`` for text-only families, the prompts with their source images
-  (``metadata["image"]``) for an editing family (``takes_images``), whose ``condition_key`` then names both;
+  (``metadata["image"]``) for an editing family (``capabilities.image_conditioning``), whose ``condition_key`` then names both;
 * the negative (unconditional) condition of classifier-free guidance, one rule for every family: a sample's negative
   prompt is its prompt row's ``negative_prompt`` (``metadata["negative_prompt"]``, e.g. from a .jsonl prompt file),
   else the run's ``sample.negative_prompt`` when it is not empty, else the family's own default: its class attribute
@@ -43,6 +43,7 @@ import torch
 from ddpo_group.errors import ConfigError
 from ddpo_group.models.lora_export import unwrap
 from ddpo_group.models.source_images import NEGATIVE_PROMPT_KEY, SOURCE_IMAGE_KEY
+from ddpo_group.sampling.family import Capabilities
 from ddpo_group.sampling.window import stochastic_steps
 
 
@@ -72,7 +73,8 @@ class ModelFamily:
     no_guidance = 1.0  # the sample.guidance_scale that samples without classifier-free guidance (guided above it)
     guidance_embedded = False  # the guidance scale is an input of every forward (FLUX.1-dev's embedding): no CFG
     guidance_passes: tuple = ()  # the call's guidance keywords beyond the scale that sample.pipeline_guidance may set
-    frozen_steps = False  # some steps run a module that is not trained (Wan2.2-A14B's low-noise expert)
+    capabilities = Capabilities()  # what its samples have, what its condition reads (sampling/family.py)
+    audio_sample_rate = 0  # a family with audio (capabilities.audio): its soundtrack's samples per second
     negative_prompt = ""  # the family's default negative prompt (module docstring: the rule of the negative prompt)
     pipeline_max_batch = 0  # the most prompts one call of the pipeline's own __call__ takes (0: any)
 
@@ -119,20 +121,18 @@ class ModelFamily:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ the condition of prompts with their metadata
-    takes_images = False  # whether the condition reads each prompt's source images (metadata["image"]: editing)
-
     def condition(self, prompts: list[str], metadata: list[dict] | None = None) -> dict[str, torch.Tensor]:
         """The condition of ``prompts`` with their metadata (one dict per prompt, or None): ``encode(prompts)``; a
         family that takes source images overrides this. A text-only family ignores ``metadata["image"]``, with a
         warning the first time it meets one."""
-        if not self.takes_images and metadata and any(m.get(SOURCE_IMAGE_KEY) for m in metadata):
+        if not self.capabilities.image_conditioning and metadata and any(m.get(SOURCE_IMAGE_KEY) for m in metadata):
             warn_ignored_images(self.name)
         return self.encode(prompts)
 
     def condition_key(self, prompt: str, metadata: dict | None = None):
         """What the condition of one prompt depends on (the text-embedding cache's key): the prompt, and its source
         image paths for a family that takes images."""
-        if not self.takes_images:
+        if not self.capabilities.image_conditioning:
             return prompt
         images = (metadata or {}).get(SOURCE_IMAGE_KEY)
         return prompt, tuple(images) if isinstance(images, (list, tuple)) else images
@@ -226,6 +226,11 @@ class ModelFamily:
         """Final latents -> images [B, 3, H, W] in [0, 1] (float32); a video family's frames [B, F, 3, H, W] (the rewards
         score them: rewards/base.py's ``scores_frames``; the grids show frame strips)."""
         raise NotImplementedError
+
+    def decode_audio(self, latents: torch.Tensor) -> torch.Tensor:
+        """Final latents -> their soundtrack [B, channels, samples] float32 at ``audio_sample_rate`` Hz: a family whose
+        ``capabilities.audio`` says it has one."""
+        raise NotImplementedError(f"model family {self.name!r} makes no audio (its capabilities.audio is False)")
 
     # ------------------------------------------------------------------ what it reads from the config
     @classmethod
@@ -404,7 +409,7 @@ class ModelFamily:
     def pipeline_images(self, output) -> torch.Tensor:
         """The images of the pipeline's own ``__call__`` (``output_type="pt"``) as ``decode`` gives them: a video's
         frames, else its images."""
-        return output.frames if hasattr(output, "frames") else output.images
+        return output.frames if self.capabilities.video else output.images
 
     def pipeline_row_kwargs(self, metadata: list[dict]) -> dict:
         """Keywords of the pipeline's own ``__call__`` for a call's rows (their metadata) beyond the prompts: the

@@ -30,6 +30,7 @@ from diffusers import FluxKontextPipeline
 from diffusers.pipelines.flux.pipeline_flux_kontext import retrieve_latents
 
 from ddpo_group.models.families import register_family
+from ddpo_group.sampling.family import Capabilities
 from ddpo_group.models.families.flux import FluxFamily
 from ddpo_group.sampling.trajectories import concatenate_rows
 from ddpo_group.models.source_images import SOURCE_IMAGE_KEY, source_images
@@ -38,7 +39,7 @@ from ddpo_group.models.source_images import SOURCE_IMAGE_KEY, source_images
 @register_family("flux_kontext", FluxKontextPipeline)
 class FluxKontextFamily(FluxFamily):
     cond_keys = ("prompt_embeds", "pooled_prompt_embeds", "image_latents", "image_ids")
-    takes_images = True
+    capabilities = Capabilities(image_conditioning=True)
 
     @torch.no_grad()
     def condition(self, prompts: list[str], metadata: list[dict] | None = None) -> dict:

@@ -43,11 +43,13 @@ from diffusers.loaders import HunyuanVideoLoraLoaderMixin
 
 from ddpo_group.errors import ConfigError
 from ddpo_group.models.families import register_family
+from ddpo_group.sampling.family import Capabilities
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 
 
 @register_family("hunyuan_video15", HunyuanVideo15Pipeline)
 class HunyuanVideo15Family(FlowMatchingFamily):
+    capabilities = Capabilities(video=True)
     cond_keys = ("prompt_embeds", "prompt_embeds_mask", "prompt_embeds_2", "prompt_embeds_mask_2")
     patch_size = 1  # set from the transformer in __init__
     lora_saver = HunyuanVideoLoraLoaderMixin  # the pipeline has no save_lora_weights: diffusers' HunyuanVideo layout

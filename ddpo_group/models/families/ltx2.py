@@ -43,6 +43,7 @@ from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
 
 from ddpo_group.errors import ConfigError
 from ddpo_group.models.families import register_family
+from ddpo_group.sampling.family import Capabilities
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 
 # the call's guidance keywords beyond guidance_scale, which sample.pipeline_guidance sets (module docstring)
@@ -52,6 +53,7 @@ GUIDANCE_PASSES = ("audio_guidance_scale", "stg_scale", "audio_stg_scale", "moda
 
 @register_family("ltx2", LTX2Pipeline)
 class LTX2Family(FlowMatchingFamily):
+    capabilities = Capabilities(video=True, audio=True)
     guidance_passes = GUIDANCE_PASSES
     cond_keys = ("prompt_embeds", "audio_prompt_embeds", "prompt_attention_mask")
     patch_size = 1  # set from the transformer in __init__

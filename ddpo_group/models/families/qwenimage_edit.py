@@ -46,6 +46,7 @@ from diffusers import QwenImageEditPipeline, QwenImageEditPlusPipeline
 from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit, pipeline_qwenimage_edit_plus
 
 from ddpo_group.models.families import register_family
+from ddpo_group.sampling.family import Capabilities
 from ddpo_group.models.families.qwenimage import QwenImageFamily
 from ddpo_group.models.source_images import NEGATIVE_PROMPT_KEY, SOURCE_IMAGE_KEY, source_images
 from ddpo_group.sampling.trajectories import concatenate_rows
@@ -54,7 +55,7 @@ from ddpo_group.sampling.trajectories import concatenate_rows
 @register_family("qwenimage_edit_plus", QwenImageEditPlusPipeline)
 class QwenImageEditPlusFamily(QwenImageFamily):
     cond_keys = ("prompt_embeds", "prompt_embeds_mask", "image_latents", "image_shapes")
-    takes_images = True
+    capabilities = Capabilities(image_conditioning=True)
     pipeline_max_batch = 1  # QwenImageEditPlusPipeline.__call__ refuses more than one prompt
     pipeline_module = pipeline_qwenimage_edit_plus  # where the pipeline's image sizes live
 

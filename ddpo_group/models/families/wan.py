@@ -31,12 +31,14 @@ A pipeline with ``transformer_2`` only is refused with what is supported.
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
 from ddpo_group.models.families import register_family
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
+from ddpo_group.sampling.family import Capabilities
 from ddpo_group.sampling.trajectories import rows_of
 
 SUPPORTED = ("Wan2.1-T2V-1.3B, Wan2.1-T2V-14B, Wan2.2-TI2V-5B (one transformer) and Wan2.2-T2V-A14B (transformer "
@@ -46,6 +48,7 @@ DEFAULT_FLOW_SHIFT = 3.0  # diffusers' WanPipeline example: 3.0 for 480p (5.0 fo
 
 @register_family("wan", WanPipeline)
 class WanFamily(FlowMatchingFamily):
+    capabilities = Capabilities(video=True)
     cond_keys = ("prompt_embeds",)
     # self- and cross-attention projections of every block (Flow-Factory's default Wan targets: the attention)
     lora_target_modules = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
@@ -60,11 +63,9 @@ class WanFamily(FlowMatchingFamily):
                              f"{pipe.config.boundary_ratio}: two experts need both (Wan2.2-T2V-A14B); supported: "
                              f"{SUPPORTED}")
         super().__init__(pipe, config)
+        # Wan2.2-A14B: its low-noise steps run the frozen transformer_2, a second transformer
+        self.capabilities = replace(type(self).capabilities, second_transformer=self.boundary is not None)
 
-    @property
-    def frozen_steps(self) -> bool:
-        """Wan2.2-A14B: the low-noise steps run the frozen ``transformer_2``."""
-        return self.boundary is not None
 
     @property
     def boundary(self) -> float | None:

@@ -36,6 +36,7 @@ from diffusers import WanImageToVideoPipeline
 from ddpo_group.errors import ConfigError
 from ddpo_group.models.families import register_family
 from ddpo_group.models.families.wan import WanFamily
+from ddpo_group.sampling.family import Capabilities
 from ddpo_group.models.source_images import SOURCE_IMAGE_KEY, source_images
 from ddpo_group.sampling.trajectories import concatenate_rows
 
@@ -50,7 +51,7 @@ IMAGE_KEYS = ("image_condition", "image_embeds")
 @register_family("wan_i2v", WanImageToVideoPipeline)
 class WanImageToVideoFamily(WanFamily):
     cond_keys = ("prompt_embeds", *IMAGE_KEYS)
-    takes_images = True
+    capabilities = Capabilities(video=True, image_conditioning=True)  # a prompt's source image: the first frame
     pipeline_max_batch = 1  # the pipeline's __call__ conditions every prompt of a call on one image
     # Wan's attention projections and the feed-forward: Flow-Factory's default Wan image-to-video targets
     # (src/flow_factory/models/wan/wan2_i2v.py)
