@@ -144,7 +144,7 @@ def run_one(label: str, seed: int, args) -> dict:
         nfe += m["perf/nfe"]
         curve.append((queries, m["reward_mean"]))
         spent[m["epoch"]] = (queries, nfe)
-        for key, kept in (("group/critic_ev", ev), ("tree/value_ev", tree_ev)):
+        for key, kept in (("segment/critic_ev", ev), ("tree/value_ev", tree_ev)):
             if m.get(key) is not None and math.isfinite(m[key]):
                 kept.append(m[key])
     evaluations = evaluation_curve(trainer.run_dir, spent)

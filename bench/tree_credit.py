@@ -14,7 +14,7 @@ stochastic step n, for the run's estimator and the other one:
     opposed    the share of rows whose A_{i,n} has the sign opposite to their transition's net credit: under PPO's
                clip these rows keep pulling the shared ratio back once it leaves [1 - eps, 1 + eps]
 
-and the run's own metrics (train/clipfrac, group/tau, group/num_endpoints, group/critic_ev, tree/value_ev,
+and the run's own metrics (train/clipfrac, segment/tau, segment/num_endpoints, segment/critic_ev, tree/value_ev,
 adv/std). Writes per-seed records to ``--out``/credit.json and a table (means over seeds of the epochs' means,
 first and second half of the run) to ``--out``/credit.md.
 """
@@ -39,8 +39,8 @@ from ddpo_group.rollout.collector import estimate_advantages  # noqa: E402
 from ddpo_group.run.persistence.metrics_log import read_metrics  # noqa: E402
 from ddpo_group.sampling.window import stochastic_steps  # noqa: E402
 
-RUN_METRICS = ("reward_mean", "train/clipfrac", "train/approx_kl", "group/tau", "group/num_endpoints",
-               "group/critic_ev", "tree/value_ev", "adv/std")
+RUN_METRICS = ("reward_mean", "train/clipfrac", "train/approx_kl", "segment/tau", "segment/num_endpoints",
+               "segment/critic_ev", "tree/value_ev", "adv/std")
 
 
 def credit(advantages: torch.Tensor, tree_nodes: torch.Tensor, step: int) -> dict:

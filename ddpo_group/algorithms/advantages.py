@@ -557,7 +557,7 @@ def group_ppo_advantage(inputs: AdvantageInputs, *, tau: float, max_segment_step
     )
     metrics = {**res.metrics, **_group_metrics(R, gi, P, std)}
     if value_source in RESIDUAL_VALUE_SOURCES:
-        metrics["group/critic_weight"] = float(critic_weight)
+        metrics["segment/critic_weight"] = float(critic_weight)
     if value_source == "tree":
         metrics["tree/value_ev"] = tree_value_ev(inputs.tree_nodes, R, gi, sr)
     dtype = inputs.rewards.dtype if torch.as_tensor(inputs.rewards).is_floating_point() else torch.float32

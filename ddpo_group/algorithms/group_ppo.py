@@ -1,7 +1,7 @@
 """GROUP_PPO: the denoising steps cut into segments (GROUP_PPO.md), as pure tensor functions.
 
 Vocabulary: a (prompt) group is the G samples of one prompt; a segment is a run of consecutive denoising steps of
-one trajectory, ended by its endpoint (GROUP_PPO.md says "group of steps"; the metrics keep its group/* names).
+one trajectory, ended by its endpoint (GROUP_PPO.md says "group of steps"; the metrics keep its segment/* names).
 
 Conventions (B samples, T steps, step n = 0 noisiest):
 
@@ -214,15 +214,15 @@ def group_metrics(
     tau: Optional[float] = None,
     rho_at_cut: Optional[torch.Tensor] = None,
 ) -> Dict[str, float]:
-    """group/* metrics (floats).
+    """segment/* metrics (floats).
 
-    group/tau: the threshold used; group/num_endpoints: mean K per trajectory; group/mean_len:
-    mean length of a segment (steps / segments over all trajectories); group/max_len;
-    group/compression_ratio: 1 - (segments holding at least one trained step) / (trained steps),
+    segment/tau: the threshold used; segment/num_endpoints: mean K per trajectory; segment/mean_len:
+    mean length of a segment (steps / segments over all trajectories); segment/max_len;
+    segment/compression_ratio: 1 - (segments holding at least one trained step) / (trained steps),
     i.e. the share of trained steps that share their advantage with an earlier trained step of
     their segment (0 when every step is its own segment, 1 - 1/T for one segment and a full mask);
-    group/rho_at_cut: mean rho of the variance cuts (NaN when there was none);
-    group/num_variance_cuts: their number per prompt group-epoch total.
+    segment/rho_at_cut: mean rho of the variance cuts (NaN when there was none);
+    segment/num_variance_cuts: their number per prompt group-epoch total.
     """
     B, T = is_endpoint.shape
     ends = is_endpoint.long()
@@ -236,16 +236,16 @@ def group_metrics(
     lengths = torch.zeros(B, T, dtype=torch.double, device=is_endpoint.device).scatter_add_(
         1, gid, torch.ones(B, T, dtype=torch.double, device=is_endpoint.device))
     out = {
-        "group/num_endpoints": float(K.mean()) if B else 0.0,
-        "group/mean_len": float(B * T / K.sum()) if B and K.sum() > 0 else 0.0,
-        "group/max_len": float(lengths.max()) if B else 0.0,
-        "group/compression_ratio": float(1.0 - groups_with_trained / trained) if trained > 0 else 0.0,
+        "segment/num_endpoints": float(K.mean()) if B else 0.0,
+        "segment/mean_len": float(B * T / K.sum()) if B and K.sum() > 0 else 0.0,
+        "segment/max_len": float(lengths.max()) if B else 0.0,
+        "segment/compression_ratio": float(1.0 - groups_with_trained / trained) if trained > 0 else 0.0,
     }
     if tau is not None:
-        out["group/tau"] = float(tau)
+        out["segment/tau"] = float(tau)
     if rho_at_cut is not None:
-        out["group/rho_at_cut"] = float(rho_at_cut.double().mean()) if rho_at_cut.numel() else float("nan")
-        out["group/num_variance_cuts"] = float(rho_at_cut.numel())
+        out["segment/rho_at_cut"] = float(rho_at_cut.double().mean()) if rho_at_cut.numel() else float("nan")
+        out["segment/num_variance_cuts"] = float(rho_at_cut.numel())
     return out
 
 
@@ -317,7 +317,7 @@ def group_ppo_from_values(
     if residual:
         targets = torch.where(mask > 0, targets - b[:, None], targets)
     metrics = group_metrics(ep.is_endpoint, step_mask, tau, ep.rho_at_cut)
-    metrics["group/num_critic_targets"] = float(mask.sum(dim=1).mean()) if B else 0.0
+    metrics["segment/num_critic_targets"] = float(mask.sum(dim=1).mean()) if B else 0.0
     return GroupPPOResult(adv, mask, targets, ep.is_endpoint, ep.segment_id, u, delta, metrics)
 
 
@@ -501,9 +501,9 @@ class GroupThresholdController:
 
     def metrics(self) -> Dict[str, float]:
         """After ``update``: the explained variance it measured and the tau of the next epoch."""
-        out = {"group/critic_ev": self.last_ev, "group/next_tau": self.tau}
+        out = {"segment/critic_ev": self.last_ev, "segment/next_tau": self.tau}
         if self.weight_by_ev:
-            out["group/next_critic_weight"] = self.critic_weight
+            out["segment/next_critic_weight"] = self.critic_weight
         return out
 
     def summary(self, epoch: int, metrics: dict, every: int = 10) -> Optional[str]:
@@ -512,10 +512,10 @@ class GroupThresholdController:
             return None
         get = lambda key: metrics.get(key, float("nan"))  # noqa: E731
         return (
-            f"GROUP_PPO epoch {epoch}: {get('group/num_endpoints'):.1f} endpoints per trajectory "
-            f"(mean segment length {get('group/mean_len'):.2f} steps), compression ratio "
-            f"{get('group/compression_ratio'):.2f}, tau {get('group/tau'):.3f} -> {get('group/next_tau'):.3f}, critic "
-            f"explained variance {get('group/critic_ev'):.3f}, value loss {get('critic/value_loss'):.4f}, reward "
+            f"GROUP_PPO epoch {epoch}: {get('segment/num_endpoints'):.1f} endpoints per trajectory "
+            f"(mean segment length {get('segment/mean_len'):.2f} steps), compression ratio "
+            f"{get('segment/compression_ratio'):.2f}, tau {get('segment/tau'):.3f} -> {get('segment/next_tau'):.3f}, critic "
+            f"explained variance {get('segment/critic_ev'):.3f}, value loss {get('critic/value_loss'):.4f}, reward "
             f"{get('reward_mean'):.4f}"
         )
 

@@ -47,9 +47,9 @@ def test_hand_case_endpoints_advantages_critic():
     assert out.endpoint_mask.tolist() == [[0, 0, 1], [0, 0, 1]]
     torch.testing.assert_close(out.critic_targets, torch.tensor([[0, 0, 1.0], [0, 0, 0.0]], dtype=D))
     m = out.metrics
-    assert m["group/num_endpoints"] == 2 and m["group/mean_len"] == 1.5 and m["group/tau"] == 3.0
-    assert math.isclose(m["group/compression_ratio"], 1 - 2 / 3)
-    assert math.isclose(m["group/rho_at_cut"], (1.5 + EPS) / (0.33 + EPS), rel_tol=1e-12)
+    assert m["segment/num_endpoints"] == 2 and m["segment/mean_len"] == 1.5 and m["segment/tau"] == 3.0
+    assert math.isclose(m["segment/compression_ratio"], 1 - 2 / 3)
+    assert math.isclose(m["segment/rho_at_cut"], (1.5 + EPS) / (0.33 + EPS), rel_tol=1e-12)
     # lam = 0: A = Delta: group 1 -> u_1 - b = +-0.45; lam = 0.5: 0.45 + 0.5 * 0.05
     out0 = est(R1, V1, GI1, tau=3.0, gae_lambda=0.0)
     torch.testing.assert_close(out0.advantages, torch.tensor([[0.45, 0.45, 0.05], [-0.45, -0.45, -0.05]], dtype=D))
@@ -229,7 +229,7 @@ def test_the_critic_weight_scales_the_residual_critic(prob, c):
     weighted = est(R, V, gi, mask, value_source="residual_critic", critic_weight=c, **kw)
     scaled = est(R, c * V, gi, mask, value_source="residual_critic", **kw)
     torch.testing.assert_close(weighted.advantages, scaled.advantages, rtol=1e-9, atol=1e-12)
-    assert weighted.metrics["group/critic_weight"] == c
+    assert weighted.metrics["segment/critic_weight"] == c
     if c == 0.0:  # (with lambda 1, as an untrained residual critic)
         zero = est(R, V, gi, mask, value_source="residual_critic", critic_weight=c, **{**kw, "gae_lambda": 1.0})
         grpo = get_adv_estimator("grpo")(AdvantageInputs(R, mask, gi), eps=EPS, norm_adv_by_std=True, global_std=False)
@@ -245,7 +245,7 @@ def test_the_controller_weights_the_critic_by_its_explained_variance():
     assert c.params() == {"tau": 1.0, "critic_weight": 0.0}
     y = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=D)
     c.update(y, y + torch.tensor([0.5, -0.5, 0.5, -0.5], dtype=D))  # EV = 1 - 0.25 / 1.25 = 0.8
-    assert c.params()["critic_weight"] == pytest.approx(0.8) and c.metrics()["group/next_critic_weight"] == pytest.approx(0.8)
+    assert c.params()["critic_weight"] == pytest.approx(0.8) and c.metrics()["segment/next_critic_weight"] == pytest.approx(0.8)
     restored = GroupThresholdController(tau=1.0, weight_by_ev=True)
     restored.load_state_dict(c.state_dict())
     assert restored.params() == c.params()
@@ -366,11 +366,11 @@ def test_find_group_endpoints_api_and_errors():
 def test_group_metrics_hand():
     ends = torch.tensor([[False, True, False, True]])
     m = group_metrics(ends, tau=1.0, rho_at_cut=torch.tensor([2.0, 4.0]))
-    assert m["group/num_endpoints"] == 2 and m["group/mean_len"] == 2.0 and m["group/compression_ratio"] == 0.5
-    assert m["group/rho_at_cut"] == 3.0 and m["group/tau"] == 1.0
+    assert m["segment/num_endpoints"] == 2 and m["segment/mean_len"] == 2.0 and m["segment/compression_ratio"] == 0.5
+    assert m["segment/rho_at_cut"] == 3.0 and m["segment/tau"] == 1.0
     m = group_metrics(ends, step_mask=torch.tensor([[1, 0, 0, 1]]))
-    assert m["group/compression_ratio"] == 0.0  # each trained step has its own group
-    assert math.isnan(group_metrics(ends, rho_at_cut=torch.zeros(0))["group/rho_at_cut"])
+    assert m["segment/compression_ratio"] == 0.0  # each trained step has its own group
+    assert math.isnan(group_metrics(ends, rho_at_cut=torch.zeros(0))["segment/rho_at_cut"])
 
 
 # ------------------------------------------------------------------------------ controller
@@ -412,7 +412,7 @@ def test_controller_fixed_and_state():
     b = GroupThresholdController(tau=7.0, lr=0.05)
     b.load_state_dict(a.state_dict())
     assert b.tau == a.tau and b.last_ev == a.last_ev
-    assert b.metrics()["group/next_tau"] == a.tau
+    assert b.metrics()["segment/next_tau"] == a.tau
     with pytest.raises(ValueError, match="target_ev"):
         GroupThresholdController(target_ev=0.0)
     # tau outside [min, max] is an error with adaptation on (no silent clamp), any tau >= 0 with it off

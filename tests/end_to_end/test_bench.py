@@ -402,7 +402,7 @@ def test_tree_credit_compares_both_estimators_on_the_same_trees(tmp_path):
     assert step0["other"]["opposed"] == 0 and step0["own"]["opposed"] > 0
     assert step0["own"]["rms"] > step0["other"]["rms"] and step0["own"]["transitions"] == 2 * 4  # 2 a prompt group
     assert step1["own"] == pytest.approx(step1["other"], rel=1e-9) and step1["own"]["transitions"] == 32
-    assert epoch["group/num_endpoints"] == 2 and epoch["train/clipfrac"] is not None
+    assert epoch["segment/num_endpoints"] == 2 and epoch["train/clipfrac"] is not None
     assert "| first half |" in (tmp_path / "credit.md").read_text()
 
 

@@ -23,5 +23,5 @@ def test_preset_runs_one_epoch_and_changes_weights(preset, tiny_model_dir, tmp_p
     if trainer.kl is not None:
         assert metrics["ref/kl"] >= 0 and "ref/param_distance" in metrics
     if preset == "group_ppo":
-        for key in ("group/tau", "group/compression_ratio", "group/num_endpoints", "group/critic_ev", "critic/clipfrac"):
+        for key in ("segment/tau", "segment/compression_ratio", "segment/num_endpoints", "segment/critic_ev", "critic/clipfrac"):
             assert key in metrics

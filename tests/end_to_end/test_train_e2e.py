@@ -138,7 +138,7 @@ def test_two_processes_and_one_give_the_same_advantages(family_model_dirs, tmp_p
     if shape == "tree":  # 2 roots: step 0 and the step-1 outputs on 2 rows, step 2 on 4, step 3 on 8 (CFG: x 2)
         assert one["perf/nfe_sampling"] == two["perf/nfe_sampling"] == (2 + 2 + 4 + 8) * 2
     keys = ["reward_mean", "reward_std", "adv/mean", "adv/std", "adv/min", "adv/max"]
-    keys += {"group_ppo": ["group/num_endpoints", "group/mean_len"], "remax": ["reward/greedy_mean"]}.get(preset, [])
+    keys += {"group_ppo": ["segment/num_endpoints", "segment/mean_len"], "remax": ["reward/greedy_mean"]}.get(preset, [])
     for key in keys:
         assert one[key] == pytest.approx(two[key], rel=1e-6, abs=1e-9), key
 

@@ -47,7 +47,7 @@ def test_group_max_size_one_equals_ppo_gae_on_the_same_rollout():
             "train.adv_clip_max": 1e9})
         a = estimate_advantages(get_adv_estimator("group_ppo"), group, inputs)
         b = estimate_advantages(get_adv_estimator("gae"), gae, inputs)
-        assert a.metrics["group/mean_len"] == 1.0
+        assert a.metrics["segment/mean_len"] == 1.0
         torch.testing.assert_close(a.advantages, b.advantages, rtol=0, atol=1e-12)
 
 
@@ -90,6 +90,6 @@ def test_a_fixed_tau_of_zero_is_allowed_without_adaptation_and_makes_every_step_
     trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "tau0", **{
         "group_ppo.variance_threshold": 0.0, "group_ppo.adaptive_threshold": False})
     round0 = trainer.rollouts.estimate_round(trainer.rollouts.sample_round(0, 0))
-    assert trainer.estimator_controller.tau == 0.0 and round0.out.metrics["group/tau"] == 0.0
-    assert round0.out.metrics["group/mean_len"] == 1.0  # K = T endpoints: tau = 0 cuts at every step
+    assert trainer.estimator_controller.tau == 0.0 and round0.out.metrics["segment/tau"] == 0.0
+    assert round0.out.metrics["segment/mean_len"] == 1.0  # K = T endpoints: tau = 0 cuts at every step
     trainer.rollouts.close()
