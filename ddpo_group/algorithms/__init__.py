@@ -44,10 +44,10 @@ from .group_ppo import (
     GroupThresholdController,
     critic_endpoint_mask_and_targets,
     find_segment_endpoints,
-    group_metrics,
     group_ppo_from_values,
     post_step_values,
     segment_advantages,
+    segment_metrics,
     td_deltas,
 )
 from .advantages import (

@@ -182,14 +182,14 @@ def segment_advantages(delta: torch.Tensor, is_endpoint: torch.Tensor, gae_lambd
         raise ValueError("the last step (T-1) must be an endpoint of every trajectory")
     B, T = delta.shape
     ends = is_endpoint.long()
-    gid = torch.cumsum(ends, dim=1) - ends
-    seg = torch.zeros_like(delta).scatter_add_(1, gid, delta)  # [B, K <= T], zero beyond K
+    segment = torch.cumsum(ends, dim=1) - ends
+    seg = torch.zeros_like(delta).scatter_add_(1, segment, delta)  # [B, K <= T], zero beyond K
     A = torch.zeros_like(seg)
     run = torch.zeros(B, dtype=delta.dtype, device=delta.device)
     for k in range(T - 1, -1, -1):
         run = seg[:, k] + gae_lambda * run
         A[:, k] = run
-    return A.gather(1, gid)
+    return A.gather(1, segment)
 
 
 def critic_endpoint_mask_and_targets(u: torch.Tensor, delta: torch.Tensor, is_endpoint: torch.Tensor,
@@ -208,7 +208,7 @@ def critic_endpoint_mask_and_targets(u: torch.Tensor, delta: torch.Tensor, is_en
     return mask.to(u.dtype), targets
 
 
-def group_metrics(
+def segment_metrics(
     is_endpoint: torch.Tensor,
     step_mask: Optional[torch.Tensor] = None,
     tau: Optional[float] = None,
@@ -227,19 +227,19 @@ def group_metrics(
     B, T = is_endpoint.shape
     ends = is_endpoint.long()
     K = ends.sum(dim=1).double()
-    gid = torch.cumsum(ends, dim=1) - ends
+    segment = torch.cumsum(ends, dim=1) - ends
     m = torch.ones(B, T, dtype=torch.bool, device=is_endpoint.device) if step_mask is None else (step_mask != 0)
-    trained_in_group = torch.zeros(B, T, dtype=torch.double, device=is_endpoint.device).scatter_add_(
-        1, gid, m.double())
-    groups_with_trained = (trained_in_group > 0).double().sum()
+    trained_in_segment = torch.zeros(B, T, dtype=torch.double, device=is_endpoint.device).scatter_add_(
+        1, segment, m.double())
+    segments_with_trained = (trained_in_segment > 0).double().sum()
     trained = m.double().sum()
     lengths = torch.zeros(B, T, dtype=torch.double, device=is_endpoint.device).scatter_add_(
-        1, gid, torch.ones(B, T, dtype=torch.double, device=is_endpoint.device))
+        1, segment, torch.ones(B, T, dtype=torch.double, device=is_endpoint.device))
     out = {
         "segment/num_endpoints": float(K.mean()) if B else 0.0,
         "segment/mean_len": float(B * T / K.sum()) if B and K.sum() > 0 else 0.0,
         "segment/max_len": float(lengths.max()) if B else 0.0,
-        "segment/compression_ratio": float(1.0 - groups_with_trained / trained) if trained > 0 else 0.0,
+        "segment/compression_ratio": float(1.0 - segments_with_trained / trained) if trained > 0 else 0.0,
     }
     if tau is not None:
         out["segment/tau"] = float(tau)
@@ -316,7 +316,7 @@ def group_ppo_from_values(
     mask, targets = critic_endpoint_mask_and_targets(u, delta, ep.is_endpoint, critic_lambda)
     if residual:
         targets = torch.where(mask > 0, targets - b[:, None], targets)
-    metrics = group_metrics(ep.is_endpoint, step_mask, tau, ep.rho_at_cut)
+    metrics = segment_metrics(ep.is_endpoint, step_mask, tau, ep.rho_at_cut)
     metrics["segment/num_critic_targets"] = float(mask.sum(dim=1).mean()) if B else 0.0
     return GroupPPOResult(adv, mask, targets, ep.is_endpoint, ep.segment_id, u, delta, metrics)
 
@@ -400,8 +400,8 @@ class GroupThresholdController:
         s    = clip((EV* - EV) / EV*, -1, 1)                  (EV* = target_ev, must be > 0)
         tau <- clip(tau * exp(lr * s), min_tau, max_tau)
 
-    Poor critic (EV < EV*) -> s > 0 -> tau grows -> fewer variance cuts -> longer groups (more
-    Monte-Carlo); good critic -> tau shrinks -> shorter groups (finer credit). With fewer than 2
+    Poor critic (EV < EV*) -> s > 0 -> tau grows -> fewer variance cuts -> longer segments (more
+    Monte-Carlo); good critic -> tau shrinks -> shorter segments (finer credit). With fewer than 2
     targets or Var(y) ~ 0, EV is undefined: tau is left unchanged and last_ev is NaN.
 
     The initial tau: with adaptation on it must lie in [min_tau, max_tau] (ValueError otherwise,

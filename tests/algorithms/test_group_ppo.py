@@ -12,9 +12,9 @@ from ddpo_group.algorithms import (
     GroupThresholdController,
     find_segment_endpoints,
     get_adv_estimator,
-    group_metrics,
     group_ppo_from_values,
     post_step_values,
+    segment_metrics,
     td_deltas,
 )
 from estimator_params import params as estimator_params
@@ -365,12 +365,12 @@ def test_find_group_endpoints_api_and_errors():
 
 def test_group_metrics_hand():
     ends = torch.tensor([[False, True, False, True]])
-    m = group_metrics(ends, tau=1.0, rho_at_cut=torch.tensor([2.0, 4.0]))
+    m = segment_metrics(ends, tau=1.0, rho_at_cut=torch.tensor([2.0, 4.0]))
     assert m["segment/num_endpoints"] == 2 and m["segment/mean_len"] == 2.0 and m["segment/compression_ratio"] == 0.5
     assert m["segment/rho_at_cut"] == 3.0 and m["segment/tau"] == 1.0
-    m = group_metrics(ends, step_mask=torch.tensor([[1, 0, 0, 1]]))
+    m = segment_metrics(ends, step_mask=torch.tensor([[1, 0, 0, 1]]))
     assert m["segment/compression_ratio"] == 0.0  # each trained step has its own group
-    assert math.isnan(group_metrics(ends, rho_at_cut=torch.zeros(0))["segment/rho_at_cut"])
+    assert math.isnan(segment_metrics(ends, rho_at_cut=torch.zeros(0))["segment/rho_at_cut"])
 
 
 # ------------------------------------------------------------------------------ controller
