@@ -20,7 +20,7 @@ to [-20, 20] before exponentiation. A plugin (``algorithm.policy_loss=/path/file
 ``package.module:my_loss``) is trajectory-level unless it declares ``@policy_loss(per_step=True)``, and receives
 ``algorithm.policy_loss_kwargs`` as keywords.
 
-A loss that needs the rollout policy's step means (``ratio_norm``) registers ``needs_old_means=True``: rollouts then
+A loss that needs the rollout policy's step means (``ratio_norm``) registers ``needs_rollout_means=True``: rollouts then
 record each step's mean (RolloutBatch.step_means, one latent-sized tensor per step, recorded only then) and the loss
 receives, besides the above, ``mean`` (mu_theta [N, ...], with gradient), ``rollout_mean`` (mu_rollout [N, ...]),
 ``std`` (the step's std [N]), ``step_length`` (s_n - s_{n+1} [N], sampling/gaussian.py) and ``log_prob_reduce``.
@@ -67,7 +67,7 @@ class PolicyLossSpec:
     fn: Callable
     name: str
     per_step: bool = False  # a weighted sum over pairs (weights); False: trajectory-level ([B, T], step mask, mode)
-    needs_old_means: bool = False  # rollouts record the step means; the loss gets mean, rollout_mean, std, step_length
+    needs_rollout_means: bool = False  # rollouts record the step means; the loss gets mean, rollout_mean, std, step_length
     check: Optional[Callable] = None  # check(policy_loss_kwargs: dict) -> list of config error messages
     # outside(rollout_log_prob, log_prob, clip_low=, clip_high=, **the loss's keywords) -> [N] bool: the pairs the loss's
     # trust region acts on (train/clipped_before_update: before any update it should act on none)
@@ -94,8 +94,8 @@ class PolicyLossSpec:
         return ", ".join(f"{field}={config[field.split('.')[0]][field.split('.')[1]]:g}" for field in fields)
 
     def __post_init__(self):
-        if self.needs_old_means and not self.per_step:  # the step means reach a per-step loss's chunks only
-            raise ValueError(f"policy loss {self.name!r}: needs_old_means=True needs per_step=True")
+        if self.needs_rollout_means and not self.per_step:  # the step means reach a per-step loss's chunks only
+            raise ValueError(f"policy loss {self.name!r}: needs_rollout_means=True needs per_step=True")
 
     def config_errors(self, kwargs: dict) -> list:
         return list(self.check(dict(kwargs))) if self.check is not None else []
@@ -107,21 +107,21 @@ class PolicyLossSpec:
 POLICY_LOSS_REGISTRY = Registry("policy loss", entry_point_group="ddpo_group.policy_losses")
 
 
-def policy_loss(per_step: bool = False, needs_old_means: bool = False, check: Optional[Callable] = None,
+def policy_loss(per_step: bool = False, needs_rollout_means: bool = False, check: Optional[Callable] = None,
                 trust_region: Callable = outside_ratio_clip) -> Callable[[Callable], PolicyLossSpec]:
     """Decorator declaring how a loss is called (and what it needs) without registering a name (plugins)."""
     def decorator(fn: Callable) -> PolicyLossSpec:
-        return PolicyLossSpec(fn=fn, name=fn.__name__, per_step=per_step, needs_old_means=needs_old_means, check=check,
+        return PolicyLossSpec(fn=fn, name=fn.__name__, per_step=per_step, needs_rollout_means=needs_rollout_means, check=check,
                               trust_region=trust_region)
     return decorator
 
 
-def register_policy_loss(name: str, per_step: bool = False, needs_old_means: bool = False,
+def register_policy_loss(name: str, per_step: bool = False, needs_rollout_means: bool = False,
                          check: Optional[Callable] = None,
                          trust_region: Callable = outside_ratio_clip) -> Callable[[Callable], PolicyLossSpec]:
     """Decorator registering a policy loss under ``name`` (fails if the name is taken)."""
     def decorator(fn: Callable) -> PolicyLossSpec:
-        spec = PolicyLossSpec(fn=fn, name=name, per_step=per_step, needs_old_means=needs_old_means, check=check,
+        spec = PolicyLossSpec(fn=fn, name=name, per_step=per_step, needs_rollout_means=needs_rollout_means, check=check,
                               trust_region=trust_region)
         return POLICY_LOSS_REGISTRY.register(name)(spec)
     return decorator
@@ -365,7 +365,7 @@ def outside_normalised_ratio_clip(rollout_log_prob, log_prob, *, clip_low: float
     return (ratio > 1.0 + clip_high) | (ratio < 1.0 - clip_low)
 
 
-@register_policy_loss("ratio_norm", per_step=True, needs_old_means=True, check=ratio_norm_config_errors,
+@register_policy_loss("ratio_norm", per_step=True, needs_rollout_means=True, check=ratio_norm_config_errors,
                       trust_region=outside_normalised_ratio_clip)
 def ratio_norm_policy_loss(rollout_log_prob, log_prob, advantages, weights, *, clip_low: float, clip_high: float,
                            clip_ratio_c: Optional[float], mean: torch.Tensor = None, rollout_mean: torch.Tensor = None,
@@ -463,7 +463,7 @@ def dppo_config_errors(kwargs: dict) -> list:
             for key in kwargs]
 
 
-@register_policy_loss("dppo", per_step=True, needs_old_means=True, check=dppo_config_errors,
+@register_policy_loss("dppo", per_step=True, needs_rollout_means=True, check=dppo_config_errors,
                       trust_region=outside_kl_bound)
 def dppo_policy_loss(rollout_log_prob, log_prob, advantages, weights, *, policy_kl_threshold: float,
                      mean: torch.Tensor = None,

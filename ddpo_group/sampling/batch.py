@@ -35,7 +35,7 @@ class RolloutBatch:
     negative: dict[str, torch.Tensor] | None = None
     values: torch.Tensor | None = None  # [B, T] the critic's pre-step values V(x_n) (an estimator with a critic)
     clean_hat: torch.Tensor | None = None  # [B, T, ...] clean_hat(x_n) of every step n (a critic that reads it)
-    step_means: torch.Tensor | None = None  # [B, T, ...] mu_n of the rollout policy (a loss with needs_old_means)
+    step_means: torch.Tensor | None = None  # [B, T, ...] mu_n of the rollout policy (a loss with needs_rollout_means)
     tweedie_values: torch.Tensor | None = None  # [B, T] float64 the rewards of the one-step predictions (rollout/tweedie.py)
     tree_nodes: torch.Tensor | None = None  # [B, T+1] tree rollouts: per state x_n, the first row sharing it
     # ---- the estimator's (rollout/collector.py)

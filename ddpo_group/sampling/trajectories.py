@@ -120,7 +120,7 @@ class SamplingOptions:
     batch_size: int = 1  # samples per denoiser batch of the callers that split their prompts (sample.batch_size)
     decode: bool = True  # False: no images (Trajectories.images None)
     decode_batch_size: int = 0  # final latents decoded that many at a time (0: all at once): the VAE's peak memory
-    record_means: bool = False  # keep each step's mean mu_n (a loss with needs_old_means: one latent a step)
+    record_means: bool = False  # keep each step's mean mu_n (a loss with needs_rollout_means: one latent a step)
     # the steps n whose clean_hat(x_n) is kept, ascending (GROUP_PPO's Tweedie values; every step for a critic that
     # reads it): Trajectories.clean_hat's columns
     clean_hat_steps: tuple = ()

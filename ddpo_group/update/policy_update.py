@@ -118,8 +118,8 @@ class PolicyUpdater(Updater):
         fold_metrics(sums, {"policy_kl": kl.sum() / trained.sum().clamp(min=1)}, chunk.share)
 
     def step_means(self, batch, r, n, out) -> dict:
-        """What a loss declaring ``needs_old_means`` gets besides the log-probs (nothing for the others)."""
-        if not self.loss.needs_old_means:
+        """What a loss declaring ``needs_rollout_means`` gets besides the log-probs (nothing for the others)."""
+        if not self.loss.needs_rollout_means:
             return {}
         if batch.step_means is None:
             raise ValueError(f"policy loss {self.loss.name!r} needs the rollout policy's step means, but the batch has "
@@ -139,9 +139,9 @@ class PolicyUpdater(Updater):
         log_prob = torch.zeros(step_mask.shape, dtype=flat.dtype, device=flat.device).index_put(
             (pair_units, pair_steps), flat
         )
-        old = batch.log_probs[rows].to(flat.dtype)
-        log_prob = torch.where(step_mask != 0, log_prob, old)  # untrained steps: ratio 1, masked anyway
-        policy_loss, info = self.loss(old, log_prob, batch.advantages[rows], step_mask, algorithm.loss_agg_mode,
+        rollout = batch.log_probs[rows].to(flat.dtype)
+        log_prob = torch.where(step_mask != 0, log_prob, rollout)  # untrained steps: ratio 1, masked anyway
+        policy_loss, info = self.loss(rollout, log_prob, batch.advantages[rows], step_mask, algorithm.loss_agg_mode,
                                       **self.bounds, **self.loss_kwargs)
         loss = policy_loss + 0.0 * flat.sum()  # stays connected to the denoiser even when every step is masked
         if outputs[0][1] is not None:

@@ -61,7 +61,7 @@ def test_at_the_rollout_policy_nothing_is_blocked_and_the_gradient_is_the_policy
 
 def test_the_registration_the_keywords_and_the_bound():
     spec = get_policy_loss("dppo")
-    assert spec.per_step and spec.needs_old_means and spec.trust_region is outside_kl_bound
+    assert spec.per_step and spec.needs_rollout_means and spec.trust_region is outside_kl_bound
     # the messages that judge the trust region (scripts/check.py's verdict, the on-policy warning) name its field
     config = get_config("grpo")
     assert spec.trust_region_fields(config) == "train.policy_kl_threshold=1e-05"

@@ -112,8 +112,8 @@ def test_no_bias_where_the_plain_ratios_mean_is_below_one():
 
 def test_the_aggregated_loss_is_the_weighted_matrix_and_the_registration_declares_the_means():
     spec = get_policy_loss("ratio_norm")
-    assert spec.needs_old_means and spec.per_step and spec.fn is ratio_norm_policy_loss.fn
-    assert not get_policy_loss("vanilla").needs_old_means
+    assert spec.needs_rollout_means and spec.per_step and spec.fn is ratio_norm_policy_loss.fn
+    assert not get_policy_loss("vanilla").needs_rollout_means
     g = torch.Generator().manual_seed(3)
     rollout_mean, dmu = torch.randn(2, 3, 5, generator=g), 0.05 * torch.randn(2, 3, 5, generator=g)
     std = torch.tensor([[0.5, 0.3, 0.1], [0.5, 0.3, 0.1]])
