@@ -34,11 +34,25 @@ from ddpo_group.sampling.trajectories import SamplingOptions
 from ddpo_group.update.critic import Critic
 
 
-class CriticComponent(Component):
-    name, stateful = "critic", True
+class HoldsState(Component):
+    """A component whose checkpointed state is one piece's (``self.piece``: an object with state_dict)."""
+
+    stateful = True
+    piece = None
+
+    def state_dict(self) -> dict:
+        return self.piece.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.piece.load_state_dict(state)
+
+
+class CriticComponent(HoldsState):
+    name = "critic"
 
     def __init__(self, critic: Critic, estimator, shards, config, timer):
         self.critic, self.estimator, self.shards, self.config, self.timer = critic, estimator, shards, config, timer
+        self.piece = critic.optimizer  # the network itself is in accelerate's state
 
     def round_inputs(self, sampled: SampledRound) -> dict:
         return {"values": sampled.batch.values}
@@ -58,19 +72,14 @@ class CriticComponent(Component):
     def apply_settings(self) -> list[str]:
         return apply_settings(self.critic.optimizer, Critic.settings(self.config))
 
-    def state_dict(self) -> dict:
-        return self.critic.optimizer.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
-        self.critic.optimizer.load_state_dict(state)
-
-
-class KLComponent(Component):
-    name, stateful = "kl", True
+class KLComponent(HoldsState):
+    name = "kl"
 
     def __init__(self, kl, scorer, family, pairs_per_forward_of, shards, config, unwrapped_policy):
         self.kl, self.scorer, self.family, self.pairs_per_forward_of = kl, scorer, family, pairs_per_forward_of
         self.shards, self.config, self.unwrapped_policy = shards, config, unwrapped_policy
+        self.piece = kl
 
     def round_inputs(self, sampled: SampledRound) -> dict:
         """kl.in_reward: the KL to the reference of every sampled step [B, T] and the step rewards -beta KL_n, the
@@ -98,18 +107,13 @@ class KLComponent(Component):
         return self.kl.after_epoch(self.unwrapped_policy(), epoch, rollouts.gathered("step_kl"), loss_kl,
                                    self.shards.total)
 
-    def state_dict(self) -> dict:
-        return self.kl.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
-        self.kl.load_state_dict(state)
-
-
-class ControllerComponent(Component):
-    name, stateful = "estimator_controller", True
+class ControllerComponent(HoldsState):
+    name = "estimator_controller"
 
     def __init__(self, controller, estimator, timer):
         self.controller, self.estimator, self.timer = controller, estimator, timer
+        self.piece = controller
 
     def after_update(self, epoch: int, rollouts, train: dict) -> dict:
         with self.timer.phase("advantage"):  # the fit of the critic over the kept targets of every round
@@ -125,18 +129,12 @@ class ControllerComponent(Component):
     def epoch_line(self, epoch: int, metrics: dict) -> str | None:
         return self.controller.summary(epoch, metrics)
 
-    def state_dict(self) -> dict:
-        return self.controller.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
-        self.controller.load_state_dict(state)
-
-
-class EMAComponent(Component):
-    name, stateful = "ema", True
+class EMAComponent(HoldsState):
+    name = "ema"
 
     def __init__(self, ema):
-        self.ema = ema
+        self.ema = self.piece = ema
 
     def after_update(self, epoch: int, rollouts, train: dict) -> dict:
         return self.ema.metrics()
@@ -144,33 +142,21 @@ class EMAComponent(Component):
     def after_restore(self, model) -> None:
         self.ema.reset()
 
-    def state_dict(self) -> dict:
-        return self.ema.state_dict()
 
-    def load_state_dict(self, state: dict) -> None:
-        self.ema.load_state_dict(state)
-
-
-class OldModelComponent(Component):
+class OldModelComponent(HoldsState):
     """The old model moves in the matching update's end of epoch (update/matching_update.py); here its restore and
     state."""
 
-    name, stateful = "old_model", True
+    name = "old_model"
 
     def __init__(self, old):
-        self.old = old
+        self.old = self.piece = old
 
     def denoiser_copies(self) -> list:
         return [self.old.weights.copy] if self.old.weights.copy is not None else []
 
     def after_restore(self, model) -> None:
         self.old.reset(model)
-
-    def state_dict(self) -> dict:
-        return self.old.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.old.load_state_dict(state)
 
 
 class TweedieComponent(Component):
@@ -218,11 +204,11 @@ class GreedyComponent(Component):
         return int(self.shards.gather(torch.tensor([len(set(sampled.groups))])).sum())
 
 
-class BranchingComponent(Component):
-    name, stateful = "adaptive_branching", True
+class BranchingComponent(HoldsState):
+    name = "adaptive_branching"
 
     def __init__(self, branching):
-        self.branching = branching
+        self.branching = self.piece = branching
 
     def before_round(self, sampler) -> None:
         """The branch steps the last epoch chose."""
@@ -230,12 +216,6 @@ class BranchingComponent(Component):
 
     def after_update(self, epoch: int, rollouts, train: dict) -> dict:
         return self.branching.update(rollouts.gathered("tree_nodes"), rollouts.rewards)
-
-    def state_dict(self) -> dict:
-        return self.branching.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.branching.load_state_dict(state)
 
 
 @dataclass
