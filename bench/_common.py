@@ -184,14 +184,14 @@ def train_batches(cond: dict, traj, advantages: torch.Tensor, batch_size: int) -
     from ddpo_group.sampling.batch import RolloutBatch
 
     def record(part: dict) -> RolloutBatch:
-        n = len(part["log_probs"])
-        return RolloutBatch(prompts=[""] * n, metadata=[{}] * n, cond={key: part[key] for key in cond},
+        rows = len(part["log_probs"])
+        return RolloutBatch(prompts=[""] * rows, metadata=[{}] * rows, cond={key: part[key] for key in cond},
                             latents=part["latents"], next_latents=part["next_latents"], log_probs=part["log_probs"],
-                            steps={key: part[key] for key in traj.steps}, images=torch.zeros(n, 0),
-                            rewards=torch.zeros(n, dtype=torch.float64), reward_info={}, advantages=part["advantages"])
+                            times={key: part[key] for key in traj.times}, images=torch.zeros(rows, 0),
+                            rewards=torch.zeros(rows, dtype=torch.float64), reward_info={}, advantages=part["advantages"])
 
     batch = {**cond, "latents": traj.latents[:, :-1], "next_latents": traj.latents[:, 1:], "log_probs": traj.log_probs,
-             **traj.steps, "advantages": advantages}
+             **traj.times, "advantages": advantages}
     parts = [{key: value[i : i + batch_size] for key, value in batch.items()}
              for i in range(0, len(traj.log_probs), batch_size)]
     return batch, parts, record(batch), [record(part) for part in parts]

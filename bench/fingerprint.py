@@ -35,7 +35,7 @@ from _common import setup_threads  # noqa: E402
 # metrics that measure time, speed or memory: the only ones a refactor may change
 VOLATILE = ("time/", "perf/", "memory/", "train/pairs_per_forward")
 # a name a change gave a metric or a batch field (its value stays): a fingerprint written before reads as after it
-RENAMED = {"group/": "segment/"}
+RENAMED = {"group/": "segment/", "steps.": "times."}
 
 TINY_SD = {"sample.sde_window_size": 0}
 TINY_FLOW = {"sample.resolution": 32, "pretrained.max_sequence_length": 16}

@@ -192,7 +192,7 @@ def flow_grpo_epoch(batch, transformer, family, optimizer, params, accelerator, 
                         velocity = uncond + sampling.guidance_scale * (text - uncond)
                     else:
                         cond = {key: sample[key] for key in family.cond_keys}
-                        step_j = {key: sample[key][:, j] for key in family.step_keys}
+                        step_j = {key: sample[key][:, j] for key in family.time_keys}
                         velocity = family.model_output(transformer, latents, step_j, cond, negative, guidance)
                     step = flow_step_with_logprob(sampling.sde_type, velocity, latents, sample["sigmas"][:, j],
                                                   sample["next_sigmas"][:, j], noise_level,

@@ -56,11 +56,11 @@ def policy_update(trainer: Trainer, batch) -> float:
                 r, n, w = pair_rows[chunk].to(device), pair_steps[chunk].to(device), weights[chunk].to(device)
                 # 1. l_theta: the recorded step x_n -> x_{n+1} under the policy, the guided denoiser output, then the
                 #    DDIM step's Gaussian log-density of x_{n+1} (sampling/ddim.py: its numbered math)
-                step = {key: batch.steps[key][r, n] for key in family.step_keys}
+                times = {key: batch.times[key][r, n] for key in family.time_keys}
                 latents = batch.latents[r, n]
-                output = family.model_output(model, latents, step, rows_of(batch.cond, r),
+                output = family.model_output(model, latents, times, rows_of(batch.cond, r),
                                              batch.negative_rows(family, r), guidance)
-                log_prob = family.step(output, latents, step, noise_level, next_latents=batch.next_latents[r, n],
+                log_prob = family.step(output, latents, times, noise_level, next_latents=batch.next_latents[r, n],
                                        reduce=sample.log_prob_reduce, log_prob_dtype=sample.log_prob_dtype).log_prob
                 # 2. the ratio to the rollout's l_rollout, PPO's clipped surrogate L = max(-A r, -A clip(r, 1 +- eps))
                 ratio = torch.exp((log_prob - batch.log_probs[r, n]).clamp(-20.0, 20.0))

@@ -23,7 +23,7 @@ def sd_step_output(pipe, unet, latents, next_latents, timesteps, prompt_embeds, 
     """The step output (log-prob, mean, std) of recorded transitions x_n -> x_{n+1} under ``unet``, for N flattened
     (sample, step) pairs (inputs [N, ...], one timestep per row), with gradients through ``unet``."""
     family = StableDiffusionFamily(pipe, base())
-    step = {"timesteps": timesteps}
-    output = family.model_output(unet, latents, step, {"prompt_embeds": prompt_embeds},
+    times = {"timesteps": timesteps}
+    output = family.model_output(unet, latents, times, {"prompt_embeds": prompt_embeds},
                                  {"prompt_embeds": negative_prompt_embeds}, guidance_scale)
-    return family.step(output, latents, step, eta, next_latents=next_latents, reduce=reduce)
+    return family.step(output, latents, times, eta, next_latents=next_latents, reduce=reduce)

@@ -68,7 +68,7 @@ def letter_aliases(tree: ast.AST) -> list[str]:
 
 def test_the_alias_scan_finds_a_letter_for_a_section():
     assert letter_aliases(ast.parse("s, t = config.sample, config.train\nt = self.config.train"))
-    assert not letter_aliases(ast.parse("train = self.config.train\nt = batch.steps['timesteps']\n"
+    assert not letter_aliases(ast.parse("train = self.config.train\nt = batch.times['timesteps']\n"
                                         "p = self.transformer.config.patch_size"))
 
 

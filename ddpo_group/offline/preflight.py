@@ -297,7 +297,7 @@ class Preflight:
 
         dtype = batch.cond[family.cond_keys[0]].dtype
         schedule = family.schedule(batch.num_steps, self.accelerator.device)
-        scheduled = {key: value.to(batch.steps[key].device).unsqueeze(0).expand(len(batch), -1).to(batch.steps[key].dtype)
+        scheduled = {key: value.to(batch.times[key].device).unsqueeze(0).expand(len(batch), -1).to(batch.times[key].dtype)
                      for key, value in schedule.items()}
         levels = [level for level in options.noise_levels if level > 0]
         variants = {
@@ -311,7 +311,7 @@ class Preflight:
             f"{len(batch)} with sample.batch_size={len(batch)})":
                 lambda: self.rescore(batch, len(batch), step_major=True),
             "timesteps (the family's schedule instead of the recorded step tensors)":
-                lambda: self.rescore(replace(batch, steps=scheduled), chunk),
+                lambda: self.rescore(replace(batch, times=scheduled), chunk),
             "log-prob in float64 (sample.log_prob_dtype='float64', as Flow-Factory reduces it)":
                 lambda: self.rescore(batch, chunk, scorer=replace(scorer, log_prob_dtype="float64"),
                                      recorded_dtype="float64"),
@@ -356,7 +356,7 @@ class Preflight:
             try:
                 with torch.no_grad(), self.accelerator.autocast():
                     for n in steps:
-                        step = {key: batch.steps[key][rows, n] for key in family.step_keys}
+                        step = {key: batch.times[key][rows, n] for key in family.time_keys}
                         x_n = batch.latents[:, n].to(batch.cond[family.cond_keys[0]].dtype)
                         output = updater.forward.velocity(model, batch, rows, step, x_n)
                         mean = family.step(output, x_n, step, 0.0, compute_log_prob=False).mean

@@ -157,7 +157,7 @@ class RolloutSampler:
         return RolloutBatch(
             prompts=list(prompts), metadata=list(metadata), cond=cond, negative=negative,
             latents=traj.latents[:, :-1], next_latents=traj.latents[:, 1:], log_probs=traj.log_probs,
-            steps=traj.steps, images=traj.images, rewards=rewards, reward_info=merge_infos([i for _, i in scored]),
+            times=traj.times, images=traj.images, rewards=rewards, reward_info=merge_infos([i for _, i in scored]),
             values=traj.values,
             clean_hat=traj.clean_hat if self.critic is not None and self.critic.reads_clean_hat else None,
             step_means=traj.means, tweedie_values=tweedie, tree_nodes=traj.shared_from,

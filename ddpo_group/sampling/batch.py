@@ -26,7 +26,7 @@ class RolloutBatch:
     latents: torch.Tensor  # [B, T, ...] x_n: the state step n starts from
     next_latents: torch.Tensor  # [B, T, ...] x_{n+1}: the state step n reached (next_latents[:, -1]: the final latent)
     log_probs: torch.Tensor  # [B, T] l_n under the rollout policy (0 at deterministic steps)
-    steps: dict[str, torch.Tensor]  # the family's per-step tensors, family.step_keys (timesteps, sigmas, ...): [B, T]
+    times: dict[str, torch.Tensor]  # each step's times, family.time_keys (timesteps, sigmas, ...): [B, T]
     images: torch.Tensor  # [B, 3, H, W] in [0, 1] (a video family's frames: [B, F, 3, H, W])
     rewards: torch.Tensor  # [B] float64, checked
     reward_info: dict[str, torch.Tensor]  # the reward's per-image info entries: [B, ...] each, on the CPU
@@ -59,7 +59,7 @@ class RolloutBatch:
         per_step = {"latents": self.latents, "next_latents": self.next_latents, "values": self.values,
                     "clean_hat": self.clean_hat, "step_means": self.step_means, "tweedie_values": self.tweedie_values,
                     "advantages": self.advantages, "critic_targets": self.critic_targets,
-                    "critic_mask": self.critic_mask, **{f"steps[{key!r}]": value for key, value in self.steps.items()}}
+                    "critic_mask": self.critic_mask, **{f"times[{key!r}]": value for key, value in self.times.items()}}
         wrong = {name: len(value) for name, value in per_row.items() if value is not None and len(value) != size}
         wrong.update({name: tuple(value.shape[:2]) for name, value in per_step.items()
                       if value is not None and tuple(value.shape[:2]) != (size, num_steps)})
@@ -83,7 +83,7 @@ class RolloutBatch:
 
     @property
     def timesteps(self) -> torch.Tensor:
-        return self.steps["timesteps"]
+        return self.times["timesteps"]
 
     def negative_rows(self, family, rows) -> dict:
         """The negative condition of some rows: their own when the record has one, else the family's one row."""

@@ -29,7 +29,7 @@ class Family(Protocol):
     name: str
     capabilities: Capabilities
     cond_keys: tuple  # the condition's row-indexed tensors (the batch record's cond)
-    step_keys: tuple  # the per-step tensors of the batch record, [B, T] each
+    time_keys: tuple  # the per-step tensors of the batch record, [B, T] each
     no_guidance: float  # the guidance scale that samples without classifier-free guidance
     guidance_embedded: bool  # the guidance scale is an input of every forward (no CFG)
     audio_sample_rate: int  # a family with audio: the soundtrack's samples per second
@@ -54,9 +54,9 @@ class Family(Protocol):
 
     def initial_latents(self, batch: int, generator, device, dtype, initial_noise=None) -> torch.Tensor: ...
 
-    def model_output(self, model, latents, step: dict, cond: dict, negative: dict, guidance_scale: float): ...
+    def model_output(self, model, latents, times: dict, cond: dict, negative: dict, guidance_scale: float): ...
 
-    def step(self, model_output, latents, step: dict, noise_level: float, next_latents=None, generator=None,
+    def step(self, model_output, latents, times: dict, noise_level: float, next_latents=None, generator=None,
              compute_log_prob: bool = True, reduce: str = "mean", log_prob_dtype: str = "float32"): ...
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor: ...

@@ -39,7 +39,7 @@ class Trajectories:
     images: torch.Tensor | None  # [B, 3, H, W] in [0, 1], float32 (a video family's frames: [B, F, 3, H, W])
     latents: torch.Tensor  # [B, T+1, ...]: x_0 (noise) .. x_T (final latent)
     log_probs: torch.Tensor  # [B, T]
-    steps: dict = field(default_factory=dict)  # the family's per-step tensors ("timesteps", "sigmas", ...), [B, T]
+    times: dict = field(default_factory=dict)  # each step's times, family.time_keys ("timesteps", "sigmas", ...), [B, T]
     values: torch.Tensor | None = None  # [B, T] critic values of the pre-step latents (rollout/sampler.py's)
     means: torch.Tensor | None = None  # [B, T, ...] each step's mean mu_n (float32), when asked for (record_means)
     # [B, S, ...] float32, clean_hat(x_n) at the S steps SamplingOptions.clean_hat_steps asks for: column k is step
@@ -53,8 +53,8 @@ class Trajectories:
         size, num_steps = self.log_probs.shape
         leading = {"latents": (size, num_steps + 1), "values": (size, num_steps), "means": (size, num_steps),
                    "shared_from": (size, num_steps + 1), "images": (size,), "audio": (size,),
-                   "clean_hat": (size,), **{f"steps[{key!r}]": (size, num_steps) for key in self.steps}}
-        tensors = {**vars(self), **{f"steps[{key!r}]": value for key, value in self.steps.items()}}
+                   "clean_hat": (size,), **{f"times[{key!r}]": (size, num_steps) for key in self.times}}
+        tensors = {**vars(self), **{f"times[{key!r}]": value for key, value in self.times.items()}}
         wrong = {name: tuple(tensors[name].shape) for name, dims in leading.items()
                  if tensors[name] is not None and tuple(tensors[name].shape[:len(dims)]) != dims}
         if wrong:
@@ -68,7 +68,7 @@ class Trajectories:
 
     @property
     def timesteps(self) -> torch.Tensor:
-        return self.steps["timesteps"]
+        return self.times["timesteps"]
 
     @staticmethod
     def concatenate(parts: list["Trajectories"]) -> "Trajectories":
@@ -82,7 +82,7 @@ class Trajectories:
         if parts[0].shared_from is not None:
             shared = torch.cat([part.shared_from + offset for part, offset in zip(parts, offsets)])
         return Trajectories(images=cat("images"), latents=cat("latents"), log_probs=cat("log_probs"),
-                            steps={key: torch.cat([part.steps[key] for part in parts]) for key in parts[0].steps},
+                            times={key: torch.cat([part.times[key] for part in parts]) for key in parts[0].times},
                             values=cat("values"), means=cat("means"), clean_hat=cat("clean_hat"), shared_from=shared,
                             audio=cat("audio"), audio_sample_rate=parts[0].audio_sample_rate)
 
@@ -174,9 +174,9 @@ def sample_trajectories(family: Family, model, cond: dict, negative: dict | None
     latents = family.initial_latents(batch, generator, device, dtype, initial_noise)
     record.start(latents)
     for n in range(options.num_steps):
-        step = {key: values[n] for key, values in schedule.items()}
-        output = family.model_output(model, latents, step, cond, negative, options.guidance_scale)
-        out, latents = stochastic_step(family, output, latents, step, options, n, generator, dtype)
+        times = {key: values[n] for key, values in schedule.items()}
+        output = family.model_output(model, latents, times, cond, negative, options.guidance_scale)
+        out, latents = stochastic_step(family, output, latents, times, options, n, generator, dtype)
         record.step(n, out)
     return record.trajectories(family, latents)
 
@@ -199,21 +199,21 @@ def sample_trees(family: Family, model, cond: dict, negative: dict | None, optio
     record.start(latents, size)
     shared = [nodes.repeat_interleave(size)]
     for n in range(options.num_steps):
-        step = {key: values[n] for key, values in schedule.items()}
-        output = family.model_output(model, latents, step, node_cond, node_negative, options.guidance_scale)
+        times = {key: values[n] for key, values in schedule.items()}
+        output = family.model_output(model, latents, times, node_cond, node_negative, options.guidance_scale)
         if n in branches:  # each node's children: its output and state repeated, their own noise from here on
             factor = branches[n]
             size //= factor
             nodes = (nodes[:, None] + size * torch.arange(factor, device=device)).flatten()
             output, latents = output.repeat_interleave(factor, 0), latents.repeat_interleave(factor, 0)
             node_cond, node_negative, node_generator = _node_rows(nodes, size, cond, negative, generator)
-        out, latents = stochastic_step(family, output, latents, step, options, n, node_generator, dtype)
+        out, latents = stochastic_step(family, output, latents, times, options, n, node_generator, dtype)
         record.step(n, out, size)
         shared.append(nodes.repeat_interleave(size))
     return record.trajectories(family, latents, shared_from=torch.stack(shared, dim=1))
 
 
-def stochastic_step(family: Family, output, latents, step: dict, options: SamplingOptions, n: int, generator, dtype):
+def stochastic_step(family: Family, output, latents, times: dict, options: SamplingOptions, n: int, generator, dtype):
     """Step n of a sampling loop: (its output, x_{n+1} in the model's dtype ``dtype``, the next step's input).
 
     The step's math runs in float32 and draws x_{n+1}; the loop goes on from it in ``dtype``, as the family's pipeline
@@ -222,11 +222,11 @@ def stochastic_step(family: Family, output, latents, step: dict, options: Sampli
     a bf16 run a ratio off 1 by the rounding, 1e-2 to 7e-2 on the embedded models)."""
     level, log_prob = options.noise_levels[n], options.compute_log_prob and options.noise_levels[n] > 0
     rounded = dtype != torch.float32
-    out = family.step(output, latents, step, level, generator=generator, compute_log_prob=log_prob and not rounded,
+    out = family.step(output, latents, times, level, generator=generator, compute_log_prob=log_prob and not rounded,
                       reduce=options.log_prob_reduce, log_prob_dtype=options.log_prob_dtype)
     next_latents = out.next_latents.to(dtype)
     if rounded and log_prob:  # the step again at the rounded sample (no noise drawn)
-        out = family.step(output, latents, step, level, next_latents=next_latents, reduce=options.log_prob_reduce,
+        out = family.step(output, latents, times, level, next_latents=next_latents, reduce=options.log_prob_reduce,
                           log_prob_dtype=options.log_prob_dtype)
     elif rounded:
         out.next_latents = next_latents.float()
@@ -304,7 +304,7 @@ class _Record:
             latents=torch.stack(self.latents, dim=1),
             log_probs=torch.stack(self.log_probs, dim=1) if self.options.compute_log_prob
             else torch.zeros(batch, self.options.num_steps, device=device),
-            steps={key: values.to(device).unsqueeze(0).expand(batch, -1).clone() for key, values in self.schedule.items()},
+            times={key: values.to(device).unsqueeze(0).expand(batch, -1).clone() for key, values in self.schedule.items()},
             means=torch.stack(self.means, dim=1) if self.options.record_means else None,
             clean_hat=torch.stack(self.clean_hat, dim=1) if self.clean_hat else None,
             shared_from=shared_from,
@@ -351,7 +351,7 @@ class TransitionScorer:
     """The step output (log-prob, mean, std) of a batch record's recorded transitions x_n -> x_{n+1} under a model,
     for flattened (sample, step) pairs, with the guidance, noise level and log-prob reduction of the rollout:
 
-        scorer(model, batch, rows, steps) = family.step(family.model_output(model, x_n, step_n, cond, ...), x_n,
+        scorer(model, batch, rows, n) = family.step(family.model_output(model, x_n, times_n, cond, ...), x_n,
                                                         step_n, noise, next_latents=x_{n+1})
 
     The policy update, the KL to the reference and the KL in the reward all score transitions through it.
@@ -372,12 +372,12 @@ class TransitionScorer:
         """Set the schedule of ``num_steps`` steps (a DDIM step reads its previous timestep from it)."""
         self.family.schedule(num_steps, device)
 
-    def __call__(self, model, batch: RolloutBatch, rows: torch.Tensor, steps: torch.Tensor):
+    def __call__(self, model, batch: RolloutBatch, rows: torch.Tensor, n: torch.Tensor):
         family = self.family
-        step = {key: batch.steps[key][rows, steps] for key in family.step_keys}
-        latents = batch.latents[rows, steps]
+        times = {key: batch.times[key][rows, n] for key in family.time_keys}
+        latents = batch.latents[rows, n]
         guided = self.guidance_scale > family.no_guidance
         negative = batch.negative_rows(family, rows) if guided else family.negative_condition()
-        output = family.model_output(model, latents, step, rows_of(batch.cond, rows), negative, self.guidance_scale)
-        return family.step(output, latents, step, self.noise_level, next_latents=batch.next_latents[rows, steps],
+        output = family.model_output(model, latents, times, rows_of(batch.cond, rows), negative, self.guidance_scale)
+        return family.step(output, latents, times, self.noise_level, next_latents=batch.next_latents[rows, n],
                            reduce=self.reduce, log_prob_dtype=self.log_prob_dtype)

@@ -22,7 +22,7 @@ from ddpo_group.errors import ConfigError
 def forward_process(family) -> str:
     """The family's forward process: "flow" when its steps record sigmas, "ddpm" when its scheduler has
     alphas_cumprod."""
-    if "sigmas" in family.step_keys:
+    if "sigmas" in family.time_keys:
         return "flow"
     if hasattr(family.pipe.scheduler, "alphas_cumprod"):
         return "ddpm"
@@ -53,40 +53,40 @@ class ForwardProcess:
         """[T] bool, all True: the objective draws its times among every step of the rollout schedule."""
         return torch.ones(self.config.sample.num_steps, dtype=torch.bool)
 
-    def noised(self, batch, r: torch.Tensor, step: dict, noise: torch.Tensor):
+    def noised(self, batch, r: torch.Tensor, times: dict, noise: torch.Tensor):
         """(x_s, target, sigma) of rows ``r``'s final latents at their ``step``, with ``noise``; x_s in the
         condition's dtype."""
         x_clean = batch.next_latents[r, -1].float()  # the rollout's final latents
         if self.process == "flow":
-            sigma = step["sigmas"].float()
+            sigma = times["sigmas"].float()
             x_s, target = flow_forward(x_clean, noise, sigma)
         else:
             scheduler = self.family.pipe.scheduler
-            alpha_bar = scheduler.alphas_cumprod.to(x_clean.device, torch.float32)[step["timesteps"].long()]
+            alpha_bar = scheduler.alphas_cumprod.to(x_clean.device, torch.float32)[times["timesteps"].long()]
             x_s, target = ddpm_forward(x_clean, noise, alpha_bar, scheduler.config.prediction_type)
             sigma = (1 - alpha_bar).sqrt()
         return x_s.to(batch.cond[self.family.cond_keys[0]].dtype), target, sigma
 
-    def train_step(self, batch, r: torch.Tensor, n: torch.Tensor) -> dict:
+    def train_times(self, batch, r: torch.Tensor, n: torch.Tensor) -> dict:
         """The step tensors the forward process and the denoiser read for rows ``r``: the rollout schedule's at steps
         ``n`` (``algorithm.objective_times="schedule"``), or drawn times s (flow: sigmas s, timesteps 1000 s; DDPM: the
         timestep nearest to 1000 s)."""
-        step = {key: batch.steps[key][r, n] for key in self.family.step_keys}
+        times = {key: batch.times[key][r, n] for key in self.family.time_keys}
         algorithm = self.config.algorithm
         if algorithm.objective_times == "schedule":
-            return step
+            return times
         s = draw_times(len(r), algorithm.objective_times, float(algorithm.objective_time_shift), device=r.device)
         scale = int(self.family.pipe.scheduler.config.num_train_timesteps)
         if self.process == "flow":
-            step.update(sigmas=s, next_sigmas=torch.zeros_like(s))
-            step["timesteps"] = (s * scale).to(step["timesteps"].dtype)
+            times.update(sigmas=s, next_sigmas=torch.zeros_like(s))
+            times["timesteps"] = (s * scale).to(times["timesteps"].dtype)
         else:
-            step["timesteps"] = (s * scale).long().clamp(0, scale - 1).to(step["timesteps"].dtype)
-        return step
+            times["timesteps"] = (s * scale).long().clamp(0, scale - 1).to(times["timesteps"].dtype)
+        return times
 
-    def velocity(self, model, batch, r: torch.Tensor, step: dict, x_s: torch.Tensor) -> torch.Tensor:
+    def velocity(self, model, batch, r: torch.Tensor, times: dict, x_s: torch.Tensor) -> torch.Tensor:
         """The denoiser's output (velocity, eps, v or the clean latent) on x_s for rows ``r``, under the training
         guidance."""
         cond = {key: batch.cond[key][r] for key in self.family.cond_keys}
         negative = batch.negative_rows(self.family, r)  # each row's own when the record has them
-        return self.family.model_output(model, x_s, step, cond, negative, self.guidance_scale)
+        return self.family.model_output(model, x_s, times, cond, negative, self.guidance_scale)

@@ -69,21 +69,21 @@ class MatchingUpdater(Updater):
         """Steps 1-6 of the module docstring on one chunk."""
         device, forward = self.accelerator.device, self.forward
         r, n, weight = chunk.units.to(device, non_blocking=True), chunk.steps.to(device, non_blocking=True), chunk.weights
-        step = forward.train_step(batch, r, n)
-        x_s, target, sigma = forward.noised(batch, r, step, torch.randn_like(batch.next_latents[r, -1].float()))  # 1.
+        times = forward.train_times(batch, r, n)
+        x_s, target, sigma = forward.noised(batch, r, times, torch.randn_like(batch.next_latents[r, -1].float()))  # 1.
         unwrapped = self.accelerator.unwrap_model(self.model)
         old_pred = None
         if self.old is not None:  # 2.
             with torch.no_grad(), self.old.applied(unwrapped) as old_model:
-                old_pred = forward.velocity(old_model, batch, r, step, x_s)
-        pred = forward.velocity(self.model, batch, r, step, x_s)  # 3.
+                old_pred = forward.velocity(old_model, batch, r, times, x_s)
+        pred = forward.velocity(self.model, batch, r, times, x_s)  # 3.
         losses, info = self.objective(pred, target, batch.advantages[r, 0].float(), sigma, old_pred=old_pred,  # 4.
                                       adv_clip_max=float(self.config.train.adv_clip_max), **self.objective_kwargs)
         policy_loss = weight * losses.sum()
         loss = policy_loss
         if self.uses_reference:  # 5.
             with self.kl.timer.phase("reference"), torch.no_grad(), self.kl.reference.applied(unwrapped) as ref:
-                ref_pred = forward.velocity(ref, batch, r, step, x_s)
+                ref_pred = forward.velocity(ref, batch, r, times, x_s)
             kl = (pred.float() - ref_pred.float()).pow(2).flatten(1).mean(dim=1)
             loss = loss + self.kl.loss_term(kl, batch.kl_pair_weights(weight, r), chunk.num_pairs, sums)
         self.accelerator.backward(loss)  # 6.

@@ -91,14 +91,14 @@ class PreferenceUpdater(Updater):
         n = chunk.steps.to(self.accelerator.device)
         u, width = units.shape
         r = units.reshape(-1)  # unit by unit, its rows together
-        first = forward.train_step(batch, units[:, 0], n)  # one time per unit
-        step = {key: value.repeat_interleave(width) for key, value in first.items()}
+        first = forward.train_times(batch, units[:, 0], n)  # one time per unit
+        times = {key: value.repeat_interleave(width) for key, value in first.items()}
         noise = torch.randn_like(batch.next_latents[units[:, 0], -1].float()).repeat_interleave(width, dim=0)
-        x_s, target, _ = forward.noised(batch, r, step, noise)
+        x_s, target, _ = forward.noised(batch, r, times, noise)
         unwrapped = self.accelerator.unwrap_model(self.model)
         with self.kl.timer.phase("reference"), torch.no_grad(), self.kl.reference.applied(unwrapped) as reference:
-            ref_error = self.errors(forward.velocity(reference, batch, r, step, x_s), target).view(u, width)
-        error = self.errors(forward.velocity(self.model, batch, r, step, x_s), target).view(u, width)
+            ref_error = self.errors(forward.velocity(reference, batch, r, times, x_s), target).view(u, width)
+        error = self.errors(forward.velocity(self.model, batch, r, times, x_s), target).view(u, width)
         advantages = batch.advantages[r, 0].float().view(u, width)
         losses, info = self.objective(error, ref_error, advantages, **self.objective_kwargs)
         policy_loss = chunk.weights * losses.sum()

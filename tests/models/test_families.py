@@ -55,7 +55,7 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(name, family_model_d
                                SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False), generator=generators(4))
     assert torch.equal(traj.images, want)
     assert traj.latents.shape == (4, 5, *family.latent_shape())
-    assert torch.equal(traj.steps["next_sigmas"][:, -1], torch.zeros(4))  # the schedule ends at s = 0
+    assert torch.equal(traj.times["next_sigmas"][:, -1], torch.zeros(4))  # the schedule ends at s = 0
 
 
 def test_a_size_the_model_cannot_take_is_refused_at_start_by_name(family_model_dirs, tmp_path):

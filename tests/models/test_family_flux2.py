@@ -50,7 +50,7 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(distilled, tiny_flux
         assert torch.equal(traj.images, want), guidance
         images[guidance] = want
     assert traj.images.shape == (4, 3, 32, 32) and traj.latents.shape == (4, 5, 64, 16)  # 8x8 tokens of 4 x 4 channels
-    assert torch.equal(traj.steps["next_sigmas"][:, -1], torch.zeros(4))
+    assert torch.equal(traj.times["next_sigmas"][:, -1], torch.zeros(4))
     difference = float((images[4.0] - images[1.0]).abs().max())
     assert difference == 0 if distilled else difference > 1e-3
 
@@ -196,8 +196,8 @@ def test_the_full_size_bench_shape_composes():
     assert family.resolution == 1024 and family.latent_shape() == (4096, 128)
     x = torch.empty(1, 4096, 128, device="meta")
     embeds = torch.empty(1, 512, 3 * pipe.text_encoder.config.hidden_size, device="meta")
-    step = {key: values[0] for key, values in family.schedule(4, "cpu").items()}
-    assert family.model_output(pipe.transformer, x, step, {"prompt_embeds": embeds}, None, 1.0).shape == x.shape
+    times = {key: values[0] for key, values in family.schedule(4, "cpu").items()}
+    assert family.model_output(pipe.transformer, x, times, {"prompt_embeds": embeds}, None, 1.0).shape == x.shape
     latents = family.decode_latents(x)
     assert latents.shape == (1, 32, 128, 128)
     assert pipe.vae.decode(latents, return_dict=False)[0].shape == (1, 3, 1024, 1024)

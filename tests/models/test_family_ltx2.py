@@ -101,16 +101,16 @@ def test_the_video_and_the_audio_are_one_state_of_the_policy(ltx2_dir):
                                SamplingOptions(4, 5.0, family.noise_levels(config.sample), record_means=True),
                                generator=generators(4))
     x, x_next = traj.latents[:, 0], traj.latents[:, 1]
-    step = {key: values[:, 0] for key, values in traj.steps.items()}
-    out = family.step(family.model_output(family.model, x, step, cond, family.negative_condition(), 5.0), x, step,
+    times = {key: values[:, 0] for key, values in traj.times.items()}
+    out = family.step(family.model_output(family.model, x, times, cond, family.negative_condition(), 5.0), x, times,
                       family.noise_level(config.sample), next_latents=x_next)
     assert torch.equal(out.mean, traj.means[:, 0])
     assert torch.allclose(traj.log_probs[:, 0], gaussian_log_prob(x_next, out.mean, out.std, "mean"), atol=0)
     (lv, _), _ = family.parts()
     moved = x_next.clone()
     moved[:, lv:] += 0.5 * out.std[:, None, None]  # the audio tokens only
-    audio_moved = family.step(family.model_output(family.model, x, step, cond, family.negative_condition(), 5.0), x,
-                              step, family.noise_level(config.sample), next_latents=moved).log_prob
+    audio_moved = family.step(family.model_output(family.model, x, times, cond, family.negative_condition(), 5.0), x,
+                              times, family.noise_level(config.sample), next_latents=moved).log_prob
     assert bool((audio_moved < traj.log_probs[:, 0]).all())
     batch = batch_of(traj, cond)
     scorer = TransitionScorer.from_config(config, family)

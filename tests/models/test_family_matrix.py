@@ -106,7 +106,7 @@ def values(name: str, run: str, at_defaults: bool = False) -> dict:
     out = dict(RUN)
     if get_config(run).train.group_size > 1:
         out["train.group_size"] = 2
-    flow = "sigmas" in get_family(name).step_keys
+    flow = "sigmas" in get_family(name).time_keys
     out.update({k: v for k, v in OPTIONS.get(run, {}).items() if flow or k not in FLOW_STEP})
     if name in SIZES and not at_defaults:
         out["sample.resolution"] = SIZES[name]

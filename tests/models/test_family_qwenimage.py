@@ -42,7 +42,7 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, tiny_qweni
                                SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False), generator=generators(4))
     assert torch.equal(traj.images, want)
     assert traj.latents.shape == (4, 5, 16, 16)  # 32 px, VAE factor 4: an 8x8 latent packed into 4x4 tokens of 4 x 4
-    assert torch.equal(traj.steps["next_sigmas"][:, -1], torch.zeros(4))
+    assert torch.equal(traj.times["next_sigmas"][:, -1], torch.zeros(4))
 
 
 def test_the_condition_is_the_pipelines_padded_with_its_mask(tiny_qwenimage_dir):

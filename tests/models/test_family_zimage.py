@@ -57,7 +57,7 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, options, t
                                SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False), generator=generators(4))
     assert traj.images.shape == (4, 3, 32, 32) and traj.latents.shape == (4, 5, 16, 16, 16)
     assert torch.equal(traj.images, want)
-    assert torch.equal(traj.steps["next_sigmas"][:, -1], torch.zeros(4))
+    assert torch.equal(traj.times["next_sigmas"][:, -1], torch.zeros(4))
     if options:  # the options changed the images, so the check above can fail
         plain = family.pipe(list(PROMPTS), num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
                             output_type="pt", height=32, width=32, max_sequence_length=64).images

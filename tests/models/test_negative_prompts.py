@@ -239,13 +239,13 @@ def test_every_guided_family_takes_a_negative_row_per_sample(name, family_model_
     cond = family.encode(PROMPTS)
     latents = family.initial_latents(4, generators(4), family.device, next(iter(cond.values())).dtype)
     schedule = family.schedule(4, family.device)
-    step = {key: values[1] for key, values in schedule.items()}
+    times = {key: values[1] for key, values in schedule.items()}
     one = family.negative_condition()
     with torch.no_grad():
-        base = family.model_output(family.model, latents, step, cond, one, guidance)
-        repeated = family.model_output(family.model, latents, step, cond,
+        base = family.model_output(family.model, latents, times, cond, one, guidance)
+        repeated = family.model_output(family.model, latents, times, cond,
                                        {k: v.expand(4, *v.shape[1:]).clone() for k, v in one.items()}, guidance)
-        own = family.model_output(family.model, latents, step, cond,
+        own = family.model_output(family.model, latents, times, cond,
                                   family.negative_rows([{}, {"negative_prompt": "a green triangle"}, {}, {}]), guidance)
     rounding = reordered_sum_atol(base, QWEN_TERMS) if name == "qwenimage" else 0.0
     torch.testing.assert_close(repeated, base, rtol=0, atol=rounding)

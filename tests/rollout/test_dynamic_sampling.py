@@ -35,7 +35,7 @@ def test_keep_mask_and_pooling():
     assert pooled.latents[:, 0, 0].tolist() == [1, 10, 12, 0] and pooled.prompts == ["b", "e", "g", "a"]
     assert torch.equal(pooled.next_latents, pooled.latents + 1) and torch.equal(pooled.cond["prompt_embeds"],
                                                                                 pooled.latents)
-    assert pooled.advantages.shape == (4, 2) and pooled.steps["timesteps"].shape == (4, 2)
+    assert pooled.advantages.shape == (4, 2) and pooled.times["timesteps"].shape == (4, 2)
     assert pooled.row_mask.tolist() == [1.0, 1.0, 1.0, 0.0]
 
 

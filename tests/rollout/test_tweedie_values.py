@@ -21,11 +21,11 @@ def test_valued_steps_run_from_one_to_the_last_stochastic_step():
     assert with_rewards(values, torch.tensor([0.9], dtype=torch.float64)).tolist() == [[0.9, 0.5, 0.9]]
 
 
-def hand_clean_hat(family, model_output, latents, step):
+def hand_clean_hat(family, model_output, latents, times):
     """clean_hat(x_n) from the model's output, written out: DDIM (x - sqrt(1 - ab_t) eps) / sqrt(ab_t); flow x - s v."""
-    if "sigmas" in step:
-        return latents - step["sigmas"].view(-1, *[1] * (latents.ndim - 1)) * model_output
-    ab = family.pipe.scheduler.alphas_cumprod[step["timesteps"].long().cpu()].to(latents.device)
+    if "sigmas" in times:
+        return latents - times["sigmas"].view(-1, *[1] * (latents.ndim - 1)) * model_output
+    ab = family.pipe.scheduler.alphas_cumprod[times["timesteps"].long().cpu()].to(latents.device)
     ab = ab.view(-1, *[1] * (latents.ndim - 1))
     return (latents - (1 - ab).sqrt() * model_output) / ab.sqrt()
 
@@ -48,13 +48,13 @@ def test_tweedie_values_are_the_reward_of_the_decoded_one_step_prediction(family
     family.schedule(4, trainer.accelerator.device)
     for b in (0, B - 1):
         for n in (1, 2):
-            step = {key: batch.steps[key][b : b + 1, n] for key in family.step_keys}
+            times = {key: batch.times[key][b : b + 1, n] for key in family.time_keys}
             cond = {key: batch.cond[key][b : b + 1] for key in family.cond_keys}
             latents = batch.latents[b : b + 1, n]
             with torch.no_grad():
-                output = family.model_output(family.model, latents, step, cond, family.negative_condition(),
+                output = family.model_output(family.model, latents, times, cond, family.negative_condition(),
                                              trainer.config.sample.guidance_scale)
-                clean_hat = hand_clean_hat(family, output.float(), latents.float(), step)
+                clean_hat = hand_clean_hat(family, output.float(), latents.float(), times)
                 image = family.decode(clean_hat)
             assert abs(float(image.double().mean()) - float(values[b, n])) < 1e-5, (b, n)
             if critic_input == "latent_clean_hat":  # the critic's input at step n is the same prediction

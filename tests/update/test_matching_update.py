@@ -304,13 +304,13 @@ def test_drawn_training_times(family, times, tiny_sd3_dir, tiny_model_dir, tmp_p
     batch = trainer.rollouts.estimate(trainer.rollouts.collect(0)).batch
     trainer.rollouts.close()
     r, n = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2])
-    step = trainer.updater.forward.train_step(batch, r, n)
-    scheduled = {key: batch.steps[key][r, n] for key in trainer.family.step_keys}
-    assert not torch.equal(step["timesteps"].cpu(), scheduled["timesteps"].cpu())  # drawn, not the rollout's
+    times = trainer.updater.forward.train_times(batch, r, n)
+    scheduled = {key: batch.times[key][r, n] for key in trainer.family.time_keys}
+    assert not torch.equal(times["timesteps"].cpu(), scheduled["timesteps"].cpu())  # drawn, not the rollout's
     if family == "sd3":
-        assert torch.allclose(step["timesteps"], step["sigmas"] * 1000)
+        assert torch.allclose(times["timesteps"], times["sigmas"] * 1000)
     else:
-        assert step["timesteps"].dtype == scheduled["timesteps"].dtype and int(step["timesteps"].max()) < 1000
+        assert times["timesteps"].dtype == scheduled["timesteps"].dtype and int(times["timesteps"].max()) < 1000
     with pytest.raises(ConfigError, match="algorithm.objective_times='x' must be one of"):
         tiny_trainer("grpo", model, tmp_path, "bad", **{**overrides, "algorithm.objective_times": "x"})
 

@@ -24,7 +24,7 @@ pipeline and says:
   where it has none); a size the model cannot take (not a multiple of its VAE factor times its patch, beyond its
   position table) refused by name when the family is built, at the run's start (``size_errors``);
 * latents and the schedule: ``latent_shape``, ``initial_latents`` (the pipeline's own noise draw),
-  ``schedule(num_steps)`` -> row-broadcastable per-step tensors (``step_keys``: timesteps, sigmas), stored per
+  ``schedule(num_steps)`` -> row-broadcastable per-step tensors (``time_keys``: timesteps, sigmas), stored per
   sample and step in the batch record (the rollout's values are the ones training reads, never reconstructed);
 * the model: ``model_output`` (with guidance as the pipeline does it), ``step`` (the stochastic step with its
   log-probability, sampling/ddim.py or sampling/flow_steps.py), ``decode``;
@@ -68,7 +68,7 @@ class ModelFamily:
     lora_key_conversion = True  # convert peft's LoRA key names to diffusers' (as diffusers' own training scripts do)
     lora_saver = None  # whose save_lora_weights writes the export: the pipeline class, or a loader of its layout
     cond_keys: tuple = ("prompt_embeds",)  # the condition's row-indexed tensors (batch record keys)
-    step_keys: tuple = ("timesteps",)  # the per-step tensors of the batch record, [B, T]
+    time_keys: tuple = ("timesteps",)  # the per-step tensors of the batch record, [B, T]
     standard_noise_level: float  # the stochastic steps' noise level when sample.noise_level is None
     no_guidance = 1.0  # the sample.guidance_scale that samples without classifier-free guidance (guided above it)
     guidance_embedded = False  # the guidance scale is an input of every forward (FLUX.1-dev's embedding): no CFG
@@ -215,10 +215,10 @@ class ModelFamily:
     def schedule(self, num_steps: int, device) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
-    def model_output(self, model, latents, step: dict, cond: dict, negative: dict, guidance_scale: float):
+    def model_output(self, model, latents, times: dict, cond: dict, negative: dict, guidance_scale: float):
         raise NotImplementedError
 
-    def step(self, model_output, latents, step: dict, noise_level: float, next_latents=None, generator=None,
+    def step(self, model_output, latents, times: dict, noise_level: float, next_latents=None, generator=None,
              compute_log_prob: bool = True, reduce: str = "mean", log_prob_dtype: str = "float32"):
         raise NotImplementedError
 

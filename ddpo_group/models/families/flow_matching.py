@@ -33,7 +33,7 @@ class FlowMatchingFamily(ModelFamily):
     lora_layers_argument = "transformer_lora_layers"
     lora_key_conversion = False  # diffusers' SD3 / FLUX LoRA scripts save peft's state dict as it is
     patch_size = 2  # the packing pipelines' 2 x 2 latent pixels a token (SD3: its transformer's patch)
-    step_keys = ("timesteps", "sigmas", "next_sigmas")
+    time_keys = ("timesteps", "sigmas", "next_sigmas")
     standard_noise_level = 0.7  # Flow-GRPO's on SD3.5
     # the attention projections of the joint (image + text) blocks: Flow-GRPO's and DanceGRPO's LoRA targets
     lora_target_modules = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
@@ -59,9 +59,9 @@ class FlowMatchingFamily(ModelFamily):
         sigmas = scheduler.sigmas.to(device)
         return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
 
-    def step(self, model_output, latents, step, noise_level, next_latents=None, generator=None, compute_log_prob=True,
+    def step(self, model_output, latents, times, noise_level, next_latents=None, generator=None, compute_log_prob=True,
              reduce="mean", log_prob_dtype="float32"):
-        return flow_step_with_logprob(self.sde_type, model_output, latents, step["sigmas"], step["next_sigmas"],
+        return flow_step_with_logprob(self.sde_type, model_output, latents, times["sigmas"], times["next_sigmas"],
                                       noise_level, next_latents=next_latents, generator=generator,
                                       compute_log_prob=compute_log_prob, reduce=reduce, log_prob_dtype=log_prob_dtype)
 

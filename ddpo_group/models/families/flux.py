@@ -66,9 +66,9 @@ class FluxFamily(FlowMatchingFamily):
         sigmas = scheduler.sigmas.to(device)
         return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
 
-    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+    def model_output(self, model, latents, times, cond, negative, guidance_scale):
         batch_rows = latents.shape[0]
-        t = torch.as_tensor(step["timesteps"], device=latents.device)
+        t = torch.as_tensor(times["timesteps"], device=latents.device)
         t = (t.expand(batch_rows) if t.ndim == 0 else t).to(latents.dtype)
         guidance = None
         if self.pipe.transformer.config.guidance_embeds:  # the model may be a DDP wrapper or a reference copy

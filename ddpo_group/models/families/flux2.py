@@ -105,9 +105,9 @@ class Flux2Family(FlowMatchingFamily):
                      txt_ids=self.pipe._prepare_text_ids(embeds).to(embeds.device),
                      img_ids=self.image_ids(latents.shape[0], latents.device), return_dict=False)[0]
 
-    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+    def model_output(self, model, latents, times, cond, negative, guidance_scale):
         n = latents.shape[0]
-        t = torch.as_tensor(step["timesteps"], device=latents.device)
+        t = torch.as_tensor(times["timesteps"], device=latents.device)
         t = (t.expand(n) if t.ndim == 0 else t).to(latents.dtype)
         out = self._forward(model, latents, t, cond["prompt_embeds"], guidance_scale)
         if guidance_scale > 1.0 and self.classifier_free and negative is not None:

@@ -107,9 +107,9 @@ class FluxKontextFamily(FluxFamily):
                                                      self.resolution, self.resolution, dtype, device, generator)
         return latents
 
-    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+    def model_output(self, model, latents, times, cond, negative, guidance_scale):
         n, tokens = latents.shape[0], latents.shape[1]
-        t = torch.as_tensor(step["timesteps"], device=latents.device)
+        t = torch.as_tensor(times["timesteps"], device=latents.device)
         t = (t.expand(n) if t.ndim == 0 else t).to(latents.dtype)
         guidance = None
         if self.pipe.transformer.config.guidance_embeds:  # the model may be a DDP wrapper or a reference copy

@@ -156,13 +156,13 @@ class HunyuanVideo15Family(FlowMatchingFamily):
                      encoder_hidden_states_2=rows("prompt_embeds_2"),
                      encoder_attention_mask_2=rows("prompt_embeds_mask_2"), return_dict=False)[0]
 
-    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+    def model_output(self, model, latents, times, cond, negative, guidance_scale):
         dtype = self.pipe.transformer.dtype
         latents = latents.to(dtype)
         zeros = torch.zeros_like(latents)
         inputs = torch.cat([latents, zeros, zeros[:, :1]], dim=1)  # the t2v condition latents and mask: zeros
         batch_rows = latents.shape[0]
-        t = torch.as_tensor(step["timesteps"], device=latents.device)
+        t = torch.as_tensor(times["timesteps"], device=latents.device)
         t = (t.expand(batch_rows) if t.ndim == 0 else t).to(inputs.dtype)
         conditional = self.transformer_output(model, inputs, t, cond)
         guided = guidance_scale > self.no_guidance and negative is not None

@@ -189,15 +189,15 @@ class LTX2Family(FlowMatchingFamily):
         values["spatio_temporal_guidance_blocks"] = list(values["spatio_temporal_guidance_blocks"] or [])
         return values
 
-    def model_output(self, model, state, step, cond, negative, guidance_scale):
+    def model_output(self, model, state, times, cond, negative, guidance_scale):
         """The guided velocity of every pass of the pipeline's call (module docstring), the video's and the audio's
         joined; the pipeline's arithmetic in its order."""
         passes, batch_rows = self.guidance, state.shape[0]
         scales = (float(guidance_scale), float(passes["audio_guidance_scale"] or guidance_scale))  # video, audio
         video, audio = self.split(state.float())
-        s = torch.as_tensor(step["sigmas"], device=state.device).float()
+        s = torch.as_tensor(times["sigmas"], device=state.device).float()
         sigma = (s.expand(batch_rows) if s.ndim == 0 else s).view(-1, 1, 1)
-        t = torch.as_tensor(step["timesteps"], device=state.device)
+        t = torch.as_tensor(times["timesteps"], device=state.device)
         t = t.expand(batch_rows) if t.ndim == 0 else t
         texts = {key: cond[key] for key in self.cond_keys}
         guided = negative is not None and max(scales) > self.no_guidance

@@ -150,9 +150,9 @@ class QwenImageFamily(FlowMatchingFamily):
         combined_norm = torch.norm(combined, dim=-1, keepdim=True)
         return combined * (cond_norm / combined_norm)
 
-    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+    def model_output(self, model, latents, times, cond, negative, guidance_scale):
         n = latents.shape[0]
-        t = torch.as_tensor(step["timesteps"], device=latents.device)
+        t = torch.as_tensor(times["timesteps"], device=latents.device)
         t = (t.expand(n) if t.ndim == 0 else t).to(latents.dtype) / 1000
         conditional = self.transformer_output(model, latents, t, cond)
         if guidance_scale <= 1.0 or negative is None:

@@ -171,9 +171,9 @@ class QwenImage21Family(FlowMatchingFamily):
                     return_dict=False)[0]
         return out[:, -latents.shape[1]:]
 
-    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+    def model_output(self, model, latents, times, cond, negative, guidance_scale):
         batch_rows = latents.shape[0]
-        t = torch.as_tensor(step["timesteps"], device=latents.device)
+        t = torch.as_tensor(times["timesteps"], device=latents.device)
         t = (t.expand(batch_rows) if t.ndim == 0 else t).to(latents.dtype) / 1000
         conditional = self.transformer_output(model, latents, t, cond)
         if guidance_scale <= 1.0 or negative is None:

@@ -194,9 +194,9 @@ class QwenImageEditPlusFamily(QwenImageFamily):
             return conditional
         return self.true_cfg(conditional, self.transformer_output(model, latents, timestep, negative), guidance_scale)
 
-    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+    def model_output(self, model, latents, times, cond, negative, guidance_scale):
         batch_rows = latents.shape[0]
-        t = torch.as_tensor(step["timesteps"], device=latents.device)
+        t = torch.as_tensor(times["timesteps"], device=latents.device)
         t = (t.expand(batch_rows) if t.ndim == 0 else t).to(latents.dtype) / 1000
         shapes = cond["image_shapes"]
         if bool((shapes == shapes[:1]).all()):

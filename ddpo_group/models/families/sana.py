@@ -121,9 +121,9 @@ class SanaFamily(FlowMatchingFamily):
                                             generator)
         return latents.to(dtype)
 
-    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+    def model_output(self, model, latents, times, cond, negative, guidance_scale):
         batch_rows = latents.shape[0]
-        t = torch.as_tensor(step["timesteps"], device=latents.device)
+        t = torch.as_tensor(times["timesteps"], device=latents.device)
         t = t.expand(batch_rows) if t.ndim == 0 else t
         embeds, mask = cond["prompt_embeds"], cond["prompt_attention_mask"]
         guided = guidance_scale > 1.0 and negative is not None

@@ -107,7 +107,7 @@ class StableDiffusionFamily(ModelFamily):
     lora_target_modules = ("to_k", "to_q", "to_v", "to_out.0")
     lora_layers_argument = "unet_lora_layers"
     cond_keys = ("prompt_embeds",)
-    step_keys = ("timesteps",)
+    time_keys = ("timesteps",)
     standard_noise_level = 1.0  # DDIM's eta = 1 (DDPM-like), ddpo-pytorch's
 
     def __init__(self, pipe, config):
@@ -147,16 +147,16 @@ class StableDiffusionFamily(ModelFamily):
         self.pipe.scheduler.set_timesteps(num_steps, device=device)
         return {"timesteps": self.pipe.scheduler.timesteps}
 
-    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+    def model_output(self, model, latents, times, cond, negative, guidance_scale):
         negative_embeds = None
         if negative is not None:
             negative_embeds = negative["prompt_embeds"].expand(latents.shape[0], -1, -1)
-        return guided_model_output(model, latents, step["timesteps"], cond["prompt_embeds"], negative_embeds,
+        return guided_model_output(model, latents, times["timesteps"], cond["prompt_embeds"], negative_embeds,
                                    guidance_scale)
 
-    def step(self, model_output, latents, step, noise_level, next_latents=None, generator=None, compute_log_prob=True,
+    def step(self, model_output, latents, times, noise_level, next_latents=None, generator=None, compute_log_prob=True,
              reduce="mean", log_prob_dtype="float32"):
-        return ddim_step_with_logprob(self.pipe.scheduler, model_output, step["timesteps"], latents, noise_level,
+        return ddim_step_with_logprob(self.pipe.scheduler, model_output, times["timesteps"], latents, noise_level,
                                       next_latents=next_latents, generator=generator, compute_log_prob=compute_log_prob,
                                       reduce=reduce, log_prob_dtype=log_prob_dtype)
 

@@ -56,9 +56,9 @@ class StableDiffusion3Family(FlowMatchingFamily):
         return {"mu": calculate_shift(tokens, config.base_image_seq_len, config.max_image_seq_len, config.base_shift,
                                       config.max_shift)}
 
-    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+    def model_output(self, model, latents, times, cond, negative, guidance_scale):
         batch_rows = latents.shape[0]
-        t = torch.as_tensor(step["timesteps"], device=latents.device)
+        t = torch.as_tensor(times["timesteps"], device=latents.device)
         t = t.expand(batch_rows) if t.ndim == 0 else t
         embeds, pooled = cond["prompt_embeds"], cond["pooled_prompt_embeds"]
         if guidance_scale > 1.0 and negative is not None:

@@ -69,7 +69,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         return self.pipe._get_add_time_ids(size, (0, 0), size, dtype=pooled.dtype,
                                            text_encoder_projection_dim=projection).to(pooled.device)
 
-    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+    def model_output(self, model, latents, times, cond, negative, guidance_scale):
         n = latents.shape[0]
         pooled = cond["pooled_prompt_embeds"]
         time_ids = self.time_ids(pooled).expand(n, -1)
@@ -77,7 +77,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
         if negative is not None:
             negative_embeds = negative["prompt_embeds"].expand(n, -1, -1)
             negative_added = {"text_embeds": negative["pooled_prompt_embeds"].expand(n, -1), "time_ids": time_ids}
-        return guided_model_output(model, latents, step["timesteps"], cond["prompt_embeds"], negative_embeds,
+        return guided_model_output(model, latents, times["timesteps"], cond["prompt_embeds"], negative_embeds,
                                    guidance_scale, {"text_embeds": pooled, "time_ids": time_ids}, negative_added)
 
     @torch.no_grad()

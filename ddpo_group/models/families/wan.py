@@ -153,8 +153,8 @@ class WanFamily(FlowMatchingFamily):
         tokens = latents.shape[2] // p[0] * (latents.shape[3] // p[1]) * (latents.shape[4] // p[2])
         return t[:, None].expand(n, tokens)
 
-    def model_output(self, model, latents, step, cond, negative, guidance_scale):
-        t = torch.as_tensor(step["timesteps"], device=latents.device)
+    def model_output(self, model, latents, times, cond, negative, guidance_scale):
+        t = torch.as_tensor(times["timesteps"], device=latents.device)
         if self.boundary is not None:  # two experts: the low-noise steps' rows go to the frozen transformer_2
             low = t.expand(latents.shape[0]) < self.boundary
             if bool(low.all()):

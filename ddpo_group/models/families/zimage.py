@@ -121,9 +121,9 @@ class ZImageFamily(FlowMatchingFamily):
     def cfg_truncation(self) -> float:
         return float(self.config.sample.cfg_truncation)
 
-    def model_output(self, model, latents, step, cond, negative, guidance_scale):
+    def model_output(self, model, latents, times, cond, negative, guidance_scale):
         n = latents.shape[0]
-        t = torch.as_tensor(step["timesteps"], device=latents.device)
+        t = torch.as_tensor(times["timesteps"], device=latents.device)
         t = t.expand(n) if t.ndim == 0 else t
         timestep = (1000 - t) / 1000
         embeds = self.embeds_list(cond, n)
