@@ -24,7 +24,7 @@ GI = torch.tensor([0, 0, 0, 1, 1, 1])
 MASK = torch.tensor(
     [[1, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 1], [1, 1, 1, 1]], dtype=D
 )
-from estimator_params import params as estimator_params
+from helpers.estimator_params import params as estimator_params
 T = 4
 
 

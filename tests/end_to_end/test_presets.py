@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from config.base import PRESETS
-from trainer_helpers import tiny_trainer
+from helpers.trainer_helpers import tiny_trainer
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

@@ -13,8 +13,8 @@ from ddpo_group.models.families import family_name
 from ddpo_group.models.tiny_random import TINY_BUILDERS
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from ddpo_group.update.on_policy import ratio_deviation
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
-from batch_helpers import batch_of
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from helpers.batch_helpers import batch_of
 
 PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
 

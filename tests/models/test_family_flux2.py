@@ -12,8 +12,8 @@ from ddpo_group.models import load_family
 from ddpo_group.models.tiny_random import QWEN3_CHAT_TEMPLATE
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from ddpo_group.update.on_policy import ratio_deviation
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
-from batch_helpers import batch_of
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from helpers.batch_helpers import batch_of
 
 PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
 

@@ -15,8 +15,8 @@ from ddpo_group.models import load_family
 from ddpo_group.rollout.sampler import TextEmbeddingCache, encode_unique
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from ddpo_group.update.on_policy import ratio_deviation
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
-from batch_helpers import batch_of
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from helpers.batch_helpers import batch_of
 
 EDIT_REWARD = str(Path(__file__).resolve().parents[2] / "examples" / "edit_reward.py") + ":edit_reward"
 COLOURS = [(220, 30, 30), (30, 200, 60), (40, 60, 230)]

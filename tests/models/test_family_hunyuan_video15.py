@@ -13,7 +13,7 @@ from ddpo_group.errors import ConfigError
 from ddpo_group.models.families.hunyuan_video15 import HunyuanVideo15Family
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 from test_families import family_of, generators
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 PROMPTS = ["a red circle", 'a sign that says "hi"']  # the second has a quoted text: ByT5 encodes it
 

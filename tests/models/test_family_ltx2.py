@@ -16,9 +16,9 @@ from ddpo_group.errors import ConfigError
 from ddpo_group.models.families.ltx2 import LTX2Family
 from ddpo_group.sampling.gaussian import gaussian_log_prob
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
-from batch_helpers import batch_of
+from helpers.batch_helpers import batch_of
 from test_families import PROMPTS, family_of, generators
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_clap_beside_a_frame_reward_trains_and_evaluate_writes_the_audio(ltx2_di
     """reward_fn {"clap": 1, "jpeg_compressibility": 1} on the tiny LTX-2 with a tiny CLAP model: an epoch trains with
     both components logged; scripts/evaluate.py's comparison scores the pipeline's audio and writes each row's base and
     fine-tuned audio as WAV files beside its grid of frames."""
-    from clap_helpers import save_tiny_clap
+    from helpers.clap_helpers import save_tiny_clap
     from ddpo_group.offline.comparison import EvaluationRequest, evaluate
 
     clap_dir = save_tiny_clap(tmp_path / "clap_model")

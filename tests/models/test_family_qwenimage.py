@@ -9,7 +9,7 @@ from diffusers import QwenImagePipeline
 from config.base import base as base_config
 from ddpo_group.models.families.qwenimage import QwenImageFamily
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
 

@@ -15,7 +15,7 @@ from ddpo_group.models.families.qwenimage21 import QwenImage21Family
 from ddpo_group.models.tiny_random import QWEN_IMAGE21_TEMPLATE
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 from test_families import PROMPTS, family_of, generators
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
 @pytest.fixture(scope="module")

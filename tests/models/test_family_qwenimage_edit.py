@@ -1,7 +1,7 @@
 """Qwen-Image-Edit-Plus (qwenimage_edit_plus) on a tiny pipeline built from config: the sampler against the pipeline's
 own call with one and two source images, the image latents and their grids, true CFG with each row's own
 unconditional branch, log-prob recomputation, rows whose images have other grids, the condition itself (transformers'
-Qwen2VLProcessor: without torchvision, built without its video processor, tests/processor_without_video.py), the
+Qwen2VLProcessor: without torchvision, built without its video processor, tests/helpers/processor_without_video.py), the
 cache, an editing dataset's epoch and the LoRA export (the presets: test_family_matrix.py).
 
 The pipeline resizes the source images to CONDITION_IMAGE_SIZE (384^2) and VAE_IMAGE_SIZE (1024^2) pixels, constants
@@ -20,8 +20,8 @@ from PIL import Image
 from ddpo_group.models import load_family
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from ddpo_group.update.on_policy import ratio_deviation
-from trainer_helpers import FAMILY_OVERRIDES, small_qwen_edit_sources, tiny_config, tiny_trainer
-from batch_helpers import batch_of
+from helpers.trainer_helpers import FAMILY_OVERRIDES, small_qwen_edit_sources, tiny_config, tiny_trainer
+from helpers.batch_helpers import batch_of
 
 NAME = "qwenimage_edit_plus"
 # examples/edit_reward.py compares an edit with one source image; these prompts have two: a built-in reward

@@ -12,7 +12,7 @@ from config.base import base as base_config
 from ddpo_group.models.families.sana import SanaFamily, call_default
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 from test_families import PROMPTS, family_of, generators
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from config.base import base as base_config
 from ddpo_group.models.families.wan import WanFamily
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 from test_families import PROMPTS, family_of, generators
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
-from batch_helpers import batch_of
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from helpers.batch_helpers import batch_of
 
 
 @pytest.mark.parametrize("guidance, negative", [(5.0, ""), (5.0, "blurred, static"), (1.0, "")])

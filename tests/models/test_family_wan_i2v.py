@@ -20,7 +20,7 @@ from ddpo_group.models import load_family
 from ddpo_group.models.families.wan_i2v import WanImageToVideoFamily
 from ddpo_group.models.tiny_random import build_tiny_wan_i2v_pipeline, save_pipeline
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 PROMPTS = ["the square turns", "a red box spins", "x"]
 

@@ -9,7 +9,7 @@ from diffusers import ZImagePipeline
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 from ddpo_group.update.on_policy import ratio_deviation
 from test_families import PROMPTS, family_of, generators
-from batch_helpers import batch_of
+from helpers.batch_helpers import batch_of
 
 
 def test_the_condition_is_the_pipelines_list_of_embeddings(tiny_zimage_dir):
@@ -161,7 +161,7 @@ def test_the_flow_factory_recipes_run_on_the_tiny_model(recipe, tiny_zimage_dir,
     text-embedding cache, chunked decoding and gradient checkpointing: an epoch trains."""
     from config.base import get_config
     from ddpo_group.models.families.zimage import ZImageFamily
-    from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+    from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
     published = get_config(recipe)
     assert ZImageFamily.config_errors(published) == []

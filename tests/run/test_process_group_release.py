@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from ddpo_group.run.processes.process_failures import exit_launched_process, release_process_group
-from launch_helpers import free_port
+from helpers.launch_helpers import free_port
 
 
 def test_release_destroys_the_default_group_and_is_a_no_op_after_it():

@@ -7,7 +7,7 @@ import torch
 from config.base import base
 from ddpo_group.errors import ConfigError
 from ddpo_group.update.old_model import OLD_ADAPTER, old_decay
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
 def matching_overrides(**extra):

@@ -20,9 +20,9 @@ from ddpo_group.update.policy_update import PolicyUpdater
 from ddpo_group.update.updater import UpdateOptions
 from ddpo_group.timing import PhaseTimer
 from ddpo_group.models.tiny_random import build_tiny_pipeline
-from batch_helpers import batch_of
-from sd_helpers import sd_trajectories
-from trainer_helpers import tiny_config
+from helpers.batch_helpers import batch_of
+from helpers.sd_helpers import sd_trajectories
+from helpers.trainer_helpers import tiny_config
 
 
 class _Records(logging.Handler):
@@ -146,7 +146,7 @@ def test_phase_timer_is_exclusive():
 
 def test_every_epoch_logs_its_phase_times(tiny_model_dir, tmp_path):
     from ddpo_group.timing import PHASES
-    from trainer_helpers import tiny_trainer
+    from helpers.trainer_helpers import tiny_trainer
 
     trainer = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "phases")
     metrics = trainer.run()

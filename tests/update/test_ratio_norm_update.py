@@ -7,9 +7,9 @@ import torch
 from ddpo_group.algorithms.policy_losses import ratio_norm_log_ratio
 from ddpo_group.models import load_family
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
-from tolerances import reordered_sum_atol
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
-from batch_helpers import batch_of
+from helpers.tolerances import reordered_sum_atol
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from helpers.batch_helpers import batch_of
 
 RATIO_NORM = {"algorithm.policy_loss": "ratio_norm"}
 
