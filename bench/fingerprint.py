@@ -139,7 +139,7 @@ def one_run(name: str, tmp: Path, models: dict) -> dict:
     from ddpo_group.run.reporting import epoch_logger
     from ddpo_group.run.trainer import Trainer
     from ddpo_group.update.critic import Critic
-    from trainer_helpers import TINY, set_fields
+    from helpers.trainer_helpers import TINY, set_fields
 
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()

@@ -16,7 +16,7 @@ Steps (``--only`` picks some), each a subprocess, so one that fails leaves the o
 2. ``suite``: the test suite (``python -m pytest -rf --junitxml DIR/junit.xml``, test by test on all cores but four
    with pytest-xdist when it is installed, one thread each), its output in DIR/suite_log.txt, its counts and failures
    in DIR/suite.txt. The 2-process tests (``MULTIPROCESS``) are part of it (on one GPU they run on the CPU with the GPU
-   hidden, tests/launch_helpers.py); the summary lists their outcomes apart.
+   hidden, tests/helpers/launch_helpers.py); the summary lists their outcomes apart.
 3. ``models``: random pipelines of the real shapes (bench/random_model.py) on two cores, one after the other (the
    capped epochs of a shape start once it is saved, the whole-card ones once all are): SD-1.5 (UNet 860M, 512 px),
    SD 3.5 Medium (2.24B transformer, CLIP-L/G, no T5) and FLUX.1 [dev] widths with half its blocks (10 double + 19

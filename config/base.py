@@ -46,9 +46,8 @@ def base() -> ml_collections.ConfigDict:
     config.unet_channels_last = False  # channels-last memory format for a UNet denoiser (convolutions on GPUs)
     # torch.compile the denoiser (a minute or more of compilation in the first epoch, applied after the reference model
     # is built): "auto" ("regional" on CUDA for a transformer denoiser of 1B parameters or more; off on the CPU, for
-    # smaller models, for UNets, under FSDP and with deterministic=True), False (off), "full" (its
-    # whole forward; True means the same) or "regional" (each of its repeated blocks, diffusers'
-    # compile_repeated_blocks: the same code for every block)
+    # smaller models, for UNets, under FSDP and with deterministic=True), False (off), "full" (its whole forward; True
+    # means the same) or "regional" (diffusers' compile_repeated_blocks: each repeated block, one compilation for all)
     config.compile_denoiser = FieldReference("auto", field_type=object)
     # CUDA graphs for the sampling steps: the rollouts' (and ReMax's greedy) denoiser forwards go through a copy of the
     # denoiser sharing its weights, compiled with torch.compile(mode="reduce-overhead"), each batch shape recorded once
@@ -84,8 +83,7 @@ def base() -> ml_collections.ConfigDict:
     # ---- sampling (the rollouts) ----
     config.sample = sample = ml_collections.ConfigDict()
     sample.num_steps = 10  # denoising steps of a rollout (Flow-GRPO's 10)
-    # steps of the deterministic evaluation (eval_freq) and of scripts/evaluate.py; 0: num_steps (Flow-GRPO trains on 10
-    # and evaluates on 40)
+    # steps of the deterministic evaluation (eval_freq) and of scripts/evaluate.py; 0: num_steps (Flow-GRPO's 40)
     sample.eval_num_steps = 0
     # the stochastic steps' noise level (0 would make every step deterministic): DDIM's eta on Stable Diffusion 1.x/2.x
     # and SDXL (1: DDPM-like, ddpo-pytorch's), the flow step's a on the flow-matching families (every other one;
@@ -218,9 +216,8 @@ def base() -> ml_collections.ConfigDict:
     # reference); or a plugin path, as adv_estimator (ddpo_group/algorithms/objectives.py)
     algorithm.objective = "policy_gradient"
     # keywords of the objective: awm's weighting ("uniform", "t" or "ghuber"), ghuber_power and old_kl_beta (> 0: a KL
-    # to the old model, which then follows the old_decay_* schedule); nft's beta (its guidance
-    # strength, > 0) and adaptive_weight (True: its adaptive loss weighting); dpo's and dgpo's beta (their temperature,
-    # > 0)
+    # to the old model, which then follows the old_decay_* schedule); nft's beta (its guidance strength, > 0) and
+    # adaptive_weight (True: its adaptive loss weighting); dpo's and dgpo's beta (their temperature, > 0)
     algorithm.objective_kwargs = ml_collections.ConfigDict()
     # the matching objectives' training times: "schedule" (the rollout schedule's times, int(T * step_fraction) of
     # them per sample: DiffusionNFT's), "uniform" or "logit_normal" (fresh times s in (0, 1), shifted by

@@ -14,7 +14,7 @@ if "OMP_NUM_THREADS" not in os.environ:  # an explicit count is kept: the suite 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads() // workers)))
 
 from ddpo_group.models.tiny_random import TINY_BUILDERS, build_tiny_pipeline, save_pipeline  # noqa: E402
-from processor_without_video import allow_a_processor_without_video  # noqa: E402
+from helpers.processor_without_video import allow_a_processor_without_video  # noqa: E402
 
 allow_a_processor_without_video()  # Qwen-Image-Edit's processor on a machine without torchvision (its docstring)
 

@@ -122,7 +122,7 @@ def test_one_step_of_the_main_job_runs_through_the_files_the_map_lists(tiny_mode
     """GROUP_PPO's epoch on a tiny model: from Trainer.train_epoch the clipped surrogate is at most 4 calls deep and
     the log-probability of the training forward's step at most 6; every package file on both paths is in
     docs/architecture.md's list of the files to open, which has at most 8."""
-    from trainer_helpers import tiny_trainer
+    from helpers.trainer_helpers import tiny_trainer
 
     listed = reading_path()
     assert 0 < len(listed) <= 8 and all((ROOT / path).is_file() for path in listed), listed

@@ -14,7 +14,7 @@ wan21_i2v14b: Wan2.1-I2V-14B-480P (``build_wan21_i2v14b``: the transformer 16.4B
 wan13b's VAE and encoder; ``--blocks`` keeps a fraction of the transformer's layers).
 sana: SANA 1.5 1.6B at 1024 px (``build_sana``: the transformer, the DC-AE f32c32, a Gemma-2-2B-sized text encoder).
 qwenimage21: Qwen-Image 2.1 (``build_qwenimage21``: the transformer at its released shape, a Qwen3-VL-8B-sized text
-encoder in a locally built processor, which needs torchvision without tests/processor_without_video.py's patch).
+encoder in a locally built processor, which needs torchvision without tests/helpers/processor_without_video.py's patch).
 hunyuan_video15: HunyuanVideo 1.5 480p text-to-video (``build_hunyuan_video15``: the 8.3B transformer, its VAE, a
 Qwen2.5-VL-7B-sized text model, a ByT5-small-sized glyph encoder, its guider).
 ltx2: LTX-2 (``build_ltx2``: the 18.9B audio-video transformer, its text connectors, a Gemma-3-12B-sized text encoder,

@@ -590,8 +590,8 @@ QWEN3_VL_CHAT_TEMPLATE = (
 def qwen3_vl_processor(tokenizer):
     """A Qwen3VLProcessor built locally: ``tokenizer`` (its chat template Qwen3-VL's for text), a Qwen2VLImageProcessor
     with Qwen3-VL's 16 px patches merged 2 x 2 (at most 128 x 128 px an image) and, with torchvision, a
-    Qwen3VLVideoProcessor; without torchvision the processor is built without one (tests/processor_without_video.py:
-    the pipeline sends no video), which transformers itself refuses."""
+    Qwen3VLVideoProcessor; without torchvision the processor is built without one
+    (tests/helpers/processor_without_video.py: the pipeline sends no video), which transformers itself refuses."""
     from transformers import Qwen2VLImageProcessor, Qwen3VLProcessor
 
     tokenizer.chat_template = QWEN3_VL_CHAT_TEMPLATE

@@ -24,7 +24,7 @@ GI = torch.tensor([0, 0, 0, 1, 1, 1])
 MASK = torch.tensor(
     [[1, 0, 1, 1], [1, 1, 1, 1], [0, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 1], [1, 1, 1, 1]], dtype=D
 )
-from estimator_params import params as estimator_params
+from helpers.estimator_params import params as estimator_params
 T = 4
 
 
@@ -159,7 +159,11 @@ def test_mask_and_clip_and_dtype():
 
 def test_unknown_kwargs_are_ignored():
     for name in ("grpo", "dr_grpo", "rloo", "grpo_passk", "reinforce_plus_plus"):
-        run(name, totally_unknown_param=3, another=None)
+        plain = run(name)
+        extra = run(name, totally_unknown_param=3, another=None)
+        assert plain.advantages.abs().sum() > 0  # a real output: an all-zero one would compare equal to anything
+        torch.testing.assert_close(extra.advantages, plain.advantages, rtol=0, atol=0)
+        assert extra.metrics == plain.metrics
 
 
 def test_group_estimators_reject_singleton_groups_and_step_rewards():

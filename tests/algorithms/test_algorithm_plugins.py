@@ -15,10 +15,10 @@ from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.update.policy_update import PolicyUpdater
 from ddpo_group.update.updater import UpdateOptions
 from ddpo_group.models.tiny_random import build_tiny_pipeline
-from batch_helpers import batch_of
-from sd_helpers import sd_trajectories
-from tolerances import reordered_sum_atol
-from trainer_helpers import tiny_config, tiny_trainer
+from helpers.batch_helpers import batch_of
+from helpers.sd_helpers import sd_trajectories
+from helpers.tolerances import reordered_sum_atol
+from helpers.trainer_helpers import tiny_config, tiny_trainer
 
 ESTIMATOR = textwrap.dedent('''
     import torch

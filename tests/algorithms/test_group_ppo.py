@@ -17,7 +17,7 @@ from ddpo_group.algorithms import (
     segment_metrics,
     td_deltas,
 )
-from estimator_params import params as estimator_params
+from helpers.estimator_params import params as estimator_params
 
 D = torch.float64
 EPS = 1e-6

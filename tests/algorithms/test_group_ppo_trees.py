@@ -8,7 +8,7 @@ import torch
 
 from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator
 from ddpo_group.algorithms.group_ppo import group_ppo_from_values, tree_value_ev, tree_values
-from estimator_params import params as estimator_params
+from helpers.estimator_params import params as estimator_params
 
 # one prompt group, one root of 4 leaves, 3 steps: branch 2 at step 0, 2 at step 1 (x_2, x_3: the leaves)
 NODES = torch.tensor([[0, 0, 0, 0], [0, 0, 1, 1], [0, 2, 2, 2], [0, 2, 3, 3]])

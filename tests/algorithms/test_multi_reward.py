@@ -5,7 +5,7 @@ import math
 import torch
 
 from ddpo_group.algorithms import AdvantageInputs, component_metrics, component_normalized_sum, get_adv_estimator
-from estimator_params import params as estimator_params
+from helpers.estimator_params import params as estimator_params
 
 D = torch.float64
 EPS = 1e-6

@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end as a user runs them (``python bench/NAME.py ...``, in this process through runpy
-or in a process of its own: tests/bench_helpers.py), on the tiny random models: what they print and the files they write (mechanics only)."""
+or in a process of its own: tests/helpers/bench_helpers.py), on the tiny random models: what they print and the files
+they write (mechanics only)."""
 
 import json
 import re
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_helpers import refused, run_bench, succeeded
+from helpers.bench_helpers import refused, run_bench, succeeded
 
 
 def table_rows(text: str, first: str) -> dict[str, dict[str, str]]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from ddpo_group.run.command.cli_errors import FAILURE, USAGE_ERROR
-from trainer_helpers import MECHANICS
+from helpers.trainer_helpers import MECHANICS
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGINS = ROOT / "tests" / "plugins"

@@ -1,12 +1,12 @@
-"""bench/gpu_check.py as a user runs it (tests/bench_helpers.py): its dry run on the tiny models goes through every
-step and reads the suite's junit file; its plan of the epoch runs under a budget."""
+"""bench/gpu_check.py as a user runs it (tests/helpers/bench_helpers.py): its dry run on the tiny models goes through
+every step and reads the suite's junit file; its plan of the epoch runs under a budget."""
 
 import json
 import tarfile
 
 import pytest
 
-from bench_helpers import refused, succeeded
+from helpers.bench_helpers import refused, succeeded
 
 # a suite of one failure, one error, one skip and two passes, two of them in 2-process test files (MULTIPROCESS)
 SUITE = {

@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from launch_helpers import ROOT, launch_environment
-from trainer_helpers import tiny_trainer
+from helpers.launch_helpers import ROOT, launch_environment
+from helpers.trainer_helpers import tiny_trainer
 
 
 def one_file():

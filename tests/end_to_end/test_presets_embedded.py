@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from config.base import PRESETS, base
-from trainer_helpers import tiny_trainer
+from helpers.trainer_helpers import tiny_trainer
 
 
 @functools.lru_cache(maxsize=None)  # a test worker asks once per model (20 preset tests, the learning tests' marks)

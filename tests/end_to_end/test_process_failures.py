@@ -12,8 +12,8 @@ import pytest
 
 from ddpo_group.run.persistence.checkpointing import checkpoint_problem, complete_checkpoints
 from ddpo_group.run.command.cli_errors import FAILURE
-from launch_helpers import ROOT, launch_environment, start_workers
-from trainer_helpers import MECHANICS
+from helpers.launch_helpers import ROOT, launch_environment, start_workers
+from helpers.trainer_helpers import MECHANICS
 
 PLUGINS = ROOT / "tests" / "plugins"
 TIMEOUT = 300  # the subprocess limit; a blocked worker would reach it (collective_timeout_s is far above it)

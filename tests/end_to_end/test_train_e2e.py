@@ -10,14 +10,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from launch_helpers import accelerate_command, start_workers
-from trainer_helpers import MECHANICS, train_in_this_process
+from helpers.launch_helpers import accelerate_command, start_workers
+from helpers.trainer_helpers import MECHANICS, train_in_this_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch(args, *, num_processes=1, timeout=600):
-    cmd, cpu = accelerate_command(num_processes)  # more processes than GPUs: on the CPU (tests/launch_helpers.py)
+    cmd, cpu = accelerate_command(num_processes)  # more processes than GPUs: on the CPU (helpers/launch_helpers.py)
     cmd += ["scripts/train.py"] + args
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", **cpu}
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
@@ -25,7 +25,7 @@ def launch(args, *, num_processes=1, timeout=600):
     return out.stdout + out.stderr
 
 
-# runs of 1 and 2 processes compared: both on the CPU (2 processes on one GPU run there: tests/launch_helpers.py)
+# runs of 1 and 2 processes compared: both on the CPU (2 processes on one GPU run there: helpers/launch_helpers.py)
 SAME_DEVICE = {"device": "cpu"}
 
 
@@ -117,7 +117,7 @@ def test_two_processes_and_one_give_the_same_advantages(family_model_dirs, tmp_p
     """The same global batch (8 samples, per-sample seeded noise) on 1 process x 8 or 2 processes x 4; grpo@flux on
     the tiny FLUX model (flow-matching steps, packed latents); grpo#tree with tree rollouts (a group of 4 is one root
     branching at steps 1 and 2: each process samples whole trees)."""
-    from trainer_helpers import FAMILY_OVERRIDES
+    from helpers.trainer_helpers import FAMILY_OVERRIDES
 
     preset, _, shape = preset.partition("#")
     preset, _, family = preset.partition("@")
@@ -165,7 +165,7 @@ def test_two_processes_and_one_train_a_preference_objective_alike(family_model_d
     optimizer steps. ``flat``: the first group's reward is constant, so it has no dpo pair: process 0 holds 1 pair and
     process 1 2, and process 0 pads a unit (its second train batch is padding only)."""
     from ddpo_group.prompts import PromptSampler
-    from trainer_helpers import FAMILY_OVERRIDES
+    from helpers.trainer_helpers import FAMILY_OVERRIDES
 
     # seed 2: copies spread over the processes as the default sampler spreads them would give 6 dpo pairs, not 4
     seed, reward = 2, {}
@@ -241,7 +241,7 @@ def test_two_processes_and_one_give_the_same_component_advantages(tiny_model_dir
 def test_two_processes_and_one_sample_and_score_a_matching_objective_alike(family_model_dirs, tmp_path, objective):
     """A matching objective (nft: the old model samples the rollouts, deterministically) on 1 process x 2 batches of 4
     or 2 processes x 1 batch of 4: the same rewards and advantages, every pair trained, the old model mixed on both."""
-    from trainer_helpers import FAMILY_OVERRIDES
+    from helpers.trainer_helpers import FAMILY_OVERRIDES
 
     metrics = []
     for processes in (1, 2):

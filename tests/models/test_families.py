@@ -8,24 +8,11 @@ import pytest
 import torch
 from diffusers import FluxPipeline, StableDiffusion3Pipeline, StableDiffusionXLPipeline
 
-from ddpo_group.models import load_family
 from ddpo_group.models.families import family_name
 from ddpo_group.models.tiny_random import TINY_BUILDERS
-from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
-from ddpo_group.update.on_policy import ratio_deviation
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
-from batch_helpers import batch_of
-
-PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
-
-
-def family_of(name, model_dir, preset="grpo", **overrides):
-    config = tiny_config(preset, model_dir, "unused", **{**FAMILY_OVERRIDES[name], **overrides})
-    return load_family(model_dir, config=config), config
-
-
-def generators(n, offset=0):
-    return [torch.Generator().manual_seed(offset + i) for i in range(n)]
+from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
+from helpers.family_checks import PROMPTS, assert_the_recorded_log_probs_come_back, family_of, generators
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 
 def test_the_family_is_read_from_model_index_or_set(family_model_dirs, tmp_path):
@@ -168,29 +155,6 @@ def test_the_first_training_forwards_ratio_is_one(name, family_model_dirs):
     thread), so the ratio is 1 to within 3e-6, a thirtieth of the default clip range 1e-4."""
     family, config = family_of(name, family_model_dirs[name], sde_window_size=0)
     assert_the_recorded_log_probs_come_back(family, config, family.encode(PROMPTS), tolerance=3e-6)
-
-
-def assert_the_recorded_log_probs_come_back(family, config, cond: dict, tolerance: float) -> None:
-    """Sample 4 rows of ``cond`` for 4 steps (every step stochastic) and score the recorded transitions again under
-    the sampling policy (TransitionScorer, the batch record's condition): the recorded log-probs bitwise in the
-    sampling batch (the 4 rows at step n), the ratio 1 to within ``tolerance`` in chunks of 1, 3 and 16 (sample,
-    step) pairs."""
-    sample = config.sample
-    traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
-                               SamplingOptions(4, sample.guidance_scale, family.noise_levels(sample)),
-                               generator=generators(4))
-    assert bool((traj.log_probs != 0).all())
-    batch = batch_of(traj, cond)
-    scorer = TransitionScorer.from_config(config, family)
-    with torch.no_grad():
-        for n in range(4):  # the sampling batch: all 4 samples at step n
-            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
-            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
-        rows, steps = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
-        for chunk in (1, 3, 16):  # the training forward's chunks of (sample, step) pairs
-            out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
-                             for c in torch.split(torch.arange(16), chunk)])
-            assert float(ratio_deviation(out, traj.log_probs[rows, steps]).max()) < tolerance, chunk
 
 
 @pytest.mark.slow

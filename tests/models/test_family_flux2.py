@@ -11,15 +11,9 @@ from config.base import base as base_config
 from ddpo_group.models import load_family
 from ddpo_group.models.tiny_random import QWEN3_CHAT_TEMPLATE
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
-from ddpo_group.update.on_policy import ratio_deviation
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
-from batch_helpers import batch_of
-
-PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
-
-
-def generators(n, offset=0):
-    return [torch.Generator().manual_seed(offset + i) for i in range(n)]
+from helpers.batch_helpers import batch_of
+from helpers.family_checks import PROMPTS, assert_rescored, assert_the_pipelines_images, generators
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 
 def flux2_family(model_dir, distilled=True, **overrides):
@@ -39,16 +33,7 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(distilled, tiny_flux
     assert isinstance(family.pipe, Flux2KleinPipeline) and family.name == "flux2"
     kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
     assert kwargs == {"height": 32, "width": 32, "max_sequence_length": 32}
-    cond, negative = family.encode(PROMPTS), family.encode([""] * 4)
-    images = {}
-    for guidance in (1.0, 4.0):
-        want = family.pipe(prompt=PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
-                           output_type="pt", **kwargs).images
-        traj = sample_trajectories(family, family.model, cond, negative,
-                                   SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
-                                   generator=generators(4))
-        assert torch.equal(traj.images, want), guidance
-        images[guidance] = want
+    images, traj = assert_the_pipelines_images(family, family.encode(PROMPTS), family.encode([""] * 4), kwargs)
     assert traj.images.shape == (4, 3, 32, 32) and traj.latents.shape == (4, 5, 64, 16)  # 8x8 tokens of 4 x 4 channels
     assert torch.equal(traj.times["next_sigmas"][:, -1], torch.zeros(4))
     difference = float((images[4.0] - images[1.0]).abs().max())
@@ -87,15 +72,7 @@ def test_flux2_dev_reproduces_its_pipeline_with_the_guidance_embedding(tiny_flux
     kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
     assert kwargs == {"height": 32, "width": 32, "max_sequence_length": 256}
     cond = family.encode(PROMPTS)
-    images = {}
-    for guidance in (1.0, 4.0):
-        want = family.pipe(prompt=PROMPTS, num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
-                           output_type="pt", **kwargs).images
-        traj = sample_trajectories(family, family.model, cond, None,
-                                   SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False),
-                                   generator=generators(4))
-        assert torch.equal(traj.images, want), guidance
-        images[guidance] = want
+    images, _ = assert_the_pipelines_images(family, cond, None, kwargs)
     assert float((images[4.0] - images[1.0]).abs().max()) > 1e-3
 
     tokenizer = family.pipe.tokenizer
@@ -136,15 +113,9 @@ def test_the_base_models_cfg_training_forward_gives_ratio_one(tiny_flux2_dir):
     traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
                                SamplingOptions(4, 4.0, family.noise_levels(config.sample)), generator=generators(4))
     batch = batch_of(traj, cond)
-    scorer = TransitionScorer.from_config(config, family)
+    scorer = assert_rescored(family, config, traj, batch, tolerance=1e-6, chunks=(3,))
+    rows, steps = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
     with torch.no_grad():
-        for n in range(4):
-            assert torch.equal(scorer(family.model, batch, torch.arange(4), torch.full((4,), n)).log_prob,
-                               traj.log_probs[:, n]), n
-        rows, steps = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
-        out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
-                         for c in torch.split(torch.arange(16), 3)])
-        assert float(ratio_deviation(out, traj.log_probs[rows, steps]).max()) < 1e-6
         unguided = TransitionScorer(family, 1.0, scorer.noise_level)(family.model, batch, rows, steps).log_prob
         assert float((unguided - traj.log_probs[rows, steps]).abs().max()) > 1e-4  # the guidance is in the forward
     config.train.cfg = False

@@ -3,6 +3,7 @@ with a source image, the conditioning latents in the batch record, log-prob reco
 and image, an editing dataset (.jsonl) training an epoch, the LoRA export in FluxKontextPipeline."""
 
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -13,10 +14,10 @@ from PIL import Image
 
 from ddpo_group.models import load_family
 from ddpo_group.rollout.sampler import TextEmbeddingCache, encode_unique
-from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
-from ddpo_group.update.on_policy import ratio_deviation
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
-from batch_helpers import batch_of
+from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
+from helpers import family_checks
+from helpers.family_checks import assert_the_recorded_log_probs_come_back, generators
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 EDIT_REWARD = str(Path(__file__).resolve().parents[2] / "examples" / "edit_reward.py") + ":edit_reward"
 COLOURS = [(220, 30, 30), (30, 200, 60), (40, 60, 230)]
@@ -37,13 +38,7 @@ def edit_dataset(folder: Path) -> str:
     return str(path)
 
 
-def family_of(model_dir, preset="grpo", **overrides):
-    config = tiny_config(preset, model_dir, "unused", **{**FAMILY_OVERRIDES["flux_kontext"], **overrides})
-    return load_family(model_dir, config=config), config
-
-
-def generators(n, offset=0):
-    return [torch.Generator().manual_seed(offset + i) for i in range(n)]
+family_of = partial(family_checks.family_of, "flux_kontext")  # family_of(model_dir, preset="grpo", **overrides)
 
 
 @pytest.mark.parametrize("guidance", [1.0, 3.5])
@@ -96,21 +91,7 @@ def test_the_first_training_forwards_ratio_is_one(tiny_flux_kontext_dir, tmp_pat
     prompts = ["make the square blue", "make it red", "a", "turn the background green"]
     metadata = [{"image": str(tmp_path / f"source_{i % 3}.png")} for i in range(4)]
     cond = family.condition(prompts, metadata)
-    traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
-                               SamplingOptions(4, config.sample.guidance_scale, family.noise_levels(config.sample)),
-                               generator=generators(4))
-    assert bool((traj.log_probs != 0).all())
-    batch = batch_of(traj, cond)
-    scorer = TransitionScorer.from_config(config, family)
-    with torch.no_grad():
-        for n in range(4):
-            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
-            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
-        rows, steps = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
-        for chunk in (1, 3, 16):
-            out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
-                             for c in torch.split(torch.arange(16), chunk)])
-            assert float(ratio_deviation(out, traj.log_probs[rows, steps]).max()) < 1e-6, chunk
+    assert_the_recorded_log_probs_come_back(family, config, cond, tolerance=1e-6)
 
 
 def test_the_cache_is_keyed_by_prompt_and_image(tiny_flux_kontext_dir, tmp_path):

@@ -12,8 +12,8 @@ from config.base import base as base_config
 from ddpo_group.errors import ConfigError
 from ddpo_group.models.families.hunyuan_video15 import HunyuanVideo15Family
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
-from test_families import family_of, generators
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from helpers.family_checks import family_of, full_size_on_meta, generators
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 PROMPTS = ["a red circle", 'a sign that says "hi"']  # the second has a quoted text: ByT5 encodes it
 
@@ -101,10 +101,7 @@ def test_the_full_size_bench_shape_builds():
     ByT5-small; the family reads its sizes (480p: 121 frames of 480 x 848)."""
     from ddpo_group.models.full_size import build_hunyuan_video15
 
-    with torch.device("meta"):
-        pipe = build_hunyuan_video15()
-    millions = {name: sum(p.numel() for p in module.parameters()) / 1e6 for name, module in pipe.components.items()
-                if isinstance(module, torch.nn.Module)}
+    pipe, millions = full_size_on_meta(build_hunyuan_video15)
     assert 8000 < millions["transformer"] < 8700, millions
     assert 7000 < millions["text_encoder"] < 7700, millions
     family = HunyuanVideo15Family(pipe, base_config())

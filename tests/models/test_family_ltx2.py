@@ -15,10 +15,10 @@ from config.base import base as base_config
 from ddpo_group.errors import ConfigError
 from ddpo_group.models.families.ltx2 import LTX2Family
 from ddpo_group.sampling.gaussian import gaussian_log_prob
-from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
-from batch_helpers import batch_of
-from test_families import PROMPTS, family_of, generators
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
+from helpers.batch_helpers import batch_of
+from helpers.family_checks import PROMPTS, assert_rescored, family_of, full_size_on_meta, generators
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +112,7 @@ def test_the_video_and_the_audio_are_one_state_of_the_policy(ltx2_dir):
     audio_moved = family.step(family.model_output(family.model, x, times, cond, family.negative_condition(), 5.0), x,
                               times, family.noise_level(config.sample), next_latents=moved).log_prob
     assert bool((audio_moved < traj.log_probs[:, 0]).all())
-    batch = batch_of(traj, cond)
-    scorer = TransitionScorer.from_config(config, family)
-    with torch.no_grad():
-        for n in range(4):
-            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
-            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
+    assert_rescored(family, config, traj, batch_of(traj, cond))  # every step, bitwise in the sampling batch
 
 
 def test_the_decoded_audio_reaches_a_reward_written_outside_the_package(ltx2_dir, tmp_path):
@@ -166,7 +161,7 @@ def test_clap_beside_a_frame_reward_trains_and_evaluate_writes_the_audio(ltx2_di
     """reward_fn {"clap": 1, "jpeg_compressibility": 1} on the tiny LTX-2 with a tiny CLAP model: an epoch trains with
     both components logged; scripts/evaluate.py's comparison scores the pipeline's audio and writes each row's base and
     fine-tuned audio as WAV files beside its grid of frames."""
-    from clap_helpers import save_tiny_clap
+    from helpers.clap_helpers import save_tiny_clap
     from ddpo_group.offline.comparison import EvaluationRequest, evaluate
 
     clap_dir = save_tiny_clap(tmp_path / "clap_model")
@@ -212,10 +207,7 @@ def test_the_full_size_bench_shape_builds():
     text encoder; the family reads its sizes (121 frames of 512 x 768: 16 x 16 x 24 video tokens, 126 audio)."""
     from ddpo_group.models.full_size import build_ltx2
 
-    with torch.device("meta"):
-        pipe = build_ltx2()
-    millions = {name: sum(p.numel() for p in module.parameters()) / 1e6 for name, module in pipe.components.items()
-                if isinstance(module, torch.nn.Module)}
+    pipe, millions = full_size_on_meta(build_ltx2)
     assert 18000 < millions["transformer"] < 20000, millions
     assert 11000 < millions["text_encoder"] < 13000, millions
     family = LTX2Family(pipe, base_config())

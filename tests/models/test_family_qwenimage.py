@@ -2,6 +2,8 @@
 (true CFG with its norm rescale, and without), the padded condition and its mask, the text encoder on its own
 device, the Flow-GRPO recipe, the full-size bench shape (the LoRA export in the pipeline: test_family_matrix.py)."""
 
+from functools import partial
+
 import pytest
 import torch
 from diffusers import QwenImagePipeline
@@ -9,20 +11,11 @@ from diffusers import QwenImagePipeline
 from config.base import base as base_config
 from ddpo_group.models.families.qwenimage import QwenImageFamily
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from helpers import family_checks
+from helpers.family_checks import PROMPTS, assert_the_text_encoder_stays_where_it_is, generators
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
-PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
-
-
-def family_of(model_dir, preset="grpo", **overrides):
-    from ddpo_group.models import load_family
-
-    config = tiny_config(preset, model_dir, "unused", **{**FAMILY_OVERRIDES["qwenimage"], **overrides})
-    return load_family(model_dir, config=config), config
-
-
-def generators(n, offset=0):
-    return [torch.Generator().manual_seed(offset + i) for i in range(n)]
+family_of = partial(family_checks.family_of, "qwenimage")  # family_of(model_dir, preset="grpo", **overrides)
 
 
 @pytest.mark.parametrize("guidance", [4.0, 1.0])
@@ -100,17 +93,8 @@ def test_a_guidance_distilled_transformer_is_refused(tiny_qwenimage_dir):
 def test_the_text_encoder_runs_where_it_is(tiny_qwenimage_dir):
     """pretrained.text_encoder_device: the prompts meet the text encoder on its device and the embeddings (and mask)
     move to the transformer's (here on the meta device, the encoder on the CPU)."""
-    from ddpo_group.models.trainable import TEXT_ENCODERS
-
     family, _ = family_of(tiny_qwenimage_dir)
-    assert [name for name in family.pipe.components if name.startswith("text_encoder")] == ["text_encoder"]
-    assert "text_encoder" in TEXT_ENCODERS
-    on_cpu = family.encode(PROMPTS)
-    torch.nn.Module.to(family.pipe.transformer, "meta")
-    cond = family.encode(PROMPTS)
-    assert family.pipe.text_encoder.device.type == "cpu"
-    assert {key: (value.device.type, value.shape) for key, value in cond.items()} == {
-        key: ("meta", value.shape) for key, value in on_cpu.items()}
+    assert_the_text_encoder_stays_where_it_is(family)
 
 
 @pytest.mark.slow

@@ -14,8 +14,8 @@ from ddpo_group.models.families.qwenimage import QwenImageFamily
 from ddpo_group.models.families.qwenimage21 import QwenImage21Family
 from ddpo_group.models.tiny_random import QWEN_IMAGE21_TEMPLATE
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
-from test_families import PROMPTS, family_of, generators
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from helpers.family_checks import PROMPTS, family_of, full_size_on_meta, generators
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
 @pytest.fixture(scope="module")
@@ -129,10 +129,7 @@ def test_the_full_size_bench_shape_builds():
     and a Qwen3-VL-8B text encoder; the family reads its sizes (1024 px: 64 x 64 tokens of 64 channels)."""
     from ddpo_group.models.full_size import build_qwenimage21
 
-    with torch.device("meta"):
-        pipe = build_qwenimage21()
-    millions = {name: sum(p.numel() for p in module.parameters()) / 1e6 for name, module in pipe.components.items()
-                if isinstance(module, torch.nn.Module)}
+    pipe, millions = full_size_on_meta(build_qwenimage21)
     assert 6500 < millions["transformer"] < 8500, millions
     assert 8000 < millions["text_encoder"] < 9500, millions
     family = QwenImage21Family(pipe, base_config())

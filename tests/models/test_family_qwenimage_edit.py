@@ -1,13 +1,14 @@
 """Qwen-Image-Edit-Plus (qwenimage_edit_plus) on a tiny pipeline built from config: the sampler against the pipeline's
 own call with one and two source images, the image latents and their grids, true CFG with each row's own
 unconditional branch, log-prob recomputation, rows whose images have other grids, the condition itself (transformers'
-Qwen2VLProcessor: without torchvision, built without its video processor, tests/processor_without_video.py), the
+Qwen2VLProcessor: without torchvision, built without its video processor, tests/helpers/processor_without_video.py), the
 cache, an editing dataset's epoch and the LoRA export (the presets: test_family_matrix.py).
 
 The pipeline resizes the source images to CONDITION_IMAGE_SIZE (384^2) and VAE_IMAGE_SIZE (1024^2) pixels, constants
 of its module, which the family reads there: the tests make them small (``small_sources``), for both."""
 
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +18,10 @@ from diffusers import QwenImageEditPlusPipeline
 from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit_plus
 from PIL import Image
 
-from ddpo_group.models import load_family
-from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
-from ddpo_group.update.on_policy import ratio_deviation
-from trainer_helpers import FAMILY_OVERRIDES, small_qwen_edit_sources, tiny_config, tiny_trainer
-from batch_helpers import batch_of
+from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
+from helpers import family_checks
+from helpers.family_checks import assert_the_recorded_log_probs_come_back, generators
+from helpers.trainer_helpers import FAMILY_OVERRIDES, small_qwen_edit_sources, tiny_trainer
 
 NAME = "qwenimage_edit_plus"
 # examples/edit_reward.py compares an edit with one source image; these prompts have two: a built-in reward
@@ -49,13 +49,7 @@ def sources(folder: Path) -> list[str]:
     return paths
 
 
-def family_of(model_dir, preset="grpo", **overrides):
-    config = tiny_config(preset, model_dir, "unused", **{**FAMILY_OVERRIDES[NAME], **overrides})
-    return load_family(model_dir, config=config), config
-
-
-def generators(n, offset=0):
-    return [torch.Generator().manual_seed(offset + i) for i in range(n)]
+family_of = partial(family_checks.family_of, NAME)  # family_of(model_dir, preset="grpo", **overrides)
 
 
 def given_text(family, images_per_row, lengths, seed=0):
@@ -136,22 +130,8 @@ def test_the_first_training_forwards_ratio_is_one(tiny_qwenimage_edit_plus_dir, 
     cond, negative, _ = given_text(family, [[wide], [tall], [wide], [tall]], [7, 3, 9, 7])
     assert cond["image_shapes"][:2].tolist() == [[[8, 12]], [[12, 8]]]
     assert config.train.cfg and config.sample.guidance_scale == 5.0
-    traj = sample_trajectories(family, family.model, cond, negative,
-                               SamplingOptions(4, config.sample.guidance_scale, family.noise_levels(config.sample)),
-                               generator=generators(4))
-    assert bool((traj.log_probs != 0).all())
-    batch = batch_of(traj, cond, negative=negative)  # the record's per-sample negative condition
-    scorer = TransitionScorer.from_config(config, family)
     assert family.negative_condition() == {}  # each row's negative is its own, in the record
-    with torch.no_grad():
-        for n in range(4):
-            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
-            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
-        rows, steps = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
-        for chunk in (1, 3, 16):
-            out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
-                             for c in torch.split(torch.arange(16), chunk)])
-            assert float(ratio_deviation(out, traj.log_probs[rows, steps]).max()) < 3e-6, chunk
+    assert_the_recorded_log_probs_come_back(family, config, cond, tolerance=3e-6, negative=negative)
 
 
 def test_chunked_decoding_changes_nothing(tiny_qwenimage_edit_plus_dir, tmp_path):

@@ -11,8 +11,8 @@ from diffusers import DPMSolverMultistepScheduler, FlowMatchEulerDiscreteSchedul
 from config.base import base as base_config
 from ddpo_group.models.families.sana import SanaFamily, call_default
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
-from test_families import PROMPTS, family_of, generators
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from helpers.family_checks import PROMPTS, family_of, full_size_on_meta, generators
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
 @pytest.fixture(scope="module")
@@ -100,10 +100,7 @@ def test_the_full_size_bench_shape_builds():
     sizes (the pipeline's 1024 px: 32 x 32 latents of 32 channels)."""
     from ddpo_group.models.full_size import build_sana
 
-    with torch.device("meta"):
-        pipe = build_sana()
-    millions = {name: sum(p.numel() for p in module.parameters()) / 1e6 for name, module in pipe.components.items()
-                if isinstance(module, torch.nn.Module)}
+    pipe, millions = full_size_on_meta(build_sana)
     assert 1550 < millions["transformer"] < 1700, millions
     assert 2550 < millions["text_encoder"] < 2650, millions  # Gemma-2-2B's decoder
     assert 250 < millions["vae"] < 350, millions

@@ -9,9 +9,9 @@ from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler, 
 from config.base import base as base_config
 from ddpo_group.models.families.wan import WanFamily
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
-from test_families import PROMPTS, family_of, generators
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
-from batch_helpers import batch_of
+from helpers.family_checks import PROMPTS, assert_rescored, family_of, full_size_on_meta, generators
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from helpers.batch_helpers import batch_of
 
 
 @pytest.mark.parametrize("guidance, negative", [(5.0, ""), (5.0, "blurred, static"), (1.0, "")])
@@ -117,19 +117,12 @@ def test_two_experts_sample_as_the_pipeline_and_only_the_high_noise_steps_are_tr
 def test_two_experts_recorded_log_probs_equal_a_re_score(tiny_wan22_dir):
     """The trained (high-noise) steps scored again under the sampling policy: the recorded log-probs, bitwise in the
     sampling batch; the low-noise steps record none (deterministic)."""
-    from ddpo_group.sampling.trajectories import TransitionScorer
-
     family, config = family_of("wan", tiny_wan22_dir, **{"sample.sde_window_size": 0})
     cond = family.encode(PROMPTS)
     traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
                                SamplingOptions(4, 5.0, family.noise_levels(config.sample)), generator=generators(4))
     assert bool((traj.log_probs[:, :2] != 0).all()) and bool((traj.log_probs[:, 2:] == 0).all())
-    batch = batch_of(traj, cond)
-    scorer = TransitionScorer.from_config(config, family)
-    with torch.no_grad():
-        for n in range(2):
-            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
-            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
+    assert_rescored(family, config, traj, batch_of(traj, cond), steps=2)  # the trained steps, bitwise
 
 
 def test_an_a14b_like_model_trains_its_high_noise_expert_and_its_lora_loads(tiny_wan22_dir, tmp_path):
@@ -267,10 +260,7 @@ def test_the_full_size_bench_shape_builds():
     parameter counts, and the family reads its sizes."""
     from ddpo_group.models.full_size import build_wan13b
 
-    with torch.device("meta"):
-        pipe = build_wan13b()
-    millions = {name: sum(p.numel() for p in module.parameters()) / 1e6 for name, module in pipe.components.items()
-                if isinstance(module, torch.nn.Module)}
+    pipe, millions = full_size_on_meta(build_wan13b)
     assert 1410 < millions["transformer"] < 1430 and 120 < millions["vae"] < 135  # 1.42B, 127M
     assert 5600 < millions["text_encoder"] < 5750  # UMT5-XXL's encoder
     assert WanFamily(pipe, base_config()).latent_shape() == (16, 21, 60, 104)  # 81 frames of 480 x 832

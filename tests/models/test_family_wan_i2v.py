@@ -6,6 +6,7 @@ full-size bench shape. Every preset and objective, scripts/evaluate.py, the expo
 two processes: tests/models/test_family_matrix.py."""
 
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +17,12 @@ from PIL import Image
 
 from config.base import get_config
 from ddpo_group.errors import ConfigError
-from ddpo_group.models import load_family
 from ddpo_group.models.families.wan_i2v import WanImageToVideoFamily
 from ddpo_group.models.tiny_random import build_tiny_wan_i2v_pipeline, save_pipeline
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from helpers import family_checks
+from helpers.family_checks import assert_the_recorded_log_probs_come_back, generators
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 PROMPTS = ["the square turns", "a red box spins", "x"]
 
@@ -37,13 +39,7 @@ def sources(folder: Path) -> list[str]:
     return paths
 
 
-def family_of(model_dir, **overrides):
-    config = tiny_config("grpo", model_dir, "unused", **{**FAMILY_OVERRIDES["wan_i2v"], **overrides})
-    return load_family(model_dir, config=config), config
-
-
-def generators(n):
-    return [torch.Generator().manual_seed(i) for i in range(n)]
+family_of = partial(family_checks.family_of, "wan_i2v")  # family_of(model_dir, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +104,6 @@ def test_the_recorded_log_probs_equal_a_re_score(family_model_dirs, tmp_path):
     """The recorded transitions scored again with the batch record's condition (the image's latent and tokens
     included, rows of two sources): the recorded log-probs bitwise in the sampling batch, the ratio 1 to within 3e-6
     in other chunks."""
-    from test_families import assert_the_recorded_log_probs_come_back
-
     family, config = family_of(family_model_dirs["wan_i2v"], **{"sample.sde_window_size": 0})
     paths = sources(tmp_path)
     cond = family.condition(PROMPTS + ["y"], [{"image": paths[i % 2]} for i in range(4)])

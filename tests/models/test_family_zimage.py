@@ -7,9 +7,8 @@ import torch
 from diffusers import ZImagePipeline
 
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
-from ddpo_group.update.on_policy import ratio_deviation
-from test_families import PROMPTS, family_of, generators
-from batch_helpers import batch_of
+from helpers.family_checks import (PROMPTS, assert_the_recorded_log_probs_come_back,
+                                   assert_the_text_encoder_stays_where_it_is, family_of, generators)
 
 
 def test_the_condition_is_the_pipelines_list_of_embeddings(tiny_zimage_dir):
@@ -72,25 +71,8 @@ def test_the_first_training_forwards_ratio_is_one_with_the_guidance_options(opti
     """As test_families.py's test: the recorded log-probs come back bitwise in the sampling batch, and to within 1e-6
     in the ratio when a training chunk mixes steps (with cfg_truncation, guided and unguided rows share one doubled
     forward where sampling ran the conditional one alone)."""
-    from ddpo_group.sampling.trajectories import TransitionScorer
-
     family, config = family_of("zimage", tiny_zimage_dir, **options)
-    sample = config.sample
-    cond = family.encode(PROMPTS)
-    traj = sample_trajectories(family, family.model, cond, family.negative_condition(),
-                               SamplingOptions(4, sample.guidance_scale, family.noise_levels(sample)),
-                               generator=generators(4))
-    batch = batch_of(traj, cond)
-    scorer = TransitionScorer.from_config(config, family)
-    with torch.no_grad():
-        for n in range(4):
-            same = scorer(family.model, batch, torch.arange(4), torch.full((4,), n))
-            assert torch.equal(same.log_prob, traj.log_probs[:, n]), n
-        rows, steps = torch.arange(4).repeat_interleave(4), torch.arange(4).repeat(4)
-        for chunk in (1, 3, 16):
-            out = torch.cat([scorer(family.model, batch, rows[c], steps[c]).log_prob
-                             for c in torch.split(torch.arange(16), chunk)])
-            assert float(ratio_deviation(out, traj.log_probs[rows, steps]).max()) < 1e-6, chunk
+    assert_the_recorded_log_probs_come_back(family, config, family.encode(PROMPTS), tolerance=1e-6)
 
 
 def test_the_default_size_is_the_pipelines_call_default(tiny_zimage_dir):
@@ -141,17 +123,8 @@ def test_the_config_it_reads_is_checked(tiny_zimage_dir):
 def test_the_text_encoder_runs_where_it_is(tiny_zimage_dir):
     """pretrained.text_encoder_device: the prompts meet Qwen3 on its device and the embeddings move to the
     transformer's (here the transformer on the meta device, the text encoder on the CPU)."""
-    from ddpo_group.models.trainable import TEXT_ENCODERS
-
     family, _ = family_of("zimage", tiny_zimage_dir)
-    assert [name for name in family.pipe.components if name.startswith("text_encoder")] == ["text_encoder"]
-    assert "text_encoder" in TEXT_ENCODERS
-    on_cpu = family.encode(PROMPTS)
-    torch.nn.Module.to(family.pipe.transformer, "meta")
-    cond = family.encode(PROMPTS)
-    assert family.pipe.text_encoder.device.type == "cpu"
-    assert {key: (value.device.type, value.shape) for key, value in cond.items()} == {
-        key: ("meta", value.shape) for key, value in on_cpu.items()}
+    assert_the_text_encoder_stays_where_it_is(family)
 
 
 @pytest.mark.slow
@@ -161,7 +134,7 @@ def test_the_flow_factory_recipes_run_on_the_tiny_model(recipe, tiny_zimage_dir,
     text-embedding cache, chunked decoding and gradient checkpointing: an epoch trains."""
     from config.base import get_config
     from ddpo_group.models.families.zimage import ZImageFamily
-    from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+    from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
     published = get_config(recipe)
     assert ZImageFamily.config_errors(published) == []

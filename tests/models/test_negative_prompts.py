@@ -10,32 +10,22 @@ from dataclasses import replace
 import pytest
 import torch
 
-from ddpo_group.models import load_family
 from ddpo_group.rollout.reward_scorer import RewardScorer
 from ddpo_group.rollout.sampler import RolloutSampler, greedy_rewards
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from ddpo_group.update.on_policy import ratio_deviation
-from batch_helpers import rollout_batch
-from tolerances import reordered_sum_atol
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from helpers.batch_helpers import rollout_batch
+from helpers.tolerances import reordered_sum_atol
+from helpers.family_checks import PROMPTS, family_of, generators
+from helpers.trainer_helpers import tiny_trainer
 
-PROMPTS = ["a red circle", "a cat", "a blue square on green", "x"]
 # rows 0 and 2 with their own negative prompts (row 2's the empty one: encoded, not the family's default), 1 and 3 none
 METADATA = [{"negative_prompt": "blurry, low quality"}, {}, {"negative_prompt": ""}, {"tag": 1}]
 NEGATIVES = ["blurry, low quality", "", "", ""]  # what the pipeline gets: the run's default ("") for rows 1 and 3
 
 
-def family_of(name, model_dir, **overrides):
-    config = tiny_config("grpo", model_dir, "unused", **{**FAMILY_OVERRIDES[name], **overrides})
-    return load_family(model_dir, config=config), config
-
-
 def model_dir_of(name, family_model_dirs):
     return "tiny-shapes" if name == "sd" else family_model_dirs[name]
-
-
-def generators(n, offset=0):
-    return [torch.Generator().manual_seed(offset + i) for i in range(n)]
 
 
 def mean_reward(images, prompts, metadata):
@@ -232,7 +222,7 @@ def test_every_guided_family_takes_a_negative_row_per_sample(name, family_model_
     on Qwen-Image, whose rows' text is cut to the longest row's token count (the pipeline's batching too), and whose
     matmuls add in another order for another batch layout: a longer negative prompt, or the one row repeated, moves the
     rows' outputs by float rounding (1.2e-6 measured on one CPU, below 1e-6 on another: reordered_sum_atol's bound,
-    tests/tolerances.py, holds on both)."""
+    tests/helpers/tolerances.py, holds on both)."""
     family, config = family_of(name, family_model_dirs[name], sde_window_size=0)
     guidance = config.sample.guidance_scale
     assert guidance > 1

@@ -11,7 +11,7 @@ from ddpo_group.models import speed_options
 from ddpo_group.models.speed_options import compile_denoiser, eager, sampling_denoiser, set_attention_backend
 from ddpo_group.models.tiny_random import TINY_BUILDERS
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
-from tests.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
 @pytest.fixture

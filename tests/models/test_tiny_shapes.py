@@ -107,7 +107,7 @@ def test_offline_load_and_output_shapes(tiny_shapes_pipe, monkeypatch):
                generator=torch.Generator().manual_seed(0)).images
     assert out.shape == (2, 3, shapes.RESOLUTION, shapes.RESOLUTION)
     from ddpo_group.models.families.sd import encode_prompts
-    from sd_helpers import sd_trajectories
+    from helpers.sd_helpers import sd_trajectories
 
     embeds = encode_prompts(pipe, ["a red circle on a blue background"] * 3)
     traj = sd_trajectories(pipe, embeds, encode_prompts(pipe, [""] * 3), 4, 5.0, 1.0,

@@ -9,8 +9,8 @@ from ddpo_group.models.families.sd import StableDiffusionFamily
 from ddpo_group.models.trainable import lora_config
 from ddpo_group.reference.model import POLICY_ADAPTER, REFERENCE_ADAPTER, ReferenceModel, _lora_layers
 from ddpo_group.models.tiny_random import build_tiny_pipeline
-from tolerances import EPS32
-from trainer_helpers import tiny_config, tiny_trainer
+from helpers.tolerances import EPS32
+from helpers.trainer_helpers import tiny_config, tiny_trainer
 
 
 def lora_unet(rank=4):

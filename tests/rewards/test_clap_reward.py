@@ -15,7 +15,7 @@ PROMPTS = ["a dog barks", "rain on a roof", "a violin"]
 
 @pytest.fixture(scope="module")
 def clap_dir(tmp_path_factory):
-    from clap_helpers import save_tiny_clap
+    from helpers.clap_helpers import save_tiny_clap
 
     return save_tiny_clap(tmp_path_factory.mktemp("clap") / "model")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from openai_stub import StubOpenAI, completion, decode_data_url
+from helpers.openai_stub import StubOpenAI, completion, decode_data_url
 
 from ddpo_group.rewards import RewardUnavailable, is_groupwise, make_reward_fn
 from ddpo_group.rewards.base import scores_frames

@@ -16,7 +16,7 @@ from ddpo_group.rewards.http_client import (
 )
 from ddpo_group.rewards.http_server import make_server
 from ddpo_group.rollout.reward_scorer import RewardScorer
-from tolerances import reordered_sum_atol
+from helpers.tolerances import reordered_sum_atol
 
 
 def mean_reward(images, prompts, metadata):

@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from openai_stub import StubOpenAI, completion, decode_data_url, serve
+from helpers.openai_stub import StubOpenAI, completion, decode_data_url, serve
 from PIL import Image
 
 from ddpo_group.prompts import PromptSampler

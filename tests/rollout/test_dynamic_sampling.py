@@ -6,8 +6,8 @@ import torch
 from ddpo_group.algorithms import zero_variance_group_filter
 from ddpo_group.rollout.collector import pool_rows
 from ddpo_group.rewards import REWARD_REGISTRY, register_reward
-from batch_helpers import rollout_batch
-from trainer_helpers import tiny_trainer
+from helpers.batch_helpers import rollout_batch
+from helpers.trainer_helpers import tiny_trainer
 
 if "test_half_constant" not in REWARD_REGISTRY:
 
@@ -76,7 +76,7 @@ def test_same_initial_noise_shares_x_0_within_each_group_only(tiny_model_dir, tm
 def test_remax_greedy_baseline_starts_from_the_groups_shared_x_0(tiny_model_dir, tmp_path):
     from ddpo_group.rollout.reward_scorer import RewardScorer
     from ddpo_group.models.families.sd import encode_prompts
-    from sd_helpers import sd_trajectories
+    from helpers.sd_helpers import sd_trajectories
 
     # on the CPU: the baseline is recomputed in another batch and compared to float precision (a GPU's kernels
     # depend on the batch size, and the JPEG reward turns the smallest pixel change into whole bytes)

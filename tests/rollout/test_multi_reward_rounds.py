@@ -7,7 +7,7 @@ import torch
 
 from config.base import get_config
 from ddpo_group.run.config_checks import ConfigError, validate_config
-from trainer_helpers import tiny_trainer
+from helpers.trainer_helpers import tiny_trainer
 
 COMBINATION = {"jpeg_compressibility": 1.0, "shapes_alignment": 2.0}
 

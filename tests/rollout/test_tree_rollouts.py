@@ -9,7 +9,7 @@ import torch
 from config.base import get_config
 from ddpo_group.errors import ConfigError
 from ddpo_group.sampling.tree import default_tree, tree_branches
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 TREE = {"train.group_size": 4, "sample.branch_steps": (1, 2), "sample.branch_factors": (2, 2)}  # 4 leaves a root
 # a DDIM and a flow-matching family; every family samples a smaller tree in tests/models/test_family_matrix.py

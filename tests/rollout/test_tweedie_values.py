@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ddpo_group.rollout.tweedie import valued_steps, with_rewards
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 BRIGHTNESS = f"{Path(__file__).resolve().parents[1] / 'plugins' / 'failing_reward.py'}:make"  # mean pixel value
 

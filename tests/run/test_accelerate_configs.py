@@ -1,7 +1,7 @@
 """The accelerate config files of config/accelerate/: every one loads with accelerate's own loader and says what its
 name says; single_gpu.yaml and multi_gpu.yaml run a tiny training job (2 gloo processes for the multi-GPU one: see
-tests/launch_helpers.py for why through ACCELERATE_USE_CPU and not --cpu). The FSDP files and multi_node.yaml run whole
-runs with a checkpoint and an exact resume in tests/run/test_scale_out.py."""
+tests/helpers/launch_helpers.py for why through ACCELERATE_USE_CPU and not --cpu). The FSDP files and multi_node.yaml
+run whole runs with a checkpoint and an exact resume in tests/run/test_scale_out.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from accelerate.commands.config.config_args import load_config_from_file
 from accelerate.utils import DistributedType
 
-from launch_helpers import ACCELERATE_CONFIGS, ROOT, accelerate_command, launch_environment
+from helpers.launch_helpers import ACCELERATE_CONFIGS, ROOT, accelerate_command, launch_environment
 
 EXPECTED = {  # file: (distributed_type, num_processes, num_machines)
     "single_gpu.yaml": (DistributedType.NO, 1, 1),

@@ -25,7 +25,7 @@ from ddpo_group.models.families import sd as pipeline_module
 from ddpo_group.models.families.sd import encode_prompts
 from ddpo_group.run.persistence.manifest import write_manifest
 from ddpo_group.run.persistence.state_files import STATE_JSON
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 PLUGINS = textwrap.dedent(
     """

@@ -363,7 +363,7 @@ def test_a_lora_checkpoint_holds_the_adapters_only_and_loads_only_into_a_matchin
     counts, before anything is loaded."""
     from diffusers import SD3Transformer2DModel
     from safetensors import safe_open
-    from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+    from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
     trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "lora", **FAMILY_OVERRIDES["sd3"], num_epochs=1,
                            device="cpu")
@@ -448,7 +448,7 @@ def test_a_learning_rate_changed_on_resume_is_applied_and_said(tiny_model_dir, t
     """The optimizer's settings come back from the checkpoint: a resume whose config says another learning rate (the
     critic's too) applies it, with a line naming the field and both values; the same settings say nothing."""
     from ddpo_group.run.session import RunSession
-    from trainer_helpers import tiny_trainer
+    from helpers.trainer_helpers import tiny_trainer
 
     first = tiny_trainer("group_ppo", tiny_model_dir, tmp_path, "lr", num_epochs=1, save_freq=1, device="cpu")
     first.run()

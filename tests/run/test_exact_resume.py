@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from ddpo_group.run.persistence.state_files import read_states
-from resume_helpers import assert_identical, comparable, load_everything, read_metrics
+from helpers.resume_helpers import assert_identical, comparable, load_everything, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_REWARD = f"{ROOT / 'tests' / 'plugins' / 'hang_reward.py'}:make"
@@ -41,7 +41,7 @@ def train_command(case: str, model_dir: str, logdir: Path, run: str, **extra) ->
 
     Runs are on the CPU, whose kernels are deterministic, unless the case says "+cuda": then on the GPU with
     config.deterministic=True (without it CUDA's atomic-add kernels make two runs of one seed part at once)."""
-    from trainer_helpers import FAMILY_OVERRIDES, MECHANICS
+    from helpers.trainer_helpers import FAMILY_OVERRIDES, MECHANICS
 
     case, _, on = case.partition("+")
     case, _, shape = case.partition("#")
@@ -113,7 +113,7 @@ def interrupted_and_reference(preset: str, model_dir: str, tmp: Path, sig: int) 
 
     Returns (reference run dir, interrupted run dir, the signalled process, its log).
     """
-    from trainer_helpers import train_in_this_process
+    from helpers.trainer_helpers import train_in_this_process
 
     name = preset.replace("@", "_").replace("#", "_")
     marker, run = tmp / f"{name}_{sig}.marker", f"{name}_signal{sig}"
@@ -219,7 +219,7 @@ def test_evaluation_and_ema_after_sigkill_and_resume_are_bitwise_those_of_an_uni
              "train.ema_update_interval": 2, "train.ema_export": True}
     # reward calls (4 eval rows = one batch): eval before 0; epoch 0: 1, 2; epoch 1: 3, 4, its eval 5; epoch 2: 6, 7;
     # epoch 3: 8, 9 (the last sampling batch: hang there), then its eval 10
-    from trainer_helpers import train_in_this_process
+    from helpers.trainer_helpers import train_in_this_process
 
     killed_log, marker = tmp_path / "killed.log", tmp_path / "eval.marker"
     hang = environment(HANG_REWARD_AT="9", HANG_REWARD_MARKER=str(marker), HANG_REWARD_SECONDS="600")

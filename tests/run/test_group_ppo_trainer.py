@@ -4,7 +4,7 @@ import torch
 
 from ddpo_group.algorithms import AdvantageInputs, get_adv_estimator
 from ddpo_group.rollout.collector import estimate_advantages
-from trainer_helpers import tiny_config, tiny_trainer
+from helpers.trainer_helpers import tiny_config, tiny_trainer
 
 
 def rollout(B=16, T=6, G=4, seed=0):

@@ -13,7 +13,7 @@ import torch
 from ml_collections import ConfigDict
 
 from ddpo_group.run.guard import Guard
-from trainer_helpers import tiny_trainer
+from helpers.trainer_helpers import tiny_trainer
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 RULES = ConfigDict({"on_alarm": "warn", "heldout_drop": 2.0, "fall_drop": 2.0, "min_diversity": 0.5, "max_drift": 1.0})
@@ -310,7 +310,7 @@ def test_a_run_resumed_after_a_restore_ends_bitwise_as_one_never_stopped(tiny_mo
     """Falls after epochs 1 and 3, each restoring the best evaluation's weights: a run stopped after epoch 2 and
     resumed from its checkpoint (the restore point, the cleared optimizer state, the guard replayed) ends with every
     file of its last checkpoint and every evaluation as the run never stopped."""
-    from resume_helpers import assert_identical, load_everything
+    from helpers.resume_helpers import assert_identical, load_everything
 
     class Stop(Exception):
         pass

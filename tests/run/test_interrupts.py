@@ -13,7 +13,7 @@ import pytest
 
 from ddpo_group.run.persistence.checkpointing import complete_checkpoints
 from ddpo_group.errors import TrainingInterrupted
-from trainer_helpers import tiny_trainer
+from helpers.trainer_helpers import tiny_trainer
 
 
 def epochs_logged(run_dir) -> list[int]:

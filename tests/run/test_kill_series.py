@@ -21,7 +21,7 @@ import pytest
 
 from ddpo_group.run.persistence.checkpointing import CHECKPOINT_PATTERN, checkpoint_problem, complete_checkpoints
 from ddpo_group.run.persistence.metrics_log import read_metrics
-from resume_helpers import assert_identical, comparable, load_everything
+from helpers.resume_helpers import assert_identical, comparable, load_everything
 from test_exact_resume import environment, finish, start, train_command
 
 WRITE_FAULTS = f"{Path(__file__).resolve().parents[1] / 'plugins' / 'write_faults.py'}:make"

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 from ddpo_group.errors import ConfigError
 from ddpo_group.rollout.reward_scorer import RewardScorer

@@ -15,7 +15,7 @@ from ddpo_group.models.tiny_random import TINY_BUILDERS
 from ddpo_group.offline.preflight import NAMED_SHARE, run_check
 from ddpo_group.update.on_policy import CLIPPED_SHARE
 from ddpo_group.sampling.trajectories import TransitionScorer
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config
 
 SMALL = {"sample.num_steps": 3, "sample.sde_window_size": 2, "device": "cpu"}
 

@@ -27,9 +27,9 @@ from ddpo_group.errors import CheckpointError, ConfigError
 from ddpo_group.run.persistence.checkpointing import resolve_resume_path
 from ddpo_group.run.persistence.manifest import write_manifest
 from ddpo_group.run.persistence.resume_check import STATE_FIELDS_FILE, check_resume, process_count_note, write_state_fields
-from launch_helpers import launch_environment, start_workers
-from resume_helpers import assert_continued_on_another_count, assert_every_process_part, read_metrics
-from trainer_helpers import MECHANICS, tiny_config
+from helpers.launch_helpers import launch_environment, start_workers
+from helpers.resume_helpers import assert_continued_on_another_count, assert_every_process_part, read_metrics
+from helpers.trainer_helpers import MECHANICS, tiny_config
 
 TIMEOUT = 300
 # one optimizer step an epoch (4 samples a process, one train batch of 4), on any process count

@@ -13,7 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from ddpo_group.run.processes.process_failures import exit_launched_process, release_process_group
-from launch_helpers import free_port
+from helpers.launch_helpers import free_port
 
 
 def test_release_destroys_the_default_group_and_is_a_no_op_after_it():
@@ -30,8 +30,26 @@ def test_release_destroys_the_default_group_and_is_a_no_op_after_it():
             dist.destroy_process_group()
 
 
-def test_without_a_group_exit_launched_process_returns_and_the_exit_is_python_s():
-    exit_launched_process(SystemExit(3))  # a single process: returns (the caller re-raises)
+def test_without_a_group_exit_launched_process_returns_and_the_exit_is_python_s(monkeypatch, capsys):
+    """A single process (no group, no WORLD_SIZE > 1) returns: no os._exit, no message printed, no group made; the
+    same call under a launcher's WORLD_SIZE=2 does leave, with the code (the spy sees it)."""
+    exits = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert not dist.is_initialized()
+    assert exit_launched_process(SystemExit(3)) is None  # the caller re-raises
+    assert exit_launched_process(SystemExit("a message")) is None
+    assert exits == [] and capsys.readouterr().err == ""
+    assert not dist.is_initialized()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    exit_launched_process(SystemExit(3))
+    assert exits == []
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a launched process whose group is gone already: it leaves
+    exit_launched_process(SystemExit(3))
+    exit_launched_process(SystemExit("a message"))
+    exit_launched_process(SystemExit(None))
+    assert exits == [3, 1, 0]
+    assert "a message" in capsys.readouterr().err
     assert not dist.is_initialized()
 
 

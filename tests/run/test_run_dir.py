@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer_helpers import tiny_trainer
+from helpers.trainer_helpers import tiny_trainer
 
 
 def failing_from(trainer, monkeypatch, epoch: int) -> None:

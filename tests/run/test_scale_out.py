@@ -3,7 +3,7 @@ epochs that was never stopped (the same weights, optimizer state, training state
 
 * FSDP2 full fine-tuning of the tiny SD3 (float32) and FLUX (bf16) transformers under the shipped ``fsdp_sd3.yaml`` /
   ``fsdp_flux.yaml``, 2 gloo processes (the files' GPU fields overridden: ``--num_processes 2`` and
-  ``ACCELERATE_USE_CPU``, tests/launch_helpers.py); the checkpoint holds the sharded model and optimizer
+  ``ACCELERATE_USE_CPU``, tests/helpers/launch_helpers.py); the checkpoint holds the sharded model and optimizer
   (torch.distributed.checkpoint, one file per process), not a gathered copy; one epoch gives DDP's weights; SD3's
   FSDP run resumes on 4 processes (resharded), its DDP run of full fine-tuning on 1, each one AdamW step on from its
   checkpoint, and a checkpoint resumed under the other kind (FSDP or DDP) is refused;
@@ -23,10 +23,11 @@ from safetensors.torch import load_file
 
 from ddpo_group.errors import ConfigError
 from ddpo_group.run.persistence.resume_check import check_resume
-from launch_helpers import ACCELERATE_CONFIGS, ROOT, accelerate_command, cpu_environment, free_port, launch_environment
-from resume_helpers import (assert_continued_on_another_count, assert_identical, comparable, load_everything,
-                            read_metrics)
-from trainer_helpers import FAMILY_OVERRIDES, MECHANICS, tiny_config
+from helpers.launch_helpers import (ACCELERATE_CONFIGS, ROOT, accelerate_command, cpu_environment, free_port,
+                                    launch_environment)
+from helpers.resume_helpers import (assert_continued_on_another_count, assert_identical, comparable, load_everything,
+                                    read_metrics)
+from helpers.trainer_helpers import FAMILY_OVERRIDES, MECHANICS, tiny_config
 
 TINY = {
     "prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "sample.num_steps": 2, "sample.batch_size": 4,
@@ -152,7 +153,8 @@ def test_fsdp_on_the_cpu_trains_the_weights_ddp_trains(config_name, family, fami
 def resumed_on_another_count(config_name: str, model_dir: str, tmp_path: Path) -> None:
     """The FSDP run (2 processes) resumed on 4: torch.distributed.checkpoint reshards its weights and optimizer; the DDP
     run of full fine-tuning (2 processes) resumed on 1. Each continues one AdamW step from its checkpoint, with the
-    note said once (tests/resume_helpers.py). A checkpoint resumed under the other kind is refused, naming it."""
+    note said once (tests/helpers/resume_helpers.py). A checkpoint resumed under the other kind is refused, naming
+    it."""
     extra = {**FULL, **FAMILY_OVERRIDES["sd3"]}
     launches = {}  # run -> (processes, its launch, its log): both at once
     for run, processes, config_file in (("fsdp", 4, ACCELERATE_CONFIGS / config_name), ("ddp", 1, None)):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ddpo_group.run.processes.threads import available_cores, choose_num_threads, launcher_chose_threads
-from trainer_helpers import MECHANICS
+from helpers.trainer_helpers import MECHANICS
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHED = {"OMP_NUM_THREADS": "1", "ACCELERATE_MIXED_PRECISION": "no"}  # what the child of accelerate launch sees

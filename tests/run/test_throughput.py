@@ -10,7 +10,7 @@ from ddpo_group.run.reporting import throughput
 from ddpo_group.run.reporting.epoch_logger import perf_line
 from ddpo_group.run.reporting.summary import format_summary
 from ddpo_group.run.reporting.throughput import count_flops, measure_model_flops, peak_flops
-from trainer_helpers import tiny_trainer
+from helpers.trainer_helpers import tiny_trainer
 
 
 def records(run_dir) -> list[dict]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import accelerate
 
 import ddpo_group.run.session as session_module
-from trainer_helpers import tiny_trainer
+from helpers.trainer_helpers import tiny_trainer
 
 
 def test_resume_passes_the_saved_wandb_run_id(tiny_model_dir, tmp_path, monkeypatch):

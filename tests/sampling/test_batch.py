@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddpo_group.rollout.collector import GatheredRound, pool_rows
-from batch_helpers import rollout_batch
+from helpers.batch_helpers import rollout_batch
 
 B, T = 4, 3
 

@@ -8,7 +8,7 @@ from ddpo_group.sampling.ddim import check_trainable_schedule, ddim_step_with_lo
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts, guided_model_output
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
 from ddpo_group.models.tiny_random import build_tiny_pipeline
-from batch_helpers import batch_of
+from helpers.batch_helpers import batch_of
 
 PROMPTS = ["a red circle on a blue background", "a green square", "x", "a yellow star on a black background"]
 

@@ -7,8 +7,8 @@ import torch
 from ddpo_group.models import load_family
 from ddpo_group.run.reporting.throughput import DenoiserEvaluations
 from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, sample_trajectories
-from batch_helpers import batch_of
-from trainer_helpers import FAMILY_OVERRIDES, tiny_config
+from helpers.batch_helpers import batch_of
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config
 
 PROMPTS = ["a red circle", "a cat"]  # two roots
 KINDS = [("sd", {}), ("sd3", {"sample.sde_type": "flow_sde"}), ("sd3", {"sample.sde_type": "cps"}),

@@ -7,8 +7,8 @@ import torch
 from accelerate import Accelerator
 
 from ddpo_group.update.critic import Critic, ValueNetwork
-from batch_helpers import rollout_batch
-from trainer_helpers import tiny_config, tiny_trainer
+from helpers.batch_helpers import rollout_batch
+from helpers.trainer_helpers import tiny_config, tiny_trainer
 
 
 def fake_batch(B=8, T=5, seed=0):

@@ -3,7 +3,7 @@ falls, and the policy trains from the epoch after."""
 
 import torch
 
-from trainer_helpers import tiny_trainer
+from helpers.trainer_helpers import tiny_trainer
 
 
 def test_warmup_epochs_train_the_critic_only(tiny_model_dir, tmp_path):

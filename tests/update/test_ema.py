@@ -80,7 +80,7 @@ def test_state_dict_round_trip_continues_bitwise_and_rejects_other_shapes():
 
 
 def test_ema_state_and_ema_lora_export_round_trip_through_a_checkpoint(tiny_model_dir, tmp_path):
-    from trainer_helpers import tiny_trainer
+    from helpers.trainer_helpers import tiny_trainer
 
     options = {"train.ema": True, "train.ema_update_interval": 1, "train.ema_export": True, "save_freq": 1}
     trainer = tiny_trainer("ddpo", tiny_model_dir, tmp_path, **options)
@@ -110,7 +110,7 @@ def test_ema_state_and_ema_lora_export_round_trip_through_a_checkpoint(tiny_mode
 
 
 def test_resuming_with_another_train_ema_is_refused_and_old_checkpoints_count_as_without(tmp_path, tiny_model_dir):
-    from trainer_helpers import tiny_config
+    from helpers.trainer_helpers import tiny_config
 
     from ddpo_group.run.persistence.resume_check import STATE_FIELDS_FILE, check_resume, write_state_fields
 

@@ -7,7 +7,7 @@ import torch
 from config.base import base
 from ddpo_group.errors import ConfigError
 from ddpo_group.update.old_model import OLD_ADAPTER, old_decay
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
 def matching_overrides(**extra):
@@ -325,7 +325,8 @@ def test_awm_with_an_old_model_kl_samples_with_the_policy(tiny_sd3_dir, tmp_path
         assert model.active_adapters() == ["default"]
     policy_before = lora_weights(model, "default")
     metrics = trainer.run()
-    assert metrics["train/old_decay"] == 0.5 and metrics["train/old_kl"] >= 0
+    # the old model is the policy on the first step and lags it on the second (the epoch's mean: > 0, a square's)
+    assert metrics["train/old_decay"] == 0.5 and metrics["train/old_kl"] > 0
     for o, p0, p1 in zip(lora_weights(model, OLD_ADAPTER), policy_before, lora_weights(model, "default")):
         assert torch.allclose(o, 0.5 * p0 + 0.5 * p1, atol=1e-7)
 

@@ -4,9 +4,9 @@ naming the setting; on CUDA the probe under a memory cap, and bf16 / fp16 epochs
 import pytest
 import torch
 
-from trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
-from batch_helpers import rollout_batch
+from helpers.batch_helpers import rollout_batch
 from ddpo_group.rollout.reward_scorer import RewardScorer
 from ddpo_group.sampling.trajectories import DECODE_CHUNKS, decode_latents
 from ddpo_group.update.memory_fit import (

@@ -10,7 +10,7 @@ import torch
 
 from ddpo_group.algorithms import gaussian_kl
 from ddpo_group.update.on_policy import CLIPPED_SHARE, RATIO_TOLERANCE, OnPolicyWatch, ratio_deviation
-from trainer_helpers import tiny_trainer
+from helpers.trainer_helpers import tiny_trainer
 
 EMBEDDED = {"tiny-shapes": {}, "tiny-shapes-flow": {"prompt_fn": "tiny_shapes_flow_hard"}}
 

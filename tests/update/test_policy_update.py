@@ -11,9 +11,9 @@ from ddpo_group.update.updater import random_step_mask
 from ddpo_group.models.families.sd import StableDiffusionFamily, encode_prompts
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.models.tiny_random import build_tiny_pipeline
-from batch_helpers import batch_of
-from sd_helpers import sd_step_output, sd_trajectories
-from tolerances import reordered_sum_atol
+from helpers.batch_helpers import batch_of
+from helpers.sd_helpers import sd_step_output, sd_trajectories
+from helpers.tolerances import reordered_sum_atol
 
 
 def test_random_step_mask_counts():

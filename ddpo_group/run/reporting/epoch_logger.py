@@ -127,9 +127,10 @@ class EpochLogger:
                 import wandb
 
                 logged[f"{prefix}/images"] = wandb.Image(grid)
-                if audio is not None:  # each grid row's WAV file (wandb reads raw audio only through soundfile)
-                    logged[f"{prefix}/audio"] = [wandb.Audio(str(self.run_dir / "samples" / stem / f"row_{row:02d}.wav"),
-                                                             caption=f"row {row}") for row in range(len(audio))]
+                # each grid row's WAV file, a key a row: wandb needs soundfile for raw audio and for a list of clips
+                for row in range(len(audio) if audio is not None else 0):
+                    logged[f"{prefix}/audio/row_{row:02d}"] = wandb.Audio(
+                        str(self.run_dir / "samples" / stem / f"row_{row:02d}.wav"), caption=f"row {row}")
             if logged:
                 self.accelerator.log(logged, step=max(epoch, 0))
         if epoch < 0:

@@ -1,7 +1,7 @@
 """Train several runs one after another in each process of one process group: tests/models/test_family_matrix.py's
 two processes over gloo, one launch for every family (the processes import torch and diffusers once).
 
-    python tests/family_processes.py RUNS.json      (as the workers of launch_helpers.start_workers)
+    python tests/helpers/family_processes.py RUNS.json      (as the workers of launch_helpers.start_workers)
 
 RUNS.json: [{"name": ..., "config": {"section.field": value, ...}}, ...], each run the grpo preset with those fields.
 Each run is the Trainer's whole path but for the release of the process group in ``end_training``, which the next
@@ -12,15 +12,16 @@ import json
 import os
 import sys
 
-sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(__file__))]
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(TESTS), TESTS]  # the repository (config, ddpo_group) and tests/ (helpers)
 
 from accelerate.state import AcceleratorState, GradientState, PartialState  # noqa: E402
 
 from config.base import get_config  # noqa: E402
 from ddpo_group.run.processes.process_failures import release_process_group  # noqa: E402
 from ddpo_group.run.trainer import Trainer  # noqa: E402
-from processor_without_video import allow_a_processor_without_video  # noqa: E402
-from trainer_helpers import set_fields, small_qwen_edit_sources  # noqa: E402
+from helpers.processor_without_video import allow_a_processor_without_video  # noqa: E402
+from helpers.trainer_helpers import set_fields, small_qwen_edit_sources  # noqa: E402
 
 
 def main(path: str) -> None:

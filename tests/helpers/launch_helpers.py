@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ACCELERATE_CONFIGS = ROOT / "config" / "accelerate"
 
 

@@ -116,7 +116,7 @@ def train_in_this_process(args: list[str]) -> None:
     config_flags.DEFINE_config_file("config", flag_values=values)
     saved_argv, cwd, threads = list(sys.argv), os.getcwd(), torch.get_num_threads()
     sys.argv[:] = ["scripts/train.py", *args]  # ml_collections reads the overrides from sys.argv
-    os.chdir(Path(__file__).resolve().parents[1])
+    os.chdir(Path(__file__).resolve().parents[2])
     torch.set_num_threads(1)
     try:
         values(sys.argv)

@@ -1,7 +1,7 @@
 """Run a benchmark script as a user runs it, ``python bench/NAME.py ARGS`` from the repository root: in this process
 (``runpy`` runs the file as ``__main__`` with that command line, bench/ first on the path as Python puts a script's
-folder, the root the working directory, and tests/launch_helpers.py's environment: one thread, no wandb, no hub), or
-with ``process=True`` in a process of its own (the file started by Python, as test_compare_algorithms_runs does once).
+folder, the root the working directory, and launch_helpers.py's environment: one thread, no wandb, no hub), or with
+``process=True`` in a process of its own (the file started by Python, as test_compare_algorithms_runs does once).
 A run in this process saves the 6 s of imports a fresh Python spends; what it changes of this process (the environment,
 the command line, the path, the working directory, torch's thread count, the libraries' log levels) is put back when it
 ends."""
@@ -18,7 +18,7 @@ from contextlib import redirect_stderr, redirect_stdout
 
 import torch
 
-from launch_helpers import ROOT, launch_environment
+from helpers.launch_helpers import ROOT, launch_environment
 
 
 def exit_code(stop: SystemExit) -> int:
