@@ -35,7 +35,8 @@ setup(
     ],
     extras_require={
         # the OCR reward's engine is small and CPU-only: its tests run with the others (its wheel stops at 3.12)
-        "test": ["pytest>=7", "pytest-xdist>=3.2", "hypothesis>=6", "msgpack>=1.0", *OCR, *JUDGE],
+        # wandb's own reader of an offline run's log (wandb leet inspect): tests/run/test_wandb_offline.py
+        "test": ["pytest>=7", "pytest-xdist>=3.2", "hypothesis>=6", "msgpack>=1.0", "wandb>=0.31", *OCR, *JUDGE],
         "msgpack": ["msgpack>=1.0"],  # format="msgpack" of the HTTP reward client
         "ocr": OCR,  # reward_fn=ocr: RapidOCR with its ONNX models inside the wheel, Levenshtein distance
         "hps": HPS,  # reward_fn=hpsv2: open_clip (needs a torchvision built for the installed torch)
