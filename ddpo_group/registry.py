@@ -100,6 +100,10 @@ class Registry:
     def names(self) -> List[str]:
         return sorted(self._items)
 
+    def in_order(self) -> list:
+        """The registered objects in the order they were registered."""
+        return list(self._items.values())
+
     def __contains__(self, name: object) -> bool:
         return name in self._items
 

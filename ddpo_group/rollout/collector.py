@@ -17,7 +17,7 @@ loss), so every process runs the same number of steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -57,13 +57,21 @@ class GatheredRound:
     greedy_rewards: torch.Tensor | None = None  # [B] ReMax's baseline
     step_kl: torch.Tensor | None = None  # [B, T] the KL to the reference of each step (kl.in_reward)
     step_rewards: torch.Tensor | None = None  # [B, T] -beta KL_n (kl.in_reward)
+    inputs: dict = field(default_factory=dict)  # {name: [B, ...]} what other components add (a plugin's)
 
     def __post_init__(self):
         size = len(self.rewards)
-        wrong = {name: len(value) for name, value in [*vars(self).items(), *self.reward_info.items()]
-                 if isinstance(value, torch.Tensor) and len(value) != size}
+        entries = [*vars(self).items(), *self.reward_info.items(), *self.inputs.items()]
+        wrong = {name: len(value) for name, value in entries if isinstance(value, torch.Tensor) and len(value) != size}
         if wrong:
             raise ValueError(f"a gathered round of {size} rewards has entries of other lengths: {wrong}")
+
+    def get(self, name: str) -> torch.Tensor | None:
+        """The field ``name``, or the component input of that name (None: the round has none)."""
+        return getattr(self, name) if name in GATHERED_FIELDS else self.inputs.get(name)
+
+
+GATHERED_FIELDS = {entry.name for entry in fields(GatheredRound)} - {"inputs", "reward_info"}
 
 
 @dataclass(frozen=True)
@@ -118,10 +126,10 @@ class EpochRollouts:
         return sum(r.reward_queries for r in self.rounds)
 
     def gathered(self, name: str) -> torch.Tensor | None:
-        """Every round's gathered ``name`` (a GatheredRound field), or None when the rounds have none."""
-        if getattr(self.rounds[0].gathered, name) is None:
-            return None
-        return torch.cat([getattr(r.gathered, name) for r in self.rounds])
+        """Every round's gathered ``name`` (a GatheredRound field, or a component's input), or None when the rounds
+        have none."""
+        parts = [r.gathered.get(name) for r in self.rounds]
+        return torch.cat(parts) if parts[0] is not None else None
 
 
 @dataclass
@@ -268,9 +276,11 @@ class RolloutCollector:
     def gather_round(self, sampled: SampledRound, extra: dict, prompts: list[str], groups: list[int]) -> Round:
         """Gather the round's rewards, what the components add and the reward info over the processes."""
         config, shards, batch = self.config, self.shards, sampled.batch
+        values = {key: shards.gather(value) for key, value in {"rewards": batch.rewards, **extra}.items()}
         gathered = GatheredRound(
-            **{key: shards.gather(value) for key, value in {"rewards": batch.rewards, **extra}.items()},
-            reward_info={key: shards.gather(value) for key, value in batch.reward_info.items()})
+            **{key: value for key, value in values.items() if key in GATHERED_FIELDS},
+            reward_info={key: shards.gather(value) for key, value in batch.reward_info.items()},
+            inputs={key: value for key, value in values.items() if key not in GATHERED_FIELDS})
         rewards, metrics = gathered.rewards, {}  # what the estimator normalises: the weighted sum by default
         if config.algorithm.multi_reward_mix == "advantage_aggr":
             rewards, metrics = self.component_advantages(gathered, groups)

@@ -20,15 +20,20 @@ from pathlib import Path
 import torch
 
 from ddpo_group.rollout.component import Component
+from ddpo_group.run.components import register_component
 from ddpo_group.run.persistence.checkpointing import BEST_LORA, BEST_RECORD, BEST_WEIGHTS, trained_weights
 from ddpo_group.run.persistence.write_errors import writing
 from ddpo_group.update.ema import load_weight_copies
 
 
+@register_component("best_weights")
 class BestWeights(Component):
-    """The best evaluation's weights (module docstring). ``restores``: keep the restore point in memory too."""
+    """The best evaluation's weights (module docstring). ``restores``: keep the restore point in memory too. The
+    run's evaluations make it (run/evaluations.py); the last component."""
 
-    name = "best_weights"
+    @classmethod
+    def build(cls, parts):
+        return parts.best_weights
 
     def __init__(self, config, accelerator, model, family, params, session, timer, restores: bool):
         self.config, self.accelerator, self.model, self.family, self.timer = config, accelerator, model, family, timer

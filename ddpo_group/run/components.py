@@ -17,7 +17,9 @@ In their order (the order of their hooks each round and epoch, and of their stat
     adaptive_branching     the tree's branch steps, moved after each epoch (rollout/branching.py)
     best_weights           the best evaluation's weights (run/best_weights.py): lora_best/ and the restore point
 
-``build_components`` makes the ones the config asks for; adding one is a class here and a line in it.
+Each is registered (``@register_component(name)``) in that order and builds itself from what the trainer built
+(``build(parts)``: None when the run has no such part); ``build_components`` makes the ones a run has. Adding one is
+a registered class (here, or in a module the trainer imports: run/best_weights.py registers the last one).
 """
 
 from __future__ import annotations
@@ -27,11 +29,24 @@ from dataclasses import dataclass, replace
 import torch
 
 from ddpo_group.models.trainable import apply_settings
+from ddpo_group.registry import Registry
 from ddpo_group.rollout.component import Component, SampledRound
 from ddpo_group.rollout.sampler import greedy_rewards
 from ddpo_group.rollout.tweedie import valued_steps
 from ddpo_group.sampling.trajectories import SamplingOptions
 from ddpo_group.update.critic import Critic
+
+
+COMPONENT_REGISTRY = Registry("component")
+
+
+def register_component(name: str):
+    """Registers a Component class under ``name`` (its key in checkpoints), after the ones registered before it: the
+    order of their hooks and of their state. The class builds itself: ``build(parts: RunParts) -> Component | None``."""
+    def decorator(cls):
+        cls.name = name
+        return COMPONENT_REGISTRY.register(name)(cls)
+    return decorator
 
 
 class HoldsState(Component):
@@ -47,8 +62,11 @@ class HoldsState(Component):
         self.piece.load_state_dict(state)
 
 
+@register_component("critic")
 class CriticComponent(HoldsState):
-    name = "critic"
+    @classmethod
+    def build(cls, parts):
+        return cls(parts.critic, parts.estimator, parts.shards, parts.config, parts.timer) if parts.critic else None
 
     def __init__(self, critic: Critic, estimator, shards, config, timer):
         self.critic, self.estimator, self.shards, self.config, self.timer = critic, estimator, shards, config, timer
@@ -73,8 +91,12 @@ class CriticComponent(HoldsState):
         return apply_settings(self.critic.optimizer, Critic.settings(self.config))
 
 
+@register_component("kl")
 class KLComponent(HoldsState):
-    name = "kl"
+    @classmethod
+    def build(cls, parts):
+        return cls(parts.kl, parts.scorer, parts.family, parts.pairs_per_forward_of, parts.shards, parts.config,
+                   parts.unwrapped_policy) if parts.kl else None
 
     def __init__(self, kl, scorer, family, pairs_per_forward_of, shards, config, unwrapped_policy):
         self.kl, self.scorer, self.family, self.pairs_per_forward_of = kl, scorer, family, pairs_per_forward_of
@@ -108,8 +130,11 @@ class KLComponent(HoldsState):
                                    self.shards.total)
 
 
+@register_component("estimator_controller")
 class ControllerComponent(HoldsState):
-    name = "estimator_controller"
+    @classmethod
+    def build(cls, parts):
+        return cls(parts.controller, parts.estimator, parts.timer) if parts.controller else None
 
     def __init__(self, controller, estimator, timer):
         self.controller, self.estimator, self.timer = controller, estimator, timer
@@ -130,8 +155,11 @@ class ControllerComponent(HoldsState):
         return self.controller.summary(epoch, metrics)
 
 
+@register_component("ema")
 class EMAComponent(HoldsState):
-    name = "ema"
+    @classmethod
+    def build(cls, parts):
+        return cls(parts.ema) if parts.ema else None
 
     def __init__(self, ema):
         self.ema = self.piece = ema
@@ -143,11 +171,14 @@ class EMAComponent(HoldsState):
         self.ema.reset()
 
 
+@register_component("old_model")
 class OldModelComponent(HoldsState):
     """The old model moves in the matching update's end of epoch (update/matching_update.py); here its restore and
     state."""
 
-    name = "old_model"
+    @classmethod
+    def build(cls, parts):
+        return cls(parts.old) if parts.old else None
 
     def __init__(self, old):
         self.old = self.piece = old
@@ -159,8 +190,13 @@ class OldModelComponent(HoldsState):
         self.old.reset(model)
 
 
+@register_component("tweedie_values")
 class TweedieComponent(Component):
-    name = "tweedie_values"
+    @classmethod
+    def build(cls, parts):
+        if not parts.estimator.reads(parts.config, "tweedie_values"):
+            return None
+        return cls(len(valued_steps(parts.family.stochastic_steps(parts.config.sample))))
 
     def __init__(self, num_steps: int):
         self.num_steps = num_steps  # the valued steps: a reward query each, a sample
@@ -172,8 +208,11 @@ class TweedieComponent(Component):
         return sampled.num_samples * self.num_steps
 
 
+@register_component("tree")
 class TreeComponent(Component):
-    name = "tree"
+    @classmethod
+    def build(cls, parts):
+        return cls(parts.shards) if parts.tree else None
 
     def __init__(self, shards):
         self.shards = shards
@@ -182,10 +221,15 @@ class TreeComponent(Component):
         return {"tree_nodes": sampled.batch.tree_nodes + self.shards.mine.start}  # rows of the gathered round
 
 
+@register_component("greedy_rewards")
 class GreedyComponent(Component):
     """ReMax's baseline: with shared initial noise, a group's greedy sample starts from the group's x_0 too."""
 
-    name = "greedy_rewards"
+    @classmethod
+    def build(cls, parts):
+        if not parts.estimator.needs_greedy_rewards:
+            return None
+        return cls(parts.family, parts.reward_scorer, parts.shards, parts.config, parts.timer)
 
     def __init__(self, family, reward_scorer, shards, config, timer):
         self.family, self.reward_scorer, self.shards = family, reward_scorer, shards
@@ -204,8 +248,11 @@ class GreedyComponent(Component):
         return int(self.shards.gather(torch.tensor([len(set(sampled.groups))])).sum())
 
 
+@register_component("adaptive_branching")
 class BranchingComponent(HoldsState):
-    name = "adaptive_branching"
+    @classmethod
+    def build(cls, parts):
+        return cls(parts.branching) if parts.branching else None
 
     def __init__(self, branching):
         self.branching = self.piece = branching
@@ -242,24 +289,9 @@ class RunParts:
 
 
 def build_components(parts: RunParts) -> "Components":
-    """The components of the run ``parts`` were built for, in their order (module docstring)."""
-    config, estimator = parts.config, parts.estimator
-    made = [
-        CriticComponent(parts.critic, estimator, parts.shards, config, parts.timer) if parts.critic else None,
-        KLComponent(parts.kl, parts.scorer, parts.family, parts.pairs_per_forward_of, parts.shards, config,
-                    parts.unwrapped_policy) if parts.kl else None,
-        ControllerComponent(parts.controller, estimator, parts.timer) if parts.controller else None,
-        EMAComponent(parts.ema) if parts.ema else None,
-        OldModelComponent(parts.old) if parts.old else None,
-        TweedieComponent(len(valued_steps(parts.family.stochastic_steps(config.sample))))
-        if estimator.reads(config, "tweedie_values") else None,
-        TreeComponent(parts.shards) if parts.tree else None,
-        GreedyComponent(parts.family, parts.reward_scorer, parts.shards, config, parts.timer)
-        if estimator.needs_greedy_rewards else None,
-        BranchingComponent(parts.branching) if parts.branching else None,
-        parts.best_weights,
-    ]
-    return Components([component for component in made if component])
+    """The components of the run ``parts`` were built for, in their registered order (module docstring)."""
+    made = (component_class.build(parts) for component_class in COMPONENT_REGISTRY.in_order())
+    return Components([component for component in made if component is not None])
 
 
 class Components:
