@@ -2,13 +2,12 @@
 the weights the package's updater trains, bitwise, and the file runs as a user runs it."""
 
 import importlib.util
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from helpers.launch_helpers import ROOT, launch_environment
+from helpers.launch_helpers import ROOT
 from helpers.trainer_helpers import tiny_trainer
 
 
@@ -43,12 +42,12 @@ def test_the_flat_update_trains_the_weights_the_package_updater_trains(tiny_mode
     assert loss == pytest.approx(package["policy_loss"], rel=1e-6)
 
 
-def test_the_one_file_runs_the_main_job(tmp_path):
-    """``python examples/group_ppo_one_file.py --epochs 1`` on the embedded model: the evaluation before and after the
-    epoch, one line an epoch."""
-    out = subprocess.run([sys.executable, "examples/group_ppo_one_file.py", "--epochs", "1", "--logdir", str(tmp_path),
-                          "--set", "sample.num_batches_per_epoch=1", "eval_num_seeds=2", "device=cpu"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600, env=launch_environment())
-    assert out.returncode == 0, out.stderr[-3000:]
-    line = [line for line in out.stdout.splitlines() if line.startswith("epoch 0: reward ")]
-    assert len(line) == 1 and ", evaluation " in line[0], out.stdout[-2000:]
+def test_the_one_file_runs_the_main_job(tmp_path, monkeypatch, capsys):
+    """``python examples/group_ppo_one_file.py --epochs 1`` on the embedded model (its main, in this process): the
+    evaluation before and after the epoch, one line an epoch."""
+    monkeypatch.setattr(sys, "argv", ["examples/group_ppo_one_file.py", "--epochs", "1", "--logdir", str(tmp_path),
+                                      "--set", "sample.num_batches_per_epoch=1", "eval_num_seeds=2", "device=cpu"])
+    one_file().main()
+    out = capsys.readouterr().out
+    line = [line for line in out.splitlines() if line.startswith("epoch 0: reward ")]
+    assert len(line) == 1 and ", evaluation " in line[0], out[-2000:]
