@@ -30,6 +30,7 @@ import torch
 
 from ddpo_group.models.trainable import apply_settings
 from ddpo_group.registry import Registry
+from ddpo_group.rollout.branching import AdaptiveBranches
 from ddpo_group.rollout.component import Component, SampledRound
 from ddpo_group.rollout.sampler import greedy_rewards
 from ddpo_group.rollout.tweedie import valued_steps
@@ -212,7 +213,7 @@ class TweedieComponent(Component):
 class TreeComponent(Component):
     @classmethod
     def build(cls, parts):
-        return cls(parts.shards) if parts.tree else None
+        return cls(parts.shards) if parts.branches else None
 
     def __init__(self, shards):
         self.shards = shards
@@ -252,7 +253,11 @@ class GreedyComponent(Component):
 class BranchingComponent(HoldsState):
     @classmethod
     def build(cls, parts):
-        return cls(parts.branching) if parts.branching else None
+        """sample.adaptive_branching: the tree's branch steps move among the family's stochastic steps."""
+        if not parts.config.sample.adaptive_branching:
+            return None
+        stochastic = parts.family.stochastic_steps(parts.config.sample).nonzero().flatten().tolist()
+        return cls(AdaptiveBranches(parts.branches, stochastic))
 
     def __init__(self, branching):
         self.branching = self.piece = branching
@@ -283,8 +288,7 @@ class RunParts:
     controller: object = None
     ema: object = None
     old: object = None
-    tree: bool = False
-    branching: object = None
+    branches: dict | None = None  # tree rollouts' {step: children} ({} or None: flat sampling)
     best_weights: object = None
 
 
@@ -295,7 +299,7 @@ def build_components(parts: RunParts) -> "Components":
 
 
 class Components:
-    """The run's components in their order: iterated, or one by name (``components["critic"]``, ``.get(name)``)."""
+    """The run's components in their order: iterated, or one by name (``components["critic"]``)."""
 
     def __init__(self, components: list[Component]):
         self.items = list(components)
@@ -308,9 +312,6 @@ class Components:
 
     def __getitem__(self, name: str) -> Component:
         return next(component for component in self.items if component.name == name)
-
-    def get(self, name: str) -> Component | None:
-        return next((component for component in self.items if component.name == name), None)
 
     @property
     def names(self) -> list[str]:

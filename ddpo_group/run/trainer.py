@@ -27,7 +27,6 @@ from ddpo_group.models.trainable import apply_settings, build_policy, lora_confi
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
 from ddpo_group.rewards import is_groupwise, make_reward_fn
-from ddpo_group.rollout.branching import AdaptiveBranches
 from ddpo_group.rollout.collector import Estimation, RolloutCollector, rollout_tree
 from ddpo_group.rollout.reward_scorer import RewardScorer
 from ddpo_group.run.config_checks import config_warnings, validate_config
@@ -91,14 +90,12 @@ class Trainer:
             config, self.accelerator, self.family, reward_scorer, self.shards.gather, self.model, self.params,
             self.session, self.timer, weights=held_weights(self.ema, config.train.ema_eval),
             restore=self.restore_best, logger=self.epoch_logger)
-        stochastic = self.family.stochastic_steps(config.sample).nonzero().flatten().tolist()
-        adaptive = AdaptiveBranches(branches, stochastic) if config.sample.adaptive_branching else None
         self.components = build_components(RunParts(
             config, self.shards, self.family, self.scorer, reward_scorer, self.estimator, self.timer,
             pairs_per_forward_of=self.updater.pairs_per_forward_of,
             unwrapped_policy=lambda: self.accelerator.unwrap_model(self.model),
             critic=self.critic, kl=self.kl, controller=self.estimator_controller, ema=self.ema, old=self.old,
-            tree=bool(branches), branching=adaptive, best_weights=self.evaluations.best))
+            branches=branches, best_weights=self.evaluations.best))
         self.rollouts = RolloutCollector(
             config, self.shards, self.family, reward_scorer, self.prompt_sampler,
             Estimation(self.estimator, self.stat_tracker, self.estimator_controller), self.components, branches,
