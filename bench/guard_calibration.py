@@ -15,9 +15,13 @@ defaults (config/base.py) or ``--set guard.FIELD=VALUE``:
     fall        the largest drop of the trained reward's evaluation below its best so far, in its standard errors, at an
                 evaluation below the value before training (the fall rule's measure; it fires above guard.fall_drop)
     diversity   the lowest eval/diversity over its value before training (it fires below guard.min_diversity)
+    verdict     what the run handed over, by its fresh final evaluation (summary.json, run/reporting/verdict.py):
+                learned, did_not_learn, fell or hacked, with the change on fresh images and its standard error, the
+                best evaluation's (lora_best/) change, and the restores
 
-Writes <out>/<name>.json, <out>/<name>.md and prints the table (<name>: "default", or the replayed study's name: the
-directory's, or its parent's for a directory named runs).
+Writes <out>/<name>.json, <out>/<name>.md and prints the table and, per preset, the fresh final evaluation's counts:
+runs below their start, "did not learn", restores (<name>: "default", or the replayed study's name: the directory's,
+or its parent's for a directory named runs).
 """
 
 from __future__ import annotations
@@ -93,16 +97,59 @@ def margins(records: list[dict], guard_config) -> dict:
             "epochs": [r["epoch"] for r in records]}
 
 
+def handed_over(run_dir: Path) -> dict:
+    """The run's summary.json, as the table reads it: the verdict, the fresh change of lora/ and of lora_best/ with their
+    standard errors, the restores; {} for a run without one."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return {}
+    record = json.loads(path.read_text())
+    reward = record["fresh"].get("reward", {})
+    final, best = reward.get("final", {}), reward.get("best", {})
+    return {"verdict": record["verdict"], "before": final.get("before"), "after": final.get("after"),
+            "change": final.get("change"), "se": final.get("se"), "best_epoch": best.get("epoch"),
+            "best_change": best.get("change"), "best_se": best.get("se"), "restores": record["restores"],
+            "per_prompt": final.get("per_prompt", {})}
+
+
 def table(runs: dict) -> str:
-    lines = ["| run | fired (epoch) | largest drift (spreads) | largest fall (SE, below start) | lowest diversity |",
-             "|---|---|---|---|---|"]
+    fresh = any(m.get("verdict") for m in runs.values())
+    lines = ["| run | fired (epoch) | largest drift (spreads) | largest fall (SE, below start) | lowest diversity |"
+             + (" verdict | fresh change (SE) | lora_best/ change (epoch) | restores (after -> to) |" if fresh else ""),
+             "|---|---|---|---|---|" + ("---|---|---|---|" if fresh else "")]
     for name, m in runs.items():
         fired = ", ".join(f"{rule} ({epoch})" for rule, epoch in m["fired"].items()) or "none"
-        lines.append(f"| {name} | {fired} | {m['drift']:.2f} ({m['drift_statistic']}) | {m['fall_se']:.2f} | "
-                     f"{m['diversity']} |")
+        row = (f"| {name} | {fired} | {m['drift']:.2f} ({m['drift_statistic']}) | {m['fall_se']:.2f} | "
+               f"{m['diversity']} |")
+        if fresh and m.get("verdict"):
+            best = f"{m['best_change']:+.4f} ({m['best_epoch']})" if m["best_change"] is not None else "—"
+            restores = ", ".join(f"{r['after_epoch']} -> {r['to_epoch']}" for r in m["restores"]) or "none"
+            row += f" {m['verdict']} | {m['change']:+.4f} ({m['se']:.4f}) | {best} | {restores} |"
+        lines.append(row)
     rules = sorted({rule for m in runs.values() for rule in m["fired"]})
     count = ", ".join(f"{rule} {sum(rule in m['fired'] for m in runs.values())}" for rule in rules) or "none"
-    return "\n".join(lines) + f"\n\nRuns: {len(runs)}; runs each rule fired on: {count}.\n"
+    text = "\n".join(lines) + f"\n\nRuns: {len(runs)}; runs each rule fired on: {count}.\n"
+    return text + (verdict_counts(runs) if fresh else "")
+
+
+def verdict_counts(runs: dict) -> str:
+    """Per preset (a run's name less its _seed<N>): the fresh gain, the runs below their start, each verdict, the runs
+    restored."""
+    presets: dict[str, list[dict]] = {}
+    for name, m in runs.items():
+        if m.get("verdict"):
+            presets.setdefault(name.rsplit("_seed", 1)[0], []).append(m)
+    lines = ["", "| preset | runs | fresh gain (mean ± std) | lowest | below start | learned | did not learn | fell | "
+                 "hacked | restored |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for preset, ms in presets.items():
+        changes = [m["change"] for m in ms]
+        mean = sum(changes) / len(changes)
+        std = (sum((c - mean) ** 2 for c in changes) / max(len(changes) - 1, 1)) ** 0.5
+        count = {v: sum(m["verdict"] == v for m in ms) for v in ("learned", "did_not_learn", "fell", "hacked")}
+        lines.append(f"| {preset} | {len(ms)} | {mean:+.4f} ± {std:.4f} | {min(changes):+.4f} | "
+                     f"{sum(c < 0 for c in changes)} | {count['learned']} | {count['did_not_learn']} | {count['fell']} | "
+                     f"{count['hacked']} | {sum(bool(m['restores']) for m in ms)} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> dict:
@@ -121,7 +168,8 @@ def main(argv=None) -> dict:
         jobs = [(preset, seed) for preset in args.presets.split(",") for seed in map(int, args.seeds.split(","))]
         with ThreadPoolExecutor(args.jobs) as pool:
             run_dirs = list(pool.map(lambda job: train(out, *job, args.train_set), jobs))
-    runs = {d.name: margins([json.loads(line) for line in (d / "eval.jsonl").read_text().splitlines()], guard_config)
+    runs = {d.name: {**margins([json.loads(line) for line in (d / "eval.jsonl").read_text().splitlines()],
+                               guard_config), **handed_over(d)}
             for d in run_dirs}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps({"guard": guard_config.to_dict(), "runs": runs}, indent=1))

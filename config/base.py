@@ -306,7 +306,7 @@ def base() -> ml_collections.ConfigDict:
     # ---- evaluation during training (ddpo_group/run/periodic_eval.py) ----
     # every eval_freq epochs (0: off), and then also before the first update and after the last epoch: the same prompts
     # from the same initial noise with the deterministic sampler (noise level 0, sample.eval_num_steps); eval/* in
-    # the metrics, eval.jsonl, samples/eval_*.png; the run summary's before -> after is this evaluation's
+    # the metrics, eval.jsonl, samples/eval_*.png; the curves and the guard read it
     config.eval_freq = 10
     config.eval_num_prompts = 8  # distinct prompts drawn once from prompt_fn by a generator seeded by seed (its own)
     config.eval_num_seeds = 8  # initial noises per prompt (noise j is the same for every prompt)
@@ -321,13 +321,19 @@ def base() -> ml_collections.ConfigDict:
     # encoder when one has it (pickscore, clipscore, aesthetic), else "pixels" (the images at 32 x 32 px: no download);
     # or a CLIP model to load (a hub id or directory of a transformers CLIPModel)
     config.eval_diversity_features = ""
+    # the fresh final evaluation (ddpo_group/run/fresh_evaluation.py): at the end, the weights handed over (lora/) and
+    # the best evaluation's (lora_best/) beside the base model on the evaluation's prompts x this many initial noises
+    # that no evaluation during training uses; the run summary's before -> after, its standard error and the verdict
+    # (summary.json); 0: none
+    config.final_eval_num_seeds = 16
 
     # ---- the guard (ddpo_group/run/guard.py): rules over the evaluations that name reward hacking when it starts ----
     config.guard = guard = ml_collections.ConfigDict()
     # what an alarm does: "warn" (one line naming the rule, its numbers and the best evaluation), "stop" (a checkpoint,
     # then a clean exit 0 with the resume command), "restore" (the line, and on the fall and held-out rules the best
-    # evaluation's weights loaded back into the policy, its optimizer state cleared, and training goes on; the run
-    # never ends on weights those rules fired on) or "off"; the best evaluation's weights are kept either way
+    # evaluation's weights loaded back into the policy with all the run had learned then (its optimizers' state, the
+    # critic, the estimator's controller, the KL term's gates and reference, the EMA), and training goes on; a restore
+    # after the last epoch is evaluated again) or "off"; the best evaluation's weights are kept either way
     guard.on_alarm = "warn"
     # held-out reward below its best by more than this many standard errors of the evaluation while the evaluation's
     # training reward rose above its value then (eval_reward_fn set; a groupwise reward: its pointwise score)
@@ -426,6 +432,11 @@ def group_ppo() -> ml_collections.ConfigDict:
     # the critic learns each sample's deviation from its group's mean reward: an untrained critic gives grpo's
     # advantages instead of noise (docs/studies/group_ppo_values/: the study of the value sources)
     config.group_ppo.value_source = "residual_critic"
+    # what it hands over: the guard's restore, evaluated every 5 epochs, on a fall of 1 standard error below the best
+    # evaluation and below the start (docs/studies/handover/: ended at or above its start on fresh images)
+    config.eval_freq = 5
+    config.guard.on_alarm = "restore"
+    config.guard.fall_drop = 1.0
     return config
 
 

@@ -55,6 +55,7 @@ def group_ppo_flow(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
     config.kl.only_below_start = True
     config.eval_freq = 5
     config.guard.on_alarm = "restore"
+    config.guard.fall_drop = 1.0  # what it hands over (docs/studies/handover/)
     return config
 
 

@@ -150,6 +150,14 @@ class ReferenceModel:
             total += float(delta.pow(2).sum())
         return math.sqrt(total)
 
+    def adapter_weights(self, model) -> list[torch.Tensor]:
+        """An ``adapter`` reference's LoRA matrices in ``model`` (the unwrapped policy; the denoiser's state holds
+        them, not this object's); [] in the other modes."""
+        if self.mode != "adapter":
+            return []
+        return [getattr(layer, name)[self.adapter_name].weight for layer in _lora_layers(model)
+                for name in ("lora_A", "lora_B")]
+
     def metrics(self, model) -> dict:
         return {"ref/last_update_epoch": float(self.last_update_epoch), "ref/param_distance": self.param_distance(model)}
 

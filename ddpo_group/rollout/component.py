@@ -13,6 +13,10 @@ A round (rollout/collector.py's ``Round``) passes through a component twice:
 
 and an epoch once, after the policy's update (``after_update``: its own update, its metrics), in the components'
 order: the order fixes what draws random numbers first, so it is the order the checkpoint lists them in.
+
+What a component has learned (``learned_state``: by default its checkpointed state) is copied with the policy's weights
+at every best evaluation and put back with them when the guard restores them (run/best_weights.py): a restore returns
+the whole run to that evaluation, not only its weights.
 """
 
 from __future__ import annotations
@@ -20,6 +24,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+
+def copied(tree):
+    """``tree`` (dicts, lists, tuples of tensors and plain values) with each tensor a detached CPU copy: a state that
+    later training cannot change, nor loading it alias."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {key: copied(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(copied(value) for value in tree)
+    return tree
 
 
 @dataclass(frozen=True)
@@ -78,8 +94,14 @@ class Component:
         """The frozen denoiser copies it holds (full fine-tuning's reference and old model), whose forwards count."""
         return []
 
-    def after_restore(self, model) -> None:
-        """The guard put the best evaluation's weights back into the policy (``model``: the unwrapped denoiser)."""
+    def learned_state(self):
+        """What it has learned, which the guard's restore puts back with the policy's weights (module docstring): its
+        checkpointed state when it is stateful (a copy), else None."""
+        return copied(self.state_dict()) if self.stateful else None
+
+    def load_learned_state(self, state) -> None:
+        """``learned_state()``'s value back (the guard's restore)."""
+        self.load_state_dict(copied(state))
 
     def state_dict(self) -> dict:
         return {}

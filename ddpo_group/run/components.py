@@ -31,7 +31,7 @@ import torch
 from ddpo_group.models.trainable import apply_settings
 from ddpo_group.registry import Registry
 from ddpo_group.rollout.branching import AdaptiveBranches
-from ddpo_group.rollout.component import Component, SampledRound
+from ddpo_group.rollout.component import Component, SampledRound, copied
 from ddpo_group.rollout.sampler import greedy_rewards
 from ddpo_group.rollout.tweedie import valued_steps
 from ddpo_group.sampling.trajectories import SamplingOptions
@@ -63,6 +63,24 @@ class HoldsState(Component):
         self.piece.load_state_dict(state)
 
 
+class FollowsPolicy(HoldsState):
+    """A HoldsState whose piece has a reference model (``self.reference``) that can follow the policy: as an adapter in
+    the policy's denoiser (reference/model.py) its weights are the accelerate state's, so what it learned adds them."""
+
+    reference = None
+    unwrapped_policy = None
+
+    def learned_state(self):
+        return copied({"state": self.piece.state_dict(),
+                       "adapter": self.reference.adapter_weights(self.unwrapped_policy())})
+
+    @torch.no_grad()
+    def load_learned_state(self, state) -> None:
+        self.piece.load_state_dict(copied(state["state"]))
+        for weight, saved in zip(self.reference.adapter_weights(self.unwrapped_policy()), state["adapter"], strict=True):
+            weight.copy_(saved)
+
+
 @register_component("critic")
 class CriticComponent(HoldsState):
     @classmethod
@@ -72,6 +90,14 @@ class CriticComponent(HoldsState):
     def __init__(self, critic: Critic, estimator, shards, config, timer):
         self.critic, self.estimator, self.shards, self.config, self.timer = critic, estimator, shards, config, timer
         self.piece = critic.optimizer  # the network itself is in accelerate's state
+
+    def learned_state(self):
+        """The critic's optimizer and its network."""
+        return copied({"optimizer": self.critic.optimizer.state_dict(), "network": self.critic.module.state_dict()})
+
+    def load_learned_state(self, state) -> None:
+        self.critic.optimizer.load_state_dict(copied(state["optimizer"]))
+        self.critic.module.load_state_dict(state["network"])
 
     def round_inputs(self, sampled: SampledRound) -> dict:
         return {"values": sampled.batch.values}
@@ -93,7 +119,7 @@ class CriticComponent(HoldsState):
 
 
 @register_component("kl")
-class KLComponent(HoldsState):
+class KLComponent(FollowsPolicy):
     @classmethod
     def build(cls, parts):
         return cls(parts.kl, parts.scorer, parts.family, parts.pairs_per_forward_of, parts.shards, parts.config,
@@ -102,7 +128,7 @@ class KLComponent(HoldsState):
     def __init__(self, kl, scorer, family, pairs_per_forward_of, shards, config, unwrapped_policy):
         self.kl, self.scorer, self.family, self.pairs_per_forward_of = kl, scorer, family, pairs_per_forward_of
         self.shards, self.config, self.unwrapped_policy = shards, config, unwrapped_policy
-        self.piece = kl
+        self.piece, self.reference = kl, kl.reference
 
     def round_inputs(self, sampled: SampledRound) -> dict:
         """kl.in_reward: the KL to the reference of every sampled step [B, T] and the step rewards -beta KL_n, the
@@ -168,27 +194,21 @@ class EMAComponent(HoldsState):
     def after_update(self, epoch: int, rollouts, train: dict) -> dict:
         return self.ema.metrics()
 
-    def after_restore(self, model) -> None:
-        self.ema.reset()
-
 
 @register_component("old_model")
-class OldModelComponent(HoldsState):
-    """The old model moves in the matching update's end of epoch (update/matching_update.py); here its restore and
-    state."""
+class OldModelComponent(FollowsPolicy):
+    """The old model moves in the matching update's end of epoch (update/matching_update.py); here its state."""
 
     @classmethod
     def build(cls, parts):
-        return cls(parts.old) if parts.old else None
+        return cls(parts.old, parts.unwrapped_policy) if parts.old else None
 
-    def __init__(self, old):
+    def __init__(self, old, unwrapped_policy):
         self.old = self.piece = old
+        self.reference, self.unwrapped_policy = old.weights, unwrapped_policy
 
     def denoiser_copies(self) -> list:
         return [self.old.weights.copy] if self.old.weights.copy is not None else []
-
-    def after_restore(self, model) -> None:
-        self.old.reset(model)
 
 
 @register_component("tweedie_values")
@@ -290,6 +310,7 @@ class RunParts:
     old: object = None
     branches: dict | None = None  # tree rollouts' {step: children} ({} or None: flat sampling)
     best_weights: object = None
+    fresh_evaluation: object = None
 
 
 def build_components(parts: RunParts) -> "Components":

@@ -122,6 +122,7 @@ class EvalResult:
     metrics: dict  # eval/* (and eval_stochastic/*) numbers
     grid: object | None  # a PIL image of the deterministic images (main process), or None
     rewards: torch.Tensor  # [N * M] float64, row order, deterministic sampler
+    heldout: torch.Tensor | None = None  # the held-out rewards (eval_reward_fn) of the same rows, or None
     # a family with audio (LTX-2): the grid's rows' waveforms [rows, channels, samples] (main process), else None
     audio: torch.Tensor | None = None
     audio_sample_rate: int = 0
@@ -131,12 +132,14 @@ class PeriodicEvaluation:
     """The fixed evaluation of a run (module docstring). ``run(epoch)`` on every process at the same epochs."""
 
     def __init__(self, config, accelerator, family, reward_scorer, gather, heldout_scorer=None,
-                 image_features=None):
+                 image_features=None, num_seeds: int | None = None, first_noise: int = 0):
         """``reward_scorer`` (rollout/reward_scorer.py) scores a batch of images: the sampling's own, so a
         batch size halved after an out-of-memory error holds for both. ``gather(tensor)`` concatenates a per-process
         tensor over the processes in process order (ddpo_group/distributed.py's ProcessShards.gather).
         ``heldout_scorer``: a RewardScorer of the held-out rewards (eval_reward_fn); ``image_features``: images
-        [N, 3, H, W] -> [N, d] unit vectors for eval/diversity (a CLIP image encoder), None: the pixel feature."""
+        [N, 3, H, W] -> [N, d] unit vectors for eval/diversity (a CLIP image encoder), None: the pixel feature.
+        ``num_seeds``: the initial noises per prompt (None: eval_num_seeds), noises ``first_noise`` .. ``first_noise``
+        + num_seeds - 1 (run/fresh_evaluation.py's are ones no evaluation during training uses)."""
         self.config, self.accelerator, self.family, self.reward_scorer, self.gather = (
             config, accelerator, family, reward_scorer, gather)
         self.heldout_scorer, self.image_features = heldout_scorer, image_features
@@ -144,7 +147,8 @@ class PeriodicEvaluation:
         self.audio_start: dict | None = None  # eval/audio/* before training (eval/drift/audio/*'s origin)
         self.freq, self.num_epochs = int(config.eval_freq), int(config.num_epochs)
         self.prompts, self.metadata = eval_prompts(config)
-        self.num_seeds = int(config.eval_num_seeds)
+        self.num_seeds = int(config.eval_num_seeds if num_seeds is None else num_seeds)
+        self.first_noise = int(first_noise)
         self.group_by = config.eval_group_by
         if self.group_by:
             missing = [p for p, m in zip(self.prompts, self.metadata) if self.group_by not in m]
@@ -158,9 +162,10 @@ class PeriodicEvaluation:
         self._cond = None  # the prompts' condition, encoded at the first evaluation
 
     @classmethod
-    def from_config(cls, config, accelerator, family, reward_scorer, gather) -> "PeriodicEvaluation":
+    def from_config(cls, config, accelerator, family, reward_scorer, gather, **kwargs) -> "PeriodicEvaluation":
         """The run's evaluation: its held-out rewards (eval_reward_fn) and eval/diversity's image features
-        (eval_diversity_features: a named CLIP model, else a reward's own CLIP image encoder, else the pixels)."""
+        (eval_diversity_features: a named CLIP model, else a reward's own CLIP image encoder, else the pixels);
+        ``kwargs``: num_seeds, first_noise (``__init__``)."""
         from ddpo_group.rewards import image_features_of, make_reward_fn
         from ddpo_group.rollout.reward_scorer import RewardScorer
 
@@ -180,7 +185,7 @@ class PeriodicEvaluation:
             fns = [heldout.reward_fn] if heldout is not None else []
             features = next((image_features_of(fn) for fn in fns + [reward_scorer.reward_fn]
                              if image_features_of(fn) is not None), None)
-        return cls(config, accelerator, family, reward_scorer, gather, heldout, features)
+        return cls(config, accelerator, family, reward_scorer, gather, heldout, features, **kwargs)
 
     @property
     def num_rows(self) -> int:
@@ -201,7 +206,8 @@ class PeriodicEvaluation:
 
     def initial_noise(self, rows: list[int]) -> torch.Tensor:
         shape = self.family.latent_shape()
-        noises = {j: torch.randn(shape, generator=torch.Generator().manual_seed(noise_seed(self.config.seed, j)))
+        first = self.first_noise
+        noises = {j: torch.randn(shape, generator=torch.Generator().manual_seed(noise_seed(self.config.seed, first + j)))
                   for j in {r % self.num_seeds for r in rows}}
         return torch.stack([noises[r % self.num_seeds] for r in rows])
 
@@ -247,7 +253,8 @@ class PeriodicEvaluation:
         main = self.accelerator.is_main_process
         grid = self.grid(images, rewards) if main else None
         heard = audio[: self.grid_rows] if main and audio is not None else None
-        return EvalResult(metrics, grid, rewards, heard, self.family.audio_sample_rate if heard is not None else 0)
+        return EvalResult(metrics, grid, rewards, scored[1][0] if self.heldout_scorer is not None else None, heard,
+                          self.family.audio_sample_rate if heard is not None else 0)
 
     def image_metrics(self, images: torch.Tensor, epoch: int) -> dict:
         """eval/diversity, eval/image/* and eval/drift/* of the deterministic images (run/reporting/image_stats.py); the ones

@@ -53,7 +53,7 @@ from ddpo_group.run.processes.interrupts import StopRequest
 from ddpo_group.run.persistence.metrics_log import read_metrics, rewind_metrics
 from ddpo_group.run.processes.process_failures import share_failure
 from ddpo_group.run.persistence.resume_check import STATE_FIELDS_FILE, check_resume, write_state_fields
-from ddpo_group.run.reporting.summary import format_summary
+from ddpo_group.run.reporting.summary import SUMMARY_RECORD, format_summary, summary_record, wandb_summary
 from ddpo_group.run.persistence.write_errors import writing
 from ddpo_group.timing import NULL_TIMER
 
@@ -257,19 +257,23 @@ class RunSession:
         self.print(f"saved {path}")
         return path
 
-    def finish(self, close) -> None:
-        """After the last epoch: the LoRA export, the trackers closed, ``close()`` (the reward workers), the summary."""
+    def finish(self, close, fresh: dict | None = None) -> None:
+        """After the last epoch: the LoRA export, the verdict in wandb's run summary, the trackers closed, ``close()``
+        (the reward workers), the summary (``fresh``: the fresh final evaluation's report, run/fresh_evaluation.py)."""
+        record = summary_record(fresh or {})
         with self.timer.phase("checkpoint"):
             if self.exports_lora and self.accelerator.is_main_process:
                 with self.lora_weights(), writing(self.run_dir / "lora", "the LoRA in diffusers format"):
                     path = self.family.save_lora(self.model, self.run_dir / "lora")
                 self.print(f"LoRA (diffusers format) in {path}")
             self.accelerator.wait_for_everyone()
+        if self.wandb_mode != "disabled" and self.accelerator.is_main_process:
+            self.accelerator.get_tracker("wandb", unwrap=True).summary.update(wandb_summary(record))
         self.accelerator.end_training()
         close()
         if self.accelerator.is_main_process:
             with self.timer.phase("logging"):
-                self.write_summary()
+                self.write_summary(record)
 
     # ------------------------------------------------------------------ messages
     def stopped_in_sampling(self, epoch: int) -> TrainingInterrupted:
@@ -352,8 +356,9 @@ class RunSession:
     def exports_lora(self) -> bool:
         return bool(self.config.use_lora and self.config.export_lora)
 
-    def write_summary(self) -> str:
-        """Print the one-screen summary of the run and write it to summary.txt."""
+    def write_summary(self, record: dict | None = None) -> str:
+        """Print the one-screen summary of the run and write it to summary.txt; ``record`` (summary.json's, at the
+        run's end) to summary.json."""
         run = self.run_dir
         checkpoints = sorted((run / "checkpoints").glob("checkpoint_*"))
         paths = {
@@ -364,9 +369,12 @@ class RunSession:
         best = best_weights(run)
         notes = ([f"{'best evaluation':<17}{best}"] if best else []) + [f"{'guard':<17}{line}"
                                                                         for line in self.guard_notes]
-        text = format_summary(read_metrics(run / "metrics.jsonl"), paths, read_metrics(run / EVAL_LOG), notes)
+        text = format_summary(read_metrics(run / "metrics.jsonl"), paths, read_metrics(run / EVAL_LOG), notes, record)
         with writing(run / "summary.txt", "the run's summary"):
             (run / "summary.txt").write_text(text + "\n")
+        if record is not None:
+            with writing(run / SUMMARY_RECORD, "the run's summary record"):
+                (run / SUMMARY_RECORD).write_text(json.dumps(record, indent=1) + "\n")
         print(text, flush=True)
         return text
 

@@ -28,6 +28,7 @@ from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
 from ddpo_group.rewards import is_groupwise, make_reward_fn
 from ddpo_group.rollout.collector import Estimation, RolloutCollector, rollout_tree
+from ddpo_group.rollout.component import copied
 from ddpo_group.rollout.reward_scorer import RewardScorer
 from ddpo_group.run.config_checks import config_warnings, validate_config
 from ddpo_group.run.processes.cpu_fsdp import enable_fsdp_on_cpu
@@ -89,13 +90,14 @@ class Trainer:
         self.evaluations = Evaluations.from_config(
             config, self.accelerator, self.family, reward_scorer, self.shards.gather, self.model, self.params,
             self.session, self.timer, weights=held_weights(self.ema, config.train.ema_eval),
-            restore=self.restore_best, logger=self.epoch_logger)
+            restore=self.restore_best, logger=self.epoch_logger, learned=self.learned_state,
+            relearn=self.load_learned_state)
         self.components = build_components(RunParts(
             config, self.shards, self.family, self.scorer, reward_scorer, self.estimator, self.timer,
             pairs_per_forward_of=self.updater.pairs_per_forward_of,
             unwrapped_policy=lambda: self.accelerator.unwrap_model(self.model),
             critic=self.critic, kl=self.kl, controller=self.estimator_controller, ema=self.ema, old=self.old,
-            branches=branches, best_weights=self.evaluations.best))
+            branches=branches, best_weights=self.evaluations.best, fresh_evaluation=self.evaluations.fresh))
         self.rollouts = RolloutCollector(
             config, self.shards, self.family, reward_scorer, self.prompt_sampler,
             Estimation(self.estimator, self.stat_tracker, self.estimator_controller), self.components, branches,
@@ -205,7 +207,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run
     def run(self) -> dict:
-        """Every remaining epoch, then the LoRA export and the summary."""
+        """Every remaining epoch, then the fresh final evaluation, the LoRA export and the summary."""
         metrics = {}
         try:
             with self.session.running(close=lambda: self.rollouts.close(wait=False)):  # signals; a failure stops all
@@ -215,9 +217,13 @@ class Trainer:
                     except EpochAbandoned:  # a stop signal while sampling: the epoch is dropped before any update
                         raise self.session.stopped_in_sampling(epoch) from None
                     self.session.end_of_epoch(epoch)  # the checkpoint when due; a stop signal stops here
+                # what the run hands over (lora/) and its best evaluation's weights, beside the base model, on images
+                # nothing was chosen on: the summary's before -> after and its verdict
+                fresh = self.evaluations.after_training(held_weights(self.ema, self.config.train.ema_export),
+                                                        self.accelerator.unwrap_model(self.model))
         finally:
             self.epoch_logger.draw_reward_curve()  # the epochs since its last draw, whatever ended the run
-        self.session.finish(close=self.rollouts.close)
+        self.session.finish(close=self.rollouts.close, fresh=fresh)
         return metrics
 
     def train_epoch(self, epoch: int) -> dict:
@@ -270,15 +276,29 @@ class Trainer:
                 self.session.print(line)
         return metrics
 
-    def restore_best(self) -> int:
-        """guard.on_alarm="restore": the best evaluation's weights back in the policy, the optimizer's moments cleared
-        (they point where the run fell), the components told (the EMA and a matching objective's old model are set to
-        them); returns that evaluation's epoch."""
-        epoch = self.evaluations.best.restore()
-        self.optimizer.optimizer.state.clear()
+    def restore_best(self, after_epoch: int) -> int:
+        """guard.on_alarm="restore", after the evaluation of epoch ``after_epoch``: the best evaluation's weights back
+        in the policy, with everything else the run had learned then (``learned_state``); returns that evaluation's
+        epoch."""
+        return self.evaluations.best.restore(after_epoch)
+
+    def learned_state(self) -> dict:
+        """A copy of what the run has learned besides the policy's weights, which the guard's restore puts back with
+        them (run/best_weights.py): the policy's optimizer, the stat tracker and each component's learned state (the
+        counters and the prompt stream are not learned: they go on)."""
+        state = {"optimizer": self.optimizer.state_dict(), "stat_tracker": self.stat_tracker.state_dict()}
+        state.update({component.name: component.learned_state() for component in self.components})
+        return copied({name: value for name, value in state.items() if value is not None})
+
+    def load_learned_state(self, state: dict) -> None:
+        if not state:  # a restore point from a checkpoint that kept only its weights: the optimizer's moments cleared
+            self.optimizer.optimizer.state.clear()
+            return
+        self.optimizer.load_state_dict(copied(state["optimizer"]))
+        self.stat_tracker.load_state_dict(copied(state["stat_tracker"]))
         for component in self.components:
-            component.after_restore(self.accelerator.unwrap_model(self.model))
-        return epoch
+            if component.name in state:
+                component.load_learned_state(state[component.name])
 
     def model_flops(self, batch):
         """F_pair and F_image of run/reporting/throughput.py, on this epoch's first sample at its first trained step."""

@@ -65,12 +65,6 @@ class EMAWeights:
         self.updates += 1
         self.last_decay = decay
 
-    @torch.no_grad()
-    def reset(self) -> None:
-        """The EMA set to the weights as they are (the guard's restore: trainer.restore_best)."""
-        for ema, param in zip(self.shadow, self.params, strict=True):
-            ema.copy_(param.detach())
-
     @contextmanager
     def swapped_in(self):
         """The EMA weights in the model inside the block; the training weights, bitwise, after it (also on error)."""

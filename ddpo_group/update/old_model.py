@@ -56,11 +56,6 @@ class OldModel:
         self.weights._mix(model, 1.0 - self.last_decay)
         return self.last_decay
 
-    @torch.no_grad()
-    def reset(self, model) -> None:
-        """theta_old <- theta (the guard's restore: trainer.restore_best)."""
-        self.weights._mix(model, 1.0)
-
     def metrics(self, model) -> dict:
         return {"old_decay": self.last_decay, "old_param_distance": self.weights.param_distance(model)}
 

@@ -11,9 +11,10 @@ import torch
 from config.base import get_config
 from ddpo_group.run.trainer import Trainer
 
-# the mechanics on every step and no evaluation: the defaults' 2-step SDE window and periodic evaluation are the embedded
-# model's learning task (config/base.py); tests that count reward calls or trained pairs assume neither
-MECHANICS = {"sample.sde_window_size": 0, "eval_freq": 0}
+# the mechanics on every step and no evaluation: the defaults' 2-step SDE window, periodic evaluation and fresh final
+# evaluation are the embedded model's learning task (config/base.py); tests that count reward calls or trained pairs
+# assume none of them
+MECHANICS = {"sample.sde_window_size": 0, "eval_freq": 0, "final_eval_num_seeds": 0}
 
 TINY = {
     "num_epochs": 1, "prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility", "sample.num_steps": 4,

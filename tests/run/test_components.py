@@ -11,7 +11,7 @@ from ddpo_group.run.components import COMPONENT_REGISTRY, register_component
 from helpers.trainer_helpers import tiny_trainer
 
 ORDER = ["critic", "kl", "estimator_controller", "ema", "old_model", "tweedie_values", "tree", "greedy_rewards",
-         "adaptive_branching", "best_weights"]
+         "adaptive_branching", "best_weights", "fresh_evaluation"]
 
 
 def test_the_components_are_registered_in_their_order():
@@ -33,11 +33,12 @@ def test_the_components_are_registered_in_their_order():
 def test_a_run_has_the_components_its_config_asks_for_and_checkpoints_them_by_name(tiny_model_dir, tmp_path, preset,
                                                                                    overrides, expected):
     trainer = tiny_trainer(preset, tiny_model_dir, tmp_path, "run", **{"save_freq": 1, **overrides})
-    assert trainer.components.names == expected
+    assert trainer.components.names == [*expected, "fresh_evaluation"]  # every run's (final_eval_num_seeds=0: off)
     trainer.run()
     state = json.loads((tmp_path / "run" / "checkpoints" / "checkpoint_00000" / "training_state.json").read_text())
     stateful = [name for name in expected if trainer.components[name].stateful]
-    assert [piece["name"] for piece in state["pieces"]] == ["prompt_sampler", "counters", "stat_tracker", *stateful]
+    assert [piece["name"] for piece in state["pieces"]] == ["prompt_sampler", "counters", "stat_tracker", *stateful,
+                                                            "fresh_evaluation"]
 
 
 def test_a_component_registered_outside_the_package_adds_to_each_round_and_its_state_is_resumed(tiny_model_dir,
@@ -72,7 +73,7 @@ def test_a_component_registered_outside_the_package_adds_to_each_round_and_its_s
 
     try:
         first = tiny_trainer("ddpo", tiny_model_dir, tmp_path, "run", num_epochs=2, save_freq=1)
-        assert first.components.names == ["round_counter"]
+        assert first.components.names == ["fresh_evaluation", "round_counter"]
         assert first.run()["counter/rounds"] == 2
         resumed = tiny_trainer("ddpo", tiny_model_dir, tmp_path, "run", num_epochs=3, save_freq=1,
                                resume_from=str(tmp_path / "run"))

@@ -87,11 +87,13 @@ def load_pieces(directory: Path, pieces: dict) -> None:
     CheckpointError names the file and the pieces that do not fit."""
     saved = read_states(directory)
     names = list(pieces)
-    if all(name is None for name, _ in saved) and len(saved) == len(names):  # a converted checkpoint: by order
-        states = {name: state for name, (_, state) in zip(names, saved)}
+    optional = {name for name, piece in pieces.items() if getattr(piece, "missing_ok", False)}  # newer than the file
+    required = [name for name in names if name not in optional]
+    if all(name is None for name, _ in saved) and len(saved) in (len(names), len(required)):  # converted: by order
+        states = {name: state for name, (_, state) in zip(names if len(saved) == len(names) else required, saved)}
     else:
         states = {LEGACY_NAMES.get(name, name): state for name, state in saved}
-    if set(states) != set(names):
+    if set(states) != set(names) and not set(names) - optional <= set(states) <= set(names):
         held = sorted(set(states) - set(names), key=str)
         missing = sorted(set(names) - set(states), key=str)
         raise CheckpointError(
@@ -100,6 +102,8 @@ def load_pieces(directory: Path, pieces: dict) -> None:
             + (f"{';' if held else ':'} this run has {missing}, which the checkpoint does not hold" if missing else "")
             + " (another config's checkpoint: its state_fields.json says which)")
     for name, piece in pieces.items():
+        if name not in states:  # a piece newer than the checkpoint that may start afresh (``missing_ok``)
+            continue
         try:
             piece.load_state_dict(states[name])
         except Exception as error:

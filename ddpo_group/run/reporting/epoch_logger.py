@@ -100,6 +100,12 @@ class EpochLogger:
             self.print(f"could not plot the reward curve: {type(error).__name__}: {error}")
         self.drawn_at, self.undrawn = time.monotonic(), False
 
+    def save_image(self, grid, stem: str) -> None:
+        """A grid (main process; None elsewhere) as samples/<stem>.png (the fresh final evaluation's)."""
+        if self.accelerator.is_main_process and grid is not None:
+            (self.run_dir / "samples").mkdir(parents=True, exist_ok=True)
+            grid.save(self.run_dir / "samples" / f"{stem}.png")
+
     def log_evaluation(self, epoch: int, metrics: dict, grid, weights: str, audio=None, audio_sample_rate: int = 0
                        ) -> None:
         """An evaluation during training (run/periodic_eval.py): its eval.jsonl record (with ``weights``: "ema" or

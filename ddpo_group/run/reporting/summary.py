@@ -1,25 +1,58 @@
-"""The one-screen summary printed (and written to summary.txt) at the end of a run."""
+"""The one-screen summary printed (and written to summary.txt) at the end of a run, and summary.json: the verdict and
+the numbers behind it, for a person and for a script (bench/compare_algorithms.py, bench/guard_calibration.py)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from ddpo_group.run.reporting.verdict import verdict
+
+NOT_MEASURED = "not_measured"  # summary.json's verdict of a run without the fresh final evaluation
+SUMMARY_RECORD = "summary.json"
+
+
+def summary_record(fresh: dict) -> dict:
+    """summary.json: {"verdict", "why", "fresh": the fresh final evaluation (run/fresh_evaluation.py's report),
+    "restores": [{"after_epoch", "to_epoch"}]}; without a fresh evaluation the verdict is "not_measured"."""
+    if not fresh:
+        return {"verdict": NOT_MEASURED, "why": "no fresh final evaluation (final_eval_num_seeds=0, or a resumed run "
+                                                 "whose checkpoint held no base scores)", "fresh": {}, "restores": []}
+    final = fresh["reward"]["final"]
+    heldout = fresh.get("heldout", {}).get("final")
+    name, why = verdict(final["change"], final["se"], fresh["same_as_start"], heldout)
+    return {"verdict": name, "why": why, "fresh": {k: v for k, v in fresh.items() if k != "restores"},
+            "restores": fresh["restores"]}
+
+
+def wandb_summary(record: dict) -> dict:
+    """wandb's run summary of a run's end: the verdict and the fresh numbers (fresh/<measure>/<weights>/<number>)."""
+    out = {"verdict": record["verdict"], "verdict_why": record["why"], "guard/restores": len(record["restores"])}
+    for measure in ("reward", "heldout"):
+        for weights, numbers in record["fresh"].get(measure, {}).items():
+            out.update({f"fresh/{measure}/{weights}/{key}": numbers[key] for key in ("before", "after", "change", "se")})
+    return out
+
 
 def format_summary(metrics: list[dict], paths: dict[str, str | os.PathLike],
-                   evaluations: list[dict] | None = None, notes: list[str] | None = None) -> str:
-    """Reward before and after, the best epoch, throughput, and where the artefacts are.
+                   evaluations: list[dict] | None = None, notes: list[str] | None = None,
+                   record: dict | None = None) -> str:
+    """The verdict, reward before and after, the best epoch, throughput, and where the artefacts are.
 
     ``metrics`` are the per-epoch records of metrics.jsonl; ``paths`` maps a label to a path
-    (only existing paths are listed), ``notes`` lines after them (the best evaluation's weights). With ``evaluations`` (eval.jsonl's records: the fixed evaluation during
-    training), before -> after is the first evaluation (before the first update) against the last, and the epoch
-    means follow on one line; without, before -> after is the first epoch's mean reward against the last's (means of
-    freshly drawn prompts).
+    (only existing paths are listed), ``notes`` lines after them (the best evaluation's weights). ``record``:
+    summary.json's (``summary_record``): with a fresh final evaluation, before -> after is its (the weights handed over
+    against the base model on images nothing was chosen on, with the change's standard error), and the evaluations
+    during training follow. With ``evaluations`` (eval.jsonl's records: the fixed evaluation during training), their
+    first (before the first update) against their last, and the epoch means on one line; without, the first epoch's
+    mean reward against the last's (means of freshly drawn prompts).
     """
     lines = ["=" * 72, "run summary", "-" * 72]
     evaluations = [e for e in evaluations or [] if "eval/reward_mean" in e]
+    if record and record.get("fresh"):
+        lines += fresh_lines(record)
     if metrics and evaluations:
-        lines += evaluation_lines(evaluations)
+        lines += evaluation_lines(evaluations, during=bool(record and record.get("fresh")))
         first, last = metrics[0], metrics[-1]
         best = max(metrics, key=lambda m: m["reward_mean"])
         lines.append(f"epoch means      {first['reward_mean']:.4f} (epoch {first['epoch']}) -> {last['reward_mean']:.4f} "
@@ -53,18 +86,45 @@ def format_summary(metrics: list[dict], paths: dict[str, str | os.PathLike],
     return "\n".join(lines)
 
 
-def evaluation_lines(evaluations: list[dict]) -> list[str]:
+def fresh_lines(record: dict) -> list[str]:
+    """The verdict and the fresh final evaluation: the weights handed over and the best evaluation's against the base
+    model, each prompt's change, the held-out rewards, the restores."""
+    fresh = record["fresh"]
+    lines = [f"verdict          {record['why']}",
+             f"fresh images     {fresh['images']} ({fresh['prompts']} prompts x {fresh['noises_per_prompt']} initial noises "
+             f"no evaluation during training used), deterministic sampler, paired with the base model's"]
+    for measure, label in (("reward", "reward"), ("heldout", "held-out reward")):
+        if measure not in fresh:
+            continue
+        final = fresh[measure]["final"]
+        lines += [f"{label + ' before':<17}{final['before']:.4f}  (the base model)",
+                  f"{label + ' after':<17}{final['after']:.4f}  (the weights handed over: lora/ or the model)",
+                  f"{'change':<17}{final['change']:+.4f} ± {final['se']:.4f} (standard error of the paired difference)"]
+        if "best" in fresh[measure]:
+            best = fresh[measure]["best"]
+            lines.append(f"{'best evaluation':<17}{best['after']:.4f}, change {best['change']:+.4f} ± {best['se']:.4f} "
+                         f"(the weights of epoch {best['epoch']}: lora_best/ or best/)")
+        if measure == "reward":
+            lines += [f"  {prompt}: {change:+.4f}" for prompt, change in final["per_prompt"].items()]
+    for restore in record["restores"]:
+        lines.append(f"{'restore':<17}after epoch {restore['after_epoch']}: the weights of epoch {restore['to_epoch']}")
+    return lines
+
+
+def evaluation_lines(evaluations: list[dict], during: bool = False) -> list[str]:
     """Before -> after of the fixed evaluation (same prompts, same initial noise, deterministic sampler), per component
-    and per prompt group."""
+    and per prompt group; ``during``: under the fresh final evaluation's lines, labelled as the evaluations during
+    training."""
     first, last = evaluations[0], evaluations[-1]
 
     def when(record: dict) -> str:
         return "before training" if record["epoch"] < 0 else f"after epoch {record['epoch']}"
 
     weights = " with the EMA weights" if last.get("weights") == "ema" else ""
+    chosen = ": the images the guard chose the best on" if during else ""
     lines = [
-        f"evaluation       {last.get('eval/num_images', '?')} images: fixed prompts x fixed initial noise, deterministic "
-        f"sampler{weights}",
+        f"{'during training' if during else 'evaluation':<17}{last.get('eval/num_images', '?')} images: fixed prompts x "
+        f"fixed initial noise, deterministic sampler{weights}{chosen}",
         f"reward before    {first['eval/reward_mean']:.4f} ± {first['eval/reward_std']:.4f}  (evaluation {when(first)})",
         f"reward after     {last['eval/reward_mean']:.4f} ± {last['eval/reward_std']:.4f}  (evaluation {when(last)})",
         f"change           {last['eval/reward_mean'] - first['eval/reward_mean']:+.4f}",
