@@ -53,9 +53,6 @@ def group_ppo_flow(config: ml_collections.ConfigDict) -> ml_collections.ConfigDi
     config.kl.beta = 1.0
     config.kl.use_reference_model = True
     config.kl.only_below_start = True
-    config.eval_freq = 5
-    config.guard.on_alarm = "restore"
-    config.guard.fall_drop = 1.0  # what it hands over (docs/studies/handover/)
     return config
 
 
