@@ -21,7 +21,9 @@ evaluation reward's gain at equal denoiser evaluations (each row's last evaluati
 fewest any row spent) and the evaluations until ``--threshold``, and the wall time. Prints a markdown table, writes it
 with the raw rows to ``--out``/results.{md,json} and plots evaluation reward against queries and against denoiser
 evaluations, and the epoch-mean reward against queries, to ``--out``/reward_vs_queries.png (the plotted curves in
-reward_vs_queries.json). ``--versus LABEL`` adds a table of every row's difference to that row (the gain after the
+reward_vs_queries.json). A table of what the runs handed over follows (their fresh final evaluation, summary.json: the gain on images nothing
+was chosen on, the runs below their start, the verdicts, the restores). ``--versus LABEL`` adds a table of every row's
+difference to that row (the gain after the
 budget and at equal evaluations, mean over seeds) with its 95% t interval, paired by seed (a seed's evaluation is the
 same for every row): a difference whose interval holds 0 is within the seeds' noise. No accelerate launch
 needed: runs in this process, or ``--jobs N`` at once in worker processes (each with cpu_count // N threads). Every
@@ -153,7 +155,39 @@ def run_one(label: str, seed: int, args) -> dict:
             "tree_value_ev": sum(tree_ev) / len(tree_ev) if tree_ev else None,
             "before": evaluations[0]["reward"], "after": evaluations[-1]["reward"],
             "accuracy_before": evaluations[0]["accuracy"], "accuracy_after": evaluations[-1]["accuracy"],
-            "queries": queries, "nfe": nfe, "wall_s": wall, "curve": curve, "evaluations": evaluations}
+            "queries": queries, "nfe": nfe, "wall_s": wall, "curve": curve, "evaluations": evaluations,
+            "fresh": handed_over(trainer.run_dir)}
+
+
+def handed_over(run_dir: Path) -> dict:
+    """The run's summary.json, as the table reads it: the verdict, the fresh change of lora/ and of lora_best/ with their
+    standard errors, the restores; {} for a run without one."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return {}
+    record = json.loads(path.read_text())
+    reward = record["fresh"].get("reward", {})
+    final, best = reward.get("final", {}), reward.get("best", {})
+    return {"verdict": record["verdict"], "before": final.get("before"), "after": final.get("after"),
+            "change": final.get("change"), "se": final.get("se"), "best_epoch": best.get("epoch"),
+            "best_change": best.get("change"), "best_se": best.get("se"), "restores": record["restores"],
+            "per_prompt": final.get("per_prompt", {})}
+
+
+def fresh_table(rows: list[dict], presets: list[str]) -> str:
+    """Per row, what its runs handed over by their fresh final evaluation (summary.json): the fresh gain, the runs
+    below their start, each verdict, the runs restored; "" when no run has one."""
+    if not any(r.get("fresh") for r in rows):
+        return ""
+    out = ["| variant | fresh gain (lora/ vs the base model, images nothing was chosen on) | below start | learned | "
+           "did not learn | fell | hacked | restored |", "|---|---|---|---|---|---|---|---|"]
+    for preset in presets:
+        rs = [r["fresh"] for r in rows if r["preset"] == preset and r.get("fresh")]
+        count = {v: sum(r["verdict"] == v for r in rs) for v in ("learned", "did_not_learn", "fell", "hacked")}
+        out.append(f"| {preset} | {mean_std([r['change'] for r in rs])} | {sum(r['change'] < 0 for r in rs)} of "
+                   f"{len(rs)} | {count['learned']} | {count['did_not_learn']} | {count['fell']} | {count['hacked']} | "
+                   f"{sum(bool(r['restores']) for r in rs)} |")
+    return "\n".join(out)
 
 
 def study_run(config, seed: int, logdir: Path, run_name: str) -> None:
@@ -470,6 +504,8 @@ def main(argv=None) -> list[dict]:
     text = table(rows, presets, args.threshold, args.at_nfe)
     if args.versus is not None:
         text += "\n\n" + versus_table(rows, presets, args.versus, args.at_nfe)
+    if fresh := fresh_table(rows, presets):
+        text += "\n\n" + fresh
     print(text)
     (out / "results.md").write_text(text + "\n")
     plot(rows, presets, out / "reward_vs_queries.png")

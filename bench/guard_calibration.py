@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.compare_algorithms import set_field  # noqa: E402
+from bench.compare_algorithms import handed_over, set_field  # noqa: E402
 from config.base import get_config  # noqa: E402
 from ddpo_group.run.guard import Guard, standard_error  # noqa: E402
 
@@ -95,21 +95,6 @@ def margins(records: list[dict], guard_config) -> dict:
     return {"fired": fired, "drift": round(drift[0], 3), "drift_statistic": drift[1], "fall_se": round(fall, 2),
             "diversity": round(min(diversity), 3) if diversity else None, "rising": rising,
             "epochs": [r["epoch"] for r in records]}
-
-
-def handed_over(run_dir: Path) -> dict:
-    """The run's summary.json, as the table reads it: the verdict, the fresh change of lora/ and of lora_best/ with their
-    standard errors, the restores; {} for a run without one."""
-    path = run_dir / "summary.json"
-    if not path.is_file():
-        return {}
-    record = json.loads(path.read_text())
-    reward = record["fresh"].get("reward", {})
-    final, best = reward.get("final", {}), reward.get("best", {})
-    return {"verdict": record["verdict"], "before": final.get("before"), "after": final.get("after"),
-            "change": final.get("change"), "se": final.get("se"), "best_epoch": best.get("epoch"),
-            "best_change": best.get("change"), "best_se": best.get("se"), "restores": record["restores"],
-            "per_prompt": final.get("per_prompt", {})}
 
 
 def table(runs: dict) -> str:

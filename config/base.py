@@ -118,6 +118,10 @@ def base() -> ml_collections.ConfigDict:
     # the dtype the step's Gaussian log-density is computed and reduced in: "float32" (the step's math) or "float64"
     # (Flow-Factory's: less rounding of a large latent's reduction; scripts/check.py measures what it changes)
     sample.log_prob_dtype = "float32"
+    # the sampling forwards' precision: "" the run's (mixed_precision); "bf16" or "fp16": under that autocast while the
+    # update trains in mixed_precision, as a rollout engine in lower precision samples: the sampler and the trainer then
+    # differ (train/ratio_before_update shows by how much; train.recompute_rollout removes it)
+    sample.precision = ""
     # every step the family's deterministic step (noise level 0; the ODE solver of flow models) and no log-probs: only
     # for a matching objective (algorithm.objective), which trains on the final samples
     sample.deterministic = False
@@ -167,6 +171,12 @@ def base() -> ml_collections.ConfigDict:
     # Flow-DPPO's trust region (algorithm.policy_loss="dppo"): the exact KL of a step's Gaussians, rollout to trained
     # policy, at which a pair the update moves further away is masked (UniRL's and VeRL-Omni's kl_mask_threshold)
     train.policy_kl_threshold = 1e-5
+    # before the epoch's first update, recompute the rollout policy's log-probabilities and step means with the
+    # training forward at the weights that sampled (verl's recomputed old log-probs; UniRL's replay for Flow-DPPO):
+    # where the sampler and the trainer differ (another engine or precision), the update's ratios start at 1 and its
+    # KL at 0 instead of clipping or masking on the difference (train/rollout_recomputed_kl says how far they were);
+    # one forward (no backward) a trained pair
+    train.recompute_rollout = False
     # the share of a trajectory's trainable steps each inner epoch trains, int(W * step_fraction) of its W drawn at random
     # (ddpo-pytorch's timestep_fraction: it chooses step indices, not timesteps)
     train.step_fraction = 1.0

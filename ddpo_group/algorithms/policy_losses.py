@@ -450,10 +450,15 @@ def dppo_kl(mean, rollout_mean, std, log_prob_reduce: str = "mean") -> torch.Ten
 
 
 def outside_kl_bound(rollout_log_prob, log_prob, *, policy_kl_threshold: float, mean=None, rollout_mean=None, std=None,
-                     log_prob_reduce: str = "mean", **_) -> torch.Tensor:
-    """[N] bool: dppo's bound: the pairs whose exact step KL reaches ``policy_kl_threshold`` (the mask acts on those of
-    them that move away from the rollout policy)."""
-    return dppo_kl(mean, rollout_mean, std, log_prob_reduce) >= policy_kl_threshold
+                     log_prob_reduce: str = "mean", advantages=None, **_) -> torch.Tensor:
+    """[N] bool: the pairs dppo's mask blocks (its step 3): the exact step KL at or above ``policy_kl_threshold`` and
+    the ratio and the advantage of one sign (the update would move the pair further away); without ``advantages``
+    (scripts/check.py, before any estimate) the pairs it may block, every one at or above the threshold."""
+    over = dppo_kl(mean, rollout_mean, std, log_prob_reduce) >= policy_kl_threshold
+    if advantages is None:
+        return over
+    ratio = torch.exp((log_prob - rollout_log_prob).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return over & (((ratio > 1) & (advantages > 0)) | ((ratio < 1) & (advantages < 0)))
 
 
 def dppo_config_errors(kwargs: dict) -> list:
@@ -503,9 +508,8 @@ def dppo_policy_loss(rollout_log_prob, log_prob, advantages, weights, *, policy_
     d = log_prob - rollout_log_prob
     ratio = torch.exp(d.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # 1.
     kl = dppo_kl(mean, rollout_mean, std, log_prob_reduce)  # 2.
-    with torch.no_grad():  # 3.
-        away = ((ratio > 1) & (advantages > 0)) | ((ratio < 1) & (advantages < 0))
-        blocked = (kl >= policy_kl_threshold) & away
+    blocked = outside_kl_bound(rollout_log_prob, log_prob, policy_kl_threshold=policy_kl_threshold, mean=mean,  # 3.
+                               rollout_mean=rollout_mean, std=std, log_prob_reduce=log_prob_reduce, advantages=advantages)
     losses = torch.where(blocked, torch.zeros_like(ratio), -advantages * ratio)  # 4.
     loss = weighted_sum(weights, losses)  # 5.
     with torch.no_grad():

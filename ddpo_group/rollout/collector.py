@@ -33,7 +33,7 @@ from ddpo_group.errors import ConfigError, EpochAbandoned
 from ddpo_group.rewards.combine import component_label
 from ddpo_group.rollout.component import SampledRound
 from ddpo_group.rollout.reward_scorer import RewardScorer
-from ddpo_group.rollout.sampler import RolloutSampler, TextEmbeddingCache
+from ddpo_group.rollout.sampler import RolloutSampler, TextEmbeddingCache, sampling_precision, widened
 from ddpo_group.rollout.snapshot import SamplingSnapshot
 from ddpo_group.rollout.tweedie import valued_steps
 from ddpo_group.sampling.noise import group_initial_noise, round_seed, sample_generators
@@ -264,9 +264,11 @@ class RolloutCollector:
             component.before_round(self.sampler)
         with accelerator.autocast():  # the precision the training forward recomputes log-probs in
             desc = f"epoch {epoch}: sampling" if accelerator.is_local_main_process else None
-            batch = self.sampler.sample(
-                model, prompts[mine], metadata[mine], generators=sample_generators(seed, mine, accelerator.device),
-                initial_noise=initial_noise, desc=desc, groups=groups[mine])
+            with sampling_precision(config.sample.precision, accelerator.device):
+                batch = self.sampler.sample(
+                    model, prompts[mine], metadata[mine], generators=sample_generators(seed, mine, accelerator.device),
+                    initial_noise=initial_noise, desc=desc, groups=groups[mine])
+            batch = widened(batch, config.sample.precision)
             sampled = SampledRound(epoch, batch, groups[mine], model, len(groups), initial_noise)
             extra = {}
             for component in self.components:

@@ -7,6 +7,8 @@ embedding), and the critic's values of all steps are one batched forward after e
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import replace
@@ -24,6 +26,31 @@ from ddpo_group.sampling.trajectories import (SamplingOptions, Trajectories, con
                                              sample_trajectories)
 from ddpo_group.timing import NULL_TIMER
 
+
+
+SAMPLING_PRECISIONS = {"": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def sampling_precision(precision: str, device: torch.device):
+    """The context the rollouts' forwards run in (sample.precision): nothing more than the run's own precision (""),
+    or an autocast to bf16 / fp16 over it."""
+    dtype = SAMPLING_PRECISIONS[precision]
+    return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
+
+
+def widened(batch, precision: str):
+    """A batch sampled under sample.precision with its conditions and step means in float32, as the update in the
+    run's own precision reads them (exactly: a bf16 or fp16 number is a float32 one); unchanged for "" ."""
+    if SAMPLING_PRECISIONS[precision] is None:
+        return batch
+
+    def wide(tree):
+        if isinstance(tree, dict):
+            return {key: wide(value) for key, value in tree.items()}
+        return tree.float() if isinstance(tree, torch.Tensor) and tree.is_floating_point() else tree
+
+    return replace(batch, cond=wide(batch.cond), negative=wide(batch.negative), step_means=wide(batch.step_means),
+                   clean_hat=wide(batch.clean_hat))
 
 class TextEmbeddingCache:
     """The condition of the last ``size`` distinct prompts (with their source images, for a family that takes them:

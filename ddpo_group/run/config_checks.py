@@ -143,6 +143,10 @@ def sampling_and_training_errors(config, num_processes: int, groupwise_reward: b
     )
     need(sample.log_prob_dtype in LOG_PROB_DTYPES,
          f"sample.log_prob_dtype={sample.log_prob_dtype!r} must be one of {list(LOG_PROB_DTYPES)}")
+    from ddpo_group.rollout.sampler import SAMPLING_PRECISIONS
+
+    need(sample.precision in SAMPLING_PRECISIONS,
+         f"sample.precision={sample.precision!r} must be one of {list(SAMPLING_PRECISIONS)} ('': the run's mixed_precision)")
     need(
         0 < train.step_fraction <= 1,
         f"train.step_fraction={train.step_fraction} must be in (0, 1]",
@@ -422,6 +426,8 @@ def objective_errors(config, estimator) -> list[str]:
              f"sample.deterministic=True samples without log-probs, which algorithm.objective={algorithm.objective!r} "
              "trains on: use a matching objective (awm, nft) or sample.deterministic=False")
         return errors
+    need(not config.train.recompute_rollout, f"train.recompute_rollout=True recomputes the rollout's log-probabilities; "
+         f"algorithm.objective={algorithm.objective!r} samples deterministically and records none: set it False")
     if estimator is not None:
         need(not estimator.needs_critic and not estimator.accepts_step_rewards,
              f"algorithm.objective={algorithm.objective!r} weighs each sample by one advantage; algorithm.adv_estimator="

@@ -8,7 +8,8 @@ rounding instead of on the policy's change the first update is not the one the a
     train/ratio_before_update    = max |exp(l_theta - l_rollout) - 1| over the pairs trained before the epoch's first
                                    optimizer step (every process)
     train/clipped_before_update  = the share of those pairs outside the loss's trust region (a ratio-clipping loss:
-                                   outside its clip range; another loss, its own bound: policy_losses.py)
+                                   outside its clip range; dppo: the pairs its mask blocks; another loss, its own
+                                   bound: policy_losses.py)
 
 A run warns once when either passes its bound: the precision's rounding (``RATIO_TOLERANCE``; float32: the CPU
 measured 2e-6 between chunk sizes, bf16 exactly 0; a GPU's kernels depend on the batch size) or more than
@@ -60,4 +61,5 @@ class OnPolicyWatch:
         self.warned = True
         self.say(f"warning: {'; '.join(reasons)}: the training forward does not reproduce the sampler's "
                  f"log-probabilities closely enough, so the update is off-policy from its first step. Find the cause "
-                 f"and what removes it with {CHECK_COMMAND}")
+                 f"and what removes it with {CHECK_COMMAND}, or recompute the rollout's log-probabilities with the "
+                 "training forward (train.recompute_rollout=True)")

@@ -14,7 +14,9 @@ loop). For one chunk of N pairs (rows r, steps n):
 
 Before the epoch's first optimizer step every ratio is 1 up to rounding (update/on_policy.py): ``ratio_before_update``
 is the largest |ratio - 1| over those pairs, ``clipped_before_update`` the share of them the loss's trust region acts on
-(a ratio outside the clip range). ``policy_kl`` (mean over the trained pairs) and ``policy_kl_max`` are the exact KL of
+(a ratio outside the clip range; dppo: the pairs its mask blocks). With ``train.recompute_rollout`` the rollout's
+l_rollout and mu_rollout are first recomputed by the training forward at the weights that sampled
+(``rollout_recomputed_kl``: how far the recorded ones were). ``policy_kl`` (mean over the trained pairs) and ``policy_kl_max`` are the exact KL of
 each step's Gaussian under the rollout policy to the one under the policy being trained (their means, recorded and
 recomputed, and their shared std), at the weights each chunk sees, beside the log-prob estimate approx_kl.
 """
@@ -48,9 +50,34 @@ class PolicyUpdater(Updater):
 
     def begin_epoch(self, batch) -> None:
         """This epoch's max |ratio - 1|, pairs outside the trust region and pairs at the rollout weights, and its
-        largest policy KL: zeros on the device, read at the epoch's end."""
+        largest policy KL: zeros on the device, read at the epoch's end; with train.recompute_rollout, the rollout's
+        log-probabilities and step means recomputed first."""
         device = self.accelerator.device
         self.ratio_gap, self.outside, self.counted, self.kl_max = (torch.zeros((), device=device) for _ in range(4))
+        self.recomputed_kl = None
+        if batch is not None and self.config.train.recompute_rollout:
+            self.recompute_rollout(batch)
+
+    @torch.no_grad()
+    def recompute_rollout(self, batch) -> None:
+        """train.recompute_rollout: every trainable (row, step) pair's l_rollout (and mu_rollout, when recorded)
+        replaced, in ``batch``, by the training forward's at the weights that sampled (before any optimizer step,
+        chunks of the epoch's pairs_per_forward); ``recomputed_kl``: the mean exact KL of the recorded step Gaussians
+        to the recomputed ones (how far the sampler was from the trainer)."""
+        device, chunk = self.accelerator.device, self.pairs_per_forward_of(batch)
+        steps = self.trainable_steps().nonzero().flatten()
+        rows, pair_steps = (torch.arange(len(batch)).repeat_interleave(len(steps)), steps.repeat(len(batch)))
+        kl_sum = torch.zeros((), device=device)
+        for start in range(0, len(rows), chunk):
+            r, n = rows[start : start + chunk].to(device), pair_steps[start : start + chunk].to(device)
+            with self.accelerator.autocast():
+                out = self.scorer(self.model, batch, r, n)
+            batch.log_probs[r, n] = out.log_prob.to(batch.log_probs.dtype)
+            if batch.step_means is not None:
+                kl_sum += gaussian_kl(out.mean.float(), batch.step_means[r, n].float(), out.std.float(),
+                                      self.scorer.reduce).sum()
+                batch.step_means[r, n] = out.mean.to(batch.step_means.dtype)
+        self.recomputed_kl = kl_sum / max(len(rows), 1)
 
     def end_epoch(self, metrics: dict) -> None:
         """Over every process (one gather): ``ratio_before_update``, the largest |ratio - 1| of the pairs trained
@@ -62,6 +89,8 @@ class PolicyUpdater(Updater):
             stats = self.accelerator.gather(stats)
         gap, outside, pairs, kl_max = stats[:, 0].max(), stats[:, 1].sum(), stats[:, 2].sum(), stats[:, 3].max()
         metrics.update(ratio_before_update=float(gap), clipped_before_update=float(outside) / max(float(pairs), 1.0))
+        if self.recomputed_kl is not None:  # this process's (the processes sample alike)
+            metrics["rollout_recomputed_kl"] = float(self.recomputed_kl)
         if "policy_kl" in metrics:  # the batch held the rollout's step means
             metrics["policy_kl_max"] = float(kl_max)
 
@@ -105,7 +134,8 @@ class PolicyUpdater(Updater):
         trained = chunk.weights.to(out.log_prob.device) != 0  # not a zero-weight pair (a train batch without real ones)
         if chunk.at_rollout_weights:
             outside = self.loss.outside_trust_region(rollout_log_prob, out.log_prob, **self.bounds,
-                                                     **self.step_means(batch, r, n, out), **self.loss_kwargs)
+                                                     **self.step_means(batch, r, n, out), **self.loss_kwargs,
+                                                     advantages=batch.advantages[r, n])
             gap = torch.where(trained, ratio_deviation(out.log_prob, rollout_log_prob), 0.0)
             self.ratio_gap = torch.maximum(self.ratio_gap, gap.max())
             self.outside = self.outside + (outside & trained).sum()

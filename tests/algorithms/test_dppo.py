@@ -77,3 +77,16 @@ def test_the_registration_the_keywords_and_the_bound():
     with pytest.raises(ValueError, match="dppo needs mean, rollout_mean and std"):
         dppo_policy_loss(args["rollout_log_prob"], args["log_prob"], args["advantages"], torch.ones(4),
                          policy_kl_threshold=0.1)
+
+
+def test_the_bound_counts_the_pairs_the_mask_blocks():
+    """Every pair beyond the threshold, two of them moving back toward the rollout policy (ratio and advantage of
+    opposite signs): the mask blocks the other two, and the on-policy count says two, not four."""
+    args = pairs([0.1] * 4, [0.5, -0.5, 0.5, -0.5], [1.0, 1.0, -1.0, -1.0])  # KL 0.02 each
+    bounds = dict(policy_kl_threshold=1e-3, mean=args["mean"], rollout_mean=args["rollout_mean"], std=args["std"])
+    assert outside_kl_bound(args["rollout_log_prob"], args["log_prob"], **bounds).tolist() == [True] * 4
+    blocked = outside_kl_bound(args["rollout_log_prob"], args["log_prob"], **bounds, advantages=args["advantages"])
+    assert blocked.tolist() == [True, False, False, True]  # r > 1 with A > 0, r < 1 with A < 0
+    _, metrics = dppo_policy_loss(**args, weights=torch.full((4,), 0.25, dtype=D), **{
+        k: v for k, v in bounds.items() if k not in ("mean", "rollout_mean", "std")})
+    assert metrics["clipfrac"] == 0.5 and metrics["kl_over"] == 1.0

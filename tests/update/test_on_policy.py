@@ -116,3 +116,23 @@ def test_the_policy_kl_is_the_gaussian_kl_of_the_recorded_and_recomputed_step_me
     assert second["policy_kl"] > 0
     assert second["policy_kl"] == pytest.approx(float(by_hand.mean()), rel=1e-4)
     assert second["policy_kl_max"] == pytest.approx(float(by_hand.max()), rel=1e-4)
+
+
+def test_recomputing_the_rollout_with_the_training_forward_puts_a_differing_sampler_back_on_policy(tiny_model_dir,
+                                                                                                  tmp_path):
+    """Flow-DPPO with a training forward off the sampler's (another guidance scale): the mask blocks pairs before any
+    update, the share it blocks (not every pair beyond the bound) is the one warned about; with
+    train.recompute_rollout the rollout's log-probabilities and step means are the training forward's at the rollout
+    weights: every ratio 1, nothing blocked, and rollout_recomputed_kl says how far the sampler was."""
+    results = {}
+    for recompute in (False, True):
+        trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, f"recompute{recompute}", device="cpu",
+                               **{"algorithm.policy_loss": "dppo", "train.recompute_rollout": recompute})
+        trainer.scorer.guidance_scale = trainer.config.sample.guidance_scale + 2.0
+        trainer.on_policy.say = lambda line: None
+        results[recompute] = trainer.run()
+    off, on = results[False], results[True]
+    assert off["train/ratio_before_update"] > 1e-2 and 0 < off["train/clipped_before_update"] < 1.0
+    assert "train/rollout_recomputed_kl" not in off
+    assert on["train/ratio_before_update"] < 1e-5 and on["train/clipped_before_update"] == 0.0
+    assert on["train/rollout_recomputed_kl"] > 1e-5
