@@ -1,7 +1,7 @@
 """The guard's rules (ddpo_group/run/guard.py) on runs that should not raise them and on runs that should: per rule,
 how many runs it fires on, and how close each run comes to each threshold.
 
-    python bench/guard_calibration.py --out docs/studies/guard --presets group_ppo --seeds 0,1,2,3,4,5,6,7 --jobs 2
+    python bench/guard_calibration.py --out docs/studies/guard --presets group_ppo --seeds 42,43,44,45,46,47,48,49 --jobs 2
     python bench/guard_calibration.py --out docs/studies/guard --replay docs/studies/hacking/runs
 
 The first trains each preset's default run (the README's: the embedded model, its own reward, its evaluation every

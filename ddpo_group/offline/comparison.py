@@ -6,9 +6,10 @@ a pair differ only by the model. Prompt i takes seeds seed + k M .. seed + k M +
 of earlier rows with the same prompt (a prompt set smaller than N is cycled), so the n = N x M images
 are all distinct and the interval below is not narrowed by copies. Statistics over the n images:
 
-    mean, std (ddof = 1), ci95 = mean -+ 1.96 * std / sqrt(n)     (normal approximation)
+    mean, std (ddof = 1), se = std / sqrt(n), ci95 = mean -+ 1.96 se     (normal approximation)
 
-and the same for the paired difference fine-tuned - base. A groupwise reward (rewards/base.py's ``is_groupwise``: a win
+and the same for the paired difference fine-tuned - base, whose total the verdict reads as a run's summary does
+(run/reporting/verdict.py: learned, did_not_learn or fell). A groupwise reward (rewards/base.py's ``is_groupwise``: a win
 rate, a rank) scores each prompt's M base and M fine-tuned images as one group, so its rewards compare the two models:
 a fine-tuned mean win rate above 1/2 says its images win more often than the base model's.
 """
@@ -32,6 +33,7 @@ from ddpo_group.rewards import is_groupwise
 from ddpo_group.rewards.combine import make_combined_reward
 from ddpo_group.rollout.reward_scorer import RewardScorer
 from ddpo_group.run.reporting.audio_files import write_wav
+from ddpo_group.run.reporting.verdict import verdict
 from ddpo_group.sampling.trajectories import with_audio
 
 
@@ -179,13 +181,14 @@ def score_both(reward_fn, base_images: torch.Tensor, tuned_images: torch.Tensor,
 
 
 def stats(values: torch.Tensor) -> dict:
-    """mean, std (ddof 1), n and the normal-approximation 95% interval of the mean."""
+    """mean, std (ddof 1), n, the mean's standard error and its normal-approximation 95% interval."""
     values = values.double()
     n = values.numel()
     mean = float(values.mean())
     std = float(values.std(unbiased=True)) if n > 1 else 0.0
-    half = 1.96 * std / math.sqrt(n) if n > 0 else float("nan")
-    return {"mean": mean, "std": std, "n": n, "ci95": [mean - half, mean + half]}
+    se = std / math.sqrt(n) if n > 1 else float("nan")
+    half = 1.96 * se
+    return {"mean": mean, "std": std, "n": n, "se": se, "ci95": [mean - half, mean + half]}
 
 
 def build_report(prompts: list[str], seeds: list[list[int]], base: dict[str, torch.Tensor],
@@ -202,13 +205,16 @@ def build_report(prompts: list[str], seeds: list[list[int]], base: dict[str, tor
             entry["base"] += b[rows].tolist()
             entry["finetuned"] += t[rows].tolist()
         report["rewards"][name] = {
-            "base": stats(b), "finetuned": stats(t), "difference": stats(t - b),
+            "base": stats(b), "finetuned": stats(t), "difference": stats(t - b), "same_as_base": bool(torch.equal(t, b)),
             "per_prompt": {
                 p: {"base_mean": sum(v["base"]) / len(v["base"]), "finetuned_mean": sum(v["finetuned"]) / len(v["finetuned"]),
                     "base": v["base"], "finetuned": v["finetuned"]}
                 for p, v in per_prompt.items()
             },
         }
+    total = report["rewards"]["reward"]  # the weighted sum (its components follow it)
+    report["verdict"], report["why"] = verdict(total["difference"]["mean"], total["difference"]["se"],
+                                               total["same_as_base"])
     return report
 
 
@@ -328,17 +334,18 @@ def evaluate(request: EvaluationRequest, defaults) -> dict:
 
 def format_report(report: dict) -> str:
     """The console table: base and fine-tuned as mean ± standard deviation over the images, the paired difference as
-    its mean and the 95% interval of that mean (normal approximation, 1.96 std / sqrt(n))."""
-    header = ("reward", "base (mean ± std)", "fine-tuned (mean ± std)", "difference [95% interval]")
-    lines = [f"{header[0]:<24}{header[1]:>22}{header[2]:>26}{header[3]:>32}"]
+    its mean ± its standard error and the 95% interval of that mean (normal approximation, 1.96 SE); the verdict."""
+    header = ("reward", "base (mean ± std)", "fine-tuned (mean ± std)", "difference ± SE [95% interval]")
+    lines = [f"{header[0]:<24}{header[1]:>22}{header[2]:>26}{header[3]:>42}"]
     n = 0
     for name, entry in report["rewards"].items():
         base, tuned, difference = (entry[k] for k in ("base", "finetuned", "difference"))
         low, high = difference["ci95"]
         n = difference["n"]
         cells = [f"{base['mean']:.4f} ± {base['std']:.4f}", f"{tuned['mean']:.4f} ± {tuned['std']:.4f}",
-                 f"{difference['mean']:+.4f} [{low:+.4f}, {high:+.4f}]"]
-        lines.append(f"{name:<24}{cells[0]:>22}{cells[1]:>26}{cells[2]:>32}")
+                 f"{difference['mean']:+.4f} ± {difference['se']:.4f} [{low:+.4f}, {high:+.4f}]"]
+        lines.append(f"{name:<24}{cells[0]:>22}{cells[1]:>26}{cells[2]:>42}")
     lines.append(f"(n = {n} image pairs: each prompt and seed sampled by both models)")
+    lines.append(f"verdict: {report['why']}")
     lines.append(f"report: {report['report_path']}\ngrid:   {report['grid_path']}")
     return "\n".join(lines)

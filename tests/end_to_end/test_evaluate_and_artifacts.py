@@ -40,10 +40,14 @@ def test_stats_and_report_numbers():
     # the console table says what its numbers are: the difference's 95% interval is 1.25 -+ 1.96 * 1.2583 / 2
     # (std of the differences 1, 0, 1, 3: sqrt(1.5833) = 1.2583), i.e. [0.0169, 2.4831]
     table = format_report({**report, "report_path": "r.json", "grid_path": "g.png"}).splitlines()
-    assert "base (mean ± std)" in table[0] and "difference [95% interval]" in table[0]
-    assert table[1].split() == ["reward", "2.7500", "±", "1.7078", "4.0000", "±", "2.8284", "+1.2500", "[+0.0169,",
-                                "+2.4831]"]
+    assert "base (mean ± std)" in table[0] and "difference ± SE [95% interval]" in table[0]
+    assert table[1].split() == ["reward", "2.7500", "±", "1.7078", "4.0000", "±", "2.8284", "+1.2500", "±", "0.6292",
+                                "[+0.0169,", "+2.4831]"]
     assert table[2] == "(n = 4 image pairs: each prompt and seed sampled by both models)"
+    # 1.25 is within 2 standard errors (2 x 0.6292) of 0: four pairs show nothing learnt
+    assert report["verdict"] == "did_not_learn" and table[3] == f"verdict: {report['why']}"
+    same = build_report(["p", "q"], [[0, 1], [0, 1]], base, base, {})
+    assert same["verdict"] == "did_not_learn" and "starting weights" in same["why"]
 
 
 def test_draw_prompts_distinct_then_cycled():

@@ -325,3 +325,27 @@ def test_a_groupwise_plugin_reward_trains_on_one_process_and_two_alike(tiny_mode
     for a, b in zip(*evaluations):
         assert a["eval/reward_mean"] == pytest.approx(b["eval/reward_mean"], rel=1e-6)
         assert a["eval/reward_info/jpeg_kb"] == pytest.approx(b["eval/reward_info/jpeg_kb"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_the_fresh_final_evaluation_is_the_same_on_one_process_and_two(tiny_model_dir, tmp_path):
+    """The fresh final evaluation samples its images on every process (each its slice, gathered in order): the base
+    model's, the handed-over and the best weights' scores, and the verdict, are those of one process (a learning
+    rate that leaves the weights where they start up to rounding: DDP's averaged gradient is not one process's
+    bitwise, and the JPEG reward is a step function of the pixels)."""
+    records = []
+    for processes in (1, 2):
+        run = f"fresh_{processes}"
+        args = tiny_args(tiny_model_dir, tmp_path, run, **{
+            "sample.batch_size": 4, "sample.num_batches_per_epoch": 2 // processes, "train.group_size": 4, "eval_freq": 1, "train.learning_rate": 1e-12,
+            "eval_num_prompts": 3, "eval_num_seeds": 2, "final_eval_num_seeds": 3, "log_images_every": 0,
+            "save_freq": 0, **SAME_DEVICE})
+        args[1] = "config/base.py:grpo"
+        run_processes(args, processes, tmp_path / f"logs_{run}")
+        records.append(json.loads((tmp_path / run / "summary.json").read_text()))
+    one, two = records
+    assert one["verdict"] == two["verdict"] == "did_not_learn" and one["fresh"]["images"] == two["fresh"]["images"] == 9
+    for weights in ("final", "best"):
+        for key in ("before", "after", "change", "se"):
+            assert one["fresh"]["reward"][weights][key] == pytest.approx(two["fresh"]["reward"][weights][key],
+                                                                        rel=1e-5, abs=1e-7), (weights, key)

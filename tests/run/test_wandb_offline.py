@@ -38,9 +38,10 @@ def offline_wandb(tmp_path, monkeypatch):
     wandb.teardown()
 
 
-def read_offline_run(run_dir: Path) -> tuple[Path, dict[int, dict]]:
+def read_offline_run(run_dir: Path, summary: dict | None = None) -> tuple[Path, dict[int, dict]]:
     """The offline run's folder in ``run_dir`` and {step: history row} of its .wandb transaction log, read by wandb's
-    own reader (records as JSON lines); the run ended with exit code 0."""
+    own reader (records as JSON lines); the run ended with exit code 0. ``summary``: filled with the run summary's
+    updates."""
     (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     done = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)], capture_output=True,
                           text=True, timeout=120, env={**os.environ, "WANDB_MODE": "offline"})
@@ -48,6 +49,9 @@ def read_offline_run(run_dir: Path) -> tuple[Path, dict[int, dict]]:
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [r["exit"]["exit_code"] for r in records if r["type"] == "exit"] == [0]
     rows = [r["history"]["item"] for r in records if r["type"] == "history"]
+    for record in records:
+        if record["type"] == "summary" and summary is not None:
+            summary.update(record["summary"].get("update", {}))
     history = {row["_step"]: row for row in rows}
     assert len(history) == len(rows), "a step logged in two history rows"
     return log.parent, history
@@ -70,11 +74,17 @@ def assert_the_media_file(run_files: Path, row: dict, key: str, kind: str, local
 
 
 def test_the_history_holds_the_metrics_the_grids_and_the_evaluations(offline_wandb, tiny_model_dir, tmp_path):
-    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "run", num_epochs=2, eval_num_seeds=2, **OFFLINE)
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "run", num_epochs=2, eval_num_seeds=2,
+                           final_eval_num_seeds=2, **OFFLINE)
     assert trainer.session.wandb_mode == "offline"
     trainer.run()
     run_dir = tmp_path / "run"
-    run_files, history = read_offline_run(run_dir)
+    summary = {}
+    run_files, history = read_offline_run(run_dir, summary)
+    # the run summary: the verdict and the fresh final evaluation's numbers, as summary.json has them
+    record = json.loads((run_dir / "summary.json").read_text())
+    assert summary.get("verdict") == record["verdict"] and summary.get("verdict_why") == record["why"]
+    assert summary.get("fresh/reward/final/change") == record["fresh"]["reward"]["final"]["change"]
     assert sorted(history) == [0, 1]  # a row an epoch, at step = epoch
     epochs = read_metrics(run_dir / "metrics.jsonl")
     assert [record["epoch"] for record in epochs] == [0, 1]
