@@ -276,9 +276,10 @@ def scripted_falls(trainer, epochs: set[int]) -> dict:
 
 
 def test_restore_loads_the_best_weights_back_and_the_run_ends_on_weights_it_evaluated(tiny_model_dir, tmp_path):
-    """guard.on_alarm="restore": a fall after epoch 2 puts the weights of the best evaluation back (bitwise), clears
-    the optimizer's moments, and training goes on from them; a fall after the last epoch restores them again and
-    evaluates them, so the run's last evaluation and its exported LoRA are the best evaluation's."""
+    """guard.on_alarm="restore": a fall after epoch 2 puts the weights of the best evaluation back (bitwise), with
+    the rest of what the run had learned (tests/run/test_fresh_evaluation.py), and training goes on from them; a fall
+    after the last epoch restores them again and evaluates them, so the run's last evaluation and its exported LoRA
+    are the best evaluation's."""
     from safetensors.torch import load_file
 
     overrides = {"eval_freq": 1, "eval_num_prompts": 2, "eval_num_seeds": 2, "device": "cpu", "num_epochs": 5,
