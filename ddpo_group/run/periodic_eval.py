@@ -171,8 +171,8 @@ class PeriodicEvaluation:
 
         heldout = None
         if config.eval_reward_fn:
-            kwargs = config.eval_reward_fn_kwargs.to_dict()
-            heldout = RewardScorer(make_reward_fn(config.eval_reward_fn, **kwargs), config.eval_reward_fn)
+            heldout_kwargs = config.eval_reward_fn_kwargs.to_dict()
+            heldout = RewardScorer(make_reward_fn(config.eval_reward_fn, **heldout_kwargs), config.eval_reward_fn)
         chosen = config.eval_diversity_features
         if chosen == PIXELS:
             features = None

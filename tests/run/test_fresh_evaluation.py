@@ -42,8 +42,10 @@ def test_the_verdict_reads_the_change_against_two_standard_errors(change, se, sa
     assert ("starting weights" in why) == same and "+0.000 " not in why
 
 
-def test_a_run_scores_what_it_hands_over_and_its_best_beside_the_base_model_on_fresh_noises(tiny_model_dir, tmp_path):
-    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "run", num_epochs=2, **EVALUATED)
+@pytest.mark.parametrize("heldout", ["", "jpeg_incompressibility"])
+def test_a_run_scores_what_it_hands_over_and_its_best_beside_the_base_model_on_fresh_noises(tiny_model_dir, tmp_path,
+                                                                                           heldout):
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "run", num_epochs=2, eval_reward_fn=heldout, **EVALUATED)
     fresh = trainer.evaluations.fresh.periodic
     during = trainer.evaluations.periodic
     rows = list(range(fresh.num_rows))
@@ -66,7 +68,9 @@ def test_a_run_scores_what_it_hands_over_and_its_best_beside_the_base_model_on_f
     with trainer.evaluations.best.swapped_in():
         assert best["after"] == pytest.approx(float(fresh.run(0).rewards.mean()), abs=1e-12)
     assert best["epoch"] == json.loads((tmp_path / "run" / "lora_best" / "best.json").read_text())["epoch"]
-    assert record["verdict"] == verdict(final["change"], final["se"])[0] and record["restores"] == []
+    heldout_final = record["fresh"]["heldout"]["final"] if heldout else None
+    assert record["verdict"] == verdict(final["change"], final["se"], heldout=heldout_final)[0]
+    assert record["restores"] == [] and ("heldout" in record["fresh"]) == bool(heldout)
     text = (tmp_path / "run" / "summary.txt").read_text()
     assert f"{final['change']:+.4f} ± {final['se']:.4f}" in text and record["why"] in text
     assert (tmp_path / "run" / "samples" / "fresh_final.png").is_file()
