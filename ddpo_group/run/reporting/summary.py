@@ -93,7 +93,7 @@ def fresh_lines(record: dict) -> list[str]:
     lines = [f"verdict          {record['why']}",
              f"fresh images     {fresh['images']} ({fresh['prompts']} prompts x {fresh['noises_per_prompt']} initial noises "
              f"no evaluation during training used), deterministic sampler, paired with the base model's"]
-    for measure, label in (("reward", "reward"), ("heldout", "held-out reward")):
+    for measure, label in (("reward", "reward"), ("heldout", "held-out")):
         if measure not in fresh:
             continue
         final = fresh[measure]["final"]
