@@ -179,7 +179,7 @@ def fresh_table(rows: list[dict], presets: list[str]) -> str:
     below their start, each verdict, the runs restored; "" when no run has one."""
     if not any(r.get("fresh") for r in rows):
         return ""
-    out = ["| variant | fresh gain (lora/ vs the base model, images nothing was chosen on) | below start | learned | "
+    out = ["| handed over | fresh gain (lora/ vs the base model, images nothing was chosen on) | below start | learned | "
            "did not learn | fell | hacked | restored |", "|---|---|---|---|---|---|---|---|"]
     for preset in presets:
         rs = [r["fresh"] for r in rows if r["preset"] == preset and r.get("fresh")]

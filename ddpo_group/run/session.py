@@ -268,7 +268,9 @@ class RunSession:
                 self.print(f"LoRA (diffusers format) in {path}")
             self.accelerator.wait_for_everyone()
         if self.wandb_mode != "disabled" and self.accelerator.is_main_process:
-            self.accelerator.get_tracker("wandb", unwrap=True).summary.update(wandb_summary(record))
+            summary = getattr(self.accelerator.get_tracker("wandb", unwrap=True), "summary", None)
+            if summary is not None:  # a wandb run (accelerate's placeholder tracker has none)
+                summary.update(wandb_summary(record))
         self.accelerator.end_training()
         close()
         if self.accelerator.is_main_process:

@@ -48,7 +48,7 @@ RUNS = PRESET_RUNS + OBJECTIVES
 # what makes a run small; nothing a family reads from its pipeline
 RUN = {"num_epochs": 1, "sample.num_steps": 2, "sample.batch_size": 2, "sample.num_batches_per_epoch": 1,
        "train.batch_size": 2, "per_prompt_stat_tracking.min_count": 2, "prompt_fn": "simple_animals",
-       "reward_fn": "jpeg_compressibility", "eval_freq": 0, "save_freq": 0, "log_images_every": 0,
+       "reward_fn": "jpeg_compressibility", "eval_freq": 0, "final_eval_num_seeds": 0, "save_freq": 0, "log_images_every": 0,
        "wandb.mode": "disabled", "device": "cpu"}
 # the image size, in pixels, of every run but the at the defaults: the families whose tiny model's default
 # costs seconds a step (4096 tokens: FLUX.1, Kontext, FLUX.2, Qwen-Image; SANA's 1024 px decode) or is beyond its

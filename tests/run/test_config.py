@@ -86,10 +86,14 @@ def test_presets_keep_their_field_names_and_defaults():
             assert field in config.kl
         assert config.pretrained.model == "tiny-shapes" and config.reward_fn == "shapes_alignment"
         # the default task (README.md, Quick start): the embedded model's four hardest captions, a 2-step SDE window of
-        # 10 steps, evaluated every 10 epochs
+        # 10 steps
         assert config.prompt_fn == "tiny_shapes_hard" and len(config.prompt_fn_kwargs) == 0
         assert (config.sample.num_steps, config.sample.sde_window_start, config.sample.sde_window_size) == (10, 0, 2)
-        assert config.eval_freq == 10 and config.num_epochs == 40
+        # group_ppo's hand-over (docs/studies/handover/): evaluated every 5 epochs, the guard's restore at 1 standard
+        # error; the other presets evaluate every 10 epochs and warn
+        handover = (5, "restore", 1.0) if name == "group_ppo" else (10, "warn", 2.0)
+        assert (config.eval_freq, config.guard.on_alarm, config.guard.fall_drop) == handover
+        assert config.num_epochs == 40
     g = get_config("group_ppo").group_ppo  # GROUP_PPO.md's defaults
     assert (g.variance_threshold, g.max_segment_steps, g.numerical_floor, g.adaptive_threshold, g.threshold_lr,
             g.min_threshold, g.max_threshold, g.gae_lambda, g.target_explained_variance) == (1.0, 16, 1e-6, True, 0.01, 0.1,
