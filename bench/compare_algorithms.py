@@ -175,17 +175,19 @@ def handed_over(run_dir: Path) -> dict:
 
 
 def fresh_table(rows: list[dict], presets: list[str]) -> str:
-    """Per row, what its runs handed over by their fresh final evaluation (summary.json): the fresh gain, the runs
-    below their start, each verdict, the runs restored; "" when no run has one."""
+    """Per row, what its runs handed over by their fresh final evaluation (``rows``' "fresh": handed_over's): the fresh
+    gain, the lowest, the runs below their start, each verdict, the runs restored; "" when no run has one."""
     if not any(r.get("fresh") for r in rows):
         return ""
-    out = ["| handed over | fresh gain (lora/ vs the base model, images nothing was chosen on) | below start | learned | "
-           "did not learn | fell | hacked | restored |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| handed over | runs | fresh gain (lora/ vs the base model, images nothing was chosen on) | lowest | "
+           "below start | learned | did not learn | fell | hacked | restored |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for preset in presets:
         rs = [r["fresh"] for r in rows if r["preset"] == preset and r.get("fresh")]
         count = {v: sum(r["verdict"] == v for r in rs) for v in ("learned", "did_not_learn", "fell", "hacked")}
-        out.append(f"| {preset} | {mean_std([r['change'] for r in rs])} | {sum(r['change'] < 0 for r in rs)} of "
-                   f"{len(rs)} | {count['learned']} | {count['did_not_learn']} | {count['fell']} | {count['hacked']} | "
+        out.append(f"| {preset} | {len(rs)} | {mean_std([r['change'] for r in rs])} | "
+                   f"{min((r['change'] for r in rs), default=float('nan')):+.4f} | {sum(r['change'] < 0 for r in rs)} | "
+                   f"{count['learned']} | {count['did_not_learn']} | {count['fell']} | {count['hacked']} | "
                    f"{sum(bool(r['restores']) for r in rs)} |")
     return "\n".join(out)
 

@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.compare_algorithms import handed_over, set_field  # noqa: E402
+from bench.compare_algorithms import fresh_table, handed_over, set_field  # noqa: E402
 from config.base import get_config  # noqa: E402
 from ddpo_group.run.guard import Guard, standard_error  # noqa: E402
 
@@ -114,27 +114,11 @@ def table(runs: dict) -> str:
     rules = sorted({rule for m in runs.values() for rule in m["fired"]})
     count = ", ".join(f"{rule} {sum(rule in m['fired'] for m in runs.values())}" for rule in rules) or "none"
     text = "\n".join(lines) + f"\n\nRuns: {len(runs)}; runs each rule fired on: {count}.\n"
-    return text + (verdict_counts(runs) if fresh else "")
-
-
-def verdict_counts(runs: dict) -> str:
-    """Per preset (a run's name less its _seed<N>): the fresh gain, the runs below their start, each verdict, the runs
-    restored."""
-    presets: dict[str, list[dict]] = {}
-    for name, m in runs.items():
-        if m.get("verdict"):
-            presets.setdefault(name.rsplit("_seed", 1)[0], []).append(m)
-    lines = ["", "| preset | runs | fresh gain (mean ± std) | lowest | below start | learned | did not learn | fell | "
-                 "hacked | restored |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for preset, ms in presets.items():
-        changes = [m["change"] for m in ms]
-        mean = sum(changes) / len(changes)
-        std = (sum((c - mean) ** 2 for c in changes) / max(len(changes) - 1, 1)) ** 0.5
-        count = {v: sum(m["verdict"] == v for m in ms) for v in ("learned", "did_not_learn", "fell", "hacked")}
-        lines.append(f"| {preset} | {len(ms)} | {mean:+.4f} ± {std:.4f} | {min(changes):+.4f} | "
-                     f"{sum(c < 0 for c in changes)} | {count['learned']} | {count['did_not_learn']} | {count['fell']} | "
-                     f"{count['hacked']} | {sum(bool(m['restores']) for m in ms)} |")
-    return "\n".join(lines) + "\n"
+    if not fresh:
+        return text
+    presets = list(dict.fromkeys(name.rsplit("_seed", 1)[0] for name in runs))  # a run's name less its _seed<N>
+    rows = [{"preset": name.rsplit("_seed", 1)[0], "fresh": m} for name, m in runs.items() if m.get("verdict")]
+    return text + "\n" + fresh_table(rows, presets) + "\n"
 
 
 def main(argv=None) -> dict:

@@ -19,16 +19,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 
-from ddpo_group.rollout.component import Component, copied
+from ddpo_group.rollout.component import Component
 from ddpo_group.run.components import register_component
 from ddpo_group.run.persistence.checkpointing import BEST_LORA, BEST_RECORD, BEST_WEIGHTS, trained_weights
 from ddpo_group.run.persistence.write_errors import writing
-from ddpo_group.update.ema import load_weight_copies
+from ddpo_group.update.ema import load_weight_copies, swapped_in
 
 
 @register_component("best_weights")
@@ -130,19 +130,9 @@ class BestWeights(Component):
             self.write_record(self.path)
         return self.epoch
 
-    @contextmanager
     def swapped_in(self):
         """The restore point's weights in the policy inside the block; the policy's own, bitwise, after it."""
-        held = [p.detach().to("cpu", copy=True) for p in self.params]
-        with torch.no_grad():
-            for param, saved in zip(self.params, self.copy, strict=True):
-                param.copy_(saved)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for param, saved in zip(self.params, held, strict=True):
-                    param.copy_(saved)
+        return swapped_in(self.params, self.copy)
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "copy": self.copy, "learned": self.learned_copy, "restores": self.restores,
@@ -151,6 +141,6 @@ class BestWeights(Component):
     def load_state_dict(self, state: dict) -> None:
         load_weight_copies(self.copy, state["copy"], "restore point")
         self.epoch = None if state["epoch"] is None else int(state["epoch"])
-        self.learned_copy = copied(state.get("learned", {}))  # a checkpoint written before: the weights only
+        self.learned_copy = state.get("learned", {})  # a checkpoint written before: the weights only
         self.restores = [dict(r) for r in state.get("restores", [])]
         self.record = dict(state.get("record", {}))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
+from ddpo_group.reference.model import ReferenceModel
 from ddpo_group.rewards import rising_measure
 from ddpo_group.run.best_weights import BestWeights
 from ddpo_group.run.fresh_evaluation import FreshEvaluation
@@ -93,11 +94,8 @@ class Evaluations:
                     self.session.print("no fresh final evaluation: the checkpoint this run resumed from holds no "
                                        "fresh scores of the base model, and full fine-tuning keeps no base weights")
                     return {}
-                model.disable_adapters()
-                try:
+                with ReferenceModel(model, "base").applied(model):  # the policy with its adapters disabled
                     fresh.score_base()
-                finally:
-                    model.enable_adapters()
             final = fresh.score(handed_over)
             best, epoch = None, None
             if self.best is not None and self.best.epoch is not None:

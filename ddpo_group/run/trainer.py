@@ -286,9 +286,9 @@ class Trainer:
         """A copy of what the run has learned besides the policy's weights, which the guard's restore puts back with
         them (run/best_weights.py): the policy's optimizer, the stat tracker and each component's learned state (the
         counters and the prompt stream are not learned: they go on)."""
-        state = {"optimizer": self.optimizer.state_dict(), "stat_tracker": self.stat_tracker.state_dict()}
-        state.update({component.name: component.learned_state() for component in self.components})
-        return copied({name: value for name, value in state.items() if value is not None})
+        state = copied({"optimizer": self.optimizer.state_dict(), "stat_tracker": self.stat_tracker.state_dict()})
+        learned = {component.name: component.learned_state() for component in self.components}  # copies already
+        return {**state, **{name: value for name, value in learned.items() if value is not None}}
 
     def load_learned_state(self, state: dict) -> None:
         if not state:  # a restore point from a checkpoint that kept only its weights: the optimizer's moments cleared

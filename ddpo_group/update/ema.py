@@ -65,19 +65,9 @@ class EMAWeights:
         self.updates += 1
         self.last_decay = decay
 
-    @contextmanager
     def swapped_in(self):
         """The EMA weights in the model inside the block; the training weights, bitwise, after it (also on error)."""
-        with torch.no_grad():
-            saved = [p.detach().clone() for p in self.params]
-            for param, ema in zip(self.params, self.shadow, strict=True):
-                param.copy_(ema)
-        try:
-            yield
-        finally:
-            with torch.no_grad():
-                for param, value in zip(self.params, saved, strict=True):
-                    param.copy_(value)
+        return swapped_in(self.params, self.shadow)
 
     @torch.no_grad()
     def metrics(self) -> dict:
@@ -99,6 +89,22 @@ def held_weights(ema: EMAWeights | None, use_ema: bool):
     """The context in which the model holds the weights to evaluate or export: the EMA's when the run has one and
     ``use_ema`` (train.ema_eval, train.ema_export), else the training weights as they are."""
     return ema.swapped_in if ema is not None and use_ema else nullcontext
+
+
+@contextmanager
+def swapped_in(params: list[torch.Tensor], copies: list[torch.Tensor]):
+    """``copies`` of the trainable weights (the EMA's, the restore point's) in ``params`` inside the block; the weights
+    they held, bitwise, after it (also on error)."""
+    with torch.no_grad():
+        saved = [p.detach().clone() for p in params]
+        for param, copy in zip(params, copies, strict=True):
+            param.copy_(copy)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for param, value in zip(params, saved, strict=True):
+                param.copy_(value)
 
 
 def load_weight_copies(copies: list[torch.Tensor], saved: list[torch.Tensor], what: str) -> None:
