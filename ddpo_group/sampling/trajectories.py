@@ -376,8 +376,8 @@ class TransitionScorer:
         family = self.family
         times = {key: batch.times[key][rows, n] for key in family.time_keys}
         latents = batch.latents[rows, n]
-        guided = self.guidance_scale > family.no_guidance
-        negative = batch.negative_rows(family, rows) if guided else family.negative_condition()
+        # the rows' own negative conditions whatever the scale: a family may guide with another scale (LTX-2's audio)
+        negative = batch.negative_rows(family, rows)
         output = family.model_output(model, latents, times, rows_of(batch.cond, rows), negative, self.guidance_scale)
         return family.step(output, latents, times, self.noise_level, next_latents=batch.next_latents[rows, n],
                            reduce=self.reduce, log_prob_dtype=self.log_prob_dtype)

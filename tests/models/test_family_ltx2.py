@@ -31,7 +31,9 @@ OFF = {"audio_guidance_scale": 1.0, "stg_scale": 0.0, "audio_stg_scale": 0.0, "m
 
 
 @pytest.mark.parametrize("guidance, negative, passes", [
-    (3.0, "", {}),  # the call's defaults: CFG 3, the audio's 7, STG 1 at block 28, modality 3, rescale 0.7
+    # the call's defaults: CFG 3, the audio's 7, STG 1, modality 3, rescale 0.7, STG's block the tiny model's last (the
+    # call's 28 is past its 2 blocks: no pass would skip anything there)
+    (3.0, "", {"spatio_temporal_guidance_blocks": [1]}),
     (2.0, "static", {"spatio_temporal_guidance_blocks": [0], "audio_guidance_scale": 0.0, "modality_scale": 2.0,
                      "audio_stg_scale": 0.5, "guidance_rescale": 0.3}),  # STG at a block the tiny model has
     (1.0, "", OFF),  # no pass at all (Flow-Factory's)
@@ -47,7 +49,8 @@ def test_noise_level_zero_reproduces_the_pipelines_frames_and_audio(guidance, ne
     kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
     size = {"height": 64, "width": 64, "num_frames": 17, "max_sequence_length": 16}
     assert kwargs == {**size, **LTX2Family.guidance_values(config.sample)}
-    call = size if not passes else kwargs  # at the defaults: the call without a guidance keyword
+    # at the defaults: the call given no guidance keyword but STG's block
+    call = {**size, **passes} if set(passes) == {"spatio_temporal_guidance_blocks"} else kwargs
     rows = family.pipeline_row_kwargs([{}] * 4)
     family.pipe.set_progress_bar_config(disable=True)
     out = family.pipe(PROMPTS, num_inference_steps=3, generator=generators(4), output_type="pt",
@@ -59,12 +62,12 @@ def test_noise_level_zero_reproduces_the_pipelines_frames_and_audio(guidance, ne
     assert traj.images.shape == (4, 17, 3, 64, 64) and torch.equal(traj.images, out.frames)
     assert traj.audio.shape == out.audio.shape and torch.equal(traj.audio, out.audio)
     assert traj.audio_sample_rate == 16000 and float(traj.audio.std()) > 0
-    if passes and passes != OFF:  # the passes change the samples: without them, other frames and other audio
-        plain = family.pipe(PROMPTS, num_inference_steps=3, generator=generators(4), output_type="pt",
-                            **family.guidance_kwargs(guidance), **{**kwargs, **OFF, "audio_guidance_scale": 0.0},
-                            **rows)
-        assert float((plain.frames - out.frames).abs().max()) > 1e-3
-        assert float((plain.audio - out.audio).abs().max()) > 1e-4
+    if passes != OFF:  # the passes change the samples: without them, other frames and other audio; STG alone too
+        for off in ({**OFF, "audio_guidance_scale": 0.0}, {"stg_scale": 0.0, "audio_stg_scale": 0.0}):
+            plain = family.pipe(PROMPTS, num_inference_steps=3, generator=generators(4), output_type="pt",
+                                **family.guidance_kwargs(guidance), **{**kwargs, **off}, **rows)
+            assert float((plain.frames - out.frames).abs().max()) > 1e-3, off
+            assert float((plain.audio - out.audio).abs().max()) > 1e-4, off
 
 
 def test_the_guidance_keywords_are_checked(ltx2_dir):
@@ -113,6 +116,23 @@ def test_the_video_and_the_audio_are_one_state_of_the_policy(ltx2_dir):
                               times, family.noise_level(config.sample), next_latents=moved).log_prob
     assert bool((audio_moved < traj.log_probs[:, 0]).all())
     assert_rescored(family, config, traj, batch_of(traj, cond))  # every step, bitwise in the sampling batch
+
+
+def test_the_training_forward_guides_the_audio_with_the_rows_own_negative_prompts(ltx2_dir):
+    """The video unguided (scale 1) and the audio at the call's 7: sampling guides with each row's own negative prompt
+    (metadata), and the training forward scores the recorded transitions with the same ones, bitwise, though its
+    video scale is 1; scored with the run's one negative prompt instead, the log-probabilities differ."""
+    family, config = family_of("ltx2", ltx2_dir, **{"sample.guidance_scale": 1.0, "train.cfg": True,
+                                                    "sample.sde_window_size": 0})
+    assert LTX2Family.config_errors(config) == [] and family.guidance["audio_guidance_scale"] == 7.0
+    cond = family.encode(PROMPTS)
+    negative = family.negative_rows([{"negative_prompt": text} for text in ("loud", "static", "", "noise")])
+    traj = sample_trajectories(family, family.model, cond, negative,
+                               SamplingOptions(4, 1.0, family.noise_levels(config.sample)), generator=generators(4))
+    scorer = assert_rescored(family, config, traj, batch_of(traj, cond, negative=negative))
+    assert scorer.guidance_scale == 1.0
+    one = scorer(family.model, batch_of(traj, cond), torch.arange(4), torch.zeros(4, dtype=torch.long)).log_prob
+    assert not torch.equal(one, traj.log_probs[:, 0])
 
 
 def test_the_decoded_audio_reaches_a_reward_written_outside_the_package(ltx2_dir, tmp_path):

@@ -86,13 +86,40 @@ def test_a_guidance_distilled_sana_is_refused(sana_dir):
         SanaFamily(pipe, base_config())
 
 
-def test_the_scheduler_swap_keeps_a_flow_euler_scheduler():
-    from ddpo_group.models.families.wan import euler_scheduler
+def test_the_scheduler_swap_is_stated_and_assumes_no_shift():
+    """The released DPM-Solver++ is swapped for the flow Euler scheduler of its own shift, with a warning that says so;
+    a scheduler without a shift, or one that is no flow solver, is refused by name (no shift of 3 assumed)."""
+    from ddpo_group.models.families.flow_matching import flow_euler_scheduler
 
-    dpm = DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
-    euler = euler_scheduler(dpm)
-    assert isinstance(euler, FlowMatchEulerDiscreteScheduler) and euler.config.shift == 3.0
-    assert euler_scheduler(euler) is euler
+    dpm = DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=4.0)
+    with pytest.warns(UserWarning, match=r"sana family samples .* FlowMatchEulerDiscreteScheduler\(shift=4\) in place "
+                                         r"of this checkpoint's DPMSolverMultistepScheduler \(flow_shift=4\)"):
+        euler = flow_euler_scheduler(dpm, "sana")
+    assert isinstance(euler, FlowMatchEulerDiscreteScheduler) and euler.config.shift == 4.0
+    assert euler.config.num_train_timesteps == dpm.config.num_train_timesteps
+    assert flow_euler_scheduler(euler, "sana") is euler
+    unshifted = DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True)
+    unshifted.register_to_config(flow_shift=None)
+    with pytest.raises(ValueError, match=r"DPMSolverMultistepScheduler has flow_shift=None; .*assumes none"):
+        flow_euler_scheduler(unshifted, "sana")
+    with pytest.raises(ValueError, match=r"DPMSolverMultistepScheduler has use_flow_sigmas=False, "
+                                         r"prediction_type='epsilon'"):
+        flow_euler_scheduler(DPMSolverMultistepScheduler(), "sana")
+
+
+def test_a_checkpoint_without_a_shift_is_refused_at_load(sana_dir, tmp_path):
+    """The user's path: a saved SANA whose scheduler config has no flow_shift stops at load, naming it."""
+    import json
+    import shutil
+
+    copy = tmp_path / "sana"
+    shutil.copytree(sana_dir, copy)
+    path = copy / "scheduler" / "scheduler_config.json"
+    config = json.loads(path.read_text())
+    config["flow_shift"] = None
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"flow_shift=None"):
+        SanaFamily.load_pipeline(str(copy), True, None, {})
 
 
 def test_the_full_size_bench_shape_builds():

@@ -55,12 +55,14 @@ def test_the_token_budget_is_the_pipelines_call_default(tiny_wan_dir):
 
 
 def test_the_scheduler_swap_keeps_the_shift():
-    from ddpo_group.models.families.wan import euler_scheduler
+    from ddpo_group.models.families.flow_matching import flow_euler_scheduler
 
     unipc = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0)
-    euler = euler_scheduler(unipc)
+    with pytest.warns(UserWarning, match=r"wan family samples .* FlowMatchEulerDiscreteScheduler\(shift=5\) in place "
+                                         r"of this checkpoint's UniPCMultistepScheduler"):
+        euler = flow_euler_scheduler(unipc, "wan")
     assert isinstance(euler, FlowMatchEulerDiscreteScheduler) and euler.config.shift == 5.0
-    assert euler_scheduler(euler) is euler
+    assert flow_euler_scheduler(euler, "wan") is euler
     euler.set_timesteps(4)
     def shift(s):
         return 5.0 * s / (1 + 4.0 * s)

@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import logging
+import warnings
 
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
 
 from ddpo_group.models.families.base import ModelFamily
 from ddpo_group.models.families.sd import warn_long_prompts
@@ -26,6 +28,38 @@ def sequence_length(pretrained) -> int | None:
 
     chosen = int(pretrained.max_sequence_length)
     return chosen or default_max_sequence_length(pretrained.model) or None
+
+
+_SWAPS_STATED: set[tuple] = set()  # the (family, scheduler, shift) swaps already stated in this process
+
+
+def flow_euler_scheduler(scheduler, family: str):
+    """The flow Euler scheduler in place of a checkpoint's multistep flow solver (Wan's UniPC, SANA's DPM-Solver++),
+    whose step reads the previous steps' outputs and so is no one-step policy: ``FlowMatchEulerDiscreteScheduler`` of
+    the checkpoint's own ``flow_shift`` and number of training timesteps, stated once as a warning (the checkpoint's
+    pipeline as released samples with its own solver). ``scheduler`` itself when it is already one. A scheduler that is
+    no flow solver (``use_flow_sigmas`` off or a prediction type other than ``flow_prediction``), or without a
+    positive ``flow_shift``, is refused by name: no shift is assumed."""
+    if isinstance(scheduler, FlowMatchEulerDiscreteScheduler):
+        return scheduler
+    config, name = scheduler.config, type(scheduler).__name__
+    shift = config.get("flow_shift")
+    if not config.get("use_flow_sigmas") or config.get("prediction_type") != "flow_prediction":
+        raise ValueError(f"the {family} family samples on flow sigmas, and this checkpoint's {name} has "
+                         f"use_flow_sigmas={config.get('use_flow_sigmas')!r}, "
+                         f"prediction_type={config.get('prediction_type')!r}; supported: FlowMatchEulerDiscreteScheduler, "
+                         "or a multistep solver with use_flow_sigmas=True and prediction_type='flow_prediction'")
+    if not isinstance(shift, (int, float)) or shift <= 0:
+        raise ValueError(f"this checkpoint's {name} has flow_shift={shift!r}; the {family} family swaps it for the flow "
+                         "Euler scheduler of the same shift and assumes none: set flow_shift (> 0) in its "
+                         "scheduler_config.json")
+    if (family, name, shift) not in _SWAPS_STATED:
+        _SWAPS_STATED.add((family, name, shift))
+        warnings.warn(f"the {family} family samples (training and evaluation alike) with FlowMatchEulerDiscreteScheduler"
+                      f"(shift={shift:g}) in place of this checkpoint's {name} (flow_shift={shift:g}), a multistep "
+                      "solver whose step is no one-step policy: the pipeline as released samples another trajectory "
+                      "for the same noise", UserWarning, stacklevel=3)
+    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=config.num_train_timesteps, shift=shift)
 
 
 class FlowMatchingFamily(ModelFamily):

@@ -10,9 +10,11 @@ Gemma-2 text encoder.
     latents     [B, C, H/f, W/f] (f = the DC-AE's factor, 32), x_0 = N(0, I) drawn in float32 (``prepare_latents``)
     schedule    the released checkpoints ship DPMSolverMultistepScheduler (flow prediction, a flow shift): a multistep
                 solver, whose step reads the previous steps' outputs and so is no one-step policy. ``load_pipeline``
-                swaps it for the flow Euler scheduler of the same shift (wan.py's ``euler_scheduler``), in training and
-                evaluation alike, so the pipeline's own ``__call__`` and our sampler at noise level 0 take the same
-                Euler steps, bitwise (Cosmos-RL's SANA recipe samples its rollouts with an Euler solver too)
+                swaps it for the flow Euler scheduler of the checkpoint's own ``flow_shift``, in training and evaluation
+                alike, and says so in a warning (flow_matching.py's ``flow_euler_scheduler``: a scheduler that is no
+                flow solver, or has no shift, is refused; no shift is assumed), so the pipeline's own ``__call__``
+                and our sampler at noise level 0 take the same Euler steps, bitwise (Cosmos-RL's SANA recipe samples
+                its rollouts with an Euler solver too); the released pipeline's DPM-Solver++ samples another trajectory
     output      v = transformer(x, t * timestep_scale, prompt_embeds, mask), CFG as the pipeline computes it: one
                 forward of [negative; conditional], v = v_n + w (v_c - v_n) (w <= 1: no guidance); a learned-sigma
                 transformer's (out_channels = 2 C) first half
@@ -36,8 +38,7 @@ from diffusers import SanaPipeline
 from diffusers.pipelines.sana import pipeline_sana
 
 from ddpo_group.models.families import register_family
-from ddpo_group.models.families.flow_matching import FlowMatchingFamily
-from ddpo_group.models.families.wan import euler_scheduler
+from ddpo_group.models.families.flow_matching import FlowMatchingFamily, flow_euler_scheduler
 
 # the pipeline's aspect-ratio tables by the transformer's sample_size (SanaPipeline.__call__'s choice)
 RESOLUTION_BINS = {128: "ASPECT_RATIO_4096_BIN", 64: "ASPECT_RATIO_2048_BIN", 32: "ASPECT_RATIO_1024_BIN",
@@ -68,7 +69,7 @@ class SanaFamily(FlowMatchingFamily):
     @classmethod
     def load_pipeline(cls, path, local, revision, dtype_kwargs):
         pipe = super().load_pipeline(path, local, revision, dtype_kwargs)
-        pipe.scheduler = euler_scheduler(pipe.scheduler)
+        pipe.scheduler = flow_euler_scheduler(pipe.scheduler, "sana")
         return pipe
 
     # ------------------------------------------------------------------ size

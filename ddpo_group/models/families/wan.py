@@ -10,9 +10,10 @@
     schedule    FlowMatchEulerDiscreteScheduler with the model's flow shift: T sigmas evenly from 1 down to the
                 shifted 1/1000, each shifted, s' = shift s / (1 + (shift - 1) s), then 0; timesteps 1000 s'. The
                 released models ship a UniPC multistep scheduler (flow_shift 3.0 for 480p): ``load_pipeline`` replaces
-                it by the flow Euler one with the same shift (Flow-Factory's Wan recipes sample their flow SDE with
-                ``flow_shift: 3.0``), so the pipeline's own ``__call__`` (evaluation) and our sampler at noise level 0
-                take the same Euler steps, bitwise
+                it by the flow Euler one with the same shift and says so in a warning (flow_matching.py's
+                ``flow_euler_scheduler``: a scheduler without a shift is refused; Flow-Factory's Wan recipes sample
+                their flow SDE with ``flow_shift: 3.0``), so the pipeline's own ``__call__`` (evaluation) and our
+                sampler at noise level 0 take the same Euler steps, bitwise
     output      v = transformer(x, t, prompt_embeds) (t per sample; per latent token on Wan2.2-TI2V-5B,
                 ``expand_timesteps``); classifier-free guidance as the pipeline does it, two forwards (conditional,
                 then unconditional): v = v_uncond + w (v_cond - v_uncond)                    (w <= 1: no guidance)
@@ -34,16 +35,15 @@ import inspect
 from dataclasses import replace
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+from diffusers import WanPipeline
 
 from ddpo_group.models.families import register_family
-from ddpo_group.models.families.flow_matching import FlowMatchingFamily
+from ddpo_group.models.families.flow_matching import FlowMatchingFamily, flow_euler_scheduler
 from ddpo_group.sampling.family import Capabilities
 from ddpo_group.sampling.trajectories import rows_of
 
 SUPPORTED = ("Wan2.1-T2V-1.3B, Wan2.1-T2V-14B, Wan2.2-TI2V-5B (one transformer) and Wan2.2-T2V-A14B (transformer "
              "trained, transformer_2 frozen)")
-DEFAULT_FLOW_SHIFT = 3.0  # diffusers' WanPipeline example: 3.0 for 480p (5.0 for 720p)
 
 
 @register_family("wan", WanPipeline)
@@ -76,7 +76,7 @@ class WanFamily(FlowMatchingFamily):
     @classmethod
     def load_pipeline(cls, path, local, revision, dtype_kwargs):
         pipe = super().load_pipeline(path, local, revision, dtype_kwargs)
-        pipe.scheduler = euler_scheduler(pipe.scheduler)
+        pipe.scheduler = flow_euler_scheduler(pipe.scheduler, "wan")
         return pipe
 
     # ------------------------------------------------------------------ sizes
@@ -232,12 +232,3 @@ class WanFamily(FlowMatchingFamily):
             kwargs["negative_prompt"] = sample_config.negative_prompt
         return kwargs
 
-
-def euler_scheduler(scheduler):
-    """The flow Euler scheduler of the model's shift: ``scheduler`` itself when it is one, else a new one with the
-    UniPC scheduler's ``flow_shift`` (the released Wan models' scheduler) and its number of training timesteps."""
-    if isinstance(scheduler, FlowMatchEulerDiscreteScheduler):
-        return scheduler
-    config = scheduler.config
-    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=config.num_train_timesteps,
-                                           shift=config.get("flow_shift") or DEFAULT_FLOW_SHIFT)
