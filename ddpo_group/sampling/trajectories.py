@@ -168,7 +168,7 @@ def sample_trajectories(family: Family, model, cond: dict, negative: dict | None
     if options.branches:
         return sample_trees(family, model, cond, negative, options, generator, initial_noise)
     first = next(iter(cond.values()))
-    batch, device, dtype = first.shape[0], first.device, first.dtype
+    batch, device, dtype = first.shape[0], first.device, family.state_dtype(first.dtype)
     schedule = family.schedule(options.num_steps, device)
     record = _Record(batch, options, schedule, device)
     latents = family.initial_latents(batch, generator, device, dtype, initial_noise)
@@ -188,7 +188,7 @@ def sample_trees(family: Family, model, cond: dict, negative: dict | None, optio
     the leaves of B / L roots, L = prod(children), each root's leaves consecutive, ``generator`` one per leaf."""
     branches = options.branches
     first = next(iter(cond.values()))
-    batch, device, dtype = first.shape[0], first.device, first.dtype
+    batch, device, dtype = first.shape[0], first.device, family.state_dtype(first.dtype)
     schedule = family.schedule(options.num_steps, device)
     size = tree_leaves(branches, batch, options.noise_levels, generator)  # leaves below each node row
     nodes = torch.arange(0, batch, size, device=device)  # each node row's first leaf
@@ -214,10 +214,10 @@ def sample_trees(family: Family, model, cond: dict, negative: dict | None, optio
 
 
 def stochastic_step(family: Family, output, latents, times: dict, options: SamplingOptions, n: int, generator, dtype):
-    """Step n of a sampling loop: (its output, x_{n+1} in the model's dtype ``dtype``, the next step's input).
+    """Step n of a sampling loop: (its output, x_{n+1} in the state's dtype ``dtype``, the next step's input).
 
-    The step's math runs in float32 and draws x_{n+1}; the loop goes on from it in ``dtype``, as the family's pipeline
-    does. Below float32 (mixed precision) the rounded x_{n+1} is the sample: its log-probability and the recorded
+    The step's math runs in float32 and draws x_{n+1}; the loop goes on from it in ``dtype`` (``family.state_dtype``:
+    the model's, or the float32 a pipeline keeps its state in), as the family's pipeline does. Below float32 (mixed precision) the rounded x_{n+1} is the sample: its log-probability and the recorded
     latent are the rounded one's, which the training forward scores again (the unrounded one would give every step of
     a bf16 run a ratio off 1 by the rounding, 1e-2 to 7e-2 on the embedded models)."""
     level, log_prob = options.noise_levels[n], options.compute_log_prob and options.noise_levels[n] > 0

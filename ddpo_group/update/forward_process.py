@@ -54,8 +54,8 @@ class ForwardProcess:
         return torch.ones(self.config.sample.num_steps, dtype=torch.bool)
 
     def noised(self, batch, r: torch.Tensor, times: dict, noise: torch.Tensor):
-        """(x_s, target, sigma) of rows ``r``'s final latents at their ``step``, with ``noise``; x_s in the
-        condition's dtype."""
+        """(x_s, target, sigma) of rows ``r``'s final latents at their ``step``, with ``noise``; x_s in the sampler's
+        state dtype (``family.state_dtype`` of the condition's)."""
         x_clean = batch.next_latents[r, -1].float()  # the rollout's final latents
         if self.process == "flow":
             sigma = times["sigmas"].float()
@@ -65,7 +65,7 @@ class ForwardProcess:
             alpha_bar = scheduler.alphas_cumprod.to(x_clean.device, torch.float32)[times["timesteps"].long()]
             x_s, target = ddpm_forward(x_clean, noise, alpha_bar, scheduler.config.prediction_type)
             sigma = (1 - alpha_bar).sqrt()
-        return x_s.to(batch.cond[self.family.cond_keys[0]].dtype), target, sigma
+        return x_s.to(self.family.state_dtype(batch.cond[self.family.cond_keys[0]].dtype)), target, sigma
 
     def train_times(self, batch, r: torch.Tensor, n: torch.Tensor) -> dict:
         """The step tensors the forward process and the denoiser read for rows ``r``: the rollout schedule's at steps

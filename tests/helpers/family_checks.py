@@ -22,6 +22,29 @@ def family_of(name, model_dir, preset="grpo", **overrides):
     return load_family(model_dir, config=config), config
 
 
+def bf16_family_of(name, model_dir, **overrides):
+    """``family_of`` in bfloat16: the pipeline loaded in it, as a run with mixed_precision="bf16" loads it."""
+    config = tiny_config("grpo", model_dir, "unused",
+                         **{**FAMILY_OVERRIDES[name], "mixed_precision": "bf16", **overrides})
+    return load_family(model_dir, torch_dtype=torch.bfloat16, config=config), config
+
+
+def assert_the_float32_state_is_the_pipelines(family, sample, want: torch.Tensor):
+    """In bfloat16, a family whose pipeline keeps its state in float32 (``latents_dtype``): our sampler (``sample()``,
+    its trajectories) gives the pipeline's own output ``want`` bitwise, and the state rounded to the model's dtype
+    every step (``latents_dtype`` None) does not. Returns the trajectories."""
+    assert family.model.dtype == torch.bfloat16 and family.latents_dtype == torch.float32
+    traj = sample()
+    assert torch.equal(traj.images, want.float())
+    family.latents_dtype = None  # on the instance: the state rounded to bfloat16 every step
+    try:
+        rounded = sample()
+    finally:
+        del family.latents_dtype
+    assert not torch.equal(rounded.images, traj.images)
+    return traj
+
+
 def generators(n, offset=0):
     return [torch.Generator().manual_seed(offset + i) for i in range(n)]
 

@@ -17,7 +17,8 @@ from ddpo_group.models.families.ltx2 import LTX2Family
 from ddpo_group.sampling.gaussian import gaussian_log_prob
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 from helpers.batch_helpers import batch_of
-from helpers.family_checks import PROMPTS, assert_rescored, family_of, full_size_on_meta, generators
+from helpers.family_checks import (PROMPTS, assert_rescored, assert_the_float32_state_is_the_pipelines, bf16_family_of,
+                                   family_of, full_size_on_meta, generators)
 from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
@@ -68,6 +69,24 @@ def test_noise_level_zero_reproduces_the_pipelines_frames_and_audio(guidance, ne
                                 **family.guidance_kwargs(guidance), **{**kwargs, **off}, **rows)
             assert float((plain.frames - out.frames).abs().max()) > 1e-3, off
             assert float((plain.audio - out.audio).abs().max()) > 1e-4, off
+
+
+@pytest.mark.parametrize("guidance, passes", [(3.0, {"spatio_temporal_guidance_blocks": [1]}), (1.0, OFF)])
+def test_in_bf16_the_state_stays_in_float32_as_the_pipelines(guidance, passes, ltx2_dir):
+    """Loaded in bfloat16, LTX2Pipeline keeps the video's and the audio's latents in float32 (the transformer reads
+    copies in the prompt embeddings' dtype, its outputs cast to float32 for every guidance pass and the step): our
+    sampler at noise level 0 gives its frames and its audio bitwise, at the call's defaults and with every pass off;
+    rounding the state to bf16 every step would not."""
+    family, config = bf16_family_of("ltx2", ltx2_dir, **{"sample.guidance_scale": guidance, "train.cfg": True,
+                                                         "sample.pipeline_guidance": passes})
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    family.pipe.set_progress_bar_config(disable=True)
+    out = family.pipe(PROMPTS, num_inference_steps=3, generator=generators(4), output_type="pt",
+                      **family.guidance_kwargs(guidance), **kwargs, **family.pipeline_row_kwargs([{}] * 4))
+    traj = assert_the_float32_state_is_the_pipelines(family, lambda: sample_trajectories(
+        family, family.model, family.encode(PROMPTS), family.negative_condition(),
+        SamplingOptions(3, guidance, [0.0] * 3, compute_log_prob=False), generator=generators(4)), out.frames)
+    assert torch.equal(traj.audio, out.audio.float())
 
 
 def test_the_guidance_keywords_are_checked(ltx2_dir):

@@ -11,7 +11,8 @@ from diffusers import DPMSolverMultistepScheduler, FlowMatchEulerDiscreteSchedul
 from config.base import base as base_config
 from ddpo_group.models.families.sana import SanaFamily, call_default
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
-from helpers.family_checks import PROMPTS, family_of, full_size_on_meta, generators
+from helpers.family_checks import (PROMPTS, assert_the_float32_state_is_the_pipelines, bf16_family_of, family_of,
+                                   full_size_on_meta, generators)
 from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
 
 
@@ -77,6 +78,23 @@ def test_the_condition_is_the_pipelines(sana_dir):
     assert torch.equal(family.negative_condition()["prompt_attention_mask"], negative_mask[:1])
     plain = family.encode_negative(PROMPTS)["prompt_embeds"]  # the instruction changes the prompts' condition
     assert plain.shape == want.shape and not torch.equal(plain, want)
+
+
+@pytest.mark.parametrize("guidance", [4.5, 1.0])
+def test_in_bf16_the_state_stays_in_float32_as_the_pipelines(guidance, sana_dir):
+    """Loaded in bfloat16, the pipeline keeps its latents in float32 (the transformer reads a bf16 copy, its output
+    cast back to float32 for CFG and the step): our sampler at noise level 0 gives its images bitwise, with CFG and
+    without; rounding the state to bf16 every step would not."""
+    family, config = bf16_family_of("sana", sana_dir, **{"sample.guidance_scale": guidance,
+                                                         "train.cfg": guidance > 1})
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(PROMPTS, num_inference_steps=3, guidance_scale=guidance, generator=generators(4),
+                       output_type="pt", **kwargs).images
+    assert want.dtype == torch.bfloat16
+    assert_the_float32_state_is_the_pipelines(family, lambda: sample_trajectories(
+        family, family.model, family.encode(PROMPTS), family.negative_condition(),
+        SamplingOptions(3, guidance, [0.0] * 3, compute_log_prob=False), generator=generators(4)), want)
 
 
 def test_a_guidance_distilled_sana_is_refused(sana_dir):

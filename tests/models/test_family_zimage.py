@@ -7,8 +7,9 @@ import torch
 from diffusers import ZImagePipeline
 
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
-from helpers.family_checks import (PROMPTS, assert_the_recorded_log_probs_come_back,
-                                   assert_the_text_encoder_stays_where_it_is, family_of, generators)
+from helpers.family_checks import (PROMPTS, assert_the_float32_state_is_the_pipelines,
+                                   assert_the_recorded_log_probs_come_back, assert_the_text_encoder_stays_where_it_is,
+                                   bf16_family_of, family_of, generators)
 
 
 def test_the_condition_is_the_pipelines_list_of_embeddings(tiny_zimage_dir):
@@ -61,6 +62,22 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, options, t
         plain = family.pipe(list(PROMPTS), num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
                             output_type="pt", height=32, width=32, max_sequence_length=64).images
         assert float((plain - want).abs().max()) > 1e-4
+
+
+@pytest.mark.parametrize("guidance", [0.0, 4.0])
+def test_in_bf16_the_state_stays_in_float32_as_the_pipelines(guidance, tiny_zimage_dir):
+    """Loaded in bfloat16, ZImagePipeline keeps its latents in float32 (the transformer reads a bf16 copy; its outputs
+    cast to float32 for CFG and the step): our sampler at noise level 0 gives its images bitwise, guided and
+    Z-Image-Turbo's unguided call; rounding the state to bf16 every step would not."""
+    family, config = bf16_family_of("zimage", tiny_zimage_dir, **{"sample.guidance_scale": guidance,
+                                                                  "train.cfg": guidance > 0})
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    family.pipe.set_progress_bar_config(disable=True)
+    want = family.pipe(list(PROMPTS), num_inference_steps=4, guidance_scale=guidance, generator=generators(4),
+                       output_type="pt", **kwargs).images
+    assert_the_float32_state_is_the_pipelines(family, lambda: sample_trajectories(
+        family, family.model, family.encode(PROMPTS), family.encode([""] * 4),
+        SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False), generator=generators(4)), want)
 
 
 @pytest.mark.parametrize("options", [

@@ -77,6 +77,9 @@ class ModelFamily:
     audio_sample_rate = 0  # a family with audio (capabilities.audio): its soundtrack's samples per second
     negative_prompt = ""  # the family's default negative prompt (module docstring: the rule of the negative prompt)
     pipeline_max_batch = 0  # the most prompts one call of the pipeline's own __call__ takes (0: any)
+    # the dtype the pipeline's call keeps its denoising state in across steps (SANA's, Z-Image's and LTX-2's float32:
+    # the model reads a cast copy); None: the model's dtype, every step's x_{n+1} rounded to it (sampling/trajectories.py)
+    latents_dtype: torch.dtype | None = None
 
     def __init__(self, pipe, config):
         """``pipe``: the diffusers pipeline; ``config``: the run's config (config/base.py's fields, whose defaults live
@@ -194,6 +197,10 @@ class ModelFamily:
     # ------------------------------------------------------------------ latents, schedule, model, step
     def latent_shape(self) -> tuple[int, ...]:
         raise NotImplementedError
+
+    def state_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The dtype of the sampler's state x_n: ``latents_dtype``, else the model's ``model_dtype``."""
+        return self.latents_dtype or model_dtype
 
     def initial_latents(self, batch: int, generator, device, dtype, initial_noise=None) -> torch.Tensor:
         """The initial noise x_0 of ``batch`` samples: ``initial_noise`` (checked against latent_shape) or noise drawn as

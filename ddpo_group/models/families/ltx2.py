@@ -57,6 +57,9 @@ class LTX2Family(FlowMatchingFamily):
     guidance_passes = GUIDANCE_PASSES
     cond_keys = ("prompt_embeds", "audio_prompt_embeds", "prompt_attention_mask")
     patch_size = 1  # set from the transformer in __init__
+    # LTX2Pipeline's call keeps the video's and the audio's latents in float32 (the transformer reads copies in the
+    # prompt embeddings' dtype)
+    latents_dtype = torch.float32
     # every Linear of a block: the video's and the audio's self- and text attention, the audio-to-video and
     # video-to-audio attention, both feed-forwards (Flow-Factory's LTX-2 default: 28 a block)
     lora_target_modules = tuple(f"{attn}.{proj}" for attn in ("attn1", "attn2", "audio_attn1", "audio_attn2",
@@ -238,8 +241,11 @@ class LTX2Family(FlowMatchingFamily):
         audio_coords = pipe.transformer.audio_rope.prepare_audio_coords(n, self.audio_frames, video.device)
         repeat = lambda x: x.repeat((rows,) + (1,) * (x.ndim - 1)) if rows > 1 else x  # noqa: E731
         dtype = texts["prompt_embeds"].dtype
+        # one copy: the layout of the pipeline's state (_pack_latents' view of [B, C, F, H, W], channels outermost),
+        # which a bf16 matmul's rounding depends on; [negative; conditional]: the contiguous copy its torch.cat makes
+        hidden = torch.cat([video] * rows) if rows > 1 else video.transpose(1, 2).contiguous().transpose(1, 2)
         return model(
-            hidden_states=torch.cat([video] * rows).to(dtype), audio_hidden_states=torch.cat([audio] * rows).to(dtype),
+            hidden_states=hidden.to(dtype), audio_hidden_states=torch.cat([audio] * rows).to(dtype),
             encoder_hidden_states=texts["prompt_embeds"], audio_encoder_hidden_states=texts["audio_prompt_embeds"],
             timestep=torch.cat([t] * rows), sigma=torch.cat([t] * rows),
             encoder_attention_mask=texts["prompt_attention_mask"],

@@ -54,6 +54,8 @@ def call_default(pipeline_class, name: str):
 class SanaFamily(FlowMatchingFamily):
     cond_keys = ("prompt_embeds", "prompt_attention_mask")
     patch_size = 1  # set from the transformer in __init__ (the released models' 1)
+    # SanaPipeline's call keeps its latents in float32 (the transformer reads a copy in its dtype)
+    latents_dtype = torch.float32
     # the self- and cross-attention projections of every block: Cosmos-RL's SANA LoRA targets
     lora_target_modules = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
                            "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")

@@ -43,6 +43,8 @@ PIPELINE_SIZE = 1024
 class ZImageFamily(FlowMatchingFamily):
     cond_keys = ("prompt_embeds", "prompt_lengths")  # embeds first: the sampler reads the batch and dtype from it
     no_guidance = 0.0  # Z-Image-Turbo samples at guidance 0: u_c + 0 (u_c - u_uncond)
+    # ZImagePipeline's call keeps its latents in float32 (the transformer reads a copy in its dtype)
+    latents_dtype = torch.float32
     # the attention projections and the SwiGLU feed-forward of every block (refiners included; image and text tokens
     # share them): Flow-Factory's default Z-Image LoRA targets (src/flow_factory/models/z_image/z_image.py)
     lora_target_modules = ("attention.to_q", "attention.to_k", "attention.to_v", "attention.to_out.0",
@@ -133,7 +135,7 @@ class ZImageFamily(FlowMatchingFamily):
             # compared in float64, as the pipeline compares its Python floats
             late = ((1000 - t.float()) / 1000).double() > self.cfg_truncation
             scales = torch.where(late, 0.0, scales)
-        x = list(latents.unsqueeze(2).unbind(0))
+        x = list(latents.to(self.pipe.transformer.dtype).unsqueeze(2).unbind(0))  # the pipeline's cast copy
         if negative is None or not bool((scales > 0).any()):
             out = model(x, timestep, embeds, return_dict=False)[0]
             return -torch.stack([o.float() for o in out]).squeeze(2)
