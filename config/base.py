@@ -246,6 +246,19 @@ def base() -> ml_collections.ConfigDict:
     # "traj-mean-step-sum-norm" (docs/algorithms.md)
     algorithm.loss_agg_mode = "step-mean"
     algorithm.clip_ratio_c = 3.0  # dual clip for negative advantages (vanilla, gspo)
+    # rollout correction (verl's, decoupled mode; algorithms/rollout_correction.py): for rollouts sampled by something
+    # other than the training forward (sample.precision, another engine), the rollout's log-probabilities are
+    # recomputed by the training forward at the weights that sampled (as train.recompute_rollout) and each trained
+    # pair's loss is weighed by the ratio pi_old / pi_rollout, truncated, and/or dropped when that ratio leaves a band;
+    # train/rollout_is_weight_mean, _std, rollout_is_truncated, rollout_rs_masked, rollout_log_ratio_abs say how much
+    algorithm.rollout_correction = rollout_correction = ml_collections.ConfigDict()
+    # the importance weights' level: "" none, "step" (each step's ratio; verl's "token"), "trajectory" (the product of
+    # its trained steps' ratios; verl's "sequence")
+    rollout_correction.is_level = ""
+    rollout_correction.is_threshold = 2.0  # the weights' cap (truncated importance sampling)
+    rollout_correction.rs_level = ""  # rejection's level: "" none, "step" or "trajectory", as is_level
+    rollout_correction.rs_threshold = 2.0  # a pair (or trajectory) whose ratio is above this is not trained
+    rollout_correction.rs_threshold_lower = 0.0  # ... or below this (0: 1 / rs_threshold)
     algorithm.gamma = 1.0  # discount over denoising steps (gae, reinforce_plus_plus)
     algorithm.gae_lambda = 0.95  # GAE's lambda over denoising steps (gae)
     algorithm.gae_whiten = True  # whiten GAE's advantages over the batch

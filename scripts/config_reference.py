@@ -7,7 +7,6 @@ comment that documents it there, then what each preset and recipe changes.
 
 import argparse
 import io
-import os
 import re
 import sys
 import tokenize
@@ -21,7 +20,7 @@ from config.recipes import RECIPES  # noqa: E402
 from ddpo_group.run.command.renamed_fields import RENAMED, RENAMED_SECTIONS, RENAMED_VALUES  # noqa: E402
 
 OUT = ROOT / "docs" / "configuration.md"
-SECTION = re.compile(r"^\s*config\.(\w+) = (\w+) = ml_collections\.ConfigDict\(\)")
+SECTION = re.compile(r"^\s*(\w+)\.(\w+) = (\w+) = ml_collections\.ConfigDict\(\)")  # config.train = train = ...
 FIELD = re.compile(r"^\s*(\w+)\.(\w+) = ")
 HEADER = re.compile(r"^#\s*-{3,}\s*(.*?)\s*(-{3,})?$")
 
@@ -50,8 +49,8 @@ def documented_fields(source: str) -> list[tuple[str, str, str]]:
                 pending.append(comment)
             continue
         section = SECTION.match(lines[number])
-        if section:
-            aliases[section.group(2)] = section.group(1) + "."
+        if section and section.group(1) in aliases:  # a section of the config or of one of its sections
+            aliases[section.group(3)] = aliases[section.group(1)] + section.group(2) + "."
         field = FIELD.match(lines[number])
         if field and field.group(1) in aliases and not section:
             block = " ".join(pending)

@@ -376,6 +376,7 @@ def algorithm_errors(config) -> list[str]:
     from ddpo_group.algorithms import (
         ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY, canonical_agg_mode, get_adv_estimator, get_policy_loss,
     )
+    from ddpo_group.algorithms.rollout_correction import correction_errors
     from ddpo_group.reference.regularizer import kl_config_errors
     from ddpo_group.update.critic import critic_config_errors
 
@@ -406,6 +407,11 @@ def algorithm_errors(config) -> list[str]:
     errors.extend(multi_reward_errors(config, estimator))
     need(algorithm.clip_ratio_c is None or algorithm.clip_ratio_c > 1, f"algorithm.clip_ratio_c={algorithm.clip_ratio_c} must be > 1 (or None)")
     errors.extend(objective_errors(config, estimator))
+    errors.extend(correction_errors(config))
+    if loss is not None and not loss.per_step:
+        need(algorithm.rollout_correction.is_level != "step",
+             f"algorithm.rollout_correction.is_level='step' weighs each step's loss; algorithm.policy_loss="
+             f"{algorithm.policy_loss!r} is one loss a trajectory: use is_level='trajectory'")
     return errors + kl_config_errors(config, estimator) + critic_config_errors(config)
 
 
@@ -413,6 +419,7 @@ def objective_errors(config, estimator) -> list[str]:
     """``algorithm.objective``: known, its keywords; a matching objective reads one advantage per sample (no critic,
     no per-step rewards) and is the only one that may sample deterministically (``sample.deterministic``)."""
     from ddpo_group.algorithms import OBJECTIVE_REGISTRY, get_objective
+    from ddpo_group.algorithms.objectives import POLICY_GRADIENT
 
     algorithm, errors = config.algorithm, []
     need = _collector(errors)
@@ -421,6 +428,11 @@ def objective_errors(config, estimator) -> list[str]:
         return errors
     kwargs = algorithm.objective_kwargs
     errors.extend(objective.config_errors(kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})))
+    correction = algorithm.rollout_correction
+    need(objective.kind == POLICY_GRADIENT or not (correction.is_level or correction.rs_level),
+         f"algorithm.rollout_correction (is_level={correction.is_level!r}, rs_level={correction.rs_level!r}) weighs "
+         f"the policy-gradient loss's pairs by the rollout's log-probabilities; algorithm.objective="
+         f"{algorithm.objective!r} has no such loss: set both to \"\"")
     if not objective.is_matching:
         need(not config.sample.deterministic,
              f"sample.deterministic=True samples without log-probs, which algorithm.objective={algorithm.objective!r} "

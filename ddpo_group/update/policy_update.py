@@ -14,9 +14,11 @@ loop). For one chunk of N pairs (rows r, steps n):
 
 Before the epoch's first optimizer step every ratio is 1 up to rounding (update/on_policy.py): ``ratio_before_update``
 is the largest |ratio - 1| over those pairs, ``clipped_before_update`` the share of them the loss's trust region acts on
-(a ratio outside the clip range; dppo: the pairs its mask blocks). With ``train.recompute_rollout`` the rollout's
-l_rollout and mu_rollout are first recomputed by the training forward at the weights that sampled
-(``rollout_recomputed_kl``: how far the recorded ones were). ``policy_kl`` (mean over the trained pairs) and ``policy_kl_max`` are the exact KL of
+(a ratio outside the clip range; dppo: the pairs its mask blocks). With ``train.recompute_rollout`` or a rollout
+correction the rollout's l_rollout and mu_rollout are first recomputed by the training forward at the weights that
+sampled (``rollout_recomputed_kl``: how far the recorded ones were), and the correction
+(algorithms/rollout_correction.py) of the recorded against the recomputed log-probabilities multiplies each pair's
+weight w in 2 (a trajectory-level loss: its rows' advantages by their trajectory weight, its rejected steps masked). ``policy_kl`` (mean over the trained pairs) and ``policy_kl_max`` are the exact KL of
 each step's Gaussian under the rollout policy to the one under the policy being trained (their means, recorded and
 recomputed, and their shared std), at the weights each chunk sees, beside the log-prob estimate approx_kl.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from ddpo_group.algorithms import aggregation_weights, gaussian_kl, get_policy_loss
+from ddpo_group.algorithms.rollout_correction import rollout_correction
 from ddpo_group.distributed import check_peers
 from ddpo_group.update.on_policy import ratio_deviation
 from ddpo_group.update.updater import Chunk, UpdateOptions, Updater, fold_metrics
@@ -54,9 +57,16 @@ class PolicyUpdater(Updater):
         log-probabilities and step means recomputed first."""
         device = self.accelerator.device
         self.ratio_gap, self.outside, self.counted, self.kl_max = (torch.zeros((), device=device) for _ in range(4))
-        self.recomputed_kl = None
-        if batch is not None and self.config.train.recompute_rollout:
+        self.recomputed_kl = self.correction = None
+        correcting = bool(self.config.algorithm.rollout_correction.is_level
+                          or self.config.algorithm.rollout_correction.rs_level)
+        if batch is not None and (self.config.train.recompute_rollout or correcting):
+            recorded = batch.log_probs.clone()
             self.recompute_rollout(batch)
+            if correcting:  # the trainable steps of the real rows
+                mask = self.epoch_units(batch)[0][:, None] & self.trainable_steps().cpu()[None, :]
+                self.correction = rollout_correction(recorded, batch.log_probs, mask.to(recorded.device),
+                                                     self.config.algorithm.rollout_correction)
 
     @torch.no_grad()
     def recompute_rollout(self, batch) -> None:
@@ -91,6 +101,8 @@ class PolicyUpdater(Updater):
         metrics.update(ratio_before_update=float(gap), clipped_before_update=float(outside) / max(float(pairs), 1.0))
         if self.recomputed_kl is not None:  # this process's (the processes sample alike)
             metrics["rollout_recomputed_kl"] = float(self.recomputed_kl)
+        if self.correction is not None:  # this process's rows
+            metrics.update(self.correction.metrics)
         if "policy_kl" in metrics:  # the batch held the rollout's step means
             metrics["policy_kl_max"] = float(kl_max)
 
@@ -119,6 +131,8 @@ class PolicyUpdater(Updater):
                 self.trajectory_loss(batch, chunk.train_batch, outputs, sums)
             return
         w = chunk.weights.to(device, non_blocking=True)
+        if self.correction is not None:  # the rollout correction's factor of each pair
+            w = w * self.correction.factor.to(device)[r, n]
         policy_loss, info = self.loss.fn(rollout_log_prob, out.log_prob, batch.advantages[r, n], w,  # 2.
                                       **self.bounds, **self.step_means(batch, r, n, out), **self.loss_kwargs)
         loss = policy_loss
@@ -171,7 +185,12 @@ class PolicyUpdater(Updater):
         )
         rollout = batch.log_probs[rows].to(flat.dtype)
         log_prob = torch.where(step_mask != 0, log_prob, rollout)  # untrained steps: ratio 1, masked anyway
-        policy_loss, info = self.loss(rollout, log_prob, batch.advantages[rows], step_mask, algorithm.loss_agg_mode,
+        advantages = batch.advantages[rows]
+        if self.correction is not None:  # rejected steps masked; a row's loss weighed by its trajectory weight (> 0)
+            factor = self.correction.factor.to(device)[rows].to(advantages.dtype)
+            step_mask = step_mask * (factor != 0)
+            advantages = advantages * factor.amax(dim=1).view(-1, *[1] * (advantages.ndim - 1))
+        policy_loss, info = self.loss(rollout, log_prob, advantages, step_mask, algorithm.loss_agg_mode,
                                       **self.bounds, **self.loss_kwargs)
         loss = policy_loss + 0.0 * flat.sum()  # stays connected to the denoiser even when every step is masked
         if outputs[0][1] is not None:
