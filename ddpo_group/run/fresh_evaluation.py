@@ -15,8 +15,11 @@ image of ``final`` and ``best`` is paired with the base model's image of the sam
     before = mean r_base        after = mean r_w        change = after - before
     SE     = std(r_w - r_base, ddof 1) / sqrt(n)        the paired difference's standard error
 
-and per prompt its change; the same for the held-out rewards (eval_reward_fn) when the run has them. The run's summary
-gives these (run/reporting/summary.py) and its verdict reads ``final``'s change (run/reporting/verdict.py).
+and per prompt its change; the same for the held-out rewards (eval_reward_fn) when the run has them. r is what training
+raises on each image (EvalResult's ``trained``): its reward, or a groupwise reward's pointwise score (a win rate's mean
+over a group is 1/2 whatever the images); a groupwise reward that declares none leaves the reward unscored here. The
+run's summary gives these (run/reporting/summary.py) and its verdict reads ``final``'s change
+(run/reporting/verdict.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import math
 
 import torch
 
+from ddpo_group.rewards import rising_measure
 from ddpo_group.rollout.component import Component
 from ddpo_group.run.components import register_component
 from ddpo_group.run.periodic_eval import PeriodicEvaluation
@@ -61,7 +65,7 @@ class FreshEvaluation(Component):
     def __init__(self, periodic: PeriodicEvaluation | None):
         """``periodic``: the evaluation on the fresh noises (None: disabled)."""
         self.periodic = periodic
-        self.base: torch.Tensor | None = None  # [n] the base model's rewards on the fresh images
+        self.base: torch.Tensor | None = None  # [n] the base model's trained measure (module docstring) on them
         self.base_heldout: torch.Tensor | None = None  # [n] its held-out rewards
 
     @classmethod
@@ -82,7 +86,7 @@ class FreshEvaluation(Component):
         """The starting weights' fresh scores (before the first update, or in a context that holds them)."""
         if self.enabled and self.base is None:
             result = self.periodic.run(-1)
-            self.base, self.base_heldout = result.rewards, result.heldout
+            self.base, self.base_heldout = result.trained, result.heldout
 
     def score(self, weights):
         """The EvalResult of the weights ``weights()`` holds on the fresh images."""
@@ -97,16 +101,18 @@ class FreshEvaluation(Component):
         groups = [periodic.prompts[r // periodic.num_seeds] for r in range(periodic.num_rows)]
         out = {"images": periodic.num_rows, "prompts": len(periodic.prompts), "noises_per_prompt": periodic.num_seeds,
                "noises": f"{FRESH_NOISE}..{FRESH_NOISE + periodic.num_seeds - 1} (evaluations during training use "
-                         f"0..{int(periodic.config.eval_num_seeds) - 1})"}
+                         f"0..{int(periodic.config.eval_num_seeds) - 1})",
+               "reward_measure": rising_measure(periodic.reward_scorer.reward_fn) or "none (a groupwise reward without a "
+                                                                                   "pointwise score)"}
         for measure, base in (("reward", self.base), ("heldout", self.base_heldout)):
             if base is None:
                 continue
-            scored = {"final": paired(final.rewards if measure == "reward" else final.heldout, base, groups)}
+            scored = {"final": paired(final.trained if measure == "reward" else final.heldout, base, groups)}
             if best is not None:
                 scored["best"] = {"epoch": best_epoch,
-                                  **paired(best.rewards if measure == "reward" else best.heldout, base, groups)}
+                                  **paired(best.trained if measure == "reward" else best.heldout, base, groups)}
             out[measure] = scored
-        out["same_as_start"] = bool(torch.equal(final.rewards, self.base))
+        out["same_as_start"] = self.base is not None and bool(torch.equal(final.trained, self.base))
         return out
 
     def state_dict(self) -> dict:

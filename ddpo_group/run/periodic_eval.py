@@ -49,7 +49,7 @@ import torch
 
 from ddpo_group.errors import ConfigError
 from ddpo_group.prompts import draw_prompts
-from ddpo_group.rewards import pointwise_score
+from ddpo_group.rewards import is_groupwise, pointwise_score
 from ddpo_group.rewards.combine import component_label
 from ddpo_group.run.reporting.audio_stats import AUDIO_STATISTICS, audio_metrics
 from ddpo_group.run.reporting.image_stats import (PIXELS, STATISTICS, as_images, diversity, drift, image_spreads,
@@ -126,6 +126,16 @@ class EvalResult:
     # a family with audio (LTX-2): the grid's rows' waveforms [rows, channels, samples] (main process), else None
     audio: torch.Tensor | None = None
     audio_sample_rate: int = 0
+    # a groupwise reward (rewards/base.py): each row's pointwise score (its declared info entry), None when it declares
+    # none; training raises that where a win rate's mean over a group is 1/2 whatever the images
+    groupwise: bool = False
+    pointwise: torch.Tensor | None = None
+
+    @property
+    def trained(self) -> torch.Tensor | None:
+        """[N * M] what training raises on each row: its reward, or a groupwise reward's pointwise score (None when it
+        declares none: nothing per image then says whether the run learned)."""
+        return self.pointwise if self.groupwise else self.rewards
 
 
 class PeriodicEvaluation:
@@ -236,8 +246,9 @@ class PeriodicEvaluation:
         finally:
             model.train(training)
             self.family.schedule(sample.num_steps, self.accelerator.device)  # the training sampler's timesteps
-        rewards = scored[0][0]
-        metrics = self.metrics("eval", *scored[0], pointwise=pointwise_score(self.reward_scorer.reward_fn))
+        rewards, components, labels = scored[0]
+        score = pointwise_score(self.reward_scorer.reward_fn)
+        metrics = self.metrics("eval", *scored[0], pointwise=score)
         if self.heldout_scorer is not None:
             metrics.update(self.metrics("eval_heldout", *scored[1], groups=False))
             components = getattr(self.heldout_scorer.reward_fn, "components", None)
@@ -254,7 +265,9 @@ class PeriodicEvaluation:
         grid = self.grid(images, rewards) if main else None
         heard = audio[: self.grid_rows] if main and audio is not None else None
         return EvalResult(metrics, grid, rewards, scored[1][0] if self.heldout_scorer is not None else None, heard,
-                          self.family.audio_sample_rate if heard is not None else 0)
+                          self.family.audio_sample_rate if heard is not None else 0,
+                          groupwise=is_groupwise(self.reward_scorer.reward_fn),
+                          pointwise=components[:, labels.index(score)] if score in labels else None)
 
     def image_metrics(self, images: torch.Tensor, epoch: int) -> dict:
         """eval/diversity, eval/image/* and eval/drift/* of the deterministic images (run/reporting/image_stats.py); the ones

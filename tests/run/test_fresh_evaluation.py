@@ -77,6 +77,26 @@ def test_a_run_scores_what_it_hands_over_and_its_best_beside_the_base_model_on_f
     trainer.rollouts.close()
 
 
+def test_a_groupwise_reward_is_judged_on_each_images_own_score(tiny_model_dir, tmp_path):
+    """A rank's mean over a group is 1/2 whatever the images: the fresh evaluation pairs each image's own score (the
+    ranked reward's, rewards/base.py's pointwise_score) with the base model's instead, as the guard reads it."""
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "run", num_epochs=2, reward_fn="rank",
+                           reward_fn_kwargs={"reward_fn": "jpeg_incompressibility"}, **EVALUATED)
+    trainer.run()
+    record = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert record["fresh"]["reward_measure"] == "eval/reward_info/score"
+    result = trainer.evaluations.fresh.periodic.run(0)
+    assert float(result.rewards.mean()) == pytest.approx(0.5, abs=1e-12)  # the rank's mean says nothing
+    final = record["fresh"]["reward"]["final"]
+    assert final["after"] == pytest.approx(float(result.pointwise.mean()), abs=1e-12)
+    assert final["before"] == pytest.approx(float(trainer.evaluations.fresh.base.mean()), abs=1e-12)
+    base = trainer.evaluations.fresh.base
+    assert final["change"] == pytest.approx(float((result.pointwise - base).mean()), abs=1e-12)
+    assert final["before"] != pytest.approx(0.5, abs=0.05)  # the scores' mean, not the ranks' 1/2
+    assert "each image's own score, reward_info/score" in (tmp_path / "run" / "summary.txt").read_text()
+    trainer.rollouts.close()
+
+
 def test_a_run_that_cannot_learn_says_it_did_not_learn(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "run", num_epochs=2,
                            **{**EVALUATED, "train.learning_rate": 1e-12})

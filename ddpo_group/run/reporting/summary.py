@@ -18,6 +18,11 @@ def summary_record(fresh: dict) -> dict:
     if not fresh:
         return {"verdict": NOT_MEASURED, "why": "no fresh final evaluation (final_eval_num_seeds=0, or a resumed run "
                                                  "whose checkpoint held no base scores)", "fresh": {}, "restores": []}
+    if "reward" not in fresh:  # a groupwise reward without a pointwise score (run/fresh_evaluation.py)
+        return {"verdict": NOT_MEASURED, "why": "the reward is groupwise and declares no pointwise score: no image has a "
+                                                "score of its own to compare with the base model's (scripts/evaluate.py "
+                                                "compares the two models' images in one group)",
+                "fresh": {k: v for k, v in fresh.items() if k != "restores"}, "restores": fresh["restores"]}
     final = fresh["reward"]["final"]
     heldout = fresh.get("heldout", {}).get("final")
     name, why = verdict(final["change"], final["se"], fresh["same_as_start"], heldout)
@@ -93,6 +98,9 @@ def fresh_lines(record: dict) -> list[str]:
     lines = [f"verdict          {record['why']}",
              f"fresh images     {fresh['images']} ({fresh['prompts']} prompts x {fresh['noises_per_prompt']} initial noises "
              f"no evaluation during training used), deterministic sampler, paired with the base model's"]
+    trained = fresh.get("reward_measure", "eval/reward_mean")
+    if trained != "eval/reward_mean":  # a groupwise reward: each image's pointwise score
+        lines.append(f"{'reward':<17}a groupwise reward: each image's own score, {trained.removeprefix('eval/')}")
     for measure, label in (("reward", "reward"), ("heldout", "held-out")):
         if measure not in fresh:
             continue
