@@ -11,7 +11,8 @@ defaults (config/base.py) or ``--set guard.FIELD=VALUE``:
 
     fired       the rules that raise their alarm, with the epoch
     drift       the largest |eval/drift/<statistic>| over the evaluations, in units of that statistic's spread over the
-                images before training (the drift rule's measure; it fires above guard.max_drift)
+                images before training (the drift rule's measure; it fires above guard.max_drift); the JSON also holds
+                each evaluation's largest (``drift_by_evaluation``, at ``epochs``)
     fall        the largest drop of the trained reward's evaluation below its best so far, in its standard errors, at an
                 evaluation below the value before training (the fall rule's measure; it fires above guard.fall_drop)
     diversity   the lowest eval/diversity over its value before training (it fires below guard.min_diversity)
@@ -58,7 +59,7 @@ def parse_args(argv=None):
 
 def train(out: Path, preset: str, seed: int, extra: list) -> Path:
     run_dir = out / "runs" / f"{preset}_seed{seed}"
-    if (run_dir / "summary.txt").is_file():  # a finished run is kept
+    if (run_dir / "summary.json").is_file():  # a finished run is kept (a stopped one has summary.txt only)
         return run_dir
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -78,12 +79,15 @@ def margins(records: list[dict], guard_config) -> dict:
     start = records[0]
     rising = POINTWISE if f"{POINTWISE}_std" in start else "eval/reward_mean"
     guard, fired = Guard(guard_config, heldout="eval_heldout/reward_mean" in start, rising=rising), {}
-    drift, fall, peak = (0.0, ""), 0.0, None
+    drift, fall, peak, drifts = (0.0, ""), 0.0, None, []
     for record in records:
         for alarm in guard.observe(record["epoch"], record)[1]:
             fired.setdefault(alarm.rule, record["epoch"])
+        drifts.append(0.0)
         for key, value in record.items():
             spread = start.get(f"eval/image_spread/{key.rsplit('/', 1)[1]}") if key.startswith("eval/drift/") else None
+            if spread:
+                drifts[-1] = max(drifts[-1], abs(value) / spread)
             if spread and abs(value) / spread > drift[0]:
                 drift = (abs(value) / spread, key.rsplit("/", 1)[1])
         value = record[rising]
@@ -94,7 +98,7 @@ def margins(records: list[dict], guard_config) -> dict:
     diversity = [r["eval/diversity"] / start["eval/diversity"] for r in records if start.get("eval/diversity")]
     return {"fired": fired, "drift": round(drift[0], 3), "drift_statistic": drift[1], "fall_se": round(fall, 2),
             "diversity": round(min(diversity), 3) if diversity else None, "rising": rising,
-            "epochs": [r["epoch"] for r in records]}
+            "epochs": [r["epoch"] for r in records], "drift_by_evaluation": [round(d, 3) for d in drifts]}
 
 
 def table(runs: dict) -> str:

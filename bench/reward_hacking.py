@@ -76,7 +76,7 @@ def command(args, preset: str, variant: str, seed: int, run_dir: Path) -> list[s
 
 def run(args, preset: str, variant: str, seed: int) -> Path:
     run_dir = Path(args.out) / "runs" / f"{preset}_{variant}_seed{seed}"
-    if (run_dir / "summary.txt").is_file():  # a finished run is kept
+    if (run_dir / "summary.json").is_file():  # a finished run is kept (a stopped one has summary.txt only)
         return run_dir
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -246,7 +246,7 @@ class PeriodicEvaluation:
         finally:
             model.train(training)
             self.family.schedule(sample.num_steps, self.accelerator.device)  # the training sampler's timesteps
-        rewards, components, labels = scored[0]
+        rewards, parts, labels = scored[0]
         score = pointwise_score(self.reward_scorer.reward_fn)
         metrics = self.metrics("eval", *scored[0], pointwise=score)
         if self.heldout_scorer is not None:
@@ -267,7 +267,7 @@ class PeriodicEvaluation:
         return EvalResult(metrics, grid, rewards, scored[1][0] if self.heldout_scorer is not None else None, heard,
                           self.family.audio_sample_rate if heard is not None else 0,
                           groupwise=is_groupwise(self.reward_scorer.reward_fn),
-                          pointwise=components[:, labels.index(score)] if score in labels else None)
+                          pointwise=parts[:, labels.index(score)] if score in labels else None)
 
     def image_metrics(self, images: torch.Tensor, epoch: int) -> dict:
         """eval/diversity, eval/image/* and eval/drift/* of the deterministic images (run/reporting/image_stats.py); the ones
