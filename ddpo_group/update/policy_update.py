@@ -61,12 +61,13 @@ class PolicyUpdater(Updater):
         correcting = bool(self.config.algorithm.rollout_correction.is_level
                           or self.config.algorithm.rollout_correction.rs_level)
         if batch is not None and (self.config.train.recompute_rollout or correcting):
-            recorded = batch.log_probs.clone()
+            recorded = batch.log_probs.clone() if correcting else None
             self.recompute_rollout(batch)
-            if correcting:  # the trainable steps of the real rows
+            if correcting:  # the trainable steps of the real rows; the factor on the device the chunks read it on
                 mask = self.epoch_units(batch)[0][:, None] & self.trainable_steps().cpu()[None, :]
                 self.correction = rollout_correction(recorded, batch.log_probs, mask.to(recorded.device),
                                                      self.config.algorithm.rollout_correction)
+                self.correction.factor = self.correction.factor.to(device)
 
     @torch.no_grad()
     def recompute_rollout(self, batch) -> None:
@@ -132,7 +133,7 @@ class PolicyUpdater(Updater):
             return
         w = chunk.weights.to(device, non_blocking=True)
         if self.correction is not None:  # the rollout correction's factor of each pair
-            w = w * self.correction.factor.to(device)[r, n]
+            w = w * self.correction.factor[r, n]
         policy_loss, info = self.loss.fn(rollout_log_prob, out.log_prob, batch.advantages[r, n], w,  # 2.
                                       **self.bounds, **self.step_means(batch, r, n, out), **self.loss_kwargs)
         loss = policy_loss
@@ -187,7 +188,7 @@ class PolicyUpdater(Updater):
         log_prob = torch.where(step_mask != 0, log_prob, rollout)  # untrained steps: ratio 1, masked anyway
         advantages = batch.advantages[rows]
         if self.correction is not None:  # rejected steps masked; a row's loss weighed by its trajectory weight (> 0)
-            factor = self.correction.factor.to(device)[rows].to(advantages.dtype)
+            factor = self.correction.factor[rows].to(advantages.dtype)
             step_mask = step_mask * (factor != 0)
             advantages = advantages * factor.amax(dim=1).view(-1, *[1] * (advantages.ndim - 1))
         policy_loss, info = self.loss(rollout, log_prob, advantages, step_mask, algorithm.loss_agg_mode,
