@@ -214,6 +214,16 @@ def base() -> ml_collections.ConfigDict:
     kl.only_below_start = False
     kl.start_window = 16  # samples of a prompt in its start and in its current level
 
+    # ---- on-policy distillation (algorithm.objective="opd"; ddpo_group/reference/teachers.py, docs/algorithms.md) ----
+    config.opd = opd = ml_collections.ConfigDict()
+    # the frozen teachers, {name: path}: a LoRA directory in diffusers format (a run's lora/, or the run directory),
+    # an adapter on the student's own denoiser; or a denoiser directory (config.json and weights), a frozen copy.
+    #   --config.opd.teachers='{"aesthetic": "runs/aesthetic", "ocr": "runs/ocr"}'
+    opd.teachers = FieldReference({}, field_type=object)
+    opd.route_key = ""  # a prompt metadata key naming each prompt's teacher; "": every teacher scores every prompt
+    opd.beta = 1.0  # weight of the teachers' closed-form KL per step (slime's --opd-kl-coef)
+    opd.reward_weight = 0.0  # weight of the policy loss on the reward's advantages beside it (0: distillation alone)
+
     # ---- algorithm ----
     config.algorithm = algorithm = ml_collections.ConfigDict()
     # a registered name, or a plugin "package.module:function" / "/path/file.py:function" (docs/algorithms.md)
@@ -223,7 +233,8 @@ def base() -> ml_collections.ConfigDict:
     # step log-probs), or a matching objective on the forward process of the final samples: "awm" (advantage weighted
     # matching), "nft" (DiffusionNFT), "dpo" (online Diffusion-DPO, each group's best against its worst, against the
     # kl section's reference model), "dgpo" (a group-level preference of every sample of a group, against that
-    # reference); or a plugin path, as adv_estimator (ddpo_group/algorithms/objectives.py)
+    # reference); "opd" (on-policy distillation from the opd section's teachers); or a plugin path, as adv_estimator
+    # (ddpo_group/algorithms/objectives.py)
     algorithm.objective = "policy_gradient"
     # keywords of the objective: awm's weighting ("uniform", "t" or "ghuber"), ghuber_power and old_kl_beta (> 0: a KL
     # to the old model, which then follows the old_decay_* schedule); nft's beta (its guidance strength, > 0) and

@@ -1,9 +1,13 @@
 """Training objectives: what the update minimises, one decorated function each, chosen by ``algorithm.objective``.
 
-Two kinds:
+The kinds:
 
 * ``policy_gradient`` (the default): the clipped policy gradients over the rollout's recorded step log-probs
   (``algorithm.policy_loss`` picks the loss; update/policy_update.py). It needs a stochastic sampler.
+* ``distillation`` (``opd``): on-policy distillation. The student (the policy) samples as a policy-gradient run does;
+  frozen teachers (reference/teachers.py) score its recorded steps with their own forward, and the loss is the
+  closed-form KL of each step's Gaussian under the student to the teacher's (``opd_kl`` below), beside
+  ``opd.reward_weight`` times the policy loss on the reward's advantages (update/distillation_update.py).
 * **matching** objectives (``awm``, ``nft``): the rollout only has to produce final samples x_clean (any solver; with
   ``sample.deterministic`` the deterministic one, and no log-prob is recorded). The update noises x_clean with the
   forward process at drawn times and trains the denoiser with a weighted matching loss (update/matching_update.py).
@@ -44,12 +48,15 @@ from typing import Callable, Optional
 
 import torch
 
+from ddpo_group.algorithms.kl import gaussian_kl
 from ddpo_group.registry import Registry
 
 POLICY_GRADIENT = "policy_gradient"
 MATCHING = "matching"
 PREFERENCE = "preference"  # a matching loss on preference pairs of each group, against a reference model (dpo)
-KINDS = (POLICY_GRADIENT, MATCHING, PREFERENCE)
+# on-policy distillation (opd): the student's recorded steps scored by frozen teachers, the closed-form KL per step
+DISTILLATION = "distillation"
+KINDS = (POLICY_GRADIENT, MATCHING, PREFERENCE, DISTILLATION)
 ADAPTIVE_WEIGHT_FLOOR = 1e-5  # DiffusionNFT's floor of the adaptive weight (its released training script)
 
 
@@ -72,12 +79,12 @@ class ObjectiveSpec:
         if self.kind not in KINDS:
             raise ValueError(f"objective {self.name!r}: kind {self.kind!r} must be one of {KINDS}")
         if self.kind != POLICY_GRADIENT and self.fn is None:
-            raise ValueError(f"matching objective {self.name!r} needs a loss function")
+            raise ValueError(f"{self.kind} objective {self.name!r} needs a loss function")
 
     @property
     def is_matching(self) -> bool:
         """Trains on the forward process of the final samples (a matching or a preference objective)."""
-        return self.kind != POLICY_GRADIENT
+        return self.kind in (MATCHING, PREFERENCE)
 
     def uses_old_model(self, kwargs: dict) -> bool:
         """Whether the update keeps an old model with these ``algorithm.objective_kwargs``."""
@@ -420,3 +427,19 @@ def dgpo_loss(errors, ref_errors, advantages, beta: float = 100.0, **_):
     with a frozen reference).
     """
     return _group_preference(errors, ref_errors, advantages, beta)
+
+
+@register_objective("opd", kind=DISTILLATION)
+def opd_kl(student_mean: torch.Tensor, teacher_mean: torch.Tensor, std, reduce: str = "mean") -> torch.Tensor:
+    """On-policy distillation's per-step loss [N] (DiffusionOPD; slime's and VeRL-Omni's OPD on the token axis): the
+    reverse KL of the student's step Gaussian to the teacher's on the student's own state x_n. Both steps share the
+    sampler's sigma_n, so per latent dimension
+
+        KL(N(mu_student, sigma_n^2) || N(mu_teacher, sigma_n^2)) = (mu_student - mu_teacher)^2 / (2 sigma_n^2)
+
+    reduced over the latent dimensions as the log-probabilities are (``reduce``: "mean" or "sum"); on a deterministic
+    step (sigma_n = 0) the unit-variance surrogate (mu_student - mu_teacher)^2 / 2. ``std``: sigma_n [N] (or one
+    number); the gradient flows through ``student_mean``."""
+    std = torch.as_tensor(std, dtype=torch.promote_types(student_mean.dtype, torch.float32), device=student_mean.device)
+    return gaussian_kl(student_mean, teacher_mean, torch.where(std > 0, std, torch.ones_like(std)), reduce=reduce)
+

@@ -33,10 +33,12 @@ POLICY_ADAPTER = "default"
 REFERENCE_ADAPTER = "reference"
 
 
-def _lora_layers(model):
+def lora_layers(model, adapter: str | None = None):
+    """The peft LoRA layers of ``model`` (holding ``adapter``, when named: a teacher's export may hold layers the
+    policy's adapter has not, as Wan's with the image-to-video keys diffusers adds)."""
     from peft.tuners.lora import LoraLayer
 
-    return [m for m in model.modules() if isinstance(m, LoraLayer)]
+    return [m for m in model.modules() if isinstance(m, LoraLayer) and (adapter is None or adapter in m.lora_A)]
 
 
 class ReferenceModel:
@@ -63,7 +65,7 @@ class ReferenceModel:
             model.set_adapter(POLICY_ADAPTER)
             for p in trainable:
                 p.requires_grad_(True)
-            for layer in _lora_layers(model):
+            for layer in lora_layers(model, POLICY_ADAPTER):
                 for name in ("lora_A", "lora_B"):
                     ref = getattr(layer, name)[self.adapter_name]
                     ref.to(dtype=getattr(layer, name)[POLICY_ADAPTER].weight.dtype)
@@ -125,7 +127,7 @@ class ReferenceModel:
     @torch.no_grad()
     def _mix(self, model, alpha: float) -> None:
         if self.mode == "adapter":
-            for layer in _lora_layers(model):
+            for layer in lora_layers(model, POLICY_ADAPTER):
                 for name in ("lora_A", "lora_B"):
                     adapters = getattr(layer, name)
                     adapters[self.adapter_name].weight.lerp_(adapters[POLICY_ADAPTER].weight.to(adapters[self.adapter_name].weight.dtype), alpha)
@@ -140,7 +142,7 @@ class ReferenceModel:
             for ref, pol in zip(self.copy.parameters(), model.parameters()):
                 total += float((pol.detach().double() - ref.double()).pow(2).sum())
             return math.sqrt(total)
-        for layer in _lora_layers(model):
+        for layer in lora_layers(model, POLICY_ADAPTER):
             scale = layer.scaling[POLICY_ADAPTER]
             a, b = layer.lora_A[POLICY_ADAPTER].weight, layer.lora_B[POLICY_ADAPTER].weight
             delta = scale * (b.double().flatten(1) @ a.double().flatten(1))
@@ -155,8 +157,8 @@ class ReferenceModel:
         them, not this object's); [] in the other modes."""
         if self.mode != "adapter":
             return []
-        return [getattr(layer, name)[self.adapter_name].weight for layer in _lora_layers(model)
-                for name in ("lora_A", "lora_B")]
+        return [getattr(layer, name)[self.adapter_name].weight
+                for layer in lora_layers(model, POLICY_ADAPTER) for name in ("lora_A", "lora_B")]
 
     def metrics(self, model) -> dict:
         return {"ref/last_update_epoch": float(self.last_update_epoch), "ref/param_distance": self.param_distance(model)}

@@ -11,6 +11,8 @@ In their order (the order of their hooks each round and epoch, and of their stat
     estimator_controller   the estimator's controller (GROUP_PPO's threshold tau), fit on the critic's targets
     ema                    the EMA of the weights (update/ema.py): its metrics; set to the restored weights
     old_model              a matching objective's old model (update/old_model.py): set to the restored weights
+    teachers               on-policy distillation's teachers (reference/teachers.py): kept by reference; a copy's
+                           forwards counted
     tweedie_values         GROUP_PPO's Tweedie values (rollout/tweedie.py): gathered, their reward queries counted
     tree                   tree rollouts: each row's tree nodes, as rows of the gathered round
     greedy_rewards         ReMax's baseline: a greedy sample's reward per prompt group
@@ -211,6 +213,19 @@ class OldModelComponent(FollowsPolicy):
         return [self.old.weights.copy] if self.old.weights.copy is not None else []
 
 
+@register_component("teachers")
+class TeachersComponent(HoldsState):
+    @classmethod
+    def build(cls, parts):
+        return cls(parts.teachers) if parts.teachers else None
+
+    def __init__(self, teachers):
+        self.teachers = self.piece = teachers
+
+    def denoiser_copies(self) -> list:
+        return self.teachers.denoiser_copies()
+
+
 @register_component("tweedie_values")
 class TweedieComponent(Component):
     @classmethod
@@ -308,6 +323,7 @@ class RunParts:
     controller: object = None
     ema: object = None
     old: object = None
+    teachers: object = None
     branches: dict | None = None  # tree rollouts' {step: children} ({} or None: flat sampling)
     best_weights: object = None
     fresh_evaluation: object = None

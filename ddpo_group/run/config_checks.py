@@ -378,6 +378,7 @@ def algorithm_errors(config) -> list[str]:
     )
     from ddpo_group.algorithms.rollout_correction import correction_errors
     from ddpo_group.reference.regularizer import kl_config_errors
+    from ddpo_group.reference.teachers import teacher_errors
     from ddpo_group.update.critic import critic_config_errors
 
     algorithm, train, errors = config.algorithm, config.train, []
@@ -412,7 +413,7 @@ def algorithm_errors(config) -> list[str]:
         need(algorithm.rollout_correction.is_level != "step",
              f"algorithm.rollout_correction.is_level='step' weighs each step's loss; algorithm.policy_loss="
              f"{algorithm.policy_loss!r} is one loss a trajectory: use is_level='trajectory'")
-    return errors + kl_config_errors(config, estimator) + critic_config_errors(config)
+    return errors + kl_config_errors(config, estimator) + critic_config_errors(config) + teacher_errors(config)
 
 
 def objective_errors(config, estimator) -> list[str]:

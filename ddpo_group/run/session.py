@@ -187,7 +187,8 @@ class RunSession:
         config = self.config
         threads = f" x {torch.get_num_threads()} CPU thread(s)" if self.accelerator.device.type == "cpu" else ""
         self.print(
-            f"training {config.pretrained.model} with {config.algorithm.adv_estimator} for epochs "
+            f"training {config.pretrained.model} with {config.algorithm.adv_estimator}"
+            f"{'' if config.algorithm.objective == 'policy_gradient' else f' ({config.algorithm.objective})'} for epochs "
             f"{self.state.epoch + 1}..{config.num_epochs - 1} on {self.accelerator.num_processes} process(es)"
             f"{threads}; run dir {self.run_dir}"
         )

@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 
 from ddpo_group.algorithms import get_adv_estimator, get_objective, get_policy_loss
-from ddpo_group.algorithms.objectives import MATCHING, PREFERENCE
+from ddpo_group.algorithms.objectives import DISTILLATION, MATCHING, PREFERENCE
 from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import ConfigError, EpochAbandoned, NonFiniteLossError
@@ -26,6 +26,7 @@ from ddpo_group.models.speed_options import (check_cuda_graphs, compile_denoiser
 from ddpo_group.models.trainable import apply_settings, build_policy, lora_config, make_optimizer, optimizer_settings
 from ddpo_group.prompts import PromptSampler
 from ddpo_group.reference.regularizer import KLRegularizer
+from ddpo_group.reference.teachers import Teachers
 from ddpo_group.rewards import is_groupwise, make_reward_fn
 from ddpo_group.rollout.collector import Estimation, RolloutCollector, rollout_tree
 from ddpo_group.rollout.component import copied
@@ -44,6 +45,7 @@ from ddpo_group.run.reporting.throughput import DenoiserEvaluations, Throughput,
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.timing import PHASES, PhaseTimer
 from ddpo_group.update.critic import Critic
+from ddpo_group.update.distillation_update import DistillationUpdater
 from ddpo_group.update.ema import EMAWeights, held_weights
 from ddpo_group.update.matching_update import MatchingUpdater
 from ddpo_group.update.old_model import OldModel
@@ -97,6 +99,7 @@ class Trainer:
             pairs_per_forward_of=self.updater.pairs_per_forward_of,
             unwrapped_policy=lambda: self.accelerator.unwrap_model(self.model),
             critic=self.critic, kl=self.kl, controller=self.estimator_controller, ema=self.ema, old=self.old,
+            teachers=self.teachers,
             branches=branches, best_weights=self.evaluations.best, fresh_evaluation=self.evaluations.fresh))
         self.rollouts = RolloutCollector(
             config, self.shards, self.family, reward_scorer, self.prompt_sampler,
@@ -151,6 +154,7 @@ class Trainer:
         # a matching objective's old model (an adapter on the denoiser, or a copy): before accelerate wraps it too
         uses_old = self.objective.uses_old_model(config.algorithm.objective_kwargs)
         self.old = OldModel.from_config(config, self.family.model, lora) if uses_old else None
+        self.teachers = Teachers.from_config(config, self.family)  # on-policy distillation's: adapters on the denoiser
         optimizer = make_optimizer(config, self.params)
         set_attention_backend(config.attention_backend, self.accelerator.device, config.mixed_precision)
         sharded = self.accelerator.distributed_type == DistributedType.FSDP
@@ -187,8 +191,10 @@ class Trainer:
         # the update loop (update/updater.py) with the objective's loss: the policy gradient, a matching objective on
         # the final samples, or a preference objective on each group's units
         options = UpdateOptions(config, self.accelerator, self.model, self.optimizer, self.params, self.scorer, self.kl,
-                                self.pairs_per_forward, self.ema, self.old, step_count=lambda: self.state.global_step)
-        updater = {PREFERENCE: PreferenceUpdater, MATCHING: MatchingUpdater}.get(self.objective.kind, PolicyUpdater)
+                                self.pairs_per_forward, self.ema, self.old, self.teachers,
+                                step_count=lambda: self.state.global_step)
+        updater = {PREFERENCE: PreferenceUpdater, MATCHING: MatchingUpdater,
+                   DISTILLATION: DistillationUpdater}.get(self.objective.kind, PolicyUpdater)
         self.updater = updater(options)
 
     def checkpointed_state(self) -> dict:

@@ -6,7 +6,9 @@ loop). For one chunk of N pairs (rows r, steps n):
     1. l_theta  = the log-probability [N] of each recorded step x_n -> x_{n+1} under the training forward
                   (sampling/trajectories.py's TransitionScorer: the family's forward and its Gaussian step)
     2. loss     = the policy loss of (l_rollout, l_theta, A, w): ratio, clip and the weighted sum, w the pairs'
-                  aggregation weights of algorithm.loss_agg_mode (algorithms/policy_losses.py)
+                  aggregation weights of algorithm.loss_agg_mode (algorithms/policy_losses.py); on-policy
+                  distillation weighs it by opd.reward_weight and adds its teachers' KL (``added_loss``,
+                  update/distillation_update.py)
     3. loss    += beta * sum g w KL(policy step || reference step), with the KL in the loss (reference/regularizer.py;
                   beta = 0 skips the reference forward; g the row's prompt gate under kl.only_below_start, else 1)
     4. backward (a per-step loss: every chunk, memory one chunk's activations; a trajectory-level loss, gspo or
@@ -49,6 +51,7 @@ class PolicyUpdater(Updater):
                   "policy_kl_threshold": float(config.train.policy_kl_threshold)}
         self.bounds = {name: bounds[name] for name in self.loss.bounds}
         self.trajectory_outputs = []  # a trajectory-level loss: the train batch's chunks' (log-probs, KL) so far
+        self.policy_weight = 1.0  # the policy loss's weight (on-policy distillation's opd.reward_weight)
         self.begin_epoch(None)
 
     def begin_epoch(self, batch) -> None:
@@ -118,30 +121,44 @@ class PolicyUpdater(Updater):
         device = self.accelerator.device
         r, n = chunk.units.to(device, non_blocking=True), chunk.steps.to(device, non_blocking=True)
         out = self.scorer(self.model, batch, r, n)  # 1.
-        rollout_log_prob = batch.log_probs[r, n]
         with torch.no_grad():
-            self.watch(batch, r, n, out, rollout_log_prob, chunk, sums)
-        kl = None
-        if self.uses_reference:
-            kl = self.kl.step_kl(out, lambda model: self.scorer(model, batch, r, n),
-                                 self.accelerator.unwrap_model(self.model))
+            self.watch(batch, r, n, out, batch.log_probs[r, n], chunk, sums)
+        kl = self.reference_kl(batch, r, n, out)
         if not self.loss.per_step:  # 4. at the train batch's last chunk
             self.trajectory_outputs.append((out.log_prob, kl))
             if chunk.last:
                 outputs, self.trajectory_outputs = self.trajectory_outputs, []
                 self.trajectory_loss(batch, chunk.train_batch, outputs, sums)
             return
-        w = chunk.weights.to(device, non_blocking=True)
-        if self.correction is not None:  # the rollout correction's factor of each pair
-            w = w * self.correction.factor[r, n]
-        policy_loss, info = self.loss.fn(rollout_log_prob, out.log_prob, batch.advantages[r, n], w,  # 2.
-                                      **self.bounds, **self.step_means(batch, r, n, out), **self.loss_kwargs)
-        loss = policy_loss
+        w = self.chunk_weights(chunk, r, n)
+        loss = self.added_loss(batch, chunk, r, n, out, w, sums)
+        if self.policy_weight > 0:  # 2.
+            policy_loss, info = self.loss.fn(batch.log_probs[r, n], out.log_prob, batch.advantages[r, n], w,
+                                             **self.bounds, **self.step_means(batch, r, n, out), **self.loss_kwargs)
+            loss = loss + self.policy_weight * policy_loss
+            sums["policy_loss"] += policy_loss.detach()
+            fold_metrics(sums, info, chunk.share)
         if kl is not None:  # 3.
             loss = loss + self.kl.loss_term(kl, batch.kl_pair_weights(w, r), chunk.num_pairs, sums)
         self.accelerator.backward(loss)  # 4.
-        sums["policy_loss"] += policy_loss.detach()
-        fold_metrics(sums, info, chunk.share)
+
+    def reference_kl(self, batch, r, n, out):
+        """KL_n [N] of the chunk's pairs to the reference model (the KL term in the loss), or None without one."""
+        if not self.uses_reference:
+            return None
+        return self.kl.step_kl(out, lambda model: self.scorer(model, batch, r, n), self.accelerator.unwrap_model(self.model))
+
+    def chunk_weights(self, chunk: Chunk, r, n):
+        """The chunk's pair weights w, times the rollout correction's factor of each pair."""
+        w = chunk.weights.to(self.accelerator.device, non_blocking=True)
+        if self.correction is not None:
+            w = w * self.correction.factor[r, n]
+        return w
+
+    def added_loss(self, batch, chunk: Chunk, r, n, out, w, sums: dict):
+        """A loss beside the policy loss, of the chunk's pairs (on-policy distillation's teachers' KL,
+        update/distillation_update.py); none here."""
+        return 0.0
 
     def watch(self, batch, r, n, out, rollout_log_prob, chunk: Chunk, sums: dict) -> None:
         """The on-policy measures at the rollout weights (each ratio is 1 up to rounding there) and the exact policy

@@ -88,7 +88,7 @@ class UpdateOptions:
     under a model; kl: reference/regularizer.py's KLRegularizer, or None: the KL term; pairs_per_forward: an int, a
     callable (updater, batch) -> int (update/memory_fit.py's PairsPerForward resolves "auto"), or None: the config's;
     ema: update/ema.py's EMAWeights, stepped after every optimizer step, or None; old: a matching objective's old model
-    (update/old_model.py), or None; step_count(): the optimizer steps taken before this epoch (its decay reads them).
+    (update/old_model.py), or None; teachers: on-policy distillation's (reference/teachers.py), or None; step_count(): the optimizer steps taken before this epoch (its decay reads them).
     """
 
     config: object
@@ -101,6 +101,7 @@ class UpdateOptions:
     pairs_per_forward: object = None
     ema: object = None
     old: object = None
+    teachers: object = None
     step_count: Callable[[], int] = lambda: 0
 
 
@@ -225,7 +226,7 @@ class Updater:
         # (run/processes/process_failures.py)
         if self.accelerator.sync_gradients or self.accelerator.num_processes == 1:
             check_finite(position, optimizer_steps, policy_loss=metrics.get("policy_loss"),
-                         kl_loss=metrics.get("kl_loss"), grad_norm=grad_norm)
+                         kl_loss=metrics.get("kl_loss"), opd_loss=metrics.get("opd_loss"), grad_norm=grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.accelerator.sync_gradients and self.ema is not None:

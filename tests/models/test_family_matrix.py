@@ -313,15 +313,47 @@ def test_tree_rollouts(name, family_dirs, prompt_rows, tmp_path):
     assert metrics["global_step"] == 1 and np.isfinite(metrics["train/policy_loss"])
 
 
+def write_teacher(name: str, family_dirs, rows: str, directory: Path, scale: float = 0.05) -> str:
+    """A teacher for on-policy distillation as another run would export it: the family's LoRA adapter with random B
+    matrices, in diffusers format."""
+    from ddpo_group.models.trainable import build_policy
+    from ddpo_group.reference.model import lora_layers
+
+    family, _ = build_policy(config(name, "grpo", family_dirs[name], directory.parent, "teacher", rows), "cpu")
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for layer in lora_layers(family.model):
+            weight = layer.lora_B["default"].weight
+            weight.copy_(torch.randn(weight.shape, generator=generator, dtype=weight.dtype) * scale)
+    return str(family.save_lora(family.model, directory))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_on_policy_distillation_from_an_adapter_of_the_family(name, family_dirs, prompt_rows, tmp_path):
+    """algorithm.objective="opd" from a LoRA teacher exported on the family's model, loaded by the family's own loader
+    beside the grpo recipe's reference adapter: one optimizer step moves the student, the teacher's KL measured."""
+    teacher = write_teacher(name, family_dirs, prompt_rows, tmp_path / "teacher")
+    trainer = trainer_of(name, "grpo", family_dirs, prompt_rows, tmp_path, "opd",
+                         **{"algorithm.objective": "opd", "opd.teachers": {"t": teacher}})
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    assert metrics["global_step"] == 1 and changed >= max(1, len(before) // 2)
+    assert metrics["train/opd_kl"] > 0 and np.isfinite(metrics["train/opd_kl"]) and np.isfinite(metrics["train/grad_norm"])
+
+
 @pytest.mark.slow
 def test_two_processes_over_gloo_train_every_family(family_dirs, prompt_rows, tmp_path):
     """Every family's grpo run on 2 processes (one launch, each process training the families one after another, as
     family_processes.py does): each run gathers both processes' samples (4 rewards) and takes its optimizer step
-    on both."""
+    on both; and the SD family's on-policy distillation from a teacher adapter."""
     from helpers.launch_helpers import launch_environment, start_workers
 
     runs = [{"name": name, "config": run_values(name, "grpo", family_dirs[name], tmp_path, name, prompt_rows)}
             for name in FAMILIES]
+    teacher = write_teacher("sd", family_dirs, prompt_rows, tmp_path / "teacher")
+    runs.append({"name": "sd_opd", "config": run_values("sd", "grpo", family_dirs["sd"], tmp_path, "sd_opd", prompt_rows,
+                                                        **{"algorithm.objective": "opd", "opd.teachers": {"t": teacher}})})
     plan = tmp_path / "runs.json"
     plan.write_text(json.dumps(runs))
     workers = start_workers([str(plan)], 2, tmp_path / "logs", env=launch_environment(), timeout=600,
@@ -331,6 +363,8 @@ def test_two_processes_over_gloo_train_every_family(family_dirs, prompt_rows, tm
         metrics = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         assert len(metrics) == 1 and metrics[0]["global_step"] == 1, name
         assert metrics[0]["reward_count"] == 4 and np.isfinite(metrics[0]["train/policy_loss"]), name
+    distilled = json.loads((tmp_path / "sd_opd" / "metrics.jsonl").read_text().splitlines()[0])
+    assert distilled["reward_count"] == 4 and distilled["train/opd_kl"] > 0
 
 
 # ------------------------------------------------------------------ the documented table

@@ -7,7 +7,7 @@ import torch
 
 from ddpo_group.models.families.sd import StableDiffusionFamily
 from ddpo_group.models.trainable import lora_config
-from ddpo_group.reference.model import POLICY_ADAPTER, REFERENCE_ADAPTER, ReferenceModel, _lora_layers
+from ddpo_group.reference.model import POLICY_ADAPTER, REFERENCE_ADAPTER, ReferenceModel, lora_layers
 from ddpo_group.models.tiny_random import build_tiny_pipeline
 from helpers.tolerances import EPS32
 from helpers.trainer_helpers import tiny_config, tiny_trainer
@@ -43,7 +43,7 @@ def lerp_atol(pol, old):
 
 
 def adapter_weights(unet, name):
-    return [w for layer in _lora_layers(unet) for w in (layer.lora_A[name].weight, layer.lora_B[name].weight)]
+    return [w for layer in lora_layers(unet) for w in (layer.lora_A[name].weight, layer.lora_B[name].weight)]
 
 
 def test_frozen_lora_reference_equals_base_model_output():

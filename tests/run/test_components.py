@@ -10,7 +10,7 @@ from ddpo_group.rollout.component import Component
 from ddpo_group.run.components import COMPONENT_REGISTRY, register_component
 from helpers.trainer_helpers import tiny_trainer
 
-ORDER = ["critic", "kl", "estimator_controller", "ema", "old_model", "tweedie_values", "tree", "greedy_rewards",
+ORDER = ["critic", "kl", "estimator_controller", "ema", "old_model", "teachers", "tweedie_values", "tree", "greedy_rewards",
          "adaptive_branching", "best_weights", "fresh_evaluation"]
 
 

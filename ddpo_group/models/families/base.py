@@ -399,9 +399,10 @@ class ModelFamily:
         call (HunyuanVideo 1.5's guider scale); nothing by default. The family's own pipeline is prepared already."""
 
     @staticmethod
-    def load_lora(pipe, directory) -> None:
-        """An exported adapter (``save_lora``) into ``pipe``: its own ``load_lora_weights``."""
-        pipe.load_lora_weights(str(directory))
+    def load_lora(pipe, directory, adapter_name: str | None = None) -> None:
+        """An exported adapter (``save_lora``) into ``pipe``: its own ``load_lora_weights`` (``adapter_name``: the
+        adapter's name in the denoiser; None: diffusers' own)."""
+        pipe.load_lora_weights(str(directory), adapter_name=adapter_name)
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """Extra keywords of the pipeline's own ``__call__`` (evaluation) for images like the sampler's, from the run's

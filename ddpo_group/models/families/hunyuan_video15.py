@@ -209,7 +209,7 @@ class HunyuanVideo15Family(FlowMatchingFamily):
         return {**self.size_kwargs(), "num_frames": self.frames}
 
     @staticmethod
-    def load_lora(pipe, directory) -> None:
+    def load_lora(pipe, directory, adapter_name: str | None = None) -> None:
         """The exported adapter into the pipeline's transformer (the pipeline has no ``load_lora_weights``)."""
-        pipe.transformer.load_lora_adapter(str(directory), prefix="transformer",
+        pipe.transformer.load_lora_adapter(str(directory), prefix="transformer", adapter_name=adapter_name,
                                            weight_name="pytorch_lora_weights.safetensors")

@@ -40,6 +40,7 @@ import torch
 from accelerate.utils import DistributedType, gather_object
 
 from ddpo_group.errors import CheckpointError
+from ddpo_group.reference.teachers import TEACHER_PREFIX
 from ddpo_group.run.persistence.manifest import MANIFEST, manifest_problem, write_manifest
 from ddpo_group.run.processes.process_failures import settle
 from ddpo_group.run.persistence.process_parts import absent_parts, missing_part, parts_record, process_part, sync
@@ -175,9 +176,10 @@ def best_weights(run_dir: Path) -> str | None:
 
 def trained_weights(model) -> set[str]:
     """State-dict names of ``model`` (as prepared: accelerate's names) a checkpoint keeps: the trainable parameters
-    and every LoRA adapter's weights, trained or not."""
+    and every LoRA adapter's weights, trained or not, but a distillation teacher's (kept by reference and
+    fingerprinted with the frozen weights: reference/teachers.py)."""
     return {name for name, param in model.named_parameters(remove_duplicate=False)
-            if param.requires_grad or ADAPTER_WEIGHT in name}
+            if param.requires_grad or (ADAPTER_WEIGHT in name and f".{TEACHER_PREFIX}" not in name)}
 
 
 def frozen_fingerprint(model, kept: set[str]) -> dict[str, list]:
@@ -265,6 +267,10 @@ def _check_frozen(saved: dict, now: dict, recorded: Path) -> None:
                 and abs(total - total_b) <= 1e-10 * math.sqrt(math.prod(shape)) * largest)
 
     differ = sorted(set(saved) ^ set(now)) or [name for name in saved if not same(saved[name], now[name])]
+    teachers = {name for name in differ if f".{TEACHER_PREFIX}" in name}
+    if teachers:
+        raise CheckpointError(f"{recorded}: the distillation teachers' weights are not those this checkpoint was "
+                              f"distilled from ({_some(teachers)} differ): resume with the same opd.teachers")
     if differ:
         raise CheckpointError(f"{recorded}: the model's frozen weights are not those this checkpoint was trained on "
                               f"({_some(set(differ))} differ): resume with the pretrained.model (and revision) the "

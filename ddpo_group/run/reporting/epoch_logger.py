@@ -81,11 +81,12 @@ class EpochLogger:
 
                 self.accelerator.get_tracker("wandb").log({"images": wandb.Image(grid)}, step=epoch)
         evaluated = f"eval {metrics['eval/reward_mean']:.4f} | " if "eval/reward_mean" in metrics else ""
-        self.print(
-            f"epoch {epoch}: reward {metrics['reward_mean']:.4f} ± {metrics['reward_std']:.4f} | {evaluated}"
+        distilled = f"teachers' KL {metrics['train/opd_kl']:.4g} | " if "train/opd_kl" in metrics else ""
+        policy = "" if distilled and "train/policy_loss" not in metrics else (
             f"loss {metrics.get('train/policy_loss', float('nan')):.3g} | "
-            f"clipfrac {metrics.get('train/clipfrac', float('nan')):.3f} | " + perf_line(metrics)
-        )
+            f"clipfrac {metrics.get('train/clipfrac', float('nan')):.3f} | ")
+        self.print(f"epoch {epoch}: reward {metrics['reward_mean']:.4f} ± {metrics['reward_std']:.4f} | {evaluated}"
+                   f"{distilled}{policy}" + perf_line(metrics))
 
 
     def draw_reward_curve(self) -> None:
