@@ -131,3 +131,20 @@ def test_a_resumed_distillation_is_the_uninterrupted_one(tiny_model_dir, tmp_pat
     assert rest.session.resumed
     rest.run()
     assert all(torch.equal(a, b) for a, b in zip(whole.params, rest.params))
+
+
+def test_a_denoiser_directory_is_a_frozen_copy_and_the_base_as_teacher_leaves_nothing_to_learn(tiny_model_dir, tmp_path):
+    """A teacher given as a denoiser directory (config.json and weights): the base model's own UNet. The student starts
+    as the base (LoRA B = 0), so its KL to that teacher is 0 on every step, the distillation gradient is 0 and the
+    student's steps stay the teacher's; the copy's forwards are counted."""
+    from pathlib import Path
+
+    trainer = opd_trainer(tiny_model_dir, tmp_path, "base", {"base": str(Path(tiny_model_dir) / "unet")}, num_epochs=2)
+    assert list(trainer.teachers.copies) == ["base"] and trainer.teachers.adapters == []
+    assert trainer.teachers.copies["base"] in trainer.components["teachers"].denoiser_copies()
+    with torch.no_grad():
+        batch = trainer.rollouts.estimate(trainer.rollouts.collect(0, trainer.sampling_model)).batch
+    assert float(teacher_kl(trainer, batch).abs().max()) == 0.0
+    metrics = trainer.run()
+    assert metrics["train/opd_kl"] == 0.0 and metrics["perf/nfe_training"] > 0
+    assert float(teacher_kl(trainer, batch).abs().max()) < 1e-12
