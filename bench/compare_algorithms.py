@@ -61,6 +61,7 @@ from ddpo_group.rollout.tweedie import valued_steps  # noqa: E402
 from ddpo_group.sampling.window import stochastic_steps  # noqa: E402
 
 PROMPT_KEY = "eval/" + PROMPT_GROUP  # a prompt's mean reward in an evaluation record
+INFO_KEY = "eval/reward_info/"  # the reward's info means in an evaluation record
 
 
 def set_field(config, key: str, raw: str) -> None:
@@ -100,13 +101,15 @@ def evaluation_curve(run_dir: Path, queries_after_epoch: dict[int, tuple[int, in
     """The run's evaluations (eval.jsonl) as [{"epoch", "queries", "nfe", "reward", "accuracy", "prompts"}], oldest
     first; reward queries and denoiser evaluations spent before each (``queries_after_epoch``: epoch -> both; 0 for the
     one before the first update); accuracy None for rewards without ``all_correct``; prompts: each evaluation prompt's
-    mean reward (a run that loses one prompt while it gains on the others shows it there)."""
+    mean reward (a run that loses one prompt while it gains on the others shows it there); info: the reward's info
+    means (a combination's components under their labels)."""
     out = []
     for record in read_metrics(run_dir / EVAL_LOG):
         queries, nfe = queries_after_epoch.get(record["epoch"], (0, 0))
         prompts = {key.removeprefix(PROMPT_KEY): value for key, value in record.items() if key.startswith(PROMPT_KEY)}
+        info = {key.removeprefix(INFO_KEY): value for key, value in record.items() if key.startswith(INFO_KEY)}
         out.append({"epoch": record["epoch"], "queries": queries, "nfe": nfe, "reward": record["eval/reward_mean"],
-                    "accuracy": record.get("eval/reward_info/all_correct"), "prompts": prompts})
+                    "accuracy": record.get("eval/reward_info/all_correct"), "prompts": prompts, "info": info})
     return out
 
 
