@@ -231,14 +231,16 @@ def base() -> ml_collections.ConfigDict:
     algorithm.adv_estimator_kwargs = ml_collections.ConfigDict()  # keywords of the estimator (add to / override its own)
     # what the update minimises (docs/algorithms.md): "policy_gradient" (algorithm.policy_loss over the recorded
     # step log-probs), or a matching objective on the forward process of the final samples: "awm" (advantage weighted
-    # matching), "nft" (DiffusionNFT), "dpo" (online Diffusion-DPO, each group's best against its worst, against the
+    # matching), "nft" (DiffusionNFT), "sft" (supervised fine-tuning on the run's own samples whose advantage passes
+    # objective_kwargs.min_advantage), "dpo" (online Diffusion-DPO, each group's best against its worst, against the
     # kl section's reference model), "dgpo" (a group-level preference of every sample of a group, against that
     # reference); "opd" (on-policy distillation from the opd section's teachers); or a plugin path, as adv_estimator
     # (ddpo_group/algorithms/objectives.py)
     algorithm.objective = "policy_gradient"
     # keywords of the objective: awm's weighting ("uniform", "t" or "ghuber"), ghuber_power and old_kl_beta (> 0: a KL
     # to the old model, which then follows the old_decay_* schedule); nft's beta (its guidance strength, > 0) and
-    # adaptive_weight (True: its adaptive loss weighting); dpo's and dgpo's beta (their temperature, > 0)
+    # adaptive_weight (True: its adaptive loss weighting); sft's min_advantage (0: the samples above their group's mean);
+    # dpo's and dgpo's beta (their temperature, > 0)
     algorithm.objective_kwargs = ml_collections.ConfigDict()
     # the matching objectives' training times: "schedule" (the rollout schedule's times, int(T * step_fraction) of
     # them per sample: DiffusionNFT's), "uniform" or "logit_normal" (fresh times s in (0, 1), shifted by

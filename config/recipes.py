@@ -86,6 +86,15 @@ def nft(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 @recipe("grpo")
+def sft(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Supervised fine-tuning on the run's own best samples (reward-filtered) on the embedded flow model: the
+    flow-matching loss of each sample above its group's mean reward (group 8, min_advantage 0), the others left out."""
+    config = matching(config, "sft")
+    config.algorithm.objective_kwargs = ml_collections.ConfigDict({"min_advantage": 0.0})
+    return config
+
+
+@recipe("grpo")
 def dpo(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Online Diffusion-DPO (arXiv:2311.12908) on the embedded flow model: each prompt group's best sample against its
     worst (group 8), against the frozen base model (the KL section's reference, no KL term), deterministic rollouts,

@@ -265,6 +265,34 @@ def awm_loss(pred, target, advantages, sigma, old_pred=None, weighting: str = "u
     return loss, metrics
 
 
+def _sft_check(kwargs: dict) -> list:
+    value = kwargs.get("min_advantage", 0.0)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return []
+    return [f"algorithm.objective_kwargs.min_advantage={value!r} must be a number (the advantage a sample must pass "
+            "to be trained on)"]
+
+
+@register_objective("sft", processes=FORWARD_PROCESSES, check=_sft_check)
+def sft_loss(pred, target, advantages, sigma, old_pred=None, min_advantage: float = 0.0, **_):
+    """Supervised fine-tuning on the run's own best samples (reward-filtered, as RAFT and the anchors' SFT on
+    filtered rollouts): the pretraining matching loss of each kept sample, the others left out,
+
+        L(theta) = E_{c, x_clean ~ pi(.|c), s, eps} [ 1{A(x_clean, c) > min_advantage} * l ],
+        l = mean_dims || v_theta(x_s, s, c) - target ||^2
+
+    (the forward process's target: eps - x_clean on flow matching, the scheduler's eps / v / x_clean on DDPM). With
+    group advantages (grpo) min_advantage 0 keeps each group's samples above its mean reward and 1 those a group std
+    above it. Unlike awm the kept samples weigh alike whatever their advantage, and nothing pushes away from the others.
+
+    Returns the per-pair loss [N] and metrics (``matching_error`` of the kept pairs, ``kept``: their share)."""
+    _check_pairs(pred, target, advantages, sigma)
+    error = _mean_dims((pred.float() - target.float()).pow(2))
+    keep = (advantages.float() > float(min_advantage)).to(error.dtype)
+    kept = keep.sum()
+    return keep * error, {"matching_error": (keep * error).detach().sum() / kept.clamp(min=1), "kept": keep.mean()}
+
+
 def _nft_check(kwargs: dict) -> list:
     if "beta" not in kwargs or (isinstance(kwargs["beta"], (int, float)) and kwargs["beta"] > 0):
         return []

@@ -437,7 +437,7 @@ def objective_errors(config, estimator) -> list[str]:
     if not objective.is_matching:
         need(not config.sample.deterministic,
              f"sample.deterministic=True samples without log-probs, which algorithm.objective={algorithm.objective!r} "
-             "trains on: use a matching objective (awm, nft) or sample.deterministic=False")
+             "trains on: use a matching objective (awm, nft, sft) or sample.deterministic=False")
         return errors
     need(not config.train.recompute_rollout, f"train.recompute_rollout=True recomputes the rollout's log-probabilities; "
          f"algorithm.objective={algorithm.objective!r} samples deterministically and records none: set it False")

@@ -1,4 +1,4 @@
-"""The training phase of a matching objective (algorithms/objectives.py: awm, nft): the forward process on the rollout's
+"""The training phase of a matching objective (algorithms/objectives.py: awm, nft, sft): the forward process on the rollout's
 final samples, a weighted matching loss.
 
 For each train batch, every sample i gets int(T * train.step_fraction) of the rollout schedule's times s_{i,n}

@@ -51,6 +51,18 @@ def test_awm_zero_advantage_zero_gradient():
     assert torch.equal(v.grad, torch.zeros_like(v))
 
 
+def test_sft_by_hand():
+    v = V.clone().requires_grad_(True)
+    # errors 1 and 0.25 (test_awm_by_hand); advantages 2 (kept) and -1 (left out at min_advantage 0)
+    loss, info = get_objective("sft")(v, U, torch.tensor([2.0, -1.0]), SIGMA)
+    assert loss.tolist() == [1.0, 0.0] and float(info["kept"]) == 0.5 and float(info["matching_error"]) == 1.0
+    loss.sum().backward()  # d/dv mean (v - u)^2 = (v - u): the kept pair only, whatever its advantage's size
+    assert v.grad.tolist() == [[-1.0, 1.0], [0.0, 0.0]]
+    loss, info = get_objective("sft")(V, U, torch.tensor([2.0, -1.0]), SIGMA, min_advantage=-2.0)
+    assert loss.tolist() == [1.0, 0.25] and float(info["kept"]) == 1.0
+    assert get_objective("sft").config_errors({"min_advantage": "high"}) and not get_objective("sft").config_errors({})
+
+
 def test_optimality_probability():
     r = optimality_probability(torch.tensor([-10.0, -2.5, 0.0, 5.0]), adv_clip_max=5.0)
     assert r.tolist() == [0.0, 0.25, 0.5, 1.0]

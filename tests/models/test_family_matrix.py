@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "model_families.md"
 FAMILIES = tuple(TINY_BUILDERS)
 PRESET_RUNS = tuple(sorted(PRESETS))
-OBJECTIVES = ("awm", "nft", "dpo", "dgpo")  # the matching and preference objectives' recipes (config/base.py)
+OBJECTIVES = ("awm", "nft", "sft", "dpo", "dgpo")  # the matching and preference objectives' recipes (config/base.py)
 RUNS = PRESET_RUNS + OBJECTIVES
 
 # what makes a run small; nothing a family reads from its pipeline

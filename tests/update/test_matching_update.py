@@ -48,6 +48,24 @@ def test_one_epoch_trains_on_final_samples(objective, tiny_sd3_dir, tmp_path):
         assert metrics["train/old_param_distance"] > 0
 
 
+def test_sft_trains_on_the_samples_above_the_threshold_only(tiny_sd3_dir, tmp_path):
+    """sft: the kept share is the share of rows whose group advantage passes min_advantage (every pair of a row shares
+    its advantage); a threshold no sample passes leaves a zero loss and no gradient."""
+    trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "sft", **matching_overrides(**{
+        "algorithm.objective": "sft", "train.batch_size": 8}))
+    batches = []
+    original = trainer.updater.train_epoch
+    trainer.updater.train_epoch = lambda batch, **kwargs: batches.append(batch) or original(batch, **kwargs)
+    metrics = trainer.run()
+    above = float((batches[0].advantages[:, 0] > 0).float().mean())
+    assert 0 < above < 1 and metrics["train/kept"] == pytest.approx(above)
+    assert metrics["train/policy_loss"] > 0
+    none = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, "none", **matching_overrides(**{
+        "algorithm.objective": "sft", "algorithm.objective_kwargs": {"min_advantage": 1e9}}))
+    metrics = none.run()
+    assert metrics["train/kept"] == 0.0 and metrics["train/policy_loss"] == 0.0 and metrics["train/grad_norm"] == 0.0
+
+
 def test_awm_trains_an_epoch_on_a_ddim_family_and_nft_is_refused(tiny_model_dir, tmp_path):
     trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "sd", **{
         "algorithm.objective": "awm", "sample.deterministic": True, "kl.beta": 0.0, "kl.use_reference_model": False})
@@ -71,7 +89,7 @@ def test_config_contradictions_are_named(tiny_sd3_dir, tmp_path):
             "algorithm.objective": "nft", "algorithm.old_decay_max": 1}))
 
 
-@pytest.mark.parametrize("preset", ["awm", "nft", "dpo", "dgpo"])
+@pytest.mark.parametrize("preset", ["awm", "nft", "sft", "dpo", "dgpo"])
 def test_preset_trains_an_epoch_on_the_embedded_flow_model(preset, tmp_path):
     from ddpo_group.models import load_pipeline
 
@@ -117,7 +135,7 @@ def test_presets_and_published_recipes():
     from config.recipes import RECIPES
     from ddpo_group.run.config_checks import validate_config
 
-    for name in ("awm", "nft", "dpo", "dgpo"):
+    for name in ("awm", "nft", "sft", "dpo", "dgpo"):
         config = get_config(name)
         validate_config(config)  # the embedded model: no download
         assert (config.algorithm.objective, config.sample.deterministic, config.pretrained.model) == (
