@@ -44,6 +44,7 @@ def default_run(preset: str, out: Path, epochs: int = EPOCHS, sets: tuple = (), 
     # evaluated before training and after the last epoch only: the assertions read those two, and an evaluation uses
     # no training randomness (run/periodic_eval.py), so the runs are those of the study's eval_freq bit for bit
     config.eval_freq = epochs
+    config.final_eval_num_seeds = 0  # the fresh final evaluation (after the last epoch) is not what these tests read
     trainer = Trainer(config)
     trainer.run()
     evaluations = [json.loads(line) for line in (trainer.run_dir / "eval.jsonl").read_text().splitlines()]
