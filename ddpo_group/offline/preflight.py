@@ -154,7 +154,7 @@ class Preflight:
         start = time.perf_counter()
         batch = self.sample_batch()
         sampling_s = time.perf_counter() - start
-        policy_gradient = self.trainer.objective.kind == "policy_gradient"
+        policy_gradient = not self.trainer.objective.is_matching  # on-policy distillation trains on the recorded steps too
         result = self.rescore_check(batch) if policy_gradient else self.matching_check(batch)
         head = (f"pre-flight check: {config.preset or 'a config'} on {config.pretrained.model} ({family.name}), "
                 f"mixed_precision {config.mixed_precision}, {len(batch)} samples x {batch.num_steps} steps")

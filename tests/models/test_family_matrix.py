@@ -320,11 +320,12 @@ def write_teacher(name: str, family_dirs, rows: str, directory: Path, scale: flo
     from ddpo_group.reference.model import lora_layers
 
     family, _ = build_policy(config(name, "grpo", family_dirs[name], directory.parent, "teacher", rows), "cpu")
-    generator = torch.Generator().manual_seed(7)
+    generator = torch.Generator().manual_seed(7)  # A and B both drawn here: the same teacher whatever ran before
     with torch.no_grad():
         for layer in lora_layers(family.model):
-            weight = layer.lora_B["default"].weight
-            weight.copy_(torch.randn(weight.shape, generator=generator, dtype=weight.dtype) * scale)
+            for weights, std in ((layer.lora_A["default"].weight, 1.0 / layer.lora_A["default"].weight.shape[1] ** 0.5),
+                                 (layer.lora_B["default"].weight, scale)):
+                weights.copy_(torch.randn(weights.shape, generator=generator, dtype=weights.dtype) * std)
     return str(family.save_lora(family.model, directory))
 
 
