@@ -99,7 +99,8 @@ def summarise(teachers: dict[str, dict], rows: list[dict], rewards: list[str],
         for reward in rewards:
             teacher_gain = gain(teachers[reward], "reward")
             values = [gain(r, reward) for r in rs]
-            cells.append(f"{mean_std(values)} | {mean_std([v / teacher_gain for v in values])}")
+            shares = [v / teacher_gain for v in values] if teacher_gain else []  # a teacher that did not move: none
+            cells.append(f"{mean_std(values)} | {mean_std(shares, empty='-')}")
         lines.append(f"| {label} | {len(rs)} | {mean_std([r['nfe'] for r in rs])} | {' | '.join(cells)} | "
                      f"{mean_std(numbers['rows'][label]['summed'])} | {mean_std(numbers['rows'][label]['fresh'])} |")
     names = [*rewards, "summed reward", "summed reward, fresh final evaluation"]

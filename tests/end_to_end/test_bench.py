@@ -34,6 +34,35 @@ def flags(name: str, values: list[str]) -> list[str]:
     return [x for value in values for x in (name, value)]
 
 
+def test_distillation_study_trains_teachers_then_students_at_equal_evaluations(tiny_model_dir, tmp_path):
+    """bench/distillation.py on the tiny model: two teachers (one reward each), then grpo on the summed reward and a
+    student distilled from both (and a mixed-mode row) at equal denoiser evaluations; each reward's gain, its share of
+    its teacher's and the paired differences, read from the runs' evaluations."""
+    sets = ["pretrained.model=" + tiny_model_dir, "prompt_fn=simple_animals", "sample.num_steps=3",
+            "sample.batch_size=4", "sample.num_batches_per_epoch=1", "train.batch_size=4", "train.group_size=2",
+            "train.pairs_per_forward=12", "eval_num_prompts=2", "eval_num_seeds=1", "final_eval_num_seeds=2"]
+    args = ["--out", str(tmp_path), "--seeds", "0,1", "--rewards", "jpeg_compressibility,jpeg_incompressibility",
+            "--teacher-queries", "8", "--nfe", "400", "--student", "opd_mixed opd.reward_weight=1",
+            *flags("--set", sets)]
+    printed = succeeded("distillation", *args).stdout
+    students = saved_rows(tmp_path / "students")
+    assert sorted({r["preset"] for r in students}) == ["grpo_sum", "opd", "opd_mixed"]
+    assert all(len(r["evaluations"]) == 2 for r in students)
+    assert (tmp_path / "teachers" / "runs" / "teacher_jpeg_compressibility_seed1000" / "lora").is_dir()
+    results = json.loads((tmp_path / "results.json").read_text())
+    teacher = results["teachers"]["jpeg_compressibility"]["gain"]
+    opd = [r for r in students if r["preset"] == "opd"]
+    gains = [r["evaluations"][-1]["info"]["jpeg_compressibility"] - r["evaluations"][0]["info"]["jpeg_compressibility"]
+             for r in sorted(opd, key=lambda r: r["seed"])]
+    assert results["rows"]["opd"]["jpeg_compressibility"] == pytest.approx(gains)
+    # the two rewards are one another's negatives: each row's summed gain is 0 (to rounding), each teacher's share read
+    assert all(abs(g) < 1e-9 for g in results["rows"]["grpo_sum"]["summed"])
+    assert f"{teacher:+.4f} | 1" in printed
+    paired = results["paired"]["opd_mixed"]["jpeg_compressibility"]
+    assert paired["seeds"] == [0, 1] and paired["low"] <= paired["mean"] <= paired["high"]
+    assert "| opd_mixed - grpo_sum |" in (tmp_path / "results.md").read_text()
+
+
 def test_compare_algorithms_runs(tiny_model_dir, tmp_path):
     sets = ["pretrained.model=" + tiny_model_dir, "prompt_fn=simple_animals", "reward_fn=jpeg_compressibility",
             "sample.num_steps=3", "sample.batch_size=4", "sample.num_batches_per_epoch=1", "train.batch_size=4",
