@@ -31,6 +31,7 @@ import torch
 
 POLICY_ADAPTER = "default"
 REFERENCE_ADAPTER = "reference"
+TEACHER_PREFIX = "teacher_"  # an on-policy distillation teacher's adapter: teacher_<its name> (teachers.py)
 
 
 def lora_layers(model, adapter: str | None = None):
@@ -39,6 +40,12 @@ def lora_layers(model, adapter: str | None = None):
     from peft.tuners.lora import LoraLayer
 
     return [m for m in model.modules() if isinstance(m, LoraLayer) and (adapter is None or adapter in m.lora_A)]
+
+
+def own_parameters(model) -> list:
+    """``model``'s parameters but the distillation teachers' adapters, in order: what a frozen copy made before the
+    teachers were loaded pairs with, one to one."""
+    return [p for name, p in model.named_parameters() if f".{TEACHER_PREFIX}" not in name]
 
 
 class ReferenceModel:
@@ -132,14 +139,14 @@ class ReferenceModel:
                     adapters = getattr(layer, name)
                     adapters[self.adapter_name].weight.lerp_(adapters[POLICY_ADAPTER].weight.to(adapters[self.adapter_name].weight.dtype), alpha)
         elif self.mode == "copy":
-            for ref, pol in zip(self.copy.parameters(), model.parameters()):
+            for ref, pol in zip(self.copy.parameters(), own_parameters(model)):
                 ref.lerp_(pol.detach().to(ref.dtype), alpha)
 
     @torch.no_grad()
     def param_distance(self, model) -> float:
         total = 0.0
         if self.mode == "copy":
-            for ref, pol in zip(self.copy.parameters(), model.parameters()):
+            for ref, pol in zip(self.copy.parameters(), own_parameters(model)):
                 total += float((pol.detach().double() - ref.double()).pow(2).sum())
             return math.sqrt(total)
         for layer in lora_layers(model, POLICY_ADAPTER):

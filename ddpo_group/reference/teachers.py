@@ -28,9 +28,7 @@ import torch
 
 from ddpo_group.algorithms.objectives import get_objective
 from ddpo_group.models.lora_export import is_lora_dir
-from ddpo_group.reference.model import POLICY_ADAPTER, lora_layers
-
-TEACHER_PREFIX = "teacher_"  # a teacher's adapter name: teacher_<its name in opd.teachers>
+from ddpo_group.reference.model import POLICY_ADAPTER, TEACHER_PREFIX, lora_layers
 
 
 def teacher_paths(value) -> dict[str, str]:
@@ -102,14 +100,10 @@ class Teachers:
                 model.set_adapter(POLICY_ADAPTER)
             else:
                 model.disable_adapters()
-            for layer in lora_layers(model):
-                for weights in (layer.lora_A, layer.lora_B):
-                    for adapter in self.adapters:
-                        if adapter in weights:
-                            weights[adapter].requires_grad_(False)
-            for p in trainable:
-                p.requires_grad_(True)
+        self.frozen = [weights[adapter].weight for layer in lora_layers(model) for weights in (layer.lora_A, layer.lora_B)
+                       for adapter in self.adapters if adapter in weights]  # the teachers' adapter weights
         self.policy_adapter = policy_adapter
+        self.refreeze(trainable)
 
     @classmethod
     def from_config(cls, config, family) -> "Teachers | None":
@@ -141,8 +135,15 @@ class Teachers:
                 model.set_adapter(POLICY_ADAPTER)
             else:
                 model.disable_adapters()
-            for p in trainable:
-                p.requires_grad_(True)
+            self.refreeze(trainable)
+
+    def refreeze(self, trainable: list) -> None:
+        """The teachers' weights frozen and the student's ``trainable`` ones trainable again (peft's adapter switches
+        make the active adapter's trainable)."""
+        for weight in self.frozen:
+            weight.requires_grad_(False)
+        for p in trainable:
+            p.requires_grad_(True)
 
     def route(self, metadata: Sequence[dict]) -> list[list[int]]:
         """For each teacher (in ``names``' order), the positions of ``metadata``'s rows it scores."""

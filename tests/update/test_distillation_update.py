@@ -150,3 +150,20 @@ def test_a_denoiser_directory_is_a_frozen_copy_and_the_base_as_teacher_leaves_no
     metrics = trainer.run()
     assert metrics["train/opd_kl"] == 0.0 and metrics["perf/nfe_training"] > 0
     assert float(teacher_kl(trainer, batch).abs().max()) < 1e-12
+
+
+def test_a_student_fine_tuned_in_full_distils_from_a_lora_teacher(tiny_model_dir, tmp_path, teachers):
+    """use_lora=False: the teacher's adapter is the only one on the denoiser, off in the student's forwards, on in the
+    teacher's; after an epoch the student's weights moved, the teacher's did not and stay frozen (out of the
+    checkpoint's trained weights)."""
+    from ddpo_group.run.persistence.checkpointing import trained_weights
+
+    trainer = opd_trainer(tiny_model_dir, tmp_path, "full", {"a": teachers["a"]}, use_lora=False,
+                          **{"train.learning_rate": 1e-4})
+    frozen = teacher_weights(trainer, "a")
+    before = [p.detach().clone() for p in trainer.params]
+    metrics = trainer.run()
+    assert metrics["train/opd_kl"] > 0 and sum(not torch.equal(b, p) for b, p in zip(before, trainer.params)) > 0
+    assert all(torch.equal(a, b) for a, b in zip(frozen, teacher_weights(trainer, "a")))
+    assert not any(w.requires_grad for w in trainer.teachers.frozen)
+    assert not [name for name in trained_weights(trainer.model) if TEACHER_PREFIX in name]

@@ -40,7 +40,7 @@ import torch
 from accelerate.utils import DistributedType, gather_object
 
 from ddpo_group.errors import CheckpointError
-from ddpo_group.reference.teachers import TEACHER_PREFIX
+from ddpo_group.reference.model import TEACHER_PREFIX
 from ddpo_group.run.persistence.manifest import MANIFEST, manifest_problem, write_manifest
 from ddpo_group.run.processes.process_failures import settle
 from ddpo_group.run.persistence.process_parts import absent_parts, missing_part, parts_record, process_part, sync
