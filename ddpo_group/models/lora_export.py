@@ -28,3 +28,11 @@ def unwrap(model):
 
 def is_lora_dir(path: str | os.PathLike) -> bool:
     return (Path(path) / LORA_WEIGHT_NAME).is_file()
+
+
+def lora_dir_of(path: str | os.PathLike) -> Path | None:
+    """The LoRA export at ``path``, or in its ``lora/`` (a run directory's); None when neither holds one."""
+    for candidate in (Path(path), Path(path) / "lora"):
+        if is_lora_dir(candidate):
+            return candidate
+    return None

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from ddpo_group.algorithms.objectives import get_objective
-from ddpo_group.models.lora_export import is_lora_dir
+from ddpo_group.models.lora_export import lora_dir_of
 from ddpo_group.reference.model import POLICY_ADAPTER, TEACHER_PREFIX, lora_layers
 
 
@@ -54,7 +54,7 @@ def teacher_errors(config) -> list[str]:
     for name, path in teachers.items():
         if not name.replace("_", "").isalnum():
             errors.append(f"opd.teachers: the name {name!r} must be letters, digits and underscores")
-        if not (is_lora_dir(path) or is_lora_dir(Path(path) / "lora") or (Path(path) / "config.json").is_file()):
+        if lora_dir_of(path) is None and not (Path(path) / "config.json").is_file():
             errors.append(f"opd.teachers[{name!r}]={path!r} is neither a LoRA directory (holding "
                           "pytorch_lora_weights.safetensors, or a run directory with lora/) nor a denoiser directory "
                           "(config.json and its weights)")
@@ -87,8 +87,8 @@ class Teachers:
         policy_adapter = POLICY_ADAPTER in getattr(model, "peft_config", {})
         trainable = [p for p in model.parameters() if p.requires_grad]
         for name, path in self.paths.items():
-            lora = Path(path) if is_lora_dir(path) else Path(path) / "lora"
-            if is_lora_dir(lora):
+            lora = lora_dir_of(path)
+            if lora is not None:
                 adapter = TEACHER_PREFIX + name
                 family.load_lora(family.pipe, lora, adapter_name=adapter)
                 self.adapters.append(adapter)
