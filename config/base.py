@@ -224,6 +224,15 @@ def base() -> ml_collections.ConfigDict:
     opd.beta = 1.0  # weight of the teachers' closed-form KL per step (slime's --opd-kl-coef)
     opd.reward_weight = 0.0  # weight of the policy loss on the reward's advantages beside it (0: distillation alone)
 
+    # ---- supervised fine-tuning on a folder of images, the run's first epochs (ddpo_group/rollout/image_folder.py) ----
+    config.sft = sft = ml_collections.ConfigDict()
+    # the folder: metadata.jsonl (file_name, text: Hugging Face's imagefolder) or a .txt prompt beside each image;
+    # "": none. Its images are encoded by the model's VAE and fitted by the matching loss (the sft objective's)
+    sft.data_dir = ""
+    # the run's first sft.epochs epochs train on the folder (each: sample.batch_size * num_batches_per_epoch images a
+    # process), then reinforcement learning goes on to num_epochs; sft.epochs = num_epochs: supervised only
+    sft.epochs = 0
+
     # ---- algorithm ----
     config.algorithm = algorithm = ml_collections.ConfigDict()
     # a registered name, or a plugin "package.module:function" / "/path/file.py:function" (docs/algorithms.md)

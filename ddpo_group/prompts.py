@@ -147,14 +147,14 @@ def _jsonl_rows(path: str, mtime: float) -> tuple[tuple[str, dict], ...]:
             raise ValueError(f"{where}: field {NEGATIVE_PROMPT_KEY!r} is {row[NEGATIVE_PROMPT_KEY]!r}; it must be a "
                              "string (the row's negative prompt; leave the field out for the run's default)")
         if SOURCE_IMAGE_KEY in row:
-            row[SOURCE_IMAGE_KEY] = _image_paths(row[SOURCE_IMAGE_KEY], folder, where)
+            row[SOURCE_IMAGE_KEY] = source_image_paths(row[SOURCE_IMAGE_KEY], folder, where)
         rows.append((prompt.strip(), row))
     if not rows:
         raise ValueError(f"prompt_fn from_file: {path!r} holds no row (one JSON object per non-empty line)")
     return tuple(rows)
 
 
-def _image_paths(value, folder: Path, where: str) -> str | list[str]:
+def source_image_paths(value, folder: Path, where: str) -> str | list[str]:
     """``image`` of a .jsonl row (a path relative to the file, or a list of them) as absolute paths, each checked."""
     paths = value if isinstance(value, list) else [value]
     if not paths or not all(isinstance(item, str) and item for item in paths):

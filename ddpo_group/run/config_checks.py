@@ -253,6 +253,21 @@ def run_errors(config, num_processes: int) -> list[str]:
     need(isinstance(timeout, (int, float)) and timeout > 0,
          f"collective_timeout_s={timeout!r} must be a number of seconds > 0 (how long a process waits for the others)")
     need(config.num_epochs >= 1, f"num_epochs={config.num_epochs} must be >= 1")
+    sft = config.sft
+    need(isinstance(sft.epochs, int) and 0 <= sft.epochs <= config.num_epochs,
+         f"sft.epochs={sft.epochs!r} must be an integer from 0 to num_epochs={config.num_epochs} (the run's first epochs "
+         "that fine-tune on sft.data_dir's images)")
+    need(not (isinstance(sft.epochs, int) and sft.epochs > 0) or bool(sft.data_dir),
+         f"sft.epochs={sft.epochs} needs sft.data_dir: the folder of images and prompts to fine-tune on")
+    need(not sft.data_dir or (isinstance(sft.epochs, int) and sft.epochs > 0),
+         f"sft.data_dir={sft.data_dir!r} is read only in the first sft.epochs epochs: set sft.epochs >= 1 (0 now)")
+    if sft.data_dir and isinstance(sft.epochs, int) and sft.epochs > 0:
+        from ddpo_group.rollout.image_folder import read_folder
+
+        try:
+            read_folder(sft.data_dir)
+        except ConfigError as error:
+            errors.append(str(error))
     need(config.save_freq >= 0, f"save_freq={config.save_freq} must be >= 0")
     need(config.num_checkpoint_limit >= 1, f"num_checkpoint_limit={config.num_checkpoint_limit} must be >= 1")
     need(not config.use_lora or config.lora_rank >= 1, f"lora_rank={config.lora_rank} must be >= 1 with use_lora")

@@ -189,7 +189,9 @@ class RunSession:
         self.print(
             f"training {config.pretrained.model} with {config.algorithm.adv_estimator}"
             f"{'' if config.algorithm.objective == 'policy_gradient' else f' ({config.algorithm.objective})'} for epochs "
-            f"{self.state.epoch + 1}..{config.num_epochs - 1} on {self.accelerator.num_processes} process(es)"
+            f"{self.state.epoch + 1}..{config.num_epochs - 1}"
+            f"{f' (epochs 0..{config.sft.epochs - 1} supervised on {config.sft.data_dir})' if config.sft.epochs else ''}"
+            f" on {self.accelerator.num_processes} process(es)"
             f"{threads}; run dir {self.run_dir}"
         )
         if self.state.epoch >= config.num_epochs - 1:

@@ -30,6 +30,7 @@ from ddpo_group.reference.teachers import Teachers
 from ddpo_group.rewards import is_groupwise, make_reward_fn
 from ddpo_group.rollout.collector import Estimation, RolloutCollector, rollout_tree
 from ddpo_group.rollout.component import copied
+from ddpo_group.rollout.image_folder import ImageFolderRecords
 from ddpo_group.rollout.reward_scorer import RewardScorer
 from ddpo_group.run.config_checks import config_warnings, validate_config
 from ddpo_group.run.processes.cpu_fsdp import enable_fsdp_on_cpu
@@ -196,6 +197,11 @@ class Trainer:
         updater = {PREFERENCE: PreferenceUpdater, MATCHING: MatchingUpdater,
                    DISTILLATION: DistillationUpdater}.get(self.objective.kind, PolicyUpdater)
         self.updater = updater(options)
+        # the run's first sft.epochs epochs: the sft objective on sft.data_dir's images (rollout/image_folder.py)
+        if config.sft.epochs:
+            self.folder = ImageFolderRecords(config, self.family, self.accelerator.num_processes,
+                                             self.accelerator.process_index)
+            self.supervised_updater = MatchingUpdater.supervised(options)
 
     def checkpointed_state(self) -> dict:
         """{name: piece} of every stateful piece a checkpoint holds besides the prepared models and optimizer: the
@@ -234,6 +240,8 @@ class Trainer:
 
     def train_epoch(self, epoch: int) -> dict:
         """One epoch (module docstring); returns its metrics."""
+        if epoch < self.config.sft.epochs:
+            return self.supervised_epoch(epoch)
         start = time.perf_counter()
         self.throughput.start_epoch()
         self.model.eval()
@@ -280,6 +288,27 @@ class Trainer:
         for component in self.components:
             if line := component.epoch_line(epoch, metrics):
                 self.session.print(line)
+        return metrics
+
+    def supervised_epoch(self, epoch: int) -> dict:
+        """One of the run's first sft.epochs epochs: sft.data_dir's images and prompts in place of steps 1 and 2 (no
+        sampling, no reward: every row advantage 1), the sft objective's matching update as step 3, no component's
+        update, then the evaluation and the log of any epoch (its metrics sft/*)."""
+        start = time.perf_counter()
+        self.model.eval()
+        if epoch == 0:
+            self.evaluations.before_training()
+        with self.timer.phase("sampling"):  # reading the images, encoding them and their prompts
+            batch = self.folder.record(epoch)
+        with self.timer.phase("training"), names_the_setting("training", self.pairs_per_forward.setting()):
+            updated = self.supervised_updater.train_epoch(batch, show_progress=self.accelerator.is_local_main_process)
+        self.state.global_step += updated.pop("optimizer_steps")
+        updated.pop("pairs")
+        metrics = {"epoch": epoch, "global_step": self.state.global_step, **{f"sft/{k}": v for k, v in updated.items()}}
+        metrics.update(self.evaluations.after_epoch(epoch))
+        metrics.update(self.timing(start))
+        with self.timer.phase("logging"):
+            self.epoch_logger.log(epoch, metrics, batch)
         return metrics
 
     def restore_best(self, after_epoch: int) -> int:

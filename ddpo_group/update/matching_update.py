@@ -21,7 +21,9 @@ An objective runs only on the forward processes it registers.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import replace
 
+import ml_collections
 import torch
 
 from ddpo_group.algorithms import get_objective
@@ -47,6 +49,15 @@ class MatchingUpdater(Updater):
         self.objective, self.old = objective, options.old
         self.objective_kwargs = kwargs.to_dict() if hasattr(kwargs, "to_dict") else dict(kwargs or {})
         self.step_count = options.step_count
+
+    @classmethod
+    def supervised(cls, options: UpdateOptions) -> "MatchingUpdater":
+        """The ``sft`` objective's update keeping every row (min_advantage 0 below the records' advantage 1), whatever
+        the run's objective: the supervised epochs' on a folder of images (rollout/image_folder.py)."""
+        config = options.config.copy_and_resolve_references()
+        config.algorithm.objective = "sft"
+        config.algorithm.objective_kwargs = ml_collections.ConfigDict({"min_advantage": 0.0})
+        return cls(replace(options, config=config, old=None))
 
     def trainable_steps(self) -> torch.Tensor:
         return self.forward.every_step()

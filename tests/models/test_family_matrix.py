@@ -343,6 +343,53 @@ def test_on_policy_distillation_from_an_adapter_of_the_family(name, family_dirs,
     assert metrics["train/opd_kl"] > 0 and np.isfinite(metrics["train/opd_kl"]) and np.isfinite(metrics["train/grad_norm"])
 
 
+VIDEO_FAMILIES = ("wan", "wan_i2v", "hunyuan_video15", "ltx2")  # no image encoding: SFT on a folder is refused
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_clean_latents_invert_decode_on_the_vae_latents(name, family_dirs, prompt_rows, tmp_path):
+    """SFT on a folder of images (rollout/image_folder.py): ``clean_latents`` feeds the VAE encoder 2x - 1 and turns
+    its latents into the state whose ``decode`` hands the VAE decoder those same latents (the VAE's own encode and
+    decode replaced by recorders); a video family has none and is refused by name."""
+    from types import SimpleNamespace
+
+    from ddpo_group.errors import ConfigError
+    from ddpo_group.models.families.base import encoder_latents
+    from ddpo_group.models.trainable import build_policy
+    from ddpo_group.rollout.image_folder import ImageFolderRecords
+
+    family, _ = build_policy(config(name, "grpo", family_dirs[name], tmp_path, "encode", prompt_rows), "cpu")
+    if name in VIDEO_FAMILIES:
+        assert not family.encodes_images()
+        with pytest.raises(ConfigError, match=f"the {name!r} family does not encode images"):
+            ImageFolderRecords(family.config, family)
+        return
+    height, width = family.height_width
+    images = torch.rand(2, 3, height, width, generator=torch.Generator().manual_seed(0))
+    vae, seen = family.pipe.vae, {}
+    real_encode = vae.encode
+
+    def encode(pixels, return_dict=True):  # latents of the real encoder's shape, drawn
+        seen["pixels"] = pixels
+        shape = encoder_latents(real_encode(pixels)).shape
+        seen["drawn"] = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+        return SimpleNamespace(latents=seen["drawn"].to(pixels.dtype))
+
+    def decode(latents, return_dict=True):
+        seen["latents"] = latents
+        frame = [1] if latents.dim() == 5 else []
+        out = torch.zeros(latents.shape[0], getattr(vae.config, "out_channels", 3), *frame, height, width)
+        return (out,)
+
+    vae.encode, vae.decode = encode, decode
+    state = family.clean_latents(images)
+    assert tuple(state.shape) == (2, *family.latent_shape()) and state.dtype == torch.float32
+    pixels = seen["pixels"].reshape(2, -1, height, width).float()
+    torch.testing.assert_close(pixels[:, :3], images * 2 - 1)
+    family.decode(state)
+    torch.testing.assert_close(seen["latents"].float(), seen["drawn"], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.slow
 def test_two_processes_over_gloo_train_every_family(family_dirs, prompt_rows, tmp_path):
     """Every family's grpo run on 2 processes (one launch, each process training the families one after another, as

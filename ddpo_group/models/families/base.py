@@ -27,7 +27,8 @@ pipeline and says:
   ``schedule(num_steps)`` -> row-broadcastable per-step tensors (``time_keys``: timesteps, sigmas), stored per
   sample and step in the batch record (the rollout's values are the ones training reads, never reconstructed);
 * the model: ``model_output`` (with guidance as the pipeline does it), ``step`` (the stochastic step with its
-  log-probability, sampling/ddim.py or sampling/flow_steps.py), ``decode``;
+  log-probability, sampling/ddim.py or sampling/flow_steps.py), ``decode``, and its inverse on images,
+  ``clean_latents`` (supervised fine-tuning on a folder of images: rollout/image_folder.py), where the family has one;
 * the config it reads (``sample.noise_level``, its ``standard_noise_level`` when unset; the guidance of the
   training forward; its own contradictions), and the LoRA export in diffusers format.
 """
@@ -57,6 +58,16 @@ def warn_ignored_images(family: str) -> None:
         warnings.warn(f"model family {family!r} generates from the text only: the prompts' source images "
                       "(metadata['image']) are ignored by the model (reward functions still get them); an editing "
                       "family such as flux_kontext reads them. This warning is shown once", UserWarning, stacklevel=3)
+
+
+def encoder_latents(output) -> torch.Tensor:
+    """The latents of a VAE's ``encode`` output: its distribution's mode (AutoencoderKL and the video VAEs), or the
+    deterministic ``latent`` of a DC-AE (SANA's), or ``latents``."""
+    distribution = getattr(output, "latent_dist", None)
+    if distribution is not None:
+        return distribution.mode()
+    latent = getattr(output, "latent", None)
+    return latent if latent is not None else output.latents
 
 
 class ModelFamily:
@@ -233,6 +244,30 @@ class ModelFamily:
         """Final latents -> images [B, 3, H, W] in [0, 1] (float32); a video family's frames [B, F, 3, H, W] (the rewards
         score them: rewards/base.py's ``scores_frames``; the grids show frame strips)."""
         raise NotImplementedError
+
+    def clean_latents(self, images: torch.Tensor) -> torch.Tensor:
+        """Images [B, 3, H, W] in [0, 1] at ``height_width`` -> the clean state x_clean whose ``decode`` they are: the
+        VAE encoder's mean (``vae_latents``) scaled and packed as ``decode`` unpacks and unscales it, float32. The
+        target of supervised fine-tuning on a folder of images (rollout/image_folder.py). Not every family has one
+        (``encodes_images``)."""
+        raise NotImplementedError(f"model family {self.name!r} does not encode images into its state")
+
+    @classmethod
+    def encodes_images(cls) -> bool:
+        """Whether the family has ``clean_latents``."""
+        return cls.clean_latents is not ModelFamily.clean_latents
+
+    def vae_latents(self, images: torch.Tensor, frame_axis: bool = False) -> torch.Tensor:
+        """The VAE encoder's mean (its distribution's mode, as the pipelines encode source images) of images in [0, 1],
+        float32; ``frame_axis``: a video VAE's input [B, 3, 1, H, W] (Qwen-Image's)."""
+        vae = self.pipe.vae
+        pixels = (images * 2 - 1).to(vae.device, vae.dtype)
+        if getattr(vae.config, "in_channels", 3) == 4:  # an RGBA VAE (Qwen-Image 2.1): opaque images
+            pixels = torch.cat([pixels, torch.ones_like(pixels[:, :1])], dim=1)
+        if frame_axis:
+            pixels = pixels.unsqueeze(2)
+        with torch.no_grad():
+            return encoder_latents(vae.encode(pixels)).float()
 
     def decode_audio(self, latents: torch.Tensor) -> torch.Tensor:
         """Final latents -> their soundtrack [B, channels, samples] float32 at ``audio_sample_rate`` Hz: a family whose

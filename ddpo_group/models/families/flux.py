@@ -81,6 +81,11 @@ class FluxFamily(FlowMatchingFamily):
         )[0]
 
     @torch.no_grad()
+    def clean_latents(self, images):
+        config = self.pipe.vae.config
+        latents = (self.vae_latents(images) - config.shift_factor) * config.scaling_factor
+        return self.pipe._pack_latents(latents, *latents.shape)
+
     def decode(self, latents):
         vae = self.pipe.vae
         latents = self.pipe._unpack_latents(latents, self.resolution, self.resolution, self.pipe.vae_scale_factor)

@@ -126,6 +126,16 @@ class Flux2Family(FlowMatchingFamily):
                                                                                                latents.dtype)
         return pipe._unpatchify_latents(latents * std + mean)
 
+    def clean_latents(self, images):
+        """``decode_latents`` inverted: patchify 2x2, the batch norm, the row-major token grid."""
+        vae = self.pipe.vae
+        latents = self.pipe._patchify_latents(self.vae_latents(images))
+        mean = vae.bn.running_mean.view(1, -1, 1, 1).to(latents.device, latents.dtype)
+        std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps).to(latents.device,
+                                                                                               latents.dtype)
+        latents = (latents - mean) / std
+        return latents.permute(0, 2, 3, 1).reshape(latents.shape[0], -1, latents.shape[1])
+
     @torch.no_grad()
     def decode(self, latents):
         vae = self.pipe.vae

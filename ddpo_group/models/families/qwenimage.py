@@ -160,6 +160,15 @@ class QwenImageFamily(FlowMatchingFamily):
         return self.true_cfg(conditional, self.transformer_output(model, latents, t, negative), guidance_scale)
 
     @torch.no_grad()
+    def clean_latents(self, images):
+        vae, latents = self.pipe.vae, self.vae_latents(images, frame_axis=True)  # [B, C, 1, H/f, W/f]
+        shape = (1, vae.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
+        std = torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
+        latents = (latents - mean) / std
+        batch, channels, _, height, width = latents.shape
+        return self.pipe._pack_latents(latents, batch, channels, height, width)
+
     def decode(self, latents):
         vae = self.pipe.vae
         latents = self.unpack(latents).to(vae.dtype)

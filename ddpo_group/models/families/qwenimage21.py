@@ -182,6 +182,14 @@ class QwenImage21Family(FlowMatchingFamily):
         return unconditional + guidance_scale * (conditional - unconditional)
 
     @torch.no_grad()
+    def clean_latents(self, images):
+        vae, latents = self.pipe.vae, self.vae_latents(images, frame_axis=True)  # [B, C, 1, rows, columns]
+        shape = (1, vae.config.z_dim, 1, 1, 1)
+        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
+        std = torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
+        latents = (latents - mean) / std
+        return latents.flatten(2).transpose(1, 2)  # decode's transpose(1, 2).reshape inverted: [B, tokens, C]
+
     def decode(self, latents):
         vae, (rows, columns) = self.pipe.vae, self.grid
         latents = latents.transpose(1, 2).reshape(latents.shape[0], latents.shape[2], 1, rows, columns).to(vae.dtype)

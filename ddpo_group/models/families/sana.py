@@ -145,6 +145,9 @@ class SanaFamily(FlowMatchingFamily):
         return out
 
     @torch.no_grad()
+    def clean_latents(self, images):
+        return self.vae_latents(images) * self.pipe.vae.config.scaling_factor
+
     def decode(self, latents):
         vae = self.pipe.vae
         image = vae.decode(latents.to(vae.dtype) / vae.config.scaling_factor, return_dict=False)[0]

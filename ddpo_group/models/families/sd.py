@@ -163,6 +163,9 @@ class StableDiffusionFamily(ModelFamily):
     def decode(self, latents):
         return decode_latents(self.pipe, latents)
 
+    def clean_latents(self, images):
+        return self.vae_latents(images) * self.pipe.vae.config.scaling_factor
+
     def check_trainable(self, sample_config) -> None:
         check_trainable_schedule(self.pipe.scheduler, sample_config.num_steps, self.noise_level(sample_config),
                                  self.stochastic_steps(sample_config))

@@ -74,6 +74,10 @@ class StableDiffusion3Family(FlowMatchingFamily):
                      return_dict=False)[0]
 
     @torch.no_grad()
+    def clean_latents(self, images):
+        config = self.pipe.vae.config
+        return (self.vae_latents(images) - config.shift_factor) * config.scaling_factor
+
     def decode(self, latents):
         vae = self.pipe.vae
         latents = latents / vae.config.scaling_factor + vae.config.shift_factor

@@ -81,6 +81,15 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
                                    guidance_scale, {"text_embeds": pooled, "time_ids": time_ids}, negative_added)
 
     @torch.no_grad()
+    def clean_latents(self, images):
+        vae, latents = self.pipe.vae, self.vae_latents(images)
+        mean, std = getattr(vae.config, "latents_mean", None), getattr(vae.config, "latents_std", None)
+        if mean is not None and std is not None:  # decode's latents * std / scaling_factor + mean, inverted
+            mean = torch.tensor(mean).view(1, -1, 1, 1).to(latents.device, latents.dtype)
+            std = torch.tensor(std).view(1, -1, 1, 1).to(latents.device, latents.dtype)
+            return (latents - mean) * vae.config.scaling_factor / std
+        return latents * vae.config.scaling_factor
+
     def decode(self, latents):
         vae = self.pipe.vae
         upcast = vae.dtype == torch.float16 and vae.config.force_upcast  # SDXL's VAE overflows in float16

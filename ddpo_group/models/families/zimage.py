@@ -153,6 +153,10 @@ class ZImageFamily(FlowMatchingFamily):
         return -guided.squeeze(2)
 
     @torch.no_grad()
+    def clean_latents(self, images):
+        config = self.pipe.vae.config
+        return (self.vae_latents(images) - config.shift_factor) * config.scaling_factor
+
     def decode(self, latents):
         vae = self.pipe.vae
         latents = latents.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor

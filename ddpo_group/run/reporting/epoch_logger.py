@@ -71,7 +71,8 @@ class EpochLogger:
         every = self.log_images_every
         if main and every and epoch % every == 0:
             n = min(16, len(batch.prompts))
-            captions = [f"{p}\nreward {r:.3f}" for p, r in zip(batch.prompts[:n], batch.rewards[:n].tolist())]
+            captions = [f"{p}\nreward {r:.3f}" if "reward_mean" in metrics else p  # a supervised epoch's: no reward
+                        for p, r in zip(batch.prompts[:n], batch.rewards[:n].tolist())]
             grid = image_grid(with_sources(batch.images[:n], batch.metadata), captions)
             samples_dir = self.run_dir / "samples"
             samples_dir.mkdir(parents=True, exist_ok=True)
@@ -81,6 +82,10 @@ class EpochLogger:
 
                 self.accelerator.get_tracker("wandb").log({"images": wandb.Image(grid)}, step=epoch)
         evaluated = f"eval {metrics['eval/reward_mean']:.4f} | " if "eval/reward_mean" in metrics else ""
+        if "reward_mean" not in metrics:  # a supervised epoch (sft.epochs): its images' matching loss
+            self.print(f"epoch {epoch} (supervised on sft.data_dir): {evaluated}matching loss "
+                       f"{metrics['sft/policy_loss']:.4g} | grad norm {metrics.get('sft/grad_norm', float('nan')):.3g}")
+            return
         distilled = f"teachers' KL {metrics['train/opd_kl']:.4g} | " if "train/opd_kl" in metrics else ""
         policy = "" if distilled and "train/policy_loss" not in metrics else (
             f"loss {metrics.get('train/policy_loss', float('nan')):.3g} | "

@@ -31,6 +31,7 @@ def reward_curve_figure(metrics: list[dict], title: str = "", evaluations: list[
     from matplotlib.figure import Figure  # object API: no pyplot state shared between threads
     from matplotlib.ticker import MaxNLocator
 
+    metrics = [m for m in metrics if "reward_mean" in m]  # a supervised epoch (sft.epochs) samples nothing
     epochs = [m["epoch"] for m in metrics]
     mean = [m["reward_mean"] for m in metrics]
     lower, upper = std_band(metrics)

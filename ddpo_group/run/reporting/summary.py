@@ -53,6 +53,7 @@ def format_summary(metrics: list[dict], paths: dict[str, str | os.PathLike],
     mean reward against the last's (means of freshly drawn prompts).
     """
     lines = ["=" * 72, "run summary", "-" * 72]
+    metrics = [m for m in metrics if "reward_mean" in m]  # a supervised epoch (sft.epochs) samples nothing
     evaluations = [e for e in evaluations or [] if "eval/reward_mean" in e]
     if record and record.get("fresh"):
         lines += fresh_lines(record)
