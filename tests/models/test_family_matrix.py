@@ -390,6 +390,32 @@ def test_clean_latents_invert_decode_on_the_vae_latents(name, family_dirs, promp
     torch.testing.assert_close(seen["latents"].float(), seen["drawn"], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name", [name for name in FAMILIES if name not in VIDEO_FAMILIES])
+def test_a_supervised_epoch_on_a_folder_of_images(name, family_dirs, prompt_rows, tmp_path):
+    """sft.epochs=1 of a 1-epoch run on a folder of two images (an editing family's rows with their source image):
+    one optimizer step of the matching loss on the encoded images moves the trained tensors; no reward is queried."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    source = json.loads(Path(prompt_rows).read_text().splitlines()[0])["image"]
+    rows = []
+    for i, colour in enumerate([(220, 30, 30), (30, 60, 230)]):
+        pixels = np.full((24, 40, 3), 240, dtype=np.uint8)
+        pixels[4:20, 4 + 8 * i : 20 + 8 * i] = colour
+        Image.fromarray(pixels).save(folder / f"{i}.png")
+        row = {"file_name": f"{i}.png", "text": ["a red square", "a blue square"][i]}
+        if takes_images(name):
+            row["image"] = str(Path(prompt_rows).parent / source)
+        rows.append(row)
+    (folder / "metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    trainer = trainer_of(name, "grpo", family_dirs, prompt_rows, tmp_path, "sft",
+                         **{"sft.data_dir": str(folder), "sft.epochs": 1})
+    before = [p.detach().clone() for p in trainer.updater.params]
+    metrics = trainer.run()
+    changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))
+    assert metrics["global_step"] == 1 and changed >= max(1, len(before) // 2) and "reward_mean" not in metrics
+    assert np.isfinite(metrics["sft/policy_loss"]) and metrics["sft/policy_loss"] > 0 and metrics["sft/kept"] == 1.0
+
+
 @pytest.mark.slow
 def test_two_processes_over_gloo_train_every_family(family_dirs, prompt_rows, tmp_path):
     """Every family's grpo run on 2 processes (one launch, each process training the families one after another, as
