@@ -40,6 +40,11 @@ setup(
         "msgpack": ["msgpack>=1.0"],  # format="msgpack" of the HTTP reward client
         "ocr": OCR,  # reward_fn=ocr: RapidOCR with its ONNX models inside the wheel, Levenshtein distance
         "hps": HPS,  # reward_fn=hpsv2: open_clip (needs a torchvision built for the installed torch)
+        # reward_fn=hpsv3 / imagereward: transformers only (the hpsv3 and image-reward packages pin another
+        # transformers / timm and torch, so the rewards rebuild their models on transformers' classes)
+        "hpsv3": [],
+        "imagereward": [],
+        "vqascore": ["torchvision"],  # reward_fn=vqascore: the Qwen-VL / LLaVA processors (a torchvision for your torch)
         "judge": JUDGE,  # win_rate's judge "vlm" and the VLM judge server: the openai client
         "rewards": OCR + HPS + JUDGE,  # every optional reward; pickscore, clipscore and aesthetic need only transformers
         "models": MODELS,  # the model families' own needs (docs/model_families.md)
