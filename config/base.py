@@ -42,6 +42,9 @@ def base() -> ml_collections.ConfigDict:
     config.use_lora = True  # train LoRA adapters (peft); False: the whole denoiser
     config.lora_rank = 4  # LoRA rank r
     config.lora_alpha = 0  # LoRA scale alpha / rank; 0: alpha = rank (Flow-GRPO's recipes use rank 32, alpha 64)
+    # peft's lora_dropout of the policy's adapter: its input dropped in the update's forward only (sampling runs in eval
+    # mode), so the training forward is random and not the sampler's (algorithm.rollout_correction weighs that)
+    config.lora_dropout = 0.0
     # performance options (docs/performance.md): none helps the embedded model on a CPU
     config.unet_channels_last = False  # channels-last memory format for a UNet denoiser (convolutions on GPUs)
     # torch.compile the denoiser (a minute or more of compilation in the first epoch, applied after the reference model

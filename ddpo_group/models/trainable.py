@@ -12,12 +12,13 @@ DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
-def lora_config(config, target_modules) -> LoraConfig:
+def lora_config(config, target_modules, dropout: float = 0.0) -> LoraConfig:
     """The policy's LoRA configuration (also used for the reference adapter): rank ``lora_rank``, scale
-    ``lora_alpha / lora_rank`` (``lora_alpha`` 0: equal to the rank), on the family's attention projections."""
+    ``lora_alpha / lora_rank`` (``lora_alpha`` 0: equal to the rank), on the family's attention projections;
+    ``dropout`` on the adapter's input in training mode (the policy's: ``lora_dropout``)."""
     alpha = config.lora_alpha or config.lora_rank
     return LoraConfig(r=config.lora_rank, lora_alpha=alpha, init_lora_weights="gaussian",
-                      target_modules=list(target_modules))
+                      target_modules=list(target_modules), lora_dropout=dropout)
 
 
 def place(module: torch.nn.Module, device, dtype: torch.dtype) -> None:
@@ -58,7 +59,7 @@ def build_policy(config, device) -> tuple:
     if config.use_lora:
         model.requires_grad_(False)
         place(model, device, inference_dtype)
-        model.add_adapter(lora_config(config, family.lora_target_modules))
+        model.add_adapter(lora_config(config, family.lora_target_modules, dropout=config.lora_dropout))
         for param in model.parameters():
             if param.requires_grad:
                 param.data = param.data.float()

@@ -271,6 +271,8 @@ def run_errors(config, num_processes: int) -> list[str]:
     need(config.save_freq >= 0, f"save_freq={config.save_freq} must be >= 0")
     need(config.num_checkpoint_limit >= 1, f"num_checkpoint_limit={config.num_checkpoint_limit} must be >= 1")
     need(not config.use_lora or config.lora_rank >= 1, f"lora_rank={config.lora_rank} must be >= 1 with use_lora")
+    need(isinstance(config.lora_dropout, (int, float)) and 0 <= config.lora_dropout < 1,
+         f"lora_dropout={config.lora_dropout!r} must be a number in [0, 1) (peft's dropout of the adapter's input)")
     tracking = config.per_prompt_stat_tracking
     if tracking:
         need(tracking.buffer_size >= 1, f"per_prompt_stat_tracking.buffer_size={tracking.buffer_size} must be >= 1")
