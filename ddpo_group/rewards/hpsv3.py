@@ -45,7 +45,6 @@ torchvision.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -53,6 +52,7 @@ from torch import nn
 
 from ddpo_group.rewards import register_reward
 from ddpo_group.rewards.loading import DeviceFollower, load_from_source, resolve_dtype
+from ddpo_group.rewards.preprocess import qwen_vl_smart_resize
 
 HPSV3_BASE = "Qwen/Qwen2-VL-7B-Instruct"
 HPSV3_REPO = "MizzenAI/HPSv3"
@@ -111,25 +111,6 @@ QWEN2_VL_CHAT_TEMPLATE = (
 
 BASE_WHAT = "Qwen2-VL-7B-Instruct's config, tokenizer and image processor (e.g. Qwen/Qwen2-VL-7B-Instruct)"
 CHECKPOINT_WHAT = f"the HPSv3 checkpoint (e.g. {HPSV3_FILE} of the hub repository {HPSV3_REPO})"
-
-
-def smart_resize(height: int, width: int, factor: int = IMAGE_FACTOR, min_pixels: int = PIXELS,
-                 max_pixels: int = PIXELS) -> tuple[int, int]:
-    """qwen_vl_utils' (and hpsv3.dataset.utils') size: multiples of ``factor``, pixels within [min, max], the
-    aspect ratio kept as closely as possible."""
-    if max(height, width) / min(height, width) > MAX_RATIO:
-        raise ValueError(f"hpsv3 reward: an image of {height} x {width} px has an aspect ratio above {MAX_RATIO}")
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = math.floor(height / beta / factor) * factor
-        w_bar = math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
 
 
 def reward_head(hidden_size: int, output_dim: int = 2) -> nn.Sequential:
@@ -293,7 +274,7 @@ class HPSv3Scorer:
         out = []
         for array in pixels:
             height, width = array.shape[:2]
-            h_bar, w_bar = smart_resize(height, width)
+            h_bar, w_bar = qwen_vl_smart_resize(height, width, IMAGE_FACTOR, PIXELS, PIXELS, "hpsv3", MAX_RATIO)
             out.append(Image.fromarray(array).resize((w_bar, h_bar), Image.BICUBIC))
         return out
 

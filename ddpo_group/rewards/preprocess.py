@@ -10,9 +10,13 @@ Images are float tensors [B, 3, H, W] in [0, 1]. Two resize rules are used by th
   the extra pixel of an odd margin on the right/bottom.
 
 Then ``(x - mean) / std`` per channel. Bicubic resizing is antialiased to follow PIL's resampling.
+
+The Qwen-VL rewards (hpsv3, vqascore) size their PIL images by ``qwen_vl_smart_resize``, qwen_vl_utils' rule.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -55,3 +59,24 @@ def resize_longest_pad(images: torch.Tensor, size: int, mean, std) -> torch.Tens
     pad_w, pad_h = size - new_w, size - new_h
     images = F.pad(images, (pad_w // 2, (pad_w + 1) // 2, pad_h // 2, (pad_h + 1) // 2))  # zeros: black
     return normalise(images, mean, std)
+
+
+def qwen_vl_smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int,
+                         reward: str, max_ratio: int = 200) -> tuple[int, int]:
+    """qwen_vl_utils' ``smart_resize`` (the size hpsv3 and t2v_metrics give Qwen-VL): both sides multiples of
+    ``factor`` (at least one), the area within [min_pixels, max_pixels], the aspect ratio kept as closely as possible;
+    an aspect ratio above ``max_ratio`` is refused, as Qwen2-VL refuses it."""
+    if max(height, width) / min(height, width) > max_ratio:
+        raise ValueError(f"{reward} reward: an image of {height} x {width} px has an aspect ratio above {max_ratio}, "
+                         "which Qwen2-VL refuses")
+    h_bar = max(factor, round(height / factor) * factor)
+    w_bar = max(factor, round(width / factor) * factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = math.floor(height / beta / factor) * factor
+        w_bar = math.floor(width / beta / factor) * factor
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar

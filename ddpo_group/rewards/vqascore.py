@@ -50,7 +50,6 @@ LLaVA-OneVision processors hold a video processor, which needs torchvision (buil
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +58,7 @@ from PIL import Image
 
 from ddpo_group.rewards import register_reward
 from ddpo_group.rewards.loading import DeviceFollower, load_from_source, looks_local, resolve_dtype
+from ddpo_group.rewards.preprocess import qwen_vl_smart_resize
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 WHAT = ("a Qwen2-VL / Qwen2.5-VL / LLaVA-OneVision checkpoint (transformers layout: config, weights, processor) or a "
@@ -82,26 +82,15 @@ QWEN_MIN_PIXELS = 4 * 28 * 28
 QWEN_MAX_PIXELS = 16384 * 28 * 28
 QWEN_MAX_RATIO = 200
 
+def check_inputs(images: torch.Tensor, prompts: list[str]) -> None:
+    """Images [B, 3, H, W] and B prompts, or a ValueError saying what came."""
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"vqascore reward: images must be [B, 3, H, W], got {tuple(images.shape)}")
+    if len(prompts) != len(images):
+        raise ValueError(f"vqascore reward: {len(images)} images but {len(prompts)} prompts")
+
+
 CLIP_T5_NAMES = ("clip-flant5", "clip_flant5", "clip-t5", "clip_t5")
-
-
-def qwen_smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = QWEN_MIN_PIXELS,
-                      max_pixels: int = QWEN_MAX_PIXELS) -> tuple[int, int]:
-    """qwen_vl_utils.smart_resize: sides rounded to multiples of ``factor``, the area kept in [min, max] pixels."""
-    if max(height, width) / min(height, width) > QWEN_MAX_RATIO:
-        raise ValueError(f"vqascore reward: an image of {height} x {width} px has an aspect ratio above "
-                         f"{QWEN_MAX_RATIO}, which Qwen2-VL refuses")
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = math.floor(height / beta / factor) * factor
-        w_bar = math.floor(width / beta / factor) * factor
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
 
 
 def to_pil(images: torch.Tensor) -> list[Image.Image]:
@@ -209,8 +198,8 @@ class VQAScorer:
         """The processor's inputs for one (image, prompt), as t2v_metrics builds them."""
         question = self.question_template.format(prompt)
         if self.qwen:
-            height, width = qwen_smart_resize(image.height, image.width, self.factor, self.min_pixels,
-                                              self.max_pixels)
+            height, width = qwen_vl_smart_resize(image.height, image.width, self.factor, self.min_pixels,
+                                                 self.max_pixels, "vqascore", QWEN_MAX_RATIO)
             image = image.resize((width, height), Image.Resampling.BICUBIC)  # qwen_vl_utils.fetch_image (PIL's default filter)
             messages = [{"role": "user", "content": [{"type": "image", "image": image},
                                                      {"type": "text", "text": question}]}]
@@ -231,10 +220,7 @@ class VQAScorer:
 
     @torch.no_grad()
     def scores(self, images: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(f"vqascore reward: images must be [B, 3, H, W], got {tuple(images.shape)}")
-        if len(prompts) != len(images):
-            raise ValueError(f"vqascore reward: {len(images)} images but {len(prompts)} prompts")
+        check_inputs(images, prompts)
         probabilities, logits_out = [], []
         with self.follower.lock:
             device = self.follower.place(images)
@@ -386,10 +372,7 @@ class CLIPFlanT5Scorer:
 
     @torch.no_grad()
     def scores(self, images: torch.Tensor, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(f"vqascore reward: images must be [B, 3, H, W], got {tuple(images.shape)}")
-        if len(prompts) != len(images):
-            raise ValueError(f"vqascore reward: {len(images)} images but {len(prompts)} prompts")
+        check_inputs(images, prompts)
         t5, vision, projector = self.model["t5"], self.model["vision"], self.model["projector"]
         out, loglikelihoods = [], []
         with self.follower.lock:

@@ -22,21 +22,9 @@ import torch
 from PIL import Image
 
 from ddpo_group.rewards import make_reward_fn
+from ddpo_group.rewards.hpsv3 import QWEN2_VL_CHAT_TEMPLATE  # Qwen2-VL-7B-Instruct's
 from tests.helpers.processor_without_video import allow_a_processor_without_video
 
-# Qwen2-VL-7B-Instruct's chat template (its chat_template.json)
-QWEN2_VL_CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "{% endif %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}"
-    "<|im_end|>\n{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' or 'image' in "
-    "content or 'image_url' in content %}{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}"
-    "Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] == "
-    "'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video "
-    "{{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content %}"
-    "{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}{% if add_generation_prompt %}"
-    "<|im_start|>assistant\n{% endif %}"
-)
 # llava's conv_templates["qwen_1_5"] as t2v_metrics' LLaVAOneVisionModel.format_question renders it
 LLAVA_TEXT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<image>\nDoes this image "
               'show "{}"? Answer the question with Yes or No<|im_end|>\n<|im_start|>assistant\n')
