@@ -113,6 +113,19 @@ BASE_WHAT = "Qwen2-VL-7B-Instruct's config, tokenizer and image processor (e.g. 
 CHECKPOINT_WHAT = f"the HPSv3 checkpoint (e.g. {HPSV3_FILE} of the hub repository {HPSV3_REPO})"
 
 
+def low_precision_vision_rope(rope: nn.Module) -> None:
+    """The vision tower's rotary angles and their cos / sin in the model's dtype, as transformers 4.45 (the package's)
+    computes them once the model is cast: its table ``outer(arange(n), inv_freq)`` in the dtype of the cast inv_freq
+    and ``freqs.cos()`` of it, where transformers 5 computes both in float32 (``Qwen2VLVisionRotaryEmbedding``)."""
+    def forward(x, position_ids):
+        dtype = rope.inv_freq.dtype
+        freqs = position_ids[..., None].to(dtype) * rope.inv_freq.to(x.device)
+        cos, sin = (freqs.cos() * rope.attention_scaling).float(), (freqs.sin() * rope.attention_scaling).float()
+        return rope.recomposition_frequencies(cos), rope.recomposition_frequencies(sin)
+
+    rope.forward = forward
+
+
 def reward_head(hidden_size: int, output_dim: int = 2) -> nn.Sequential:
     """HPSv3's ``rm_head`` ("ranknet" without rm_head_kwargs): state dict keys 0.*, 3.*, 5.*."""
     return nn.Sequential(nn.Linear(hidden_size, HEAD_WIDTHS[0]), nn.ReLU(), nn.Dropout(0.05),
@@ -264,7 +277,10 @@ class HPSv3Scorer:
             lines = [line.strip() for line in str(error).strip().splitlines()[1:] if line.strip()]
             raise ValueError(f"{where} does not fit the base model's Qwen2-VL: {'; '.join(lines)[:600]}") from error
         # the whole module in one dtype, buffers included, as the package's model.to(torch.bfloat16)
-        return model.to(self.dtype).eval().requires_grad_(False)
+        model = model.to(self.dtype).eval().requires_grad_(False)
+        if self.dtype != torch.float32:
+            low_precision_vision_rope(model.visual.rotary_pos_emb)
+        return model
 
     def pil_images(self, images: torch.Tensor) -> list:
         """8-bit PIL images resized (bicubic) to the package's 256 * 28 * 28 pixels."""

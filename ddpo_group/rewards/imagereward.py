@@ -18,8 +18,9 @@ renames of transformers' BLIP conversion script: ``blocks`` -> ``encoder.layers`
 ``self_attn.projection``, ``norm1/2`` -> ``layer_norm1/2``, ``norm`` -> ``post_layernorm``, ``cls_token`` /
 ``pos_embed`` / ``patch_embed.proj`` -> ``embeddings.class_embedding`` / ``position_embedding`` /
 ``patch_embedding``; the text encoder's names are already transformers'), and loaded strictly: every weight the
-model has must come from the checkpoint, and every checkpoint key must be used, except BLIP's contrastive
-projections ``blip.vision_proj`` / ``blip.text_proj`` (unused by the score) and ``position_ids`` buffers.
+model has must come from the checkpoint; a checkpoint key it does not use is left out with a warning naming it (the
+package loads with strict=False), except BLIP's contrastive projections ``blip.vision_proj`` / ``blip.text_proj``
+(unused by the score) and ``position_ids`` buffers, left out silently.
 The vision transformer's size is read from the checkpoint's shapes (width, depth, patch and image size); its
 number of heads is not in the checkpoint: ``vision_heads`` (default width / 64, i.e. 16 for ViT-L).
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -82,7 +84,7 @@ def rename_vision_key(key: str) -> str | None:
 
 
 def split_checkpoint(state: dict, source: str) -> tuple[dict, dict, dict]:
-    """(vision, text, mlp) state dicts in transformers' / nn.Sequential's names; unknown keys are refused."""
+    """(vision, text, mlp) state dicts in transformers' / nn.Sequential's names; other keys left out with a warning."""
     vision, text, mlp, unknown = {}, {}, {}, []
     for key, value in state.items():
         if IGNORED_KEYS.fullmatch(key):
@@ -99,10 +101,10 @@ def split_checkpoint(state: dict, source: str) -> tuple[dict, dict, dict]:
             mlp[key[len("mlp.layers."):]] = value  # the package's MLP.layers: an nn.Sequential
         else:
             unknown.append(key)
-    if unknown:
-        raise ValueError(f"imagereward reward: model_path={source!r}: {len(unknown)} checkpoint keys are not "
-                         f"ImageReward's ({', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}); "
-                         f"expected {CHECKPOINT_HINT}")
+    if unknown:  # left out, as the package's load_state_dict(strict=False) leaves them, and named
+        warnings.warn(f"imagereward reward: model_path={source!r}: {len(unknown)} checkpoint keys are not ImageReward's "
+                      f"scoring weights and are left out, as the image-reward package leaves them "
+                      f"({', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''})", stacklevel=2)
     for part, keys in (("blip.visual_encoder", vision), ("blip.text_encoder", text), ("mlp.layers", mlp)):
         if not keys:
             raise ValueError(f"imagereward reward: model_path={source!r} has no {part}.* weights; expected "

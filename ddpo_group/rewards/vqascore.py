@@ -15,13 +15,6 @@ with t2v_metrics' (the authors' package, version 3.0) scoring of each architectu
   output_scores=True).scores[0]``: the last position's logits (float32) after the greedy logits processors of the
   checkpoint's generation config, i.e. its ``repetition_penalty`` (1.05 for Qwen's instruct models) over the prompt's
   tokens (a logit l of a token in the prompt becomes l / p if l > 0, l * p otherwise), which is applied here too.
-* LLaVA-OneVision (``llavaov_model.py``, ``LLaVAOneVisionModel``; t2v_metrics runs lmms-lab's checkpoints through the
-  ``llava`` package, here their transformers conversions such as ``llava-hf/llava-onevision-qwen2-7b-ov-hf``):
-  question ``'Does this image show "{}"? Answer the question with Yes or No'``, answer ``"Yes"``, the ``llava``
-  conversation ``qwen_1_5`` (``<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n<|im_start|>user\\n
-  <image>\\n{question}<|im_end|>\\n<|im_start|>assistant\\n``, written here: the transformers chat template has no system
-  turn), the checkpoint's image processor (anyres tiles). The ``llava`` package generates from input embeddings, so
-  its generate sees no prompt ids and no repetition penalty applies.
 * CLIP-FlanT5 (``clip_t5_model.py``, ``CLIPT5Model``; ``zhiqiulin/clip-flant5-xxl``, the paper's default, and
   ``-xl``): t2v_metrics' ``CLIPT5ForConditionalGeneration`` rebuilt from transformers' ``T5ForConditionalGeneration``,
   ``CLIPVisionModel`` and the ``mm_projector`` (``mlp2x_gelu``: Linear, GELU, Linear), its weights read from the
@@ -42,9 +35,11 @@ padding). Images, float [B, 3, H, W] in [0, 1], become 8-bit RGB (rounded) as th
 ``info["log_likelihood"]`` holds the log of each reward.
 
 Not built here: t2v_metrics' other models (InstructBLIP, LLaVA-1.5/1.6, InternVL, mPLUG-Owl3, PaliGemma, Molmo,
-Gemini / GPT-4o). Default model: ``Qwen/Qwen2.5-VL-7B-Instruct`` (t2v_metrics' ``qwen2.5-vl-7b``, the default of its
-Qwen2VLModel), in bfloat16 as t2v_metrics loads it. Needs transformers only (no extra); transformers 5's Qwen2-VL and
-LLaVA-OneVision processors hold a video processor, which needs torchvision (built for the installed torch).
+Gemini / GPT-4o); a LLaVA-OneVision checkpoint is refused by name: t2v_metrics scores it through the ``llava``
+package, whose ``process_images`` hands its anyres tiles to the video branch (each tile pooled 2 x 2, in float16),
+not transformers' image path. Default model: ``Qwen/Qwen2.5-VL-7B-Instruct`` (t2v_metrics' ``qwen2.5-vl-7b``, the default of its
+Qwen2VLModel), in bfloat16 as t2v_metrics loads it. Needs transformers, and torchvision (built for the installed
+torch) for transformers 5's Qwen2-VL processor, which holds a video processor (the extra ``vqascore``).
 """
 
 from __future__ import annotations
@@ -61,26 +56,38 @@ from ddpo_group.rewards.loading import DeviceFollower, load_from_source, looks_l
 from ddpo_group.rewards.preprocess import qwen_vl_smart_resize
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
-WHAT = ("a Qwen2-VL / Qwen2.5-VL / LLaVA-OneVision checkpoint (transformers layout: config, weights, processor) or a "
-        "CLIP-FlanT5 one (t2v_metrics' layout)")
+WHAT = ("a Qwen2-VL / Qwen2.5-VL checkpoint (transformers layout: config, weights, processor) or a CLIP-FlanT5 one "
+        "(t2v_metrics' layout)")
 
 QWEN_TYPES = ("qwen2_vl", "qwen2_5_vl")
-LLAVA_OV_TYPES = ("llava_onevision",)
-SUPPORTED = QWEN_TYPES + LLAVA_OV_TYPES
+SUPPORTED = QWEN_TYPES
+# t2v_metrics scores LLaVA-OneVision through the llava package's video branch, which this reward does not reproduce
+REFUSED = {"llava_onevision": "t2v_metrics scores LLaVA-OneVision through the llava package, whose anyres tiles go "
+                              "through its video branch (each tile pooled 2 x 2, in float16), not transformers' image "
+                              "path, which this reward would run: use a Qwen2-VL / Qwen2.5-VL or CLIP-FlanT5 checkpoint"}
 
 # t2v_metrics 3.0, models/vqascore_models/qwen2vl_model.py (Qwen2VLModel.forward's defaults)
 QWEN_QUESTION = 'Does this image show "{}"?'
-# t2v_metrics 3.0, models/vqascore_models/llavaov_model.py (LLaVAOneVisionModel.forward's defaults)
-LLAVA_OV_QUESTION = 'Does this image show "{}"? Answer the question with Yes or No'
 ANSWER = "Yes"
-# llava's conv_templates["qwen_1_5"] (SeparatorStyle.CHATML): what LLaVAOneVisionModel.format_question renders
-LLAVA_OV_PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<image>\n{}"
-                   "<|im_end|>\n<|im_start|>assistant\n")
 
 # qwen_vl_utils.vision_process (fetch_image's defaults)
 QWEN_MIN_PIXELS = 4 * 28 * 28
 QWEN_MAX_PIXELS = 16384 * 28 * 28
 QWEN_MAX_RATIO = 200
+
+
+def check_templates(question_template: str, answer_template: str) -> None:
+    """A question with one ``{}`` for the prompt (and no other field), a non-empty answer; else a ValueError."""
+    try:
+        question_template.format("p")
+    except (IndexError, KeyError, ValueError) as error:
+        raise ValueError(f"vqascore reward: question_template={question_template!r} must hold one '{{}}' for the "
+                         f"prompt and no other field ({type(error).__name__}: {error})") from None
+    if "{}" not in question_template:
+        raise ValueError(f"vqascore reward: question_template={question_template!r} needs a '{{}}' for the prompt")
+    if not answer_template:
+        raise ValueError(f"vqascore reward: answer_template={answer_template!r} must be a non-empty answer")
+
 
 def check_inputs(images: torch.Tensor, prompts: list[str]) -> None:
     """Images [B, 3, H, W] and B prompts, or a ValueError saying what came."""
@@ -129,7 +136,7 @@ def import_torchvision_hint(error: Exception, model_path) -> Exception:
     if "torchvision" in str(error).lower():
         return ImportError(
             f"vqascore reward: the processor of model_path={str(model_path)!r} needs torchvision (transformers 5's "
-            f"Qwen2-VL and LLaVA-OneVision processors hold a video processor): pip install a torchvision built for "
+            f"Qwen2-VL processor holds a video processor): pip install a torchvision built for "
             f"your torch {torch.__version__} ({type(error).__name__}: {error})")
     return error
 
@@ -142,17 +149,14 @@ class VQAScorer:
                  repetition_penalty: float | None = None, min_pixels: int = QWEN_MIN_PIXELS,
                  max_pixels: int = QWEN_MAX_PIXELS, model_type: str | None = None):
         self.model_type = model_type or read_model_type(model_path)
+        if self.model_type in REFUSED:
+            raise ValueError(f"vqascore reward: model_path={str(model_path)!r} is a {self.model_type!r} model: "
+                             f"{REFUSED[self.model_type]}")
         if self.model_type not in SUPPORTED:
             raise ValueError(f"vqascore reward: model_path={str(model_path)!r} is a {self.model_type!r} model; "
-                             f"supported: {', '.join(SUPPORTED)}, clip_t5 (Qwen2-VL, Qwen2.5-VL, LLaVA-OneVision, "
-                             f"CLIP-FlanT5)")
-        self.qwen = self.model_type in QWEN_TYPES
-        if question_template is None:
-            question_template = QWEN_QUESTION if self.qwen else LLAVA_OV_QUESTION
-        if "{}" not in question_template:
-            raise ValueError(f"vqascore reward: question_template={question_template!r} needs a '{{}}' for the prompt")
-        if not answer_template:
-            raise ValueError(f"vqascore reward: answer_template={answer_template!r} must be a non-empty answer")
+                             f"supported: {', '.join(SUPPORTED)}, clip_t5 (Qwen2-VL, Qwen2.5-VL, CLIP-FlanT5)")
+        question_template = QWEN_QUESTION if question_template is None else question_template
+        check_templates(question_template, answer_template)
         if not (isinstance(min_pixels, int) and isinstance(max_pixels, int) and 0 < min_pixels <= max_pixels):
             raise ValueError(f"vqascore reward: min_pixels={min_pixels!r}, max_pixels={max_pixels!r} must be "
                              f"integers with 0 < min_pixels <= max_pixels")
@@ -178,35 +182,30 @@ class VQAScorer:
         self.model.eval().requires_grad_(False)
         tokenizer = self.processor.tokenizer
         self.answer_id = tokenizer.encode(answer_template)[0]  # as t2v_metrics: the answer's first token
-        if repetition_penalty is None:  # as t2v_metrics' generate(): Qwen sees its prompt ids, llava's generate none
-            repetition_penalty = (getattr(self.model.generation_config, "repetition_penalty", None) or 1.0) \
-                if self.qwen else 1.0
+        if repetition_penalty is None:  # as t2v_metrics' generate() applies the checkpoint's to the prompt's ids
+            repetition_penalty = getattr(self.model.generation_config, "repetition_penalty", None) or 1.0
         if not (isinstance(repetition_penalty, (int, float)) and repetition_penalty > 0):
             raise ValueError(f"vqascore reward: repetition_penalty={repetition_penalty!r} must be a number > 0")
         self.repetition_penalty = float(repetition_penalty)
-        if self.qwen:
-            image_processor = self.processor.image_processor
-            self.factor = int(image_processor.patch_size) * int(image_processor.merge_size)
-            # the processor's template (chat_template.json), else the tokenizer's (Qwen's tokenizer_config has it too)
-            self.chat_template = self.processor.chat_template or getattr(tokenizer, "chat_template", None)
-            if not self.chat_template:
-                raise ValueError(f"vqascore reward: model_path={str(model_path)!r} has no chat template (neither "
-                                 f"chat_template.json nor the tokenizer's): t2v_metrics renders Qwen's")
+        image_processor = self.processor.image_processor
+        self.factor = int(image_processor.patch_size) * int(image_processor.merge_size)
+        # the processor's template (chat_template.json), else the tokenizer's (Qwen's tokenizer_config has it too)
+        self.chat_template = self.processor.chat_template or getattr(tokenizer, "chat_template", None)
+        if not self.chat_template:
+            raise ValueError(f"vqascore reward: model_path={str(model_path)!r} has no chat template (neither "
+                             f"chat_template.json nor the tokenizer's): t2v_metrics renders Qwen's")
         self.follower = DeviceFollower(self.model, device)
 
     def inputs(self, image: Image.Image, prompt: str) -> dict:
         """The processor's inputs for one (image, prompt), as t2v_metrics builds them."""
         question = self.question_template.format(prompt)
-        if self.qwen:
-            height, width = qwen_vl_smart_resize(image.height, image.width, self.factor, self.min_pixels,
-                                                 self.max_pixels, "vqascore", QWEN_MAX_RATIO)
-            image = image.resize((width, height), Image.Resampling.BICUBIC)  # qwen_vl_utils.fetch_image (PIL's default filter)
-            messages = [{"role": "user", "content": [{"type": "image", "image": image},
-                                                     {"type": "text", "text": question}]}]
-            text = self.processor.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
-                                                      add_generation_prompt=True)
-        else:
-            text = LLAVA_OV_PROMPT.format(question)
+        height, width = qwen_vl_smart_resize(image.height, image.width, self.factor, self.min_pixels, self.max_pixels,
+                                             "vqascore", QWEN_MAX_RATIO)
+        image = image.resize((width, height), Image.Resampling.BICUBIC)  # qwen_vl_utils.fetch_image's PIL default
+        messages = [{"role": "user", "content": [{"type": "image", "image": image},
+                                                 {"type": "text", "text": question}]}]
+        text = self.processor.apply_chat_template(messages, chat_template=self.chat_template, tokenize=False,
+                                                  add_generation_prompt=True)
         return self.processor(text=[text], images=[image], padding=True, return_tensors="pt")
 
     def penalise(self, logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -284,11 +283,7 @@ class CLIPFlanT5Scorer:
                              f"; supported: 'linear' or 'mlp2x_gelu' with 'patch' (clip-flant5-xxl / -xl)")
         self.select_layer = int(config.get("mm_vision_select_layer", -2))
         self.question_template = question_template or CLIP_T5_QUESTION
-        if "{}" not in self.question_template:
-            raise ValueError(f"vqascore reward: question_template={self.question_template!r} needs a '{{}}' for the "
-                             f"prompt")
-        if not answer_template:
-            raise ValueError(f"vqascore reward: answer_template={answer_template!r} must be a non-empty answer")
+        check_templates(self.question_template, answer_template)
         self.answer_template = answer_template
 
         if tokenizer_path is None:  # the checkpoint's own tokenizer files, else t2v_metrics' google/flan-t5-xxl

@@ -189,6 +189,17 @@ def test_bfloat16(tiny_hpsv3):
                              dtype="float32")(batch, prompts, [{}] * 2)
     assert low.isfinite().all()
     torch.testing.assert_close(low, full, atol=0.05 * full.abs().max().item() + 1e-3, rtol=0)
+    # the vision tower's rotary table as transformers 4.45 computes it once cast (the package's): outer(arange, inv_freq)
+    # in bfloat16 and its cos in bfloat16, where transformers 5 computes both in float32
+    rope = scorer.model.visual.rotary_pos_emb
+    positions = torch.stack(torch.meshgrid(torch.arange(8), torch.arange(8), indexing="ij"), -1).reshape(-1, 2)
+    cos, _ = rope(torch.zeros(1), positions)
+    table = torch.outer(torch.arange(8, dtype=torch.bfloat16), rope.inv_freq).cos().float()  # 4.45's, per axis
+    quarter = table.shape[1]
+    torch.testing.assert_close(cos[:, :quarter], table[positions[:, 0]], rtol=0, atol=0)
+    torch.testing.assert_close(cos[:, quarter : 2 * quarter], table[positions[:, 1]], rtol=0, atol=0)
+    exact = (positions[:, :1].float() * rope.inv_freq.float()).cos()
+    assert not torch.equal(cos[:, :quarter], exact)  # float32 angles (transformers 5's own) differ
 
 
 def test_checkpoint_of_another_shape_is_refused(tiny_hpsv3, tmp_path):

@@ -6,16 +6,15 @@ Qwen2VLImageProcessor, and a generation config with Qwen's repetition_penalty 1.
 aimed so that P("Yes") is near 1/2. The references are t2v_metrics' route written out here (qwen_vl_utils' resize with
 its sizes by hand, the chat template, the processor, then ``generate(max_new_tokens=1, do_sample=False,
 output_scores=True).scores[0]`` and the softmax) and the forward's last logits with the penalty by hand.
-LLaVA-OneVision: llava's qwen_1_5 prompt and the forward's softmax. CLIP-FlanT5: a module with t2v_metrics'
-CLIPT5ForConditionalGeneration layout saved as its checkpoints are, the reference its forward written out.
-Without torchvision (CI) the processors are built, saved and loaded without their video processors
-(tests/helpers/processor_without_video.py; the same patch for LLaVA-OneVision and Qwen2.5-VL here, undone after).
+LLaVA-OneVision is refused. CLIP-FlanT5: a module with t2v_metrics' CLIPT5ForConditionalGeneration layout saved as its
+checkpoints are, the reference its forward written out. Without torchvision (CI) the processors are built, saved and
+loaded without their video processors (tests/helpers/processor_without_video.py; the same patch for Qwen2.5-VL here,
+undone after).
 """
 
 import importlib.util
 import json
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,9 +24,6 @@ from ddpo_group.rewards import make_reward_fn
 from ddpo_group.rewards.hpsv3 import QWEN2_VL_CHAT_TEMPLATE  # Qwen2-VL-7B-Instruct's
 from tests.helpers.processor_without_video import allow_a_processor_without_video
 
-# llava's conv_templates["qwen_1_5"] as t2v_metrics' LLaVAOneVisionModel.format_question renders it
-LLAVA_TEXT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<image>\nDoes this image "
-              'show "{}"? Answer the question with Yes or No<|im_end|>\n<|im_start|>assistant\n')
 PROMPTS = ["a red cat", "a sign that says hello", "two dogs", "a blue square"]
 
 
@@ -217,10 +213,13 @@ def test_vqascore_refusals(tiny_qwen2vl, tmp_path):
     other = tmp_path / "a-clip"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "clip"}))
-    with pytest.raises(ValueError, match=r"is a 'clip' model; supported: qwen2_vl, qwen2_5_vl, llava_onevision, clip_t5"):
+    with pytest.raises(ValueError, match=r"is a 'clip' model; supported: qwen2_vl, qwen2_5_vl, clip_t5"):
         make_reward_fn("vqascore", model_path=str(other))
     with pytest.raises(ValueError, match=r"question_template='Is it\?'"):
         make_reward_fn("vqascore", model_path=str(tiny_qwen2vl), question_template="Is it?")
+    with pytest.raises(ValueError, match=r"question_template='Is \{x\} \{\}\?' must hold one '\{\}' for the prompt and no "
+                                         r"other field \(KeyError"):
+        make_reward_fn("vqascore", model_path=str(tiny_qwen2vl), question_template="Is {x} {}?")
     with pytest.raises(ValueError, match=r"dtype='float8'"):
         make_reward_fn("vqascore", model_path=str(tiny_qwen2vl), dtype="float8")
     fn = make_reward_fn("vqascore", model_path=str(tiny_qwen2vl), dtype="float32")
@@ -228,86 +227,13 @@ def test_vqascore_refusals(tiny_qwen2vl, tmp_path):
         fn(tiny_images(count=2), ["a cat"], [{}])
 
 
-def allow_llava_onevision_without_video(monkeypatch):
-    """Without torchvision: LlavaOnevisionProcessor built, saved and loaded from its image processor (PIL backend)
-    and tokenizer alone (tests/helpers/processor_without_video.py's way, for this processor, undone after the test)."""
-    if importlib.util.find_spec("torchvision") is not None:
-        return
-    from transformers import LlavaOnevisionImageProcessor, LlavaOnevisionProcessor, Qwen2Tokenizer, processing_utils
-
-    check = processing_utils.ProcessorMixin.check_argument_for_proper_class
-
-    def check_but_the_video(self, name, argument):
-        return None if name == "video_processor" and argument is None else check(self, name, argument)
-
-    def from_pretrained(cls, path, *args, **kwargs):
-        settings = json.loads((Path(path) / "llava_processor.json").read_text())
-        return cls(image_processor=LlavaOnevisionImageProcessor.from_pretrained(path),
-                   tokenizer=Qwen2Tokenizer.from_pretrained(path), video_processor=None, **settings)
-
-    def save_pretrained(self, directory, **kwargs):
-        self.image_processor.save_pretrained(directory)
-        self.tokenizer.save_pretrained(directory)
-        (Path(directory) / "llava_processor.json").write_text(json.dumps({
-            "num_image_tokens": self.num_image_tokens,
-            "vision_feature_select_strategy": self.vision_feature_select_strategy}))
-
-    monkeypatch.setattr(processing_utils.ProcessorMixin, "check_argument_for_proper_class", check_but_the_video)
-    monkeypatch.setattr(LlavaOnevisionProcessor, "from_pretrained", classmethod(from_pretrained))
-    monkeypatch.setattr(LlavaOnevisionProcessor, "save_pretrained", save_pretrained)
-
-
-def test_vqascore_llava_onevision(tmp_path, monkeypatch):
-    """A tiny LLaVA-OneVision (SigLIP tower, Qwen2 language model, anyres tiles of 28 px): the reward's prompt is
-    llava's qwen_1_5 conversation with its system turn; the reference is the forward's softmax on that prompt (no
-    repetition penalty: llava's generate sees no prompt ids)."""
-    from transformers import (LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
-                              LlavaOnevisionImageProcessor, LlavaOnevisionProcessor)
-
-    from ddpo_group.models.tiny_random import qwen_tokenizer
-
-    allow_llava_onevision_without_video(monkeypatch)
-    tokenizer = qwen_tokenizer(template='Yes\nDoes this image show "{}"? Answer the question with Yes or No')
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<image>", "<video>"]})
-    assert len(tokenizer.encode("Yes")) == 1
-    pinpoints = [[28, 28], [28, 56], [56, 28], [56, 56]]
-    image_processor = LlavaOnevisionImageProcessor(size={"height": 28, "width": 28}, image_grid_pinpoints=pinpoints)
-    video_processor = None
-    if importlib.util.find_spec("torchvision") is not None:
-        from transformers import LlavaOnevisionVideoProcessor
-
-        video_processor = LlavaOnevisionVideoProcessor()
-    processor = LlavaOnevisionProcessor(image_processor=image_processor, tokenizer=tokenizer,
-                                        video_processor=video_processor, num_image_tokens=4,
-                                        vision_feature_select_strategy="full")
-    ids = tokenizer.convert_tokens_to_ids
-    torch.manual_seed(0)
-    config = LlavaOnevisionConfig(
-        text_config={"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 2,
-                     "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": len(tokenizer)},
-        vision_config={"model_type": "siglip_vision_model", "hidden_size": 16, "intermediate_size": 16,
-                       "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
-        image_token_index=ids("<image>"), video_token_index=ids("<video>"), vision_feature_select_strategy="full",
-        vision_feature_layer=-1, image_grid_pinpoints=pinpoints)
-    model = LlavaOnevisionForConditionalGeneration(config).eval()
-    aim_yes_at_half(model, processor(text=[LLAVA_TEXT.format("a red cat")], images=[Image.new("RGB", (50, 40), (9, 99, 199))],
-                                     return_tensors="pt"), tokenizer.encode("Yes")[0])
-    model.generation_config.repetition_penalty = 1.05  # not applied: t2v_metrics' llava generate sees no prompt ids
-    model.save_pretrained(tmp_path)
-    processor.save_pretrained(tmp_path)
-    fn = make_reward_fn("vqascore", model_path=str(tmp_path), dtype="float32")
-    images = tiny_images(count=2, height=40, width=50)
-    rewards, _ = fn(images, PROMPTS[:2], [{}, {}])
-    yes = tokenizer.encode("Yes")[0]
-    expected = []
-    for image, prompt in zip(images, PROMPTS[:2]):
-        pil = Image.fromarray((image * 255).round().to(torch.uint8).permute(1, 2, 0).numpy())
-        inputs = processor(text=[LLAVA_TEXT.format(prompt)], images=[pil], return_tensors="pt")
-        assert (inputs["input_ids"] == ids("<image>")).sum() > 4  # anyres: the base tile and the grid's
-        with torch.no_grad():
-            expected.append(torch.softmax(model(**inputs, logits_to_keep=1).logits[0, -1].double(), -1)[yes].item())
-    torch.testing.assert_close(rewards, torch.tensor(expected, dtype=torch.float64), rtol=0, atol=1e-6)
-    assert abs(rewards[0] - rewards[1]) > 1e-6 and ((rewards > 0) & (rewards < 1)).all()
+def test_a_llava_onevision_checkpoint_is_refused_with_the_reason(tmp_path):
+    """t2v_metrics scores LLaVA-OneVision through the llava package's video branch (tiles pooled 2 x 2, float16), which
+    transformers' image path would not reproduce: refused by name."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava_onevision"}))
+    with pytest.raises(ValueError, match=r"is a 'llava_onevision' model: t2v_metrics scores LLaVA-OneVision through "
+                                         r"the llava package.*video branch"):
+        make_reward_fn("vqascore", model_path=str(tmp_path))
 
 
 SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
