@@ -2,7 +2,7 @@
 
 It builds the run as training would (run/trainer.py: the family, precision, LoRA, compile_denoiser,
 pairs_per_forward, guidance, the objective), in a scratch directory, samples one sampling batch with the training
-sampler (the rollout policy, in the training precision), and then:
+sampler (the rollout policy, in the training precision, under sample.precision as the run samples), and then:
 
 * a policy-gradient run: re-scores every recorded stochastic transition x_n -> x_{n+1} through the training forward,
   chunk by chunk of train.pairs_per_forward pairs in training mode, as the update does, and compares it with the
@@ -44,6 +44,7 @@ import torch
 
 from ddpo_group.algorithms import get_policy_loss
 from ddpo_group.algorithms.policy_losses import dppo_kl, outside_kl_bound
+from ddpo_group.rollout.sampler import sampling_precision, widened
 from ddpo_group.run.config_checks import config_warnings
 from ddpo_group.sampling.gaussian import gaussian_log_prob
 from ddpo_group.sampling.noise import round_seed, sample_generators
@@ -183,7 +184,13 @@ class Preflight:
             lines.append(f"the training forward is random: the same pairs scored twice in training mode differ by up "
                          f"to {result.random:.3g} in log-probability; stochastic layers active in training mode: "
                          f"{', '.join(layers) or 'none of torch.nn.Dropout* (another random op)'}. Turn them off (p = 0: "
-                         "the denoiser config's dropout / attention_dropout fields) before training with it")
+                         "lora_dropout, the denoiser config's dropout / attention_dropout fields) before training with "
+                         "it, or weigh the rollouts with algorithm.rollout_correction")
+        if self.config.sample.precision and not result.consistent:
+            lines.append(f"the sampler runs under sample.precision={self.config.sample.precision!r} and the training "
+                         f"forward in mixed_precision={self.config.mixed_precision!r}: the rollouts' log-probabilities "
+                         "are not the trainer's; algorithm.rollout_correction weighs (or rejects) the pairs by their "
+                         "ratio (docs/algorithms.md, Rollout correction), or sample.precision='' samples as it trains")
         if not result.causes:
             return lines
         named = result.named()
@@ -204,10 +211,12 @@ class Preflight:
             rollouts.shards.total // config.train.group_size, config.train.group_size, whole_groups=rollouts.whole_groups)
         seed = round_seed(config.seed, 0, 0)
         trainer.model.eval()
-        with trainer.updater.rollout_policy(trainer.sampling_model) as model, self.accelerator.autocast():
-            return rollouts.sampler.sample(model, prompts[:size], metadata[:size],
-                                           generators=sample_generators(seed, slice(0, size), self.accelerator.device),
-                                           desc=None)
+        with trainer.updater.rollout_policy(trainer.sampling_model) as model, self.accelerator.autocast(), \
+                sampling_precision(config.sample.precision, self.accelerator.device):  # the run's sampler, as it runs
+            batch = rollouts.sampler.sample(model, prompts[:size], metadata[:size],
+                                            generators=sample_generators(seed, slice(0, size), self.accelerator.device),
+                                            desc=None)
+        return widened(batch, config.sample.precision)
 
     # ------------------------------------------------------------------ the policy gradient
     def rescore_check(self, batch) -> CheckResult:

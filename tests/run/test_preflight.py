@@ -132,6 +132,15 @@ def test_a_random_training_forward_is_named_with_its_layers(tmp_path):
     assert result.causes == {}, report
 
 
+def test_a_bf16_sampler_is_checked_as_the_run_samples_and_named(tiny_model_dir, tmp_path):
+    """sample.precision="bf16": the check samples under it as the run does, so a float32 training forward is not on
+    the sampler's policy; the report names sample.precision and the rollout correction."""
+    matched, _ = check("grpo", tiny_model_dir, tmp_path)
+    result, report = check("grpo", tiny_model_dir, tmp_path, **{"sample.precision": "bf16"})
+    assert matched.consistent and not result.consistent and result.worst > 100 * max(matched.worst, 1e-9), report
+    assert "the sampler runs under sample.precision='bf16'" in report and "algorithm.rollout_correction" in report
+
+
 def test_a_matching_objective_whose_training_forward_differs_fails(tmp_path, monkeypatch):
     """nft's deterministic steps taken again with a training guidance other than the sampler's: the relative step
     error is far above the tolerance (1e-4 in float32), NOT consistent."""
