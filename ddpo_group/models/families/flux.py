@@ -86,6 +86,7 @@ class FluxFamily(FlowMatchingFamily):
         latents = (self.vae_latents(images) - config.shift_factor) * config.scaling_factor
         return self.pipe._pack_latents(latents, *latents.shape)
 
+    @torch.no_grad()
     def decode(self, latents):
         vae = self.pipe.vae
         latents = self.pipe._unpack_latents(latents, self.resolution, self.resolution, self.pipe.vae_scale_factor)

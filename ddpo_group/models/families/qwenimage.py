@@ -169,6 +169,7 @@ class QwenImageFamily(FlowMatchingFamily):
         batch, channels, _, height, width = latents.shape
         return self.pipe._pack_latents(latents, batch, channels, height, width)
 
+    @torch.no_grad()
     def decode(self, latents):
         vae = self.pipe.vae
         latents = self.unpack(latents).to(vae.dtype)

@@ -190,6 +190,7 @@ class QwenImage21Family(FlowMatchingFamily):
         latents = (latents - mean) / std
         return latents.flatten(2).transpose(1, 2)  # decode's transpose(1, 2).reshape inverted: [B, tokens, C]
 
+    @torch.no_grad()
     def decode(self, latents):
         vae, (rows, columns) = self.pipe.vae, self.grid
         latents = latents.transpose(1, 2).reshape(latents.shape[0], latents.shape[2], 1, rows, columns).to(vae.dtype)

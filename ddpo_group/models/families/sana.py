@@ -148,6 +148,7 @@ class SanaFamily(FlowMatchingFamily):
     def clean_latents(self, images):
         return self.vae_latents(images) * self.pipe.vae.config.scaling_factor
 
+    @torch.no_grad()
     def decode(self, latents):
         vae = self.pipe.vae
         image = vae.decode(latents.to(vae.dtype) / vae.config.scaling_factor, return_dict=False)[0]

@@ -78,6 +78,7 @@ class StableDiffusion3Family(FlowMatchingFamily):
         config = self.pipe.vae.config
         return (self.vae_latents(images) - config.shift_factor) * config.scaling_factor
 
+    @torch.no_grad()
     def decode(self, latents):
         vae = self.pipe.vae
         latents = latents / vae.config.scaling_factor + vae.config.shift_factor

@@ -90,6 +90,7 @@ class StableDiffusionXLFamily(StableDiffusionFamily):
             return (latents - mean) * vae.config.scaling_factor / std
         return latents * vae.config.scaling_factor
 
+    @torch.no_grad()
     def decode(self, latents):
         vae = self.pipe.vae
         upcast = vae.dtype == torch.float16 and vae.config.force_upcast  # SDXL's VAE overflows in float16

@@ -157,6 +157,7 @@ class ZImageFamily(FlowMatchingFamily):
         config = self.pipe.vae.config
         return (self.vae_latents(images) - config.shift_factor) * config.scaling_factor
 
+    @torch.no_grad()
     def decode(self, latents):
         vae = self.pipe.vae
         latents = latents.to(vae.dtype) / vae.config.scaling_factor + vae.config.shift_factor
