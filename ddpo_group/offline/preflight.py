@@ -121,6 +121,7 @@ def check_config(config, directory: str):
     config.logdir, config.run_name, config.resume_from = directory, "check", ""
     config.wandb.mode, config.eval_freq, config.save_freq, config.log_images_every = "disabled", 0, 0, 0
     config.num_epochs = 1
+    config.sft.epochs, config.sft.data_dir = 0, ""  # the check samples and re-scores the reinforcement learning's steps
     return config
 
 

@@ -86,8 +86,9 @@ class ReferenceModel:
         kl = config.kl
         if not kl.use_reference_model:
             return None
-        if config.use_lora:
-            mode = "adapter" if kl.reference_update_freq > 0 else "base"
+        if config.use_lora:  # an adapter when it follows the policy: every reference_update_freq epochs, or once from
+            # the supervised epochs' fine-tuned policy (sft.epochs, run/trainer.py)
+            mode = "adapter" if kl.reference_update_freq > 0 or config.sft.epochs > 0 else "base"
         else:
             mode = "copy"
         return cls(model, mode, kl.reference_mixup_alpha, kl.reference_update_freq, lora_config)

@@ -42,14 +42,16 @@ PROMPT_KEYS = ("text", "prompt")  # imagefolder's caption column, or the prompt 
 
 
 def read_folder(path) -> list[tuple[Path, str, dict]]:
-    """(image file, prompt, metadata) of every image of the folder ``path`` (module docstring), checked: a missing
-    file, a missing or empty prompt, a bad row is refused naming the file and the line."""
+    """(image file, prompt, metadata) of every image of the folder ``path`` (module docstring), checked: a missing or
+    unreadable file, a missing or empty prompt, a bad row is refused naming the file and the line."""
     folder = Path(path).expanduser()
     if not str(path) or not folder.is_dir():
         raise ConfigError(f"sft.data_dir={str(path)!r} is not a folder: it must hold the images to fine-tune on, with "
                           f"their prompts ({METADATA_FILE}, or a .txt beside each image)")
     metadata_file = folder / METADATA_FILE
     rows = _metadata_rows(metadata_file) if metadata_file.is_file() else _sidecar_rows(folder)
+    for file, _, _ in rows:  # an unreadable image stops the run at start, not at its epoch
+        _check_image(file)
     if not rows:
         raise ConfigError(f"sft.data_dir={str(path)!r} holds no image with a prompt (images: {', '.join(IMAGE_SUFFIXES)}"
                           f"; prompts: {METADATA_FILE} or a .txt of the same name)")
@@ -97,13 +99,24 @@ def _sidecar_rows(folder: Path) -> list[tuple[Path, str, dict]]:
     return rows
 
 
+def _check_image(file: Path) -> None:
+    from PIL import Image
+
+    try:
+        with Image.open(file) as opened:
+            opened.verify()
+    except Exception as error:
+        raise ConfigError(f"sft.data_dir: {file} is not an image PIL can read ({type(error).__name__}: {error})") \
+            from None
+
+
 def load_image(file: Path, height: int, width: int) -> torch.Tensor:
     """[3, height, width] float32 in [0, 1]: RGB, resized by the smaller scale that covers the size (bilinear), then
     center-cropped."""
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     with Image.open(file) as opened:
-        image = opened.convert("RGB")
+        image = ImageOps.exif_transpose(opened).convert("RGB")  # a photo's orientation tag applied
     scale = max(height / image.height, width / image.width)
     size = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
     image = image.resize(size, Image.BILINEAR)

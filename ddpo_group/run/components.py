@@ -109,8 +109,9 @@ class CriticComponent(HoldsState):
         return {"critic_targets": self.shards.local_rows(targets), "critic_mask": self.shards.local_rows(mask)}
 
     def trains_policy(self, epoch: int) -> bool:
-        """The first ``critic.warmup_epochs`` epochs train the critic only (their rollouts are reward queries too)."""
-        return epoch >= int(self.config.critic.warmup_epochs)
+        """The first ``critic.warmup_epochs`` epochs of reinforcement learning (after the sft.epochs supervised ones) train
+        the critic only (their rollouts are reward queries too)."""
+        return epoch - int(self.config.sft.epochs) >= int(self.config.critic.warmup_epochs)
 
     def after_update(self, epoch: int, rollouts, train: dict) -> dict:
         with self.timer.phase("critic"):

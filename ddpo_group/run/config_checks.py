@@ -254,7 +254,7 @@ def run_errors(config, num_processes: int) -> list[str]:
          f"collective_timeout_s={timeout!r} must be a number of seconds > 0 (how long a process waits for the others)")
     need(config.num_epochs >= 1, f"num_epochs={config.num_epochs} must be >= 1")
     sft = config.sft
-    need(isinstance(sft.epochs, int) and 0 <= sft.epochs <= config.num_epochs,
+    need(isinstance(sft.epochs, int) and not isinstance(sft.epochs, bool) and 0 <= sft.epochs <= config.num_epochs,
          f"sft.epochs={sft.epochs!r} must be an integer from 0 to num_epochs={config.num_epochs} (the run's first epochs "
          "that fine-tune on sft.data_dir's images)")
     need(not (isinstance(sft.epochs, int) and sft.epochs > 0) or bool(sft.data_dir),

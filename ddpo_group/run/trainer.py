@@ -193,7 +193,7 @@ class Trainer:
         # the final samples, or a preference objective on each group's units
         options = UpdateOptions(config, self.accelerator, self.model, self.optimizer, self.params, self.scorer, self.kl,
                                 self.pairs_per_forward, self.ema, self.old, self.teachers,
-                                step_count=lambda: self.state.global_step)
+                                step_count=lambda: self.state.global_step - self.state.supervised_steps)
         updater = {PREFERENCE: PreferenceUpdater, MATCHING: MatchingUpdater,
                    DISTILLATION: DistillationUpdater}.get(self.objective.kind, PolicyUpdater)
         self.updater = updater(options)
@@ -300,16 +300,33 @@ class Trainer:
             self.evaluations.before_training()
         with self.timer.phase("sampling"):  # reading the images, encoding them and their prompts
             batch = self.folder.record(epoch)
-        with self.timer.phase("training"), names_the_setting("training", self.pairs_per_forward.setting()):
-            updated = self.supervised_updater.train_epoch(batch, show_progress=self.accelerator.is_local_main_process)
-        self.state.global_step += updated.pop("optimizer_steps")
+        try:
+            with self.timer.phase("training"), names_the_setting("training", self.pairs_per_forward.setting()):
+                updated = self.supervised_updater.train_epoch(batch,
+                                                              show_progress=self.accelerator.is_local_main_process)
+        except NonFiniteLossError as error:
+            raise self.session.non_finite_loss(error, epoch) from error
+        steps = updated.pop("optimizer_steps")
+        self.state.global_step += steps
+        self.state.supervised_steps += steps
         updated.pop("pairs")
+        if epoch == self.config.sft.epochs - 1:  # before its checkpoint
+            self.start_from_the_fine_tuned_policy()
         metrics = {"epoch": epoch, "global_step": self.state.global_step, **{f"sft/{k}": v for k, v in updated.items()}}
         metrics.update(self.evaluations.after_epoch(epoch))
         metrics.update(self.timing(start))
         with self.timer.phase("logging"):
             self.epoch_logger.log(epoch, metrics, batch)
         return metrics
+
+    def start_from_the_fine_tuned_policy(self) -> None:
+        """After the last supervised epoch, reinforcement learning starts from the fine-tuned policy as RLHF starts from
+        the SFT model: the KL term's reference and a matching objective's old model are set to it (a LoRA run's
+        reference is then an adapter, reference/model.py); the old model's decay counts the steps from here."""
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        for follower in (self.kl.reference if self.kl is not None else None, self.old.weights if self.old else None):
+            if follower is not None and follower.mode != "base":
+                follower._mix(unwrapped, 1.0)
 
     def restore_best(self, after_epoch: int) -> int:
         """guard.on_alarm="restore", after the evaluation of epoch ``after_epoch``: the best evaluation's weights back

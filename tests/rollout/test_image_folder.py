@@ -192,3 +192,48 @@ def test_a_run_fine_tunes_on_the_folder_then_by_reward_and_resumes_exactly(tiny_
     resumed.run()
     for a, b in zip(whole, resumed.updater.params):
         assert torch.equal(a, b.detach())
+
+
+def test_reinforcement_learning_starts_from_the_fine_tuned_policy(tiny_model_dir, tmp_path):
+    """After the last supervised epoch the KL term's reference (a LoRA run's: an adapter) is the fine-tuned policy, as
+    RLHF's reference is its SFT model; the supervised steps are counted apart (an old model's decay starts after
+    them)."""
+    from helpers.trainer_helpers import tiny_trainer
+
+    from ddpo_group.reference.model import POLICY_ADAPTER, lora_layers
+
+    folder = shapes_folder(tmp_path / "data")
+    trainer = tiny_trainer("grpo", tiny_model_dir, tmp_path, "handover",
+                           **{"sft.data_dir": str(folder), "sft.epochs": 1, "num_epochs": 1,
+                              "kl.beta": 0.01, "kl.use_reference_model": True})
+    reference = trainer.kl.reference
+    assert reference.mode == "adapter"
+    metrics = trainer.run()
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    layers = list(lora_layers(model, POLICY_ADAPTER))
+    assert any(layer.lora_B[POLICY_ADAPTER].weight.abs().max() > 0 for layer in layers)  # the policy moved
+    for layer in layers:
+        for name in ("lora_A", "lora_B"):
+            adapters = getattr(layer, name)
+            assert torch.equal(adapters[reference.adapter_name].weight, adapters[POLICY_ADAPTER].weight)
+    assert trainer.state.supervised_steps == metrics["global_step"] > 0
+
+
+def test_the_critics_warm_up_counts_the_reinforcement_learning_epochs(tiny_model_dir, tmp_path):
+    """ppo_gae with critic.warmup_epochs=1 after one supervised epoch: epoch 1 trains the critic only, the policy's
+    optimizer steps are the supervised epoch's."""
+    from helpers.trainer_helpers import tiny_trainer
+
+    folder = shapes_folder(tmp_path / "data")
+    trainer = tiny_trainer("ppo_gae", tiny_model_dir, tmp_path, "warmup",
+                           **{"sft.data_dir": str(folder), "sft.epochs": 1, "num_epochs": 2,
+                              "critic.warmup_epochs": 1})
+    metrics = trainer.run()
+    assert metrics["global_step"] == trainer.state.supervised_steps > 0 and "critic/value_loss" in metrics
+
+
+def test_an_unreadable_image_is_refused_at_start(tmp_path):
+    folder = metadata_folder(tmp_path, [{"file_name": "a.png", "text": "a cat"}])
+    (folder / "a.png").write_bytes(b"not a png")
+    with pytest.raises(ConfigError, match=r"a\.png is not an image PIL can read"):
+        read_folder(folder)

@@ -289,7 +289,7 @@ def test_a_trusted_pickled_checkpoint_converts_with_one_command_and_resumes(tmp_
     resumed = TrainingState()
     load_checkpoint(Accelerator(cpu=True), checkpoint, {"counters": resumed})
     assert resumed.state_dict() == {"epoch": 4, "global_step": 40, "wandb_run_id": "",
-                                    "sizes": {"train.pairs_per_forward": 6}}
+                                    "sizes": {"train.pairs_per_forward": 6}, "supervised_steps": 0}
 
 
 # ---------------------------------------------------------------------------------------- checkpoints that prove themselves

@@ -261,13 +261,22 @@ class ModelFamily:
         """The VAE encoder's mean (its distribution's mode, as the pipelines encode source images) of images in [0, 1],
         float32; ``frame_axis``: a video VAE's input [B, 3, 1, H, W] (Qwen-Image's)."""
         vae = self.pipe.vae
-        pixels = (images * 2 - 1).to(vae.device, vae.dtype)
+        # a VAE that overflows in float16 (force_upcast: SD's, SDXL's) encodes in float32, as the img2img pipelines do
+        upcast = vae.dtype == torch.float16 and getattr(vae.config, "force_upcast", False)
+        dtype = torch.float32 if upcast else vae.dtype
+        pixels = (images * 2 - 1).to(vae.device, dtype)
         if getattr(vae.config, "in_channels", 3) == 4:  # an RGBA VAE (Qwen-Image 2.1): opaque images
             pixels = torch.cat([pixels, torch.ones_like(pixels[:, :1])], dim=1)
         if frame_axis:
             pixels = pixels.unsqueeze(2)
-        with torch.no_grad():
-            return encoder_latents(vae.encode(pixels)).float()
+        try:
+            if upcast:
+                torch.nn.Module.to(vae, dtype=torch.float32)
+            with torch.no_grad():
+                return encoder_latents(vae.encode(pixels)).float()
+        finally:
+            if upcast:
+                torch.nn.Module.to(vae, dtype=torch.float16)
 
     def decode_audio(self, latents: torch.Tensor) -> torch.Tensor:
         """Final latents -> their soundtrack [B, channels, samples] float32 at ``audio_sample_rate`` Hz: a family whose

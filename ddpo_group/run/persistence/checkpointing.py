@@ -63,10 +63,11 @@ class TrainingState:
         self.global_step = 0
         self.wandb_run_id = ""  # set at the first start; a resumed run logs to the same wandb run
         self.sizes = {}  # what "auto" settings resolved to (update/memory_fit.py): a resumed run keeps them
+        self.supervised_steps = 0  # the optimizer steps of the supervised epochs (sft.epochs), within global_step
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "global_step": self.global_step, "wandb_run_id": self.wandb_run_id,
-                "sizes": dict(self.sizes)}
+                "sizes": dict(self.sizes), "supervised_steps": self.supervised_steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch = int(state["epoch"])
@@ -74,6 +75,7 @@ class TrainingState:
         self.wandb_run_id = str(state.get("wandb_run_id", ""))  # older checkpoints have none
         self.sizes.clear()  # in place: the chunk-size resolver holds this dict
         self.sizes.update(state.get("sizes", {}))
+        self.supervised_steps = int(state.get("supervised_steps", 0))  # older checkpoints: none
 
 
 def complete_checkpoints(checkpoint_root: str | os.PathLike) -> list[Path]:

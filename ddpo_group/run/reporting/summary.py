@@ -57,7 +57,9 @@ def format_summary(metrics: list[dict], paths: dict[str, str | os.PathLike],
     evaluations = [e for e in evaluations or [] if "eval/reward_mean" in e]
     if record and record.get("fresh"):
         lines += fresh_lines(record)
-    if metrics and evaluations:
+    if evaluations and not metrics:  # supervised epochs only (sft.epochs = num_epochs): the evaluations alone
+        lines += evaluation_lines(evaluations, during=bool(record and record.get("fresh")))
+    elif metrics and evaluations:
         lines += evaluation_lines(evaluations, during=bool(record and record.get("fresh")))
         first, last = metrics[0], metrics[-1]
         best = max(metrics, key=lambda m: m["reward_mean"])
