@@ -71,8 +71,8 @@ class EpochLogger:
         every = self.log_images_every
         if main and every and epoch % every == 0:
             n = min(16, len(batch.prompts))
-            captions = [f"{p}\nreward {r:.3f}" if "reward_mean" in metrics else p  # a supervised epoch's: no reward
-                        for p, r in zip(batch.prompts[:n], batch.rewards[:n].tolist())]
+            captions = [f"{p}\nreward {r:.3f}" if "reward_mean" in metrics else f"{p}\n(sft.data_dir's image)"
+                        for p, r in zip(batch.prompts[:n], batch.rewards[:n].tolist())]  # a supervised epoch's: data
             grid = image_grid(with_sources(batch.images[:n], batch.metadata), captions)
             samples_dir = self.run_dir / "samples"
             samples_dir.mkdir(parents=True, exist_ok=True)
