@@ -420,7 +420,8 @@ def test_a_supervised_epoch_on_a_folder_of_images(name, family_dirs, prompt_rows
 def test_two_processes_over_gloo_train_every_family(family_dirs, prompt_rows, tmp_path):
     """Every family's grpo run on 2 processes (one launch, each process training the families one after another, as
     family_processes.py does): each run gathers both processes' samples (4 rewards) and takes its optimizer step
-    on both; and the SD family's on-policy distillation from a teacher adapter."""
+    on both; the SD family's on-policy distillation from a teacher adapter, and its supervised epoch on a folder of
+    images before a grpo epoch."""
     from helpers.launch_helpers import launch_environment, start_workers
 
     runs = [{"name": name, "config": run_values(name, "grpo", family_dirs[name], tmp_path, name, prompt_rows)}
@@ -428,6 +429,14 @@ def test_two_processes_over_gloo_train_every_family(family_dirs, prompt_rows, tm
     teacher = write_teacher("sd", family_dirs, prompt_rows, tmp_path / "teacher")
     runs.append({"name": "sd_opd", "config": run_values("sd", "grpo", family_dirs["sd"], tmp_path, "sd_opd", prompt_rows,
                                                         **{"algorithm.objective": "opd", "opd.teachers": {"t": teacher}})})
+    folder = tmp_path / "sft_data"  # three images: the two processes' 2 + 2 rows of an epoch wrap around the folder
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray(np.full((16, 16, 3), 60 * i, dtype=np.uint8)).save(folder / f"{i}.png")
+        (folder / f"{i}.txt").write_text(f"a square of grey {i}")
+    runs.append({"name": "sd_sft", "config": run_values("sd", "grpo", family_dirs["sd"], tmp_path, "sd_sft", prompt_rows,
+                                                        **{"sft.data_dir": str(folder), "sft.epochs": 1,
+                                                           "num_epochs": 2})})
     plan = tmp_path / "runs.json"
     plan.write_text(json.dumps(runs))
     workers = start_workers([str(plan)], 2, tmp_path / "logs", env=launch_environment(), timeout=600,
@@ -439,6 +448,9 @@ def test_two_processes_over_gloo_train_every_family(family_dirs, prompt_rows, tm
         assert metrics[0]["reward_count"] == 4 and np.isfinite(metrics[0]["train/policy_loss"]), name
     distilled = json.loads((tmp_path / "sd_opd" / "metrics.jsonl").read_text().splitlines()[0])
     assert distilled["reward_count"] == 4 and distilled["train/opd_kl"] > 0
+    supervised, reinforced = [json.loads(line) for line in (tmp_path / "sd_sft" / "metrics.jsonl").read_text().splitlines()]
+    assert supervised["global_step"] == 1 and np.isfinite(supervised["sft/policy_loss"]) and "reward_count" not in supervised
+    assert reinforced["global_step"] == 2 and reinforced["reward_count"] == 4
 
 
 # ------------------------------------------------------------------ the documented table
