@@ -138,6 +138,12 @@ def tiny_qwenimage_dir(family_model_dirs):
 
 
 @pytest.fixture(scope="session")
+def tiny_krea2_dir(family_model_dirs):
+    """A tiny random Krea 2 checkpoint (a Qwen3-VL text model, a locally built Qwen tokenizer) on disk."""
+    return family_model_dirs["krea2"]
+
+
+@pytest.fixture(scope="session")
 def tiny_qwenimage_edit_plus_dir(family_model_dirs):
     """A tiny random Qwen-Image-Edit-Plus checkpoint (Qwen2.5-VL with its vision tower and its processor) on disk."""
     return family_model_dirs["qwenimage_edit_plus"]

@@ -759,3 +759,47 @@ def build_tiny_ltx2_pipeline(seed: int = 0):
 
 
 TINY_BUILDERS["ltx2"] = build_tiny_ltx2_pipeline
+
+
+# ----------------------------------------------------------------------------- Krea 2
+def build_tiny_krea2_pipeline(seed: int = 0, is_distilled: bool = False):
+    """Krea 2 at a tiny size: a Krea2Transformer2DModel with two blocks (2 heads of 16, grouped-query) on 2x2-packed
+    16-channel tokens of the tiny Qwen-Image VAE (4 channels, latents_mean / latents_std not the identity), its text
+    fusion over K = 2 tapped layers (one layerwise and one refiner block), a two-layer Qwen3-VL text model of width 16
+    whose hidden states 1 and 2 are tapped, ``qwen_tokenizer`` with merges learned on the pipeline's template (its
+    34-token prefix and 5-token suffix are 34 and 5 tokens here too, as the pipeline's fixed layout counts them), and
+    Krea 2's scheduler (dynamic shifting from 256 to 6400 image tokens, mu 0.5 to 1.15). ``is_distilled``: the Turbo
+    layout (mu fixed at 1.15)."""
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, Krea2Pipeline
+    from diffusers import Krea2Transformer2DModel
+    from transformers import Qwen3VLConfig, Qwen3VLModel
+
+    torch.manual_seed(seed)
+    transformer = Krea2Transformer2DModel(
+        in_channels=16, num_layers=2, attention_head_dim=16, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=32, timestep_embed_dim=16, text_hidden_dim=16, num_text_layers=2,
+        text_num_attention_heads=2, text_num_key_value_heads=2, text_intermediate_size=16,
+        num_layerwise_text_blocks=1, num_refiner_text_blocks=1, axes_dims_rope=(4, 6, 6))
+    vae = AutoencoderKLQwenImage(base_dim=4, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
+                                 temperal_downsample=[False, True], latents_mean=[0.1, -0.2, 0.05, 0.3],
+                                 latents_std=[1.5, 0.8, 2.0, 1.2])
+    scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=256,
+                                                max_image_seq_len=6400, base_shift=0.5, max_shift=1.15)
+    layout = Krea2Pipeline(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None, transformer=None)
+    tokenizer = qwen_tokenizer(template=layout.prompt_template_encode_prefix + "{}"
+                               + layout.prompt_template_encode_suffix)
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen3VLConfig(
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "head_dim": 8, "vocab_size": len(tokenizer),
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 1, 1],
+                                         "mrope_interleaved": True},
+                     "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>")},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16,
+                       "patch_size": 16, "deepstack_visual_indexes": [0]})
+    text_encoder = Qwen3VLModel(config).eval()
+    return Krea2Pipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
+                         transformer=transformer, text_encoder_select_layers=(1, 2), is_distilled=is_distilled)
+
+
+TINY_BUILDERS["krea2"] = build_tiny_krea2_pipeline

@@ -89,7 +89,7 @@ class ValueNetwork(nn.Module):
             [
                 self.latent(x),
                 self.time(timestep_features(timesteps, self.hidden_dim)),
-                self.text(text_embeds.float().mean(dim=1)),
+                self.text(text_embeds.float().flatten(1, -2).mean(dim=1)),  # [B, L, D] or [B, L, K, D] (Krea 2)
             ],
             dim=1,
         )

@@ -55,7 +55,7 @@ RUN = {"num_epochs": 1, "sample.num_steps": 2, "sample.batch_size": 2, "sample.n
 # position table (Z-Image, Wan); the others sample their pipeline's default everywhere
 SIZES = {"flux": 32, "flux_kontext": 32, "flux2": 32, "flux2_dev": 32, "qwenimage": 32, "qwenimage_edit_plus": 32,
          "qwenimage_edit": 32, "zimage": 32, "wan": 16, "wan_i2v": 16, "sana": 64,
-         "qwenimage21": 64, "hunyuan_video15": 32, "ltx2": 64}
+         "qwenimage21": 64, "hunyuan_video15": 32, "ltx2": 64, "krea2": 32}
 AT_DEFAULT_SIZE = tuple(name for name in FAMILIES if name not in SIZES)
 # (height, width) of each tiny model at its pipeline's default: its call's (Z-Image's 1024, Wan's 480 x 832) or
 # default_sample_size times its VAE factor
@@ -64,7 +64,7 @@ DEFAULT_SIZES = {"sd": (16, 16), "sdxl": (16, 16), "sd3": (16, 16), "flux": (256
                  "qwenimage_edit_plus": (512, 512), "qwenimage_edit": (512, 512), "zimage": (1024, 1024),
                  "wan": (480, 832), "wan_i2v": (480, 832), "sana": (1024, 1024),
                  "qwenimage21": (1024, 1024), "hunyuan_video15": (32, 32),
-                 "ltx2": (512, 768)}
+                 "ltx2": (512, 768), "krea2": (1024, 1024)}
 # the tiny models whose position table cannot take their pipeline's default: refused at start, naming the field
 REFUSED_DEFAULTS = {"zimage": "axes_lens=[256, 32, 32]: 32 patches a side, 128 px",
                     "wan": "rope_max_seq_len=32: 32 patches a side, 512 px",
@@ -76,6 +76,8 @@ REFUSED = {("sd", "nft"): ("algorithm.objective='nft' is defined on the ('flow',
                              "family's is 'ddpm'", "defined on the flow-matching forward process only"),
            ("zimage", "nft"): ("train.cfg=False contradicts sample.guidance_scale=1.0: the zimage family guides exactly "
                                "when guidance_scale > 0", "its CFG-free guidance 1 guides Z-Image, whose none is 0"),
+           ("krea2", "nft"): ("train.cfg=False contradicts sample.guidance_scale=1.0: the krea2 family guides exactly "
+                              "when guidance_scale > 0", "its CFG-free guidance 1 guides Krea 2, whose none is 0"),
            ("ltx2", "nft"): ("train.cfg=False contradicts sample.guidance_scale=1.0 with the audio's scale 7.0",
                              "the audio's CFG stays at the call's 7 (sample.pipeline_guidance.audio_guidance_scale=1 "
                              "turns it off)")}

@@ -9,7 +9,8 @@ the same bytes (and the same logged metrics) as a run that was never interrupted
 group_ppo (critic, group-threshold controller) train LoRA; grpo trains the full UNet with a KL term
 to a frozen reference copy; group_ppo@flux trains LoRA on the tiny FLUX model (flow-matching SDE steps,
 the critic on packed latents); grpo@zimage trains the whole tiny Z-Image transformer with guidance (its list inputs,
-the Qwen3 condition stored with its lengths) and a KL to a frozen copy.
+the Qwen3 condition stored with its lengths) and a KL to a frozen copy; grpo@krea2 trains LoRA on the tiny Krea 2
+(the condition [B, L, K, D] with its bool mask, two forwards of guidance).
 """
 
 from __future__ import annotations
@@ -138,7 +139,7 @@ def runs_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux", "grpo@zimage",
+@pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux", "grpo@zimage", "grpo@krea2",
                                     "group_ppo#adaptive",
                                     pytest.param("grpo+cuda", marks=pytest.mark.cuda),
                                     pytest.param("group_ppo+cuda", marks=pytest.mark.cuda)])
