@@ -764,7 +764,8 @@ TINY_BUILDERS["ltx2"] = build_tiny_ltx2_pipeline
 # ----------------------------------------------------------------------------- Krea 2
 def build_tiny_krea2_pipeline(seed: int = 0, is_distilled: bool = False):
     """Krea 2 at a tiny size: a Krea2Transformer2DModel with two blocks (2 heads of 16, grouped-query) on 2x2-packed
-    16-channel tokens of the tiny Qwen-Image VAE (4 channels, latents_mean / latents_std not the identity), its text
+    16-channel tokens of a tiny Qwen-Image VAE with the real one's 8x factor (4 channels, base width 4, latents_mean /
+    latents_std not the identity: the call's 1024 px are 64 x 64 tokens, a few seconds a step on a CPU), its text
     fusion over K = 2 tapped layers (one layerwise and one refiner block), a two-layer Qwen3-VL text model of width 16
     whose hidden states 1 and 2 are tapped, ``qwen_tokenizer`` with merges learned on the pipeline's template (its
     34-token prefix and 5-token suffix are 34 and 5 tokens here too, as the pipeline's fixed layout counts them), and
@@ -780,8 +781,8 @@ def build_tiny_krea2_pipeline(seed: int = 0, is_distilled: bool = False):
         intermediate_size=32, timestep_embed_dim=16, text_hidden_dim=16, num_text_layers=2,
         text_num_attention_heads=2, text_num_key_value_heads=2, text_intermediate_size=16,
         num_layerwise_text_blocks=1, num_refiner_text_blocks=1, axes_dims_rope=(4, 6, 6))
-    vae = AutoencoderKLQwenImage(base_dim=4, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
-                                 temperal_downsample=[False, True], latents_mean=[0.1, -0.2, 0.05, 0.3],
+    vae = AutoencoderKLQwenImage(base_dim=4, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
+                                 temperal_downsample=[False, True, True], latents_mean=[0.1, -0.2, 0.05, 0.3],
                                  latents_std=[1.5, 0.8, 2.0, 1.2])
     scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=256,
                                                 max_image_seq_len=6400, base_shift=0.5, max_shift=1.15)

@@ -59,7 +59,7 @@ FAMILY_OVERRIDES["sana"] = {"sample.resolution": 64, "pretrained.max_sequence_le
 FAMILY_OVERRIDES["qwenimage21"] = {"sample.resolution": 64, "pretrained.max_sequence_length": 64}
 # HunyuanVideo 1.5: 5 frames of 32 x 32 px (latents [4, 2, 2, 2] of its 16x / 4x VAE); its text encoders' own lengths
 FAMILY_OVERRIDES["hunyuan_video15"] = {"sample.resolution": 32, "sample.num_frames": 5}
-# Krea 2: 32 px (4 x 4 tokens of its packed 4x-VAE latent), 16 text tokens, its guidance v(c) + w (v(c) - v(n))
+# Krea 2: 32 px (2 x 2 tokens of its packed 8x-VAE latent), 16 text tokens, its guidance v(c) + w (v(c) - v(n))
 FAMILY_OVERRIDES["krea2"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 16, "sample.guidance_scale": 3.0,
                              "train.cfg": True}
 # LTX-2: 17 frames of 64 x 64 px (a 3 x 2 x 2 video latent of its 32x / 8x VAE, 18 audio latent frames), 16 Gemma tokens

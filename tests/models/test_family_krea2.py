@@ -31,7 +31,7 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, tiny_krea2
     traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(),
                                SamplingOptions(4, guidance, [0.0] * 4, compute_log_prob=False), generator=generators(4))
     assert torch.equal(traj.images, want)
-    assert traj.latents.shape == (4, 5, 16, 16)  # 32 px, VAE factor 4: an 8 x 8 latent packed into 4 x 4 tokens of 16
+    assert traj.latents.shape == (4, 5, 4, 16)  # 32 px, VAE factor 8: a 4 x 4 latent packed into 2 x 2 tokens of 16
     assert torch.equal(traj.times["next_sigmas"][:, -1], torch.zeros(4))
 
 
