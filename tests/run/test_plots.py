@@ -30,3 +30,16 @@ def test_the_legend_lies_outside_the_axes():
     assert legend.x1 <= figure.bbox.x1 and legend.y0 >= figure.bbox.y0  # and inside the picture
     assert [t.get_text() for t in axes.get_legend().get_texts()] == ["reward (mean)",
                                                                       "± 1 std, within the\nepoch's min..max", "a"]
+
+
+def test_the_supervised_epochs_are_shaded_and_left_out_of_the_reward_line():
+    """sft.epochs: the epochs without a reward (fine-tuned on sft.data_dir's images) are one shaded span from their
+    first to their last, and the reward line starts after them."""
+    supervised = [{"epoch": 0, "sft/policy_loss": 0.2}, {"epoch": 1, "sft/policy_loss": 0.1}]
+    later = [{**m, "epoch": m["epoch"] + 2} for m in METRICS]
+    (axes,) = reward_curve_figure(supervised + later, "t").axes
+    labels = [t.get_text() for t in axes.get_legend().get_texts()]
+    assert labels[0] == "supervised epochs\n(sft.data_dir)" and labels[1] == "reward (mean)"
+    (span,) = axes.patches  # x from -0.5 to 1.5 (in data coordinates)
+    assert span.get_x() == -0.5 and span.get_x() + span.get_width() == 1.5
+    assert list(axes.lines[0].get_xdata()) == [2, 3, 4]

@@ -31,12 +31,16 @@ def reward_curve_figure(metrics: list[dict], title: str = "", evaluations: list[
     from matplotlib.figure import Figure  # object API: no pyplot state shared between threads
     from matplotlib.ticker import MaxNLocator
 
-    metrics = [m for m in metrics if "reward_mean" in m]  # a supervised epoch (sft.epochs) samples nothing
+    supervised = [m["epoch"] for m in metrics if "reward_mean" not in m]  # sft.epochs: they sample nothing
+    metrics = [m for m in metrics if "reward_mean" in m]
     epochs = [m["epoch"] for m in metrics]
     mean = [m["reward_mean"] for m in metrics]
     lower, upper = std_band(metrics)
     figure = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     axes = figure.add_subplot(1, 1, 1)
+    if supervised:  # the epochs fine-tuned on sft.data_dir's images, shaded: the evaluations cover them
+        axes.axvspan(min(supervised) - 0.5, max(supervised) + 0.5, color="0.88", zorder=0,
+                     label="supervised epochs\n(sft.data_dir)")
     axes.plot(epochs, mean, marker="o", markersize=3, label="reward (mean)")
     clipped = any("reward_min" in m for m in metrics)
     axes.fill_between(epochs, lower, upper, alpha=0.2,
