@@ -611,6 +611,22 @@ def qwen3_vl_processor(tokenizer):
                           '".[models]" (torchvision built for your torch)') from error
 
 
+def tiny_qwen3_vl_config(tokenizer, **extra):
+    """A Qwen3-VL of width 16: two text layers (2 heads of 8, interleaved M-RoPE), a one-block vision tower the
+    text-to-image pipelines do not run; ``extra``: the config's other fields (the vision token ids)."""
+    from transformers import Qwen3VLConfig
+
+    ids = tokenizer.convert_tokens_to_ids
+    return Qwen3VLConfig(
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "head_dim": 8, "vocab_size": len(tokenizer),
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 1, 1],
+                                         "mrope_interleaved": True},
+                     "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>")},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16,
+                       "patch_size": 16, "deepstack_visual_indexes": [0]}, **extra)
+
+
 def build_tiny_qwenimage21_pipeline(seed: int = 0):
     """Qwen-Image 2.1 at a tiny size: a QwenImage21Transformer2DModel with two single-stream blocks (2 heads of 16) on
     8-channel latents, an AutoencoderKLQwenImage21 with its 16x spatial factor and its four (RGBA) image channels
@@ -618,7 +634,7 @@ def build_tiny_qwenimage21_pipeline(seed: int = 0):
     tower the text-to-image pipeline does not run) with ``qwen_vl_tokenizer`` (merges learned on the pipeline's
     template) in ``qwen3_vl_processor``, Qwen-Image's scheduler. Its 1024 px default is 64 x 64 latent tokens."""
     from diffusers import AutoencoderKLQwenImage21, QwenImage21Pipeline, QwenImage21Transformer2DModel
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLForConditionalGeneration
 
     torch.manual_seed(seed)
     transformer = QwenImage21Transformer2DModel(patch_size=1, in_channels=8, out_channels=8, num_layers=2,
@@ -633,17 +649,9 @@ def build_tiny_qwenimage21_pipeline(seed: int = 0):
     tokenizer = qwen_vl_tokenizer(QWEN_IMAGE21_TEMPLATE)
     processor = qwen3_vl_processor(tokenizer)
     ids = tokenizer.convert_tokens_to_ids
-    config = Qwen3VLConfig(
-        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
-                     "num_key_value_heads": 2, "head_dim": 8, "vocab_size": len(tokenizer),
-                     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 1, 1],
-                                         "mrope_interleaved": True},
-                     "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>")},
-        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16,
-                       "patch_size": 16, "deepstack_visual_indexes": [0]},
-        image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"),
-    )
+    config = tiny_qwen3_vl_config(
+        tokenizer, image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
     text_encoder = Qwen3VLForConditionalGeneration(config).eval()
     return QwenImage21Pipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, processor=processor,
                                transformer=transformer)
@@ -773,7 +781,7 @@ def build_tiny_krea2_pipeline(seed: int = 0, is_distilled: bool = False):
     layout (mu fixed at 1.15)."""
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, Krea2Pipeline
     from diffusers import Krea2Transformer2DModel
-    from transformers import Qwen3VLConfig, Qwen3VLModel
+    from transformers import Qwen3VLModel
 
     torch.manual_seed(seed)
     transformer = Krea2Transformer2DModel(
@@ -789,16 +797,7 @@ def build_tiny_krea2_pipeline(seed: int = 0, is_distilled: bool = False):
     layout = Krea2Pipeline(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None, transformer=None)
     tokenizer = qwen_tokenizer(template=layout.prompt_template_encode_prefix + "{}"
                                + layout.prompt_template_encode_suffix)
-    ids = tokenizer.convert_tokens_to_ids
-    config = Qwen3VLConfig(
-        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
-                     "num_key_value_heads": 2, "head_dim": 8, "vocab_size": len(tokenizer),
-                     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 1, 1],
-                                         "mrope_interleaved": True},
-                     "bos_token_id": ids("<|endoftext|>"), "eos_token_id": ids("<|im_end|>")},
-        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16,
-                       "patch_size": 16, "deepstack_visual_indexes": [0]})
-    text_encoder = Qwen3VLModel(config).eval()
+    text_encoder = Qwen3VLModel(tiny_qwen3_vl_config(tokenizer)).eval()
     return Krea2Pipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
                          transformer=transformer, text_encoder_select_layers=(1, 2), is_distilled=is_distilled)
 

@@ -29,6 +29,7 @@ from diffusers.pipelines.krea2.pipeline_krea2 import calculate_shift
 
 from ddpo_group.models.families import register_family
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
+from ddpo_group.models.families.qwenimage import decode_vae_latents, normalized_vae_latents
 from ddpo_group.models.families.sana import call_default
 
 DISTILLED_MU = 1.15  # the pipeline's fixed shift of a distilled checkpoint (its __call__)
@@ -129,23 +130,13 @@ class Krea2Family(FlowMatchingFamily):
 
     @torch.no_grad()
     def clean_latents(self, images):
-        vae, latents = self.pipe.vae, self.vae_latents(images, frame_axis=True)  # [B, C, 1, H/f, W/f]
-        shape = (1, vae.config.z_dim, 1, 1, 1)
-        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
-        std = torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
-        latents = (latents - mean) / std
+        latents = normalized_vae_latents(self.pipe.vae, self.vae_latents(images, frame_axis=True))
         batch, channels, _, height, width = latents.shape
         return self.pipe._pack_latents(latents.squeeze(2), batch, channels, height, width)
 
     @torch.no_grad()
     def decode(self, latents):
-        vae = self.pipe.vae
-        latents = self.unpack(latents).to(vae.dtype)
-        shape = (1, vae.config.z_dim, 1, 1, 1)
-        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
-        inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
-        image = vae.decode(latents / inverse_std + mean, return_dict=False)[0][:, :, 0]  # as the pipeline computes it
-        return self.pipe.image_processor.postprocess(image, output_type="pt").float()
+        return decode_vae_latents(self.pipe, self.unpack(latents))  # the Qwen-Image VAE's, as the pipeline decodes
 
     # ------------------------------------------------------------------ config
     @classmethod

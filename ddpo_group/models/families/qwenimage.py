@@ -37,6 +37,30 @@ from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 MAX_SEQUENCE_LENGTH = 1024  # the pipeline's limit (check_inputs)
 
 
+def vae_statistics(vae, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Qwen-Image VAE's (latents_mean, 1 / latents_std) as [1, C, 1, 1, 1] on ``like``'s device and dtype."""
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean).view(shape).to(like.device, like.dtype)
+    inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(like.device, like.dtype)
+    return mean, inverse_std
+
+
+def normalized_vae_latents(vae, latents: torch.Tensor) -> torch.Tensor:
+    """The VAE encoder's latents [B, C, 1, H/f, W/f] in the state's scale: (z - mean) / std (``decode``'s inverse)."""
+    mean, inverse_std = vae_statistics(vae, latents)
+    return (latents - mean) * inverse_std
+
+
+def decode_vae_latents(pipe, latents: torch.Tensor) -> torch.Tensor:
+    """Unpacked state [B, C, 1, H/f, W/f] -> images in [0, 1], as the Qwen-Image pipelines compute it: z / (1 / std) +
+    mean, the VAE, its one frame (Krea 2's pipeline too)."""
+    vae = pipe.vae
+    latents = latents.to(vae.dtype)
+    mean, inverse_std = vae_statistics(vae, latents)
+    image = vae.decode(latents / inverse_std + mean, return_dict=False)[0][:, :, 0]
+    return pipe.image_processor.postprocess(image, output_type="pt").float()
+
+
 @register_family("qwenimage", QwenImagePipeline)
 class QwenImageFamily(FlowMatchingFamily):
     cond_keys = ("prompt_embeds", "prompt_embeds_mask")
@@ -161,23 +185,13 @@ class QwenImageFamily(FlowMatchingFamily):
 
     @torch.no_grad()
     def clean_latents(self, images):
-        vae, latents = self.pipe.vae, self.vae_latents(images, frame_axis=True)  # [B, C, 1, H/f, W/f]
-        shape = (1, vae.config.z_dim, 1, 1, 1)
-        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
-        std = torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
-        latents = (latents - mean) / std
+        latents = normalized_vae_latents(self.pipe.vae, self.vae_latents(images, frame_axis=True))
         batch, channels, _, height, width = latents.shape
         return self.pipe._pack_latents(latents, batch, channels, height, width)
 
     @torch.no_grad()
     def decode(self, latents):
-        vae = self.pipe.vae
-        latents = self.unpack(latents).to(vae.dtype)
-        shape = (1, vae.config.z_dim, 1, 1, 1)
-        mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
-        inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
-        image = vae.decode(latents / inverse_std + mean, return_dict=False)[0][:, :, 0]  # as the pipeline computes it
-        return self.pipe.image_processor.postprocess(image, output_type="pt").float()
+        return decode_vae_latents(self.pipe, self.unpack(latents))
 
     # ------------------------------------------------------------------ config
     @classmethod
