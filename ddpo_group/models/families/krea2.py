@@ -95,12 +95,6 @@ class Krea2Family(FlowMatchingFamily):
             config.get("base_shift", 0.5), config.get("max_shift", 1.15))
         return {"sigmas": np.linspace(1.0, 1 / num_steps, num_steps), "mu": mu}
 
-    def schedule(self, num_steps: int, device) -> dict:
-        scheduler = self.pipe.scheduler
-        scheduler.set_timesteps(device=device, **self.schedule_kwargs(num_steps))  # as retrieve_timesteps(sigmas=...)
-        sigmas = scheduler.sigmas.to(device)
-        return {"timesteps": scheduler.timesteps, "sigmas": sigmas[:-1], "next_sigmas": sigmas[1:]}
-
     # ------------------------------------------------------------------ model, decode
     def transformer_output(self, model, latents, timestep, cond: dict) -> torch.Tensor:
         """One forward on a condition's rows (B rows, or the negative's one row broadcast)."""
