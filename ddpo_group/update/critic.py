@@ -96,6 +96,12 @@ class ValueNetwork(nn.Module):
         return self.head(h).squeeze(1)
 
 
+def pooled_text(text_embeds: torch.Tensor) -> torch.Tensor:
+    """[N, 1, D] float32: the mean of a condition over its token axes (the network's own pooling, done once a row
+    before a trajectory's steps repeat it: a [B, L, K, D] condition, Krea 2's, is large)."""
+    return text_embeds.float().flatten(1, -2).mean(dim=1, keepdim=True)
+
+
 class Critic:
     """The value network (accelerate-prepared: gradients are averaged over processes) and its optimizer."""
 
@@ -132,8 +138,8 @@ class Critic:
         b, t = timesteps.shape
         clean_hat = clean_hat.flatten(0, 1) if clean_hat is not None else None
         with torch.autocast(device_type=latents.device.type, enabled=False):
-            values = self.module(latents.flatten(0, 1), timesteps.flatten(0, 1), text_embeds.repeat_interleave(t, dim=0),
-                                 clean_hat)
+            values = self.module(latents.flatten(0, 1), timesteps.flatten(0, 1),
+                                 pooled_text(text_embeds).repeat_interleave(t, dim=0), clean_hat)
         return values.view(b, t)
 
     def train_epoch(self, batch, batch_size: int) -> dict:
@@ -156,7 +162,7 @@ class Critic:
                 b = len(rows)
                 latents = batch.latents[rows].flatten(0, 1)
                 timesteps = batch.timesteps[rows].flatten(0, 1)
-                embeds = batch.cond["prompt_embeds"][rows].repeat_interleave(num_steps, dim=0)
+                embeds = pooled_text(batch.cond["prompt_embeds"][rows]).repeat_interleave(num_steps, dim=0)
                 clean_hat = batch.clean_hat[rows].flatten(0, 1) if self.reads_clean_hat else None
                 values = self.network(latents, timesteps, embeds, clean_hat).view(b, num_steps)
                 loss, info = clipped_value_loss(

@@ -69,5 +69,8 @@ def test_config_errors_name_the_bad_values(tiny_krea2_dir):
     errors = Krea2Family.config_errors(config)
     assert len(errors) == 1 and "train.cfg=False contradicts sample.guidance_scale=1.0" in errors[0]
     assert "guidance_scale > 0" in errors[0]
-    _, config = family_of(tiny_krea2_dir, **{"sample.guidance_scale": -1.0, "train.cfg": False})
-    assert "sample.guidance_scale=-1.0 must be >= 0" in Krea2Family.config_errors(config)[0]
+    _, config = family_of(tiny_krea2_dir, **{"pretrained.max_sequence_length": 5})
+    assert Krea2Family.config_errors(config) == [
+        "pretrained.max_sequence_length=5 must be 0 (the call's 512) or more than the 5 tokens of Krea 2's template "
+        "suffix it holds"]
+    assert family_of(tiny_krea2_dir)[0].pipe.prompt_template_encode_num_suffix_tokens == 5

@@ -5,7 +5,9 @@ fused from K tapped layers of a Qwen3-VL text model.
                 hidden states of its ``text_encoder_select_layers`` stacked per token on its fixed layout (the
                 template's prefix, the prompt padded to L = ``pretrained.max_sequence_length``, 0: the call's 512, then
                 the template's suffix; the prefix's tokens dropped), so every row has the same L. Unconditional: the
-                negative prompt "" (the call's own when it guides), encoded the same way
+                negative prompt "" (the call's own when it guides), encoded the same way. The whole stack is stored
+                (the transformer's text fusion is trained too): at the call's 512 tokens, Krea 2's 12 layers of 2560
+                are 31 MB a row in bfloat16, so keep sample.text_embedding_cache small
     latents     packed [B, (H/2f)(W/2f), 4 C]: 2x2 patches of the C-channel one-frame VAE latent (f = 8), x_0 = N(0, I)
                 drawn as ``prepare_latents`` draws it
     schedule    sigmas linspace(1, 1/T, T) shifted by mu = ``calculate_shift`` of the image's token count (the
@@ -33,6 +35,7 @@ from ddpo_group.models.families.qwenimage import decode_vae_latents, normalized_
 from ddpo_group.models.families.sana import call_default
 
 DISTILLED_MU = 1.15  # the pipeline's fixed shift of a distilled checkpoint (its __call__)
+SUFFIX_TOKENS = 5  # the pipeline's prompt_template_encode_num_suffix_tokens: the layout's last tokens
 
 
 @register_family("krea2", Krea2Pipeline)
@@ -41,6 +44,10 @@ class Krea2Family(FlowMatchingFamily):
     no_guidance = 0.0  # v(c) + w (v(c) - v(n)): the call guides when guidance_scale > 0 (Turbo samples at 0)
     # the attention projections of every block (the image blocks' and the text fusion's: they share the names)
     lora_target_modules = ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0")
+
+    def __init__(self, pipe, config):
+        self.patch_size = pipe.patch_size  # the pipeline's packing (2): the size rule's and the grid's
+        super().__init__(pipe, config)
 
     # ------------------------------------------------------------------ size, condition
     def default_size(self) -> tuple[int, int]:
@@ -135,11 +142,12 @@ class Krea2Family(FlowMatchingFamily):
     # ------------------------------------------------------------------ config
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        errors = super().config_errors(config)
-        if config.sample.guidance_scale < 0:
-            errors.append(f"sample.guidance_scale={config.sample.guidance_scale} must be >= 0 (Krea 2: 0 is no "
-                          "guidance)")
-        return errors + cls.guidance_errors(config)  # guided when guidance_scale > 0: v(c) + w (v(c) - v(n))
+        errors = super().config_errors(config) + cls.guidance_errors(config)  # guided when guidance_scale > 0
+        tokens = config.pretrained.max_sequence_length
+        if tokens != 0 and tokens <= SUFFIX_TOKENS:
+            errors.append(f"pretrained.max_sequence_length={tokens} must be 0 (the call's 512) or more than the "
+                          f"{SUFFIX_TOKENS} tokens of Krea 2's template suffix it holds")
+        return errors
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """The size and the token count (the call's 512 when unset)."""
