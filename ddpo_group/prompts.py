@@ -126,32 +126,45 @@ JSONL_PROMPT_KEY = "prompt"
 def _jsonl_rows(path: str, mtime: float) -> tuple[tuple[str, dict], ...]:
     """The (prompt, metadata) rows of a .jsonl prompt file, checked; ``image`` paths made absolute (module
     docstring of ``from_file``)."""
-    import json
-
     rows, folder = [], Path(path).parent
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"prompt_fn from_file: {path}, line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+    for where, row in json_lines(path, "prompt_fn from_file"):
         if not isinstance(row, dict):
             raise ValueError(f"{where}: a row must be a JSON object such as {{\"prompt\": \"a cat\"}}, got "
                              f"{type(row).__name__}")
         prompt = row.pop(JSONL_PROMPT_KEY, None)
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"{where}: field {JSONL_PROMPT_KEY!r} is {prompt!r}; it is required, a non-empty string")
-        if NEGATIVE_PROMPT_KEY in row and not isinstance(row[NEGATIVE_PROMPT_KEY], str):
-            raise ValueError(f"{where}: field {NEGATIVE_PROMPT_KEY!r} is {row[NEGATIVE_PROMPT_KEY]!r}; it must be a "
-                             "string (the row's negative prompt; leave the field out for the run's default)")
-        if SOURCE_IMAGE_KEY in row:
-            row[SOURCE_IMAGE_KEY] = source_image_paths(row[SOURCE_IMAGE_KEY], folder, where)
-        rows.append((prompt.strip(), row))
+        rows.append((prompt.strip(), checked_metadata(row, folder, where)))
     if not rows:
         raise ValueError(f"prompt_fn from_file: {path!r} holds no row (one JSON object per non-empty line)")
     return tuple(rows)
+
+
+def json_lines(path, what: str, error: type[Exception] = ValueError):
+    """(where, value) of each non-empty line of the .jsonl file ``path``, ``where`` naming ``what``, the file and the
+    line; a line that is not JSON raises ``error`` saying where (the prompt files', sft.data_dir's metadata.jsonl)."""
+    import json
+
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{what}: {path}, line {number}"
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as failure:
+            raise error(f"{where}: not valid JSON ({failure.msg} at column {failure.colno})") from None
+        yield where, value
+
+
+def checked_metadata(row: dict, folder: Path, where: str, error: type[Exception] = ValueError) -> dict:
+    """A .jsonl row's metadata, checked in place: ``negative_prompt`` a string, ``image`` (source image paths relative
+    to ``folder``) made absolute; the other keys free."""
+    if NEGATIVE_PROMPT_KEY in row and not isinstance(row[NEGATIVE_PROMPT_KEY], str):
+        raise error(f"{where}: field {NEGATIVE_PROMPT_KEY!r} is {row[NEGATIVE_PROMPT_KEY]!r}; it must be a string (the "
+                    "row's negative prompt; leave the field out for the run's default)")
+    if SOURCE_IMAGE_KEY in row:
+        row[SOURCE_IMAGE_KEY] = source_image_paths(row[SOURCE_IMAGE_KEY], folder, where)
+    return row
 
 
 def source_image_paths(value, folder: Path, where: str) -> str | list[str]:

@@ -25,15 +25,13 @@ objective keeps every row, a row's loss the flow-matching (or DDPM) loss at draw
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ddpo_group.errors import ConfigError
-from ddpo_group.models.source_images import NEGATIVE_PROMPT_KEY, SOURCE_IMAGE_KEY
-from ddpo_group.prompts import source_image_paths
+from ddpo_group.prompts import checked_metadata, json_lines
 from ddpo_group.sampling.batch import RolloutBatch
 
 METADATA_FILE = "metadata.jsonl"
@@ -60,14 +58,7 @@ def read_folder(path) -> list[tuple[Path, str, dict]]:
 
 def _metadata_rows(file: Path) -> list[tuple[Path, str, dict]]:
     rows = []
-    for number, line in enumerate(file.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"sft.data_dir: {file}, line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ConfigError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+    for where, row in json_lines(file, "sft.data_dir", ConfigError):
         if not isinstance(row, dict) or not isinstance(row.get("file_name"), str):
             raise ConfigError(f"{where}: a row must be a JSON object with 'file_name' (the image, relative to the "
                               "folder) and 'text' (its prompt)")
@@ -77,11 +68,7 @@ def _metadata_rows(file: Path) -> list[tuple[Path, str, dict]]:
             raise ConfigError(f"{where}: the prompt ('text' or 'prompt') is {prompt!r}; it must be a non-empty string")
         if not image.is_file():
             raise ConfigError(f"{where}: file_name {image.name!r} ({image}) does not exist")
-        if NEGATIVE_PROMPT_KEY in row and not isinstance(row[NEGATIVE_PROMPT_KEY], str):
-            raise ConfigError(f"{where}: field {NEGATIVE_PROMPT_KEY!r} must be a string")
-        if SOURCE_IMAGE_KEY in row:  # an editing family's source image(s), relative to the folder
-            row[SOURCE_IMAGE_KEY] = source_image_paths(row[SOURCE_IMAGE_KEY], file.parent, where)
-        rows.append((image, prompt.strip(), row))
+        rows.append((image, prompt.strip(), checked_metadata(row, file.parent, where, ConfigError)))
     return rows
 
 
