@@ -77,7 +77,7 @@ class ReferenceModel:
                     ref = getattr(layer, name)[self.adapter_name]
                     ref.to(dtype=getattr(layer, name)[POLICY_ADAPTER].weight.dtype)
                     ref.requires_grad_(False)
-            self._mix(model, 1.0)
+            self.mix(model, 1.0)
         elif mode == "copy":
             self.copy = copy.deepcopy(model).requires_grad_(False).eval()
 
@@ -128,12 +128,14 @@ class ReferenceModel:
         """Mix the policy into the reference after ``epoch`` when an update is due; True if it was."""
         if not self.due(epoch):
             return False
-        self._mix(model, self.alpha)
+        self.mix(model, self.alpha)
         self.last_update_epoch = epoch
         return True
 
     @torch.no_grad()
-    def _mix(self, model, alpha: float) -> None:
+    def mix(self, model, alpha: float) -> None:
+        """theta_ref <- alpha theta + (1 - alpha) theta_ref from the policy ``model`` (the adapter or the copy; the
+        base with its adapters off follows nothing)."""
         if self.mode == "adapter":
             for layer in lora_layers(model, POLICY_ADAPTER):
                 for name in ("lora_A", "lora_B"):

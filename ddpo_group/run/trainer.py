@@ -326,7 +326,7 @@ class Trainer:
         unwrapped = self.accelerator.unwrap_model(self.model)
         for follower in (self.kl.reference if self.kl is not None else None, self.old.weights if self.old else None):
             if follower is not None and follower.mode != "base":
-                follower._mix(unwrapped, 1.0)
+                follower.mix(unwrapped, 1.0)
 
     def restore_best(self, after_epoch: int) -> int:
         """guard.on_alarm="restore", after the evaluation of epoch ``after_epoch``: the best evaluation's weights back

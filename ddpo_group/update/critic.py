@@ -133,7 +133,8 @@ class Critic:
     def values(self, latents: torch.Tensor, timesteps: torch.Tensor, text_embeds: torch.Tensor,
                clean_hat: torch.Tensor | None = None) -> torch.Tensor:
         """V(x_n, t_n, c) [B, T] of every step of B trajectories (latents [B, T, C, h, w], timesteps [B, T],
-        text_embeds [B, L, D]; clean_hat [B, T, ...] when the critic reads it) in one forward over the B * T pairs;
+        text_embeds [B, L, D] or [B, L, K, D], pooled once a row; clean_hat [B, T, ...] when the critic reads it) in one
+        forward over the B * T pairs;
         float32, as in training."""
         b, t = timesteps.shape
         clean_hat = clean_hat.flatten(0, 1) if clean_hat is not None else None

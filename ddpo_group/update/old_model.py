@@ -53,7 +53,7 @@ class OldModel:
     def update(self, model, step: int) -> float:
         """theta_old <- d theta_old + (1 - d) theta after ``step`` optimizer steps; returns d."""
         self.last_decay = old_decay(step, self.flat, self.ramp, self.maximum)
-        self.weights._mix(model, 1.0 - self.last_decay)
+        self.weights.mix(model, 1.0 - self.last_decay)
         return self.last_decay
 
     def metrics(self, model) -> dict:
