@@ -576,6 +576,36 @@ def build_tiny_sana_pipeline(seed: int = 0):
 TINY_BUILDERS["sana"] = build_tiny_sana_pipeline
 
 
+def build_tiny_sana_video_pipeline(seed: int = 0, vae: str = "wan"):
+    """SANA-Video at a tiny size: a SanaVideoTransformer3DModel with two blocks (2 heads of 12, patches 1 x 2 x 2,
+    sample_size 30: the pipeline's 480p table; rotary tables of 32 positions an axis), the tiny SANA's Gemma-2 text
+    encoder and ``gemma_tokenizer``, the released DPM-Solver++ scheduler (flow prediction, flow shift 3), which the
+    family swaps for the flow Euler one of that shift, and the 480p model's VAE, the tiny Wan's AutoencoderKLWan (16
+    channels; time / 4, space / 8: 5 frames of 32 x 32 px are latents [16, 2, 4, 4]). ``vae="ltx2"``: the 720p
+    model's layout, the tiny LTX-2's video VAE (4 channels; time / 8, space / 32) under a transformer of patch 1 and
+    sample_size 22 (the 720p table)."""
+    from diffusers import DPMSolverMultistepScheduler, SanaVideoPipeline, SanaVideoTransformer3DModel
+
+    components = build_tiny_sana_pipeline(seed).components
+    autoencoder = (build_tiny_wan_pipeline(seed) if vae == "wan" else build_tiny_ltx2_pipeline(seed)).vae
+    channels = autoencoder.config.z_dim if vae == "wan" else autoencoder.config.latent_channels
+    if vae != "wan":  # the pipeline reads the factors from the config, where the released 720p VAE states them
+        autoencoder.register_to_config(spatial_compression_ratio=autoencoder.spatial_compression_ratio,
+                                       temporal_compression_ratio=autoencoder.temporal_compression_ratio)
+    torch.manual_seed(seed)
+    transformer = SanaVideoTransformer3DModel(
+        in_channels=channels, out_channels=channels, num_attention_heads=2, attention_head_dim=12, num_layers=2,
+        num_cross_attention_heads=2, cross_attention_head_dim=12, cross_attention_dim=24, caption_channels=16,
+        sample_size=30 if vae == "wan" else 22, patch_size=(1, 2, 2) if vae == "wan" else (1, 1, 1),
+        rope_max_seq_len=32)
+    scheduler = DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    return SanaVideoPipeline(tokenizer=components["tokenizer"], text_encoder=components["text_encoder"],
+                             vae=autoencoder, transformer=transformer, scheduler=scheduler)
+
+
+TINY_BUILDERS["sana_video"] = build_tiny_sana_video_pipeline
+
+
 # ----------------------------------------------------------------------------- Qwen-Image 2.1
 # Qwen3-VL's chat template for text turns (content a string or a list of text parts): what QwenImage21Pipeline renders
 # to count its system turn's tokens

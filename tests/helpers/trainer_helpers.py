@@ -55,6 +55,8 @@ FAMILY_OVERRIDES["qwenimage_edit"] = FAMILY_OVERRIDES["qwenimage_edit_plus"]  # 
 FAMILY_OVERRIDES["wan_i2v"] = {"sample.resolution": 16, "sample.num_frames": 5}
 # SANA: 64 px (2 x 2 latents of its 32x DC-AE), 16 Gemma tokens (the last ones after its instruction: the prompt's)
 FAMILY_OVERRIDES["sana"] = {"sample.resolution": 64, "pretrained.max_sequence_length": 16}
+# SANA-Video: 5 frames of 32 x 32 px (latents [16, 2, 4, 4] of Wan's 8x / 4x VAE: 2 x 2 patches), 16 Gemma tokens
+FAMILY_OVERRIDES["sana_video"] = {"sample.resolution": 32, "sample.num_frames": 5, "pretrained.max_sequence_length": 16}
 # Qwen-Image 2.1: 64 px (4 x 4 latent tokens of its 16x VAE), 64 stored text tokens (the pipeline keeps every token)
 FAMILY_OVERRIDES["qwenimage21"] = {"sample.resolution": 64, "pretrained.max_sequence_length": 64}
 # HunyuanVideo 1.5: 5 frames of 32 x 32 px (latents [4, 2, 2, 2] of its 16x / 4x VAE); its text encoders' own lengths

@@ -55,7 +55,8 @@ RUN = {"num_epochs": 1, "sample.num_steps": 2, "sample.batch_size": 2, "sample.n
 # position table (Z-Image, Wan); the others sample their pipeline's default everywhere
 SIZES = {"flux": 32, "flux_kontext": 32, "flux2": 32, "flux2_dev": 32, "qwenimage": 32, "qwenimage_edit_plus": 32,
          "qwenimage_edit": 32, "zimage": 32, "wan": 16, "wan_i2v": 16, "sana": 64,
-         "qwenimage21": 64, "hunyuan_video15": 32, "ltx2": 64, "krea2": 32}
+         "qwenimage21": 64, "hunyuan_video15": 32, "ltx2": 64, "krea2": 32,
+         "sana_video": 32}
 AT_DEFAULT_SIZE = tuple(name for name in FAMILIES if name not in SIZES)
 # (height, width) of each tiny model at its pipeline's default: its call's (Z-Image's 1024, Wan's 480 x 832) or
 # default_sample_size times its VAE factor
@@ -64,11 +65,12 @@ DEFAULT_SIZES = {"sd": (16, 16), "sdxl": (16, 16), "sd3": (16, 16), "flux": (256
                  "qwenimage_edit_plus": (512, 512), "qwenimage_edit": (512, 512), "zimage": (1024, 1024),
                  "wan": (480, 832), "wan_i2v": (480, 832), "sana": (1024, 1024),
                  "qwenimage21": (1024, 1024), "hunyuan_video15": (32, 32),
-                 "ltx2": (512, 768), "krea2": (1024, 1024)}
+                 "ltx2": (512, 768), "krea2": (1024, 1024), "sana_video": (480, 832)}
 # the tiny models whose position table cannot take their pipeline's default: refused at start, naming the field
 REFUSED_DEFAULTS = {"zimage": "axes_lens=[256, 32, 32]: 32 patches a side, 128 px",
                     "wan": "rope_max_seq_len=32: 32 patches a side, 512 px",
-                    "wan_i2v": "rope_max_seq_len=32: 32 patches a side, 512 px"}
+                    "wan_i2v": "rope_max_seq_len=32: 32 patches a side, 512 px",
+                    "sana_video": "rope_max_seq_len=32: 32 patches a side, 512 px"}
 # (family, run) refused at start: (what the message says, why in the documented table)
 REFUSED = {("sd", "nft"): ("algorithm.objective='nft' is defined on the ('flow',) forward process(es); the 'sd' "
                            "family's is 'ddpm'", "defined on the flow-matching forward process only"),
@@ -81,10 +83,11 @@ REFUSED = {("sd", "nft"): ("algorithm.objective='nft' is defined on the ('flow',
            ("ltx2", "nft"): ("train.cfg=False contradicts sample.guidance_scale=1.0 with the audio's scale 7.0",
                              "the audio's CFG stays at the call's 7 (sample.pipeline_guidance.audio_guidance_scale=1 "
                              "turns it off)")}
-VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81, "hunyuan_video15": 121, "ltx2": 121}  # each video family's default frames
+# each video family's default frames
+VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81, "hunyuan_video15": 121, "ltx2": 121, "sana_video": 81}
 # the frames of the runs not at the defaults where fewer keep the suite short (LTX-2's 121 frames are 5 s of audio and
 # 4 forwards a step at its call's defaults); the others sample their default frames everywhere
-FRAMES = {"hunyuan_video15": 5, "ltx2": 17}
+FRAMES = {"hunyuan_video15": 5, "ltx2": 17, "sana_video": 5}
 # each preset with an option a user picks (the flow step's kind: flow families only)
 OPTIONS = {
     "grpo": {"kl.reference_update_freq": 1, "kl.reference_mixup_alpha": 0.5},  # the mixup adapter
@@ -345,7 +348,8 @@ def test_on_policy_distillation_from_an_adapter_of_the_family(name, family_dirs,
     assert metrics["train/opd_kl"] > 0 and np.isfinite(metrics["train/opd_kl"]) and np.isfinite(metrics["train/grad_norm"])
 
 
-VIDEO_FAMILIES = ("wan", "wan_i2v", "hunyuan_video15", "ltx2")  # no image encoding: SFT on a folder is refused
+# no image encoding: SFT on a folder is refused
+VIDEO_FAMILIES = tuple(name for name in FAMILIES if get_family(name).capabilities.video)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

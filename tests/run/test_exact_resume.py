@@ -9,8 +9,10 @@ the same bytes (and the same logged metrics) as a run that was never interrupted
 group_ppo (critic, group-threshold controller) train LoRA; grpo trains the full UNet with a KL term
 to a frozen reference copy; group_ppo@flux trains LoRA on the tiny FLUX model (flow-matching SDE steps,
 the critic on packed latents); grpo@zimage trains the whole tiny Z-Image transformer with guidance (its list inputs,
-the Qwen3 condition stored with its lengths) and a KL to a frozen copy; grpo@krea2 trains LoRA on the tiny Krea 2
-(the condition [B, L, K, D] with its bool mask, two forwards of guidance).
+the Qwen3 condition stored with its lengths) and a KL to a frozen copy; grpo@krea2 trains the whole tiny Krea 2
+transformer (the condition [B, L, K, D] with its bool mask, two forwards of guidance) and grpo@sana_video the whole
+tiny SANA-Video transformer (video latents, the state in float32, CFG in one batched forward), each with a KL to a
+frozen copy.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def runs_dir(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux", "grpo@zimage", "grpo@krea2",
-                                    "group_ppo#adaptive",
+                                    "grpo@sana_video", "group_ppo#adaptive",
                                     pytest.param("grpo+cuda", marks=pytest.mark.cuda),
                                     pytest.param("group_ppo+cuda", marks=pytest.mark.cuda)])
 def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(preset, family_model_dirs, runs_dir):

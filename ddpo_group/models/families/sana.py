@@ -35,14 +35,12 @@ import inspect
 
 import torch
 from diffusers import SanaPipeline
+from diffusers.image_processor import PixArtImageProcessor
 from diffusers.pipelines.sana import pipeline_sana
 
 from ddpo_group.models.families import register_family
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily, flow_euler_scheduler
 
-# the pipeline's aspect-ratio tables by the transformer's sample_size (SanaPipeline.__call__'s choice)
-RESOLUTION_BINS = {128: "ASPECT_RATIO_4096_BIN", 64: "ASPECT_RATIO_2048_BIN", 32: "ASPECT_RATIO_1024_BIN",
-                   16: "ASPECT_RATIO_512_BIN"}
 
 
 def call_default(pipeline_class, name: str):
@@ -60,18 +58,23 @@ class SanaFamily(FlowMatchingFamily):
     lora_target_modules = ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
                            "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")
 
+    # the pipeline's aspect-ratio tables by the transformer's sample_size (SanaPipeline.__call__'s choice)
+    resolution_bins = {128: pipeline_sana.ASPECT_RATIO_4096_BIN, 64: pipeline_sana.ASPECT_RATIO_2048_BIN,
+                       32: pipeline_sana.ASPECT_RATIO_1024_BIN, 16: pipeline_sana.ASPECT_RATIO_512_BIN}
+
     def __init__(self, pipe, config):
         if pipe.transformer.config.guidance_embeds:
-            raise ValueError("this SANA transformer has guidance_embeds=True (SANA-Sprint, a guidance-distilled model "
-                             "sampled by SanaSprintPipeline); the sana family takes SanaPipeline's models, guided by CFG "
-                             "(guidance_embeds=False)")
-        self.patch_size = pipe.transformer.config.patch_size
+            raise ValueError(f"this {type(pipe.transformer).__name__} has guidance_embeds=True (a guidance-distilled "
+                             "model: SANA-Sprint's, sampled by SanaSprintPipeline); the sana families train "
+                             f"{self.pipeline_class.__name__}'s models, guided by CFG (guidance_embeds=False)")
+        patch = pipe.transformer.config.patch_size  # a video transformer's (frames, rows, columns): its rows'
+        self.patch_size = patch[1] if isinstance(patch, (tuple, list)) else patch
         super().__init__(pipe, config)
 
     @classmethod
     def load_pipeline(cls, path, local, revision, dtype_kwargs):
         pipe = super().load_pipeline(path, local, revision, dtype_kwargs)
-        pipe.scheduler = flow_euler_scheduler(pipe.scheduler, "sana")
+        pipe.scheduler = flow_euler_scheduler(pipe.scheduler, cls.name)
         return pipe
 
     # ------------------------------------------------------------------ size
@@ -79,23 +82,22 @@ class SanaFamily(FlowMatchingFamily):
         """The call's 1024 x 1024 mapped by the pipeline's aspect-ratio table of this transformer's sample_size (what
         ``__call__`` samples given no size); the call's own size for a sample_size without a table (the call refuses
         to bin it)."""
-        height, width = call_default(SanaPipeline, "height"), call_default(SanaPipeline, "width")
-        table = RESOLUTION_BINS.get(self.pipe.transformer.config.sample_size)
+        height, width = call_default(self.pipeline_class, "height"), call_default(self.pipeline_class, "width")
+        table = self.resolution_bins.get(self.pipe.transformer.config.sample_size)
         if table is None:
             return height, width
-        return self.pipe.image_processor.classify_height_width_bin(height, width,
-                                                                   ratios=getattr(pipeline_sana, table))
+        return PixArtImageProcessor.classify_height_width_bin(height, width, ratios=table)
 
     # ------------------------------------------------------------------ condition
     @property
     def text_length(self) -> int:
         """L, the tokens of a condition: ``pretrained.max_sequence_length``, else the call's default (300)."""
-        return self.max_sequence_length or call_default(SanaPipeline, "max_sequence_length")
+        return self.max_sequence_length or call_default(self.pipeline_class, "max_sequence_length")
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict:
         """The pipeline's ``encode_prompt`` of the prompts after its call's complex human instruction."""
-        return self._encoded(prompts, call_default(SanaPipeline, "complex_human_instruction"))
+        return self._encoded(prompts, call_default(self.pipeline_class, "complex_human_instruction"))
 
     @torch.no_grad()
     def encode_negative(self, prompts: list[str]) -> dict:
@@ -136,13 +138,17 @@ class SanaFamily(FlowMatchingFamily):
             mask = torch.cat([negative["prompt_attention_mask"].expand(batch_rows, -1), mask])
         dtype = self.pipe.transformer.dtype
         out = model(latents.to(dtype), encoder_hidden_states=embeds.to(dtype), encoder_attention_mask=mask,
-                    timestep=t * self.pipe.transformer.config.timestep_scale, return_dict=False)[0].float()
+                    timestep=self.timestep_input(t), return_dict=False)[0].float()
         if guided:
             uncond, conditional = out.chunk(2)
             out = uncond + guidance_scale * (conditional - uncond)
         if self.pipe.transformer.config.out_channels // 2 == self.latent_channels:  # a learned sigma: its first half
             out = out.chunk(2, dim=1)[0]
         return out
+
+    def timestep_input(self, t: torch.Tensor) -> torch.Tensor:
+        """The transformer's timestep: t times its ``timestep_scale``, as SanaPipeline passes it."""
+        return t * self.pipe.transformer.config.timestep_scale
 
     @torch.no_grad()
     def clean_latents(self, images):
