@@ -833,3 +833,43 @@ def build_tiny_krea2_pipeline(seed: int = 0, is_distilled: bool = False):
 
 
 TINY_BUILDERS["krea2"] = build_tiny_krea2_pipeline
+
+
+# ----------------------------------------------------------------------------- Ideogram 4
+def build_tiny_ideogram4_pipeline(seed: int = 0):
+    """Ideogram 4 at a tiny size: two Ideogram4Transformer2DModel of two layers (2 heads of 16, interleaved M-RoPE
+    sections 4 / 2 / 2), the conditional ``transformer`` and the ``unconditional_transformer`` of its asymmetric CFG,
+    reading the 13 tapped layers (0, 3, ..., 33, 35) of a 36-layer Qwen3-VL text model of width 16 (13 x 16 = 208
+    features a token) with ``qwen_tokenizer`` and Qwen3-VL's chat template; an AutoencoderKLFlux2 of five stages (16x,
+    4 channels: 16-channel tokens of 2 x 2 patches; batch-norm statistics not the identity), so the call's 2048 px are
+    64 x 64 tokens; the flow Euler scheduler, which the pipeline gives its logit-normal sigmas."""
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Ideogram4Pipeline
+    from diffusers import Ideogram4Transformer2DModel
+    from transformers import Qwen3VLModel
+
+    torch.manual_seed(seed)
+    tokenizer = qwen_tokenizer(max_length=4096)
+    tokenizer.chat_template = QWEN3_VL_CHAT_TEMPLATE
+    config = tiny_qwen3_vl_config(tokenizer)
+    config.text_config.num_hidden_layers = 36  # the pipeline taps layers 0 to 35 (QWEN3_VL_ACTIVATION_LAYERS)
+    config.text_config.layer_types = ["full_attention"] * 36
+    text_encoder = Qwen3VLModel(config).eval()
+    features = 13 * config.text_config.hidden_size
+
+    def transformer():
+        return Ideogram4Transformer2DModel(in_channels=16, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+                                           intermediate_size=32, adaln_dim=16, llm_features_dim=features,
+                                           mrope_section=(4, 2, 2))
+
+    vae = AutoencoderKLFlux2(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 5,
+                             up_block_types=("UpDecoderBlock2D",) * 5, block_out_channels=(4, 4, 4, 4, 8),
+                             layers_per_block=1, latent_channels=4, norm_num_groups=4, sample_size=32,
+                             use_quant_conv=False, use_post_quant_conv=False)
+    with torch.no_grad():
+        vae.bn.running_mean.copy_(0.1 * torch.randn_like(vae.bn.running_mean))
+        vae.bn.running_var.copy_(0.5 + torch.rand_like(vae.bn.running_var))
+    return Ideogram4Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
+                             tokenizer=tokenizer, transformer=transformer(), unconditional_transformer=transformer())
+
+
+TINY_BUILDERS["ideogram4"] = build_tiny_ideogram4_pipeline

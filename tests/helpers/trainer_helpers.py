@@ -64,6 +64,8 @@ FAMILY_OVERRIDES["hunyuan_video15"] = {"sample.resolution": 32, "sample.num_fram
 # Krea 2: 32 px (2 x 2 tokens of its packed 8x-VAE latent), 16 text tokens, its guidance v(c) + w (v(c) - v(n))
 FAMILY_OVERRIDES["krea2"] = {"sample.resolution": 32, "pretrained.max_sequence_length": 16, "sample.guidance_scale": 3.0,
                              "train.cfg": True}
+# Ideogram 4: 64 px (2 x 2 tokens of its packed 16x-VAE latent), 64 chat-template tokens, guidance 5 (w u_c + (1 - w) u_u)
+FAMILY_OVERRIDES["ideogram4"] = {"sample.resolution": 64, "pretrained.max_sequence_length": 64}
 # LTX-2: 17 frames of 64 x 64 px (a 3 x 2 x 2 video latent of its 32x / 8x VAE, 18 audio latent frames), 16 Gemma tokens
 FAMILY_OVERRIDES["ltx2"] = {"sample.resolution": 64, "sample.num_frames": 17, "pretrained.max_sequence_length": 16}
 

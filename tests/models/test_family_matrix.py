@@ -56,7 +56,7 @@ RUN = {"num_epochs": 1, "sample.num_steps": 2, "sample.batch_size": 2, "sample.n
 SIZES = {"flux": 32, "flux_kontext": 32, "flux2": 32, "flux2_dev": 32, "qwenimage": 32, "qwenimage_edit_plus": 32,
          "qwenimage_edit": 32, "zimage": 32, "wan": 16, "wan_i2v": 16, "sana": 64,
          "qwenimage21": 64, "hunyuan_video15": 32, "ltx2": 64, "krea2": 32,
-         "sana_video": 32}
+         "sana_video": 32, "ideogram4": 64}
 AT_DEFAULT_SIZE = tuple(name for name in FAMILIES if name not in SIZES)
 # (height, width) of each tiny model at its pipeline's default: its call's (Z-Image's 1024, Wan's 480 x 832) or
 # default_sample_size times its VAE factor
@@ -65,7 +65,8 @@ DEFAULT_SIZES = {"sd": (16, 16), "sdxl": (16, 16), "sd3": (16, 16), "flux": (256
                  "qwenimage_edit_plus": (512, 512), "qwenimage_edit": (512, 512), "zimage": (1024, 1024),
                  "wan": (480, 832), "wan_i2v": (480, 832), "sana": (1024, 1024),
                  "qwenimage21": (1024, 1024), "hunyuan_video15": (32, 32),
-                 "ltx2": (512, 768), "krea2": (1024, 1024), "sana_video": (480, 832)}
+                 "ltx2": (512, 768), "krea2": (1024, 1024), "sana_video": (480, 832),
+                 "ideogram4": (2048, 2048)}
 # the tiny models whose position table cannot take their pipeline's default: refused at start, naming the field
 REFUSED_DEFAULTS = {"zimage": "axes_lens=[256, 32, 32]: 32 patches a side, 128 px",
                     "wan": "rope_max_seq_len=32: 32 patches a side, 512 px",

@@ -11,8 +11,9 @@ to a frozen reference copy; group_ppo@flux trains LoRA on the tiny FLUX model (f
 the critic on packed latents); grpo@zimage trains the whole tiny Z-Image transformer with guidance (its list inputs,
 the Qwen3 condition stored with its lengths) and a KL to a frozen copy; grpo@krea2 trains the whole tiny Krea 2
 transformer (the condition [B, L, K, D] with its bool mask, two forwards of guidance) and grpo@sana_video the whole
-tiny SANA-Video transformer (video latents, the state in float32, CFG in one batched forward), each with a KL to a
-frozen copy.
+tiny SANA-Video transformer (video latents, the state in float32, CFG in one batched forward) and grpo@ideogram4 the
+whole tiny Ideogram 4 transformer (its guidance through the frozen unconditional transformer, the lengths of the
+left-padded condition), each with a KL to a frozen copy.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def runs_dir(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux", "grpo@zimage", "grpo@krea2",
-                                    "grpo@sana_video", "group_ppo#adaptive",
+                                    "grpo@sana_video", "grpo@ideogram4", "group_ppo#adaptive",
                                     pytest.param("grpo+cuda", marks=pytest.mark.cuda),
                                     pytest.param("group_ppo+cuda", marks=pytest.mark.cuda)])
 def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(preset, family_model_dirs, runs_dir):
