@@ -873,3 +873,55 @@ def build_tiny_ideogram4_pipeline(seed: int = 0):
 
 
 TINY_BUILDERS["ideogram4"] = build_tiny_ideogram4_pipeline
+
+
+# ----------------------------------------------------------------------------- Kandinsky 6
+def build_tiny_kandinsky6_pipeline(seed: int = 0):
+    """Kandinsky 6 text-to-video with audio at a tiny size: a Kandinsky6Transformer3DModel with one text block and two
+    fused video / audio blocks (width 32, 2 heads of 16; the released checkpoints' text padding, cross-modal RoPE,
+    gates and fixed modulation; 4 video and 6 audio latent channels, widths that differ as the real 16 and 20 do), a
+    two-layer Qwen2.5-VL of width 16 with ``qwen_vl_tokenizer`` (merges on the pipeline's template) in
+    ``qwen_vl_processor``, the tiny CLIP-L text model (77 tokens, the pipeline's), an AutoencoderKLHunyuanVideo of 4
+    channels with 32x / 4x factors (the call's 121 frames of 512 x 768 px are 31 x 16 x 24 latents, 2976 tokens), an
+    MMAudio VAE and vocoder (8 mel bins at 16 kHz, a hop of 64 samples: a latent frame every 128), the flow Euler
+    scheduler (shift 5)."""
+    from diffusers import (AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler, Kandinsky6TI2VAPipeline,
+                           Kandinsky6Transformer3DModel, MMAudioVAE, MMAudioVocoder)
+    from diffusers.pipelines.kandinsky6.pipeline_kandinsky6_ti2va import _PROMPT_TEMPLATE
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    transformer = Kandinsky6Transformer3DModel(
+        in_visual_dim=4, out_visual_dim=4, in_text_dim=16, in_text_dim2=32, time_dim=16, patch_size=(1, 2, 2),
+        model_dim=32, ff_dim=64, num_text_blocks=1, num_visual_blocks=2, axes_dims=(4, 6, 6), visual_cond=True,
+        in_audio_dim=6, out_audio_dim=6, text_token_padding=True, ca_rope=True, cross_gates=True,
+        fix_modulation=True)
+    tokenizer = qwen_vl_tokenizer(_PROMPT_TEMPLATE)
+    ids = tokenizer.convert_tokens_to_ids
+    text_encoder = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "rope_theta": 1000000.0,
+                     "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+                     "vocab_size": len(tokenizer), "bos_token_id": ids("<|endoftext|>"),
+                     "eos_token_id": ids("<|im_end|>"), "max_position_embeddings": 4096},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
+        hidden_size=16, vocab_size=len(tokenizer), image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"))).eval()
+    tokenizer_2, text_encoder_2 = _clip(projection=False, max_length=77)
+    vae = AutoencoderKLHunyuanVideo(
+        in_channels=3, out_channels=3, latent_channels=4, down_block_types=("HunyuanVideoDownBlock3D",) * 6,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 6, block_out_channels=(4,) * 6, layers_per_block=1,
+        norm_num_groups=2, spatial_compression_ratio=32, temporal_compression_ratio=4, mid_block_add_attention=False)
+    audio_vae = MMAudioVAE(mel_bins=8, latent_channels=6, hidden_channels=8, channel_multipliers=(1, 2),
+                           layers_per_block=1, sample_rate=16000, n_fft=256, hop_length=64)
+    vocoder = MMAudioVocoder(num_mels=8, upsample_initial_channel=16, upsample_rates=(4, 4, 4),
+                             upsample_kernel_sizes=(8, 8, 8), resblock_kernel_sizes=(3,),
+                             resblock_dilation_sizes=((1, 3),))
+    return Kandinsky6TI2VAPipeline(transformer=transformer, vae=vae, text_encoder=text_encoder,
+                                   tokenizer=tokenizer, text_encoder_2=text_encoder_2,
+                                   tokenizer_2=tokenizer_2, scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+                                   audio_vae=audio_vae, vocoder=vocoder)
+
+
+TINY_BUILDERS["kandinsky6"] = build_tiny_kandinsky6_pipeline

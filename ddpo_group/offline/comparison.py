@@ -117,7 +117,7 @@ def prompt_seeds(prompts: list[str], seed: int, m: int) -> list[list[int]]:
 @torch.no_grad()
 def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: int, guidance_scale: float, batch_size: int,
                   progress: tqdm | None = None, metadata: list[dict] | None = None, row_kwargs=None,
-                  guidance_kwargs=None, images_of=None, audio_out: list | None = None,
+                  guidance_kwargs=None, images_of=None, audio_of=None, audio_out: list | None = None,
                   **pipeline_kwargs) -> torch.Tensor:
     """Images [N * M, 3, H, W] in [0, 1], prompt-major: index i * M + j is prompt i with its seed ``seeds[i][j]``, from
     the pipeline's own ``__call__`` (its standard sampler; ``pipeline_kwargs``: the family's, e.g. DDIM's eta, the
@@ -125,7 +125,8 @@ def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: i
     e.g. an editing family's source images; ``guidance_kwargs(guidance_scale)``: the call's keywords of the scale,
     ``family.guidance_kwargs``, else ``guidance_scale``; ``images_of(output)``: the images of a call,
     ``family.pipeline_images``); a video pipeline's frames [N * M, F, 3, H, W]. ``audio_out``: a list that receives
-    each call's audio [rows, channels, samples] when the pipeline makes audio (LTX-2's ``output.audio``)."""
+    each call's audio [rows, channels, samples] when the pipeline makes audio (``audio_of(output)``,
+    ``family.pipeline_audio``, else ``output.audio``)."""
     guidance = guidance_kwargs(guidance_scale) if guidance_kwargs is not None else {"guidance_scale": guidance_scale}
     metadata = metadata if metadata is not None else [{}] * len(prompts)
     pairs = [(p, s, m) for p, row, m in zip(prompts, seeds, metadata) for s in row]
@@ -143,8 +144,9 @@ def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: i
         else:
             images = result.frames if hasattr(result, "frames") else result.images  # video: frames
         out.append(images.float().cpu())
-        if audio_out is not None and getattr(result, "audio", None) is not None:
-            audio_out.append(result.audio.float().cpu())
+        audio = audio_of(result) if audio_of is not None else getattr(result, "audio", None)
+        if audio_out is not None and audio is not None:
+            audio_out.append(audio.float().cpu())
         if progress is not None:
             progress.update(1)
     return torch.cat(out)
@@ -295,7 +297,8 @@ def evaluate(request: EvaluationRequest, defaults) -> dict:
     settings = dict(num_steps=num_steps, guidance_scale=guidance_scale, batch_size=batch_size,
                     **family.pipeline_kwargs(config.sample, config.pretrained))
     rows = dict(metadata=metadata, row_kwargs=family.pipeline_row_kwargs,  # e.g. an editing family's source images
-                guidance_kwargs=family.guidance_kwargs, images_of=family.pipeline_images)
+                guidance_kwargs=family.guidance_kwargs, images_of=family.pipeline_images,
+                audio_of=family.pipeline_audio)
     base_audio, tuned_audio = [], []  # a pipeline with audio (LTX-2): its waveforms, rows as the images'
     with tqdm(total=2 * batches, desc="evaluate (base, then fine-tuned)", disable=not r.show_progress) as progress:
         base_images = sample_images(pipe, prompts, seeds, progress=progress, audio_out=base_audio, **rows, **settings)

@@ -66,6 +66,9 @@ FAMILY_OVERRIDES["krea2"] = {"sample.resolution": 32, "pretrained.max_sequence_l
                              "train.cfg": True}
 # Ideogram 4: 64 px (2 x 2 tokens of its packed 16x-VAE latent), 64 chat-template tokens, guidance 5 (w u_c + (1 - w) u_u)
 FAMILY_OVERRIDES["ideogram4"] = {"sample.resolution": 64, "pretrained.max_sequence_length": 64}
+# Kandinsky 6: 5 frames of 64 x 64 px (a 2 x 2 x 2 video latent of its 32x / 4x VAE, 27 audio latent frames), 32
+# Qwen2.5-VL tokens
+FAMILY_OVERRIDES["kandinsky6"] = {"sample.resolution": 64, "sample.num_frames": 5, "pretrained.max_sequence_length": 32}
 # LTX-2: 17 frames of 64 x 64 px (a 3 x 2 x 2 video latent of its 32x / 8x VAE, 18 audio latent frames), 16 Gemma tokens
 FAMILY_OVERRIDES["ltx2"] = {"sample.resolution": 64, "sample.num_frames": 17, "pretrained.max_sequence_length": 16}
 

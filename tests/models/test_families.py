@@ -210,7 +210,8 @@ def test_each_family_declares_its_capabilities_and_has_every_member_of_the_seam(
     from ddpo_group.models.tiny_random import build_tiny_wan_pipeline
     from ddpo_group.sampling.family import Capabilities, Family
 
-    declared = {"ltx2": Capabilities(video=True, audio=True), "wan": Capabilities(video=True),
+    declared = {"ltx2": Capabilities(video=True, audio=True), "kandinsky6": Capabilities(video=True, audio=True),
+                "wan": Capabilities(video=True),
                 "hunyuan_video15": Capabilities(video=True), "sana_video": Capabilities(video=True),
                 "wan_i2v": Capabilities(video=True, image_conditioning=True),
                 "flux_kontext": Capabilities(image_conditioning=True),

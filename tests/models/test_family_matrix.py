@@ -56,7 +56,7 @@ RUN = {"num_epochs": 1, "sample.num_steps": 2, "sample.batch_size": 2, "sample.n
 SIZES = {"flux": 32, "flux_kontext": 32, "flux2": 32, "flux2_dev": 32, "qwenimage": 32, "qwenimage_edit_plus": 32,
          "qwenimage_edit": 32, "zimage": 32, "wan": 16, "wan_i2v": 16, "sana": 64,
          "qwenimage21": 64, "hunyuan_video15": 32, "ltx2": 64, "krea2": 32,
-         "sana_video": 32, "ideogram4": 64}
+         "sana_video": 32, "ideogram4": 64, "kandinsky6": 64}
 AT_DEFAULT_SIZE = tuple(name for name in FAMILIES if name not in SIZES)
 # (height, width) of each tiny model at its pipeline's default: its call's (Z-Image's 1024, Wan's 480 x 832) or
 # default_sample_size times its VAE factor
@@ -66,7 +66,7 @@ DEFAULT_SIZES = {"sd": (16, 16), "sdxl": (16, 16), "sd3": (16, 16), "flux": (256
                  "wan": (480, 832), "wan_i2v": (480, 832), "sana": (1024, 1024),
                  "qwenimage21": (1024, 1024), "hunyuan_video15": (32, 32),
                  "ltx2": (512, 768), "krea2": (1024, 1024), "sana_video": (480, 832),
-                 "ideogram4": (2048, 2048)}
+                 "ideogram4": (2048, 2048), "kandinsky6": (512, 768)}
 # the tiny models whose position table cannot take their pipeline's default: refused at start, naming the field
 REFUSED_DEFAULTS = {"zimage": "axes_lens=[256, 32, 32]: 32 patches a side, 128 px",
                     "wan": "rope_max_seq_len=32: 32 patches a side, 512 px",
@@ -85,10 +85,10 @@ REFUSED = {("sd", "nft"): ("algorithm.objective='nft' is defined on the ('flow',
                              "the audio's CFG stays at the call's 7 (sample.pipeline_guidance.audio_guidance_scale=1 "
                              "turns it off)")}
 # each video family's default frames
-VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81, "hunyuan_video15": 121, "ltx2": 121, "sana_video": 81}
+VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81, "hunyuan_video15": 121, "ltx2": 121, "sana_video": 81, "kandinsky6": 121}
 # the frames of the runs not at the defaults where fewer keep the suite short (LTX-2's 121 frames are 5 s of audio and
 # 4 forwards a step at its call's defaults); the others sample their default frames everywhere
-FRAMES = {"hunyuan_video15": 5, "ltx2": 17, "sana_video": 5}
+FRAMES = {"hunyuan_video15": 5, "ltx2": 17, "sana_video": 5, "kandinsky6": 5}
 # each preset with an option a user picks (the flow step's kind: flow families only)
 OPTIONS = {
     "grpo": {"kl.reference_update_freq": 1, "kl.reference_mixup_alpha": 0.5},  # the mixup adapter

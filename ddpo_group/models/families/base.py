@@ -445,8 +445,13 @@ class ModelFamily:
     @staticmethod
     def load_lora(pipe, directory, adapter_name: str | None = None) -> None:
         """An exported adapter (``save_lora``) into ``pipe``: its own ``load_lora_weights`` (``adapter_name``: the
-        adapter's name in the denoiser; None: diffusers' own)."""
-        pipe.load_lora_weights(str(directory), adapter_name=adapter_name)
+        adapter's name in the denoiser; None: diffusers' own); a pipeline without a LoRA loader (HunyuanVideo 1.5's,
+        Kandinsky 6's) has the export's "transformer." keys loaded by its transformer's ``load_lora_adapter``."""
+        if hasattr(pipe, "load_lora_weights"):
+            pipe.load_lora_weights(str(directory), adapter_name=adapter_name)
+            return
+        pipe.transformer.load_lora_adapter(str(directory), prefix="transformer", adapter_name=adapter_name,
+                                           weight_name="pytorch_lora_weights.safetensors")
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         """Extra keywords of the pipeline's own ``__call__`` (evaluation) for images like the sampler's, from the run's
@@ -462,6 +467,11 @@ class ModelFamily:
         """The images of the pipeline's own ``__call__`` (``output_type="pt"``) as ``decode`` gives them: a video's
         frames, else its images."""
         return output.frames if self.capabilities.video else output.images
+
+    def pipeline_audio(self, output) -> torch.Tensor | None:
+        """The soundtrack of the pipeline's own ``__call__`` as ``decode_audio`` gives it, [B, channels, samples] (its
+        ``output.audio``), or None for a pipeline without audio."""
+        return getattr(output, "audio", None)
 
     def pipeline_row_kwargs(self, metadata: list[dict]) -> dict:
         """Keywords of the pipeline's own ``__call__`` for a call's rows (their metadata) beyond the prompts: the

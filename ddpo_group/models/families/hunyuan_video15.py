@@ -27,7 +27,7 @@ on the 32-channel latent of a 16x / 4x video VAE, a Qwen2.5-VL text encoder and 
                 is), frames [B, F, 3, H, W] in [0, 1]
 
 The pipeline has no LoRA loader: the family exports the adapter in the layout of diffusers' HunyuanVideo LoRA files
-("transformer." keys), which the pipeline's transformer loads with ``load_lora_adapter`` (``load_lora``).
+("transformer." keys), which the pipeline's transformer loads with ``load_lora_adapter`` (base.py's ``load_lora``).
 """
 
 from __future__ import annotations
@@ -208,8 +208,3 @@ class HunyuanVideo15Family(FlowMatchingFamily):
         several prompts)."""
         return {**self.size_kwargs(), "num_frames": self.frames}
 
-    @staticmethod
-    def load_lora(pipe, directory, adapter_name: str | None = None) -> None:
-        """The exported adapter into the pipeline's transformer (the pipeline has no ``load_lora_weights``)."""
-        pipe.transformer.load_lora_adapter(str(directory), prefix="transformer", adapter_name=adapter_name,
-                                           weight_name="pytorch_lora_weights.safetensors")
