@@ -925,3 +925,59 @@ def build_tiny_kandinsky6_pipeline(seed: int = 0):
 
 
 TINY_BUILDERS["kandinsky6"] = build_tiny_kandinsky6_pipeline
+
+
+# ----------------------------------------------------------------------------- HunyuanImage 2.1
+def build_tiny_hunyuan_image_pipeline(seed: int = 0, ocr_guider: bool = True):
+    """HunyuanImage 2.1 at a tiny size: a HunyuanImageTransformer2DModel with one dual-stream, one single-stream and one
+    refiner block (2 heads of 8, patch 1) on 8 latent channels, an AutoencoderKLHunyuanImage with the real one's 32x
+    factor (its 2048 px default is 64 x 64 latents), a three-layer Qwen2.5-VL of width 16 (the pipeline reads the
+    third-to-last hidden states) with ``qwen_tokenizer`` (merges learned on its template: the 34 tokens it drops are
+    its system turn), a two-layer ByT5-shaped T5 encoder of width 8 with ByT5's byte tokenizer, the flow Euler
+    scheduler of shift 4, and the released guiders' kind: AdaptiveProjectedMixGuidance (CFG at 3.5 to step 5, then APG
+    at 10 with momentum -0.5 and rescale 10), an OCR guider of other scales for prompts with quoted text."""
+    from diffusers import (AutoencoderKLHunyuanImage, FlowMatchEulerDiscreteScheduler, HunyuanImagePipeline,
+                           HunyuanImageTransformer2DModel)
+    from diffusers.guiders import AdaptiveProjectedMixGuidance
+    from transformers import ByT5Tokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, T5Config
+    from transformers import T5EncoderModel
+
+    torch.manual_seed(seed)
+    channels = 8
+    transformer = HunyuanImageTransformer2DModel(
+        in_channels=channels, out_channels=channels, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, mlp_ratio=2.0, patch_size=(1, 1), text_embed_dim=16,
+        text_embed_2_dim=8, rope_axes_dim=(4, 4))
+    vae = AutoencoderKLHunyuanImage(in_channels=3, out_channels=3, latent_channels=channels,
+                                    block_out_channels=(32,) * 6, layers_per_block=1,
+                                    spatial_compression_ratio=32, sample_size=64, scaling_factor=0.75)
+    layout = HunyuanImagePipeline(scheduler=None, vae=None, text_encoder=None, tokenizer=None, text_encoder_2=None,
+                                  tokenizer_2=None, transformer=None)
+    tokenizer = qwen_tokenizer(max_length=2048, template=layout.prompt_template_encode)
+    ids = tokenizer.convert_tokens_to_ids
+    text_encoder = Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 3, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "rope_theta": 1000000.0, "max_position_embeddings": 2048,
+                     "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+                     "vocab_size": len(tokenizer), "bos_token_id": ids("<|endoftext|>"),
+                     "eos_token_id": ids("<|im_end|>")},
+        vision_config={"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
+        hidden_size=16, vocab_size=len(tokenizer))).eval()
+    tokenizer_2 = ByT5Tokenizer()
+    text_encoder_2 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_2), d_model=8, d_kv=4, d_ff=16, num_layers=2,
+                                             num_heads=2, relative_attention_num_buckets=8)).eval()
+    guider = AdaptiveProjectedMixGuidance(guidance_scale=3.5, adaptive_projected_guidance_scale=10.0,
+                                          adaptive_projected_guidance_momentum=-0.5,
+                                          adaptive_projected_guidance_rescale=10.0,
+                                          adaptive_projected_guidance_start_step=5)
+    ocr = AdaptiveProjectedMixGuidance(guidance_scale=3.5, adaptive_projected_guidance_scale=4.0,
+                                       adaptive_projected_guidance_momentum=-0.5,
+                                       adaptive_projected_guidance_rescale=5.0,
+                                       adaptive_projected_guidance_start_step=2) if ocr_guider else None
+    return HunyuanImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=4.0), vae=vae,
+                                text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2,
+                                tokenizer_2=tokenizer_2, transformer=transformer, guider=guider, ocr_guider=ocr)
+
+
+TINY_BUILDERS["hunyuan_image"] = build_tiny_hunyuan_image_pipeline
+

@@ -30,6 +30,7 @@ class Family(Protocol):
     capabilities: Capabilities
     cond_keys: tuple  # the condition's row-indexed tensors (the batch record's cond)
     time_keys: tuple  # the per-step tensors of the batch record, [B, T] each
+    carried_keys: tuple  # per-row values the guidance carries from a step into the next, recorded per step
     no_guidance: float  # the guidance scale that samples without classifier-free guidance
     guidance_embedded: bool  # the guidance scale is an input of every forward (no CFG)
     audio_sample_rate: int  # a family with audio: the soundtrack's samples per second
@@ -57,6 +58,11 @@ class Family(Protocol):
     def initial_latents(self, batch: int, generator, device, dtype, initial_noise=None) -> torch.Tensor: ...
 
     def model_output(self, model, latents, times: dict, cond: dict, negative: dict, guidance_scale: float): ...
+
+    def initial_carried(self, latents: torch.Tensor) -> dict: ...  # the guidance's carried values before step 0
+
+    def model_output_carrying(self, model, latents, times: dict, cond: dict, negative: dict,
+                              guidance_scale: float): ...  # (model_output, the carried values after the step)
 
     def step(self, model_output, latents, times: dict, noise_level: float, next_latents=None, generator=None,
              compute_log_prob: bool = True, reduce: str = "mean", log_prob_dtype: str = "float32"): ...

@@ -2,7 +2,8 @@
 
     x_0 = family.initial_latents(...)                    (the pipeline's own noise draw: same generator, same x_0)
     for n in 0..T-1:
-        out     = family.model_output(model, x_n, step_n, cond, negative, guidance)
+        out     = family.model_output(model, x_n, step_n, cond, negative, guidance)  (with the values its guidance
+                                                                                      carries from step to step)
         x_{n+1} = family.step(out, x_n, step_n, noise_n)   (mean + std z, and log N(x_{n+1}; mean, std^2))
     images = family.decode(x_T)
 
@@ -39,7 +40,9 @@ class Trajectories:
     images: torch.Tensor | None  # [B, 3, H, W] in [0, 1], float32 (a video family's frames: [B, F, 3, H, W])
     latents: torch.Tensor  # [B, T+1, ...]: x_0 (noise) .. x_T (final latent)
     log_probs: torch.Tensor  # [B, T]
-    times: dict = field(default_factory=dict)  # each step's times, family.time_keys ("timesteps", "sigmas", ...), [B, T]
+    # each step's times, family.time_keys ("timesteps", "sigmas", ...), [B, T], and the values its guidance carries
+    # into the step, family.carried_keys (APG's momentum: [B, T, ...])
+    times: dict = field(default_factory=dict)
     values: torch.Tensor | None = None  # [B, T] critic values of the pre-step latents (rollout/sampler.py's)
     means: torch.Tensor | None = None  # [B, T, ...] each step's mean mu_n (float32), when asked for (record_means)
     # [B, S, ...] float32, clean_hat(x_n) at the S steps SamplingOptions.clean_hat_steps asks for: column k is step
@@ -173,9 +176,11 @@ def sample_trajectories(family: Family, model, cond: dict, negative: dict | None
     record = _Record(batch, options, schedule, device)
     latents = family.initial_latents(batch, generator, device, dtype, initial_noise)
     record.start(latents)
+    carried = family.initial_carried(latents)
     for n in range(options.num_steps):
-        times = {key: values[n] for key, values in schedule.items()}
-        output = family.model_output(model, latents, times, cond, negative, options.guidance_scale)
+        times = {**{key: values[n] for key, values in schedule.items()}, **carried}
+        record.carry(carried)
+        output, carried = family.model_output_carrying(model, latents, times, cond, negative, options.guidance_scale)
         out, latents = stochastic_step(family, output, latents, times, options, n, generator, dtype)
         record.step(n, out)
     return record.trajectories(family, latents)
@@ -197,15 +202,19 @@ def sample_trees(family: Family, model, cond: dict, negative: dict | None, optio
                                      initial_noise[nodes.cpu()] if initial_noise is not None else None)
     record = _Record(batch, options, schedule, device)
     record.start(latents, size)
+    carried = family.initial_carried(latents)
     shared = [nodes.repeat_interleave(size)]
     for n in range(options.num_steps):
-        times = {key: values[n] for key, values in schedule.items()}
-        output = family.model_output(model, latents, times, node_cond, node_negative, options.guidance_scale)
+        times = {**{key: values[n] for key, values in schedule.items()}, **carried}
+        record.carry(carried, size)
+        output, carried = family.model_output_carrying(model, latents, times, node_cond, node_negative,
+                                                       options.guidance_scale)
         if n in branches:  # each node's children: its output and state repeated, their own noise from here on
             factor = branches[n]
             size //= factor
             nodes = (nodes[:, None] + size * torch.arange(factor, device=device)).flatten()
             output, latents = output.repeat_interleave(factor, 0), latents.repeat_interleave(factor, 0)
+            carried = {key: value.repeat_interleave(factor, 0) for key, value in carried.items()}
             node_cond, node_negative, node_generator = _node_rows(nodes, size, cond, negative, generator)
         out, latents = stochastic_step(family, output, latents, times, options, n, node_generator, dtype)
         record.step(n, out, size)
@@ -275,12 +284,19 @@ class _Record:
     def __init__(self, batch: int, options: SamplingOptions, schedule: dict, device):
         self.batch, self.options, self.schedule, self.device = batch, options, schedule, device
         self.latents, self.log_probs, self.means, self.clean_hat = [], [], [], []
+        self.carried: dict[str, list] = {}  # each step's carried-in values (family.carried_keys), per leaf row
 
     def log_prob_at(self, n: int) -> bool:
         return self.options.compute_log_prob and self.options.noise_levels[n] > 0
 
     def start(self, latents: torch.Tensor, size: int = 1) -> None:
         self.latents.append(_leaves(latents.float(), size))
+
+    def carry(self, carried: dict, size: int = 1) -> None:
+        """The values a family's guidance carries into this step (recorded with its times: the training forward reads
+        them as the sampler had them)."""
+        for key, value in carried.items():
+            self.carried.setdefault(key, []).append(_leaves(value, size))
 
     def step(self, n: int, out, size: int = 1) -> None:
         options = self.options
@@ -304,7 +320,9 @@ class _Record:
             latents=torch.stack(self.latents, dim=1),
             log_probs=torch.stack(self.log_probs, dim=1) if self.options.compute_log_prob
             else torch.zeros(batch, self.options.num_steps, device=device),
-            times={key: values.to(device).unsqueeze(0).expand(batch, -1).clone() for key, values in self.schedule.items()},
+            times={**{key: values.to(device).unsqueeze(0).expand(batch, -1).clone()
+                      for key, values in self.schedule.items()},
+                   **{key: torch.stack(values, dim=1) for key, values in self.carried.items()}},
             means=torch.stack(self.means, dim=1) if self.options.record_means else None,
             clean_hat=torch.stack(self.clean_hat, dim=1) if self.clean_hat else None,
             shared_from=shared_from,
@@ -374,7 +392,7 @@ class TransitionScorer:
 
     def __call__(self, model, batch: RolloutBatch, rows: torch.Tensor, n: torch.Tensor):
         family = self.family
-        times = {key: batch.times[key][rows, n] for key in family.time_keys}
+        times = {key: batch.times[key][rows, n] for key in family.time_keys + family.carried_keys}
         latents = batch.latents[rows, n]
         # the rows' own negative conditions whatever the scale: a family may guide with another scale (LTX-2's audio)
         negative = batch.negative_rows(family, rows)

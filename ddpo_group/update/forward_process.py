@@ -48,6 +48,12 @@ class ForwardProcess:
                               "(it trains the high-noise expert's steps) or a one-expert model")
         self.config, self.family = config, family
         self.guidance_scale = family.training_guidance(config)
+        if family.carried_keys and self.guidance_scale > family.no_guidance:
+            raise ConfigError(f"algorithm.objective={objective.name!r} trains at any time of the forward process; this "
+                              f"{family.name!r} model's guidance carries {list(family.carried_keys)} from each sampling "
+                              "step into the next (APG's momentum), which a time off the rollout's steps has not: use "
+                              "algorithm.objective='policy_gradient', or train without guidance in the training forward "
+                              f"(train.cfg=False, sample.guidance_scale={family.no_guidance:g})")
 
     def every_step(self) -> torch.Tensor:
         """[T] bool, all True: the objective draws its times among every step of the rollout schedule."""

@@ -69,6 +69,8 @@ FAMILY_OVERRIDES["ideogram4"] = {"sample.resolution": 64, "pretrained.max_sequen
 # Kandinsky 6: 5 frames of 64 x 64 px (a 2 x 2 x 2 video latent of its 32x / 4x VAE, 27 audio latent frames), 32
 # Qwen2.5-VL tokens
 FAMILY_OVERRIDES["kandinsky6"] = {"sample.resolution": 64, "sample.num_frames": 5, "pretrained.max_sequence_length": 32}
+# HunyuanImage 2.1: 64 px (2 x 2 latents of its 32x VAE), its guiders at the run's guidance
+FAMILY_OVERRIDES["hunyuan_image"] = {"sample.resolution": 64}
 # LTX-2: 17 frames of 64 x 64 px (a 3 x 2 x 2 video latent of its 32x / 8x VAE, 18 audio latent frames), 16 Gemma tokens
 FAMILY_OVERRIDES["ltx2"] = {"sample.resolution": 64, "sample.num_frames": 17, "pretrained.max_sequence_length": 16}
 

@@ -56,7 +56,7 @@ RUN = {"num_epochs": 1, "sample.num_steps": 2, "sample.batch_size": 2, "sample.n
 SIZES = {"flux": 32, "flux_kontext": 32, "flux2": 32, "flux2_dev": 32, "qwenimage": 32, "qwenimage_edit_plus": 32,
          "qwenimage_edit": 32, "zimage": 32, "wan": 16, "wan_i2v": 16, "sana": 64,
          "qwenimage21": 64, "hunyuan_video15": 32, "ltx2": 64, "krea2": 32,
-         "sana_video": 32, "ideogram4": 64, "kandinsky6": 64}
+         "sana_video": 32, "ideogram4": 64, "kandinsky6": 64, "hunyuan_image": 64}
 AT_DEFAULT_SIZE = tuple(name for name in FAMILIES if name not in SIZES)
 # (height, width) of each tiny model at its pipeline's default: its call's (Z-Image's 1024, Wan's 480 x 832) or
 # default_sample_size times its VAE factor
@@ -66,7 +66,7 @@ DEFAULT_SIZES = {"sd": (16, 16), "sdxl": (16, 16), "sd3": (16, 16), "flux": (256
                  "wan": (480, 832), "wan_i2v": (480, 832), "sana": (1024, 1024),
                  "qwenimage21": (1024, 1024), "hunyuan_video15": (32, 32),
                  "ltx2": (512, 768), "krea2": (1024, 1024), "sana_video": (480, 832),
-                 "ideogram4": (2048, 2048), "kandinsky6": (512, 768)}
+                 "ideogram4": (2048, 2048), "kandinsky6": (512, 768), "hunyuan_image": (2048, 2048)}
 # the tiny models whose position table cannot take their pipeline's default: refused at start, naming the field
 REFUSED_DEFAULTS = {"zimage": "axes_lens=[256, 32, 32]: 32 patches a side, 128 px",
                     "wan": "rope_max_seq_len=32: 32 patches a side, 512 px",
@@ -81,6 +81,10 @@ REFUSED = {("sd", "nft"): ("algorithm.objective='nft' is defined on the ('flow',
                                "when guidance_scale > 0", "its CFG-free guidance 1 guides Z-Image, whose none is 0"),
            ("krea2", "nft"): ("train.cfg=False contradicts sample.guidance_scale=1.0: the krea2 family guides exactly "
                               "when guidance_scale > 0", "its CFG-free guidance 1 guides Krea 2, whose none is 0"),
+           **{("hunyuan_image", run): (f"algorithm.objective={run!r} trains at any time of the forward process; this "
+                                       "'hunyuan_image' model's guidance carries ['guidance_momentum']",
+                                       "its recipe's training forward guides, and APG's momentum is carried from step "
+                                       "to step (unguided it trains)") for run in ("awm", "sft", "dpo", "dgpo")},
            ("ltx2", "nft"): ("train.cfg=False contradicts sample.guidance_scale=1.0 with the audio's scale 7.0",
                              "the audio's CFG stays at the call's 7 (sample.pipeline_guidance.audio_guidance_scale=1 "
                              "turns it off)")}
@@ -414,8 +418,10 @@ def test_a_supervised_epoch_on_a_folder_of_images(name, family_dirs, prompt_rows
             row["image"] = str(Path(prompt_rows).parent / source)
         rows.append(row)
     (folder / "metadata.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    # a family whose guidance carries state (HunyuanImage 2.1's APG momentum) trains its supervised epochs unguided
+    unguided = {"sample.guidance_scale": 1.0, "train.cfg": False} if get_family(name).carried_keys else {}
     trainer = trainer_of(name, "grpo", family_dirs, prompt_rows, tmp_path, "sft",
-                         **{"sft.data_dir": str(folder), "sft.epochs": 1})
+                         **{"sft.data_dir": str(folder), "sft.epochs": 1, **unguided})
     before = [p.detach().clone() for p in trainer.updater.params]
     metrics = trainer.run()
     changed = sum(not torch.equal(b, p.detach()) for b, p in zip(before, trainer.updater.params))

@@ -26,7 +26,9 @@ pipeline and says:
 * latents and the schedule: ``latent_shape``, ``initial_latents`` (the pipeline's own noise draw),
   ``schedule(num_steps)`` -> row-broadcastable per-step tensors (``time_keys``: timesteps, sigmas), stored per
   sample and step in the batch record (the rollout's values are the ones training reads, never reconstructed);
-* the model: ``model_output`` (with guidance as the pipeline does it), ``step`` (the stochastic step with its
+* the model: ``model_output`` (with guidance as the pipeline does it; a guidance that carries values from a step into
+  the next, HunyuanImage 2.1's APG momentum, names them in ``carried_keys``: the sampler calls
+  ``model_output_carrying`` and records the values each step starts from with its times), ``step`` (the stochastic step with its
   log-probability, sampling/ddim.py or sampling/flow_steps.py), ``decode``, and its inverse on images,
   ``clean_latents`` (supervised fine-tuning on a folder of images: rollout/image_folder.py), where the family has one;
 * the config it reads (``sample.noise_level``, its ``standard_noise_level`` when unset; the guidance of the
@@ -77,9 +79,14 @@ class ModelFamily:
     lora_target_modules: tuple = ()
     lora_layers_argument = "unet_lora_layers"  # the pipeline's save_lora_weights keyword for the trained module
     lora_key_conversion = True  # convert peft's LoRA key names to diffusers' (as diffusers' own training scripts do)
-    lora_saver = None  # whose save_lora_weights writes the export: the pipeline class, or a loader of its layout
+    # whose save_lora_weights writes the export: the pipeline class, or a loader of its layout (a pipeline without one:
+    # diffusers' "transformer." layout, HunyuanVideo's)
+    lora_saver = None
     cond_keys: tuple = ("prompt_embeds",)  # the condition's row-indexed tensors (batch record keys)
     time_keys: tuple = ("timesteps",)  # the per-step tensors of the batch record, [B, T]
+    # per-row values the guidance carries from a step into the next (HunyuanImage 2.1's APG momentum), recorded per step
+    # with the times ([B, T, ...]) so that the training forward reads what the sampler had (``model_output_carrying``)
+    carried_keys: tuple = ()
     standard_noise_level: float  # the stochastic steps' noise level when sample.noise_level is None
     no_guidance = 1.0  # the sample.guidance_scale that samples without classifier-free guidance (guided above it)
     guidance_embedded = False  # the guidance scale is an input of every forward (FLUX.1-dev's embedding): no CFG
@@ -235,6 +242,15 @@ class ModelFamily:
 
     def model_output(self, model, latents, times: dict, cond: dict, negative: dict, guidance_scale: float):
         raise NotImplementedError
+
+    def initial_carried(self, latents: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The ``carried_keys``' values before the first step ({} for a family whose guidance carries nothing)."""
+        return {}
+
+    def model_output_carrying(self, model, latents, times: dict, cond: dict, negative: dict, guidance_scale: float):
+        """(``model_output``, the ``carried_keys``' values after this step): the sampler's call, ``times`` holding the
+        values carried into the step. A family whose guidance carries nothing carries {}."""
+        return self.model_output(model, latents, times, cond, negative, guidance_scale), {}
 
     def step(self, model_output, latents, times: dict, noise_level: float, next_latents=None, generator=None,
              compute_log_prob: bool = True, reduce: str = "mean", log_prob_dtype: str = "float32"):
@@ -432,7 +448,10 @@ class ModelFamily:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         prefix = cls.lora_layers_argument.removesuffix("_lora_layers")
-        (cls.lora_saver or cls.pipeline_class).save_lora_weights(
+        saver = cls.lora_saver or cls.pipeline_class
+        if not hasattr(saver, "save_lora_weights"):  # a pipeline without a LoRA loader: "transformer." keys, which its
+            from diffusers.loaders import HunyuanVideoLoraLoaderMixin as saver  # transformer loads (``load_lora``)
+        saver.save_lora_weights(
             save_directory=str(directory), safe_serialization=True, **{cls.lora_layers_argument: state},
             **{f"{prefix}_lora_adapter_metadata": model.peft_config[adapter_name].to_dict()},
         )

@@ -39,7 +39,6 @@ import math
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky6TI2VAPipeline
-from diffusers.loaders import HunyuanVideoLoraLoaderMixin
 
 from ddpo_group.models.families import register_family
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
@@ -51,7 +50,6 @@ class Kandinsky6Family(FlowMatchingFamily):
     capabilities = Capabilities(video=True, audio=True)
     cond_keys = ("prompt_embeds", "pooled_prompt_embeds", "prompt_attention_mask")
     negative_prompt = Kandinsky6TI2VAPipeline._DEFAULT_NEGATIVE_PROMPT  # the call's own when given none
-    lora_saver = HunyuanVideoLoraLoaderMixin  # the pipeline has no LoRA loader: diffusers' "transformer." layout
     # the attention projections of the fused blocks: the video's and the audio's self- and text attention and the
     # audio-to-video and video-to-audio attention (not the modulations' "out_layer")
     lora_target_modules = tuple(f"{attention}.{projection}"
