@@ -100,9 +100,13 @@ def base() -> ml_collections.ConfigDict:
     # default (its default_sample_size times its VAE factor; Z-Image's 1024, Wan's 480 x 832). A size the model cannot
     # take (not a multiple of its VAE factor times its patch, beyond its position table) is refused at start
     sample.resolution = 0
-    # video families (Wan, Wan image-to-video, HunyuanVideo 1.5: 4 k + 1, e.g. 5, 33, 81; LTX-2: 8 k + 1): frames per
-    # video; 0: the pipeline's default (Wan's 81, HunyuanVideo 1.5's and LTX-2's 121)
+    # video families (Wan, Wan image-to-video, HunyuanVideo 1.5, SANA-Video, Kandinsky 6, Cosmos 3: 4 k + 1, e.g. 5,
+    # 33, 81; LTX-2: 8 k + 1; Cosmos 3: 1 is an image): frames per video; 0: the pipeline's default (Wan's and
+    # SANA-Video's 81, HunyuanVideo 1.5's, LTX-2's and Kandinsky 6's 121, Cosmos 3's 189)
     sample.num_frames = 0
+    # Cosmos 3 only (a sound-capable checkpoint): sample its soundtrack with the video (its call's enable_sound) and
+    # give it to the rewards; LTX-2 and Kandinsky 6 always sample theirs
+    sample.audio = False
     # the run's negative prompt, the unconditional branch of classifier-free guidance, for every family that guides
     # with one: a prompt row's own "negative_prompt" (a .jsonl prompt file's) wins, else this, else ("") the family's
     # default: the empty prompt (SDXL: zeros when force_zeros_for_empty_prompt), Qwen-Image's " "; a given negative

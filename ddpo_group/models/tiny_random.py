@@ -981,3 +981,55 @@ def build_tiny_hunyuan_image_pipeline(seed: int = 0, ocr_guider: bool = True):
 
 TINY_BUILDERS["hunyuan_image"] = build_tiny_hunyuan_image_pipeline
 
+
+
+# ----------------------------------------------------------------------------- Cosmos 3
+# the texts Cosmos3OmniPipeline tokenizes around a prompt (its system prompts and its duration / resolution sentences),
+# on which the tiny tokenizer learns its merges
+COSMOS3_TEMPLATE_TEXT = (
+    "You are a helpful assistant who will generate images from a give prompt.\n"
+    "You are a helpful assistant who will generate videos from a give prompt.\n"
+    "The video is seconds long and is of FPS. The video is not seconds long and is not of FPS.\n"
+    "This image is of resolution. This image is not of resolution.\n"
+    "This video is of resolution. This video is not of resolution.\n"
+    "system user assistant\n")
+# the released checkpoints' UniPC scheduler (flow prediction on Karras sigmas between 0.147 and 200 mapped by
+# s / (1 + s): 0.995 down to 0.128, then 0; order 2), which the cosmos3 family swaps for Euler steps on its sigmas
+COSMOS3_UNIPC = dict(num_train_timesteps=1000, prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=1.0,
+                     use_karras_sigmas=True, sigma_min=0.147, sigma_max=200.0, solver_order=2, solver_type="bh2",
+                     predict_x0=True, lower_order_final=True, final_sigmas_type="zero", timestep_spacing="linspace")
+
+
+def build_tiny_cosmos3_pipeline(seed: int = 0, sound: bool = True):
+    """Cosmos 3 at a tiny size: a Cosmos3OmniTransformer of width 32 (two mixture-of-transformers layers, 4 query and 2
+    key / value heads of 8, 3D M-RoPE sections 2 / 1 / 1) on 16 latent channels in 2 x 2 patches, reading token ids
+    of ``qwen_vl_tokenizer`` (merges learned on the pipeline's system prompts and sentences; ``<|vision_start|>`` its
+    start of generation); the tiny Wan's AutoencoderKLWan (16 channels, time / 4, space / 8) with per-channel latent
+    statistics; the released UniPC scheduler's config; with ``sound``, the transformer's sound head (8 channels at 25
+    latent frames a second) and a Cosmos3AVAEAudioTokenizer at the released 48 kHz and hop of 1920 samples (stereo,
+    width 4); no safety checker."""
+    from diffusers import (AutoencoderKLWan, Cosmos3AVAEAudioTokenizer, Cosmos3OmniPipeline, Cosmos3OmniTransformer,
+                           UniPCMultistepScheduler)
+
+    torch.manual_seed(seed)
+    tokenizer = qwen_vl_tokenizer(COSMOS3_TEMPLATE_TEXT)
+    channels, patch, sound_dim = 16, 2, 8
+    transformer = Cosmos3OmniTransformer(
+        hidden_size=32, intermediate_size=64, head_dim=8, num_attention_heads=4, num_key_value_heads=2,
+        num_hidden_layers=2, latent_channel=channels, latent_patch_size=patch, patch_latent_dim=channels * patch * patch,
+        vocab_size=len(tokenizer), rope_axes_dim=[2, 1, 1], dtype="float32", sound_gen=sound,
+        sound_dim=sound_dim if sound else None, sound_latent_fps=25.0).eval()
+    vae = AutoencoderKLWan(base_dim=3, z_dim=channels, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True], scale_factor_spatial=8, scale_factor_temporal=4)
+    vae.register_to_config(latents_mean=(0.1 * torch.randn(channels)).tolist(),
+                           latents_std=(0.5 + torch.rand(channels)).tolist())
+    sound_tokenizer = Cosmos3AVAEAudioTokenizer(
+        sampling_rate=48000, vocoder_input_dim=sound_dim, dec_dim=4, dec_c_mults=(1, 1, 1, 1, 1),
+        dec_strides=(2, 4, 5, 6, 8), dec_out_channels=2, stereo=True, enc_dim=4, enc_num_blocks=1,
+        enc_latent_dim=2 * sound_dim, enc_c_mults=(1, 1, 1), enc_strides=(4, 5, 6)).eval() if sound else None
+    return Cosmos3OmniPipeline(transformer=transformer, text_tokenizer=tokenizer, vae=vae.eval(),
+                               scheduler=UniPCMultistepScheduler(**COSMOS3_UNIPC), sound_tokenizer=sound_tokenizer,
+                               safety_checker=None, enable_safety_checker=False)
+
+
+TINY_BUILDERS["cosmos3"] = build_tiny_cosmos3_pipeline

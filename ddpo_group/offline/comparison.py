@@ -144,7 +144,10 @@ def sample_images(pipe, prompts: list[str], seeds: list[list[int]], num_steps: i
         else:
             images = result.frames if hasattr(result, "frames") else result.images  # video: frames
         out.append(images.float().cpu())
-        audio = audio_of(result) if audio_of is not None else getattr(result, "audio", None)
+        if audio_of is not None:
+            audio = audio_of(result)
+        else:
+            audio = result.audio if hasattr(result, "audio") else None
         if audio_out is not None and audio is not None:
             audio_out.append(audio.float().cpu())
         if progress is not None:

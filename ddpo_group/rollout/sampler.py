@@ -157,7 +157,7 @@ class RolloutSampler:
                 with timer.phase("critic"):
                     clean_hat = traj.clean_hat if self.critic.reads_clean_hat else None
                     traj = replace(traj, values=self.critic.values(traj.latents[:, :-1], traj.timesteps,
-                                                                   cond["prompt_embeds"][rows], clean_hat))
+                                                                   family.text_embeds(rows_of(cond, rows)), clean_hat))
             if pending is None:
                 futures.append(self.executor.submit(self.score, traj.images, prompts[rows],
                                                     traj.reward_metadata(metadata[rows])))

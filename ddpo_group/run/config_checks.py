@@ -343,6 +343,9 @@ def family_errors(config) -> list[str]:
     unknown = sorted(set(config.sample.pipeline_guidance) - set(family.guidance_passes))
     errors = [f"sample.pipeline_guidance sets {unknown}: the {name} family's call takes "
               f"{list(family.guidance_passes) or 'none of its own'}"] if unknown else []
+    if config.sample.audio and not family.optional_audio:
+        errors.append(f"sample.audio=True: the {name} family has no optional soundtrack (Cosmos 3's; LTX-2 and "
+                      "Kandinsky 6 always sample theirs)")
     return errors + family.config_errors(config)
 
 

@@ -183,7 +183,8 @@ class Trainer:
             self.stat_tracker = PerPromptStatTracker(buffer_size=1, min_count=2**31, mode="buffer")
         self.critic = None
         if self.estimator.needs_critic:
-            self.critic = Critic(config, self.accelerator, self.family.latent_shape(), self.family.text_dim)
+            self.critic = Critic(config, self.accelerator, self.family.latent_shape(), self.family.text_dim,
+                                 self.family.text_embeds)
         self.estimator_controller = self.estimator.controller(config) if self.estimator.controller else None
         # "auto": measured on the card at the first training phase (update/memory_fit.py), kept in checkpoints
         self.pairs_per_forward = PairsPerForward(config, self.accelerator, self.family, self.session.state.sizes,

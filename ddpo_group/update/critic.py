@@ -105,10 +105,13 @@ def pooled_text(text_embeds: torch.Tensor) -> torch.Tensor:
 class Critic:
     """The value network (accelerate-prepared: gradients are averaged over processes) and its optimizer."""
 
-    def __init__(self, config, accelerator, latent_shape: tuple | int, text_dim: int):
+    def __init__(self, config, accelerator, latent_shape: tuple | int, text_dim: int, text_embeds=None):
+        """``text_embeds(cond)``: a condition's text input (the family's ``text_embeds``; its ``prompt_embeds`` when
+        None)."""
         critic = config.critic
         self.config = config
         self.accelerator = accelerator
+        self.text_embeds = text_embeds or (lambda cond: cond["prompt_embeds"])
         network = ValueNetwork(latent_shape, text_dim, critic.hidden_dim,
                                with_clean_hat=critic.input == "latent_clean_hat").to(accelerator.device)
         self.optimizer = torch.optim.AdamW(network.parameters(), **{k: v for k, (v, _) in self.settings(config).items()})
@@ -163,7 +166,8 @@ class Critic:
                 b = len(rows)
                 latents = batch.latents[rows].flatten(0, 1)
                 timesteps = batch.timesteps[rows].flatten(0, 1)
-                embeds = pooled_text(batch.cond["prompt_embeds"][rows]).repeat_interleave(num_steps, dim=0)
+                embeds = pooled_text(self.text_embeds({k: v[rows] for k, v in batch.cond.items()}))
+                embeds = embeds.repeat_interleave(num_steps, dim=0)
                 clean_hat = batch.clean_hat[rows].flatten(0, 1) if self.reads_clean_hat else None
                 values = self.network(latents, timesteps, embeds, clean_hat).view(b, num_steps)
                 loss, info = clipped_value_loss(

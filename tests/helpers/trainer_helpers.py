@@ -71,6 +71,8 @@ FAMILY_OVERRIDES["ideogram4"] = {"sample.resolution": 64, "pretrained.max_sequen
 FAMILY_OVERRIDES["kandinsky6"] = {"sample.resolution": 64, "sample.num_frames": 5, "pretrained.max_sequence_length": 32}
 # HunyuanImage 2.1: 64 px (2 x 2 latents of its 32x VAE), its guiders at the run's guidance
 FAMILY_OVERRIDES["hunyuan_image"] = {"sample.resolution": 64}
+# Cosmos 3: 5 frames of 32 x 32 px (latents [16, 2, 4, 4] of the tiny Wan VAE, 2 x 2 patches: 8 tokens a frame)
+FAMILY_OVERRIDES["cosmos3"] = {"sample.resolution": 32, "sample.num_frames": 5}
 # LTX-2: 17 frames of 64 x 64 px (a 3 x 2 x 2 video latent of its 32x / 8x VAE, 18 audio latent frames), 16 Gemma tokens
 FAMILY_OVERRIDES["ltx2"] = {"sample.resolution": 64, "sample.num_frames": 17, "pretrained.max_sequence_length": 16}
 

@@ -213,6 +213,7 @@ def test_each_family_declares_its_capabilities_and_has_every_member_of_the_seam(
     declared = {"ltx2": Capabilities(video=True, audio=True), "kandinsky6": Capabilities(video=True, audio=True),
                 "wan": Capabilities(video=True),
                 "hunyuan_video15": Capabilities(video=True), "sana_video": Capabilities(video=True),
+                "cosmos3": Capabilities(video=True),  # its audio with sample.audio (the instance's)
                 "wan_i2v": Capabilities(video=True, image_conditioning=True),
                 "flux_kontext": Capabilities(image_conditioning=True),
                 "qwenimage_edit": Capabilities(image_conditioning=True),

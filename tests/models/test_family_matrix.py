@@ -19,6 +19,7 @@ stale).
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -56,7 +57,8 @@ RUN = {"num_epochs": 1, "sample.num_steps": 2, "sample.batch_size": 2, "sample.n
 SIZES = {"flux": 32, "flux_kontext": 32, "flux2": 32, "flux2_dev": 32, "qwenimage": 32, "qwenimage_edit_plus": 32,
          "qwenimage_edit": 32, "zimage": 32, "wan": 16, "wan_i2v": 16, "sana": 64,
          "qwenimage21": 64, "hunyuan_video15": 32, "ltx2": 64, "krea2": 32,
-         "sana_video": 32, "ideogram4": 64, "kandinsky6": 64, "hunyuan_image": 64}
+         "sana_video": 32, "ideogram4": 64, "kandinsky6": 64, "hunyuan_image": 64,
+         "cosmos3": 32}
 AT_DEFAULT_SIZE = tuple(name for name in FAMILIES if name not in SIZES)
 # (height, width) of each tiny model at its pipeline's default: its call's (Z-Image's 1024, Wan's 480 x 832) or
 # default_sample_size times its VAE factor
@@ -66,12 +68,16 @@ DEFAULT_SIZES = {"sd": (16, 16), "sdxl": (16, 16), "sd3": (16, 16), "flux": (256
                  "wan": (480, 832), "wan_i2v": (480, 832), "sana": (1024, 1024),
                  "qwenimage21": (1024, 1024), "hunyuan_video15": (32, 32),
                  "ltx2": (512, 768), "krea2": (1024, 1024), "sana_video": (480, 832),
-                 "ideogram4": (2048, 2048), "kandinsky6": (512, 768), "hunyuan_image": (2048, 2048)}
+                 "ideogram4": (2048, 2048), "kandinsky6": (512, 768), "hunyuan_image": (2048, 2048),
+                 "cosmos3": (720, 1280)}
 # the tiny models whose position table cannot take their pipeline's default: refused at start, naming the field
 REFUSED_DEFAULTS = {"zimage": "axes_lens=[256, 32, 32]: 32 patches a side, 128 px",
                     "wan": "rope_max_seq_len=32: 32 patches a side, 512 px",
                     "wan_i2v": "rope_max_seq_len=32: 32 patches a side, 512 px",
                     "sana_video": "rope_max_seq_len=32: 32 patches a side, 512 px"}
+# the tiny models whose pipeline's defaults are more tokens a forward than a CPU test runs: their default size and
+# frames resolved, their latent tokens counted, the run not made
+BEYOND_A_CPU = {"cosmos3": "189 frames of 720 x 1280 px are 172,800 latent tokens a forward on the tiny model"}
 # (family, run) refused at start: (what the message says, why in the documented table)
 REFUSED = {("sd", "nft"): ("algorithm.objective='nft' is defined on the ('flow',) forward process(es); the 'sd' "
                            "family's is 'ddpm'", "defined on the flow-matching forward process only"),
@@ -89,10 +95,11 @@ REFUSED = {("sd", "nft"): ("algorithm.objective='nft' is defined on the ('flow',
                              "the audio's CFG stays at the call's 7 (sample.pipeline_guidance.audio_guidance_scale=1 "
                              "turns it off)")}
 # each video family's default frames
-VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81, "hunyuan_video15": 121, "ltx2": 121, "sana_video": 81, "kandinsky6": 121}
+VIDEO_FRAMES = {"wan": 81, "wan_i2v": 81, "hunyuan_video15": 121, "ltx2": 121, "sana_video": 81, "kandinsky6": 121,
+                "cosmos3": 189}
 # the frames of the runs not at the defaults where fewer keep the suite short (LTX-2's 121 frames are 5 s of audio and
 # 4 forwards a step at its call's defaults); the others sample their default frames everywhere
-FRAMES = {"hunyuan_video15": 5, "ltx2": 17, "sana_video": 5, "kandinsky6": 5}
+FRAMES = {"hunyuan_video15": 5, "ltx2": 17, "sana_video": 5, "kandinsky6": 5, "cosmos3": 5}
 # each preset with an option a user picks (the flow step's kind: flow families only)
 OPTIONS = {
     "grpo": {"kl.reference_update_freq": 1, "kl.reference_mixup_alpha": 0.5},  # the mixup adapter
@@ -190,7 +197,7 @@ def assert_trained(trainer, metrics: dict, before: list) -> None:
 # ------------------------------------------------------------------ the tests
 def test_the_matrix_holds_every_family():
     assert set(FAMILIES) == set(FAMILY_REGISTRY.names()) == set(DEFAULT_SIZES)
-    assert set(SIZES) | set(AT_DEFAULT_SIZE) == set(FAMILIES) and set(REFUSED_DEFAULTS) <= set(SIZES)
+    assert set(SIZES) | set(AT_DEFAULT_SIZE) == set(FAMILIES) and set(REFUSED_DEFAULTS) | set(BEYOND_A_CPU) <= set(SIZES)
     assert all(name in FAMILIES and run in RUNS for name, run in REFUSED)
 
 
@@ -200,7 +207,20 @@ def test_the_issues_grpo_run_at_the_pipelines_defaults(name, family_dirs, prompt
     """``--config config/base.py:grpo --config.pretrained.model=DIR --config.reward_fn=jpeg_compressibility``, no size,
     frames, tokens or guidance given: the family samples its pipeline's default size and trains an epoch, or (the
     tiny models whose position table is smaller) is refused at start with a message naming sample.resolution, the
-    pipeline's default and the largest size the model takes, before any batch."""
+    pipeline's default and the largest size the model takes, before any batch; where the defaults are more tokens than
+    a CPU test runs (``BEYOND_A_CPU``), the family resolves the pipeline's default size and frames and the run is not
+    made."""
+    if name in BEYOND_A_CPU:
+        cfg = config(name, "grpo", family_dirs[name], tmp_path, "run", prompt_rows, at_defaults=True)
+        family = load_family(family_dirs[name], config=cfg)
+        assert family.height_width == DEFAULT_SIZES[name] and family.frames == VIDEO_FRAMES[name]
+        kwargs = family.pipeline_kwargs(cfg.sample, cfg.pretrained)
+        assert (kwargs["height"], kwargs["width"], kwargs["num_frames"]) == (*DEFAULT_SIZES[name], VIDEO_FRAMES[name])
+        tokens = int(re.search(r"([\d,]+) latent tokens", BEYOND_A_CPU[name]).group(1).replace(",", ""))
+        channels, *grid = family.latent_shape()
+        patch = family.patch_size
+        assert grid[0] * math.ceil(grid[1] / patch) * math.ceil(grid[2] / patch) == tokens
+        return
     if name in REFUSED_DEFAULTS:
         with pytest.raises(ConfigError, match=re.escape(
                 f"sample.resolution=0 (the pipeline's default, {DEFAULT_SIZES[name][0]} x {DEFAULT_SIZES[name][1]} "
@@ -477,7 +497,7 @@ def paths_table() -> str:
         height, width = DEFAULT_SIZES[name]
         default = f"{height} x {width} px" if height != width else f"{height} px"
         first = (f"refused at start: {default} is beyond the tiny model's position table" if name in REFUSED_DEFAULTS
-                 else f"trains ({default})")
+                 else f"not run: {BEYOND_A_CPU[name]}" if name in BEYOND_A_CPU else f"trains ({default})")
         size = f"{SIZES[name]} px" if name in SIZES else f"the default ({default})"
         if name in VIDEO_FRAMES:
             size += f", {FRAMES[name]} frames" if name in FRAMES else f", {VIDEO_FRAMES[name]} frames (the default)"

@@ -15,7 +15,8 @@ tiny SANA-Video transformer (video latents, the state in float32, CFG in one bat
 whole tiny Ideogram 4 transformer (its guidance through the frozen unconditional transformer, the lengths of the
 left-padded condition) and grpo@kandinsky6 the whole tiny Kandinsky 6 transformer (the video's and the audio's latents
 one state) and grpo@hunyuan_image the whole tiny HunyuanImage 2.1 transformer (APG's momentum recorded with each
-step), each with a KL to a frozen copy.
+step) and grpo@cosmos3 the whole tiny Cosmos 3 transformer (token ids as its condition, one sample a forward), each
+with a KL to a frozen copy.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def runs_dir(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["ddpo", "grpo", "group_ppo", "group_ppo@flux", "grpo@zimage", "grpo@krea2",
                                     "grpo@sana_video", "grpo@ideogram4", "grpo@kandinsky6",
-                                    "grpo@hunyuan_image", "group_ppo#adaptive",
+                                    "grpo@hunyuan_image", "grpo@cosmos3", "group_ppo#adaptive",
                                     pytest.param("grpo+cuda", marks=pytest.mark.cuda),
                                     pytest.param("group_ppo+cuda", marks=pytest.mark.cuda)])
 def test_sigkill_mid_epoch_then_resume_is_bitwise_identical(preset, family_model_dirs, runs_dir):

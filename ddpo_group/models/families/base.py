@@ -37,6 +37,7 @@ pipeline and says:
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from pathlib import Path
@@ -72,6 +73,22 @@ def encoder_latents(output) -> torch.Tensor:
     return latent if latent is not None else output.latents
 
 
+def join_flat(*parts: torch.Tensor) -> torch.Tensor:
+    """Latents of several shapes (a video's and its audio's, [B, ...] each) as one state [B, N, 1]: their elements, one
+    a token (Kandinsky 6's and Cosmos 3's, whose two latents differ in width)."""
+    return torch.cat([part.flatten(1) for part in parts], dim=1).unsqueeze(-1)
+
+
+def split_flat(state: torch.Tensor, *shapes: tuple) -> tuple[torch.Tensor, ...]:
+    """``join_flat``'s inverse: the parts [B, *shape] of a state [B, N, 1], in order."""
+    n, start, parts = state.shape[0], 0, []
+    for shape in shapes:
+        size = math.prod(shape)
+        parts.append(state[:, start:start + size, 0].reshape(n, *shape))
+        start += size
+    return tuple(parts)
+
+
 class ModelFamily:
     name = ""
     pipeline_class = None  # the diffusers pipeline class (set by register_family)
@@ -93,6 +110,7 @@ class ModelFamily:
     guidance_passes: tuple = ()  # the call's guidance keywords beyond the scale that sample.pipeline_guidance may set
     capabilities = Capabilities()  # what its samples have, what its condition reads (sampling/family.py)
     audio_sample_rate = 0  # a family with audio (capabilities.audio): its soundtrack's samples per second
+    optional_audio = False  # its soundtrack is sampled when sample.audio is set (Cosmos 3's enable_sound)
     negative_prompt = ""  # the family's default negative prompt (module docstring: the rule of the negative prompt)
     pipeline_max_batch = 0  # the most prompts one call of the pipeline's own __call__ takes (0: any)
     # the dtype the pipeline's call keeps its denoising state in across steps (SANA's, Z-Image's and LTX-2's float32:
@@ -207,10 +225,14 @@ class ModelFamily:
         rows = self.negative_rows(metadata)
         return rows if rows is not None else self.negative_condition()
 
+    def text_embeds(self, cond: dict) -> torch.Tensor:
+        """The critic's text input of a condition's rows, [B, L, D] (or [B, L, K, D]): its ``prompt_embeds``."""
+        return cond["prompt_embeds"]
+
     @property
     def text_dim(self) -> int:
-        """The width of ``prompt_embeds`` (the critic's text input)."""
-        return int(self.negative_condition()["prompt_embeds"].shape[-1])
+        """The width of ``text_embeds`` (the critic's text input)."""
+        return int(self.text_embeds(self.negative_condition()).shape[-1])
 
     # ------------------------------------------------------------------ latents, schedule, model, step
     def latent_shape(self) -> tuple[int, ...]:
@@ -490,7 +512,7 @@ class ModelFamily:
     def pipeline_audio(self, output) -> torch.Tensor | None:
         """The soundtrack of the pipeline's own ``__call__`` as ``decode_audio`` gives it, [B, channels, samples] (its
         ``output.audio``), or None for a pipeline without audio."""
-        return getattr(output, "audio", None)
+        return output.audio if hasattr(output, "audio") else None
 
     def pipeline_row_kwargs(self, metadata: list[dict]) -> dict:
         """Keywords of the pipeline's own ``__call__`` for a call's rows (their metadata) beyond the prompts: the

@@ -41,6 +41,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky6TI2VAPipeline
 
 from ddpo_group.models.families import register_family
+from ddpo_group.models.families.base import join_flat, split_flat
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 from ddpo_group.sampling.family import Capabilities
 
@@ -113,12 +114,7 @@ class Kandinsky6Family(FlowMatchingFamily):
 
     def split(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The state [B, Nv + Na, 1] -> the video [B, F', h, w, C] and the audio [B, La, Ca]."""
-        n, videos = state.shape[0], math.prod(self.video_shape)
-        return state[:, :videos, 0].reshape(n, *self.video_shape), state[:, videos:, 0].reshape(n, *self.audio_shape)
-
-    @staticmethod
-    def join(video: torch.Tensor, audio: torch.Tensor) -> torch.Tensor:
-        return torch.cat([video.flatten(1), audio.flatten(1)], dim=1).unsqueeze(-1)
+        return split_flat(state, self.video_shape, self.audio_shape)
 
     def draw_noise(self, batch, generator, device, dtype):
         """The call's draws: the video's, then the audio's, from the same generators."""
@@ -128,7 +124,7 @@ class Kandinsky6Family(FlowMatchingFamily):
         assert video.shape[1:] == (frames, height, width, channels)
         audio = self.pipe.prepare_audio_latents(batch, self.audio_shape[1], self.audio_shape[0], dtype, device,
                                                 generator)
-        return self.join(video, audio)
+        return join_flat(video, audio)
 
     # ------------------------------------------------------------------ condition
     @property
@@ -168,7 +164,7 @@ class Kandinsky6Family(FlowMatchingFamily):
         if guidance_scale > self.no_guidance and negative is not None:
             unconditional = self.transformer_output(model, video, audio, t, negative)
             conditional = tuple(u + guidance_scale * (c - u) for c, u in zip(conditional, unconditional))
-        return self.join(*conditional[:2])
+        return join_flat(*conditional[:2])
 
     @torch.no_grad()
     def decode(self, latents):

@@ -203,9 +203,11 @@ class DenoiserEvaluations:
     def _count(self, module, args: tuple, kwargs: dict) -> None:
         if self.part is None:
             return
-        inputs = list(args) + [kwargs[k] for k in ("hidden_states", "sample") if k in kwargs] + list(kwargs.values())
+        inputs = list(args) + [kwargs[k] for k in ("hidden_states", "sample", "vision_tokens") if k in kwargs] + list(
+            kwargs.values())
         latents = next((x for x in inputs if isinstance(x, (torch.Tensor, list, tuple))), None)
-        rows = len(latents) if latents is not None else 0  # a tensor's first dimension, or per-sample latents (Z-Image)
+        # a tensor's first dimension, or per-sample latents (Z-Image's list; Cosmos 3's one sample a forward)
+        rows = len(latents) if latents is not None else 0
         self.counts[self.part] += rows
         if self.part == "training" and torch.is_grad_enabled():
             self.counts["backward"] += rows
