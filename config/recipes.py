@@ -624,3 +624,77 @@ def flow_factory_ltx2(config: ml_collections.ConfigDict) -> ml_collections.Confi
     config.reward_fn = "clap"
     config.num_epochs, config.eval_freq = 500, 60
     return config
+
+
+@recipe("grpo")
+def miles_cosmos3_pickscore(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Miles's Flow-GRPO recipe for Cosmos 3 (github:radixark/miles_diffusion,
+    scripts/run_diffusion_grpo_cosmos3_pickscore_t2i_4gpu.py, commit 11eb869; the recipe radixark/miles's
+    docs/diffusion/models/cosmos/cosmos3.md calls verified, PickScore 0.77 -> 0.85 over 250 rollouts): Cosmos3-Nano
+    text to image (one frame), 16 rollout steps (35 to evaluate) on the released scheduler's schedule, CFG 4 in sampling
+    and training, the flow SDE at noise level 0.7 on 2 steps among 8 to 11 (where the released schedule's sigmas run
+    0.94 to 0.80: its steps 1 to 7 sit above 0.96 with |dt| < 0.02), groups of 16 with the batch std (their
+    globalize_reward_std), clip range 1e-3, no KL, lr 1e-4, weight decay 1e-4, gradient clipping at 1, LoRA rank 64 /
+    alpha 128 on the generation tokens' attention projections (add_q / k / v_proj, to_add_out: the family's targets),
+    bf16, PickScore. Differences: they draw the 2 steps at random among 8 to 11 each epoch, here the window is steps 8
+    and 9; their 480 x 832 is 480 px square here (the family samples squares); their one optimizer step an epoch of 48
+    prompts x 16 over 4 GPUs is 2 groups a process here; their Pick-a-Pic captions are not shipped: simple_animals
+    stands in (prompt_fn="from_file" reads yours)."""
+    config.pretrained.model = "nvidia/Cosmos3-Nano"
+    config.mixed_precision = "bf16"
+    config.lora_rank, config.lora_alpha = 64, 128
+    config.sample.resolution, config.sample.num_frames = 480, 1
+    config.sample.num_steps, config.sample.eval_num_steps = 16, 35
+    config.sample.guidance_scale = 4.0
+    config.sample.noise_level = 0.7
+    config.sample.sde_window_start = 8
+    config.sample.batch_size, config.sample.num_batches_per_epoch = 1, 32  # 2 groups of 16 a process, one at a time
+    config.train.group_size = 16
+    config.train.batch_size, config.train.gradient_accumulation_steps = 1, 32  # 1 optimizer step an epoch
+    config.train.learning_rate = 1e-4
+    config.train.clip_range = 1e-3
+    config.algorithm.global_std = True
+    config.kl.beta = 0.0
+    config.prompt_fn = "simple_animals"
+    config.reward_fn = "pickscore"
+    return config
+
+
+@recipe("grpo")
+def miles_krea2_nft(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Miles's DiffusionNFT recipe for Krea 2 (github:radixark/miles_diffusion, scripts/run_diffusion_nft_krea2.py,
+    commit 6874704): Krea-2-Raw at 1024 px, 10 deterministic rollout steps (52 to evaluate) without guidance, NFT beta
+    1 on 99% of the steps, the old model's decay min(0.001 k, 0.5) (their EMA rollout weights: init and ramp 0.001, max
+    0.5), groups of 8 with the batch std, lr 3e-4, weight decay 1e-4, gradient clipping at 1, LoRA rank 32 / alpha 64
+    on the attention projections (the family's targets), bf16, gradient checkpointing, the OCR task. Differences: their
+    Krea 2 LoRA's targets are their family's; no KL and no EMA of the policy (cosmos_rl_sana_nft's are undone); the
+    adaptive loss weighting is kept."""
+    config = cosmos_rl_sana_nft(config)
+    config.pretrained.model = "krea/Krea-2-Raw"
+    config.lora_rank, config.lora_alpha = 32, 64
+    config.sample.eval_num_steps = 52
+    config.sample.guidance_scale = 0.0  # Krea 2 guides above 0: none
+    config.train.group_size = 8
+    config.train.gradient_checkpointing = True
+    config.train.ema = False
+    config.kl.beta = 0.0
+    config.algorithm.global_std = True
+    config.prompt_fn, config.reward_fn = "ocr", "ocr"
+    return config
+
+
+@recipe("grpo")
+def cosmos_rl_sana_video_nft(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Cosmos-RL's DiffusionNFT recipe for SANA-Video (github:nvidia-cosmos/cosmos-rl, configs/sana/sana-video-nft.toml,
+    commit f44d98e): SANA-Video 2B 480p, 41 frames (their code's default), 10 deterministic rollout steps (40 to
+    evaluate) without guidance, beta 1, KL 1e-4, advantages clipped at 5, groups of 8, lr 3e-4, weight decay 1e-4, EMA
+    0.9, LoRA rank 4 / alpha 4 on the self- and cross-attention projections, bf16 (cosmos_rl_sana_nft's, whose
+    differences hold). Differences: their 480 x 832 is 480 px square here (the family samples squares); their reward is
+    a remote video reward service (dance_grpo's overall_reward), PickScore on every frame stands in; their
+    timestep_fraction 0.99 is a key their trainer does not read (timesteps_fraction, default 1), so every step is
+    trained as here."""
+    config = cosmos_rl_sana_nft(config)
+    config.pretrained.model = "Efficient-Large-Model/SANA-Video_2B_480p_diffusers"
+    config.sample.resolution, config.sample.num_frames = 480, 41
+    config.train.group_size = 8
+    return config

@@ -149,3 +149,20 @@ def family_model_dir_of_sd(tmp_path):
     directory = tmp_path / "sd"
     build_tiny_pipeline().save_pretrained(directory)
     return str(directory)
+
+
+@pytest.mark.slow
+def test_the_miles_recipe_runs_on_the_tiny_model(cosmos3_dir, tmp_path):
+    """Miles's Flow-GRPO recipe for Cosmos 3 (its model replaced by the tiny one, its sizes by tiny ones, its window
+    moved onto the 3 steps): LoRA 64 / 128 on the generation tokens' attention, CFG 4 in training, one frame."""
+    overrides = {**FAMILY_OVERRIDES["cosmos3"], "sample.num_frames": 1, "sample.num_steps": 3,
+                 "sample.sde_window_start": 1, "sample.num_batches_per_epoch": 4, "train.gradient_accumulation_steps": 4,
+                 "mixed_precision": "no"}
+    trainer = tiny_trainer("miles_cosmos3_pickscore", cosmos3_dir, tmp_path, "recipe", reward_fn="jpeg_compressibility",
+                           **overrides)
+    config = trainer.config
+    assert (config.lora_rank, config.lora_alpha, config.train.group_size, config.kl.beta) == (64, 128, 4, 0.0)
+    assert config.sample.guidance_scale == 4.0 and config.train.cfg and config.algorithm.global_std
+    assert trainer.family.name == "cosmos3" and trainer.family.latent_shape() == (16, 1, 4, 4)
+    metrics = trainer.run()
+    assert metrics["global_step"] >= 1 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))

@@ -74,3 +74,19 @@ def test_config_errors_name_the_bad_values(tiny_krea2_dir):
         "pretrained.max_sequence_length=5 must be 0 (the call's 512) or more than the 5 tokens of Krea 2's template "
         "suffix it holds"]
     assert family_of(tiny_krea2_dir)[0].pipe.prompt_template_encode_num_suffix_tokens == 5
+
+
+@pytest.mark.slow
+def test_the_miles_nft_recipe_runs_on_the_tiny_model(tiny_krea2_dir, tmp_path):
+    """Miles's DiffusionNFT recipe for Krea 2 (its model replaced by the tiny one, its sizes by tiny ones)."""
+    from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+    overrides = {**FAMILY_OVERRIDES["krea2"], "sample.guidance_scale": 0.0, "train.cfg": False, "sample.num_steps": 3,
+                 "mixed_precision": "no", "prompt_fn": "simple_animals", "reward_fn": "jpeg_compressibility"}
+    trainer = tiny_trainer("miles_krea2_nft", tiny_krea2_dir, tmp_path, "recipe", **overrides)
+    config = trainer.config
+    assert (config.lora_rank, config.lora_alpha, config.algorithm.objective) == (32, 64, "nft")
+    assert config.kl.beta == 0.0 and not config.train.ema and config.sample.deterministic
+    assert trainer.family.name == "krea2" and trainer.family.model.is_gradient_checkpointing
+    metrics = trainer.run()
+    assert metrics["global_step"] >= 1 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))

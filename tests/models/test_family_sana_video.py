@@ -150,3 +150,19 @@ def test_what_the_family_refuses_is_named(sana_video_dir, tmp_path):
     with pytest.raises(ValueError, match="SanaVideoCausalTransformer3DModel \\(LongLive's causal transformer"):
         SanaVideoFamily(pipe, config)
     assert not SanaVideoFamily.encodes_images() and load_family(sana_video_dir, config=config).name == "sana_video"
+
+
+@pytest.mark.slow
+def test_the_cosmos_rl_recipe_runs_on_the_tiny_model(sana_video_dir, tmp_path):
+    """Cosmos-RL's SANA-Video DiffusionNFT recipe (its model replaced by the tiny one, its sizes by tiny ones)."""
+    from helpers.trainer_helpers import tiny_trainer
+
+    overrides = {**FAMILY_OVERRIDES["sana_video"], "sample.num_steps": 3, "mixed_precision": "no",
+                 "reward_fn": "jpeg_compressibility"}
+    trainer = tiny_trainer("cosmos_rl_sana_video_nft", sana_video_dir, tmp_path, "recipe", **overrides)
+    config = trainer.config
+    assert (config.lora_rank, config.lora_alpha, config.algorithm.objective) == (4, 4, "nft")
+    assert config.sample.guidance_scale == 1.0 and not config.train.cfg and config.kl.beta == 1e-4
+    assert trainer.family.name == "sana_video" and trainer.family.frames == 5
+    metrics = trainer.run()
+    assert metrics["global_step"] >= 1 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
