@@ -632,8 +632,8 @@ def miles_cosmos3_pickscore(config: ml_collections.ConfigDict) -> ml_collections
     scripts/run_diffusion_grpo_cosmos3_pickscore_t2i_4gpu.py, commit 11eb869; the recipe radixark/miles's
     docs/diffusion/models/cosmos/cosmos3.md calls verified, PickScore 0.77 -> 0.85 over 250 rollouts): Cosmos3-Nano
     text to image (one frame), 16 rollout steps (35 to evaluate) on the released scheduler's schedule, CFG 4 in sampling
-    and training, the flow SDE at noise level 0.7 on 2 steps among 8 to 11 (where the released schedule's sigmas run
-    0.94 to 0.80: its steps 1 to 7 sit above 0.96 with |dt| < 0.02), groups of 16 with the batch std (their
+    and training, the flow SDE at noise level 0.7 on 2 of steps 8 to 11 (counted from 0: sigmas 0.91 to 0.70 on the
+    released 16-step schedule, whose steps 0 to 6 sit above 0.96 with |dt| < 0.02), groups of 16 with the batch std (their
     globalize_reward_std), clip range 1e-3, no KL, lr 1e-4, weight decay 1e-4, gradient clipping at 1, LoRA rank 64 /
     alpha 128 on the generation tokens' attention projections (add_q / k / v_proj, to_add_out: the family's targets),
     bf16, PickScore. Differences: they draw the 2 steps at random among 8 to 11 each epoch, here the window is steps 8
@@ -664,8 +664,8 @@ def miles_cosmos3_pickscore(config: ml_collections.ConfigDict) -> ml_collections
 def miles_krea2_nft(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Miles's DiffusionNFT recipe for Krea 2 (github:radixark/miles_diffusion, scripts/run_diffusion_nft_krea2.py,
     commit 6874704): Krea-2-Raw at 1024 px, 10 deterministic rollout steps (52 to evaluate) without guidance, NFT beta
-    1 on 99% of the steps, the old model's decay min(0.001 k, 0.5) (their EMA rollout weights: init and ramp 0.001, max
-    0.5), groups of 8 with the batch std, lr 3e-4, weight decay 1e-4, gradient clipping at 1, LoRA rank 32 / alpha 64
+    1 with their timestep fraction 0.99 (train.step_fraction: 9 of the 10 steps), the old model's decay
+    min(0.001 k, 0.5) (their EMA rollout weights: init and ramp 0.001, max 0.5), groups of 8 with the batch std, lr 3e-4, weight decay 1e-4, gradient clipping at 1, LoRA rank 32 / alpha 64
     on the attention projections (the family's targets), bf16, gradient checkpointing, the OCR task. Differences: their
     Krea 2 LoRA's targets are their family's; no KL and no EMA of the policy (cosmos_rl_sana_nft's are undone); the
     adaptive loss weighting is kept."""
@@ -697,4 +697,5 @@ def cosmos_rl_sana_video_nft(config: ml_collections.ConfigDict) -> ml_collection
     config.pretrained.model = "Efficient-Large-Model/SANA-Video_2B_480p_diffusers"
     config.sample.resolution, config.sample.num_frames = 480, 41
     config.train.group_size = 8
+    config.train.step_fraction = 1.0  # every step (their timestep_fraction is not read)
     return config

@@ -48,6 +48,7 @@ from ddpo_group.rollout.sampler import sampling_precision, widened
 from ddpo_group.run.config_checks import config_warnings
 from ddpo_group.sampling.gaussian import gaussian_log_prob
 from ddpo_group.sampling.noise import round_seed, sample_generators
+from ddpo_group.sampling.trajectories import condition_dtype
 from ddpo_group.update.on_policy import CLIPPED_SHARE, RATIO_TOLERANCE, ratio_deviation
 
 # max |x_{n+1} - step(training forward)| / max |x_{n+1}| a deterministic rollout allows, by mixed_precision
@@ -305,10 +306,11 @@ class Preflight:
         trainer, family, options = self.trainer, self.family, self.trainer.rollouts.sampler.options
         scorer = trainer.scorer
 
-        dtype = batch.cond[family.cond_keys[0]].dtype
+        dtype = condition_dtype(batch.cond)
         schedule = family.schedule(batch.num_steps, self.accelerator.device)
         scheduled = {key: value.to(batch.times[key].device).unsqueeze(0).expand(len(batch), -1).to(batch.times[key].dtype)
                      for key, value in schedule.items()}
+        scheduled.update({key: batch.times[key] for key in family.carried_keys})  # the recorded guidance state
         levels = [level for level in options.noise_levels if level > 0]
         variants = {
             "guidance (the sampler's guidance scale in the training forward: train.cfg, sample.guidance_scale)":
@@ -367,7 +369,7 @@ class Preflight:
                 with torch.no_grad(), self.accelerator.autocast():
                     for n in steps:
                         step = {key: batch.times[key][rows, n] for key in family.time_keys}
-                        x_n = batch.latents[:, n].to(batch.cond[family.cond_keys[0]].dtype)
+                        x_n = batch.latents[:, n].to(family.state_dtype(condition_dtype(batch.cond)))
                         output = updater.forward.velocity(model, batch, rows, step, x_n)
                         mean = family.step(output, x_n, step, 0.0, compute_log_prob=False).mean
                         target = batch.next_latents[:, n].float()

@@ -22,8 +22,8 @@ from ddpo_group.rollout.reward_scorer import PendingGroups, RewardScorer, merge_
 from ddpo_group.rollout.tweedie import tweedie_values, with_rewards
 from ddpo_group.sampling.batch import RolloutBatch
 from ddpo_group.sampling.family import Family
-from ddpo_group.sampling.trajectories import (SamplingOptions, Trajectories, concatenate_rows, rows_of,
-                                             sample_trajectories)
+from ddpo_group.sampling.trajectories import (SamplingOptions, Trajectories, concatenate_rows, condition_dtype,
+                                             rows_of, sample_trajectories)
 from ddpo_group.timing import NULL_TIMER
 
 
@@ -172,7 +172,7 @@ class RolloutSampler:
                     tweedie = tweedie_values(
                         family, traj.clean_hat[:, self.tweedie_columns], self.tweedie_steps, options.num_steps,
                         lambda images, p, m: self.score(images, p, m)[0], prompts[rows], metadata[rows],
-                        dtype=next(iter(cond.values())).dtype, decode_batch_size=options.decode_batch_size)
+                        dtype=condition_dtype(cond), decode_batch_size=options.decode_batch_size)
             parts.append((traj, tweedie))
         with timer.phase("reward"):
             scored = [future.result() for future in futures]

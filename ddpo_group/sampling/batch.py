@@ -26,7 +26,9 @@ class RolloutBatch:
     latents: torch.Tensor  # [B, T, ...] x_n: the state step n starts from
     next_latents: torch.Tensor  # [B, T, ...] x_{n+1}: the state step n reached (next_latents[:, -1]: the final latent)
     log_probs: torch.Tensor  # [B, T] l_n under the rollout policy (0 at deterministic steps)
-    times: dict[str, torch.Tensor]  # each step's times, family.time_keys (timesteps, sigmas, ...): [B, T]
+    # each step's times, family.time_keys (timesteps, sigmas, ...): [B, T]; and the values the guidance carries into
+    # each step, family.carried_keys (HunyuanImage 2.1's APG momentum): [B, T, ...]
+    times: dict[str, torch.Tensor]
     images: torch.Tensor  # [B, 3, H, W] in [0, 1] (a video family's frames: [B, F, 3, H, W])
     rewards: torch.Tensor  # [B] float64, checked
     reward_info: dict[str, torch.Tensor]  # the reward's per-image info entries: [B, ...] each, on the CPU

@@ -452,3 +452,29 @@ def test_fingerprint_finds_a_run_bitwise_equal_and_names_what_differs(tmp_path):
     out = run_bench("fingerprint", "--check", path, "--only", "grpo")
     assert out.returncode == 1
     assert "grpo.weights.policy[0]:" in out.stdout and "grpo.epochs[1].metrics.reward_mean: 123.0" in out.stdout
+
+
+def test_solver_gap_samples_the_adapters_with_the_multistep_solvers(tiny_sd3_dir, tmp_path):
+    """bench/solver_gap.py on two tiny grpo runs of a flow model: each run's base model and its adapter sample the
+    same fresh prompts with the Euler scheduler they trained with and with DPM-Solver++ and UniPC; each row's gain is
+    its adapter's reward less its base's, the multistep solvers' images differ from Euler's."""
+    from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_trainer
+
+    runs = []
+    for seed in (0, 1):
+        trainer = tiny_trainer("grpo", tiny_sd3_dir, tmp_path, f"run{seed}", seed=seed, save_freq=1,
+                               **FAMILY_OVERRIDES["sd3"])
+        trainer.run()
+        runs.append(str(tmp_path / f"run{seed}"))
+    out = tmp_path / "gap"
+    printed = succeeded("solver_gap", "--runs", *runs, "--num-prompts", "2", "--num-seeds", "1", "--out",
+                        str(out)).stdout
+    rows = saved_rows(out)
+    assert [r["run"] for r in rows] == ["run0", "run1"] and all(r["n"] == 2 and r["kind"] == "lora" for r in rows)
+    for row in rows:
+        for name in ("euler", "dpmsolver++", "unipc"):
+            assert row[name]["gain"] == pytest.approx(row[name]["adapter"] - row[name]["base"])
+        assert row["dpmsolver++"]["pixels_base"] > 0 and row["unipc"]["pixels_adapter"] > 0
+    table = table_rows(printed, "sampler")
+    assert set(table) == {"euler (trained)", "dpmsolver++", "unipc"} and " to " in table["unipc"][
+        "gain - Euler's gain (95% interval, paired by run)"]

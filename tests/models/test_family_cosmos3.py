@@ -101,10 +101,19 @@ def test_the_condition_is_the_calls_token_ids(cosmos3_dir):
         assert cond["input_ids"][i, :int(cond["input_lengths"][i])].tolist() == want
         assert not cond["input_ids"][i, int(cond["input_lengths"][i]):].any()
     _, want = family.pipe.tokenize_prompt("x", "blurry", num_frames=5, height=32, width=32, fps=24.0)
-    assert negative["input_ids"][0].tolist() == want
+    assert negative["input_ids"][0, :int(negative["input_lengths"][0])].tolist() == want
     assert "blurry. The video is not 0.2 seconds long" in family.pipe.text_tokenizer.decode(want)
     embeds = family.text_embeds(cond)  # the critic's text input: the model's embeddings, zero past each row's length
-    assert embeds.shape == (4, cond["input_ids"].shape[1], 32) and not embeds[0, int(cond["input_lengths"][0]):].any()
+    assert embeds.shape == (4, 512, 32) and not embeds[0, int(cond["input_lengths"][0]):].any()
+    # every row the same width whatever its batch (the text cache, per-row negative prompts, pooled rounds join rows)
+    alone = family.encode(PROMPTS[:1])
+    assert torch.equal(alone["input_ids"], cond["input_ids"][:1])
+    rows = family.negative_rows([{"negative_prompt": "blurry"}, {}])
+    assert rows["input_ids"].shape == (2, 512) and torch.equal(rows["input_ids"][0], negative["input_ids"][0])
+    short, _ = family_of(cosmos3_dir, **{"pretrained.max_sequence_length": 40})
+    with pytest.raises(ValueError, match=r"prompt 'a cat' is \d+ tokens with the call's sentences and template, more "
+                                         r"than pretrained.max_sequence_length=40"):
+        short.encode(["a cat"])
 
 
 @pytest.mark.parametrize("audio", [False, True])

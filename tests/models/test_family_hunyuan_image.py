@@ -81,6 +81,11 @@ def test_what_the_family_refuses_is_named(hunyuan_image_dir, tmp_path):
     pipe.guider = None
     with pytest.raises(ValueError, match="has no guider"):
         HunyuanImageFamily(pipe, config)
+    config.sample.guidance_scale, config.train.cfg = 0.5, False
+    assert "sample.guidance_scale=0.5 must be >= 1" in HunyuanImageFamily.config_errors(config)[-1]
+    assert HunyuanImageFamily(HunyuanImagePipeline.from_pretrained(hunyuan_image_dir),
+                              tiny_config("grpo", hunyuan_image_dir, "unused", **FAMILY_OVERRIDES["hunyuan_image"])
+                              ).pipeline_max_batch == 1  # an OCR guider: one prompt a call in evaluation
     with pytest.raises(ConfigError, match=r"algorithm.objective='awm' .* carries \['guidance_momentum'\]"):
         tiny_trainer("awm", hunyuan_image_dir, tmp_path, "awm", device="cpu", **FAMILY_OVERRIDES["hunyuan_image"],
                      **{"sample.guidance_scale": 5.0, "train.cfg": True})

@@ -71,6 +71,11 @@ def test_the_calls_guidance_schedule_through_pipeline_guidance(ideogram4_dir):
         "(sample.num_steps=2; the call's default is 7.0 x 45 + 3.0 x 3 for its 48 steps)",
         "sample.pipeline_guidance.guidance_schedule guides every step with its weights, and sample.guidance_scale=1.0 "
         "says the run does not guide: set sample.guidance_scale > 1 (and train.cfg=True) with a schedule"]
+    _, config = family_of(ideogram4_dir, **{"sample.num_steps": 3, "sample.eval_num_steps": 5,
+                                            "sample.pipeline_guidance": {"guidance_schedule": schedule}})
+    assert Ideogram4Family.config_errors(config) == [
+        "sample.eval_num_steps=5: a guidance_schedule has a weight a step of sample.num_steps=3; evaluate at those "
+        "steps (eval_num_steps 0)"]
 
 
 def test_the_condition_is_the_pipelines_tapped_layers_left_padded(ideogram4_dir):

@@ -5,7 +5,8 @@ packed sequence, Wan2.2's VAE.
     condition   input_ids [B, L] and input_lengths [B]: the pipeline's ``tokenize_prompt`` of each prompt with the
                 call's sentences appended ("The video is 7.9 seconds long and is of 24 FPS. This video is of 720x1280
                 resolution.", or the image's), in its system prompt's chat template, then its end-of-text and
-                start-of-generation tokens; zero-padded to the longest row. The model embeds the ids itself (no text
+                start-of-generation tokens; zero-padded to L = ``pretrained.max_sequence_length`` (0: 512; the call
+                keeps every token, so a longer prompt is refused by name). The model embeds the ids itself (no text
                 encoder runs). The unconditional condition: the negative prompt ("" by default, the call's) with the
                 inverse sentences ("The video is not ..."), tokenized the same way
     latents     [B, C, T', H/16, W/16] float32 (T' = (F - 1) / 4 + 1 latent frames of F = ``sample.num_frames``, 0: the
@@ -39,6 +40,7 @@ import inspect
 import math
 import warnings
 
+import numpy as np
 import torch
 from diffusers import Cosmos3OmniPipeline, FlowMatchEulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
@@ -47,6 +49,8 @@ from ddpo_group.models.families import register_family
 from ddpo_group.models.families.base import join_flat, split_flat
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 from ddpo_group.sampling.family import Capabilities
+
+STORED_TOKENS = 512  # the stored tokens of a condition when pretrained.max_sequence_length is 0
 
 
 class EulerOnTheSchedule(FlowMatchEulerDiscreteScheduler):
@@ -62,7 +66,7 @@ class EulerOnTheSchedule(FlowMatchEulerDiscreteScheduler):
         return scheduler
 
     def set_timesteps(self, num_inference_steps=None, device=None, sigmas=None, mu=None, timesteps=None):
-        self.source.set_timesteps(num_inference_steps, device="cpu")
+        self.source.set_timesteps(num_inference_steps, device="cpu", **({} if sigmas is None else {"sigmas": sigmas}))
         super().set_timesteps(sigmas=self.source.sigmas[:-1].tolist(), timesteps=self.source.timesteps.tolist(),
                               device=device)
 
@@ -107,6 +111,14 @@ class Cosmos3Family(FlowMatchingFamily):
                           "the previous steps' outputs: no one-step policy); the pipeline as released samples another "
                           "trajectory from the same noise", UserWarning, stacklevel=3)
         return pipe
+
+    def schedule_kwargs(self, num_steps: int) -> dict:
+        """The sigmas the call passes its scheduler: none, or with ``use_native_flow_schedule`` linspace(1 - 1 / 1000,
+        0, T + 1)[:-1] (which the released Karras schedule ignores but their count)."""
+        if not self.pipe.config.use_native_flow_schedule:
+            return {}
+        train = self.pipe.scheduler.config.num_train_timesteps
+        return {"sigmas": np.linspace(1.0 - 1.0 / train, 0.0, num_steps + 1)[:-1]}
 
     def size_multiple(self) -> int:
         """The VAE's factor (the call's check; the model pads an odd patch grid itself)."""
@@ -168,16 +180,25 @@ class Cosmos3Family(FlowMatchingFamily):
         return torch.cat(rows).to(dtype)
 
     # ------------------------------------------------------------------ condition
+    @property
+    def text_length(self) -> int:
+        """L, the stored tokens of a condition: ``pretrained.max_sequence_length``, else 512 (the call keeps every
+        token: a longer prompt is refused)."""
+        return self.max_sequence_length or STORED_TOKENS
+
     def token_ids(self, prompts: list[str], negative: bool) -> dict:
         """The call's token ids of each prompt (its own sentences appended; a negative prompt with the inverse ones),
-        zero-padded, with their lengths."""
+        zero-padded to L (every row the same width, whatever the batch), with their lengths."""
         height, width = self.height_width
-        rows = []
+        rows, length = [], self.text_length
         for prompt in prompts:
             cond, uncond = self.pipe.tokenize_prompt("" if negative else prompt, prompt if negative else "",
                                                      num_frames=self.frames, height=height, width=width, fps=self.fps)
-            rows.append(uncond if negative else cond)
-        length = max(len(row) for row in rows)
+            row = uncond if negative else cond
+            if len(row) > length:
+                raise ValueError(f"prompt {prompt!r} is {len(row)} tokens with the call's sentences and template, more "
+                                 f"than pretrained.max_sequence_length={length} (the call keeps every token): raise it")
+            rows.append(row)
         ids = torch.tensor([row + [0] * (length - len(row)) for row in rows], dtype=torch.long)
         return {"input_ids": ids.to(self.device),
                 "input_lengths": torch.tensor([len(row) for row in rows], device=self.device)}

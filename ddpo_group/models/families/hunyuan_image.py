@@ -25,7 +25,8 @@ guidance with momentum).
                 training forward guides: it trains with train.cfg=False and guidance 1). A row
                 whose prompt has quoted text is guided by the ``ocr_guider`` when the checkpoint has one (the call
                 chooses it for a whole batch when any of its prompts has quoted text: the same for a batch of
-                prompts that all have or all lack it). The call takes no guidance scale: w = ``sample.guidance_scale``
+                prompts that all have or all lack it; evaluation calls it one prompt at a time when the checkpoint has
+                an OCR guider). The call takes no guidance scale: w = ``sample.guidance_scale``
                 is given to both guiders (their CFG scale; their APG settings the checkpoint's), in the family's
                 pipeline for evaluation too (``prepare_pipeline``); w = 1 is no guidance
     step        flow matching (models/families/flow_matching.py, sampling/flow_steps.py)
@@ -185,9 +186,19 @@ class HunyuanImageFamily(FlowMatchingFamily):
         return self.vae_latents(images) * self.pipe.vae.config.scaling_factor
 
     # ------------------------------------------------------------------ config
+    @property
+    def pipeline_max_batch(self) -> int:
+        """One prompt a call with an OCR guider (the call guides a whole batch with it when any prompt has quoted text,
+        the sampler each row by its own prompt), else any."""
+        return 1 if self.pipe.ocr_guider is not None else 0
+
     @classmethod
     def config_errors(cls, config) -> list[str]:
-        return super().config_errors(config) + cls.guidance_errors(config)
+        errors = super().config_errors(config) + cls.guidance_errors(config)
+        if config.sample.guidance_scale < 1:
+            errors.append(f"sample.guidance_scale={config.sample.guidance_scale} must be >= 1 (1: no guidance; the "
+                          "guiders guide at any other scale, the family above 1)")
+        return errors
 
     def guidance_kwargs(self, guidance_scale: float) -> dict:
         """None: the pipeline's guiders hold the scale (the run's, given in ``prepare_pipeline``)."""

@@ -26,8 +26,8 @@ text features from 13 tapped layers of a Qwen3-VL, and asymmetric CFG through a 
                 unconditional transformer is not run: its term is 0); a weight below 1 is refused
     step        flow matching (models/families/flow_matching.py, sampling/flow_steps.py). The schedule's first sigma is
                 the clamp's 1 - 1.2e-4, not 1, where Flow-GRPO's flow_sde, sigma_t = a sqrt(s / (1 - s')), takes s' = s
-                (its rule s' = s_next holds at s = 1 only): sigma_t is 63 a there, a std of 10 at a = 0.7 and 10 steps
-                (0.64 on the next step). Under flow_sde the first step is therefore deterministic, never trained
+                (its rule s' = s_next holds at s = 1 only): sigma_t is 91 a there, a std of 12 at a = 0.7 and 10 steps
+                of 2048 px (0.64 on the next step). Under flow_sde the first step is therefore deterministic, never trained
                 (``deterministic_steps``, as cps's last); cps and dance_sde train it
     decode      z * sqrt(bn.running_var + eps) + bn.running_mean (the VAE's batch norm on packed channels), unpatched,
                 the VAE, the image processor's [0, 1]
@@ -227,10 +227,13 @@ class Ideogram4Family(FlowMatchingFamily):
                           "unconditional transformer reads no text); leave it ''")
         schedule = sample.pipeline_guidance.get("guidance_schedule")
         if schedule is not None:
-            if len(schedule) != sample.num_steps or min(schedule) < 1:
+            if len(schedule) != sample.num_steps or (schedule and min(schedule) < 1):
                 errors.append(f"sample.pipeline_guidance.guidance_schedule has {len(schedule)} weights, min "
-                              f"{min(schedule)}: it needs one weight >= 1 a step (sample.num_steps={sample.num_steps}; "
-                              "the call's default is 7.0 x 45 + 3.0 x 3 for its 48 steps)")
+                              f"{min(schedule, default=None)}: it needs one weight >= 1 a step (sample.num_steps="
+                              f"{sample.num_steps}; the call's default is 7.0 x 45 + 3.0 x 3 for its 48 steps)")
+            if sample.eval_num_steps and sample.eval_num_steps != sample.num_steps:
+                errors.append(f"sample.eval_num_steps={sample.eval_num_steps}: a guidance_schedule has a weight a "
+                              f"step of sample.num_steps={sample.num_steps}; evaluate at those steps (eval_num_steps 0)")
             if sample.guidance_scale <= cls.no_guidance:
                 errors.append(f"sample.pipeline_guidance.guidance_schedule guides every step with its weights, and "
                               f"sample.guidance_scale={sample.guidance_scale} says the run does not guide: set "
