@@ -997,7 +997,7 @@ COSMOS3_TEMPLATE_TEXT = (
 # s / (1 + s): 0.995 down to 0.128, then 0; order 2), which the cosmos3 family swaps for Euler steps on its sigmas
 COSMOS3_UNIPC = dict(num_train_timesteps=1000, prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=1.0,
                      use_karras_sigmas=True, sigma_min=0.147, sigma_max=200.0, solver_order=2, solver_type="bh2",
-                     predict_x0=True, lower_order_final=True, final_sigmas_type="zero", timestep_spacing="linspace")
+                     lower_order_final=True, final_sigmas_type="zero", timestep_spacing="linspace")
 
 
 def build_tiny_cosmos3_pipeline(seed: int = 0, sound: bool = True):
