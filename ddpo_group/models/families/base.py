@@ -407,6 +407,14 @@ class ModelFamily:
         return (self.latent_channels, (self.frames - 1) // pipe.vae_scale_factor_temporal + 1,
                 height // pipe.vae_scale_factor_spatial, width // pipe.vae_scale_factor_spatial)
 
+    def video_noise(self, batch: int, generator, device, dtype) -> torch.Tensor:
+        """x_0 of a video family whose pipeline draws it with ``prepare_latents(batch, channels, height, width, frames,
+        float32, ...)`` (Wan's, SANA-Video's), in ``dtype``."""
+        height, width = self.height_width
+        latents = self.pipe.prepare_latents(batch, self.latent_channels, height, width, self.frames, torch.float32,
+                                            device, generator)
+        return latents.to(dtype)
+
     def size_kwargs(self) -> dict:
         """The pipeline's ``height`` and ``width``: the family's (its default named, so that the pipeline's own
         ``__call__`` samples what the sampler samples whatever its own default depends on)."""

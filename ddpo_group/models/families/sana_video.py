@@ -92,10 +92,7 @@ class SanaVideoFamily(SanaFamily):
         return self.video_latent_shape()
 
     def draw_noise(self, batch, generator, device, dtype):
-        height, width = self.height_width
-        latents = self.pipe.prepare_latents(batch, self.latent_channels, height, width, self.frames, torch.float32,
-                                            device, generator)
-        return latents.to(dtype)
+        return self.video_noise(batch, generator, device, dtype)
 
     # ------------------------------------------------------------------ model, decode
     def timestep_input(self, t: torch.Tensor) -> torch.Tensor:
