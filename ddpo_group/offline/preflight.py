@@ -306,7 +306,7 @@ class Preflight:
         trainer, family, options = self.trainer, self.family, self.trainer.rollouts.sampler.options
         scorer = trainer.scorer
 
-        dtype = condition_dtype(batch.cond)
+        dtype = condition_dtype(batch.cond, family)
         schedule = family.schedule(batch.num_steps, self.accelerator.device)
         scheduled = {key: value.to(batch.times[key].device).unsqueeze(0).expand(len(batch), -1).to(batch.times[key].dtype)
                      for key, value in schedule.items()}
@@ -369,7 +369,7 @@ class Preflight:
                 with torch.no_grad(), self.accelerator.autocast():
                     for n in steps:
                         step = {key: batch.times[key][rows, n] for key in family.time_keys}
-                        x_n = batch.latents[:, n].to(family.state_dtype(condition_dtype(batch.cond)))
+                        x_n = batch.latents[:, n].to(family.state_dtype(condition_dtype(batch.cond, family)))
                         output = updater.forward.velocity(model, batch, rows, step, x_n)
                         mean = family.step(output, x_n, step, 0.0, compute_log_prob=False).mean
                         target = batch.next_latents[:, n].float()

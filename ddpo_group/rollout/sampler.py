@@ -172,7 +172,7 @@ class RolloutSampler:
                     tweedie = tweedie_values(
                         family, traj.clean_hat[:, self.tweedie_columns], self.tweedie_steps, options.num_steps,
                         lambda images, p, m: self.score(images, p, m)[0], prompts[rows], metadata[rows],
-                        dtype=condition_dtype(cond), decode_batch_size=options.decode_batch_size)
+                        dtype=condition_dtype(cond, family), decode_batch_size=options.decode_batch_size)
             parts.append((traj, tweedie))
         with timer.phase("reward"):
             scored = [future.result() for future in futures]

@@ -90,10 +90,10 @@ class Trajectories:
                             audio=cat("audio"), audio_sample_rate=parts[0].audio_sample_rate)
 
 
-def condition_dtype(cond: dict) -> torch.dtype:
-    """The dtype the sampler's model read the condition in: its first floating tensor's (float32 for a condition of
-    token ids alone, Cosmos 3's)."""
-    return next((value.dtype for value in cond.values() if value.is_floating_point()), torch.float32)
+def condition_dtype(cond: dict, family: Family) -> torch.dtype:
+    """The dtype the sampler's model read the condition in: its first floating tensor's, or for a condition of token
+    ids alone (Cosmos 3's) the denoiser's."""
+    return next((value.dtype for value in cond.values() if value.is_floating_point()), family.model.dtype)
 
 
 def rows_of(cond: dict, rows) -> dict:
@@ -177,7 +177,7 @@ def sample_trajectories(family: Family, model, cond: dict, negative: dict | None
     if options.branches:
         return sample_trees(family, model, cond, negative, options, generator, initial_noise)
     first = next(iter(cond.values()))
-    batch, device, dtype = first.shape[0], first.device, family.state_dtype(condition_dtype(cond))
+    batch, device, dtype = first.shape[0], first.device, family.state_dtype(condition_dtype(cond, family))
     schedule = family.schedule(options.num_steps, device)
     record = _Record(batch, options, schedule, device)
     latents = family.initial_latents(batch, generator, device, dtype, initial_noise)
@@ -199,7 +199,7 @@ def sample_trees(family: Family, model, cond: dict, negative: dict | None, optio
     the leaves of B / L roots, L = prod(children), each root's leaves consecutive, ``generator`` one per leaf."""
     branches = options.branches
     first = next(iter(cond.values()))
-    batch, device, dtype = first.shape[0], first.device, family.state_dtype(condition_dtype(cond))
+    batch, device, dtype = first.shape[0], first.device, family.state_dtype(condition_dtype(cond, family))
     schedule = family.schedule(options.num_steps, device)
     size = tree_leaves(branches, batch, options.noise_levels, generator)  # leaves below each node row
     nodes = torch.arange(0, batch, size, device=device)  # each node row's first leaf

@@ -72,7 +72,7 @@ class ForwardProcess:
             alpha_bar = scheduler.alphas_cumprod.to(x_clean.device, torch.float32)[times["timesteps"].long()]
             x_s, target = ddpm_forward(x_clean, noise, alpha_bar, scheduler.config.prediction_type)
             sigma = (1 - alpha_bar).sqrt()
-        return x_s.to(self.family.state_dtype(condition_dtype(batch.cond))), target, sigma
+        return x_s.to(self.family.state_dtype(condition_dtype(batch.cond, self.family))), target, sigma
 
     def train_times(self, batch, r: torch.Tensor, n: torch.Tensor) -> dict:
         """The step tensors the forward process and the denoiser read for rows ``r``: the rollout schedule's at steps

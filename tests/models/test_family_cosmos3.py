@@ -17,7 +17,8 @@ from ddpo_group.models.tiny_random import COSMOS3_UNIPC
 from ddpo_group.sampling.trajectories import SamplingOptions, sample_trajectories
 from helpers import family_checks
 from helpers.batch_helpers import batch_of
-from helpers.family_checks import PROMPTS, assert_rescored, generators
+from helpers.family_checks import (PROMPTS, assert_rescored, assert_the_float32_state_is_the_pipelines, bf16_family_of,
+                                   generators)
 from helpers.trainer_helpers import FAMILY_OVERRIDES, tiny_config, tiny_trainer
 
 family_of = partial(family_checks.family_of, "cosmos3")  # family_of(model_dir, preset="grpo", **overrides)
@@ -64,6 +65,17 @@ def test_noise_level_zero_reproduces_the_pipelines_frames_and_sound(guidance, ne
         assert traj.audio.shape == (2, 2, 6 * 1920) and torch.equal(traj.audio, want)
         assert family.audio_sample_rate == 48000
     assert family.pipe.scheduler.timesteps.tolist() == [995.0, 929.0, 128.0]
+
+
+@pytest.mark.parametrize("guidance", [6.0, 1.0])
+def test_in_bf16_the_state_stays_in_float32_as_the_pipelines(guidance, cosmos3_dir):
+    """Loaded in bfloat16, the call keeps its latents in float32 (the model reads a bf16 copy, its velocities cast back
+    for CFG and the step): our sampler at noise level 0 gives its frames bitwise, guided and not; rounding the state to
+    bf16 every step would not."""
+    family, config = bf16_family_of("cosmos3", cosmos3_dir, **{"sample.guidance_scale": guidance,
+                                                               "train.cfg": guidance > 1})
+    want = torch.cat([family.pipeline_images(o) for o in pipeline_calls(family, config, guidance)])
+    assert_the_float32_state_is_the_pipelines(family, lambda: sampled(family, guidance), want)
 
 
 def test_the_schedule_is_the_released_solvers_and_an_image_is_one_frame(cosmos3_dir):

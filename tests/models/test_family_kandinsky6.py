@@ -112,3 +112,17 @@ def test_the_audio_reaches_a_reward_written_outside_and_evaluate_writes_it(kandi
                                                                  "finetuned_001.wav"]
     with wave.open(str(audio_dir / "base_000.wav")) as f:
         assert (f.getnchannels(), f.getframerate(), f.getnframes()) == (1, 16000, samples)
+
+
+def test_a_missing_torchvision_names_the_extra(kandinsky6_dir, monkeypatch):
+    """The released tokenizer is transformers' Qwen2_5_VLProcessor, whose video processor needs torchvision: the load's
+    ImportError names the extra (the tiny model's plain tokenizer made to fail as the processor does)."""
+    from transformers import Qwen2Tokenizer
+
+    def without_torchvision(*args, **kwargs):
+        raise ImportError("Qwen2VLVideoProcessor requires the Torchvision library")
+
+    monkeypatch.setattr(Qwen2Tokenizer, "from_pretrained", classmethod(without_torchvision))
+    with pytest.raises(ImportError, match=r"Kandinsky 6's tokenizer .* needs torchvision, which is not installed: "
+                                          r'pip install -e "\.\[models\]"'):
+        Kandinsky6Family.load_pipeline(kandinsky6_dir, True, None, {})

@@ -28,8 +28,8 @@ pipeline and says:
   sample and step in the batch record (the rollout's values are the ones training reads, never reconstructed);
 * the model: ``model_output`` (with guidance as the pipeline does it; a guidance that carries values from a step into
   the next, HunyuanImage 2.1's APG momentum, names them in ``carried_keys``: the sampler calls
-  ``model_output_carrying`` and records the values each step starts from with its times), ``step`` (the stochastic step with its
-  log-probability, sampling/ddim.py or sampling/flow_steps.py), ``decode``, and its inverse on images,
+  ``model_output_carrying`` and records the values each step starts from with its times), ``step`` (the stochastic
+  step with its log-probability, sampling/ddim.py or sampling/flow_steps.py), ``decode``, and its inverse on images,
   ``clean_latents`` (supervised fine-tuning on a folder of images: rollout/image_folder.py), where the family has one;
 * the config it reads (``sample.noise_level``, its ``standard_noise_level`` when unset; the guidance of the
   training forward; its own contradictions), and the LoRA export in diffusers format.
@@ -71,6 +71,15 @@ def encoder_latents(output) -> torch.Tensor:
         return distribution.mode()
     latent = getattr(output, "latent", None)
     return latent if latent is not None else output.latents
+
+
+MODELS_EXTRA = 'pip install -e ".[models]"'  # setup.py's extra of the families' own needs (torchvision)
+
+
+def needs_torchvision(what: str, error: ImportError) -> ImportError:
+    """The error of a pipeline whose processor (``what``) needs torchvision for its video processor, naming the extra."""
+    return ImportError(f"{what} needs torchvision, which is not installed: {MODELS_EXTRA} (torchvision built for your "
+                       f"torch); {error}")
 
 
 def join_flat(*parts: torch.Tensor) -> torch.Tensor:

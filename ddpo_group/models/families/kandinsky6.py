@@ -27,9 +27,11 @@ video / audio blocks, a Qwen2.5-VL text encoder beside CLIP's pooled embedding, 
 
 The call's prompt expansion (``expand_prompts``: Qwen2.5-VL rewriting the prompt) is not run: the run's prompts are
 the captions. Image-to-video (a reference first frame) is not taken: a prompt's source image is ignored, as by every
-text-only family. The pipeline has no LoRA loader: the adapter is exported with "transformer." keys, which the
-pipeline's transformer loads (``load_lora_adapter``, base.py's ``load_lora``). A distilled checkpoint (Kandinsky 6.0 Pro distill: PiflowScheduler, guidance 1) and one without
-an audio VAE and vocoder are refused by name.
+text-only family. Its tokenizer, transformers' Qwen2_5_VLProcessor, needs torchvision: without it the pipeline does
+not load, and the error names the extra that installs it (``pip install -e ".[models]"``). The pipeline has no LoRA
+loader: the adapter is exported with "transformer." keys, which the pipeline's transformer loads
+(``load_lora_adapter``, base.py's ``load_lora``). A distilled checkpoint (Kandinsky 6.0 Pro distill: PiflowScheduler,
+guidance 1) and one without an audio VAE and vocoder are refused by name.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, Kandinsky6TI2VAPipeline
 
 from ddpo_group.models.families import register_family
-from ddpo_group.models.families.base import join_flat, split_flat
+from ddpo_group.models.families.base import join_flat, needs_torchvision, split_flat
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 from ddpo_group.sampling.family import Capabilities
 
@@ -68,6 +70,13 @@ class Kandinsky6Family(FlowMatchingFamily):
                              "video and its audio together, as the call does by default (sample_audio=True)")
         self.patch_size = pipe.transformer.config.patch_size[1]
         super().__init__(pipe, config)
+
+    @classmethod
+    def load_pipeline(cls, path, local, revision, dtype_kwargs):
+        try:
+            return super().load_pipeline(path, local, revision, dtype_kwargs)
+        except ImportError as error:  # the released tokenizer is transformers' Qwen2_5_VLProcessor
+            raise needs_torchvision("Kandinsky 6's tokenizer (transformers' Qwen2_5_VLProcessor)", error) from error
 
     # ------------------------------------------------------------------ sizes
     def call_default(self, name: str):

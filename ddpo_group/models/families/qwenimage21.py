@@ -46,11 +46,11 @@ from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_shift
 
 from ddpo_group.errors import ConfigError
 from ddpo_group.models.families import register_family
+from ddpo_group.models.families.base import needs_torchvision
 from ddpo_group.models.families.flow_matching import FlowMatchingFamily
 from ddpo_group.models.families.qwenimage import QwenImageFamily
 
 DEFAULT_TEXT_TOKENS = 512  # pretrained.max_sequence_length=0 (the pipeline keeps every token: it has no budget)
-MODELS_EXTRA = 'pip install -e ".[models]"'
 
 
 @register_family("qwenimage21", QwenImage21Pipeline)
@@ -80,8 +80,7 @@ class QwenImage21Family(FlowMatchingFamily):
         try:
             return super().load_pipeline(path, local, revision, dtype_kwargs)
         except ImportError as error:
-            raise ImportError(f"Qwen-Image 2.1's processor (transformers' Qwen3VLProcessor) needs torchvision, which "
-                              f"is not installed: {MODELS_EXTRA} (torchvision built for your torch); {error}") from error
+            raise needs_torchvision("Qwen-Image 2.1's processor (transformers' Qwen3VLProcessor)", error) from error
 
     def call_default(self, name: str):
         return inspect.signature(type(self.pipe).__call__).parameters[name].default
