@@ -14,7 +14,7 @@ setup(
     # the embedded models' folders and assets/ hold data only: packages without an __init__.py (namespace packages)
     packages=find_namespace_packages(include=["ddpo_group", "ddpo_group.*"], exclude=["*.__pycache__"]),
     package_dir={"": "."},  # an editable install puts the checkout on the path (a .pth file, no import hook)
-    package_data={"": ["*.json", "*.safetensors", "*.txt"]},
+    package_data={"": ["*.json", "*.jsonl", "*.safetensors", "*.txt"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.1,<3",

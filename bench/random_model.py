@@ -16,6 +16,12 @@ what each shape holds): what the GPU benchmarks measure memory and throughput on
     python bench/random_model.py --shape qwenimage21 --out /tmp/q21  # Qwen-Image 2.1 and Qwen3-VL-8B
     python bench/random_model.py --shape hunyuan_video15 --out /tmp/hv15  # HunyuanVideo 1.5 480p, Qwen2.5-VL-7B, ByT5
     python bench/random_model.py --shape ltx2 --out /tmp/ltx2     # LTX-2 (18.9B), Gemma-3-12B, its VAEs and vocoder
+    python bench/random_model.py --shape krea2 --out /tmp/krea2   # Krea 2 (12.8B), Qwen3-VL-4B
+    python bench/random_model.py --shape ideogram4 --out /tmp/ideo  # Ideogram 4: two 9.3B transformers, Qwen3-VL-8B
+    python bench/random_model.py --shape kandinsky6 --out /tmp/k6  # Kandinsky 6 (48.2B at the class defaults), audio
+    python bench/random_model.py --shape hunyuan_image --out /tmp/hi  # HunyuanImage 2.1 (17.4B), Qwen2.5-VL-7B, ByT5
+    python bench/random_model.py --shape sana_video --out /tmp/sv  # SANA-Video 2B, Wan2.1's VAE, Gemma-2-2B
+    python bench/random_model.py --shape cosmos3 --out /tmp/c3    # Cosmos 3 (15.2B), Wan2.2's VAE, its sound tokenizer
 
 Weights are saved in bfloat16.
 

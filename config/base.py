@@ -188,7 +188,8 @@ def base() -> ml_collections.ConfigDict:
     # (ddpo-pytorch's timestep_fraction: it chooses step indices, not timesteps)
     train.step_fraction = 1.0
     # (sample, step) pairs per training forward, or "auto": 32 on the CPU; on CUDA the most that fit the card, measured
-    # at the first update with the loaded model and kept in checkpoints (ddpo_group/update/memory_fit.py)
+    # at the first update with the loaded model (first guessed from the traced memory plan when it holds this run) and
+    # kept in checkpoints (ddpo_group/update/memory_fit.py)
     train.pairs_per_forward = FieldReference("auto", field_type=object)
     # recompute the denoiser's activations in the backward: less memory, ~1/3 more compute; "auto" pairs_per_forward
     # also switches it on when fewer than 4 pairs fit without it

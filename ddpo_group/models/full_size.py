@@ -19,6 +19,18 @@ hunyuan_video15: HunyuanVideo 1.5 480p text-to-video (``build_hunyuan_video15``:
 Qwen2.5-VL-7B-sized text model, a ByT5-small-sized glyph encoder, its guider).
 ltx2: LTX-2 (``build_ltx2``: the 18.9B audio-video transformer, its text connectors, a Gemma-3-12B-sized text encoder,
 the video and audio VAEs, the vocoder).
+krea2: Krea 2 (``build_krea2``: the 12.8B transformer at the class defaults, a Qwen3-VL-4B-sized text encoder, the
+Qwen-Image VAE).
+ideogram4: Ideogram 4 (``build_ideogram4``: two 9.3B transformers, the conditional and the unconditional one, a
+Qwen3-VL-8B-sized text encoder, the FLUX.2 VAE).
+kandinsky6: Kandinsky 6 text-to-video with audio (``build_kandinsky6``: the 48.2B video / audio transformer at the
+class defaults, Qwen2.5-VL-7B, a CLIP-L-sized text model, HunyuanVideo's VAE, the MMAudio VAE and vocoder).
+hunyuan_image: HunyuanImage 2.1 at 2048 px (``build_hunyuan_image``: the 17.4B transformer, its 32x VAE,
+Qwen2.5-VL-7B, a ByT5-small-sized glyph encoder, its guiders).
+sana_video: SANA-Video 2B 480p (``build_sana_video``: the 2.1B transformer, Wan2.1's VAE, a Gemma-2-2B-sized text
+encoder).
+cosmos3: Cosmos 3 (``build_cosmos3``: the 15.2B mixture-of-transformers at the class defaults, reading token ids, with
+its sound head; Wan2.2's VAE, the sound tokenizer).
 """
 
 from __future__ import annotations
@@ -452,3 +464,241 @@ def build_ltx2(layers: int = 48, text_layers: int = 48):
 
 
 BUILDERS["ltx2"] = build_ltx2
+
+
+def qwen3_vl_config(hidden: int, ffn: int, vision: dict):
+    """A Qwen3-VL's config at a released size: 36 text layers of ``hidden``, 32 query / 8 key-value heads of 128, FFN
+    ``ffn``, vocabulary 151936, interleaved M-RoPE; ``vision``: its vision tower's shape (the text-to-image pipelines
+    do not run it)."""
+    from transformers import Qwen3VLConfig
+
+    return Qwen3VLConfig(
+        text_config={"vocab_size": 151936, "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": 36,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                     "max_position_embeddings": 262144,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0,
+                                         "mrope_section": [24, 20, 20], "mrope_interleaved": True}},
+        vision_config={"num_heads": 16, "out_hidden_size": hidden, "patch_size": 16, **vision})
+
+
+QWEN3_VL_4B_VISION = {"depth": 24, "hidden_size": 1024, "intermediate_size": 4096,
+                      "deepstack_visual_indexes": [5, 11, 17]}
+QWEN3_VL_8B_VISION = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304,
+                      "deepstack_visual_indexes": [8, 16, 24]}
+
+
+def qwen25_vl_7b(tokenizer, text_layers: int = 28):
+    """Qwen2.5-VL-7B (Qwen2_5_VLForConditionalGeneration): 28 layers of 3584 (``text_layers`` fewer to save memory),
+    28 query / 4 key-value heads, FFN 18944, vocabulary 152064, and its 32-block vision tower (not run by the
+    text-to-video / image pipelines); ``tokenizer``'s vision token ids where it has them."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    ids = tokenizer.get_vocab()
+    tokens = {key: ids[token] for key, token in (
+        ("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+        ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>")) if token in ids}
+    return Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLConfig(
+        text_config={"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+                     "num_hidden_layers": text_layers, "num_attention_heads": 28, "num_key_value_heads": 4,
+                     "rms_norm_eps": 1e-6, "max_position_embeddings": 128000, "rope_theta": 1000000.0,
+                     "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}},
+        vision_config={"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+                       "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31]},
+        vocab_size=152064, hidden_size=3584, tie_word_embeddings=False, **tokens))
+
+
+def build_krea2(layers: int = 28):
+    """Krea 2 (Krea2Pipeline; no hub repo yet: diffusers' docstring loads a local conversion): its
+    Krea2Transformer2DModel at the class defaults, taken as the released shape (28 single-stream blocks of 48 query /
+    12 key-value heads of 128, SwiGLU 16384, 64-channel 2x2-packed latents, a text fusion of two layerwise and two
+    refiner blocks over 12 tapped layers of width 2560; ``layers`` fewer for a fraction), a Qwen3-VL-4B-sized text
+    encoder (Qwen3VLModel: 36 layers of 2560, 32 query / 8 key-value heads of 128, FFN 9728, vocabulary 151936, and a
+    24-block vision tower the pipeline does not run; the pipeline taps hidden states 2, 5, ..., 35, so all 36 layers
+    are kept) with ``qwen_tokenizer`` (merges learned on the pipeline's template), the 16-channel
+    AutoencoderKLQwenImage at its defaults, Krea 2's scheduler (dynamic shifting from 256 to 6400 image tokens, mu 0.5
+    to 1.15)."""
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, Krea2Pipeline
+    from diffusers import Krea2Transformer2DModel
+    from transformers import Qwen3VLModel
+
+    from ddpo_group.models.tiny_random import qwen_tokenizer
+
+    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
+        scheduler = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_image_seq_len=256,
+                                                    max_image_seq_len=6400, base_shift=0.5, max_shift=1.15)
+    layout = Krea2Pipeline(scheduler=scheduler, vae=None, text_encoder=None, tokenizer=None, transformer=None)
+    tokenizer = qwen_tokenizer(template=layout.prompt_template_encode_prefix + "{}"
+                               + layout.prompt_template_encode_suffix)
+    return Krea2Pipeline(scheduler=scheduler, vae=AutoencoderKLQwenImage(), tokenizer=tokenizer,
+                         text_encoder=Qwen3VLModel(qwen3_vl_config(2560, 9728, QWEN3_VL_4B_VISION)),
+                         transformer=Krea2Transformer2DModel(num_layers=layers))
+
+
+BUILDERS["krea2"] = build_krea2
+
+
+def build_ideogram4(layers: int = 34):
+    """Ideogram 4 (Ideogram4Pipeline, ideogram-ai/ideogram-v4): two Ideogram4Transformer2DModel at the class defaults,
+    taken as the released shape (34 blocks of 18 heads of 256: width 4608, FFN 12288, 128-channel 2x2-packed
+    latents, the 13 x 4096 = 53248 text features a token; ``layers`` fewer for a fraction), the
+    conditional ``transformer`` and the ``unconditional_transformer`` of its asymmetric CFG; a Qwen3-VL-8B-sized text
+    encoder (Qwen3VLModel: 36 layers of 4096, 32 query / 8 key-value heads of 128, FFN 12288, vocabulary 151936, and
+    a 27-block vision tower the pipeline does not run; it taps layers 0, 3, ..., 33 and 35, so all 36 are kept) with
+    ``qwen_tokenizer`` and Qwen3-VL's chat template, the 32-channel FLUX.2 VAE at its defaults, the flow Euler
+    scheduler (the pipeline gives it its logit-normal sigmas); no prompt-enhancer head."""
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Ideogram4Pipeline
+    from diffusers import Ideogram4Transformer2DModel
+    from transformers import Qwen3VLModel
+
+    from ddpo_group.models.tiny_random import QWEN3_VL_CHAT_TEMPLATE, qwen_tokenizer
+
+    tokenizer = qwen_tokenizer(max_length=4096)
+    tokenizer.chat_template = QWEN3_VL_CHAT_TEMPLATE
+    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
+        scheduler = FlowMatchEulerDiscreteScheduler()
+    return Ideogram4Pipeline(scheduler=scheduler, vae=AutoencoderKLFlux2(), tokenizer=tokenizer,
+                             text_encoder=Qwen3VLModel(qwen3_vl_config(4096, 12288, QWEN3_VL_8B_VISION)),
+                             transformer=Ideogram4Transformer2DModel(num_layers=layers),
+                             unconditional_transformer=Ideogram4Transformer2DModel(num_layers=layers))
+
+
+BUILDERS["ideogram4"] = build_ideogram4
+
+
+def build_kandinsky6(layers: int = 60, text_layers: int = 28):
+    """Kandinsky 6 text-to-video with audio (Kandinsky6TI2VAPipeline): its Kandinsky6Transformer3DModel at the class
+    defaults, taken as the released shape (60 fused video / audio blocks and 4 text blocks a modality, width 4096, FFN
+    16384, heads of 128, 16 video and 20 audio latent channels; ``layers`` fewer fused blocks for a fraction) with the
+    released checkpoints' text padding, cross-modal RoPE, gates and fixed modulation (the class's docstring: True in
+    every released config), Qwen2.5-VL-7B (``qwen25_vl_7b``: the pipeline reads its last hidden states; ``text_layers``
+    fewer to save memory) with ``qwen_vl_tokenizer`` (merges on the pipeline's template; the released tokenizer is a
+    Qwen2_5_VLProcessor, which needs torchvision), a CLIP-L-sized text model for the pooled embedding (77 tokens), the
+    16-channel AutoencoderKLHunyuanVideo at its defaults (8x, 4x), the MMAudio VAE at its defaults (128 mel bins at
+    44.1 kHz, a latent frame every 1024 samples) but for its latent width, the transformer's 20 audio channels (its
+    default 40 is MMAudio-44k's), the MMAudio vocoder at its defaults, the flow Euler scheduler (shift 5)."""
+    from diffusers import (AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler, Kandinsky6TI2VAPipeline,
+                           Kandinsky6Transformer3DModel, MMAudioVAE, MMAudioVocoder)
+    from diffusers.pipelines.kandinsky6.pipeline_kandinsky6_ti2va import _PROMPT_TEMPLATE
+
+    from ddpo_group.models.tiny_random import qwen_vl_tokenizer
+
+    transformer = Kandinsky6Transformer3DModel(num_visual_blocks=layers, text_token_padding=True, ca_rope=True,
+                                               cross_gates=True, fix_modulation=True)
+    tokenizer = qwen_vl_tokenizer(_PROMPT_TEMPLATE)
+    tokenizer_2, text_encoder_2 = clip_text(768, 12, 12, projection=False)
+    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=5.0)
+    return Kandinsky6TI2VAPipeline(transformer=transformer, vae=AutoencoderKLHunyuanVideo(),
+                                   text_encoder=qwen25_vl_7b(tokenizer, text_layers), tokenizer=tokenizer,
+                                   text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, scheduler=scheduler,
+                                   audio_vae=MMAudioVAE(latent_channels=transformer.config.in_audio_dim),
+                                   vocoder=MMAudioVocoder())
+
+
+BUILDERS["kandinsky6"] = build_kandinsky6
+
+
+def build_hunyuan_image(layers: int = 20, single_layers: int = 40, text_layers: int = 28):
+    """HunyuanImage 2.1 at 2048 px (HunyuanImagePipeline, hunyuanvideo-community/HunyuanImage-2.1-Diffusers; diffusers'
+    conversion script's shapes): its HunyuanImageTransformer2DModel at the class defaults (20 dual-stream and 40
+    single-stream blocks of 28 heads of 128, two refiner blocks, 64 latent channels, patch 1; ``layers`` and
+    ``single_layers`` fewer for a fraction) with the ByT5 input the class leaves unset (1472 wide), the 64-channel
+    AutoencoderKLHunyuanImage of the script (32x: 128 to 1024 channels in six stages, scaling factor 0.75289),
+    Qwen2.5-VL-7B (``qwen25_vl_7b``, the pipeline's Qwen2_5_VLForConditionalGeneration, which it reads three layers
+    from the top; ``text_layers`` fewer to save memory, at least 3) with ``qwen_tokenizer`` (merges learned on its
+    template), a ByT5-small-sized encoder (12 layers of 1472, 6 heads of 64, FFN 3584) with ByT5's byte tokenizer,
+    the flow Euler scheduler of shift 5 (HunyuanImage 2.1's own inference default), and the released guiders' kind:
+    AdaptiveProjectedMixGuidance (CFG at 3.5 to step 5, then APG at 10 with momentum -0.5 and rescale 10) and an OCR
+    guider (APG at 4 from step 2, rescale 5) for prompts with quoted text."""
+    from diffusers import (AutoencoderKLHunyuanImage, FlowMatchEulerDiscreteScheduler, HunyuanImagePipeline,
+                           HunyuanImageTransformer2DModel)
+    from diffusers.guiders import AdaptiveProjectedMixGuidance
+    from transformers import ByT5Tokenizer, T5Config, T5EncoderModel
+
+    from ddpo_group.models.tiny_random import qwen_tokenizer
+
+    transformer = HunyuanImageTransformer2DModel(num_layers=layers, num_single_layers=single_layers,
+                                                 text_embed_2_dim=1472)
+    vae = AutoencoderKLHunyuanImage(in_channels=3, out_channels=3, latent_channels=64,
+                                    block_out_channels=(128, 256, 512, 512, 1024, 1024), layers_per_block=2,
+                                    spatial_compression_ratio=32, sample_size=384, scaling_factor=0.75289)
+    layout = HunyuanImagePipeline(scheduler=None, vae=None, text_encoder=None, tokenizer=None, text_encoder_2=None,
+                                  tokenizer_2=None, transformer=None)
+    tokenizer = qwen_tokenizer(max_length=2048, template=layout.prompt_template_encode)
+    text_encoder_2 = T5EncoderModel(T5Config(vocab_size=384, d_model=1472, d_kv=64, d_ff=3584, num_layers=12,
+                                             num_heads=6, feed_forward_proj="gated-gelu"))
+    guider = AdaptiveProjectedMixGuidance(guidance_scale=3.5, adaptive_projected_guidance_scale=10.0,
+                                          adaptive_projected_guidance_momentum=-0.5,
+                                          adaptive_projected_guidance_rescale=10.0,
+                                          adaptive_projected_guidance_start_step=5)
+    ocr = AdaptiveProjectedMixGuidance(guidance_scale=3.5, adaptive_projected_guidance_scale=4.0,
+                                       adaptive_projected_guidance_momentum=-0.5,
+                                       adaptive_projected_guidance_rescale=5.0,
+                                       adaptive_projected_guidance_start_step=2)
+    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=5.0)
+    return HunyuanImagePipeline(scheduler=scheduler, vae=vae, text_encoder=qwen25_vl_7b(tokenizer, text_layers),
+                                tokenizer=tokenizer, text_encoder_2=text_encoder_2, tokenizer_2=ByT5Tokenizer(),
+                                transformer=transformer, guider=guider, ocr_guider=ocr)
+
+
+BUILDERS["hunyuan_image"] = build_hunyuan_image
+
+
+def build_sana_video(layers: int = 20, text_layers: int = 26):
+    """SANA-Video 2B 480p (Efficient-Large-Model/SANA-Video_2B_480p_diffusers, diffusers' conversion script's shapes):
+    its SanaVideoTransformer3DModel (20 blocks of linear self-attention, 20 heads of 112, cross-attention 20 heads of
+    112 over the 2304-wide text, Mix-FFN ratio 3 where the class's default is 2.5, 16 latent channels in 1 x 2 x 2
+    patches, sample_size 30: the 480p table; ``layers`` fewer for a fraction), build_sana's Gemma-2-2B-sized decoder
+    (``text_layers`` fewer to save memory) and Gemma-style tokenizer, Wan2.1's VAE (AutoencoderKLWan's defaults, as
+    build_wan13b), the released flow DPM-Solver++ scheduler (flow shift 8, the script's; the sana_video family swaps
+    in the flow Euler one)."""
+    from diffusers import AutoencoderKLWan, DPMSolverMultistepScheduler, SanaVideoPipeline, SanaVideoTransformer3DModel
+    from transformers import Gemma2Config, Gemma2Model
+
+    from ddpo_group.models.tiny_random import gemma_tokenizer
+
+    text_encoder = Gemma2Model(Gemma2Config(
+        vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=text_layers,
+        num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=8192))
+    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
+        scheduler = DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                                flow_shift=8.0)
+    return SanaVideoPipeline(tokenizer=gemma_tokenizer(), text_encoder=text_encoder, vae=AutoencoderKLWan(),
+                             transformer=SanaVideoTransformer3DModel(num_layers=layers, mlp_ratio=3.0),
+                             scheduler=scheduler)
+
+
+BUILDERS["sana_video"] = build_sana_video
+
+
+def build_cosmos3(layers: int = 36, sound: bool = True):
+    """Cosmos 3 (Cosmos3OmniPipeline): its Cosmos3OmniTransformer at the class defaults, taken as the released shape
+    (36 mixture-of-transformers layers of 4096, 32 query / 8 key-value heads of 128, FFN 12288, its own 151936-token
+    embedding and head: the model reads token ids, no text encoder; 48 latent channels in 2 x 2 patches; ``layers``
+    fewer for a fraction), with ``sound`` its sound head (64 channels, 25 latent frames a second) and the
+    Cosmos3AVAEAudioTokenizer at its defaults (diffusers' conversion script's: 48 kHz stereo, a hop of 1920 samples);
+    ``qwen_vl_tokenizer`` (merges learned on the pipeline's system prompts and sentences) for the released Qwen3-VL
+    tokenizer; Wan2.2-TI2V-5B's VAE, the script's (AutoencoderKLWan: 48 channels, 16x / 4x, base widths 160 and 256;
+    latents_mean / latents_std 0 and 1, not the released statistics); the released UniPC scheduler's config; no
+    safety checker."""
+    from diffusers import AutoencoderKLWan, Cosmos3AVAEAudioTokenizer, Cosmos3OmniPipeline, Cosmos3OmniTransformer
+    from diffusers import UniPCMultistepScheduler
+
+    from ddpo_group.models.tiny_random import COSMOS3_TEMPLATE_TEXT, COSMOS3_UNIPC, qwen_vl_tokenizer
+
+    transformer = Cosmos3OmniTransformer(num_hidden_layers=layers, sound_gen=sound, sound_dim=64 if sound else None)
+    channels = transformer.config.latent_channel
+    vae = AutoencoderKLWan(base_dim=160, decoder_base_dim=256, z_dim=channels, dim_mult=[1, 2, 4, 4],
+                           num_res_blocks=2, temperal_downsample=[False, True, True], is_residual=True,
+                           in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16,
+                           scale_factor_temporal=4, latents_mean=[0.0] * channels, latents_std=[1.0] * channels)
+    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
+        scheduler = UniPCMultistepScheduler(**COSMOS3_UNIPC)
+    return Cosmos3OmniPipeline(transformer=transformer, text_tokenizer=qwen_vl_tokenizer(COSMOS3_TEMPLATE_TEXT),
+                               vae=vae, scheduler=scheduler,
+                               sound_tokenizer=Cosmos3AVAEAudioTokenizer() if sound else None,
+                               safety_checker=None, enable_safety_checker=False)
+
+
+BUILDERS["cosmos3"] = build_cosmos3

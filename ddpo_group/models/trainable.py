@@ -28,7 +28,8 @@ def place(module: torch.nn.Module, device, dtype: torch.dtype) -> None:
     (it would have us load with ``torch_dtype``, which build_policy does; this cast is only for the
     float32 UNet of full fine-tuning under mixed precision).
     """
-    module.to(device)
+    if next(module.parameters()).device != torch.device(device):
+        module.to(device)
     if module.dtype != dtype:
         torch.nn.Module.to(module, dtype=dtype)
 
@@ -45,10 +46,18 @@ def build_policy(config, device) -> tuple:
     format, for UNets); ``compile_denoiser`` (the denoiser, UNet or transformer) is applied by the trainer, once the
     reference model (which may copy the denoiser or add an adapter to it) is built.
     """
+    pretrained = config.pretrained
+    family = load_family(pretrained.model, revision=pretrained.revision or None,
+                         torch_dtype=DTYPES[config.mixed_precision], family=pretrained.family, config=config)
+    return family, make_trainable(family, config, device)
+
+
+def make_trainable(family, config, device) -> list:
+    """Place a loaded family's modules on ``device`` (the text encoders on ``pretrained.text_encoder_device``), freeze
+    what is not trained and return the trainable parameters (``build_policy``'s second half; the memory trace's
+    whole, update/memory_trace.py)."""
     inference_dtype = DTYPES[config.mixed_precision]
     pretrained = config.pretrained
-    family = load_family(pretrained.model, revision=pretrained.revision or None, torch_dtype=inference_dtype, family=pretrained.family,
-                         config=config)
     pipe = family.pipe
     pipe.set_progress_bar_config(disable=True)
     text_device = pretrained.text_encoder_device or device
@@ -74,7 +83,7 @@ def build_policy(config, device) -> tuple:
     if not trainable:
         raise ValueError(f"the policy has no trainable parameters (check use_lora and the {family.model_attribute}'s "
                          f"modules {list(family.lora_target_modules)})")
-    return family, trainable
+    return trainable
 
 
 def _frozen(family) -> list:

@@ -5,6 +5,11 @@ decoding after an out-of-memory error, and the out-of-memory error that names th
 tuned with: memory is rarely the limit there). On CUDA it is resolved once, the first time a chunk size is needed,
 with that epoch's real batch and the model actually loaded (any family, any loss, the KL's reference forward too):
 
+    0. the first guess, when the memory plan traced this run (update/memory_plan.jsonl: bench/memory_plan.py's rows,
+       each a family's step at full size traced with fake tensors, update/memory_trace.py; ``traced_guess`` matches
+       the family, LoRA or not, the trainable parameters, checkpointing, CFG rows, the reference's forward, where the
+       text encoders are and the state's shape): n = floor((HEADROOM x card - held) / per_pair) from its trace, run
+       once as in 5; within the budget it is the answer, else steps 1-6 measure (what the guess did is printed)
     1. peak(k): CUDA peak memory above the current allocation of one forward + backward of k pairs, exactly as the
        training step runs them (no optimizer step; the gradients are dropped; no collective: under DDP no_sync)
     2. per_pair = peak(2) - peak(1),   fixed = peak(1) - per_pair + Adam's state if not allocated yet (2 x fp32)
@@ -16,7 +21,7 @@ with that epoch's real batch and the model actually loaded (any family, any loss
        (peak(n) - peak(1)) / (n - 1), and fits n again, smaller, until one runs within the budget; every process
        takes the smallest n
     6. if fewer than MIN_PAIRS_WITHOUT_CHECKPOINTING fit, gradient checkpointing is switched on (recompute the
-       denoiser's activations in the backward: ~1/3 more compute) and 1-5 run again
+       denoiser's activations in the backward: ~1/3 more compute) and 0-5 run again
 
 The result is printed, logged (``train/pairs_per_forward``) and kept in the checkpoint (TrainingState.sizes), so a
 resumed run chunks, and so sums, exactly as the first. A loss without a per-step matrix (gspo, geo_mean)
@@ -25,9 +30,11 @@ backpropagates the whole train batch at once: its memory is set by ``train.batch
 
 from __future__ import annotations
 
+import json
 import math
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -35,6 +42,7 @@ CPU_PAIRS_PER_FORWARD = 32
 HEADROOM = 0.85  # of the measured budget: fragmentation, the optimizer's temporaries, later epochs' caches
 MAX_PAIRS = 256  # beyond this the forward is saturated on any card
 MIN_PAIRS_WITHOUT_CHECKPOINTING = 4
+PLAN_PATH = Path(__file__).with_name("memory_plan.jsonl")  # the traced plan (bench/memory_plan.py --json)
 
 # what to lower when a phase runs out of memory (named in the error)
 SETTINGS = {
@@ -44,6 +52,39 @@ SETTINGS = {
                 "matrix holds a whole train batch: lower train.batch_size)",
     "reward": "the reward model's batch size (reward_fn_kwargs.batch_size)",
 }
+
+
+def plan_key(family, config, updater) -> dict:
+    """What a traced row of the memory plan (update/memory_plan.jsonl, bench/memory_plan.py) must share with a run to
+    be its first guess: the family, LoRA or full fine-tuning, the trainable parameters (the shape, LoRA's rank and
+    targets), gradient checkpointing, the training forward's rows (CFG's two), the reference's forward and where the
+    text encoders are. (The state's shape, which sets the activations, is compared with the batch's.)"""
+    return {"family": family.name, "mode": "lora" if config.use_lora else "full",
+            "trainable": sum(p.numel() for p in updater.params),
+            "gradient_checkpointing": bool(family.model.is_gradient_checkpointing),
+            "cfg": updater.scorer.guidance_scale != 1.0, "reference_forward": bool(updater.uses_reference),
+            "text_encoder_device": config.pretrained.text_encoder_device or ""}
+
+
+def traced_plan() -> list[dict]:
+    """The memory plan's traced rows (one JSON object a line; rows without a trace are left out)."""
+    if not PLAN_PATH.exists():
+        return []
+    rows = [json.loads(line) for line in PLAN_PATH.read_text().splitlines() if line.strip()]
+    return [row for row in rows if "per_pair_gib" in row]
+
+
+def traced_guess(family, config, updater, batch) -> dict | None:
+    """The traced row of this run (``plan_key`` and the state's shape equal), or None."""
+    rows = traced_plan()
+    if not rows:
+        return None
+    key = plan_key(family, config, updater)
+    state = list(batch.latents.shape[2:])
+    for row in rows:
+        if all(row.get(name) == value for name, value in key.items()) and row.get("state") == state:
+            return row
+    return None
 
 
 def configured_pairs(value) -> int | None:
@@ -81,6 +122,17 @@ def memory_budget(device: torch.device) -> int:
         torch.cuda, "get_per_process_memory_fraction") else 1.0
     reachable = min(free + torch.cuda.memory_reserved(device), int(fraction * total))
     return reachable - torch.cuda.memory_allocated(device)
+
+
+def most_pairs(train, trainable: torch.Tensor) -> int:
+    """The most pairs one forward can take: a train batch's (``train.batch_size`` samples x their trained steps),
+    at most MAX_PAIRS."""
+    return min(MAX_PAIRS, max(1, int(train.batch_size * int(trainable.sum()) * train.step_fraction)))
+
+
+def allocated_bytes(device: torch.device) -> int:
+    """Bytes the caching allocator has handed out on ``device`` (the weights, the record, ...)."""
+    return torch.cuda.memory_allocated(device)
 
 
 def probe_batch(batch, pairs: int, trainable: torch.Tensor) -> tuple[object, torch.Tensor, torch.Tensor]:
@@ -167,11 +219,13 @@ class PairsPerForward:
     def _fit(self, updater, batch) -> tuple[int, str]:
         device = self.accelerator.device
         trainable = self.family.stochastic_steps(self.config.sample)
-        train = self.config.train
-        most = min(MAX_PAIRS, max(1, int(train.batch_size * int(trainable.sum()) * train.step_fraction)))
-        first, second = (self.peak(updater, batch, k, trainable) for k in (1, 2))
+        most = most_pairs(self.config.train, trainable)
         state = self._optimizer_state_bytes(updater)
         budget = HEADROOM * memory_budget(device)
+        guessed = self._traced_first_guess(updater, batch, trainable, most, state, budget)
+        if guessed is not None and guessed[0] is not None:
+            return guessed
+        first, second = (self.peak(updater, batch, k, trainable) for k in (1, 2))
         per_pair = max(second - first, 1)
 
         def fits(per: int) -> int:  # step 4, fixed = first - per + state
@@ -197,7 +251,29 @@ class PairsPerForward:
                   f"{budget / gib:.1f} GiB budget; at most {most}")
         if refits:
             detail += "; " + ", ".join(refits)
+        if guessed is not None:
+            detail += "; " + guessed[1]
         return n, detail
+
+    def _traced_first_guess(self, updater, batch, trainable, most: int, state: int, budget: float):
+        """Step 0: with a traced row of this run in the memory plan (``traced_guess``), its pairs for this card,
+        n = floor((HEADROOM x (budget + allocated) - held) / per_pair), run once: (n, detail) when its peak is within
+        the budget; (None, what happened) when not (steps 1-5 then measure); None without a traced row."""
+        row = traced_guess(self.family, self.config, updater, batch)
+        if row is None:
+            return None
+        gib = 2**30
+        card = budget / HEADROOM + allocated_bytes(self.accelerator.device)
+        n = max(1, min(most, int((HEADROOM * card - row["held_gib"] * gib) // (row["per_pair_gib"] * gib))))
+        guess = (f"the traced plan's first guess {n} ({row['per_pair_gib']:.2f} GiB per pair, {row['held_gib']:.2f} GiB "
+                 f"held, {row['shape']} traced)")
+        try:
+            peak = self.peak(updater, batch, n, trainable)
+        except torch.OutOfMemoryError:
+            return None, f"{guess} ran out of memory"
+        if peak + state > budget:
+            return None, f"{guess} peaked at {(peak + state) / gib:.2f} GiB"
+        return n, f"{guess}, peaking at {(peak + state) / gib:.2f} GiB of the {budget / gib:.1f} GiB budget"
 
     @staticmethod
     def _optimizer_state_bytes(updater) -> int:

@@ -478,3 +478,18 @@ def test_solver_gap_samples_the_adapters_with_the_multistep_solvers(tiny_sd3_dir
     table = table_rows(printed, "sampler")
     assert set(table) == {"euler (trained)", "dpmsolver++", "unipc"} and " to " in table["unipc"][
         "gain - Euler's gain (95% interval, paired by run)"]
+
+
+def test_memory_plan_traces_a_tiny_family_and_tables_its_rows(tmp_path):
+    """bench/memory_plan.py --tiny on SD's tiny pipeline with LoRA: one row, the pairs that fit an 80 GB card and a
+    24 GiB cap (here a train batch's, the most a forward takes: the tiny model fits anything), each size traced and
+    within its card; the table made again from the rows written."""
+    rows = tmp_path / "rows.jsonl"
+    ran = succeeded("memory_plan", "--tiny", "--family", "sd", "--mode", "lora", "--json", rows)
+    row = json.loads(rows.read_text())
+    assert json.loads(ran.stdout.splitlines()[0]) == row and "error" not in row, row
+    assert row["per_pair_gib"] > 0 and row["held_gib"] > 0 and row["pairs_80GB"] == row["pairs_24GiB"] > 2, row
+    for card, size in (("80GB", 79.1), ("24GiB", 24.0)):
+        assert row[f"traced_{card}"][0] == row[f"pairs_{card}"] and row[f"traced_{card}"][1] < 0.85 * size
+    assert "| sd (tiny sd, group_ppo; the H100 run of docs/performance.md) |" in succeeded(
+        "memory_plan", "--table", rows).stdout

@@ -187,3 +187,18 @@ def test_the_miles_recipe_runs_on_the_tiny_model(cosmos3_dir, tmp_path):
     assert trainer.family.name == "cosmos3" and trainer.family.latent_shape() == (16, 1, 4, 4)
     metrics = trainer.run()
     assert metrics["global_step"] >= 1 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+
+
+def test_the_full_size_bench_shape_builds():
+    """models/full_size.py's cosmos3, on the meta device: Cosmos 3's transformer (the class defaults, with the sound
+    head; no text encoder: it embeds the token ids) and its sound tokenizer; the family reads its sizes (189 frames of
+    720 x 1280: 48 x 45 x 80 latents of 48 channels)."""
+    from config.base import base as base_config
+    from ddpo_group.models.full_size import build_cosmos3
+
+    pipe, millions = family_checks.full_size_on_meta(build_cosmos3)
+    assert 14400 < millions["transformer"] < 15900, millions
+    assert "text_encoder" not in millions and 470 < millions["sound_tokenizer"] < 520, millions
+    family = Cosmos3Family(pipe, base_config())
+    assert family.frames == 189 and family.height_width == (720, 1280)
+    assert family.latent_shape() == (48, 48, 45, 80)

@@ -92,3 +92,17 @@ def test_what_the_family_refuses_is_named(hunyuan_image_dir, tmp_path):
     trainer = tiny_trainer("awm", hunyuan_image_dir, tmp_path, "unguided", device="cpu",
                            **FAMILY_OVERRIDES["hunyuan_image"], **{"sample.guidance_scale": 1.0, "train.cfg": False})
     assert trainer.run()["global_step"] > 0  # unguided, the training forward reads no momentum
+
+
+def test_the_full_size_bench_shape_builds():
+    """models/full_size.py's hunyuan_image, on the meta device: HunyuanImage 2.1's 17B transformer, Qwen2.5-VL-7B and
+    ByT5-small; the family reads its sizes (2048 px: 64 x 64 latents of 64 channels)."""
+    from config.base import base as base_config
+    from ddpo_group.models.full_size import build_hunyuan_image
+
+    pipe, millions = family_checks.full_size_on_meta(build_hunyuan_image)
+    assert 16550 < millions["transformer"] < 18300, millions
+    assert 7900 < millions["text_encoder"] < 8700, millions  # Qwen2.5-VL-7B with its vision tower and LM head
+    assert 207 < millions["text_encoder_2"] < 229, millions
+    family = HunyuanImageFamily(pipe, base_config())
+    assert family.height_width == (2048, 2048) and family.latent_shape() == (64, 64, 64)

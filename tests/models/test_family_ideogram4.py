@@ -138,3 +138,17 @@ def test_under_flow_sde_the_first_step_is_deterministic(ideogram4_dir):
     config.sample.sde_type, config.sample.sde_window_size = "flow_sde", 1
     with pytest.raises(ValueError, match="leaves no stochastic step"):
         family.check_trainable(config.sample)
+
+
+def test_the_full_size_bench_shape_builds():
+    """models/full_size.py's ideogram4, on the meta device: Ideogram 4's two transformers (the class defaults) and a
+    Qwen3-VL-8B text encoder; the family reads its sizes (2048 px: 128 x 128 tokens of 128 channels)."""
+    from config.base import base as base_config
+    from ddpo_group.models.full_size import build_ideogram4
+
+    pipe, millions = family_checks.full_size_on_meta(build_ideogram4)
+    assert 8800 < millions["transformer"] < 9750, millions
+    assert 8800 < millions["unconditional_transformer"] < 9750, millions
+    assert 7750 < millions["text_encoder"] < 8550, millions  # Qwen3-VL-8B with its vision tower, no LM head
+    family = Ideogram4Family(pipe, base_config())
+    assert family.height_width == (2048, 2048) and family.latent_shape() == (128 * 128, 128)

@@ -126,3 +126,19 @@ def test_a_missing_torchvision_names_the_extra(kandinsky6_dir, monkeypatch):
     with pytest.raises(ImportError, match=r"Kandinsky 6's tokenizer .* needs torchvision, which is not installed: "
                                           r'pip install -e "\.\[models\]"'):
         Kandinsky6Family.load_pipeline(kandinsky6_dir, True, None, {})
+
+
+def test_the_full_size_bench_shape_builds():
+    """models/full_size.py's kandinsky6, on the meta device: Kandinsky 6's transformer (the class defaults),
+    Qwen2.5-VL-7B and a CLIP-L-sized text model; the family reads its sizes (121 frames of 512 x 768: 31 x 64 x 96
+    video latents of 16 channels, 218 audio latent frames of 20)."""
+    from config.base import base as base_config
+    from ddpo_group.models.full_size import build_kandinsky6
+
+    pipe, millions = family_checks.full_size_on_meta(build_kandinsky6)
+    assert 45800 < millions["transformer"] < 50600, millions
+    assert 7900 < millions["text_encoder"] < 8700, millions  # Qwen2.5-VL-7B with its vision tower and LM head
+    assert 81 < millions["text_encoder_2"] < 90, millions
+    family = Kandinsky6Family(pipe, base_config())
+    assert family.frames == 121 and family.height_width == (512, 768)
+    assert family.video_shape == (31, 64, 96, 16) and family.audio_shape == (218, 20)

@@ -90,3 +90,16 @@ def test_the_miles_nft_recipe_runs_on_the_tiny_model(tiny_krea2_dir, tmp_path):
     assert trainer.family.name == "krea2" and trainer.family.model.is_gradient_checkpointing
     metrics = trainer.run()
     assert metrics["global_step"] >= 1 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+
+
+def test_the_full_size_bench_shape_builds():
+    """models/full_size.py's krea2, on the meta device: Krea 2's transformer (the class defaults) and a Qwen3-VL-4B
+    text encoder; the family reads its sizes (1024 px: 64 x 64 tokens of 64 channels)."""
+    from config.base import base as base_config
+    from ddpo_group.models.full_size import build_krea2
+
+    pipe, millions = family_checks.full_size_on_meta(build_krea2)
+    assert 12200 < millions["transformer"] < 13450, millions
+    assert 4200 < millions["text_encoder"] < 4650, millions  # Qwen3-VL-4B with its vision tower, no LM head
+    family = Krea2Family(pipe, base_config())
+    assert family.height_width == (1024, 1024) and family.latent_shape() == (4096, 64)

@@ -166,3 +166,17 @@ def test_the_cosmos_rl_recipe_runs_on_the_tiny_model(sana_video_dir, tmp_path):
     assert trainer.family.name == "sana_video" and trainer.family.frames == 5
     metrics = trainer.run()
     assert metrics["global_step"] >= 1 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
+
+
+def test_the_full_size_bench_shape_builds():
+    """models/full_size.py's sana_video, on the meta device: SANA-Video 2B's transformer and a Gemma-2-2B-sized text
+    encoder; the family reads its sizes (81 frames of 480 x 832: 21 x 60 x 104 latents of 16 channels)."""
+    from config.base import base as base_config
+    from ddpo_group.models.full_size import build_sana_video
+
+    pipe, millions = family_checks.full_size_on_meta(build_sana_video)
+    assert 1950 < millions["transformer"] < 2160, millions
+    assert 2480 < millions["text_encoder"] < 2750, millions  # Gemma-2-2B's decoder
+    family = SanaVideoFamily(pipe, base_config())
+    assert family.frames == 81 and family.height_width == (480, 832)
+    assert family.latent_shape() == (16, 21, 60, 104)

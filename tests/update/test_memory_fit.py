@@ -45,7 +45,7 @@ def test_out_of_memory_names_the_setting_to_lower():
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore text")
 
 
-def test_a_probe_peak_over_the_budget_fits_the_pairs_again_from_the_peak_of_many():
+def test_a_probe_peak_over_the_budget_fits_the_pairs_again_from_the_peak_of_many(monkeypatch):
     """A compiled forward's first call inflates peak(1): the two-point estimate (10 per pair) says 86 pairs fit a
     budget of 1000 where each pair takes 30; peak(86) = 2680 is over the budget, so the pairs are fitted again with
     (2680 - 150) // 85 = 29 per pair: (1000 - (150 - 29)) // 29 = 30 pairs, whose peak (1000) is within it. Above 3000
@@ -67,6 +67,7 @@ def test_a_probe_peak_over_the_budget_fits_the_pairs_again_from_the_peak_of_many
     family = SimpleNamespace(stochastic_steps=lambda sample: torch.ones(16, dtype=torch.bool))  # at most 256 pairs
     probe = memory_fit.PairsPerForward(config, SimpleNamespace(device=torch.device("cpu")), family, {})
     probe.peak = lambda updater, batch, k, trainable: peak(k)
+    monkeypatch.setattr(memory_fit, "traced_plan", lambda: [])  # no traced row: measured from 1 and 2
     updater = SimpleNamespace(optimizer=None)
     for budget, expected, sizes, said in ((1000, 30, [1, 2, 86, 30], "86 peaked at "),
                                           (4000, 64, [1, 2, 256, 128, 64], "256 ran out of memory, 128 ran out")):
@@ -172,3 +173,49 @@ def test_auto_pairs_fit_a_memory_cap_and_are_kept_in_the_checkpoint(tiny_sd3_dir
     assert 1 <= train["pairs_per_forward"] < uncapped
     assert trainer.state.state_dict()["sizes"]["pairs_per_forward"] == train["pairs_per_forward"]
     trainer.rollouts.close()
+
+
+def test_a_traced_plan_row_of_the_run_is_the_first_guess(tmp_path, monkeypatch):
+    """With the memory plan's row of this very run (family, LoRA, trainable parameters, checkpointing, CFG rows,
+    reference forward, text encoders' device, state shape), the size is its first guess, run once: budget 0.85 x 20
+    GiB, 1 GiB allocated, the trace's 2 GiB held and 1 GiB a pair: floor(0.85 x 21 - 2) = 15 pairs, whose peak (15
+    GiB) is within 17 GiB. A row of another run (other trainable parameters) is no guess: pairs 1 and 2 are measured.
+    A guess over the budget (a pair takes 1.5 GiB, not the trace's 1) falls back to the measurement."""
+    import json
+    from types import SimpleNamespace
+
+    from ml_collections import ConfigDict
+
+    from ddpo_group.update import memory_fit
+
+    gib = 2**30
+    config = ConfigDict({"train": {"batch_size": 16, "step_fraction": 1.0, "pairs_per_forward": "auto"},
+                         "sample": {}, "use_lora": True, "pretrained": {"text_encoder_device": ""}})
+    family = SimpleNamespace(name="sd3", stochastic_steps=lambda sample: torch.ones(16, dtype=torch.bool),
+                             model=SimpleNamespace(is_gradient_checkpointing=False))
+    updater = SimpleNamespace(optimizer=None, params=[torch.zeros(10, 10)], uses_reference=True,
+                              scorer=SimpleNamespace(guidance_scale=4.5))
+    batch = SimpleNamespace(latents=torch.zeros(2, 3, 16, 8, 8))
+    row = {"family": "sd3", "mode": "lora", "trainable": 100, "gradient_checkpointing": False, "cfg": True,
+           "reference_forward": True, "text_encoder_device": "", "state": [16, 8, 8], "shape": "sd35m",
+           "per_pair_gib": 1.0, "held_gib": 2.0}
+    monkeypatch.setattr(memory_fit, "PLAN_PATH", tmp_path / "plan.jsonl")
+    monkeypatch.setattr(memory_fit, "memory_budget", lambda device: 20 * gib)
+    monkeypatch.setattr(memory_fit, "allocated_bytes", lambda device: gib)
+    probe = memory_fit.PairsPerForward(config, SimpleNamespace(device=torch.device("cpu")), family, {})
+    for plan_row, per_pair, expected, tried_first in ((row, 1.0, 15, [15]), ({**row, "trainable": 99}, 1.0, None, [1, 2]),
+                                                      (row, 1.5, None, [15, 1, 2])):
+        (tmp_path / "plan.jsonl").write_text(json.dumps(plan_row) + "\n")
+        tried = []
+
+        def peak(updater, batch, k, trainable):
+            tried.append(k)
+            return int(per_pair * k * gib)
+
+        probe.peak = peak
+        n, detail = probe._fit(updater, batch)
+        assert tried[:len(tried_first)] == tried_first, (plan_row["trainable"], per_pair, tried)
+        if expected is not None:
+            assert n == expected and "the traced plan's first guess 15" in detail and len(tried) == 1, detail
+        else:
+            assert n <= int(0.85 * 20 / per_pair) and (plan_row["trainable"] == 99 or "peaked at" in detail), detail

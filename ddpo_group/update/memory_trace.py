@@ -1,0 +1,345 @@
+"""A training step's peak memory on one card, traced on the CPU with fake tensors: no weights, no GPU, no memory.
+
+The pipeline is built on the meta device (models/full_size.py's shapes), its weights made fake tensors of the run's
+dtypes on the CPU (``fake_pipeline``), and the run's own code runs on them as a GPU run would: the family (its
+sampler for one rollout record), the trainable parameters (LoRA or the whole denoiser, models/trainable.py), the KL
+term's reference, AdamW, and the update's forward + backward of ``pairs`` (sample, step) pairs
+(Updater.accumulate_gradients, what update/memory_fit.py's probe runs) under the run's autocast, then the optimizer
+step. Fake tensors carry shapes, dtypes and sizes but no data, so torch's memory tracker (MemTracker, a dispatch
+mode) sees every allocation and free of the step; what only reads data (a tokenizer's mask, a prompt's length) runs
+on real CPU tensors, which the tracker counts too.
+
+    trace(k) = peak bytes over: forward + backward of k pairs, the optimizer step (Adam's two moments appear),
+               zero_grad, forward + backward of k pairs again   (the steady state of every later train batch)
+
+split at the peak into the tracker's kinds: parameters (every module on the card: text encoders off it with
+``pretrained.text_encoder_device="cpu"``), buffers, gradients, optimizer state, activations, temporaries.
+
+What a trace leaves out, as a CUDA run would have it: the CUDA context and cuBLAS / cuDNN workspaces (about 0.5-1 GiB),
+the caching allocator's fragmentation (the reason update/memory_fit.py keeps 15% of the card), and the attention
+kernel's choice: on the CPU, scaled-dot-product attention is the flash kernel's CPU version, which stores the output
+and its log-sum-exp as CUDA's flash and memory-efficient kernels do (memory linear in tokens). CPU autocast and CUDA
+autocast cast the same matrix products to the low-precision dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tempfile
+from pathlib import Path
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+GIB = 2**30
+KINDS = {"PARAM": "parameters", "BUFFER": "buffers", "GRAD": "gradients", "OPT": "optimizer state",
+         "ACT": "activations", "TEMP": "temporaries", "OTH": "other"}
+
+
+class ScalarReads(TorchDispatchMode):
+    """A fake tensor read as a Python number (a metric's ``float()``, an ``.item()``) reads 1: the numbers a step
+    reads steer its metrics, not its memory. With ``select_all``, a selection by a fake mask (``nonzero``, under a
+    boolean index) selects every element: the most memory it can take, and a size the tracker can count."""
+
+    def __init__(self, select_all: bool = False):
+        super().__init__()
+        self.select_all = select_all
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
+            return True if args[0].dtype == torch.bool else (1.0 if args[0].is_floating_point() else 1)
+        if self.select_all and isinstance(args[0], FakeTensor):
+            if func is torch.ops.aten.nonzero.default:
+                with args[0].fake_mode:
+                    return torch.empty(args[0].numel(), args[0].dim(), dtype=torch.long, device=args[0].device)
+            if func is torch.ops.aten.index.Tensor and len(args[1]) == 1 and args[1][0] is not None \
+                    and args[1][0].dtype == torch.bool:  # tensor[mask]
+                with args[0].fake_mode:
+                    return args[0].flatten(0, args[1][0].dim() - 1).clone()
+        return func(*args, **(kwargs or {}))
+
+
+# the operations CUDA autocast runs in float32 (torch.amp's documented list); CPU autocast casts the same matrix
+# products and convolutions to the low-precision dtype but leaves these in their inputs' dtype
+CUDA_FLOAT32_OPS = ("__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin",
+                    "binary_cross_entropy_with_logits", "cosh", "cosine_embedding_loss", "cdist", "cosine_similarity",
+                    "cross_entropy", "cumprod", "cumsum", "dist", "erfinv", "exp", "expm1", "group_norm",
+                    "hinge_embedding_loss", "kl_div", "l1_loss", "layer_norm", "log", "log_softmax", "log10", "log1p",
+                    "log2", "margin_ranking_loss", "mse_loss", "multilabel_margin_loss", "multi_margin_loss",
+                    "nll_loss", "norm", "normalize", "pdist", "poisson_nll_loss", "pow", "prod", "reciprocal", "rsqrt",
+                    "sinh", "smooth_l1_loss", "soft_margin_loss", "softmax", "softmin", "softplus", "sum", "renorm",
+                    "tan", "triplet_margin_loss")
+
+
+def cuda_float32_functions() -> set:
+    functions = set()
+    for name in CUDA_FLOAT32_OPS:
+        for owner in (torch, torch.Tensor, torch.nn.functional):
+            if hasattr(owner, name):
+                functions.add(getattr(owner, name))
+    return functions
+
+
+class CudaAutocast(TorchFunctionMode):
+    """Under CPU autocast, the operations CUDA autocast runs in float32 (``CUDA_FLOAT32_OPS``) get their
+    low-precision inputs cast to float32 first, above autograd as CUDA autocast casts them: the step saves the
+    float32 copies for its backward as it does on a GPU (a GroupNorm's input, a softmax's output)."""
+
+    def __init__(self):
+        super().__init__()
+        self.functions = cuda_float32_functions()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.functions and torch.is_autocast_enabled("cpu"):
+            def up(value):
+                if isinstance(value, torch.Tensor) and value.dtype in (torch.bfloat16, torch.float16):
+                    return value.float()
+                return value
+
+            args = tuple(up(value) for value in args)
+            kwargs = {key: up(value) for key, value in kwargs.items()}
+        return func(*args, **kwargs)
+
+
+def fake_mode() -> FakeTensorMode:
+    """A fake mode that takes real CPU tensors as inputs (the tokenizer's ids, the sampler's noise) and lets an output
+    whose size reads data (a boolean mask's selection) have a symbolic size."""
+    return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(allow_dynamic_output_shape_ops=True))
+
+
+def fake_module(module: torch.nn.Module, mode: FakeTensorMode, dtype: torch.dtype) -> None:
+    """Replace a meta-device module's parameters and buffers by fake CPU tensors of their shapes, floating ones in
+    ``dtype`` (in place; requires_grad kept)."""
+    converter = mode.fake_tensor_converter
+    device = torch.device("cpu")
+
+    def fake(tensor):  # from its shape: a meta tensor, or a fake one made before in another dtype
+        meta = torch.empty(tensor.shape, dtype=dtype if tensor.is_floating_point() else tensor.dtype, device="meta")
+        return converter.from_meta_and_device(mode, meta, device)
+
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None:
+                sub._parameters[name] = torch.nn.Parameter(fake(param), requires_grad=param.requires_grad)
+        for name, buffer in list(sub._buffers.items()):
+            if buffer is not None:
+                sub._buffers[name] = fake(buffer)
+
+
+def fake_pipeline(build, mode: FakeTensorMode, dtype: torch.dtype):
+    """``build()``'s pipeline (models/full_size.py) on the meta device, every module's weights made fake in ``dtype``,
+    its scheduler made again on the CPU (its tables are read as numbers)."""
+    with torch.device("meta"):
+        pipe = build()
+    pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)  # its tables real, on the CPU
+    for module in pipe.components.values():
+        if isinstance(module, torch.nn.Module):
+            fake_module(module, mode, dtype)
+    return pipe
+
+
+@dataclass
+class Trace:
+    """One traced training step: the forward + backward's ``peak`` bytes on the card and its kinds (``KINDS``' names:
+    bytes), the pairs per forward, the trainable parameters and the optimizer step's peak."""
+
+    pairs: int
+    peak: int
+    kinds: dict = field(default_factory=dict)
+    trainable: int = 0  # parameters
+    optimizer_peak: int = 0
+    tensors: int = 0  # trainable tensors (AdamW keeps a step count of each)
+
+    def gib(self, kind: str | None = None) -> float:
+        return (self.peak if kind is None else self.kinds.get(kind, 0)) / GIB
+
+
+def peak_snapshot(tracker) -> tuple[int, dict]:
+    """(total, {kind: bytes}) of the tracker's peak on the CPU device (where every fake tensor lives)."""
+    snapshot = tracker.get_tracker_snapshot("peak")
+    per_kind = snapshot.get(torch.device("cpu"), {})
+    kinds = {KINDS[str(kind).split(".")[-1]]: int(value) for kind, value in per_kind.items() if kind != "Total"}
+    return int(per_kind.get("Total", sum(kinds.values()))), kinds
+
+
+class NoHook:
+    def remove(self):
+        pass
+
+
+def step_tracker():
+    """torch's memory tracker without its per-module statistics (which refuse a module called twice in one step, as
+    the KL term's reference forward calls the policy's denoiser with its adapter off)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class StepTracker(MemTracker):
+        def _pre_fw_hook(self, *args):
+            pass
+
+        def _post_fw_hook(self, *args):
+            pass
+
+        def _pre_bw_hook(self, *args):
+            pass
+
+        def _post_bw_hook(self, *args):
+            pass
+
+    return StepTracker()
+
+
+def trace_step(updater, batch, pairs: int, trainable: torch.Tensor, on_card: list) -> Trace:
+    """The step of the module docstring for ``pairs`` pairs of ``batch`` (a RolloutBatch), ``on_card`` the modules
+    whose weights the card holds: a first forward + backward and optimizer step untraced (Adam's moments appear), then
+    the forward + backward traced (``peak``) and the optimizer step traced (``optimizer_peak``: AdamW's temporaries
+    beside the gradients)."""
+    from ddpo_group.update.memory_fit import drop_gradients, probe_batch
+
+    probe, rows, mask = probe_batch(batch, pairs, trainable)
+    drop_gradients(updater.params)
+    updater.model.train()
+    record = [value for value in vars(batch).values() if isinstance(value, torch.Tensor)]
+    record += [value for field in (batch.cond, batch.times) for value in field.values()]
+    with ScalarReads(select_all=True), torch.enable_grad():
+        with CudaAutocast():
+            updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=pairs)
+        updater.optimizer.step()
+        updater.optimizer.zero_grad(set_to_none=True)
+        tracker = tracked(on_card, updater.optimizer, record)
+        with tracker, CudaAutocast():
+            updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=pairs)
+        peak, kinds = peak_snapshot(tracker)
+        tracker = tracked(on_card, updater.optimizer, record + [p.grad for p in updater.params])
+        with tracker:
+            updater.optimizer.step()
+        optimizer_peak, _ = peak_snapshot(tracker)
+        updater.optimizer.zero_grad(set_to_none=True)
+    return Trace(pairs, peak, kinds, sum(p.numel() for p in updater.params), optimizer_peak, len(updater.params))
+
+
+def tracked(on_card: list, optimizer, tensors: list):
+    """A step tracker (``step_tracker``) counting the card's modules, the optimizer's state and ``tensors``."""
+    tracker = step_tracker()
+    for module in on_card:
+        for param in module.parameters():
+            if not param.requires_grad:  # torch's tracker hooks the gradient of every parameter it sees
+                tracker._param_to_grad_hook_handles[param] = (NoHook(), NoHook())
+        tracker._track_module_params_and_buffers(module, install_grad_hooks=True)
+    tracker.track_external(optimizer, *[tensor for tensor in tensors if tensor is not None])
+    return tracker
+
+
+def traced_precision(config) -> str:
+    """The mixed precision a trace runs: the run's, fp16 as bf16 (CPU autocast's; the same two bytes a value)."""
+    return "bf16" if config.mixed_precision == "fp16" else config.mixed_precision
+
+
+@dataclass
+class TracedRun:
+    """What ``traced_run`` builds on fake weights, as the trainer builds it: the family, its updater (with its
+    optimizer, KL term and old model), one process's rollout record of an epoch and the modules on the card."""
+
+    family: object
+    updater: object
+    batch: object
+    trainable: torch.Tensor
+    on_card: list
+    notes: list
+
+
+def traced_run(config, pipe, mode: FakeTensorMode | None = None) -> TracedRun:
+    """The run ``config`` describes on ``pipe`` (``fake_pipeline``'s, made in ``mode``; or a real one, which the
+    tests trace to compare) as the trainer builds it (module docstring): the trainable
+    parameters and frozen modules placed as models/trainable.py places them, the KL term's reference and a matching
+    objective's old model as the trainer builds them, and the rollout record of one process's epoch
+    (``sample.batch_size`` x ``sample.num_batches_per_epoch`` samples of ``sample.num_steps`` steps): one batch of
+    ``sample.batch_size`` prompts sampled by the family's sampler (sampling/trajectories.py), the others copies of it,
+    with the decoded images' shape."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from ddpo_group.algorithms import get_objective
+    from ddpo_group.algorithms.objectives import MATCHING, PREFERENCE
+    from ddpo_group.models.families import get_family
+    from ddpo_group.models.trainable import TEXT_ENCODERS, lora_config, make_optimizer, make_trainable
+    from ddpo_group.reference.regularizer import KLRegularizer
+    from ddpo_group.sampling.batch import RolloutBatch
+    from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, decode_latents, sample_trajectories
+    from ddpo_group.update.matching_update import MatchingUpdater
+    from ddpo_group.update.old_model import OldModel
+    from ddpo_group.update.policy_update import PolicyUpdater
+    from ddpo_group.update.preference_update import PreferenceUpdater
+    from ddpo_group.update.updater import UpdateOptions
+
+    notes = []
+    precision = traced_precision(config)
+    if precision != config.mixed_precision:
+        notes.append("fp16 traced as bf16 (the same two bytes a value)")
+        config = config.copy_and_resolve_references()
+        config.mixed_precision = precision
+    family = get_family(config.pretrained.family)(pipe, config)
+    if mode is not None and not config.use_lora:  # full fine-tuning trains float32 weights (models/trainable.py)
+        fake_module(family.model, mode, torch.float32)
+    # outside the fake mode: LoRA's adapters are real (small) CPU tensors, which peft places beside fake weights
+    params = make_trainable(family, config, "cpu")
+    lora = lora_config(config, family.lora_target_modules) if config.use_lora else None
+    kl = KLRegularizer.from_config(config, family.model, lora)
+    objective = get_objective(config.algorithm.objective)
+    old = (OldModel.from_config(config, family.model, lora)
+           if objective.uses_old_model(config.algorithm.objective_kwargs) else None)
+    optimizer = make_optimizer(config, params)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    accelerator = Accelerator(cpu=True, mixed_precision=precision)
+    scorer = TransitionScorer.from_config(config, family)
+    options = UpdateOptions(config, accelerator, family.model, optimizer, params, scorer, kl, old=old)
+    updater = {PREFERENCE: PreferenceUpdater, MATCHING: MatchingUpdater}.get(objective.kind, PolicyUpdater)(options)
+    with accelerator.autocast():  # the sampler runs under it as the trainer's does
+        batch = rollout_record(config, family, RolloutBatch, SamplingOptions, sample_trajectories, decode_latents)
+    on_card = [module for name, module in pipe.components.items() if isinstance(module, torch.nn.Module)
+               and not (name in TEXT_ENCODERS and config.pretrained.text_encoder_device == "cpu")]
+    for reference in (kl.reference if kl is not None else None, old.weights if old is not None else None):
+        if reference is not None and reference.mode == "copy":  # full fine-tuning's frozen copies of the denoiser
+            on_card.append(reference.copy)
+    return TracedRun(family, updater, batch, family.stochastic_steps(config.sample), on_card, notes)
+
+
+def rollout_record(config, family, RolloutBatch, SamplingOptions, sample_trajectories, decode_latents):
+    """One process's rollout record of an epoch (``traced_run``), advantages zero."""
+    from ddpo_group.models.source_images import SOURCE_IMAGE_KEY
+
+    sample = config.sample
+    size = int(sample.batch_size)
+    prompts = [f"a photograph of prompt {i}" for i in range(size)]
+    metadata = [{}] * size
+    if family.capabilities.image_conditioning:  # an editing family's source image, at the sample's size
+        from PIL import Image
+
+        path = Path(tempfile.mkdtemp()) / "source.png"
+        height, width = family.height_width
+        Image.new("RGB", (width, height), (128, 96, 64)).save(path)
+        metadata = [{SOURCE_IMAGE_KEY: str(path)}] * size
+    cond = family.condition(prompts, metadata)
+    negative = family.negative_condition()
+    options = SamplingOptions.rollouts(sample, family, decode=False)
+    with ScalarReads():
+        traj = sample_trajectories(family, family.model, cond, negative, options,
+                                   generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            images = decode_latents(family, traj.latents[:1, -1])
+    copies = int(sample.num_batches_per_epoch)
+
+    def epoch(tensor):  # the epoch's num_batches_per_epoch batches
+        return tensor.repeat(copies, *([1] * (tensor.dim() - 1)))
+
+    rows = size * copies
+    return RolloutBatch(
+        prompts=prompts * copies, metadata=metadata * copies, cond={k: epoch(v) for k, v in cond.items()},
+        latents=epoch(traj.latents[:, :-1]), next_latents=epoch(traj.latents[:, 1:]), log_probs=epoch(traj.log_probs),
+        times={k: epoch(v) for k, v in traj.times.items()},
+        images=images.expand(rows, *images.shape[1:]).clone(), rewards=torch.zeros(rows, dtype=torch.float64),
+        reward_info={}, advantages=torch.zeros(rows, traj.log_probs.shape[1]))
