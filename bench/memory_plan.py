@@ -97,6 +97,7 @@ MEASURED = [
 
 
 def set_fields(config, overrides: dict) -> None:
+    """Set ``overrides`` ({"train.batch_size": 8, ...}) on ``config``."""
     for key, value in overrides.items():
         *path, leaf = key.split(".")
         target = config
@@ -106,6 +107,7 @@ def set_fields(config, overrides: dict) -> None:
 
 
 def plan_config(family: str, use_lora: bool, checkpointing: bool = False):
+    """The config of ``family``'s row (``PLAN``), LoRA or full fine-tuning, with gradient checkpointing if asked."""
     shape, name, overrides, _ = PLAN[family]
     config = get_config(name)
     config.pretrained.family = family
@@ -118,10 +120,12 @@ def plan_config(family: str, use_lora: bool, checkpointing: bool = False):
 
 
 def fits(held: float, per_pair: float, card: float, most: int) -> int:
+    """The pairs per forward that fit ``card`` bytes (module docstring), at most ``most``; 0: none."""
     return max(0, min(most, int((HEADROOM * card - held) // per_pair)))
 
 
 def plan_row(family: str, mode: str, tiny: bool = False, checkpointing: bool = False) -> dict:
+    """One row of the plan: ``family``'s step in ``mode`` ("lora" or "full") traced (module docstring)."""
     shape, name, _, stands_for = PLAN[family]
     config = plan_config(family, mode == "lora", checkpointing)
     started = time.time()
@@ -136,7 +140,8 @@ def plan_row(family: str, mode: str, tiny: bool = False, checkpointing: bool = F
     optimizer = max(one.optimizer_peak, two.optimizer_peak)
     cards = {}
     for card, size in CARDS.items():  # fitted from 1 and 2 pairs, then traced at the size and fitted again from it
-        per_pair, held = two.peak - one.peak, 2 * one.peak - two.peak
+        per_pair = max(two.peak - one.peak, 1)
+        held = one.peak - per_pair
         n, at = fits(held, per_pair, size, most), two
         for _ in range(3):
             if n <= 2 or n == at.pairs:
@@ -160,30 +165,23 @@ def plan_row(family: str, mode: str, tiny: bool = False, checkpointing: bool = F
             "notes": run.notes, "seconds": round(time.time() - started, 1)}
 
 
-def traced_line(config, shape: str) -> tuple[float, float, float]:
-    """(per pair, held, the optimizer step's peak) in GiB of ``config``'s step on ``shape``, traced at 1 and 2 pairs."""
-    config.train.pairs_per_forward = 1
-    fake = fake_mode()
-    run = traced_run(config, fake_pipeline(BUILDERS[shape], fake, DTYPES[traced_precision(config)]), fake)
-    one, two = (trace_step(run.updater, run.batch, k, run.trainable, run.on_card) for k in (1, 2))
-    return (two.peak - one.peak) / GIB, (2 * one.peak - two.peak) / GIB, max(one.optimizer_peak,
-                                                                              two.optimizer_peak) / GIB
-
-
 def validate() -> None:
-    """Each run measured on a GPU (``MEASURED``) traced at the pairs its auto-fit chose: held + pairs x per_pair
-    against the CUDA max allocated it measured."""
-    print("| run | pairs | traced peak | measured | traced / measured |\n|---|---:|---:|---:|---:|")
-    lines = {}
+    """Each run measured on a GPU (``MEASURED``) traced at the pairs its auto-fit chose: the step's traced peak (the
+    forward + backward's, or the optimizer step's when higher) against the CUDA max allocated it measured."""
+    print("| run | pairs | traced peak | measured | traced / measured |\n|---|---:|---:|---:|---:|", flush=True)
+    runs = {}
     for family, shape, name, overrides, pairs, measured, where in MEASURED:
         key = (shape, name, json.dumps(overrides, sort_keys=True))
-        if key not in lines:
+        if key not in runs:
             config = get_config(name)
             config.pretrained.family = family
             set_fields(config, overrides)
-            lines[key] = traced_line(config, shape)
-        per_pair, held, optimizer = lines[key]
-        traced = max(held + pairs * per_pair, optimizer)
+            fake = fake_mode()
+            runs[key] = traced_run(config, fake_pipeline(BUILDERS[shape], fake, DTYPES[traced_precision(config)]),
+                                   fake)
+        run = runs[key]
+        step = trace_step(run.updater, run.batch, pairs, run.trainable, run.on_card)
+        traced = max(step.peak, step.optimizer_peak) / GIB
         print(f"| {where} | {pairs} | {traced:.1f} GiB | {measured:.1f} GiB | {traced / measured:.3f} |", flush=True)
 
 

@@ -3,6 +3,8 @@ denoiser (the UNet or the transformer)."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from peft import LoraConfig
 
@@ -22,14 +24,17 @@ def lora_config(config, target_modules, dropout: float = 0.0) -> LoraConfig:
 
 
 def place(module: torch.nn.Module, device, dtype: torch.dtype) -> None:
-    """Move to ``device`` and to ``dtype`` when it differs.
+    """Move to ``device`` when a weight or buffer is elsewhere, and to ``dtype`` when it differs.
 
     The cast goes through ``torch.nn.Module.to``: diffusers' ``ModelMixin.to`` warns on every dtype cast
     (it would have us load with ``torch_dtype``, which build_policy does; this cast is only for the
-    float32 UNet of full fine-tuning under mixed precision).
+    float32 UNet of full fine-tuning under mixed precision). A module already in place is left alone: the
+    memory trace's fake weights (update/memory_trace.py) cannot be moved onto the device they are on.
     """
-    if next(module.parameters()).device != torch.device(device):
-        module.to(device)
+    target = torch.device(device)
+    if any(t.device.type != target.type or (target.index is not None and t.device.index != target.index)
+           for t in itertools.chain(module.parameters(), module.buffers())):
+        module.to(target)
     if module.dtype != dtype:
         torch.nn.Module.to(module, dtype=dtype)
 

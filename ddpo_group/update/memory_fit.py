@@ -6,10 +6,10 @@ tuned with: memory is rarely the limit there). On CUDA it is resolved once, the 
 with that epoch's real batch and the model actually loaded (any family, any loss, the KL's reference forward too):
 
     0. the first guess, when the memory plan traced this run (update/memory_plan.jsonl: bench/memory_plan.py's rows,
-       each a family's step at full size traced with fake tensors, update/memory_trace.py; ``traced_guess`` matches
-       the family, LoRA or not, the trainable parameters, checkpointing, CFG rows, the reference's forward, where the
-       text encoders are and the state's shape): n = floor((HEADROOM x card - held) / per_pair) from its trace, run
-       once as in 5; within the budget it is the answer, else steps 1-6 measure (what the guess did is printed)
+       each a family's step at full size traced with fake tensors, update/memory_trace.py; ``plan_key`` says what
+       must match): n from the trace's per_pair and fixed part as in step 4, run once as in step 5; within the
+       budget it is the answer (or the larger size its own peak gives, tried once), else steps 1-6 measure (what the
+       guess did is printed)
     1. peak(k): CUDA peak memory above the current allocation of one forward + backward of k pairs, exactly as the
        training step runs them (no optimizer step; the gradients are dropped; no collective: under DDP no_sync)
     2. per_pair = peak(2) - peak(1),   fixed = peak(1) - per_pair + Adam's state if not allocated yet (2 x fp32)
@@ -57,34 +57,47 @@ SETTINGS = {
 def plan_key(family, config, updater) -> dict:
     """What a traced row of the memory plan (update/memory_plan.jsonl, bench/memory_plan.py) must share with a run to
     be its first guess: the family, LoRA or full fine-tuning, the trainable parameters (the shape, LoRA's rank and
-    targets), gradient checkpointing, the training forward's rows (CFG's two), the reference's forward and where the
-    text encoders are. (The state's shape, which sets the activations, is compared with the batch's.)"""
+    targets), the precision, the objective, gradient checkpointing, the training forward's rows (CFG's two), the
+    reference's forward, LoRA's dropout, the optimizer's state (8-bit Adam, the EMA) and where the text encoders are.
+    (The state's shape, which sets the activations, is compared with the batch's.)"""
+    train = config.train
     return {"family": family.name, "mode": "lora" if config.use_lora else "full",
-            "trainable": sum(p.numel() for p in updater.params),
+            "trainable": sum(p.numel() for p in updater.params), "mixed_precision": config.mixed_precision,
+            "objective": config.algorithm.objective,
             "gradient_checkpointing": bool(family.model.is_gradient_checkpointing),
             "cfg": updater.scorer.guidance_scale != 1.0, "reference_forward": bool(updater.uses_reference),
+            "lora_dropout": bool(config.use_lora and config.lora_dropout > 0),
+            "use_8bit_adam": bool(train.use_8bit_adam), "ema": bool(train.ema),
             "text_encoder_device": config.pretrained.text_encoder_device or ""}
 
 
 def traced_plan() -> list[dict]:
-    """The memory plan's traced rows (one JSON object a line; rows without a trace are left out)."""
+    """The memory plan's traced rows (one JSON object a line; a line that does not read and a row without a trace
+    are left out)."""
     if not PLAN_PATH.exists():
         return []
-    rows = [json.loads(line) for line in PLAN_PATH.read_text().splitlines() if line.strip()]
-    return [row for row in rows if "per_pair_gib" in row]
+    rows = []
+    for line in PLAN_PATH.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and row.get("per_pair_gib", 0) > 0 and "kinds_1_gib" in row:
+            rows.append(row)
+    return rows
 
 
 def traced_guess(family, config, updater, batch) -> dict | None:
-    """The traced row of this run (``plan_key`` and the state's shape equal), or None."""
+    """The traced row of this run (``plan_key`` and the state's shape equal; the last one written when several are),
+    or None."""
     rows = traced_plan()
     if not rows:
         return None
     key = plan_key(family, config, updater)
     state = list(batch.latents.shape[2:])
-    for row in rows:
-        if all(row.get(name) == value for name, value in key.items()) and row.get("state") == state:
-            return row
-    return None
+    matching = [row for row in rows
+                if all(row.get(name) == value for name, value in key.items()) and row.get("state") == state]
+    return matching[-1] if matching else None
 
 
 def configured_pairs(value) -> int | None:
@@ -128,11 +141,6 @@ def most_pairs(train, trainable: torch.Tensor) -> int:
     """The most pairs one forward can take: a train batch's (``train.batch_size`` samples x their trained steps),
     at most MAX_PAIRS."""
     return min(MAX_PAIRS, max(1, int(train.batch_size * int(trainable.sum()) * train.step_fraction)))
-
-
-def allocated_bytes(device: torch.device) -> int:
-    """Bytes the caching allocator has handed out on ``device`` (the weights, the record, ...)."""
-    return torch.cuda.memory_allocated(device)
 
 
 def probe_batch(batch, pairs: int, trainable: torch.Tensor) -> tuple[object, torch.Tensor, torch.Tensor]:
@@ -203,7 +211,7 @@ class PairsPerForward:
         return bool(self.family.model.is_gradient_checkpointing)
 
     def resolve(self, updater, batch) -> int:
-        """Steps 1-6 of the module docstring; records and prints the result."""
+        """Steps 0-6 of the module docstring; records and prints the result."""
         n, detail = self._fit(updater, batch)
         if n < MIN_PAIRS_WITHOUT_CHECKPOINTING and not self._checkpointing() and \
                 self.family.model._supports_gradient_checkpointing:
@@ -256,24 +264,44 @@ class PairsPerForward:
         return n, detail
 
     def _traced_first_guess(self, updater, batch, trainable, most: int, state: int, budget: float):
-        """Step 0: with a traced row of this run in the memory plan (``traced_guess``), its pairs for this card,
-        n = floor((HEADROOM x (budget + allocated) - held) / per_pair), run once: (n, detail) when its peak is within
-        the budget; (None, what happened) when not (steps 1-5 then measure); None without a traced row."""
+        """Step 0: with a traced row of this run in the memory plan (``traced_guess``), its pairs for this card: the
+        row's per_pair and its step's fixed part above the weights, F = (gradients + activations + temporaries of the
+        one-pair trace) - per_pair, give n = floor((budget - state - F) / per_pair) as step 4 does; n is run once (as
+        in step 5). Within ``budget`` (the headroom's share of what may still be allocated) it is kept, or the larger
+        size its own peak gives when that runs within it too: (n, detail); over it or out of memory: (None, what
+        happened), and steps 1-5 measure. None without a traced row."""
         row = traced_guess(self.family, self.config, updater, batch)
         if row is None:
             return None
         gib = 2**30
-        card = budget / HEADROOM + allocated_bytes(self.accelerator.device)
-        n = max(1, min(most, int((HEADROOM * card - row["held_gib"] * gib) // (row["per_pair_gib"] * gib))))
-        guess = (f"the traced plan's first guess {n} ({row['per_pair_gib']:.2f} GiB per pair, {row['held_gib']:.2f} GiB "
-                 f"held, {row['shape']} traced)")
+        per_pair = max(row["per_pair_gib"] * gib, 2**20)
+        kinds = row["kinds_1_gib"]
+        fixed = max(0.0, sum(kinds.get(kind, 0.0) for kind in ("gradients", "activations", "temporaries")) * gib
+                    - per_pair)
+
+        def fits(per: float) -> int:
+            return max(1, min(most, int((budget - state - fixed) // per)))
+
+        n = fits(per_pair)
+        guess = (f"the traced plan's first guess {n} ({row['per_pair_gib']:.2f} GiB per pair, {fixed / gib:.2f} GiB "
+                 f"fixed, {row['shape']} traced)")
         try:
             peak = self.peak(updater, batch, n, trainable)
         except torch.OutOfMemoryError:
             return None, f"{guess} ran out of memory"
         if peak + state > budget:
             return None, f"{guess} peaked at {(peak + state) / gib:.2f} GiB"
-        return n, f"{guess}, peaking at {(peak + state) / gib:.2f} GiB of the {budget / gib:.1f} GiB budget"
+        detail = f"{guess}, peaking at {(peak + state) / gib:.2f} GiB of the {budget / gib:.1f} GiB budget"
+        larger = fits(max((peak - fixed) / n, 1.0))  # the trace was high: the size this peak gives, tried once
+        if larger > n:
+            try:
+                peak = self.peak(updater, batch, larger, trainable)
+            except torch.OutOfMemoryError:
+                return n, f"{detail}; {larger} ran out of memory"
+            if peak + state <= budget:
+                return larger, f"{detail}; {larger} from its peak, peaking at {(peak + state) / gib:.2f} GiB"
+            return n, f"{detail}; {larger} peaked at {(peak + state) / gib:.2f} GiB"
+        return n, detail
 
     @staticmethod
     def _optimizer_state_bytes(updater) -> int:

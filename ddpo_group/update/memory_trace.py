@@ -2,31 +2,38 @@
 
 The pipeline is built on the meta device (models/full_size.py's shapes), its weights made fake tensors of the run's
 dtypes on the CPU (``fake_pipeline``), and the run's own code runs on them as a GPU run would: the family (its
-sampler for one rollout record), the trainable parameters (LoRA or the whole denoiser, models/trainable.py), the KL
-term's reference, AdamW, and the update's forward + backward of ``pairs`` (sample, step) pairs
+sampler for one rollout record, its step means recorded as the collector records them), the trainable parameters
+(LoRA or the whole denoiser, models/trainable.py), the KL term's reference, a matching objective's old model, the EMA,
+AdamW (its foreach path, CUDA's default), and the update's forward + backward of ``pairs`` (sample, step) pairs
 (Updater.accumulate_gradients, what update/memory_fit.py's probe runs) under the run's autocast, then the optimizer
 step. Fake tensors carry shapes, dtypes and sizes but no data, so torch's memory tracker (MemTracker, a dispatch
 mode) sees every allocation and free of the step; what only reads data (a tokenizer's mask, a prompt's length) runs
-on real CPU tensors, which the tracker counts too.
+on real CPU tensors, which the tracker counts too. A number read from a fake tensor reads 1 (``ScalarReads``).
 
-    trace(k) = peak bytes over: forward + backward of k pairs, the optimizer step (Adam's two moments appear),
-               zero_grad, forward + backward of k pairs again   (the steady state of every later train batch)
+    trace_step(k): forward + backward of k pairs and the optimizer step, untraced (Adam's moments appear); then
+                   forward + backward of k pairs traced: ``peak`` (the steady state of every later train batch),
+                   split into the tracker's kinds (parameters of every module on the card, text encoders off it
+                   with ``pretrained.text_encoder_device="cpu"``; buffers; gradients; optimizer state; activations;
+                   temporaries; other: the rollout record, the EMA); then the optimizer step traced:
+                   ``optimizer_peak`` (AdamW's float32 temporaries beside the gradients)
 
-split at the peak into the tracker's kinds: parameters (every module on the card: text encoders off it with
-``pretrained.text_encoder_device="cpu"``), buffers, gradients, optimizer state, activations, temporaries.
+CPU autocast casts the same matrix products and convolutions to the low-precision dtype as CUDA autocast, but leaves
+the operations CUDA autocast runs in float32 (normalizations, softmax, exp, sums) in their inputs' dtype: the trace
+casts those up as CUDA does (``CudaAutocast``), above autograd, so the float32 copies a GPU saves for the backward
+are counted. Scaled-dot-product attention runs the CPU flash kernel, which stores the output and its log-sum-exp as
+CUDA's flash and memory-efficient kernels do (memory linear in tokens).
 
-What a trace leaves out, as a CUDA run would have it: the CUDA context and cuBLAS / cuDNN workspaces (about 0.5-1 GiB),
-the caching allocator's fragmentation (the reason update/memory_fit.py keeps 15% of the card), and the attention
-kernel's choice: on the CPU, scaled-dot-product attention is the flash kernel's CPU version, which stores the output
-and its log-sum-exp as CUDA's flash and memory-efficient kernels do (memory linear in tokens). CPU autocast and CUDA
-autocast cast the same matrix products to the low-precision dtype.
+What a trace leaves out: the CUDA context and cuBLAS / cuDNN workspaces (outside torch's count, as they are outside
+``torch.cuda.max_memory_allocated``), the caching allocator's fragmentation (the reason update/memory_fit.py keeps 15%
+of the card), compiled kernels' buffers, the reward models, the critic (GROUP_PPO's and PPO's value network, trained
+after the policy's step), and the prompts' lengths: each row is a short prompt, padded as the family pads (a family
+that crops its text to the longest prompt, as Qwen-Image does, takes more with long prompts).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -76,6 +83,7 @@ CUDA_FLOAT32_OPS = ("__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "
 
 
 def cuda_float32_functions() -> set:
+    """The torch functions, tensor methods and torch.nn.functional functions of ``CUDA_FLOAT32_OPS``' names."""
     functions = set()
     for name in CUDA_FLOAT32_OPS:
         for owner in (torch, torch.Tensor, torch.nn.functional):
@@ -112,23 +120,29 @@ def fake_mode() -> FakeTensorMode:
     return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(allow_dynamic_output_shape_ops=True))
 
 
-def fake_module(module: torch.nn.Module, mode: FakeTensorMode, dtype: torch.dtype) -> None:
+def fake_module(module: torch.nn.Module, mode: FakeTensorMode, dtype: torch.dtype, made: dict | None = None) -> None:
     """Replace a meta-device module's parameters and buffers by fake CPU tensors of their shapes, floating ones in
-    ``dtype`` (in place; requires_grad kept)."""
+    ``dtype`` (in place; requires_grad kept). A tensor met twice (tied weights: an embedding and its head) becomes one
+    fake tensor; ``made`` ({id: fake}) carries that across the modules of one pipeline."""
     converter = mode.fake_tensor_converter
     device = torch.device("cpu")
+    made = {} if made is None else made
 
-    def fake(tensor):  # from its shape: a meta tensor, or a fake one made before in another dtype
-        meta = torch.empty(tensor.shape, dtype=dtype if tensor.is_floating_point() else tensor.dtype, device="meta")
-        return converter.from_meta_and_device(mode, meta, device)
+    def fake(tensor, parameter: bool):  # from its shape: a meta tensor, or a fake one made before in another dtype
+        if id(tensor) not in made:
+            meta = torch.empty(tensor.shape, dtype=dtype if tensor.is_floating_point() else tensor.dtype,
+                               device="meta")
+            value = converter.from_meta_and_device(mode, meta, device)
+            made[id(tensor)] = torch.nn.Parameter(value, requires_grad=tensor.requires_grad) if parameter else value
+        return made[id(tensor)]
 
     for sub in module.modules():
         for name, param in list(sub._parameters.items()):
             if param is not None:
-                sub._parameters[name] = torch.nn.Parameter(fake(param), requires_grad=param.requires_grad)
+                sub._parameters[name] = fake(param, parameter=True)
         for name, buffer in list(sub._buffers.items()):
             if buffer is not None:
-                sub._buffers[name] = fake(buffer)
+                sub._buffers[name] = fake(buffer, parameter=False)
 
 
 def fake_pipeline(build, mode: FakeTensorMode, dtype: torch.dtype):
@@ -137,9 +151,10 @@ def fake_pipeline(build, mode: FakeTensorMode, dtype: torch.dtype):
     with torch.device("meta"):
         pipe = build()
     pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)  # its tables real, on the CPU
+    made = {}
     for module in pipe.components.values():
         if isinstance(module, torch.nn.Module):
-            fake_module(module, mode, dtype)
+            fake_module(module, mode, dtype, made)
     return pipe
 
 
@@ -156,6 +171,7 @@ class Trace:
     tensors: int = 0  # trainable tensors (AdamW keeps a step count of each)
 
     def gib(self, kind: str | None = None) -> float:
+        """The peak, or one kind's bytes at it, in GiB."""
         return (self.peak if kind is None else self.kinds.get(kind, 0)) / GIB
 
 
@@ -168,6 +184,8 @@ def peak_snapshot(tracker) -> tuple[int, dict]:
 
 
 class NoHook:
+    """A hook handle of nothing: what the tracker is given for a frozen weight, which has no gradient to hook."""
+
     def remove(self):
         pass
 
@@ -204,7 +222,8 @@ def trace_step(updater, batch, pairs: int, trainable: torch.Tensor, on_card: lis
     drop_gradients(updater.params)
     updater.model.train()
     record = [value for value in vars(batch).values() if isinstance(value, torch.Tensor)]
-    record += [value for field in (batch.cond, batch.times) for value in field.values()]
+    record += [value for part in (batch.cond, batch.times) for value in part.values()]
+    record += updater.ema.shadow if updater.ema is not None else []  # the EMA's float32 copy of the trained weights
     with ScalarReads(select_all=True), torch.enable_grad():
         with CudaAutocast():
             updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=pairs)
@@ -270,6 +289,7 @@ def traced_run(config, pipe, mode: FakeTensorMode | None = None) -> TracedRun:
     from ddpo_group.reference.regularizer import KLRegularizer
     from ddpo_group.sampling.batch import RolloutBatch
     from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, decode_latents, sample_trajectories
+    from ddpo_group.update.ema import EMAWeights
     from ddpo_group.update.matching_update import MatchingUpdater
     from ddpo_group.update.old_model import OldModel
     from ddpo_group.update.policy_update import PolicyUpdater
@@ -293,13 +313,17 @@ def traced_run(config, pipe, mode: FakeTensorMode | None = None) -> TracedRun:
     old = (OldModel.from_config(config, family.model, lora)
            if objective.uses_old_model(config.algorithm.objective_kwargs) else None)
     optimizer = make_optimizer(config, params)
+    for group in optimizer.param_groups:  # CUDA's default AdamW: the foreach one (a float32 temporary a weight)
+        group["foreach"] = True
+    ema = EMAWeights.from_config(config, params)
     AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = Accelerator(cpu=True, mixed_precision=precision)
     scorer = TransitionScorer.from_config(config, family)
-    options = UpdateOptions(config, accelerator, family.model, optimizer, params, scorer, kl, old=old)
+    options = UpdateOptions(config, accelerator, family.model, optimizer, params, scorer, kl, ema=ema, old=old)
     updater = {PREFERENCE: PreferenceUpdater, MATCHING: MatchingUpdater}.get(objective.kind, PolicyUpdater)(options)
     with accelerator.autocast():  # the sampler runs under it as the trainer's does
-        batch = rollout_record(config, family, RolloutBatch, SamplingOptions, sample_trajectories, decode_latents)
+        batch = rollout_record(config, family, objective, RolloutBatch, SamplingOptions, sample_trajectories,
+                               decode_latents)
     on_card = [module for name, module in pipe.components.items() if isinstance(module, torch.nn.Module)
                and not (name in TEXT_ENCODERS and config.pretrained.text_encoder_device == "cpu")]
     for reference in (kl.reference if kl is not None else None, old.weights if old is not None else None):
@@ -308,7 +332,7 @@ def traced_run(config, pipe, mode: FakeTensorMode | None = None) -> TracedRun:
     return TracedRun(family, updater, batch, family.stochastic_steps(config.sample), on_card, notes)
 
 
-def rollout_record(config, family, RolloutBatch, SamplingOptions, sample_trajectories, decode_latents):
+def rollout_record(config, family, objective, RolloutBatch, SamplingOptions, sample_trajectories, decode_latents):
     """One process's rollout record of an epoch (``traced_run``), advantages zero."""
     from ddpo_group.models.source_images import SOURCE_IMAGE_KEY
 
@@ -325,7 +349,8 @@ def rollout_record(config, family, RolloutBatch, SamplingOptions, sample_traject
         metadata = [{SOURCE_IMAGE_KEY: str(path)}] * size
     cond = family.condition(prompts, metadata)
     negative = family.negative_condition()
-    options = SamplingOptions.rollouts(sample, family, decode=False)
+    # the rollout policy's step means, as rollout/collector.py records them (a latent a step)
+    options = SamplingOptions.rollouts(sample, family, decode=False, record_means=not objective.is_matching)
     with ScalarReads():
         traj = sample_trajectories(family, family.model, cond, negative, options,
                                    generator=torch.Generator().manual_seed(0))
@@ -342,4 +367,5 @@ def rollout_record(config, family, RolloutBatch, SamplingOptions, sample_traject
         latents=epoch(traj.latents[:, :-1]), next_latents=epoch(traj.latents[:, 1:]), log_probs=epoch(traj.log_probs),
         times={k: epoch(v) for k, v in traj.times.items()},
         images=images.expand(rows, *images.shape[1:]).clone(), rewards=torch.zeros(rows, dtype=torch.float64),
-        reward_info={}, advantages=torch.zeros(rows, traj.log_probs.shape[1]))
+        reward_info={}, advantages=torch.zeros(rows, traj.log_probs.shape[1]),
+        step_means=epoch(traj.means) if traj.means is not None else None)

@@ -176,11 +176,12 @@ def test_auto_pairs_fit_a_memory_cap_and_are_kept_in_the_checkpoint(tiny_sd3_dir
 
 
 def test_a_traced_plan_row_of_the_run_is_the_first_guess(tmp_path, monkeypatch):
-    """With the memory plan's row of this very run (family, LoRA, trainable parameters, checkpointing, CFG rows,
-    reference forward, text encoders' device, state shape), the size is its first guess, run once: budget 0.85 x 20
-    GiB, 1 GiB allocated, the trace's 2 GiB held and 1 GiB a pair: floor(0.85 x 21 - 2) = 15 pairs, whose peak (15
-    GiB) is within 17 GiB. A row of another run (other trainable parameters) is no guess: pairs 1 and 2 are measured.
-    A guess over the budget (a pair takes 1.5 GiB, not the trace's 1) falls back to the measurement."""
+    """With the memory plan's row of this very run (``plan_key``'s fields and the state's shape), the size is its
+    first guess, run once: a budget of 0.85 x 20 = 17 GiB, the trace's 1 GiB a pair and 3 - 1 = 2 GiB fixed give
+    floor((17 - 2) / 1) = 15 pairs, whose peak (2 + 15 = 17 GiB) is within it. A row of another run (other trainable
+    parameters) is no guess: 1 and 2 pairs are measured. A guess over the budget (a pair takes 1.5 GiB, not the
+    trace's 1) falls back to the measurement: 10 pairs. A trace that was high (2 GiB a pair, so 3 - 2 = 1 GiB fixed:
+    8 pairs) grows to the size its own peak gives: (2 + 8 - 1) / 8 = 1.125 GiB a pair, floor(16 / 1.125) = 14."""
     import json
     from types import SimpleNamespace
 
@@ -189,33 +190,32 @@ def test_a_traced_plan_row_of_the_run_is_the_first_guess(tmp_path, monkeypatch):
     from ddpo_group.update import memory_fit
 
     gib = 2**30
-    config = ConfigDict({"train": {"batch_size": 16, "step_fraction": 1.0, "pairs_per_forward": "auto"},
-                         "sample": {}, "use_lora": True, "pretrained": {"text_encoder_device": ""}})
+    config = ConfigDict({"train": {"batch_size": 16, "step_fraction": 1.0, "pairs_per_forward": "auto",
+                                   "use_8bit_adam": False, "ema": False},
+                         "sample": {}, "use_lora": True, "lora_dropout": 0.0, "mixed_precision": "bf16",
+                         "algorithm": {"objective": "policy_gradient"}, "pretrained": {"text_encoder_device": ""}})
     family = SimpleNamespace(name="sd3", stochastic_steps=lambda sample: torch.ones(16, dtype=torch.bool),
                              model=SimpleNamespace(is_gradient_checkpointing=False))
     updater = SimpleNamespace(optimizer=None, params=[torch.zeros(10, 10)], uses_reference=True,
                               scorer=SimpleNamespace(guidance_scale=4.5))
     batch = SimpleNamespace(latents=torch.zeros(2, 3, 16, 8, 8))
-    row = {"family": "sd3", "mode": "lora", "trainable": 100, "gradient_checkpointing": False, "cfg": True,
-           "reference_forward": True, "text_encoder_device": "", "state": [16, 8, 8], "shape": "sd35m",
-           "per_pair_gib": 1.0, "held_gib": 2.0}
+    row = {**memory_fit.plan_key(family, config, updater), "state": [16, 8, 8], "shape": "sd35m",
+           "per_pair_gib": 1.0, "held_gib": 7.0, "kinds_1_gib": {"parameters": 5.0, "activations": 3.0}}
+    assert row["trainable"] == 100 and row["mode"] == "lora" and row["cfg"] and row["reference_forward"]
     monkeypatch.setattr(memory_fit, "PLAN_PATH", tmp_path / "plan.jsonl")
     monkeypatch.setattr(memory_fit, "memory_budget", lambda device: 20 * gib)
-    monkeypatch.setattr(memory_fit, "allocated_bytes", lambda device: gib)
     probe = memory_fit.PairsPerForward(config, SimpleNamespace(device=torch.device("cpu")), family, {})
-    for plan_row, per_pair, expected, tried_first in ((row, 1.0, 15, [15]), ({**row, "trainable": 99}, 1.0, None, [1, 2]),
-                                                      (row, 1.5, None, [15, 1, 2])):
-        (tmp_path / "plan.jsonl").write_text(json.dumps(plan_row) + "\n")
+    cases = ((row, 1.0, 15, [15]), ({**row, "trainable": 99}, 1.0, 15, [1, 2]), (row, 1.5, 10, [15, 1, 2]),
+             ({**row, "per_pair_gib": 2.0}, 1.0, 14, [8, 14]))
+    for plan_row, per_pair, expected, tried_first in cases:
+        (tmp_path / "plan.jsonl").write_text("not json\n" + json.dumps(plan_row) + "\n")
         tried = []
 
-        def peak(updater, batch, k, trainable):
+        def peak(updater, batch, k, trainable):  # 2 GiB fixed, per_pair GiB a pair
             tried.append(k)
-            return int(per_pair * k * gib)
+            return int((2 + per_pair * k) * gib)
 
         probe.peak = peak
         n, detail = probe._fit(updater, batch)
-        assert tried[:len(tried_first)] == tried_first, (plan_row["trainable"], per_pair, tried)
-        if expected is not None:
-            assert n == expected and "the traced plan's first guess 15" in detail and len(tried) == 1, detail
-        else:
-            assert n <= int(0.85 * 20 / per_pair) and (plan_row["trainable"] == 99 or "peaked at" in detail), detail
+        assert (n, tried[:len(tried_first)]) == (expected, tried_first), (plan_row["trainable"], per_pair, n, tried)
+        assert ("first guess" in detail) == (plan_row["trainable"] == 100), detail

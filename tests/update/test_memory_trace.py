@@ -4,10 +4,13 @@ real ones, byte for byte, and grows with the pairs per forward."""
 import pytest
 import torch
 
-from config.base import get_config
-from ddpo_group.models.tiny_random import TINY_BUILDERS
-from ddpo_group.models.trainable import DTYPES
-from ddpo_group.update.memory_trace import fake_mode, fake_pipeline, trace_step, traced_run
+pytest.importorskip("torch.distributed._tools.mem_tracker")  # torch's memory tracker (torch 2.5 and later)
+
+from config.base import get_config  # noqa: E402
+from ddpo_group.models.tiny_random import TINY_BUILDERS  # noqa: E402
+from ddpo_group.models.trainable import DTYPES  # noqa: E402
+from ddpo_group.update.memory_trace import (GIB, fake_mode, fake_module, fake_pipeline, trace_step,  # noqa: E402
+                                            traced_run)
 
 
 def tiny_config(use_lora: bool):
@@ -55,3 +58,19 @@ def test_a_fake_trace_takes_the_bytes_of_the_real_step(use_lora):
         assert first.trainable < weights / 5
     else:
         assert (first.trainable, first.tensors) == (weights, len(list(unet.parameters())))
+
+
+def test_tied_weights_stay_one_tensor_and_count_once():
+    """An embedding and its head sharing one weight (a text encoder's tied LM head) become one fake tensor, so the
+    weights on the card count it once: 1000 x 512 float32 values, 1.95 MiB, not twice that."""
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(1000, 512), torch.nn.Linear(512, 1000, bias=False)
+            self.head.weight = self.embed.weight
+
+    with torch.device("meta"):
+        model = Tied()
+    fake_module(model, fake_mode(), torch.float32)
+    assert model.head.weight is model.embed.weight and model.embed.weight.device.type == "cpu"
+    assert sum(p.numel() * p.element_size() for p in model.parameters()) / GIB * 1024 == pytest.approx(1.953125)
