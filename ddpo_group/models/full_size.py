@@ -338,8 +338,7 @@ def build_sana(layers: int = 20, text_layers: int = 26):
     Gemma-2-2B-sized decoder as its text encoder (26 layers of 2304, 8 query / 4 key-value heads of 256, vocabulary
     256000; ``text_layers`` fewer to save memory) with the locally built Gemma-style tokenizer, the released flow
     DPM-Solver scheduler (shift 3; the sana family swaps in the flow Euler one)."""
-    from diffusers import AutoencoderDC, DPMSolverMultistepScheduler, SanaPipeline, SanaTransformer2DModel
-    from transformers import Gemma2Config, Gemma2Model
+    from diffusers import AutoencoderDC, SanaPipeline, SanaTransformer2DModel
 
     from ddpo_group.models.tiny_random import gemma_tokenizer
 
@@ -350,14 +349,24 @@ def build_sana(layers: int = 20, text_layers: int = 26):
     blocks = ("ResBlock",) * 3 + ("EfficientViTBlock",) * 3
     vae = AutoencoderDC(latent_channels=32, encoder_block_types=blocks, decoder_block_types=blocks,
                         downsample_block_type="conv", upsample_block_type="interpolate", scaling_factor=0.41407)
+    text_encoder, scheduler = sana_text_and_scheduler(text_layers, flow_shift=3.0)
+    return SanaPipeline(tokenizer=gemma_tokenizer(), text_encoder=text_encoder, vae=vae, transformer=transformer,
+                        scheduler=scheduler)
+
+
+def sana_text_and_scheduler(text_layers: int, flow_shift: float) -> tuple:
+    """SANA's and SANA-Video's Gemma-2-2B-sized text encoder (26 layers of 2304, 8 query / 4 key-value heads of 256,
+    vocabulary 256000; ``text_layers`` of them) and their released flow DPM-Solver scheduler of ``flow_shift``."""
+    from diffusers import DPMSolverMultistepScheduler
+    from transformers import Gemma2Config, Gemma2Model
+
     text_encoder = Gemma2Model(Gemma2Config(
         vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=text_layers,
         num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=8192))
     with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
         scheduler = DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
-                                                flow_shift=3.0)
-    return SanaPipeline(tokenizer=gemma_tokenizer(), text_encoder=text_encoder, vae=vae, transformer=transformer,
-                        scheduler=scheduler)
+                                                flow_shift=flow_shift)
+    return text_encoder, scheduler
 
 
 BUILDERS["sana"] = build_sana
@@ -612,10 +621,9 @@ def build_hunyuan_image(layers: int = 20, single_layers: int = 40, text_layers: 
     guider (APG at 4 from step 2, rescale 5) for prompts with quoted text."""
     from diffusers import (AutoencoderKLHunyuanImage, FlowMatchEulerDiscreteScheduler, HunyuanImagePipeline,
                            HunyuanImageTransformer2DModel)
-    from diffusers.guiders import AdaptiveProjectedMixGuidance
     from transformers import ByT5Tokenizer, T5Config, T5EncoderModel
 
-    from ddpo_group.models.tiny_random import qwen_tokenizer
+    from ddpo_group.models.tiny_random import hunyuan_image_guiders, qwen_tokenizer
 
     transformer = HunyuanImageTransformer2DModel(num_layers=layers, num_single_layers=single_layers,
                                                  text_embed_2_dim=1472)
@@ -627,14 +635,7 @@ def build_hunyuan_image(layers: int = 20, single_layers: int = 40, text_layers: 
     tokenizer = qwen_tokenizer(max_length=2048, template=layout.prompt_template_encode)
     text_encoder_2 = T5EncoderModel(T5Config(vocab_size=384, d_model=1472, d_kv=64, d_ff=3584, num_layers=12,
                                              num_heads=6, feed_forward_proj="gated-gelu"))
-    guider = AdaptiveProjectedMixGuidance(guidance_scale=3.5, adaptive_projected_guidance_scale=10.0,
-                                          adaptive_projected_guidance_momentum=-0.5,
-                                          adaptive_projected_guidance_rescale=10.0,
-                                          adaptive_projected_guidance_start_step=5)
-    ocr = AdaptiveProjectedMixGuidance(guidance_scale=3.5, adaptive_projected_guidance_scale=4.0,
-                                       adaptive_projected_guidance_momentum=-0.5,
-                                       adaptive_projected_guidance_rescale=5.0,
-                                       adaptive_projected_guidance_start_step=2)
+    guider, ocr = hunyuan_image_guiders()
     with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
         scheduler = FlowMatchEulerDiscreteScheduler(shift=5.0)
     return HunyuanImagePipeline(scheduler=scheduler, vae=vae, text_encoder=qwen25_vl_7b(tokenizer, text_layers),
@@ -653,17 +654,11 @@ def build_sana_video(layers: int = 20, text_layers: int = 26):
     (``text_layers`` fewer to save memory) and Gemma-style tokenizer, Wan2.1's VAE (AutoencoderKLWan's defaults, as
     build_wan13b), the released flow DPM-Solver++ scheduler (flow shift 8, the script's; the sana_video family swaps
     in the flow Euler one)."""
-    from diffusers import AutoencoderKLWan, DPMSolverMultistepScheduler, SanaVideoPipeline, SanaVideoTransformer3DModel
-    from transformers import Gemma2Config, Gemma2Model
+    from diffusers import AutoencoderKLWan, SanaVideoPipeline, SanaVideoTransformer3DModel
 
     from ddpo_group.models.tiny_random import gemma_tokenizer
 
-    text_encoder = Gemma2Model(Gemma2Config(
-        vocab_size=256000, hidden_size=2304, intermediate_size=9216, num_hidden_layers=text_layers,
-        num_attention_heads=8, num_key_value_heads=4, head_dim=256, max_position_embeddings=8192))
-    with torch.device("cpu"):  # the scheduler's tables (the weights may be built on another device)
-        scheduler = DPMSolverMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
-                                                flow_shift=8.0)
+    text_encoder, scheduler = sana_text_and_scheduler(text_layers, flow_shift=8.0)
     return SanaVideoPipeline(tokenizer=gemma_tokenizer(), text_encoder=text_encoder, vae=AutoencoderKLWan(),
                              transformer=SanaVideoTransformer3DModel(num_layers=layers, mlp_ratio=3.0),
                              scheduler=scheduler)

@@ -928,6 +928,22 @@ TINY_BUILDERS["kandinsky6"] = build_tiny_kandinsky6_pipeline
 
 
 # ----------------------------------------------------------------------------- HunyuanImage 2.1
+def hunyuan_image_guiders(ocr_guider: bool = True) -> tuple:
+    """HunyuanImage 2.1's guiders as its pipeline ships them: adaptive projected guidance from step 5, and the OCR
+    guider for quoted text from step 2 (None without it)."""
+    from diffusers.guiders import AdaptiveProjectedMixGuidance
+
+    guider = AdaptiveProjectedMixGuidance(guidance_scale=3.5, adaptive_projected_guidance_scale=10.0,
+                                          adaptive_projected_guidance_momentum=-0.5,
+                                          adaptive_projected_guidance_rescale=10.0,
+                                          adaptive_projected_guidance_start_step=5)
+    ocr = AdaptiveProjectedMixGuidance(guidance_scale=3.5, adaptive_projected_guidance_scale=4.0,
+                                       adaptive_projected_guidance_momentum=-0.5,
+                                       adaptive_projected_guidance_rescale=5.0,
+                                       adaptive_projected_guidance_start_step=2) if ocr_guider else None
+    return guider, ocr
+
+
 def build_tiny_hunyuan_image_pipeline(seed: int = 0, ocr_guider: bool = True):
     """HunyuanImage 2.1 at a tiny size: a HunyuanImageTransformer2DModel with one dual-stream, one single-stream and one
     refiner block (2 heads of 8, patch 1) on 8 latent channels, an AutoencoderKLHunyuanImage with the real one's 32x
@@ -938,7 +954,6 @@ def build_tiny_hunyuan_image_pipeline(seed: int = 0, ocr_guider: bool = True):
     at 10 with momentum -0.5 and rescale 10), an OCR guider of other scales for prompts with quoted text."""
     from diffusers import (AutoencoderKLHunyuanImage, FlowMatchEulerDiscreteScheduler, HunyuanImagePipeline,
                            HunyuanImageTransformer2DModel)
-    from diffusers.guiders import AdaptiveProjectedMixGuidance
     from transformers import ByT5Tokenizer, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, T5Config
     from transformers import T5EncoderModel
 
@@ -966,14 +981,7 @@ def build_tiny_hunyuan_image_pipeline(seed: int = 0, ocr_guider: bool = True):
     tokenizer_2 = ByT5Tokenizer()
     text_encoder_2 = T5EncoderModel(T5Config(vocab_size=len(tokenizer_2), d_model=8, d_kv=4, d_ff=16, num_layers=2,
                                              num_heads=2, relative_attention_num_buckets=8)).eval()
-    guider = AdaptiveProjectedMixGuidance(guidance_scale=3.5, adaptive_projected_guidance_scale=10.0,
-                                          adaptive_projected_guidance_momentum=-0.5,
-                                          adaptive_projected_guidance_rescale=10.0,
-                                          adaptive_projected_guidance_start_step=5)
-    ocr = AdaptiveProjectedMixGuidance(guidance_scale=3.5, adaptive_projected_guidance_scale=4.0,
-                                       adaptive_projected_guidance_momentum=-0.5,
-                                       adaptive_projected_guidance_rescale=5.0,
-                                       adaptive_projected_guidance_start_step=2) if ocr_guider else None
+    guider, ocr = hunyuan_image_guiders(ocr_guider)
     return HunyuanImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(shift=4.0), vae=vae,
                                 text_encoder=text_encoder, tokenizer=tokenizer, text_encoder_2=text_encoder_2,
                                 tokenizer_2=tokenizer_2, transformer=transformer, guider=guider, ocr_guider=ocr)

@@ -8,7 +8,8 @@ AdamW (its foreach path, CUDA's default), and the update's forward + backward of
 (Updater.accumulate_gradients, what update/memory_fit.py's probe runs) under the run's autocast, then the optimizer
 step. Fake tensors carry shapes, dtypes and sizes but no data, so torch's memory tracker (MemTracker, a dispatch
 mode) sees every allocation and free of the step; what only reads data (a tokenizer's mask, a prompt's length) runs
-on real CPU tensors, which the tracker counts too. A number read from a fake tensor reads 1 (``ScalarReads``).
+on real CPU tensors, which the tracker counts too (``fake_reads``: a number read from a fake tensor reads 1; a real
+mask selecting from a fake tensor selects its True entries; a large tensor made from real ones alone is made fake).
 
     trace_step(k): forward + backward of k pairs and the optimizer step, untraced (Adam's moments appear); then
                    forward + backward of k pairs traced: ``peak`` (the steady state of every later train batch),
@@ -33,6 +34,7 @@ that crops its text to the longest prompt, as Qwen-Image does, takes more with l
 from __future__ import annotations
 
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,27 +49,77 @@ KINDS = {"PARAM": "parameters", "BUFFER": "buffers", "GRAD": "gradients", "OPT":
          "ACT": "activations", "TEMP": "temporaries", "OTH": "other"}
 
 
-class ScalarReads(TorchDispatchMode):
-    """A fake tensor read as a Python number (a metric's ``float()``, an ``.item()``) reads 1: the numbers a step
-    reads steer its metrics, not its memory. With ``select_all``, a selection by a fake mask (``nonzero``, under a
-    boolean index) selects every element: the most memory it can take, and a size the tracker can count."""
+BIG = 2**28  # bytes: a tensor made from real tensors alone, larger than this, is made fake (``FakeReads``)
 
-    def __init__(self, select_all: bool = False):
+
+class FakeReads(TorchDispatchMode):
+    """How a traced step reads what fake tensors cannot hold. A fake tensor read as a Python number (a metric's
+    ``float()``, an ``.item()``) reads 1: the numbers a step reads steer its metrics, not its memory. An operation
+    of real tensors alone (a mask's padding, a factory) whose result would pass ``BIG`` bytes gives a fake result of
+    its shape (the memory is counted, not taken from this machine). With ``select_all``, a selection by a fake mask
+    (``nonzero``, under a boolean index) selects every element: the most memory it can take, and a size the tracker
+    can count."""
+
+    def __init__(self, mode: FakeTensorMode, select_all: bool = False):
         super().__init__()
-        self.select_all = select_all
+        self.mode, self.select_all = mode, select_all
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default and isinstance(args[0], FakeTensor):
-            return True if args[0].dtype == torch.bool else (1.0 if args[0].is_floating_point() else 1)
-        if self.select_all and isinstance(args[0], FakeTensor):
+        kwargs = kwargs or {}
+        tensors = [value for value in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(value, torch.Tensor)]
+        if any(isinstance(value, FakeTensor) for value in tensors):
+            return self.fake_operation(func, args, kwargs)
+        if func is not torch.ops.aten._local_scalar_dense.default:
+            try:
+                with self.mode:
+                    fake = func(*args, **kwargs)
+            except Exception:  # noqa: BLE001  (an operation whose result reads the data: it runs on the data)
+                fake = None
+            made = [value for value in torch.utils._pytree.tree_leaves(fake) if isinstance(value, torch.Tensor)]
+            if made and sum(value.numel() * value.element_size() for value in made) > BIG:
+                return fake
+        return func(*args, **kwargs)
+
+    def fake_operation(self, func, args, kwargs):
+        first = args[0] if args else None
+        if func is torch.ops.aten._local_scalar_dense.default:
+            return True if first.dtype == torch.bool else (1.0 if first.is_floating_point() else 1)
+        if self.select_all and isinstance(first, FakeTensor):
             if func is torch.ops.aten.nonzero.default:
-                with args[0].fake_mode:
-                    return torch.empty(args[0].numel(), args[0].dim(), dtype=torch.long, device=args[0].device)
+                with first.fake_mode:
+                    return torch.empty(first.numel(), first.dim(), dtype=torch.long, device=first.device)
             if func is torch.ops.aten.index.Tensor and len(args[1]) == 1 and args[1][0] is not None \
                     and args[1][0].dtype == torch.bool:  # tensor[mask]
-                with args[0].fake_mode:
-                    return args[0].flatten(0, args[1][0].dim() - 1).clone()
-        return func(*args, **(kwargs or {}))
+                with first.fake_mode:
+                    return first.flatten(0, args[1][0].dim() - 1).clone()
+        return func(*args, **kwargs)
+
+
+class RealMasks(TorchFunctionMode):
+    """A fake tensor indexed by a real boolean mask (a prompt's padding mask): the mask becomes the real indices of
+    its True entries, so the selection has the size a GPU run gives it, not a size only the data could tell."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.__getitem__ and isinstance(args[0], FakeTensor):
+            index = args[1] if isinstance(args[1], tuple) else (args[1],)
+            if any(real_mask(part) for part in index):
+                parts = []
+                for part in index:
+                    parts.extend(part.nonzero(as_tuple=True) if real_mask(part) else (part,))
+                args = (args[0], tuple(parts))
+        return func(*args, **kwargs)
+
+
+def real_mask(value) -> bool:
+    return isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor) and value.dtype == torch.bool
+
+
+@contextmanager
+def fake_reads(mode: FakeTensorMode, select_all: bool = False):
+    """``FakeReads`` and ``RealMasks`` together: what a traced family's code runs under."""
+    with RealMasks(), FakeReads(mode, select_all):
+        yield
 
 
 # the operations CUDA autocast runs in float32 (torch.amp's documented list); CPU autocast casts the same matrix
@@ -93,17 +145,19 @@ def cuda_float32_functions() -> set:
 
 
 class CudaAutocast(TorchFunctionMode):
-    """Under CPU autocast, the operations CUDA autocast runs in float32 (``CUDA_FLOAT32_OPS``) get their
-    low-precision inputs cast to float32 first, above autograd as CUDA autocast casts them: the step saves the
-    float32 copies for its backward as it does on a GPU (a GroupNorm's input, a softmax's output)."""
+    """The operations CUDA autocast runs in float32 (``CUDA_FLOAT32_OPS``) get their low-precision inputs cast to
+    float32 first, above autograd as CUDA autocast casts them: the step saves the float32 copies for its backward as
+    it does on a GPU (a GroupNorm's input, a softmax's output). Entered around what runs under the run's mixed
+    precision (a float32 run has no low-precision input), the backward's recomputation under gradient checkpointing
+    included (which runs outside autocast's context but inside this one)."""
 
-    def __init__(self):
+    def __init__(self, enabled: bool = True):
         super().__init__()
-        self.functions = cuda_float32_functions()
+        self.functions, self.enabled = cuda_float32_functions(), enabled
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in self.functions and torch.is_autocast_enabled("cpu"):
+        if func in self.functions and self.enabled:
             def up(value):
                 if isinstance(value, torch.Tensor) and value.dtype in (torch.bfloat16, torch.float16):
                     return value.float()
@@ -146,12 +200,17 @@ def fake_module(module: torch.nn.Module, mode: FakeTensorMode, dtype: torch.dtyp
 
 
 def fake_pipeline(build, mode: FakeTensorMode, dtype: torch.dtype):
-    """``build()``'s pipeline (models/full_size.py) on the meta device, every module's weights made fake in ``dtype``,
-    its scheduler made again on the CPU (its tables are read as numbers)."""
+    """``build()``'s pipeline (models/full_size.py) on the meta device, every module's weights (and every tensor the
+    pipeline holds itself) made fake in ``dtype``, its scheduler made again on the CPU (its tables are read as
+    numbers)."""
     with torch.device("meta"):
         pipe = build()
     pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)  # its tables real, on the CPU
     made = {}
+    for name, value in list(vars(pipe).items()):  # a tensor the pipeline holds itself (a VAE's latent statistics)
+        if isinstance(value, torch.Tensor) and value.is_meta:
+            meta = torch.empty(value.shape, dtype=dtype if value.is_floating_point() else value.dtype, device="meta")
+            setattr(pipe, name, mode.fake_tensor_converter.from_meta_and_device(mode, meta, torch.device("cpu")))
     for module in pipe.components.values():
         if isinstance(module, torch.nn.Module):
             fake_module(module, mode, dtype, made)
@@ -211,12 +270,14 @@ def step_tracker():
     return StepTracker()
 
 
-def trace_step(updater, batch, pairs: int, trainable: torch.Tensor, on_card: list) -> Trace:
-    """The step of the module docstring for ``pairs`` pairs of ``batch`` (a RolloutBatch), ``on_card`` the modules
-    whose weights the card holds: a first forward + backward and optimizer step untraced (Adam's moments appear), then
-    the forward + backward traced (``peak``) and the optimizer step traced (``optimizer_peak``: AdamW's temporaries
-    beside the gradients)."""
+def trace_step(run: "TracedRun", pairs: int) -> Trace:
+    """The step of the module docstring for ``pairs`` pairs of the run's record, the card holding ``run.on_card``'s
+    weights: a first forward + backward and optimizer step untraced (Adam's moments appear), then the forward +
+    backward traced (``peak``) and the optimizer step traced (``optimizer_peak``: AdamW's temporaries beside the
+    gradients)."""
     from ddpo_group.update.memory_fit import drop_gradients, probe_batch
+
+    updater, batch, trainable, on_card = run.updater, run.batch, run.trainable, run.on_card
 
     probe, rows, mask = probe_batch(batch, pairs, trainable)
     drop_gradients(updater.params)
@@ -224,7 +285,7 @@ def trace_step(updater, batch, pairs: int, trainable: torch.Tensor, on_card: lis
     record = [value for value in vars(batch).values() if isinstance(value, torch.Tensor)]
     record += [value for part in (batch.cond, batch.times) for value in part.values()]
     record += updater.ema.shadow if updater.ema is not None else []  # the EMA's float32 copy of the trained weights
-    with ScalarReads(select_all=True), torch.enable_grad():
+    with fake_reads(run.mode, select_all=True), torch.enable_grad():
         with CudaAutocast():
             updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=pairs)
         updater.optimizer.step()
@@ -269,6 +330,7 @@ class TracedRun:
     trainable: torch.Tensor
     on_card: list
     notes: list
+    mode: FakeTensorMode  # the fake tensors' (a fresh one for a real pipeline)
 
 
 def traced_run(config, pipe, mode: FakeTensorMode | None = None) -> TracedRun:
@@ -297,13 +359,14 @@ def traced_run(config, pipe, mode: FakeTensorMode | None = None) -> TracedRun:
     from ddpo_group.update.updater import UpdateOptions
 
     notes = []
+    faked, mode = mode is not None, mode or fake_mode()
     precision = traced_precision(config)
     if precision != config.mixed_precision:
         notes.append("fp16 traced as bf16 (the same two bytes a value)")
         config = config.copy_and_resolve_references()
         config.mixed_precision = precision
     family = get_family(config.pretrained.family)(pipe, config)
-    if mode is not None and not config.use_lora:  # full fine-tuning trains float32 weights (models/trainable.py)
+    if faked and not config.use_lora:  # full fine-tuning trains float32 weights (models/trainable.py)
         fake_module(family.model, mode, torch.float32)
     # outside the fake mode: LoRA's adapters are real (small) CPU tensors, which peft places beside fake weights
     params = make_trainable(family, config, "cpu")
@@ -322,14 +385,15 @@ def traced_run(config, pipe, mode: FakeTensorMode | None = None) -> TracedRun:
     options = UpdateOptions(config, accelerator, family.model, optimizer, params, scorer, kl, ema=ema, old=old)
     updater = {PREFERENCE: PreferenceUpdater, MATCHING: MatchingUpdater}.get(objective.kind, PolicyUpdater)(options)
     with accelerator.autocast():  # the sampler runs under it as the trainer's does
-        batch = rollout_record(config, family, objective, RolloutBatch, SamplingOptions, sample_trajectories,
-                               decode_latents)
+        with fake_reads(mode), CudaAutocast():
+            batch = rollout_record(config, family, objective, RolloutBatch, SamplingOptions, sample_trajectories,
+                                   decode_latents)
     on_card = [module for name, module in pipe.components.items() if isinstance(module, torch.nn.Module)
                and not (name in TEXT_ENCODERS and config.pretrained.text_encoder_device == "cpu")]
     for reference in (kl.reference if kl is not None else None, old.weights if old is not None else None):
         if reference is not None and reference.mode == "copy":  # full fine-tuning's frozen copies of the denoiser
             on_card.append(reference.copy)
-    return TracedRun(family, updater, batch, family.stochastic_steps(config.sample), on_card, notes)
+    return TracedRun(family, updater, batch, family.stochastic_steps(config.sample), on_card, notes, mode)
 
 
 def rollout_record(config, family, objective, RolloutBatch, SamplingOptions, sample_trajectories, decode_latents):
@@ -351,11 +415,9 @@ def rollout_record(config, family, objective, RolloutBatch, SamplingOptions, sam
     negative = family.negative_condition()
     # the rollout policy's step means, as rollout/collector.py records them (a latent a step)
     options = SamplingOptions.rollouts(sample, family, decode=False, record_means=not objective.is_matching)
-    with ScalarReads():
-        traj = sample_trajectories(family, family.model, cond, negative, options,
-                                   generator=torch.Generator().manual_seed(0))
-        with torch.no_grad():
-            images = decode_latents(family, traj.latents[:1, -1])
+    traj = sample_trajectories(family, family.model, cond, negative, options, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        images = decode_latents(family, traj.latents[:1, -1])
     copies = int(sample.num_batches_per_epoch)
 
     def epoch(tensor):  # the epoch's num_batches_per_epoch batches

@@ -30,7 +30,7 @@ def traces(use_lora: bool, fake: bool) -> list:
         run = traced_run(config, fake_pipeline(TINY_BUILDERS["sd"], mode, DTYPES["bf16"]), mode)
     else:
         run = traced_run(config, TINY_BUILDERS["sd"]())
-    return [trace_step(run.updater, run.batch, k, run.trainable, run.on_card) for k in (1, 3)]
+    return [trace_step(run, k) for k in (1, 3)]
 
 
 @pytest.mark.parametrize("use_lora", [True, False], ids=["lora", "full"])
