@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 import torch
+import torch.utils.checkpoint
 from peft import LoraConfig
 
 from ddpo_group.models import load_family
@@ -37,6 +38,18 @@ def place(module: torch.nn.Module, device, dtype: torch.dtype) -> None:
         module.to(target)
     if module.dtype != dtype:
         torch.nn.Module.to(module, dtype=dtype)
+
+
+def checkpointed(module, *args, **kwargs):
+    """One block's forward, its activations recomputed in the backward (torch's non-reentrant checkpoint), keyword
+    arguments passed on: diffusers' own checkpointing function takes positional ones only, and HunyuanImage 2.1's
+    transformer calls it with ``attention_mask=``."""
+    return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False, **kwargs)
+
+
+def enable_checkpointing(model) -> None:
+    """Gradient checkpointing of the denoiser's blocks (``train.gradient_checkpointing``, or the auto-fit's)."""
+    model.enable_gradient_checkpointing(checkpointed)
 
 
 def build_policy(config, device) -> tuple:
@@ -81,7 +94,7 @@ def make_trainable(family, config, device) -> list:
         model.requires_grad_(True)
         place(model, device, torch.float32)
     if config.train.gradient_checkpointing:
-        model.enable_gradient_checkpointing()
+        enable_checkpointing(model)
     if config.unet_channels_last and family.model_attribute == "unet":  # convolutions' memory format
         model.to(memory_format=torch.channels_last)
     trainable = [q for q in model.parameters() if q.requires_grad]

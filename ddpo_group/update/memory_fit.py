@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from ddpo_group.models.trainable import enable_checkpointing
+
 CPU_PAIRS_PER_FORWARD = 32
 HEADROOM = 0.85  # of the measured budget: fragmentation, the optimizer's temporaries, later epochs' caches
 MAX_PAIRS = 256  # beyond this the forward is saturated on any card
@@ -199,7 +201,7 @@ class PairsPerForward:
     def restore(self) -> None:
         """Re-apply what a checkpoint recorded (gradient checkpointing switched on by the probe)."""
         if self.sizes.get("gradient_checkpointing") and not self._checkpointing():
-            self.family.model.enable_gradient_checkpointing()
+            enable_checkpointing(self.family.model)
 
     def __call__(self, updater, batch) -> int:
         value = self.value
@@ -215,7 +217,7 @@ class PairsPerForward:
         n, detail = self._fit(updater, batch)
         if n < MIN_PAIRS_WITHOUT_CHECKPOINTING and not self._checkpointing() and \
                 self.family.model._supports_gradient_checkpointing:
-            self.family.model.enable_gradient_checkpointing()
+            enable_checkpointing(self.family.model)
             self.sizes["gradient_checkpointing"] = True
             n, detail = self._fit(updater, batch)
             detail += f", with gradient checkpointing: fewer than {MIN_PAIRS_WITHOUT_CHECKPOINTING} fit without"

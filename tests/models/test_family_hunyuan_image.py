@@ -106,3 +106,31 @@ def test_the_full_size_bench_shape_builds():
     assert 207 < millions["text_encoder_2"] < 229, millions
     family = HunyuanImageFamily(pipe, base_config())
     assert family.height_width == (2048, 2048) and family.latent_shape() == (64, 64, 64)
+
+
+def test_gradient_checkpointing_trains_with_the_same_gradients(hunyuan_image_dir):
+    """HunyuanImage 2.1's transformer hands its blocks ``attention_mask=`` by keyword, which diffusers' own
+    checkpointing function refuses (a TypeError); the project's (models/trainable.py's ``enable_checkpointing``)
+    passes it on: the log-probs of an APG step and their gradients are those without checkpointing."""
+    from ddpo_group.models.trainable import enable_checkpointing
+    from ddpo_group.sampling.trajectories import TransitionScorer
+
+    family, config = family_of(hunyuan_image_dir, **{"sample.num_steps": 8, "sample.sde_window_size": 0})
+    traj = sampled(family, PLAIN, 5.0, 8, levels=[0.7] * 8)
+    batch = batch_of(traj, family.encode(PLAIN))
+    scorer, model = TransitionScorer.from_config(config, family), family.model
+    weight = next(p for name, p in model.named_parameters() if name.endswith("to_q.weight"))
+    model.train().requires_grad_(True)
+
+    def log_prob_and_gradient():
+        model.zero_grad()
+        log_prob = scorer(model, batch, torch.arange(2), torch.full((2,), 6)).log_prob
+        log_prob.sum().backward()
+        return log_prob.detach(), weight.grad.clone()
+
+    plain = log_prob_and_gradient()
+    enable_checkpointing(model)
+    assert model.is_gradient_checkpointing
+    checkpointed = log_prob_and_gradient()
+    torch.testing.assert_close(checkpointed, plain)
+    assert plain[1].abs().amax() > 0

@@ -54,6 +54,8 @@ import torch
 from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
+from ddpo_group.models.trainable import enable_checkpointing
+
 GIB = 2**30
 
 # Dense (no structured sparsity) tensor-core peak TFLOP/s of one GPU: (bf16/fp16 with fp32 accumulate, tf32, fp32), from
@@ -163,7 +165,7 @@ def measure_model_flops(scorer, model, batch, params: list, step: int, sample_gu
             train = count_flops(forward_backward) + (count_flops(lambda: forward(scorer)) if reference_forward else 0)
     finally:
         if checkpointing:
-            model.enable_gradient_checkpointing()
+            enable_checkpointing(model)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         sample = num_steps * count_flops(lambda: forward(sampling))
     return ModelFlops(train_per_pair=train, sample_per_image=sample)
