@@ -230,13 +230,11 @@ def main(argv=None) -> None:
 
 
 def table(rows: list[dict]) -> str:
-    """The plan as a markdown table, a family's LoRA and full fine-tuning rows side by side."""
+    """The plan as a markdown table, a family's LoRA and full fine-tuning rows side by side (the last row of each)."""
     lines = ["| family (shape, recipe) | trainable | LoRA: per pair / held | pairs 80 GB / 24 GiB | "
              "full: per pair / held / optimizer step | pairs 80 GB / 24 GiB |", "|---|---|---|---|---|---|"]
-    lines_of = list(dict.fromkeys((row["family"], row.get("gradient_checkpointing")) for row in rows))
-    for family, checkpointing in lines_of:
-        cells = {row["mode"]: row for row in rows
-                 if (row["family"], row.get("gradient_checkpointing")) == (family, checkpointing)}
+    for family in dict.fromkeys(row["family"] for row in rows):
+        cells = {row["mode"]: row for row in rows if row["family"] == family}
         first = next(iter(cells.values()))
         name = f"{family} ({first.get('shape', PLAN[family][0])}, {first.get('recipe', PLAN[family][1])}"
         name += f"; {PLAN[family][3]})" if PLAN[family][3] else ")"
@@ -251,7 +249,10 @@ def table(rows: list[dict]) -> str:
                 out += [f"not traced: {row['error'][:120]}", ""]
             else:
                 gc = " (GC)" if row["gradient_checkpointing"] else ""
-                held = f"{row['per_pair_gib']:.2f} / {row['held_gib']:.1f}{gc}"
+                if mode == "full" and row["pairs_80GB"] == 0:  # its per pair read where gradients set the peak
+                    held = f"held {row['held_gib']:.1f}{gc}"
+                else:
+                    held = f"{row['per_pair_gib']:.2f} / {row['held_gib']:.1f}{gc}"
                 if mode == "full":
                     held += f" / {row['optimizer_step_gib']:.1f}"
                 out += [held + " GiB", f"{row['pairs_80GB']} / {row['pairs_24GiB']}"]

@@ -600,8 +600,19 @@ def build_kandinsky6(layers: int = 60, text_layers: int = 28):
     return Kandinsky6TI2VAPipeline(transformer=transformer, vae=AutoencoderKLHunyuanVideo(),
                                    text_encoder=qwen25_vl_7b(tokenizer, text_layers), tokenizer=tokenizer,
                                    text_encoder_2=text_encoder_2, tokenizer_2=tokenizer_2, scheduler=scheduler,
-                                   audio_vae=MMAudioVAE(latent_channels=transformer.config.in_audio_dim),
+                                   audio_vae=mel_module(MMAudioVAE, latent_channels=transformer.config.in_audio_dim),
                                    vocoder=MMAudioVocoder())
+
+
+def mel_module(cls, **kwargs):
+    """``cls(**kwargs)`` for a module that computes a mel filterbank when it is made (MMAudio's VAE): under the meta
+    device its weights on it and its filterbank computed on the CPU (on the meta device the computation fails)."""
+    from accelerate import init_empty_weights
+
+    if torch.get_default_device().type != "meta":
+        return cls(**kwargs)
+    with torch.device("cpu"), init_empty_weights():
+        return cls(**kwargs)
 
 
 BUILDERS["kandinsky6"] = build_kandinsky6

@@ -491,5 +491,5 @@ def test_memory_plan_traces_a_tiny_family_and_tables_its_rows(tmp_path):
     assert row["per_pair_gib"] > 0 and row["held_gib"] > 0 and row["pairs_80GB"] == row["pairs_24GiB"] > 2, row
     for card, size in (("80GB", 79.1), ("24GiB", 24.0)):
         assert row[f"traced_{card}"][0] == row[f"pairs_{card}"] and row[f"traced_{card}"][1] < 0.85 * size
-    assert "| sd (tiny sd, group_ppo; the H100 run of docs/performance.md) |" in succeeded(
+    assert "| sd (tiny sd, group_ppo; the H100 run of docs/performance.md: every step trained) |" in succeeded(
         "memory_plan", "--table", rows).stdout
