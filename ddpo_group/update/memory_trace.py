@@ -211,13 +211,24 @@ def fake_pipeline(build, mode: FakeTensorMode, dtype: torch.dtype):
         pipe = build()
     pipe.scheduler = type(pipe.scheduler).from_config(pipe.scheduler.config)  # its tables real, on the CPU
     made = {}
-    for name, value in list(vars(pipe).items()):  # a tensor the pipeline holds itself (a VAE's latent statistics)
-        if isinstance(value, torch.Tensor) and value.is_meta:
-            meta = torch.empty(value.shape, dtype=dtype if value.is_floating_point() else value.dtype, device="meta")
-            setattr(pipe, name, mode.fake_tensor_converter.from_meta_and_device(mode, meta, torch.device("cpu")))
+
+    def fake_attributes(holder) -> None:  # tensors held as plain attributes (latent statistics, a RoPE's tables)
+        for name, value in list(vars(holder).items()):
+            if isinstance(value, torch.Tensor) and value.is_meta:
+                setattr(holder, name, fake_of(value))
+            elif isinstance(value, list) and value and all(isinstance(v, torch.Tensor) and v.is_meta for v in value):
+                setattr(holder, name, [fake_of(v) for v in value])
+
+    def fake_of(value):
+        meta = torch.empty(value.shape, dtype=dtype if value.is_floating_point() else value.dtype, device="meta")
+        return mode.fake_tensor_converter.from_meta_and_device(mode, meta, torch.device("cpu"))
+
+    fake_attributes(pipe)
     for module in pipe.components.values():
         if isinstance(module, torch.nn.Module):
             fake_module(module, mode, dtype, made)
+            for sub in module.modules():
+                fake_attributes(sub)
     return pipe
 
 
