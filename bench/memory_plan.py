@@ -218,7 +218,8 @@ def main(argv=None) -> None:
             try:
                 row = plan_row(family, mode, args.tiny, args.checkpointing)
             except Exception as error:  # noqa: BLE001  (one family's failure is reported, the others traced)
-                row = {"family": family, "mode": mode, "error": f"{type(error).__name__}: {error}"[:500]}
+                row = {"family": family, "mode": mode, "shape": PLAN[family][0], "recipe": PLAN[family][1],
+                       "error": f"{type(error).__name__}: {error}"[:500]}
                 traceback.print_exc(file=sys.stderr)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -236,10 +237,10 @@ def table(rows: list[dict]) -> str:
     for family in dict.fromkeys(row["family"] for row in rows):
         cells = {row["mode"]: row for row in rows if row["family"] == family}
         first = next(iter(cells.values()))
-        name = f"{family} ({first.get('shape', PLAN[family][0])}, {first.get('recipe', PLAN[family][1])}"
+        name = f"{family} ({first['shape']}, {first['recipe']}"
         name += f"; {PLAN[family][3]})" if PLAN[family][3] else ")"
         out = [name]
-        trainable = [f"{cells[m]['trainable'] / 1e6:,.0f}M" for m in ("lora", "full") if "trainable" in cells.get(m, {})]
+        trainable = [f"{cells[m]['trainable'] / 1e6:,.0f}M" for m in ("lora", "full") if m in cells and "error" not in cells[m]]
         out.append(" / ".join(trainable))
         for mode in ("lora", "full"):
             row = cells.get(mode)

@@ -17,7 +17,6 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, ProjectConfiguration, set_seed
 
 from ddpo_group.algorithms import get_adv_estimator, get_objective, get_policy_loss
-from ddpo_group.algorithms.objectives import DISTILLATION, MATCHING, PREFERENCE
 from ddpo_group.algorithms.stat_tracker import PerPromptStatTracker
 from ddpo_group.distributed import ProcessShards
 from ddpo_group.errors import ConfigError, EpochAbandoned, NonFiniteLossError
@@ -45,16 +44,14 @@ from ddpo_group.run.processes.threads import apply_num_threads
 from ddpo_group.run.reporting.throughput import DenoiserEvaluations, Throughput, measure_model_flops
 from ddpo_group.sampling.trajectories import TransitionScorer
 from ddpo_group.timing import PHASES, PhaseTimer
+from ddpo_group.update import updater_class
 from ddpo_group.update.critic import Critic
-from ddpo_group.update.distillation_update import DistillationUpdater
 from ddpo_group.update.ema import EMAWeights, held_weights
 from ddpo_group.update.matching_update import MatchingUpdater
 from ddpo_group.update.old_model import OldModel
 from ddpo_group.update.on_policy import OnPolicyWatch
 from ddpo_group.update.memory_fit import PairsPerForward, names_the_setting
-from ddpo_group.update.policy_update import PolicyUpdater
 from ddpo_group.update.updater import UpdateOptions
-from ddpo_group.update.preference_update import PreferenceUpdater
 
 
 class Trainer:
@@ -195,9 +192,7 @@ class Trainer:
         options = UpdateOptions(config, self.accelerator, self.model, self.optimizer, self.params, self.scorer, self.kl,
                                 self.pairs_per_forward, self.ema, self.old, self.teachers,
                                 step_count=lambda: self.state.global_step - self.state.supervised_steps)
-        updater = {PREFERENCE: PreferenceUpdater, MATCHING: MatchingUpdater,
-                   DISTILLATION: DistillationUpdater}.get(self.objective.kind, PolicyUpdater)
-        self.updater = updater(options)
+        self.updater = updater_class(self.objective.kind)(options)
         # the run's first sft.epochs epochs: the sft objective on sft.data_dir's images (rollout/image_folder.py)
         if config.sft.epochs:
             self.folder = ImageFolderRecords(config, self.family, self.accelerator.num_processes,

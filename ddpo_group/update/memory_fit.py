@@ -84,7 +84,7 @@ def traced_plan() -> list[dict]:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and row.get("per_pair_gib", 0) > 0 and "kinds_1_gib" in row:
+        if isinstance(row, dict) and "kinds_1_gib" in row and row["per_pair_gib"] > 0:
             rows.append(row)
     return rows
 
@@ -278,7 +278,7 @@ class PairsPerForward:
         gib = 2**30
         per_pair = max(row["per_pair_gib"] * gib, 2**20)
         kinds = row["kinds_1_gib"]
-        fixed = max(0.0, sum(kinds.get(kind, 0.0) for kind in ("gradients", "activations", "temporaries")) * gib
+        fixed = max(0.0, sum(kinds[kind] for kind in ("gradients", "activations", "temporaries")) * gib
                     - per_pair)
 
         def fits(per: float) -> int:

@@ -246,15 +246,15 @@ class Trace:
 
     def gib(self, kind: str | None = None) -> float:
         """The peak, or one kind's bytes at it, in GiB."""
-        return (self.peak if kind is None else self.kinds.get(kind, 0)) / GIB
+        return (self.peak if kind is None else self.kinds[kind]) / GIB
 
 
 def peak_snapshot(tracker) -> tuple[int, dict]:
     """(total, {kind: bytes}) of the tracker's peak on the CPU device (where every fake tensor lives)."""
     snapshot = tracker.get_tracker_snapshot("peak")
-    per_kind = snapshot.get(torch.device("cpu"), {})
+    per_kind = snapshot[torch.device("cpu")]
     kinds = {KINDS[str(kind).split(".")[-1]]: int(value) for kind, value in per_kind.items() if kind != "Total"}
-    return int(per_kind.get("Total", sum(kinds.values()))), kinds
+    return int(per_kind["Total"]), kinds
 
 
 class NoHook:
@@ -360,17 +360,14 @@ def traced_run(config, pipe, mode: FakeTensorMode | None = None) -> TracedRun:
     from accelerate.state import AcceleratorState
 
     from ddpo_group.algorithms import get_objective
-    from ddpo_group.algorithms.objectives import MATCHING, PREFERENCE
     from ddpo_group.models.families import get_family
     from ddpo_group.models.trainable import TEXT_ENCODERS, lora_config, make_optimizer, make_trainable
     from ddpo_group.reference.regularizer import KLRegularizer
     from ddpo_group.sampling.batch import RolloutBatch
     from ddpo_group.sampling.trajectories import SamplingOptions, TransitionScorer, decode_latents, sample_trajectories
+    from ddpo_group.update import updater_class
     from ddpo_group.update.ema import EMAWeights
-    from ddpo_group.update.matching_update import MatchingUpdater
     from ddpo_group.update.old_model import OldModel
-    from ddpo_group.update.policy_update import PolicyUpdater
-    from ddpo_group.update.preference_update import PreferenceUpdater
     from ddpo_group.update.updater import UpdateOptions
 
     notes = []
@@ -398,7 +395,7 @@ def traced_run(config, pipe, mode: FakeTensorMode | None = None) -> TracedRun:
     accelerator = Accelerator(cpu=True, mixed_precision=precision)
     scorer = TransitionScorer.from_config(config, family)
     options = UpdateOptions(config, accelerator, family.model, optimizer, params, scorer, kl, ema=ema, old=old)
-    updater = {PREFERENCE: PreferenceUpdater, MATCHING: MatchingUpdater}.get(objective.kind, PolicyUpdater)(options)
+    updater = updater_class(objective.kind)(options)
     with accelerator.autocast():  # the sampler runs under it as the trainer's does
         with fake_reads(mode), CudaAutocast():
             batch = rollout_record(config, family, objective, RolloutBatch, SamplingOptions, sample_trajectories,

@@ -200,7 +200,8 @@ def test_a_traced_plan_row_of_the_run_is_the_first_guess(tmp_path, monkeypatch):
                               scorer=SimpleNamespace(guidance_scale=4.5))
     batch = SimpleNamespace(latents=torch.zeros(2, 3, 16, 8, 8))
     row = {**memory_fit.plan_key(family, config, updater), "state": [16, 8, 8], "shape": "sd35m",
-           "per_pair_gib": 1.0, "held_gib": 7.0, "kinds_1_gib": {"parameters": 5.0, "activations": 3.0}}
+           "per_pair_gib": 1.0, "held_gib": 7.0, "kinds_1_gib": {"parameters": 5.0, "gradients": 0.0, "activations": 3.0,
+                                                               "temporaries": 0.0}}
     assert row["trainable"] == 100 and row["mode"] == "lora" and row["cfg"] and row["reference_forward"]
     monkeypatch.setattr(memory_fit, "PLAN_PATH", tmp_path / "plan.jsonl")
     monkeypatch.setattr(memory_fit, "memory_budget", lambda device: 20 * gib)
