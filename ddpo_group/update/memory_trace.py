@@ -34,7 +34,7 @@ that crops its text to the longest prompt, as Qwen-Image does, takes more with l
 from __future__ import annotations
 
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,6 +88,12 @@ class FakeReads(TorchDispatchMode):
         first = args[0] if args else None
         if func is torch.ops.aten._local_scalar_dense.default:
             return True if first.dtype == torch.bool else (1.0 if first.is_floating_point() else 1)
+        if func is torch.ops.aten.index.Tensor and any(real_mask(index) for index in args[1]):
+            # a real mask (``RealMasks``' case met below autograd: an assignment's backward): its real indices
+            indices = []
+            for index in args[1]:
+                indices.extend(index.nonzero(as_tuple=True) if real_mask(index) else (index,))
+            return func(first, indices)
         if self.select_all and isinstance(first, FakeTensor):
             if func is torch.ops.aten.nonzero.default:
                 with first.fake_mode:
@@ -170,6 +176,20 @@ class CudaAutocast(TorchFunctionMode):
             args = tuple(up(value) for value in args)
             kwargs = {key: up(value) for key, value in kwargs.items()}
         return func(*args, **kwargs)
+
+
+def recomputed_as_traced(module, *args, **kwargs):
+    """models/trainable.py's ``checkpointed`` with the trace's function modes (``RealMasks``, ``CudaAutocast``)
+    entered again around the backward's recomputation. The backward is a call those modes handle, and a mode steps
+    aside while it handles one: without this, the recomputation runs outside them and saves bfloat16 values where
+    the forward saved float32 ones (the checkpoint then refuses them, as a GPU's autocast would not)."""
+    @contextmanager
+    def recompute():
+        with RealMasks(), CudaAutocast():
+            yield
+
+    return torch.utils.checkpoint.checkpoint(module, *args, use_reentrant=False,
+                                             context_fn=lambda: (nullcontext(), recompute()), **kwargs)
 
 
 def fake_mode() -> FakeTensorMode:
@@ -382,6 +402,8 @@ def traced_run(config, pipe, mode: FakeTensorMode | None = None) -> TracedRun:
         fake_module(family.model, mode, torch.float32)
     # outside the fake mode: LoRA's adapters are real (small) CPU tensors, which peft places beside fake weights
     params = make_trainable(family, config, "cpu")
+    if config.train.gradient_checkpointing:
+        family.model.enable_gradient_checkpointing(recomputed_as_traced)
     lora = lora_config(config, family.lora_target_modules) if config.use_lora else None
     kl = KLRegularizer.from_config(config, family.model, lora)
     objective = get_objective(config.algorithm.objective)

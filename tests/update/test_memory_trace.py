@@ -9,12 +9,13 @@ pytest.importorskip("torch.distributed._tools.mem_tracker")  # torch's memory tr
 from config.base import get_config  # noqa: E402
 from ddpo_group.models.tiny_random import TINY_BUILDERS  # noqa: E402
 from ddpo_group.models.trainable import DTYPES  # noqa: E402
-from ddpo_group.update.memory_trace import (GIB, fake_mode, fake_module, fake_pipeline, trace_step,  # noqa: E402
-                                            traced_run)
+from ddpo_group.update.memory_trace import (GIB, CudaAutocast, fake_mode, fake_module, fake_pipeline,  # noqa: E402
+                                            fake_reads, trace_step, traced_run)
 
 
-def tiny_config(use_lora: bool):
+def tiny_config(use_lora: bool, checkpointing: bool = False):
     config = get_config("grpo")
+    config.train.gradient_checkpointing = checkpointing
     config.pretrained.family = "sd"
     config.use_lora, config.mixed_precision = use_lora, "bf16"
     config.sample.num_steps, config.sample.batch_size, config.sample.num_batches_per_epoch = 2, 2, 2
@@ -22,9 +23,9 @@ def tiny_config(use_lora: bool):
     return config
 
 
-def traces(use_lora: bool, fake: bool) -> list:
+def traces(use_lora: bool, fake: bool, checkpointing: bool = False) -> list:
     torch.manual_seed(0)
-    config = tiny_config(use_lora)
+    config = tiny_config(use_lora, checkpointing)
     if fake:
         mode = fake_mode()
         run = traced_run(config, fake_pipeline(TINY_BUILDERS["sd"], mode, DTYPES["bf16"]), mode)
@@ -58,6 +59,35 @@ def test_a_fake_trace_takes_the_bytes_of_the_real_step(use_lora):
         assert first.trainable < weights / 5
     else:
         assert (first.trainable, first.tensors) == (weights, len(list(unet.parameters())))
+
+
+def test_checkpointing_recomputes_what_the_forward_ran():
+    """With gradient checkpointing the backward recomputes each block under the trace's float32 casts as the forward
+    ran (torch's checkpoint refuses a recomputation that saves bfloat16 values where the forward saved float32
+    ones): the fake trace runs, equals the real one, and keeps fewer activations than the step without it."""
+    fake, real = traces(True, fake=True, checkpointing=True), traces(True, fake=False, checkpointing=True)
+    for f, r in zip(fake, real):
+        assert (f.peak, f.kinds) == (r.peak, r.kinds)
+    plain = traces(True, fake=True)
+    assert fake[1].kinds["activations"] < plain[1].kinds["activations"], (fake[1].kinds, plain[1].kinds)
+
+
+def test_rows_assigned_by_a_real_mask_keep_their_count_in_the_backward():
+    """A guided family's ``out[rows] = guided(x[rows])`` with a real mask over fake rows (HunyuanImage 2.1's rows of
+    one guider): the assignment's backward selects the mask's 3 rows of 8, not all 8 (``select_all`` is for fake
+    masks only), so the gradient has the shape of the rows it came from."""
+    mode = fake_mode()
+    with torch.device("meta"):
+        model = torch.nn.Linear(4, 4)
+    fake_module(model, mode, torch.float32)
+    rows = torch.tensor([True, False, True, False, False, True, False, False])
+    with fake_reads(mode, select_all=True), CudaAutocast():
+        x = model(torch.ones(8, 4))
+        out = x.clone()
+        out[rows] = 2 * x[rows]
+        assert x[rows].shape == (3, 4)
+        out.sum().backward()
+    assert model.weight.grad.shape == (4, 4)
 
 
 def test_tied_weights_stay_one_tensor_and_count_once():
