@@ -144,10 +144,16 @@ CUDA_FLOAT32_OPS = ("__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "
                     "tan", "triplet_margin_loss")
 
 
-def cuda_float32_functions() -> set:
-    """The torch functions, tensor methods and torch.nn.functional functions of ``CUDA_FLOAT32_OPS``' names."""
+# the operations CUDA autocast runs in the widest of their inputs' floating dtypes (torch.amp's documented list),
+# which CPU autocast runs as they come (a float32 tensor and a bfloat16 one: an error)
+CUDA_PROMOTE_OPS = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sample", "index_put",
+                    "scatter_add", "tensordot")
+
+
+def cuda_float32_functions(names=CUDA_FLOAT32_OPS) -> set:
+    """The torch functions, tensor methods and torch.nn.functional functions of ``names``."""
     functions = set()
-    for name in CUDA_FLOAT32_OPS:
+    for name in names:
         for owner in (torch, torch.Tensor, torch.nn.functional):
             if hasattr(owner, name):
                 functions.add(getattr(owner, name))
@@ -156,21 +162,31 @@ def cuda_float32_functions() -> set:
 
 class CudaAutocast(TorchFunctionMode):
     """The operations CUDA autocast runs in float32 (``CUDA_FLOAT32_OPS``) get their low-precision inputs cast to
-    float32 first, above autograd as CUDA autocast casts them: the step saves the float32 copies for its backward as
-    it does on a GPU (a GroupNorm's input, a softmax's output). Entered around what runs under the run's mixed
-    precision (a float32 run has no low-precision input), the backward's recomputation under gradient checkpointing
-    included (which runs outside autocast's context but inside this one)."""
+    float32 first, and those it runs in the widest input dtype (``CUDA_PROMOTE_OPS``, Cosmos 3's scatter_add of a
+    float32 timestep embedding into bfloat16 tokens) to that dtype, above autograd as CUDA autocast casts them: the
+    step saves the float32 copies for its backward as it does on a GPU (a GroupNorm's input, a softmax's output).
+    Entered around what runs under the run's mixed precision (a float32 run has no low-precision input), and around
+    the backward's recomputation under gradient checkpointing (``recomputed_as_traced``)."""
 
     def __init__(self, enabled: bool = True):
         super().__init__()
         self.functions, self.enabled = cuda_float32_functions(), enabled
+        self.promoting = cuda_float32_functions(CUDA_PROMOTE_OPS)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in self.functions and self.enabled:
+        if self.enabled and (func in self.functions or func in self.promoting):
+            if func in self.functions:
+                widest = torch.float32
+            else:  # the widest floating dtype among the inputs
+                floats = [value.dtype for value in (*args, *kwargs.values())
+                          if isinstance(value, torch.Tensor) and value.is_floating_point()]
+                widest = max(floats, key=lambda dtype: torch.finfo(dtype).bits, default=torch.float32)
+
             def up(value):
-                if isinstance(value, torch.Tensor) and value.dtype in (torch.bfloat16, torch.float16):
-                    return value.float()
+                if isinstance(value, torch.Tensor) and value.dtype in (torch.bfloat16, torch.float16) \
+                        and value.dtype != widest:
+                    return value.to(widest)
                 return value
 
             args = tuple(up(value) for value in args)

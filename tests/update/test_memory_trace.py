@@ -90,6 +90,20 @@ def test_rows_assigned_by_a_real_mask_keep_their_count_in_the_backward():
     assert model.weight.grad.shape == (4, 4)
 
 
+def test_cuda_autocast_promotes_as_cuda_does():
+    """CUDA autocast runs scatter_add in the widest input dtype (CPU autocast refuses the mix) and a softmax in
+    float32: so does the trace's."""
+    tokens, embeds = torch.zeros(4, 2, dtype=torch.bfloat16), torch.ones(2, 2)
+    index = torch.tensor([[0, 0], [3, 3]])
+    with torch.autocast("cpu", dtype=torch.bfloat16), CudaAutocast():
+        added = tokens.scatter_add(0, index, embeds)
+        soft = torch.softmax(tokens, dim=-1)
+    assert (added.dtype, soft.dtype) == (torch.float32, torch.float32)
+    assert added.sum().item() == 4.0
+    with pytest.raises(RuntimeError, match="dtype"):
+        tokens.scatter_add(0, index, embeds)
+
+
 def test_tied_weights_stay_one_tensor_and_count_once():
     """An embedding and its head sharing one weight (a text encoder's tied LM head) become one fake tensor, so the
     weights on the card count it once: 1000 x 512 float32 values, 1.95 MiB, not twice that."""
