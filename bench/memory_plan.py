@@ -2,7 +2,7 @@
 (ddpo_group/update/memory_trace.py), LoRA and full fine-tuning, at its recipe's settings; what fits one card.
 
     python bench/memory_plan.py [--family sd3 flux ...] [--mode lora full] [--json PATH]
-    python bench/memory_plan.py --validate     # the runs measured on an H100 / H200, traced: peaks side by side
+    python bench/memory_plan.py --validate [--family sd3]   # the runs measured on a GPU, traced: peaks side by side
     python bench/memory_plan.py --table ROWS.jsonl [...]   # the table of rows written before
     python bench/memory_plan.py --tiny --family sd      # the tiny pipelines instead (seconds: a check that it runs)
     python bench/memory_plan.py --checkpointing --family sana_video   # with gradient checkpointing on
@@ -165,12 +165,15 @@ def plan_row(family: str, mode: str, tiny: bool = False, checkpointing: bool = F
             "notes": run.notes, "seconds": round(time.time() - started, 1)}
 
 
-def validate() -> None:
-    """Each run measured on a GPU (``MEASURED``) traced at the pairs its auto-fit chose: the step's traced peak (the
-    forward + backward's, or the optimizer step's when higher) against the CUDA max allocated it measured."""
+def validate(families) -> None:
+    """Each run of ``families`` measured on a GPU (``MEASURED``) traced at the pairs its auto-fit chose: the step's
+    traced peak (the forward + backward's, or the optimizer step's when higher) against the CUDA max allocated it
+    measured."""
     print("| run | pairs | traced peak | measured | traced / measured |\n|---|---:|---:|---:|---:|", flush=True)
     runs = {}
     for family, shape, name, overrides, pairs, measured, where in MEASURED:
+        if family not in families:
+            continue
         key = (shape, name, json.dumps(overrides, sort_keys=True))
         if key not in runs:
             config = get_config(name)
@@ -206,7 +209,7 @@ def main(argv=None) -> None:
 
     allow_a_processor_without_video()  # the Qwen-VL processors without torchvision (the pipelines send no video)
     if args.validate:
-        validate()
+        validate(args.family)
         return
     if args.table:
         rows = [json.loads(line) for path in args.table for line in open(path) if line.strip()]

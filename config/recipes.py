@@ -654,7 +654,7 @@ def miles_cosmos3_pickscore(config: ml_collections.ConfigDict) -> ml_collections
     config.train.learning_rate = 1e-4
     config.train.clip_range = 1e-3
     config.algorithm.global_std = True
-    config.kl.beta = 0.0
+    config.kl.beta, config.kl.use_reference_model = 0.0, False  # no KL: no reference model held
     config.prompt_fn = "simple_animals"
     config.reward_fn = "pickscore"
     return config
@@ -663,12 +663,12 @@ def miles_cosmos3_pickscore(config: ml_collections.ConfigDict) -> ml_collections
 @recipe("grpo")
 def miles_krea2_nft(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Miles's DiffusionNFT recipe for Krea 2 (github:radixark/miles_diffusion, scripts/run_diffusion_nft_krea2.py,
-    commit 6874704): Krea-2-Raw at 1024 px, 10 deterministic rollout steps (52 to evaluate) without guidance, NFT beta
-    1 with their timestep fraction 0.99 (train.step_fraction: 9 of the 10 steps), the old model's decay
-    min(0.001 k, 0.5) (their EMA rollout weights: init and ramp 0.001, max 0.5), groups of 8 with the batch std, lr 3e-4, weight decay 1e-4, gradient clipping at 1, LoRA rank 32 / alpha 64
-    on the attention projections (the family's targets), bf16, gradient checkpointing, the OCR task. Differences: their
-    Krea 2 LoRA's targets are their family's; no KL and no EMA of the policy (cosmos_rl_sana_nft's are undone); the
-    adaptive loss weighting is kept."""
+    commit 6874704): Krea-2-Raw at 1024 px, 10 deterministic rollout steps (52 to evaluate) without guidance, NFT beta 1
+    with their timestep fraction 0.99 (train.step_fraction: 9 of the 10 steps), the old model's decay min(0.001 k, 0.5)
+    (their EMA rollout weights: init and ramp 0.001, max 0.5), groups of 8 with the batch std, lr 3e-4, weight decay
+    1e-4, gradient clipping at 1, LoRA rank 32 / alpha 64 on the attention projections (the family's targets), bf16,
+    gradient checkpointing, the OCR task. Differences: their Krea 2 LoRA's targets are their family's; no KL (no
+    reference model) and no EMA of the policy (cosmos_rl_sana_nft's are undone); the adaptive loss weighting is kept."""
     config = cosmos_rl_sana_nft(config)
     config.pretrained.model = "krea/Krea-2-Raw"
     config.lora_rank, config.lora_alpha = 32, 64
@@ -677,7 +677,7 @@ def miles_krea2_nft(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
     config.train.group_size = 8
     config.train.gradient_checkpointing = True
     config.train.ema = False
-    config.kl.beta = 0.0
+    config.kl.beta, config.kl.use_reference_model = 0.0, False
     config.algorithm.global_std = True
     config.prompt_fn, config.reward_fn = "ocr", "ocr"
     return config

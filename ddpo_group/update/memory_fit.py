@@ -74,8 +74,9 @@ def plan_key(family, config, updater) -> dict:
 
 
 def traced_plan() -> list[dict]:
-    """The memory plan's traced rows (one JSON object a line; a line that does not read and a row without a trace
-    are left out)."""
+    """The memory plan's traced rows that fit an 80 GB card (one JSON object a line; a line that does not read, a
+    row without a trace, and a row that fits no such card, whose per pair was not fitted again at a size, are left
+    out)."""
     if not PLAN_PATH.exists():
         return []
     rows = []
@@ -84,7 +85,7 @@ def traced_plan() -> list[dict]:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and "kinds_1_gib" in row and row["per_pair_gib"] > 0:
+        if isinstance(row, dict) and "kinds_1_gib" in row and row["per_pair_gib"] > 0 and row.get("pairs_80GB", 0) > 0:
             rows.append(row)
     return rows
 

@@ -183,6 +183,7 @@ def test_the_miles_recipe_runs_on_the_tiny_model(cosmos3_dir, tmp_path):
                            **overrides)
     config = trainer.config
     assert (config.lora_rank, config.lora_alpha, config.train.group_size, config.kl.beta) == (64, 128, 4, 0.0)
+    assert not config.kl.use_reference_model and trainer.kl is None
     assert config.sample.guidance_scale == 4.0 and config.train.cfg and config.algorithm.global_std
     assert trainer.family.name == "cosmos3" and trainer.family.latent_shape() == (16, 1, 4, 4)
     metrics = trainer.run()

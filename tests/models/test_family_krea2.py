@@ -86,7 +86,8 @@ def test_the_miles_nft_recipe_runs_on_the_tiny_model(tiny_krea2_dir, tmp_path):
     trainer = tiny_trainer("miles_krea2_nft", tiny_krea2_dir, tmp_path, "recipe", **overrides)
     config = trainer.config
     assert (config.lora_rank, config.lora_alpha, config.algorithm.objective) == (32, 64, "nft")
-    assert config.kl.beta == 0.0 and not config.train.ema and config.sample.deterministic
+    assert config.kl.beta == 0.0 and not config.kl.use_reference_model and trainer.kl is None
+    assert not config.train.ema and config.sample.deterministic
     assert trainer.family.name == "krea2" and trainer.family.model.is_gradient_checkpointing
     metrics = trainer.run()
     assert metrics["global_step"] >= 1 and torch.isfinite(torch.tensor(metrics["train/policy_loss"]))
