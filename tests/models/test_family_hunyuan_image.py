@@ -53,6 +53,19 @@ def test_noise_level_zero_reproduces_the_pipelines_own_call(prompts, guidance, h
     assert momentum[:, 1:].abs().amax() > 0 if guidance > 1 else not momentum.any()
 
 
+def test_an_evaluation_scale_reaches_the_pipelines_call(hunyuan_image_dir):
+    """evaluate.py's ``--guidance_scale`` (the family's ``guidance_kwargs``) sets the guiders the pipeline's call
+    reads: a run at 5 evaluated at 1 gives the images the sampler gives at 1, not those at 5."""
+    family, config = family_of(hunyuan_image_dir, **{"sample.guidance_scale": 5.0, "train.cfg": True})
+    family.pipe.set_progress_bar_config(disable=True)
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    images = {scale: family.pipe(PLAIN, num_inference_steps=8, generator=generators(2), output_type="pt", **kwargs,
+                                 **family.guidance_kwargs(scale)).images for scale in (5.0, 1.0)}
+    assert family.pipe.guider.guidance_scale == family.pipe.ocr_guider.guidance_scale == 1.0
+    assert torch.equal(images[1.0], sampled(family, PLAIN, 1.0, 8).images)
+    assert (images[1.0] - images[5.0]).abs().amax() > 0.01
+
+
 def test_the_momentum_makes_apg_differ_from_cfg_and_the_recorded_one_scores_again(hunyuan_image_dir):
     """The APG steps read the momentum: with it zeroed the images differ. The transitions of an SDE trajectory over
     the CFG and APG steps come back bitwise in the sampling batch and to 1e-5 in chunks, each from its recorded

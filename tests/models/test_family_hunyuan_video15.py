@@ -23,6 +23,23 @@ def hv15_dir(family_model_dirs):
     return family_model_dirs["hunyuan_video15"]
 
 
+def test_an_evaluation_scale_reaches_the_pipelines_call(hv15_dir):
+    """evaluate.py's ``--guidance_scale`` (the family's ``guidance_kwargs``) sets the guider the pipeline's call
+    reads: a run at 6 evaluated at 1 gives the latents the sampler gives at 1, not those at 6."""
+    family, config = family_of("hunyuan_video15", hv15_dir, **{"sample.guidance_scale": 6.0, "train.cfg": True})
+    family.pipe.set_progress_bar_config(disable=True)
+    kwargs = family.pipeline_kwargs(config.sample, config.pretrained)
+    latents = {scale: family.pipe(prompt=PROMPTS, num_inference_steps=3, generator=generators(2),
+                                  output_type="latent", **kwargs, **family.guidance_kwargs(scale)).frames
+               for scale in (6.0, 1.0)}
+    assert family.pipe.guider.guidance_scale == 1.0
+    options = SamplingOptions(3, 1.0, [0.0] * 3, compute_log_prob=False)
+    traj = sample_trajectories(family, family.model, family.encode(PROMPTS), family.negative_condition(), options,
+                               generator=generators(2))
+    assert torch.equal(traj.latents[:, -1], latents[1.0])
+    assert (latents[1.0] - latents[6.0]).abs().amax() > 0.01
+
+
 @pytest.mark.parametrize("guidance, negative", [(6.0, ""), (6.0, "blurry"), (1.0, "")])
 def test_noise_level_zero_reproduces_the_pipelines_own_call(guidance, negative, hv15_dir):
     """The family gives its pipeline the run's guidance through the guider; the pipeline's own call then samples our

@@ -83,10 +83,7 @@ class HunyuanImageFamily(FlowMatchingFamily):
     def prepare_pipeline(self, pipe) -> None:
         """The pipeline's guiders at the run's scale (their other settings the checkpoint's): the call guides as the
         sampler."""
-        scale = float(self.config.sample.guidance_scale)
-        for name in ("guider", "ocr_guider"):
-            if getattr(pipe, name) is not None:
-                setattr(pipe, name, getattr(pipe, name).new(guidance_scale=scale))
+        guided_at(pipe, float(self.config.sample.guidance_scale))
 
     # ------------------------------------------------------------------ condition
     @torch.no_grad()
@@ -201,8 +198,18 @@ class HunyuanImageFamily(FlowMatchingFamily):
         return errors
 
     def guidance_kwargs(self, guidance_scale: float) -> dict:
-        """None: the pipeline's guiders hold the scale (the run's, given in ``prepare_pipeline``)."""
+        """None: the pipeline's guiders hold the scale, set to ``guidance_scale`` here (the run's when the family is
+        built, evaluate.py's ``--guidance_scale`` when it gives one)."""
+        guided_at(self.pipe, float(guidance_scale))
         return {}
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
         return self.size_kwargs()
+
+
+def guided_at(pipe, scale: float) -> None:
+    """The pipeline's guiders (its OCR guider too, when it has one) at ``scale``, their other settings the
+    checkpoint's."""
+    for name in ("guider", "ocr_guider"):
+        if getattr(pipe, name) is not None:
+            setattr(pipe, name, getattr(pipe, name).new(guidance_scale=scale))

@@ -199,7 +199,9 @@ class HunyuanVideo15Family(FlowMatchingFamily):
         return errors + cls.guidance_errors(config)
 
     def guidance_kwargs(self, guidance_scale: float) -> dict:
-        """None: the pipeline's guider holds the scale (set to the run's when the family is built)."""
+        """None: the pipeline's guider holds the scale, set to ``guidance_scale`` here (the run's when the family is
+        built, evaluate.py's ``--guidance_scale`` when it gives one)."""
+        self.pipe.guider = self.pipe.guider.new(guidance_scale=float(guidance_scale))
         return {}
 
     def pipeline_kwargs(self, sample_config, pretrained) -> dict:
