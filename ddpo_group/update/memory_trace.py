@@ -462,7 +462,8 @@ def rollout_record(config, family, objective, RolloutBatch, SamplingOptions, sam
         Image.new("RGB", (width, height), (128, 96, 64)).save(path)
         metadata = [{SOURCE_IMAGE_KEY: str(path)}] * size
     cond = family.condition(prompts, metadata)
-    negative = family.negative_condition()
+    rows_negative = family.negative_rows(metadata)  # each row's own, as the collector records (an editing family's)
+    negative = rows_negative if rows_negative is not None else family.negative_condition()
     # the rollout policy's step means, as rollout/collector.py records them (a latent a step)
     options = SamplingOptions.rollouts(sample, family, decode=False, record_means=not objective.is_matching)
     traj = sample_trajectories(family, family.model, cond, negative, options, generator=torch.Generator().manual_seed(0))
@@ -476,6 +477,7 @@ def rollout_record(config, family, objective, RolloutBatch, SamplingOptions, sam
     rows = size * copies
     return RolloutBatch(
         prompts=prompts * copies, metadata=metadata * copies, cond={k: epoch(v) for k, v in cond.items()},
+        negative={k: epoch(v) for k, v in rows_negative.items()} if rows_negative is not None else None,
         latents=epoch(traj.latents[:, :-1]), next_latents=epoch(traj.latents[:, 1:]), log_probs=epoch(traj.log_probs),
         times={k: epoch(v) for k, v in traj.times.items()},
         images=images.expand(rows, *images.shape[1:]).clone(), rewards=torch.zeros(rows, dtype=torch.float64),
