@@ -239,6 +239,20 @@ def fake_module(module: torch.nn.Module, mode: FakeTensorMode, dtype: torch.dtyp
                 sub._buffers[name] = fake(buffer, parameter=False)
 
 
+def fake_real_parameters(module: torch.nn.Module, mode: FakeTensorMode) -> dict:
+    """Replace ``module``'s real parameters (LoRA's adapters, made beside fake weights) by fake tensors of the same
+    shapes and dtypes (in place; requires_grad kept); returns {id(real): fake}."""
+    converter, made = mode.fake_tensor_converter, {}
+    for sub in module.modules():
+        for name, param in list(sub._parameters.items()):
+            if param is not None and not isinstance(param, FakeTensor):
+                if id(param) not in made:
+                    fake = converter.from_real_tensor(mode, param.detach())
+                    made[id(param)] = torch.nn.Parameter(fake, requires_grad=param.requires_grad)
+                sub._parameters[name] = made[id(param)]
+    return made
+
+
 def fake_pipeline(build, mode: FakeTensorMode, dtype: torch.dtype):
     """``build()``'s pipeline (models/full_size.py) on the meta device, every module's weights (and every tensor the
     pipeline holds itself) made fake in ``dtype``, its scheduler made again on the CPU (its tables are read as
@@ -323,9 +337,9 @@ def step_tracker():
 
 def trace_step(run: "TracedRun", pairs: int) -> Trace:
     """The step of the module docstring for ``pairs`` pairs of the run's record, the card holding ``run.on_card``'s
-    weights: a first forward + backward and optimizer step untraced (Adam's moments appear), then the forward +
-    backward traced (``peak``) and the optimizer step traced (``optimizer_peak``: AdamW's temporaries beside the
-    gradients)."""
+    weights: on the run's first trace a forward + backward and optimizer step untraced (Adam's moments appear), then
+    the forward + backward traced (``peak``) and the optimizer step traced (``optimizer_peak``: AdamW's temporaries
+    beside the gradients)."""
     from ddpo_group.update.memory_fit import drop_gradients, probe_batch
 
     updater, batch, trainable, on_card = run.updater, run.batch, run.trainable, run.on_card
@@ -337,10 +351,11 @@ def trace_step(run: "TracedRun", pairs: int) -> Trace:
     record += [value for part in (batch.cond, batch.times) for value in part.values()]
     record += updater.ema.shadow if updater.ema is not None else []  # the EMA's float32 copy of the trained weights
     with fake_reads(run.mode, select_all=True), torch.enable_grad():
-        with CudaAutocast():
-            updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=pairs)
-        updater.optimizer.step()
-        updater.optimizer.zero_grad(set_to_none=True)
+        if not all(updater.optimizer.state.get(param) for param in updater.params):  # the run's first trace
+            with CudaAutocast():
+                updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=pairs)
+            updater.optimizer.step()
+            updater.optimizer.zero_grad(set_to_none=True)
         tracker = tracked(on_card, updater.optimizer, record)
         with tracker, CudaAutocast():
             updater.accumulate_gradients(probe, rows, mask, pairs_per_forward=pairs)
@@ -425,6 +440,9 @@ def traced_run(config, pipe, mode: FakeTensorMode | None = None) -> TracedRun:
     objective = get_objective(config.algorithm.objective)
     old = (OldModel.from_config(config, family.model, lora)
            if objective.uses_old_model(config.algorithm.objective_kwargs) else None)
+    if faked:  # LoRA's adapters (the policy's, the reference's, the old model's) made fake: a real tensor among
+        made = fake_real_parameters(family.model, mode)  # fake ones is converted again at every operation
+        params = [made.get(id(param), param) for param in params]
     optimizer = make_optimizer(config, params)
     for group in optimizer.param_groups:  # CUDA's default AdamW: the foreach one (a float32 temporary a weight)
         group["foreach"] = True
