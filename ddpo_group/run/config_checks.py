@@ -38,7 +38,7 @@ def validate_config(config, num_processes: int = 1, groupwise_reward: bool = Fal
 
 def config_warnings(config) -> list[str]:
     """Settings that run but are likely not what was meant: the embedded flow model on the embedded SD model's task;
-    tree rollouts with an estimator that compares no prompt group."""
+    tree rollouts with an estimator that compares no prompt group; a reference model nothing runs."""
     from ddpo_group.models import TINY_SHAPES_FLOW
 
     warnings = []
@@ -56,6 +56,12 @@ def config_warnings(config) -> list[str]:
             f"sample.branch_steps={tuple(config.sample.branch_steps)} with algorithm.adv_estimator={estimator!r}: a "
             f"tree's leaves are correlated copies of a prompt, and {estimator} compares no prompt group (its baseline "
             f"treats them as independent samples); grpo, rloo, dr_grpo, grpo_passk, group_ppo or ddpo compare them")
+    kl = config.kl
+    if kl.use_reference_model and kl.beta == 0 and not _is_preference(config):
+        warnings.append(
+            f"kl.use_reference_model=True with kl.beta=0 and algorithm.objective={config.algorithm.objective!r}: the "
+            f"reference model is held but never runs (with full fine-tuning a float32 copy of the denoiser on the "
+            f"device); kl.use_reference_model=False drops it, or set kl.beta > 0 for a KL term")
     return warnings
 
 

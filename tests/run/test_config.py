@@ -200,6 +200,24 @@ def test_an_unset_noise_level_is_the_familys_standard_one():
     assert get_config("flow_grpo_flux").sample.noise_level == 0.9
 
 
+def test_a_reference_model_nothing_runs_is_warned_about_and_no_recipe_holds_one():
+    """kl.use_reference_model with kl.beta=0 holds a reference no forward reads (a float32 copy of the denoiser under
+    full fine-tuning), unless a preference objective compares with it: warned, and no recipe or preset does it."""
+    from config.recipes import RECIPES
+    from ddpo_group.run.config_checks import config_warnings
+
+    config = get_config("grpo")
+    assert config.kl.use_reference_model and config.kl.beta > 0 and config_warnings(config) == []
+    config.kl.beta = 0.0
+    (warning,) = config_warnings(config)
+    assert "kl.use_reference_model=True with kl.beta=0" in warning and "'policy_gradient'" in warning
+    assert config_warnings(get_config("dpo")) == []  # beta 0, and DPO compares with the reference
+    from config.base import PRESETS
+
+    for name in {**PRESETS, **RECIPES}:
+        assert not any("reference model is held" in w for w in config_warnings(get_config(name))), name
+
+
 def test_the_flow_model_on_the_sd_models_task_is_warned_about_and_its_recipe_is_not():
     from config.recipes import RECIPES
     from ddpo_group.run.config_checks import config_warnings
