@@ -150,7 +150,7 @@ CUDA_PROMOTE_OPS = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "
                     "scatter_add", "tensordot")
 
 
-def cuda_float32_functions(names=CUDA_FLOAT32_OPS) -> set:
+def torch_functions(names) -> set:
     """The torch functions, tensor methods and torch.nn.functional functions of ``names``."""
     functions = set()
     for name in names:
@@ -170,8 +170,8 @@ class CudaAutocast(TorchFunctionMode):
 
     def __init__(self, enabled: bool = True):
         super().__init__()
-        self.functions, self.enabled = cuda_float32_functions(), enabled
-        self.promoting = cuda_float32_functions(CUDA_PROMOTE_OPS)
+        self.functions, self.enabled = torch_functions(CUDA_FLOAT32_OPS), enabled
+        self.promoting = torch_functions(CUDA_PROMOTE_OPS)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
