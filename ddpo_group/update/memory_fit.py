@@ -85,7 +85,8 @@ def traced_plan() -> list[dict]:
             row = json.loads(line)
         except ValueError:
             continue
-        if isinstance(row, dict) and "kinds_1_gib" in row and row["per_pair_gib"] > 0 and row.get("pairs_80GB", 0) > 0:
+        if isinstance(row, dict) and "kinds_1_gib" in row and row["per_pair_gib"] > 0 \
+                and "pairs_80GB" in row and row["pairs_80GB"] > 0:
             rows.append(row)
     return rows
 
