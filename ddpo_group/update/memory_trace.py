@@ -319,7 +319,7 @@ def step_tracker():
     the KL term's reference forward calls the policy's denoiser with its adapter off) and without its module
     hierarchy (ModTracker). That hierarchy hooks each module's inputs with a multi-grad hook that keeps their gradients
     until every input's has come: under full fine-tuning every block's input gradient waited for the timestep
-    embedding's, which only comes at the backward's end (SD3.5-M with checkpointing: 24 block-sized gradients, 18 GiB
+    embedding's, which only comes at the backward's end (SD3.5-M with checkpointing: 24 block-sized gradients, 10.6 GiB
     at 79 pairs, that a GPU's step never holds). The backward is known from the autograd engine, not from hooks."""
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed._tools.mod_tracker import ModTracker
